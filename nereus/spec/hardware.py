@@ -1,0 +1,160 @@
+"""GPU presets and clusters of N nodes x G GPUs with their links.
+
+All bandwidths are per direction, per GPU, in bytes/s; FLOP/s are dense bf16 tensor-core rates;
+``memory_bytes`` is what the device reports (``nvidia-smi``), which is what allocations compete for.
+Sources are in ``../shared/reference/cost-model.md`` §5 and are carried on each preset.
+
+GPU ids in a cluster are global integers ``0 .. N·G-1``; GPU ``i`` sits on node ``i // G``. A *pool*
+(``P_gpu``) is any subset of these ids.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+__all__ = ["GPUSpec", "ClusterSpec", "GPU_PRESETS", "get_gpu"]
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class GPUSpec:
+    """One accelerator (one GCD for MI250X).
+
+    Attributes:
+        name: preset name.
+        peak_flops: dense bf16 FLOP/s.
+        memory_bytes: device capacity as reported by the driver, bytes.
+        hbm_bandwidth: bytes/s.
+        scaleup_bandwidth: per-direction bytes/s per GPU inside a node (NVLink / Infinity Fabric).
+        scaleout_bandwidth: per-direction bytes/s per GPU across nodes (one NIC per GPU).
+        scaleup_link, scaleout_link: link names used in op classes (``allreduce@nvlink``...).
+        scaleup_latency, scaleout_latency: per-message latency α in seconds.
+        source: where the figures come from.
+    """
+
+    name: str
+    peak_flops: float
+    memory_bytes: int
+    hbm_bandwidth: float
+    scaleup_bandwidth: float
+    scaleout_bandwidth: float
+    scaleup_link: str = "nvlink"
+    scaleout_link: str = "ib"
+    scaleup_latency: float = 5e-6
+    scaleout_latency: float = 10e-6
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        for f in ("peak_flops", "memory_bytes", "hbm_bandwidth", "scaleup_bandwidth",
+                  "scaleout_bandwidth"):
+            v = getattr(self, f)
+            if not (isinstance(v, (int, float)) and v > 0):
+                raise ValueError(f"GPU field {f!r} must be > 0, got {v!r}")
+        for f in ("scaleup_latency", "scaleout_latency"):
+            if getattr(self, f) < 0:
+                raise ValueError(f"GPU field {f!r} must be >= 0, got {getattr(self, f)!r}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+GPU_PRESETS: dict[str, GPUSpec] = {
+    "h100": GPUSpec(
+        name="h100", peak_flops=989.4e12, memory_bytes=81559 * 1024**2, hbm_bandwidth=3.35e12,
+        scaleup_bandwidth=450e9, scaleout_bandwidth=50e9,
+        source="NVIDIA H100 SXM5 datasheet: 989.4 TFLOP/s dense bf16, 3.35 TB/s HBM3, NVLink4 900 GB/s "
+               "bidirectional (450 per direction); nvidia-smi 81,559 MiB; ConnectX-7 NDR 400 Gb/s = 50 GB/s "
+               "per GPU (cost-model.md §5)"),
+    "h200": GPUSpec(
+        name="h200", peak_flops=989.4e12, memory_bytes=143771 * 1024**2, hbm_bandwidth=4.8e12,
+        scaleup_bandwidth=450e9, scaleout_bandwidth=50e9,
+        source="NVIDIA H200 datasheet: 141 GB HBM3e, 4.8 TB/s, 1,979 TFLOP/s sparse (989.4 dense); MLPerf "
+               "H200-SXM-141GBx8 system: 18x NVLink4 900 GB/s, 400G IB; nvidia-smi 143,771 MiB "
+               "(cost-model.md §5)"),
+    "a100": GPUSpec(
+        name="a100", peak_flops=312e12, memory_bytes=81920 * 1024**2, hbm_bandwidth=2.039e12,
+        scaleup_bandwidth=300e9, scaleout_bandwidth=25e9,
+        source="NVIDIA A100 SXM4 80GB datasheet: 312 TFLOP/s dense bf16, 2,039 GB/s HBM2e, NVLink3 600 GB/s "
+               "bidirectional; DGX A100 HDR 200 Gb/s = 25 GB/s per GPU; nvidia-smi 81,920 MiB "
+               "(cost-model.md §5)"),
+    "mi250x": GPUSpec(
+        name="mi250x", peak_flops=191.5e12, memory_bytes=64 * 1000**3, hbm_bandwidth=1.6e12,
+        scaleup_bandwidth=50e9, scaleout_bandwidth=12.5e9, scaleup_link="xgmi", scaleout_link="slingshot",
+        source="AMD MI250X per GCD: 383 TFLOP/s bf16 per OAM / 2, 64 GB HBM2e and 1.6 TB/s per GCD; "
+               "Infinity Fabric link 50 GB/s (cross-package, conservative; same-package GCD pair 200 GB/s); "
+               "Frontier 4x Slingshot-11 25 GB/s per node of 8 GCDs = 12.5 GB/s per GCD (cost-model.md §5)"),
+}
+GPU_PRESETS["h100-sxm"] = GPU_PRESETS["h100"]
+GPU_PRESETS["a100-80gb"] = GPU_PRESETS["a100"]
+
+
+def get_gpu(name: str) -> GPUSpec:
+    """A GPU preset by name (case-insensitive).
+
+    Raises:
+        ValueError: unknown name; lists the valid ones.
+    """
+    key = name.lower()
+    if key not in GPU_PRESETS:
+        raise ValueError(f"unknown GPU {name!r}: use one of {sorted(GPU_PRESETS)}")
+    return GPU_PRESETS[key]
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """``num_nodes`` nodes of ``gpus_per_node`` identical GPUs.
+
+    Raises:
+        ValueError: at construction, when a count is not a positive integer.
+    """
+
+    gpu: GPUSpec
+    num_nodes: int
+    gpus_per_node: int
+
+    def __post_init__(self) -> None:
+        for f in ("num_nodes", "gpus_per_node"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise ValueError(f"cluster field {f!r} must be a positive integer, got {v!r}")
+
+    @property
+    def num_gpus(self) -> int:
+        return self.num_nodes * self.gpus_per_node
+
+    def all_gpus(self) -> frozenset[int]:
+        return frozenset(range(self.num_gpus))
+
+    def node_of(self, gpu: int) -> int:
+        return gpu // self.gpus_per_node
+
+    def nodes_of(self, gpus) -> set[int]:
+        return {g // self.gpus_per_node for g in gpus}
+
+    def spans_nodes(self, gpus) -> bool:
+        """True when the GPU set touches more than one node (its collectives then use scale-out)."""
+        return len(self.nodes_of(gpus)) > 1
+
+    def check_pool(self, pool) -> frozenset[int]:
+        """Validate a pool of GPU ids against this cluster.
+
+        Raises:
+            ValueError: empty pool or ids outside ``0 .. num_gpus-1``.
+        """
+        pool = frozenset(pool)
+        if not pool:
+            raise ValueError("GPU pool is empty: at least one GPU is needed")
+        bad = sorted(g for g in pool if not (isinstance(g, int) and 0 <= g < self.num_gpus))
+        if bad:
+            raise ValueError(f"GPU pool has ids {bad[:5]} outside 0..{self.num_gpus - 1}")
+        return pool
+
+    def to_dict(self) -> dict:
+        return {"gpu": self.gpu.name, "num_nodes": self.num_nodes, "gpus_per_node": self.gpus_per_node}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ClusterSpec:
+        gpu = d["gpu"]
+        gpu = get_gpu(gpu) if isinstance(gpu, str) else GPUSpec(**gpu)
+        return cls(gpu=gpu, num_nodes=d["num_nodes"], gpus_per_node=d["gpus_per_node"])

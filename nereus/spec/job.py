@@ -1,0 +1,112 @@
+"""A job: the models of an RL run, the cluster, and the workload; loadable from JSON or YAML.
+
+The actor and reference share the actor's shapes; the critic and reward model use the same backbone
+with a scalar value head unless given explicitly (the paper's setting: "the actor, reference, reward,
+and (when present) critic models have equal size").
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nereus.spec.hardware import ClusterSpec
+from nereus.spec.model import ModelSpec, get_model
+from nereus.spec.workload import WorkloadSpec
+
+__all__ = ["JobSpec"]
+
+MODEL_ROLES = ("actor", "critic", "reference", "reward")
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """Models, cluster and workload of one RL job.
+
+    Attributes:
+        actor: the policy's shapes.
+        cluster: nodes x GPUs and their links.
+        workload: algorithm, batches, lengths.
+        models: optional overrides per role (``critic``, ``reference``, ``reward``).
+    """
+
+    actor: ModelSpec
+    cluster: ClusterSpec
+    workload: WorkloadSpec
+    models: dict = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.models) - set(MODEL_ROLES))
+        if unknown:
+            raise ValueError(f"unknown model role(s) {unknown}; valid roles: {list(MODEL_ROLES)}")
+
+    def model(self, role: str) -> ModelSpec:
+        """Shapes of the model playing ``role``.
+
+        Raises:
+            ValueError: unknown role.
+        """
+        if role not in MODEL_ROLES:
+            raise ValueError(f"unknown model role {role!r}; valid roles: {list(MODEL_ROLES)}")
+        if role in self.models:
+            return self.models[role]
+        if role in ("actor", "reference"):
+            return self.actor
+        return self.actor.value_head()
+
+    def with_workload(self, workload: WorkloadSpec) -> JobSpec:
+        return JobSpec(actor=self.actor, cluster=self.cluster, workload=workload, models=self.models)
+
+    def to_dict(self) -> dict:
+        return {
+            "model": self.actor.to_hf_config() | {"name": self.actor.name},
+            "cluster": self.cluster.to_dict(),
+            "workload": self.workload.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> JobSpec:
+        """Build from ``{"model": preset-name | config dict, "cluster": {...}, "workload": {...}}``.
+
+        Raises:
+            ValueError: a missing section or a malformed field.
+        """
+        for k in ("model", "cluster"):
+            if k not in d:
+                raise ValueError(f"job spec is missing section {k!r}")
+        m = d["model"]
+        if isinstance(m, str):
+            actor = get_model(m)
+        else:
+            m = dict(m)
+            actor = ModelSpec.from_hf_config(m, name=m.get("name", "custom"))
+        return cls(actor=actor, cluster=ClusterSpec.from_dict(d["cluster"]),
+                   workload=WorkloadSpec.from_dict(d.get("workload", {})))
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> JobSpec:
+        """Load a job from a ``.json`` or ``.yaml`` file.
+
+        Raises:
+            ValueError: missing file or a malformed document.
+        """
+        p = Path(path)
+        if not p.is_file():
+            raise ValueError(f"job file {str(p)!r} does not exist")
+        text = p.read_text()
+        if p.suffix in (".yaml", ".yml"):
+            import yaml
+
+            try:
+                data = yaml.safe_load(text)
+            except yaml.YAMLError as e:
+                raise ValueError(f"job file {str(p)!r} is not valid YAML: {e}") from e
+        else:
+            try:
+                data = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"job file {str(p)!r} is not valid JSON: {e}") from e
+        if not isinstance(data, dict):
+            raise ValueError(f"job file {str(p)!r} must hold a mapping")
+        return cls.from_dict(data)

@@ -1,0 +1,296 @@
+"""Model specs built from Hugging Face ``config.json`` fields.
+
+A :class:`ModelSpec` holds the shapes of a Llama-architecture decoder (RMSNorm, RoPE, grouped-query
+attention, SwiGLU; Qwen3 adds per-head q/k RMSNorm). Everything the cost model and the runtime need
+(parameter counts, KV-cache bytes per token, FLOPs per token) is derived from these shapes.
+
+Formulas (``../shared/reference/cost-model.md`` §2.1, §2.4):
+
+* parameters of one layer: ``2·h·(a·d) + 2·h·(g·d) + 3·h·F + 2·h`` (+ ``2·d`` for q/k norms),
+  with h hidden size, a query heads, g KV heads, d head dim, F intermediate size;
+* total: ``L·N_layer + V·h·(2 if untied else 1) + h``; Llama-3.1-8B gives 8,030,261,248;
+* KV-cache bytes per token: ``2·L·g·d·dtype_bytes`` (vLLM ``CacheEngine.get_cache_block_size``);
+  Llama-3.1-8B in bf16 gives 131,072.
+
+Presets carry the shapes published on the models' Hugging Face pages
+(``../shared/reference/model-configs.md``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ModelSpec", "MODEL_PRESETS", "get_model", "value_head_variant"]
+
+
+def _require_positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"model field {name!r} must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Shapes of a Llama-architecture decoder.
+
+    Attributes:
+        name: preset or file name, for display.
+        hidden_size: h, the residual width.
+        intermediate_size: F, the SwiGLU MLP width.
+        num_layers: L, decoder layers (``num_hidden_layers``).
+        num_attention_heads: a, query heads.
+        num_kv_heads: g, key/value heads (GQA); ``a % g == 0``.
+        head_dim: d; an explicit ``head_dim`` in config.json wins over ``h / a``.
+        vocab_size: V.
+        tie_word_embeddings: whether ``lm_head`` shares the embedding matrix.
+        qk_norm: Qwen3-style RMSNorm on q and k per head (adds ``2·d`` parameters per layer).
+        rope_theta, max_position_embeddings, rms_norm_eps: carried for the runtime.
+        head: ``"lm"`` for a language-model head ``[V, h]``; ``"value"`` for a scalar value head
+            ``[1, h]`` (critic and reward models).
+
+    Raises:
+        ValueError: at construction, naming the field, when a shape is not a positive integer or the
+            heads do not divide as GQA requires.
+    """
+
+    name: str
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    tie_word_embeddings: bool = False
+    qk_norm: bool = False
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 4096
+    rms_norm_eps: float = 1e-5
+    head: str = "lm"
+    extra: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for f in ("hidden_size", "intermediate_size", "num_layers", "num_attention_heads",
+                  "num_kv_heads", "head_dim", "vocab_size", "max_position_embeddings"):
+            _require_positive_int(f, getattr(self, f))
+        if self.num_attention_heads % self.num_kv_heads != 0:
+            raise ValueError(
+                f"model field 'num_key_value_heads'={self.num_kv_heads} must divide "
+                f"'num_attention_heads'={self.num_attention_heads} (grouped-query attention)")
+        if self.head not in ("lm", "value"):
+            raise ValueError(f"model field 'head' must be 'lm' or 'value', got {self.head!r}")
+        if not self.rms_norm_eps > 0:
+            raise ValueError(f"model field 'rms_norm_eps' must be > 0, got {self.rms_norm_eps!r}")
+
+    # ---------------------------------------------------------------- construction
+    @classmethod
+    def from_hf_config(cls, config: dict, name: str = "custom") -> ModelSpec:
+        """Build from a Hugging Face ``config.json`` dict.
+
+        Reads ``hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
+        num_key_value_heads`` (defaults to the query heads), ``head_dim`` (defaults to
+        ``hidden_size // num_attention_heads``), ``vocab_size, tie_word_embeddings``.
+
+        Raises:
+            ValueError: naming the missing or malformed field.
+        """
+        if not isinstance(config, dict):
+            raise ValueError(f"config.json must hold a JSON object, got {type(config).__name__}")
+        required = ("hidden_size", "intermediate_size", "num_hidden_layers",
+                    "num_attention_heads", "vocab_size")
+        missing = [k for k in required if k not in config]
+        if missing:
+            raise ValueError(f"config.json is missing required field(s) {missing}; "
+                             f"a Llama-style config needs {list(required)}")
+        heads = config["num_attention_heads"]
+        hidden = config["hidden_size"]
+        _require_positive_int("num_attention_heads", heads)
+        _require_positive_int("hidden_size", hidden)
+        head_dim = config.get("head_dim")
+        if head_dim is None:
+            if hidden % heads != 0:
+                raise ValueError(f"config.json has no 'head_dim' and hidden_size={hidden} is not "
+                                 f"divisible by num_attention_heads={heads}")
+            head_dim = hidden // heads
+        model_type = str(config.get("model_type", "llama"))
+        return cls(
+            name=name,
+            hidden_size=hidden,
+            intermediate_size=config["intermediate_size"],
+            num_layers=config["num_hidden_layers"],
+            num_attention_heads=heads,
+            num_kv_heads=config.get("num_key_value_heads", heads),
+            head_dim=head_dim,
+            vocab_size=config["vocab_size"],
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            qk_norm=model_type.startswith("qwen3"),
+            rope_theta=float(config.get("rope_theta", 10000.0)),
+            max_position_embeddings=int(config.get("max_position_embeddings", 4096)),
+            rms_norm_eps=float(config.get("rms_norm_eps", 1e-5)),
+        )
+
+    @classmethod
+    def from_json_file(cls, path: str | Path) -> ModelSpec:
+        """Load a Hugging Face ``config.json`` file.
+
+        Raises:
+            ValueError: the file is missing, is not JSON, or lacks a required field.
+        """
+        p = Path(path)
+        if not p.is_file():
+            raise ValueError(f"model config file {str(p)!r} does not exist")
+        try:
+            cfg = json.loads(p.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"model config file {str(p)!r} is not valid JSON: {e}") from e
+        return cls.from_hf_config(cfg, name=p.stem if p.stem != "config" else p.parent.name or "custom")
+
+    def to_hf_config(self) -> dict:
+        """The Hugging Face ``config.json`` fields of this spec."""
+        return {
+            "model_type": "qwen3" if self.qk_norm else "llama",
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "vocab_size": self.vocab_size,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "rope_theta": self.rope_theta,
+            "max_position_embeddings": self.max_position_embeddings,
+            "rms_norm_eps": self.rms_norm_eps,
+        }
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("extra", None)
+        return d
+
+    # ---------------------------------------------------------------- derived shapes
+    @property
+    def q_dim(self) -> int:
+        """a·d, the query projection width."""
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        """g·d, the width of each of the k and v projections."""
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def params_per_layer(self) -> int:
+        """Parameters of one decoder layer: q,o ``2·h·a·d``; k,v ``2·h·g·d``; MLP ``3·h·F``; 2 norms."""
+        h = self.hidden_size
+        n = 2 * h * self.q_dim + 2 * h * self.kv_dim + 3 * h * self.intermediate_size + 2 * h
+        if self.qk_norm:
+            n += 2 * self.head_dim
+        return n
+
+    @property
+    def embedding_params(self) -> int:
+        """Input embedding ``V·h``."""
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def head_params(self) -> int:
+        """Output head: ``lm_head`` ``V·h`` (0 extra when tied) or value head ``h`` (+1 bias)."""
+        if self.head == "value":
+            return self.hidden_size + 1
+        return 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
+
+    @property
+    def num_params(self) -> int:
+        """Total parameters ``L·N_layer + V·h + head + h`` (final norm)."""
+        return (self.num_layers * self.params_per_layer + self.embedding_params
+                + self.head_params + self.hidden_size)
+
+    @property
+    def gemm_params_per_layer(self) -> int:
+        """Parameters of one layer that take part in GEMMs (everything but the norms)."""
+        h = self.hidden_size
+        return 2 * h * self.q_dim + 2 * h * self.kv_dim + 3 * h * self.intermediate_size
+
+    @property
+    def head_out_dim(self) -> int:
+        """Output width of the head: V for an LM head, 1 for a value head."""
+        return 1 if self.head == "value" else self.vocab_size
+
+    def kv_bytes_per_token(self, dtype_bytes: int = 2, tp: int = 1) -> int:
+        """KV-cache bytes one token occupies on one TP rank: ``2·L·max(g/tp, 1)·d·bytes``.
+
+        KV heads are replicated when ``tp > g`` (vLLM), so the per-rank term never drops below one head.
+        """
+        kv_heads = max(self.num_kv_heads // tp, 1) if tp <= self.num_kv_heads else 1
+        return 2 * self.num_layers * kv_heads * self.head_dim * dtype_bytes
+
+    def fwd_flops_per_token(self, context: float = 0.0, causal: bool = True) -> float:
+        """Forward FLOPs per token: ``2·N_gemm`` plus attention ``4·L·a·d·context`` (halved if causal).
+
+        ``N_gemm`` excludes the input embedding (a lookup) and includes the head (PaLM convention,
+        cost-model.md §2.1). ``context`` is the number of keys a query attends to (the sequence
+        length for training; the current cache length for decode).
+        """
+        n_gemm = self.num_layers * self.gemm_params_per_layer + self.hidden_size * self.head_out_dim
+        attn = 4.0 * self.num_layers * self.q_dim * context
+        if causal:
+            attn *= 0.5
+        return 2.0 * n_gemm + attn
+
+    def value_head(self) -> ModelSpec:
+        """The same backbone with a scalar value head (critic, reward model)."""
+        return value_head_variant(self)
+
+
+def value_head_variant(m: ModelSpec) -> ModelSpec:
+    """Critic/reward variant of ``m``: same backbone, ``lm_head`` replaced by a ``[1, h]`` value head."""
+    from dataclasses import replace
+
+    return replace(m, head="value", name=f"{m.name}+value-head")
+
+
+def _preset(name: str, **kw: Any) -> ModelSpec:
+    return ModelSpec(name=name, **kw)
+
+
+#: Published shapes (Hugging Face config.json; ``../shared/reference/model-configs.md``), plus tiny
+#: models for CPU runs.
+MODEL_PRESETS: dict[str, ModelSpec] = {
+    "llama-3.1-8b": _preset("llama-3.1-8b", hidden_size=4096, intermediate_size=14336, num_layers=32,
+                            num_attention_heads=32, num_kv_heads=8, head_dim=128, vocab_size=128256,
+                            rope_theta=500000.0, max_position_embeddings=131072, rms_norm_eps=1e-5),
+    "llama-3.3-70b": _preset("llama-3.3-70b", hidden_size=8192, intermediate_size=28672, num_layers=80,
+                             num_attention_heads=64, num_kv_heads=8, head_dim=128, vocab_size=128256,
+                             rope_theta=500000.0, max_position_embeddings=131072, rms_norm_eps=1e-5),
+    "qwen3-14b": _preset("qwen3-14b", hidden_size=5120, intermediate_size=17408, num_layers=40,
+                         num_attention_heads=40, num_kv_heads=8, head_dim=128, vocab_size=151936,
+                         qk_norm=True, rope_theta=1000000.0, max_position_embeddings=40960,
+                         rms_norm_eps=1e-6),
+    "qwen3-32b": _preset("qwen3-32b", hidden_size=5120, intermediate_size=25600, num_layers=64,
+                         num_attention_heads=64, num_kv_heads=8, head_dim=128, vocab_size=151936,
+                         qk_norm=True, rope_theta=1000000.0, max_position_embeddings=40960,
+                         rms_norm_eps=1e-6),
+    # A tiny Llama for CPU runs: 4 layers so PP up to 4, 4 query / 2 KV heads so TP up to 4
+    # (KV heads replicated at TP=4), vocabulary sized for the built-in task's tokenizer.
+    "tiny": _preset("tiny", hidden_size=64, intermediate_size=128, num_layers=4, num_attention_heads=4,
+                    num_kv_heads=2, head_dim=16, vocab_size=64, rope_theta=10000.0,
+                    max_position_embeddings=256, rms_norm_eps=1e-5),
+}
+
+
+def get_model(name_or_path: str) -> ModelSpec:
+    """A preset by name (case-insensitive) or a ``config.json`` path.
+
+    Raises:
+        ValueError: unknown preset and no such file; lists the valid presets.
+    """
+    key = name_or_path.lower()
+    if key in MODEL_PRESETS:
+        return MODEL_PRESETS[key]
+    p = Path(name_or_path)
+    if p.suffix == ".json" or p.exists():
+        return ModelSpec.from_json_file(p)
+    raise ValueError(f"unknown model {name_or_path!r}: use one of {sorted(MODEL_PRESETS)} "
+                     f"or a path to a Hugging Face config.json")
