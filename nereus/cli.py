@@ -1,0 +1,52 @@
+"""The ``nereus`` command: one sub-command per module.
+
+Each sub-command lives in its own module exposing ``add_arguments(parser)`` and ``main(args) -> int``
+(exit status); this file only wires them, so decision code and runtime code stay importable apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+#: sub-command → (module, one-line help)
+COMMANDS = {
+    "plan": ("nereus.planner.cli", "fastest feasible plan for a job on a GPU pool"),
+    "simulate": ("nereus.sim.cli", "trace-driven simulation of adaptive vs static policies"),
+    "transition": ("nereus.transition.cli", "transition DAG and schedule between two plans"),
+    "run": ("nereus.runtime.cli", "adaptive RL run on local Ray workers"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="nereus", description="Adaptive parallelism for LLM RL post-training (PPO, GRPO, ReMax).")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, help_) in COMMANDS.items():
+        try:
+            mod = importlib.import_module(module)
+        except ImportError:
+            continue  # sub-command not built yet, or its optional dependencies are absent
+        p = sub.add_parser(name, help=help_, description=(mod.__doc__ or help_).strip().splitlines()[0],
+                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        mod.add_arguments(p)
+        p.set_defaults(_module=mod)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "_module", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args._module.main(args) or 0)
+    except ValueError as e:  # bad input: one clear line, non-zero exit
+        print(f"nereus {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

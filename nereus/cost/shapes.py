@@ -1,0 +1,88 @@
+"""Where parameters live under a (tp, pp) layout: layers per pipeline rank and bytes per shard.
+
+Pipeline ranks own contiguous layer ranges; the first rank also holds the input embedding, the last
+the final norm and the head (Megatron's layout; cost-model.md §2.3). Layers are split as evenly as
+possible with the remainder going to the earliest ranks. Under TP every weight is split by ``tp``
+except the RMSNorm weights (replicated) and, when ``tp`` exceeds the KV heads, the k/v projections
+(replicated per KV head; resharding.md §3). The vocabulary is padded to a multiple of ``tp``.
+"""
+
+from __future__ import annotations
+
+from nereus.spec.model import ModelSpec
+
+__all__ = ["layers_of_rank", "params_on_rank", "max_params_per_gpu", "valid_tp", "valid_pp"]
+
+
+def layers_of_rank(num_layers: int, pp: int, p: int) -> range:
+    """Layer indices of pipeline rank ``p`` out of ``pp``.
+
+    Raises:
+        ValueError: ``pp`` not in 1..num_layers or ``p`` out of range.
+    """
+    if not 1 <= pp <= num_layers:
+        raise ValueError(f"pp={pp} must be between 1 and the number of layers {num_layers}")
+    if not 0 <= p < pp:
+        raise ValueError(f"pipeline rank {p} out of range 0..{pp - 1}")
+    base, rem = divmod(num_layers, pp)
+    start = p * base + min(p, rem)
+    return range(start, start + base + (1 if p < rem else 0))
+
+
+def valid_tp(model: ModelSpec, tp: int) -> str | None:
+    """Why ``tp`` cannot shard ``model``, or None when it can.
+
+    TP must divide the query heads and the MLP width; it must divide the KV heads or be a multiple of
+    them (KV heads then replicated, as vLLM does).
+    """
+    if tp < 1:
+        return f"tp={tp} must be >= 1"
+    if model.num_attention_heads % tp:
+        return f"tp={tp} does not divide num_attention_heads={model.num_attention_heads}"
+    if model.intermediate_size % tp:
+        return f"tp={tp} does not divide intermediate_size={model.intermediate_size}"
+    g = model.num_kv_heads
+    if g % tp and tp % g:
+        return f"tp={tp} neither divides nor is a multiple of num_key_value_heads={g}"
+    return None
+
+
+def valid_pp(model: ModelSpec, pp: int) -> str | None:
+    """Why ``pp`` cannot split ``model``, or None when it can (pp must divide the layers)."""
+    if pp < 1 or pp > model.num_layers:
+        return f"pp={pp} must be between 1 and num_hidden_layers={model.num_layers}"
+    if model.num_layers % pp:
+        return f"pp={pp} does not divide num_hidden_layers={model.num_layers}"
+    return None
+
+
+def _layer_params_per_tp_rank(model: ModelSpec, tp: int) -> float:
+    h = model.hidden_size
+    kv_rep = max(tp // model.num_kv_heads, 1)  # >1 when KV heads are replicated
+    q_o = 2 * h * model.q_dim / tp
+    k_v = 2 * h * model.kv_dim * kv_rep / tp
+    mlp = 3 * h * model.intermediate_size / tp
+    norms = 2 * h + (2 * model.head_dim if model.qk_norm else 0)
+    return q_o + k_v + mlp + norms
+
+
+def params_on_rank(model: ModelSpec, tp: int, pp: int, p: int) -> float:
+    """Parameters held by one GPU at pipeline rank ``p`` (any TP rank) of a (tp, pp) replica."""
+    layers = len(layers_of_rank(model.num_layers, pp, p))
+    n = layers * _layer_params_per_tp_rank(model, tp)
+    vocab_pad = -(-model.vocab_size // tp) * tp
+    if p == 0:
+        n += vocab_pad * model.hidden_size / tp
+    if p == pp - 1:
+        n += model.hidden_size  # final norm
+        if model.head == "value":
+            n += model.hidden_size + 1
+        elif not model.tie_word_embeddings or pp > 1:
+            # untied head, or a tied head replicated on the last stage under PP
+            n += vocab_pad * model.hidden_size / tp
+    return n
+
+
+def max_params_per_gpu(model: ModelSpec, tp: int, pp: int) -> float:
+    """Parameters on the most loaded GPU of a (tp, pp) replica."""
+    return max(params_on_rank(model, tp, pp, p) for p in range(pp))
