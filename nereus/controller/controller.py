@@ -1,0 +1,159 @@
+"""The adaptation controller: one policy, driven by ``nereus simulate`` and ``nereus run`` alike.
+
+At every safe boundary the executor hands the controller a :class:`~nereus.controller.monitor.StepReport`;
+:meth:`Controller.observe` calibrates, checks triggers, replans when one fires, and returns a decision
+(:class:`Keep`, :class:`Transition`, :class:`Restart`) that the executor applies before the next step.
+The controller imports nothing from the simulator or the runtime (DESIGN.md §3).
+
+Flow of :meth:`Controller.observe` (DESIGN.md §4.5, paper §4.1–4.3):
+
+1. calibrate the cost model from the step's op-class seconds and peaks (unless disabled);
+2. re-estimate the current plan for the current response length and pool; it is *invalid* when it
+   uses lost GPUs, ran out of memory, or is predicted to exceed memory;
+3. monitor: urgent triggers (pool change, memory) and opportunistic ones (drift > δ_x), with ``H_x``;
+4. on a trigger, replan (urgent options on the urgent path), estimate ``L_tran`` of each target, and
+   admit (``admission.admit``); if the only copy of trainable state was on lost GPUs, restart;
+5. reset every reference value (admitted or not).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from nereus.controller.admission import Option, admit
+from nereus.controller.decisions import Keep, Restart, Transition, decision_to_dict
+from nereus.controller.monitor import Monitor, StepReport
+from nereus.controller.planning import PlannerBackend, same_plan
+from nereus.controller.transition_cost import estimate_transition_cost
+from nereus.planner.plan import Plan
+from nereus.spec.job import JobSpec
+
+__all__ = ["Controller", "ControllerConfig", "state_survives"]
+
+
+def state_survives(plan: Plan, pool: frozenset) -> bool:
+    """Every trainable model-stage keeps at least one whole replica (EMU) on ``pool``.
+
+    Frozen models (reference, reward) and generation/inference copies can be reloaded or re-synced,
+    but the only live copy of trained weights and optimizer state is in the ``*.train`` EMUs
+    (DESIGN.md §4.9: state survives as long as one copy does).
+    """
+    for c in plan.candidates:
+        if not c.model_stage.endswith(".train"):
+            continue
+        if not any(set(c.replica_gpus(d)) <= pool for d in range(c.dp)):
+            return False
+    return True
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    """Policy knobs.
+
+    Attributes:
+        gamma: payback margin γ in [0, 1] (0.5 default; 0 admits only urgent transitions).
+        always_admit: replan on every trigger and admit any faster feasible target (baseline).
+        calibrate: learn efficiencies and memory corrections from measurements.
+        slowdown: alternatives up to this fraction slower than the best target are tried.
+
+    Raises:
+        ValueError: gamma outside [0, 1] or a negative slowdown.
+    """
+
+    gamma: float = 0.5
+    always_admit: bool = False
+    calibrate: bool = True
+    slowdown: float = 0.10
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.gamma <= 1):
+            raise ValueError(f"controller field 'gamma' must be in [0, 1], got {self.gamma!r}")
+        if self.slowdown < 0:
+            raise ValueError(f"controller field 'slowdown' must be >= 0, got {self.slowdown!r}")
+
+
+class Controller:
+    """Monitor + replanning + admission over an injected planner backend.
+
+    Args:
+        job: the job at its starting workload (the response length is replaced by the measured one).
+        plan: the plan in effect (estimated).
+        planner: a :class:`~nereus.controller.planning.PlannerBackend`.
+        transition_cost: ``(job, current, target, pool) -> TransitionCost``; defaults to the DAG
+            estimate of ``nereus.transition`` when importable, else bytes over bandwidth.
+        config: :class:`ControllerConfig`.
+        monitor: a :class:`Monitor` (thresholds δ_x, EMA weight).
+    """
+
+    def __init__(self, job: JobSpec, plan: Plan, planner: PlannerBackend, transition_cost=None,
+                 config: ControllerConfig | None = None, monitor: Monitor | None = None):
+        self.job = job
+        self.plan = plan
+        self.planner = planner
+        self.transition_cost = transition_cost or estimate_transition_cost
+        self.config = config or ControllerConfig()
+        self.monitor = monitor or Monitor()
+        self.log: list[dict] = []
+
+    def job_at(self, response_len: float) -> JobSpec:
+        return self.job.with_workload(self.job.workload.with_response_len(max(1, int(round(response_len)))))
+
+    def observe(self, report: StepReport):
+        """Decide at a safe boundary after one step (see module docstring). Returns a decision."""
+        pool = frozenset(report.pool)
+        job = self.job_at(report.response_len)
+        if report.oom:
+            self.planner.note_oom()
+        if self.config.calibrate and report.step_time > 0 and not report.oom:
+            self.planner.calibrate(job, self.plan, report.op_seconds, report.peak_memory, pool)
+        lost = self.plan.gpus_used() - pool
+        current = self.planner.estimate(job, self.plan, pool if not lost else None)
+        mem_bad = report.oom or not self.planner.memory_ok(job, current)
+        mem_reason = ("out of memory in the last step" if report.oom else
+                      f"predicted peak exceeds capacity at {job.workload.response_len} tokens")
+        values = {"seq_len": float(report.response_len)}
+        if self.config.calibrate:
+            values |= self.planner.efficiencies()
+        triggers = self.monitor.check(report.step, values, pool, mem_bad, mem_reason)
+        if not triggers:
+            return self._record(report, Keep("no trigger"), [])
+        names = tuple(t.signal for t in triggers)
+        urgent = bool(lost) or mem_bad
+        decision = self._replan(job, pool, current, urgent, bool(lost), names, min(t.horizon for t in triggers))
+        self.monitor.reset(values, pool)
+        if isinstance(decision, (Transition, Restart)) and decision.plan is not None:
+            self.plan = decision.plan
+        return self._record(report, decision, triggers)
+
+    def _replan(self, job, pool, current, urgent, lost, names, horizon):
+        try:
+            best = self.planner.plan(job, pool, self.plan, urgent)
+        except ValueError as e:
+            diag = getattr(e, "diagnosis", "") or str(e)
+            if urgent:
+                return Restart(None, f"urgent and no feasible plan on {len(pool)} GPUs: {diag}"[:400], names)
+            return Keep(f"replanned: no feasible plan ({diag})"[:400], names)
+        if lost and not state_survives(self.plan, pool):
+            return Restart(best, f"lost every replica of a trainable model-stage with "
+                           f"{len(self.plan.gpus_used() - pool)} GPUs; restore from checkpoint", names)
+        if not urgent and same_plan(best, self.plan):
+            return Keep("replanned: the current plan is still the best", names)
+        plans = [best]
+        for alt in self.planner.alternatives(job, pool, self.plan, best):
+            if alt.l_step <= best.l_step * (1 + self.config.slowdown) and not same_plan(alt, self.plan):
+                plans.append(alt)
+        options = [Option(p, self.transition_cost(job, self.plan, p, pool)) for p in plans]
+        cur_l = math.inf if urgent else current.l_step
+        return admit(cur_l, options, gamma=self.config.gamma, horizon=horizon, urgent=urgent,
+                     triggers=names, always=self.config.always_admit)
+
+    def resume(self, plan: Plan) -> None:
+        """The executor reports the plan actually in effect (e.g. after a restart it chose itself)."""
+        self.plan = plan
+
+    def _record(self, report: StepReport, decision, triggers):
+        d = decision_to_dict(decision)
+        d.pop("plan", None)
+        self.log.append({"step": report.step, "triggers": [t.to_dict() for t in triggers], "decision": d})
+        return decision

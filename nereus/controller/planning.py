@@ -1,0 +1,150 @@
+"""The planner interface the controller uses, and its adapter over the cost model and plan search.
+
+The controller needs five things from planning (:class:`PlannerBackend`); injecting them keeps the
+controller testable with small fakes and lets policies differ only in their backend (the
+"uncalibrated offline cost model" policy is :class:`CostModelPlanner` with ``calibrate=False``).
+
+Calibration (DESIGN.md §4.3): measured seconds per op class update the shared
+:class:`~nereus.cost.efficiency.EfficiencyTable`; measured peaks update a per-model-stage memory
+correction (EMA of measured/predicted). The correction enters feasibility as extra headroom:
+``usable = (1 − headroom) · capacity / max correction`` (conservative: the worst model-stage's factor
+applies to every GPU), so it works whatever the cost model does with per-stage corrections.
+An OOM multiplies every correction by ``OOM_BACKOFF`` even without calibration: any policy must stop
+re-selecting a plan that just ran out of memory.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from nereus.cost.efficiency import EfficiencyTable
+from nereus.planner.plan import Plan
+from nereus.spec.job import JobSpec
+
+__all__ = ["PlannerBackend", "CostModelPlanner", "OOM_BACKOFF", "same_plan"]
+
+OOM_BACKOFF = 1.05
+NOT_OP_CLASSES = {"bubble"}
+
+
+def same_plan(a: Plan, b: Plan) -> bool:
+    """Same candidates on the same GPUs."""
+    return sorted((c.key(), c.gpus) for c in a.candidates) == sorted((c.key(), c.gpus) for c in b.candidates)
+
+
+class PlannerBackend(Protocol):
+    """What the controller calls; every job argument carries the current response length."""
+
+    def estimate(self, job: JobSpec, plan: Plan, pool=None) -> Plan:
+        """``plan`` with estimates (``l_step``, breakdowns, peaks) under the current calibration."""
+
+    def memory_ok(self, job: JobSpec, plan: Plan) -> bool:
+        """Predicted peaks (with memory corrections) fit the usable capacity."""
+
+    def plan(self, job: JobSpec, pool: frozenset, current: Plan | None, urgent: bool) -> Plan:
+        """Fastest feasible plan on ``pool``; raises ``ValueError`` when nothing fits."""
+
+    def alternatives(self, job: JobSpec, pool: frozenset, current: Plan, best: Plan) -> list[Plan]:
+        """Slightly slower plans with cheaper transitions (may be empty)."""
+
+    def calibrate(self, job: JobSpec, plan: Plan, op_seconds: dict, peak_memory: dict, pool=None) -> None:
+        """Update efficiencies and memory corrections from one step's measurements."""
+
+    def note_oom(self) -> None:
+        """The current plan ran out of memory."""
+
+    def efficiencies(self) -> dict:
+        """Calibrated efficiency per op class (the ``eff:<class>`` signals)."""
+
+
+class CostModelPlanner:
+    """:class:`PlannerBackend` over ``nereus.cost.model.CostModel`` and ``nereus.planner.search.plan_job``.
+
+    Args:
+        efficiency: the shared table (a default one when None); calibration mutates it.
+        calibrate: False for the offline (uncalibrated) cost model.
+        headroom: capacity fraction kept free (DESIGN.md §4.2: 10%).
+        plan_fn: ``plan_job``-compatible callable (``plan_job(job, pool=, current=, cost=, **options)``).
+        options: passed to ``plan_fn``; ``urgent_options`` are added on the urgent path (smaller
+            per-replica batches, recompute).
+        alpha: EMA weight of the memory correction.
+    """
+
+    def __init__(self, efficiency: EfficiencyTable | None = None, calibrate: bool = True, headroom: float = 0.1,
+                 plan_fn=None, options: dict | None = None, urgent_options: dict | None = None,
+                 alpha: float = 0.5):
+        self.efficiency = efficiency if efficiency is not None else EfficiencyTable()
+        self.calibrate_enabled = calibrate
+        self.headroom = headroom
+        self.memory_correction: dict = {}
+        self.plan_fn = plan_fn
+        self.options = dict(options or {})
+        self.urgent_options = dict(urgent_options or {})
+        self.alpha = alpha
+
+    # ------------------------------------------------------------------ cost model
+    def _headroom(self) -> float:
+        worst = max([1.0, *self.memory_correction.values()])
+        return 1.0 - (1.0 - self.headroom) / worst
+
+    def cost(self, job: JobSpec):
+        from nereus.cost.model import CostModel
+
+        return CostModel(job, efficiency=self.efficiency, headroom=self._headroom())
+
+    def estimate(self, job: JobSpec, plan: Plan, pool=None) -> Plan:
+        return self.cost(job).estimate(plan, pool)
+
+    def memory_ok(self, job: JobSpec, plan: Plan) -> bool:
+        return self.cost(job).memory_ok(plan)
+
+    def plan(self, job: JobSpec, pool: frozenset, current: Plan | None, urgent: bool) -> Plan:
+        fn = self.plan_fn
+        if fn is None:
+            from nereus.planner.search import plan_job as fn
+        opts = dict(self.options)
+        if urgent:
+            opts.update(self.urgent_options)
+        return fn(job, pool=pool, current=current, cost=self.cost(job), **opts)
+
+    def alternatives(self, job: JobSpec, pool: frozenset, current: Plan, best: Plan) -> list[Plan]:
+        return []
+
+    # ------------------------------------------------------------------ calibration
+    def calibrate(self, job: JobSpec, plan: Plan, op_seconds: dict, peak_memory: dict, pool=None) -> None:
+        if not self.calibrate_enabled:
+            return
+        est = CostModelPlanner.estimate(self, job, plan, pool)
+        measured: dict = {}
+        predicted: dict = {}
+        for ms, by_class in op_seconds.items():
+            if ms not in est.estimates:
+                continue
+            for cls, s in by_class.items():
+                p = est.estimates[ms].breakdown.get(cls, 0.0)
+                if cls in NOT_OP_CLASSES or s <= 0 or p <= 0:
+                    continue
+                measured[cls] = measured.get(cls, 0.0) + s
+                predicted[cls] = predicted.get(cls, 0.0) + p
+        for cls in measured:
+            self.efficiency.update(cls, measured[cls], predicted[cls])
+        for ms, peak in peak_memory.items():
+            pred = est.peak_memory.get(ms, 0.0)
+            if pred <= 0 or peak <= 0:
+                continue
+            # est used the headroom-adjusted model but unscaled bytes: ratio is measured / raw
+            ratio = peak / pred
+            old = self.memory_correction.get(ms, 1.0)
+            self.memory_correction[ms] = (1 - self.alpha) * old + self.alpha * ratio
+
+    def note_oom(self) -> None:
+        if not self.memory_correction:
+            self.memory_correction["*"] = 1.0
+        for k in self.memory_correction:
+            self.memory_correction[k] *= OOM_BACKOFF
+        self.memory_correction["*"] = max(self.memory_correction.values())
+
+    def efficiencies(self) -> dict:
+        if not self.calibrate_enabled:
+            return {}
+        return {f"eff:{k}": v for k, v in self.efficiency.values.items()}

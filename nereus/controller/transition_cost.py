@@ -1,0 +1,81 @@
+"""``L_tran`` for admission: the transition planner's DAG estimate when available, else bytes over bandwidth.
+
+The DAG-based estimate is ``nereus.transition.estimate_transition(job, current, target, pool)``
+(critical path of the global transition DAG, DESIGN.md §4.6). Until that module is importable, the
+fallback estimates the same quantity coarsely:
+
+* per model-stage whose candidate changed: receivers are the target GPUs that do not already hold
+  the same shard (all target GPUs when the (tp, pp) layout changes — resharding; only the new GPUs
+  when just DP grows — Extend); each receives its resident bytes per GPU (weights and optimizer
+  state, ``StageEstimate.resident``);
+* receivers load in parallel, so a model-stage takes ``resident / bandwidth`` where the bandwidth is
+  the scale-up link inside one node and the scale-out link otherwise;
+* model-stages share links, so their times add up; plus ``SETUP_S`` for communicator creation and
+  engine re-initialisation (NCCL communicator init takes seconds at scale; vLLM re-allocates its
+  KV cache and re-captures CUDA graphs; measured `C_switch` components, cost-model.md §4).
+
+Infeasible when the target uses a GPU outside the pool.
+"""
+
+from __future__ import annotations
+
+from nereus.controller.decisions import TransitionCost
+from nereus.planner.plan import Plan
+from nereus.spec.job import JobSpec
+
+__all__ = ["estimate_transition_cost", "bandwidth_estimate", "SETUP_S", "dag_estimator"]
+
+#: seconds of fixed setup per transition (communicators, engine re-init); an assumption, see above.
+SETUP_S = 5.0
+
+
+def dag_estimator():
+    """``nereus.transition.estimate_transition`` if the module provides it, else None."""
+    try:
+        from nereus.transition import estimate_transition  # noqa: PLC0415
+    except ImportError:
+        return None
+    return estimate_transition
+
+
+def bandwidth_estimate(job: JobSpec, current: Plan, target: Plan, pool=None) -> TransitionCost:
+    """Fallback ``L_tran``: bytes to move over link bandwidth plus :data:`SETUP_S` (module docstring)."""
+    pool = frozenset(pool) if pool is not None else None
+    if pool is not None:
+        outside = sorted(target.gpus_used() - pool)
+        if outside:
+            return TransitionCost(0.0, feasible=False, reason=f"target uses GPUs {outside[:4]} outside the pool")
+    gpu = job.cluster.gpu
+    total_s, total_b, changed = 0.0, 0.0, 0
+    for t in target.candidates:
+        c = current[t.model_stage] if t.model_stage in current else None
+        if c is not None and c.key() == t.key() and c.gpus == t.gpus:
+            continue
+        changed += 1
+        est = target.estimates.get(t.model_stage)
+        resident = est.resident if est is not None else 0.0
+        alive = set(c.gpus) & pool if (c is not None and pool is not None) else set(c.gpus if c else ())
+        if c is not None and c.layout == t.layout:
+            receivers = [g for g in t.gpus if g not in alive]
+        else:
+            receivers = list(t.gpus)
+        if not receivers:
+            continue
+        span = set(receivers) | alive
+        bw = gpu.scaleout_bandwidth if job.cluster.spans_nodes(span) else gpu.scaleup_bandwidth
+        total_s += resident / bw
+        total_b += resident * len(receivers)
+    if changed == 0:
+        return TransitionCost(0.0, bytes_moved=0.0, reason="same plan")
+    return TransitionCost(total_s + SETUP_S, bytes_moved=total_b, source="bytes/bandwidth",
+                          reason=f"{changed} model-stage(s) change; {total_b / 1e9:.1f} GB over links")
+
+
+def estimate_transition_cost(job: JobSpec, current: Plan, target: Plan, pool=None) -> TransitionCost:
+    """``L_tran`` of ``current → target``: the DAG estimate when ``nereus.transition`` provides one."""
+    fn = dag_estimator()
+    if fn is None:
+        return bandwidth_estimate(job, current, target, pool)
+    est = fn(job, current, target, pool=pool)
+    return TransitionCost(float(est.l_tran), feasible=bool(est.feasible), bytes_moved=float(est.bytes_moved),
+                          source="dag", reason=str(getattr(est, "reason", "") or ""))

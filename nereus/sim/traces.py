@@ -1,0 +1,391 @@
+"""Trace loaders: GPU availability (spot / preemptible pools) and per-step response lengths.
+
+Formats (``../shared/traces/SOURCES.md``):
+
+* **event log** (Bamboo, Oobleck): CSV rows ``time_ms,add|remove,nodeN``; rows may be unsorted.
+* **count series** (Parcae ``p3.csv``, Bamboo ``aws_2020_doc_data``): CSV rows ``t,n``. The time unit
+  differs by source (ms, s or h); pass ``time_unit`` or let :func:`load_availability` guess it from
+  the largest time (>= 1e6 → ms, <= 200 → h, else s) and from a ``_scaled`` file name (h).
+* **gcloud polling** (Bamboo ``gcloud/*.txt``): ``YYYY-MM-DD, HH:MM:SS, n``; timestamps may step
+  backwards, so rows are sorted and deduplicated.
+* **JSON lines** (SpotServe, Parcae segments): ``[t_ms, "add"|"remove"|"no-op"|"DONE", {"nodes": [...]}]``.
+* **SkyPilot JSON**: ``{"metadata": {"gap_seconds": G}, "data": [n0, n1, ...]}``.
+
+Availability traces become an :class:`AvailabilityTrace`: a step function of instance counts over
+time (seconds). :meth:`AvailabilityTrace.scaled` maps it onto a cluster of ``num_gpus`` GPUs.
+Response-length traces are verl CSVs with columns ``step`` and ``mean_response_length``.
+
+Every loader raises ``ValueError`` naming the file, the line and what was expected.
+"""
+
+from __future__ import annotations
+
+import bisect
+import csv
+import json
+import math
+from dataclasses import dataclass, field
+from datetime import datetime
+from importlib import resources
+from pathlib import Path
+
+__all__ = ["AvailabilityTrace", "LengthTrace", "load_availability", "load_response_lengths",
+           "shipped_trace", "SHIPPED_TRACES", "DEFAULT_TRACE"]
+
+#: Trace files shipped inside the package (``nereus/data/traces``; licenses in ``SOURCES.md`` there).
+SHIPPED_TRACES = {
+    "bamboo-p3": "bamboo/p3-trace.csv",
+    "bamboo-g4dn": "bamboo/g4dn-trace.csv",
+    "bamboo-gcp-a100": "bamboo/gcloud/a100x1-east1b.txt",
+    "bamboo-gcp-v100": "bamboo/gcloud/v100x1-east1c.txt",
+    "parcae-p3": "parcae/p3.csv",
+    "parcae-hh": "parcae/segments_gpt-1.5b/trace_hh_55_65.txt",
+    "parcae-hl": "parcae/segments_gpt-1.5b/trace_hl_15_25.txt",
+    "parcae-lh": "parcae/segments_gpt-1.5b/trace_lh_80_90.txt",
+    "parcae-ll": "parcae/segments_gpt-1.5b/trace_ll_10_11.txt",
+    "spotserve-a": "spotserve/trace_0304_real.txt",
+    "spotserve-b": "spotserve/trace_0506_real.txt",
+    "oobleck-p3": "oobleck/scaled/scale_p3-trace.csv",
+    "oobleck-gcp": "oobleck/scaled/scale_gcp-trace.csv",
+}
+DEFAULT_TRACE = "bamboo-p3"
+TIME_UNITS = {"ms": 1e-3, "s": 1.0, "h": 3600.0}
+
+
+@dataclass(frozen=True)
+class AvailabilityTrace:
+    """A step function: ``counts[i]`` instances are available from ``times[i]`` until ``times[i+1]``.
+
+    Attributes:
+        name: file or preset name, for display.
+        times: seconds from trace start, strictly increasing, ``times[0] == 0``.
+        counts: available instances (or GPUs after :meth:`scaled`), non-negative integers.
+        end: seconds; the trace holds its last value until ``end`` (and beyond, when replayed longer).
+        unit: ``"instances"`` or ``"gpus"``.
+        source: where the data comes from.
+
+    Raises:
+        ValueError: empty series, unsorted times or a negative count.
+    """
+
+    name: str
+    times: tuple[float, ...]
+    counts: tuple[int, ...]
+    end: float
+    unit: str = "instances"
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.times or len(self.times) != len(self.counts):
+            raise ValueError(f"availability trace {self.name!r}: empty series or times/counts of "
+                             f"different lengths ({len(self.times)} vs {len(self.counts)})")
+        if any(b <= a for a, b in zip(self.times, self.times[1:])):
+            raise ValueError(f"availability trace {self.name!r}: times must be strictly increasing")
+        neg = [c for c in self.counts if c < 0]
+        if neg:
+            raise ValueError(f"availability trace {self.name!r}: negative count {neg[0]}; counts must be >= 0")
+        if max(self.counts) == 0:
+            raise ValueError(f"availability trace {self.name!r}: no instance is ever available")
+
+    def count_at(self, t: float) -> int:
+        """Instances available at time ``t`` seconds (the first value before 0)."""
+        i = bisect.bisect_right(self.times, t) - 1
+        return self.counts[max(i, 0)]
+
+    def next_change(self, t: float) -> float:
+        """Time of the first change strictly after ``t`` (``math.inf`` if none)."""
+        i = bisect.bisect_right(self.times, t)
+        return self.times[i] if i < len(self.times) else math.inf
+
+    @property
+    def num_changes(self) -> int:
+        return len(self.times) - 1
+
+    def scaled(self, num_gpus: int) -> AvailabilityTrace:
+        """Map the trace's largest count onto ``num_gpus`` GPUs: ``floor(n · num_gpus / max n)``.
+
+        Proportional scaling keeps the relative size and timing of every change (Oobleck rescales
+        the same traces to its cluster the same way, SOURCES.md A5).
+
+        Raises:
+            ValueError: ``num_gpus`` not a positive integer.
+        """
+        if isinstance(num_gpus, bool) or not isinstance(num_gpus, int) or num_gpus <= 0:
+            raise ValueError(f"num_gpus must be a positive integer, got {num_gpus!r}")
+        top = max(self.counts)
+        return _from_points(self.name, [(t, (c * num_gpus) // top) for t, c in zip(self.times, self.counts)],
+                            self.end, unit="gpus", source=self.source)
+
+    def clipped(self, hours: float) -> AvailabilityTrace:
+        """The first ``hours`` of the trace."""
+        end = hours * 3600.0
+        pts = [(t, c) for t, c in zip(self.times, self.counts) if t < end]
+        return _from_points(self.name, pts, end, unit=self.unit, source=self.source)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "unit": self.unit, "source": self.source, "end": self.end,
+                "times": list(self.times), "counts": list(self.counts)}
+
+
+@dataclass(frozen=True)
+class LengthTrace:
+    """Mean response length (tokens) per RL step; step ``i`` of a run uses ``lengths[i % len]``.
+
+    Attributes:
+        name: file name or scenario name.
+        lengths: tokens per step, positive.
+        synthetic: True for generated scenarios (always labelled so in reports).
+        source: provenance text.
+
+    Raises:
+        ValueError: empty series or a non-positive length.
+    """
+
+    name: str
+    lengths: tuple[float, ...]
+    synthetic: bool = False
+    source: str = ""
+    meta: dict = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.lengths:
+            raise ValueError(f"length trace {self.name!r} is empty: at least one step is needed")
+        bad = [x for x in self.lengths if not (x > 0 and math.isfinite(x))]
+        if bad:
+            raise ValueError(f"length trace {self.name!r}: response lengths must be positive, got {bad[0]!r}")
+
+    def at(self, step: int) -> float:
+        """Length at RL step ``step`` (0-based); a trace shorter than the run is repeated."""
+        return self.lengths[step % len(self.lengths)]
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} (SYNTHETIC)" if self.synthetic else self.name
+
+
+# ---------------------------------------------------------------------------------------------------
+def _from_points(name, points, end, unit="instances", source="") -> AvailabilityTrace:
+    """Collapse (t, n) points (sorted by t; later points at the same t win) into a step function."""
+    times: list[float] = []
+    counts: list[int] = []
+    for t, c in points:
+        if times and t == times[-1]:
+            counts[-1] = c
+        else:
+            times.append(float(t))
+            counts.append(int(c))
+    if not times:
+        raise ValueError(f"availability trace {name!r} is empty: no data rows")
+    t0 = times[0]
+    times = [t - t0 for t in times]
+    # drop points that do not change the value
+    keep_t, keep_c = [times[0]], [counts[0]]
+    for t, c in zip(times[1:], counts[1:]):
+        if c != keep_c[-1]:
+            keep_t.append(t)
+            keep_c.append(c)
+    return AvailabilityTrace(name=name, times=tuple(keep_t), counts=tuple(keep_c),
+                             end=max(end - t0, keep_t[-1]), unit=unit, source=source)
+
+
+def _replay_events(name, events) -> list[tuple[float, int]]:
+    """Replay ``(t_seconds, action, nodes)`` events into (t, live node count) points."""
+    live: set[str] = set()
+    points = []
+    for t, action, nodes in sorted(events, key=lambda e: e[0]):
+        if action == "add":
+            live |= set(nodes)
+        elif action == "remove":
+            live -= set(nodes)
+        points.append((t, len(live)))
+    return points
+
+
+def _read_text(path: Path) -> str:
+    if not path.is_file():
+        raise ValueError(f"trace file {str(path)!r} does not exist")
+    text = path.read_text().replace("\r\n", "\n")
+    if not text.strip():
+        raise ValueError(f"trace file {str(path)!r} is empty")
+    return text
+
+
+def _load_event_csv(path: Path, rows) -> list[tuple[float, int]]:
+    events = []
+    for i, row in rows:
+        if len(row) != 3 or row[1].strip() not in ("add", "remove"):
+            raise ValueError(f"{path}:{i}: expected 'time_ms,add|remove,node', got {','.join(row)!r}")
+        try:
+            t = float(row[0]) * 1e-3
+        except ValueError as e:
+            raise ValueError(f"{path}:{i}: time {row[0]!r} is not a number") from e
+        if t < 0:
+            raise ValueError(f"{path}:{i}: negative time {row[0]}")
+        events.append((t, row[1].strip(), [row[2].strip()]))
+    return _replay_events(path.name, events)
+
+
+def _load_count_csv(path: Path, rows, time_unit) -> list[tuple[float, int]]:
+    pts = []
+    for i, row in rows:
+        if len(row) != 2:
+            raise ValueError(f"{path}:{i}: expected 2 columns 't,count', got {len(row)}: {','.join(row)!r}")
+        try:
+            t, n = float(row[0]), float(row[1])
+        except ValueError as e:
+            raise ValueError(f"{path}:{i}: expected numbers 't,count', got {','.join(row)!r}") from e
+        if n < 0 or n != int(n):
+            raise ValueError(f"{path}:{i}: GPU/instance count must be a non-negative integer, got {row[1]!r}")
+        pts.append((t, int(n)))
+    if time_unit is None:
+        tmax = max(t for t, _ in pts)
+        time_unit = "h" if ("_scaled" in path.name or tmax <= 200) else ("ms" if tmax >= 1e6 else "s")
+    if time_unit not in TIME_UNITS:
+        raise ValueError(f"time_unit must be one of {sorted(TIME_UNITS)}, got {time_unit!r}")
+    scale = TIME_UNITS[time_unit]
+    return sorted(((t * scale, n) for t, n in pts), key=lambda p: p[0])
+
+
+def _load_gcloud(path: Path, rows) -> list[tuple[float, int]]:
+    pts = {}
+    for i, row in rows:
+        if len(row) != 3:
+            raise ValueError(f"{path}:{i}: expected 'YYYY-MM-DD, HH:MM:SS, n', got {','.join(row)!r}")
+        try:
+            ts = datetime.strptime(f"{row[0].strip()} {row[1].strip()}", "%Y-%m-%d %H:%M:%S").timestamp()
+            n = int(row[2])
+        except ValueError as e:
+            raise ValueError(f"{path}:{i}: expected 'YYYY-MM-DD, HH:MM:SS, n', got {','.join(row)!r}") from e
+        if n < 0:
+            raise ValueError(f"{path}:{i}: instance count must be >= 0, got {n}")
+        pts[ts] = n  # duplicated timestamps from overlapping polls: keep the last
+    return sorted(pts.items())
+
+
+def _load_jsonl(path: Path, text: str) -> tuple[list[tuple[float, int]], float]:
+    events, end = [], 0.0
+    for i, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            t_ms, action, info = json.loads(line)
+            t = float(t_ms) * 1e-3
+            nodes = list(info.get("nodes", []))
+        except (ValueError, TypeError, AttributeError) as e:
+            raise ValueError(f"{path}:{i}: expected JSON '[t_ms, \"add\"|\"remove\"|\"no-op\", "
+                             f"{{\"nodes\": [...]}}]', got {line[:80]!r}") from e
+        end = max(end, t + float(info.get("duration", 0)) * 1e-3)
+        if action in ("add", "remove", "no-op", "DONE"):
+            events.append((t, action, nodes))
+        else:
+            raise ValueError(f"{path}:{i}: unknown action {action!r}; valid: add, remove, no-op, DONE")
+    return _replay_events(path.name, events), end
+
+
+def _load_skypilot(path: Path, doc) -> list[tuple[float, int]]:
+    if not isinstance(doc, dict) or "data" not in doc or "metadata" not in doc:
+        raise ValueError(f"{path}: expected SkyPilot JSON {{'metadata': {{'gap_seconds': G}}, 'data': [...]}}")
+    gap = doc["metadata"].get("gap_seconds")
+    if not isinstance(gap, (int, float)) or gap <= 0:
+        raise ValueError(f"{path}: metadata.gap_seconds must be > 0, got {gap!r}")
+    pts = []
+    for i, n in enumerate(doc["data"]):
+        if not isinstance(n, (int, float)) or n < 0 or n != int(n):
+            raise ValueError(f"{path}: data[{i}] must be a non-negative integer count, got {n!r}")
+        pts.append((i * gap, int(n)))
+    return pts
+
+
+def load_availability(path: str | Path, time_unit: str | None = None) -> AvailabilityTrace:
+    """Load any availability trace format listed in the module docstring (detected from content).
+
+    Args:
+        path: a file path, or the name of a shipped trace (:data:`SHIPPED_TRACES`).
+        time_unit: ``ms``, ``s`` or ``h`` for two-column count CSVs; guessed when None.
+
+    Returns:
+        the trace in instances (call :meth:`AvailabilityTrace.scaled` for GPUs).
+
+    Raises:
+        ValueError: missing or empty file, unknown format, wrong columns, negative counts.
+    """
+    if str(path) in SHIPPED_TRACES:
+        return shipped_trace(str(path))
+    p = Path(path)
+    text = _read_text(p)
+    stripped = text.lstrip()
+    end = 0.0
+    if stripped.startswith("{"):
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{p}: not valid JSON: {e}") from e
+        pts = _load_skypilot(p, doc)
+        end = pts[-1][0] + doc["metadata"]["gap_seconds"]
+        source = "SkyPilot spot-traces (no license stated; not shipped)"
+    elif stripped.startswith("["):
+        pts, end = _load_jsonl(p, text)
+        source = "JSON-lines replay segment (SpotServe / Parcae)"
+    else:
+        rows = [(i, [c.strip() for c in r]) for i, r in enumerate(csv.reader(text.splitlines()), 1)
+                if r and any(c.strip() for c in r)]
+        if not rows:
+            raise ValueError(f"trace file {str(p)!r} has no data rows")
+        first = rows[0][1]
+        if len(first) == 3 and first[1] in ("add", "remove"):
+            pts = _load_event_csv(p, rows)
+            source = "event log time_ms,add|remove,node (Bamboo / Oobleck)"
+        elif len(first) == 3 and "-" in first[0]:
+            pts = _load_gcloud(p, rows)
+            source = "GCP preemptible polling (Bamboo gcloud)"
+        elif len(first) == 2:
+            pts = _load_count_csv(p, rows, time_unit)
+            source = "count series t,n"
+        else:
+            raise ValueError(f"{p}:1: unknown trace format: expected 'time_ms,add|remove,node', 't,count', "
+                             f"'YYYY-MM-DD, HH:MM:SS, n', JSON lines or SkyPilot JSON; got {','.join(first)!r}")
+    if not pts:
+        raise ValueError(f"trace file {str(p)!r} has no data rows")
+    end = max(end, pts[-1][0])
+    return _from_points(p.name, pts, end, source=source)
+
+
+def shipped_trace(name: str) -> AvailabilityTrace:
+    """A trace shipped in ``nereus/data/traces`` by short name (see :data:`SHIPPED_TRACES`).
+
+    Raises:
+        ValueError: unknown name.
+    """
+    if name not in SHIPPED_TRACES:
+        raise ValueError(f"unknown shipped trace {name!r}; valid: {sorted(SHIPPED_TRACES)} or a file path")
+    ref = resources.files("nereus") / "data" / "traces" / SHIPPED_TRACES[name]
+    with resources.as_file(ref) as p:
+        tr = load_availability(p)
+    return AvailabilityTrace(name=name, times=tr.times, counts=tr.counts, end=tr.end, unit=tr.unit,
+                             source=f"{tr.source}; shipped file {SHIPPED_TRACES[name]}")
+
+
+def load_response_lengths(path: str | Path) -> LengthTrace:
+    """Per-step mean response length from a verl log CSV (columns ``step``, ``mean_response_length``).
+
+    Raises:
+        ValueError: missing file, missing columns, a non-numeric or non-positive length, no rows.
+    """
+    p = Path(path)
+    text = _read_text(p)
+    reader = csv.DictReader(text.splitlines())
+    need = {"step", "mean_response_length"}
+    if not reader.fieldnames or not need <= set(reader.fieldnames):
+        raise ValueError(f"{p}: response-length CSV needs columns {sorted(need)}, has {reader.fieldnames}")
+    rows = []
+    for i, r in enumerate(reader, 2):
+        try:
+            rows.append((float(r["step"]), float(r["mean_response_length"])))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{p}:{i}: step and mean_response_length must be numbers, got "
+                             f"{r.get('step')!r}, {r.get('mean_response_length')!r}") from e
+    if not rows:
+        raise ValueError(f"{p}: response-length CSV has no data rows")
+    rows.sort()
+    return LengthTrace(name=p.name, lengths=tuple(x for _, x in rows),
+                       source=f"verl training log {p.name} (no license stated; read from the user's path)")

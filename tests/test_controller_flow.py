@@ -1,0 +1,155 @@
+"""The controller driven through its public interface with a fake planner (hand-computed numbers)."""
+
+import ast
+import pathlib
+from dataclasses import replace
+
+import pytest
+
+from nereus.controller import (
+    Controller,
+    ControllerConfig,
+    Keep,
+    Restart,
+    StepReport,
+    Transition,
+    TransitionCost,
+    state_survives,
+)
+from nereus.planner.plan import Candidate, Plan
+from nereus.spec import hardware, job, model, workload
+
+JOB = job.JobSpec(model.get_model("llama-3.1-8b"), hardware.ClusterSpec(hardware.get_gpu("h100"), 1, 8),
+                  workload.WorkloadSpec(algorithm="grpo", reward_model=False, response_len=1000))
+
+
+def _plan(tp, gpus):
+    dp = len(gpus) // tp
+    return Plan(candidates=(Candidate("actor.train", tp, 1, dp, gpus=tuple(gpus)),))
+
+
+class FakePlanner:
+    """L_step = len/100 · (1 + 0.1·tp) / (#GPUs/4); tp=1 is infeasible above 2000 tokens."""
+
+    def __init__(self):
+        self.calls = []
+
+    def estimate(self, job, plan, pool=None):
+        c = plan.candidates[0]
+        n = job.workload.response_len
+        return replace(plan, l_step=n / 100 * (1 + 0.1 * c.tp) / (c.num_gpus / 4))
+
+    def memory_ok(self, job, plan):
+        return plan.candidates[0].tp > 1 or job.workload.response_len <= 2000
+
+    def plan(self, job, pool, current, urgent):
+        self.calls.append((len(pool), urgent))
+        gpus = sorted(pool)[: 4 if len(pool) < 8 else 8]
+        if len(gpus) < 2:
+            raise ValueError("nothing fits on 1 GPU")
+        tp = 1 if job.workload.response_len <= 2000 else 2
+        return self.estimate(job, _plan(tp, gpus))
+
+    def alternatives(self, job, pool, current, best):
+        return []
+
+    def calibrate(self, *a, **k):
+        pass
+
+    def note_oom(self):
+        pass
+
+    def efficiencies(self):
+        return {}
+
+
+def _ctl(plan, l_tran=20.0, **cfg):
+    fp = FakePlanner()
+    return Controller(JOB, fp.estimate(JOB, plan), fp, transition_cost=lambda *a: TransitionCost(l_tran),
+                      config=ControllerConfig(**cfg)), fp
+
+
+POOL8 = frozenset(range(8))
+
+
+def test_no_trigger_keeps_and_first_step_sets_reference():
+    ctl, fp = _ctl(_plan(1, range(8)))
+    d = ctl.observe(StepReport(0, 1000, POOL8, step_time=10))
+    assert isinstance(d, Keep) and d.reason == "no trigger" and fp.calls == []
+
+
+def test_rejected_replan_still_resets_reference():
+    # on 4 of 8 GPUs, tp=1: L_step(1400) = 14·1.1 = 15.4; best on 8 GPUs: 14·1.1/2 = 7.7 → ΔL 7.7
+    ctl, fp = _ctl(_plan(1, range(4)), l_tran=20.0)       # payback 20/7.7 = 2.6 > 0.5·H = 0.5
+    ctl.observe(StepReport(0, 1000, POOL8))
+    d = ctl.observe(StepReport(1, 1400, POOL8))
+    assert isinstance(d, Keep) and "payback 2.60 steps" in d.reason and d.triggers == ("seq_len",)
+    d = ctl.observe(StepReport(2, 1450, POOL8))           # 3.6% from the reset reference 1400
+    assert isinstance(d, Keep) and d.reason == "no trigger"
+    assert len(fp.calls) == 1
+
+
+def test_repeated_growth_builds_horizon_until_admitted():
+    ctl, _ = _ctl(_plan(1, range(4)), l_tran=20.0)
+    ctl.observe(StepReport(0, 1000, POOL8))
+    lens = {10: 1310, 20: 1710}                            # crossings at steps 10 and 20
+    for s in range(1, 21):
+        d = ctl.observe(StepReport(s, lens.get(s, 1000 if s < 10 else 1310 if s < 20 else 1710), POOL8))
+    # step 20: H = 10 (one interval), ΔL = 17.1·1.1/2 = 9.405, payback 2.13 <= 0.5·10
+    assert isinstance(d, Transition) and not d.urgent
+    assert d.delta_l == pytest.approx(17.1 * 1.1 / 2)
+    assert ctl.plan.candidates[0].num_gpus == 8
+
+
+def test_gamma_zero_rejects_opportunistic_but_not_urgent():
+    ctl, _ = _ctl(_plan(1, range(8)), gamma=0.0)
+    ctl.observe(StepReport(0, 1000, POOL8))
+    d = ctl.observe(StepReport(1, 2600, POOL8))           # tp=1 infeasible at 2600 → urgent (memory)
+    assert isinstance(d, Transition) and d.urgent and set(d.triggers) == {"memory", "seq_len"}
+    assert ctl.plan.candidates[0].tp == 2
+
+
+def test_lost_gpus_take_the_urgent_path_even_if_it_never_pays_back():
+    ctl, fp = _ctl(_plan(1, range(8)), l_tran=1e6)
+    ctl.observe(StepReport(0, 1000, POOL8))
+    d = ctl.observe(StepReport(1, 1000, frozenset(range(4))))
+    assert isinstance(d, Transition) and d.urgent and d.triggers == ("pool",)
+    assert fp.calls == [(4, True)] and ctl.plan.gpus_used() == frozenset(range(4))
+
+
+def test_restart_when_state_lost_or_nothing_fits():
+    ctl, _ = _ctl(_plan(8, range(8)))                      # one replica on all 8 GPUs
+    ctl.observe(StepReport(0, 1000, POOL8))
+    d = ctl.observe(StepReport(1, 1000, frozenset(range(4))))
+    assert isinstance(d, Restart) and d.plan is not None and "checkpoint" in d.reason
+    ctl, _ = _ctl(_plan(1, range(8)))
+    ctl.observe(StepReport(0, 1000, POOL8))
+    d = ctl.observe(StepReport(1, 1000, frozenset({0})))
+    assert isinstance(d, Restart) and d.plan is None and "nothing fits" in d.reason
+
+
+def test_state_survives_needs_one_whole_train_replica():
+    p = _plan(2, range(8))                                 # replicas {0,1} {2,3} {4,5} {6,7}
+    assert state_survives(p, frozenset({0, 1}))
+    assert not state_survives(p, frozenset({1, 2, 5, 6}))
+
+
+def test_replan_all_admits_without_payback():
+    ctl, _ = _ctl(_plan(1, range(4)), l_tran=1e6, always_admit=True)
+    ctl.observe(StepReport(0, 1000, POOL8))
+    assert isinstance(ctl.observe(StepReport(1, 1400, POOL8)), Transition)
+
+
+def test_controller_config_validates():
+    with pytest.raises(ValueError, match="gamma"):
+        ControllerConfig(gamma=1.5)
+
+
+def test_controller_imports_nothing_from_sim_or_runtime():
+    root = pathlib.Path(__file__).resolve().parents[1] / "nereus" / "controller"
+    for f in root.glob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            for n in names:
+                assert not n.startswith(("nereus.sim", "nereus.runtime")), (f.name, n)
