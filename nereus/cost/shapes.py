@@ -9,6 +9,8 @@ except the RMSNorm weights (replicated) and, when ``tp`` exceeds the KV heads, t
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from nereus.spec.model import ModelSpec
 
 __all__ = ["layers_of_rank", "params_on_rank", "max_params_per_gpu", "valid_tp", "valid_pp"]
@@ -83,6 +85,7 @@ def params_on_rank(model: ModelSpec, tp: int, pp: int, p: int) -> float:
     return n
 
 
+@lru_cache(maxsize=4096)
 def max_params_per_gpu(model: ModelSpec, tp: int, pp: int) -> float:
     """Parameters on the most loaded GPU of a (tp, pp) replica."""
     return max(params_on_rank(model, tp, pp, p) for p in range(pp))

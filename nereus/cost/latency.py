@@ -1,0 +1,229 @@
+"""Time per model-stage replica by op class (DESIGN.md §4.2; cost-model.md §2.1, §2.5-2.7).
+
+Work is counted from shapes and turned into seconds with ``work / (peak · efficiency(op class))``:
+
+* GEMM FLOPs ``2·N_gemm_rank`` per token forward (backward 2x; full recompute adds a forward;
+  Megatron/PaLM accounting, cost-model.md §2.1); causal attention ``2·a·d·s/tp`` FLOPs per token per
+  layer forward (half of PaLM's ``4·a·d·s`` term, as flash-attention executes it).
+* TP: 2 all-reduces of ``b·s·h`` activations per layer forward, 2 backward (+2 with full recompute)
+  (Shoeybi et al. 2019), on NVLink when the TP group fits in a node, else on the NIC.
+* PP: a point-to-point of ``b·s·h/tp`` activations per micro-batch and boundary each way (Megatron
+  scatter-gather); pipeline time for m micro-batches ``Σ_i t_i + (m-1)·max_i t_i`` (Narayanan et al.
+  2021; the unbalanced form used by Alpa and Metis), reported as ``m·t_max`` of work plus a
+  ``bubble`` term.
+* DP: ring all-reduce of the gradients of the most loaded GPU once per optimizer step, over the NIC
+  when the replicas span nodes; no overlap with backward is assumed (conservative).
+* Optimizer step: HBM-bound, 36 bytes per parameter read or written (bf16 weight, fp32 grad, master,
+  exp_avg, exp_avg_sq).
+* Generation: prefill is compute-bound; each decode step reads the replica's weights and the KV cache
+  of the concurrent sequences (HBM-bound) or is compute-bound, whichever is slower, plus 2 TP
+  all-reduces per layer; more sequences than the concurrency run in waves. Every response is taken
+  at the workload's (mean) response length.
+
+Stage times are dicts ``op class → seconds`` for one micro-batch on a middle pipeline rank
+(``mid``: its layers only) and on the last rank (``last``: layers plus the head), since with ``pp``
+dividing the layers the last rank is the slowest.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from nereus.cost.collectives import allgather_time, allreduce_time, broadcast_time, p2p_time
+from nereus.cost.efficiency import GEMM_SIZE_HALF, EfficiencyTable
+from nereus.cost.shapes import layers_of_rank, max_params_per_gpu
+from nereus.spec.hardware import ClusterSpec
+from nereus.spec.model import ModelSpec
+from nereus.spec.workload import WorkloadSpec
+
+__all__ = ["LinkModel", "microbatch_stage_times", "decode_step_times", "prefill_stage_times",
+           "dp_sync_time", "optimizer_time", "weight_sync_times", "gemm_rank_params"]
+
+OPT_BYTES_PER_PARAM = 36
+
+
+class LinkModel:
+    """Bandwidth, latency and op-class name of the link a group of ``n`` GPUs uses.
+
+    A group uses the scale-up link when it fits in one node (``n <= gpus_per_node``, groups are
+    placed node-aligned), else the scale-out link; its effective bandwidth is the link's peak times
+    the efficiency of the op class ``<collective>@<link>``.
+    """
+
+    def __init__(self, cluster: ClusterSpec, eff: EfficiencyTable):
+        self.cluster, self.eff, self.gpu = cluster, eff, cluster.gpu
+
+    def link(self, n: int, force_scaleout: bool = False) -> tuple[str, float, float]:
+        g = self.gpu
+        if n <= self.cluster.gpus_per_node and not force_scaleout:
+            return g.scaleup_link, g.scaleup_bandwidth, g.scaleup_latency
+        return g.scaleout_link, g.scaleout_bandwidth, g.scaleout_latency
+
+    def time(self, kind: str, size: float, n: int, span: int | None = None,
+             force_scaleout: bool = False) -> tuple[str, float]:
+        """(op class, seconds) of collective ``kind`` of ``size`` bytes among ``n`` ranks whose
+        group spans ``span`` GPUs (defaults to ``n``)."""
+        name, bw, alpha = self.link(n if span is None else span, force_scaleout)
+        cls = f"{kind}@{name}"
+        b = bw * self.eff.get(cls)
+        if kind == "allreduce":
+            t = allreduce_time(size, n, b, alpha)
+        elif kind == "allgather":
+            t = allgather_time(size, n, b, alpha)
+        elif kind == "broadcast":
+            t = broadcast_time(size, n, b, alpha)
+        elif kind == "p2p":
+            t = p2p_time(size, b, alpha)
+        else:
+            raise ValueError(f"unknown collective {kind!r}")
+        return cls, t
+
+
+def gemm_rank_params(model: ModelSpec, tp: int) -> float:
+    """GEMM parameters of one layer on one TP rank (KV projections replicated when tp > KV heads)."""
+    h = model.hidden_size
+    kv_rep = max(tp // model.num_kv_heads, 1)
+    return (2 * h * model.q_dim + 2 * h * model.kv_dim * kv_rep + 3 * h * model.intermediate_size) / tp
+
+
+def _gemm_time(flops, calls: int, gpu_flops: float, eff: EfficiencyTable):
+    size = np.maximum(np.asarray(flops, dtype=float) / max(calls, 1), 1.0)
+    e = eff.get("gemm") * size / (size + GEMM_SIZE_HALF)
+    return np.asarray(flops, dtype=float) / (gpu_flops * e)
+
+
+def _add(d: dict, cls: str, t) -> None:
+    d[cls] = d.get(cls, 0.0) + t
+
+
+def _layer_pass(model, tp, tokens, ctx_len, layers, mult, cluster, eff, links, n_ar) -> dict:
+    """Time of ``layers`` layers over ``tokens`` tokens, ``mult`` forward-equivalents of compute and
+    ``n_ar`` TP all-reduces per layer."""
+    out: dict = {}
+    gpu = cluster.gpu
+    gemm_flops = 2.0 * gemm_rank_params(model, tp) * tokens * layers * mult
+    _add(out, "gemm", _gemm_time(gemm_flops, 7 * layers * mult, gpu.peak_flops, eff))
+    attn = 2.0 * model.q_dim / tp * ctx_len * tokens * layers * mult
+    _add(out, "attention", attn / (gpu.peak_flops * eff.get("attention")))
+    if tp > 1:
+        cls, t = links.time("allreduce", 2.0 * tokens * model.hidden_size, tp)
+        _add(out, cls, t * n_ar * layers)
+    return out
+
+
+def _head_pass(model, tp, tokens, mult, cluster, eff) -> dict:
+    flops = 2.0 * model.hidden_size * model.head_out_dim / tp * tokens * mult
+    return {"gemm": _gemm_time(flops, mult, cluster.gpu.peak_flops, eff)}
+
+
+def _merge(*ds) -> dict:
+    out: dict = {}
+    for d in ds:
+        for k, v in d.items():
+            _add(out, k, v)
+    return out
+
+
+def microbatch_stage_times(stage: str, model: ModelSpec, workload: WorkloadSpec, cluster: ClusterSpec,
+                           eff: EfficiencyTable, tp: int, pp: int, micro_batch: int,
+                           recompute: str = "none") -> tuple[dict, dict]:
+    """(mid, last) per-micro-batch stage times by op class for ``train`` or ``infer``."""
+    links = LinkModel(cluster, eff)
+    s = workload.seq_len
+    tokens = s * micro_batch
+    layers = len(layers_of_rank(model.num_layers, pp, 0))
+    if stage == "train":
+        mult = {"none": 3, "selective": 3, "full": 4}[recompute]
+        n_ar = 6 if recompute == "full" else 4
+    else:
+        mult, n_ar = 1, 2
+    body = _layer_pass(model, tp, tokens, s, layers, mult, cluster, eff, links, n_ar)
+    if stage == "train" and recompute == "selective":
+        extra = 2.0 * model.q_dim / tp * s * tokens * layers
+        _add(body, "attention", extra / (cluster.gpu.peak_flops * eff.get("attention")))
+    if pp > 1:
+        span = tp * 2  # two neighbouring ranks of one replica
+        cls, t = links.time("p2p", 2.0 * tokens * model.hidden_size / tp, 2, span=span)
+        _add(body, cls, t * (2 if stage == "train" else 1))
+    last = _merge(body, _head_pass(model, tp, tokens, mult, cluster, eff))
+    return body, last
+
+
+def prefill_stage_times(model, workload, cluster, eff, tp, pp, seqs) -> tuple[dict, dict]:
+    """(mid, last) stage times of prefilling ``seqs`` prompts (array allowed) as one micro-batch."""
+    links = LinkModel(cluster, eff)
+    tokens = np.asarray(seqs, dtype=float) * workload.prompt_len
+    layers = len(layers_of_rank(model.num_layers, pp, 0))
+    body = _layer_pass(model, tp, tokens, workload.prompt_len, layers, 1, cluster, eff, links, 2)
+    last = _merge(body, _head_pass(model, tp, np.asarray(seqs, dtype=float), 1, cluster, eff))
+    return body, last
+
+
+def decode_step_times(model, workload, cluster, eff, tp, pp, seqs) -> dict:
+    """Op-class seconds of one decode step for ``seqs`` concurrent sequences (array allowed) on one
+    replica. Each rank is busy ``max(HBM time, compute time)`` per step: it reads its weights once per
+    micro-batch (``m = min(pp, seqs)`` micro-batches) and the KV cache of all sequences of its
+    layers. A full pipeline (m = pp) steps at one rank's busy time; with m < pp it waits pp/m times
+    longer."""
+    links = LinkModel(cluster, eff)
+    gpu = cluster.gpu
+    seqs = np.asarray(seqs, dtype=float)
+    m = np.minimum(pp, np.maximum(seqs, 1))
+    layers = len(layers_of_rank(model.num_layers, pp, 0))
+    params = max_params_per_gpu(model, tp, pp)
+    ctx = workload.prompt_len + workload.response_len / 2.0
+    kv_tok = model.kv_bytes_per_token(workload.kv_bytes, tp) * layers / model.num_layers
+    hbm = (m * params * workload.param_bytes + seqs * ctx * kv_tok) / (gpu.hbm_bandwidth * eff.get("memory_bound"))
+    flops = 2.0 * params * seqs + 2.0 * model.q_dim / tp * ctx * seqs * layers
+    comp = flops / (gpu.peak_flops * eff.get("gemm"))
+    fill = np.maximum(1.0, pp / m)  # a pipeline with fewer micro-batches than ranks idles
+    out: dict = {}
+    mem_bound = hbm >= comp
+    out["memory_bound"] = np.where(mem_bound, hbm, 0.0) * fill
+    out["gemm"] = np.where(mem_bound, 0.0, comp) * fill
+    if tp > 1:
+        cls, t = links.time("allreduce", 2.0 * (seqs / m) * model.hidden_size, tp)
+        _add(out, cls, t * 2 * layers * m * fill)
+    if pp > 1:
+        cls, t = links.time("p2p", 2.0 * (seqs / m) * model.hidden_size / tp, 2, span=tp * 2)
+        _add(out, cls, t * m * fill)
+    return out
+
+
+def dp_sync_time(model, workload, cluster, eff, tp, pp, dp) -> dict:
+    """Gradient all-reduce over ``dp`` replicas (array allowed) for one optimizer step."""
+    links = LinkModel(cluster, eff)
+    size = max_params_per_gpu(model, tp, pp) * workload.grad_bytes
+    dp = np.asarray(dp)
+    out: dict = {}
+    for n in np.unique(dp):
+        n = int(n)
+        if n <= 1:
+            continue
+        cls, t = links.time("allreduce", size, n, span=tp * pp * n)
+        _add(out, cls, np.where(dp == n, t, 0.0))
+    return out
+
+
+def optimizer_time(model, workload, cluster, eff, tp, pp) -> float:
+    params = max_params_per_gpu(model, tp, pp)
+    return params * OPT_BYTES_PER_PARAM / (cluster.gpu.hbm_bandwidth * eff.get("memory_bound"))
+
+
+def weight_sync_times(model, workload, cluster, eff, tp, pp, side: str, multi_node: bool) -> dict:
+    """One side of the per-step actor weight sync (DESIGN.md §4.1).
+
+    ``side="send"`` (training layout): all-gather the full weights inside the replica's TP/PP group.
+    ``side="recv"`` (generation layout): each GPU receives its ``W/(tp·pp)`` shard, over the NIC when
+    the pool spans several nodes. Summing both sides keeps the step latency separable per layout.
+    """
+    links = LinkModel(cluster, eff)
+    w = model.num_params * workload.param_bytes
+    k = tp * pp
+    if side == "send":
+        if k <= 1:
+            return {}
+        cls, t = links.time("allgather", w, k)
+        return {cls: t}
+    cls, t = links.time("broadcast", w / k, 2, force_scaleout=multi_node)
+    return {cls: t}

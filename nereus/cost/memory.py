@@ -1,0 +1,110 @@
+"""Peak memory per GPU of one model-stage replica, by term (cost-model.md §2.2-2.4, §2.8).
+
+All results are bytes on the most loaded GPU of a (tp, pp) replica. Terms:
+
+* weights ``params·param_bytes``; optimizer ``params·optimizer_bytes`` (Adam: fp32 master,
+  exp_avg, exp_avg_sq = 12 B); gradients ``params·grad_bytes`` (Megatron keeps fp32 main grads);
+  ``params`` from :func:`nereus.cost.shapes.max_params_per_gpu`; no ZeRO sharding across DP
+  (DESIGN.md §4.2: DP replicas are whole EMUs).
+* activations per layer and micro-batch, Llama adaptation of Korthikanti et al. 2022 Table 2
+  (cost-model.md §2.2; flash-attention, no dropout, TP without sequence parallelism):
+  ``s·b·(8h + (4h + 4h·g/a + 6F)/t)`` bytes (norm inputs, QKV and MLP inputs replicated; Q, K, V,
+  attention output, gate/up/down inputs sharded). Llama-3.1-8B at t=1: 34·s·b·h, the reference's
+  figure. Full recompute keeps only each layer's input ``2·s·b·h`` plus one layer's working set.
+  Selective recompute saves the s² attention core, which flash-attention never stores, so its
+  memory equals no recompute. 1F1B keeps ``min(pp, m)`` micro-batches in flight on the first rank.
+* logits and cross-entropy on the last pipeline rank: ``4·s·b·(h + V)/t`` (Megatron
+  ``theoretical_memory_usage.py``); a value head keeps ``4·s·b·h/t``.
+* KV cache: ``concurrency · (prompt + response) · kv_bytes_per_token(tp) · layers_on_rank / L``
+  (vLLM ``CacheEngine``); prefill activations with vLLM's chunked prefill of 8,192 tokens.
+
+Resident bytes stay on the GPU between stages (weights, and optimizer state for training);
+transient bytes exist only while the model-stage runs (gradients, activations, logits, KV cache).
+A constant per-GPU ``WORKSPACE_BYTES`` (CUDA context 0.3-0.6 GiB, NCCL buffers, cuBLAS workspace,
+allocator slack; cost-model.md §2.8) is added once per GPU by the plan-level check.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from nereus.cost.shapes import layers_of_rank, max_params_per_gpu
+from nereus.spec.model import ModelSpec
+from nereus.spec.workload import WorkloadSpec
+
+__all__ = ["WORKSPACE_BYTES", "PREFILL_CHUNK_TOKENS", "activation_bytes_per_layer", "stage_memory"]
+
+GIB = 1024**3
+WORKSPACE_BYTES = 1.5 * GIB
+PREFILL_CHUNK_TOKENS = 8192
+
+
+def activation_bytes_per_layer(model: ModelSpec, tokens, tp: int):
+    """Stored activation bytes of one layer for ``tokens = s·b`` tokens on one TP rank."""
+    h, f = model.hidden_size, model.intermediate_size
+    ga = model.num_kv_heads / model.num_attention_heads
+    return tokens * (8 * h + (4 * h + 4 * h * ga + 6 * f) / tp)
+
+
+def _logits_bytes(model: ModelSpec, tokens, tp: int):
+    if model.head == "value":
+        return 4.0 * tokens * model.hidden_size / tp
+    return 4.0 * tokens * (model.hidden_size + model.vocab_size) / tp
+
+
+def stage_memory(stage: str, model: ModelSpec, workload: WorkloadSpec, tp: int, pp: int, *,
+                 micro_batch: int = 1, recompute: str = "none", inflight=1, concurrency=0) -> dict:
+    """Bytes per GPU by term for one replica of a ``generate``, ``infer`` or ``train`` model-stage.
+
+    ``inflight`` (train: micro-batches in flight, ``min(pp, m)``) and ``concurrency`` (generate) may
+    be NumPy arrays; the result then holds arrays for the terms that depend on them.
+
+    Returns:
+        dict with ``weights, optimizer, gradients, activations, logits, kv_cache`` and the sums
+        ``resident`` and ``transient``.
+
+    Raises:
+        ValueError: unknown stage or recompute mode.
+    """
+    params = max_params_per_gpu(model, tp, pp)
+    layers = len(layers_of_rank(model.num_layers, pp, 0))
+    s = workload.seq_len
+    out = {"weights": params * workload.param_bytes, "optimizer": 0.0, "gradients": 0.0,
+           "activations": 0.0, "logits": 0.0, "kv_cache": 0.0}
+    if stage == "train":
+        out["optimizer"] = params * workload.optimizer_bytes
+        out["gradients"] = params * workload.grad_bytes
+        tokens = s * micro_batch
+        per_layer = activation_bytes_per_layer(model, tokens, tp)
+        if recompute == "full":
+            act = 2.0 * tokens * model.hidden_size * layers * np.asarray(inflight) + per_layer
+        elif recompute in ("none", "selective"):
+            act = per_layer * layers * np.asarray(inflight)
+        else:
+            raise ValueError(f"recompute must be 'none', 'selective' or 'full', got {recompute!r}")
+        out["activations"] = act
+        out["logits"] = _logits_bytes(model, tokens, tp) if pp == 1 else 0.0
+        # With pp > 1 the first rank holds the most activations, the last the logits; take the larger.
+        if pp > 1:
+            last_act = per_layer * len(layers_of_rank(model.num_layers, pp, pp - 1))
+            if recompute == "full":
+                last_act = 2.0 * tokens * model.hidden_size * layers + per_layer
+            first = act
+            last = last_act + _logits_bytes(model, tokens, tp)
+            out["activations"] = np.maximum(first, last)
+    elif stage == "infer":
+        tokens = s * micro_batch
+        out["activations"] = 2 * activation_bytes_per_layer(model, tokens, tp)
+        out["logits"] = (6.0 * tokens * model.vocab_size / tp) if model.head == "lm" else 4.0 * tokens
+    elif stage == "generate":
+        c = np.asarray(concurrency)
+        kv_tok = model.kv_bytes_per_token(workload.kv_bytes, tp) * layers / model.num_layers
+        out["kv_cache"] = c * s * kv_tok
+        chunk = np.minimum(c * workload.prompt_len, PREFILL_CHUNK_TOKENS)
+        out["activations"] = 2 * activation_bytes_per_layer(model, chunk, tp)
+        out["logits"] = 6.0 * c * model.vocab_size / tp
+    else:
+        raise ValueError(f"stage must be 'generate', 'infer' or 'train', got {stage!r}")
+    out["resident"] = out["weights"] + out["optimizer"]
+    out["transient"] = out["gradients"] + out["activations"] + out["logits"] + out["kv_cache"]
+    return out

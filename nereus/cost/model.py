@@ -1,0 +1,249 @@
+"""The cost model: time and memory of model-stage candidates, and ``L_step`` of a plan.
+
+:class:`CostModel` ties together shapes (:mod:`nereus.cost.shapes`), memory
+(:mod:`nereus.cost.memory`), op-class latencies (:mod:`nereus.cost.latency`) and the current
+:class:`~nereus.cost.efficiency.EfficiencyTable`. Its array API (:meth:`CostModel.candidate_arrays`)
+evaluates one (tp, pp, micro-batch, recompute, concurrency) class for many DP degrees at once; the
+planner uses it. :meth:`CostModel.estimate` fills a placed :class:`~nereus.planner.plan.Plan` with
+per-model-stage estimates, per-GPU peak memory and ``L_step``.
+
+Per model-stage time (one RL step):
+
+* train: ``updates · (m·t_last + (pp-1)·t_mid + t_dp + t_opt)`` with ``m = mini/(dp·b)``;
+* infer: ``m·t_last + (pp-1)·t_mid`` with ``m = ceil(ceil(B/dp)/b)`` (slowest replica);
+* generate: ``waves · (prefill + response_len · t_decode)``, ``waves = ceil(ceil(R/dp)/c)``.
+
+``actor.train`` adds the send side and ``actor.generate`` the receive side of the weight sync.
+``L_step``: synchronous: the stages run one after another and model-stages of a stage in parallel, so
+the critical path of the execution-overlap graph is ``Σ_stage max_M t_M``; asynchronous: generation
+of the next step overlaps inference and training, ``max(t_generate, t_infer + t_train)``.
+
+Per-GPU peak memory: ``workspace + Σ resident of every model-stage on the GPU + the largest
+transient among them`` (stages share GPUs one after another; idle model-stages stay resident).
+A plan is feasible when every GPU's peak fits ``(1 - headroom) · capacity``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import networkx as nx
+import numpy as np
+
+from nereus.cost import latency as lat
+from nereus.cost.efficiency import EfficiencyTable
+from nereus.cost.memory import WORKSPACE_BYTES, stage_memory
+from nereus.planner.plan import Candidate, Plan, StageEstimate
+from nereus.spec.job import JobSpec
+from nereus.workflow import ModelStage, Workflow, workflow_for
+
+__all__ = ["CostModel", "critical_path"]
+
+
+def _sum(d: dict):
+    return sum(d.values()) if d else 0.0
+
+
+def _scale(d: dict, k) -> dict:
+    return {c: v * k for c, v in d.items()}
+
+
+def _combine(*ds) -> dict:
+    out: dict = {}
+    for d in ds:
+        for c, v in d.items():
+            out[c] = out.get(c, 0.0) + v
+    return out
+
+
+class CostModel:
+    """Predicts model-stage times, memory and ``L_step`` for one job.
+
+    Args:
+        job: models, cluster and workload.
+        efficiency: op-class efficiencies (a fresh default table when None). Read on every call, so
+            calibration updates take effect at once.
+        memory_correction: model-stage name → multiplier on its predicted bytes (calibrated from
+            measured peaks; DESIGN.md §4.3).
+        headroom: fraction of capacity kept free (default 10%).
+        workspace: bytes per GPU for CUDA context, NCCL buffers, cuBLAS workspace.
+        workflow: the model-stages to plan (defaults to the algorithm's workflow).
+
+    Raises:
+        ValueError: headroom outside [0, 1).
+    """
+
+    def __init__(self, job: JobSpec, efficiency: EfficiencyTable | None = None,
+                 memory_correction: dict | None = None, headroom: float = 0.1,
+                 workspace: float = WORKSPACE_BYTES, workflow: Workflow | None = None):
+        if not 0 <= headroom < 1:
+            raise ValueError(f"headroom must be in [0, 1), got {headroom!r}")
+        self.job = job
+        self._workflow_override = workflow
+        self.workflow: Workflow = workflow if workflow is not None else workflow_for(job.workload)
+        self.eff = efficiency if efficiency is not None else EfficiencyTable()
+        self.memory_correction = dict(memory_correction or {})
+        self.headroom = headroom
+        self.workspace = workspace
+
+    # ------------------------------------------------------------------ basics
+    @property
+    def capacity(self) -> float:
+        """Bytes per GPU a plan may use: ``(1 - headroom) · device memory``."""
+        return (1.0 - self.headroom) * self.job.cluster.gpu.memory_bytes
+
+    @property
+    def usable(self) -> float:
+        """Capacity left for model-stage state after the per-GPU workspace."""
+        return self.capacity - self.workspace
+
+    def model_of(self, ms: ModelStage):
+        return self.job.model(ms.model)
+
+    def with_job(self, job: JobSpec) -> CostModel:
+        """The same calibration applied to another job (e.g. a new response length)."""
+        return CostModel(job, self.eff, self.memory_correction, self.headroom, self.workspace,
+                         self._workflow_override)
+
+    # ------------------------------------------------------------------ arrays
+    def candidate_arrays(self, ms: ModelStage, tp: int, pp: int, dp, *, micro_batch: int = 1,
+                         recompute: str = "none", concurrency: int = 0, multi_node: bool = False,
+                         breakdown: bool = False) -> dict:
+        """Time and memory of one candidate class for an array of DP degrees.
+
+        Returns:
+            dict with ``time`` (seconds per step, array over ``dp``), ``resident`` and
+            ``transient`` (bytes per GPU, arrays), ``memory`` (terms), and ``breakdown``
+            (op class → seconds) when asked.
+        """
+        w = self.job.workload
+        model = self.model_of(ms)
+        cl, eff = self.job.cluster, self.eff
+        dp = np.atleast_1d(np.asarray(dp, dtype=np.int64))
+        corr = self.memory_correction.get(ms.name, 1.0)
+        if ms.stage == "train":
+            micro_batch = np.asarray(micro_batch)
+            m = w.mini_batch_size // (dp * micro_batch)
+            mid, last = lat.microbatch_stage_times("train", model, w, cl, eff, tp, pp, micro_batch, recompute)
+            per_mini = _combine(_scale(last, m), {"bubble": (pp - 1) * _sum(mid) + 0 * m},
+                                lat.dp_sync_time(model, w, cl, eff, tp, pp, dp),
+                                {"memory_bound": lat.optimizer_time(model, w, cl, eff, tp, pp)})
+            parts = _scale(per_mini, w.updates_per_step)
+            if ms.model == "actor":
+                parts = _combine(parts, lat.weight_sync_times(model, w, cl, eff, tp, pp, "send", multi_node))
+            mem = stage_memory("train", model, w, tp, pp, micro_batch=micro_batch, recompute=recompute,
+                               inflight=np.minimum(pp, m))
+        elif ms.stage == "infer":
+            seqs = -(-w.global_batch // dp)
+            micro_batch = np.asarray(micro_batch)
+            m = -(-seqs // micro_batch)
+            mid, last = lat.microbatch_stage_times("infer", model, w, cl, eff, tp, pp, micro_batch)
+            parts = _combine(_scale(last, m), {"bubble": (pp - 1) * _sum(mid) + 0 * m})
+            mem = stage_memory("infer", model, w, tp, pp, micro_batch=micro_batch)
+        elif ms.stage == "generate":
+            seqs = -(-w.rollouts_per_step // dp)
+            c = np.minimum(concurrency, seqs)
+            waves = -(-seqs // c)
+            mb = np.minimum(pp, c)
+            pmid, plast = lat.prefill_stage_times(model, w, cl, eff, tp, pp, c / mb)
+            prefill = _combine(_scale(plast, mb), {"bubble": (pp - 1) * _sum(pmid)})
+            decode = _scale(lat.decode_step_times(model, w, cl, eff, tp, pp, c), w.response_len)
+            parts = _scale(_combine(prefill, decode), waves)
+            if ms.model == "actor":
+                parts = _combine(parts, lat.weight_sync_times(model, w, cl, eff, tp, pp, "recv", multi_node))
+            mem = stage_memory("generate", model, w, tp, pp, concurrency=c)
+        else:  # pragma: no cover - ModelStage validates stages
+            raise ValueError(ms.stage)
+        time = np.broadcast_to(np.asarray(_sum(parts), dtype=float), dp.shape).copy()
+        out = {
+            "time": time,
+            "resident": np.broadcast_to(np.asarray(mem["resident"] * corr, dtype=float), dp.shape).copy(),
+            "transient": np.broadcast_to(np.asarray(mem["transient"] * corr, dtype=float), dp.shape).copy(),
+            "memory": mem,
+        }
+        if breakdown:
+            out["breakdown"] = {k: np.broadcast_to(np.asarray(v, dtype=float), dp.shape).copy()
+                                for k, v in parts.items()}
+        return out
+
+    # ------------------------------------------------------------------ one candidate
+    def estimate_candidate(self, cand: Candidate, multi_node: bool = False) -> StageEstimate:
+        """Seconds, op-class breakdown and bytes per GPU of one candidate.
+
+        Raises:
+            KeyError: the candidate names a model-stage outside this job's workflow.
+        """
+        ms = self.workflow.get(cand.model_stage)
+        a = self.candidate_arrays(ms, cand.tp, cand.pp, [cand.dp], micro_batch=max(cand.micro_batch, 1),
+                                  recompute=cand.recompute, concurrency=max(cand.concurrency, 1),
+                                  multi_node=multi_node, breakdown=True)
+        corr = self.memory_correction.get(ms.name, 1.0)
+        memory = {k: float(np.asarray(v).reshape(-1)[0]) * corr for k, v in a["memory"].items()
+                  if k not in ("resident", "transient")}
+        return StageEstimate(time=float(a["time"][0]),
+                             breakdown={k: float(v[0]) for k, v in a["breakdown"].items() if float(v[0]) > 0},
+                             memory=memory, resident=float(a["resident"][0]), transient=float(a["transient"][0]))
+
+    # ------------------------------------------------------------------ plans
+    def stage_latency(self, times: dict) -> float:
+        """``L_step`` from model-stage times (closed form of :func:`critical_path`)."""
+        per_stage = {}
+        for name, t in times.items():
+            st = ModelStage.parse(name).stage
+            per_stage[st] = max(per_stage.get(st, 0.0), t)
+        if self.workflow.asynchronous:
+            return max(per_stage.get("generate", 0.0), per_stage.get("infer", 0.0) + per_stage.get("train", 0.0))
+        return sum(per_stage.values())
+
+    def estimate(self, plan: Plan, pool=None) -> Plan:
+        """A copy of ``plan`` with estimates, ``L_step``, per-GPU peak memory and throughput.
+
+        ``pool`` (GPU ids) decides whether the weight sync crosses nodes; defaults to the GPUs the
+        plan uses.
+        """
+        pool = frozenset(pool) if pool is not None else plan.gpus_used()
+        multi = self.job.cluster.spans_nodes(pool) if pool else False
+        ests = {c.model_stage: self.estimate_candidate(c, multi) for c in plan.candidates}
+        l_step = critical_path(self.workflow, {k: v.time for k, v in ests.items()})
+        gpu_res: dict = {}
+        gpu_tr: dict = {}
+        for c in plan.candidates:
+            e = ests[c.model_stage]
+            for g in c.gpus:
+                gpu_res[g] = gpu_res.get(g, 0.0) + e.resident
+                gpu_tr[g] = max(gpu_tr.get(g, 0.0), e.transient)
+        gpu_mem = {g: self.workspace + gpu_res[g] + gpu_tr[g] for g in gpu_res}
+        peak = {c.model_stage: max((gpu_mem[g] for g in c.gpus), default=self.workspace + ests[c.model_stage].peak_own)
+                for c in plan.candidates}
+        tokens = self.job.workload.global_batch * self.job.workload.response_len
+        return Plan(candidates=plan.candidates, estimates=ests, l_step=l_step, peak_memory=peak,
+                    gpu_memory=gpu_mem, throughput=tokens / l_step if l_step > 0 else 0.0,
+                    capacity=self.capacity)
+
+    def memory_ok(self, plan: Plan) -> bool:
+        """Every GPU's predicted peak fits ``(1 - headroom) · capacity`` (estimates the plan if needed)."""
+        if not plan.gpu_memory:
+            plan = self.estimate(plan)
+        return all(v <= self.capacity for v in plan.gpu_memory.values())
+
+
+def critical_path(workflow: Workflow, times: dict) -> float:
+    """Longest path through the execution-overlap graph of one step, in seconds.
+
+    Nodes are model-stages weighted by their time; edges are the workflow's data dependencies
+    (every model-stage of a stage feeds every one of the next). In asynchronous mode generation of
+    the next step does not wait for this step's training, so it is only bounded below by its own time.
+    """
+    g = nx.DiGraph()
+    for ms in workflow.model_stages:
+        if ms.name in times:
+            g.add_node(ms.name, w=float(times[ms.name]))
+    for u, v in workflow.dependencies():
+        if workflow.asynchronous and u.stage == "generate":
+            continue
+        if u.name in g and v.name in g:
+            g.add_edge(u.name, v.name)
+    best: dict = {}
+    for n in nx.topological_sort(g):
+        best[n] = g.nodes[n]["w"] + max((best[p] for p in g.predecessors(n)), default=0.0)
+    return max(best.values(), default=0.0) if not math.isnan(sum(best.values())) else float("nan")

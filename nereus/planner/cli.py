@@ -1,0 +1,197 @@
+"""nereus plan: the fastest feasible plan for an RL job on a GPU pool.
+
+Prints, per model-stage, tp/pp/dp, the micro-batch (or generation concurrency), the GPUs, the predicted
+time and peak memory per GPU; then L_step and throughput (response tokens per second). ``--json``
+prints the same as data (the input of ``nereus transition``), ``--breakdown`` adds memory terms and
+time per op class, ``--frontier`` each model-stage's latency-vs-GPUs frontier. When nothing fits it
+says how far the closest candidate is from fitting and exits with status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from nereus.cost.model import CostModel
+from nereus.planner.candidates import latency_frontier
+from nereus.planner.search import NoFeasiblePlan, plan_job, search
+from nereus.spec import ClusterSpec, JobSpec, WorkloadSpec, get_gpu, get_model
+from nereus.spec.workload import ALGORITHMS, RECOMPUTE_MODES
+
+GIB = 1024**3
+
+
+def add_job_arguments(p: argparse.ArgumentParser) -> None:
+    """Options that describe a job (shared by plan, simulate and transition)."""
+    g = p.add_argument_group("job")
+    g.add_argument("--job", metavar="FILE", help="job spec (.json/.yaml with model, cluster, workload); "
+                   "other job options override it")
+    g.add_argument("--model", default=None, help="model preset (llama-3.1-8b, llama-3.3-70b, qwen3-14b, "
+                   "qwen3-32b, tiny) or a Hugging Face config.json path [llama-3.1-8b]")
+    g.add_argument("--algo", choices=ALGORITHMS, default=None, help="RL algorithm [ppo]")
+    g.add_argument("--gpu", default=None, help="GPU preset: h100, h200, a100, mi250x [h100]")
+    g.add_argument("--nodes", type=int, default=None, help="nodes in the cluster [2]")
+    g.add_argument("--gpus-per-node", type=int, default=None, help="GPUs per node [8]")
+    g.add_argument("--prompt-len", type=int, default=None, help="prompt tokens [1024]")
+    g.add_argument("--response-len", type=int, default=None, help="response tokens (mean) [2048]")
+    g.add_argument("--prompts-per-step", type=int, default=None, help="prompts per RL step [256]")
+    g.add_argument("--samples-per-prompt", type=int, default=None, help="responses per prompt [4]")
+    g.add_argument("--mini-batch", type=int, default=None, help="sequences per optimizer update [256]")
+    g.add_argument("--micro-batch", type=int, default=None, help="largest training micro-batch [4]")
+    g.add_argument("--ppo-epochs", type=int, default=None, help="passes over the batch per step [1]")
+    g.add_argument("--recompute", choices=RECOMPUTE_MODES, default=None,
+                   help="activation recomputation for training [auto]")
+    g.add_argument("--no-reward-model", action="store_true", help="rule-based reward, no reward.infer")
+    g.add_argument("--async", dest="asynchronous", action="store_true",
+                   help="one-step-off asynchronous RL (generation overlaps training)")
+
+
+def job_from_args(args) -> JobSpec:
+    """Build the :class:`JobSpec` from parsed options.
+
+    Raises:
+        ValueError: unknown preset, bad count or a malformed job/config file.
+    """
+    base = JobSpec.from_file(args.job) if getattr(args, "job", None) else None
+    model = get_model(args.model) if args.model else (base.actor if base else get_model("llama-3.1-8b"))
+    gpu = get_gpu(args.gpu) if args.gpu else (base.cluster.gpu if base else get_gpu("h100"))
+    nodes = args.nodes if args.nodes is not None else (base.cluster.num_nodes if base else 2)
+    gpn = args.gpus_per_node if args.gpus_per_node is not None else (base.cluster.gpus_per_node if base else 8)
+    wl = base.workload.to_dict() if base else WorkloadSpec().to_dict()
+    for opt, field in (("algo", "algorithm"), ("prompt_len", "prompt_len"), ("response_len", "response_len"),
+                       ("prompts_per_step", "prompts_per_step"), ("samples_per_prompt", "samples_per_prompt"),
+                       ("mini_batch", "mini_batch_size"), ("micro_batch", "micro_batch_size"),
+                       ("ppo_epochs", "ppo_epochs"), ("recompute", "recompute")):
+        v = getattr(args, opt, None)
+        if v is not None:
+            wl[field] = v
+    if getattr(args, "no_reward_model", False):
+        wl["reward_model"] = False
+    if getattr(args, "asynchronous", False):
+        wl["asynchronous"] = True
+    if wl["algorithm"] != "grpo" and args.samples_per_prompt is None and not base:
+        wl["samples_per_prompt"] = 4
+    return JobSpec(actor=model, cluster=ClusterSpec(gpu, nodes, gpn), workload=WorkloadSpec(**wl))
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_job_arguments(p)
+    o = p.add_argument_group("planning")
+    o.add_argument("--pool", type=int, default=None, help="GPUs available (P_gpu), taken node by node "
+                   "from GPU 0; default: the whole cluster")
+    o.add_argument("--headroom", type=float, default=0.1, help="fraction of GPU memory kept free")
+    out = p.add_argument_group("output")
+    out.add_argument("--json", action="store_true", help="print the plan (and job) as JSON")
+    out.add_argument("--breakdown", action="store_true", help="memory terms and time per op class")
+    out.add_argument("--frontier", action="store_true", help="each model-stage's latency-vs-GPUs frontier")
+
+
+def _ranges(gpus) -> str:
+    gs = sorted(gpus)
+    if not gs:
+        return "-"
+    out, start, prev = [], gs[0], gs[0]
+    for g in gs[1:] + [None]:
+        if g is not None and g == prev + 1:
+            prev = g
+            continue
+        out.append(f"{start}" if start == prev else f"{start}-{prev}")
+        if g is not None:
+            start = prev = g
+    return ",".join(out)
+
+
+def _print_plan(plan, job, breakdown: bool) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    w = job.workload
+    con.print(f"[bold]{job.actor.name}[/] {w.algorithm.upper()} on {job.cluster.num_gpus} x "
+              f"{job.cluster.gpu.name} ({job.cluster.num_nodes} node(s) x {job.cluster.gpus_per_node}); "
+              f"prompts {w.prompts_per_step} x {w.samples_per_prompt}, prompt {w.prompt_len}, response "
+              f"{w.response_len} tokens")
+    t = Table(show_lines=False)
+    for col in ("model-stage", "tp", "pp", "dp", "batch", "GPUs", "time (s)", "peak GiB"):
+        t.add_column(col, justify="right" if col not in ("model-stage", "GPUs", "batch") else "left")
+    for c in plan.candidates:
+        e = plan.estimates[c.model_stage]
+        batch = f"c={c.concurrency}" if c.concurrency else f"b={c.micro_batch}"
+        if c.grad_accum:
+            batch += f" a={c.grad_accum}"
+        if c.recompute != "none":
+            batch += f" rc={c.recompute}"
+        t.add_row(c.model_stage, str(c.tp), str(c.pp), str(c.dp), batch, _ranges(c.gpus),
+                  f"{e.time:.2f}", f"{plan.peak_memory[c.model_stage] / GIB:.1f}")
+    con.print(t)
+    if breakdown:
+        b = Table(title="breakdown (own bytes per GPU; seconds per op class)")
+        b.add_column("model-stage")
+        b.add_column("memory GiB")
+        b.add_column("time by op class (s)")
+        for c in plan.candidates:
+            e = plan.estimates[c.model_stage]
+            mem = ", ".join(f"{k} {v / GIB:.1f}" for k, v in e.memory.items() if v > 0)
+            tm = ", ".join(f"{k} {v:.2f}" for k, v in sorted(e.breakdown.items(), key=lambda kv: -kv[1]))
+            b.add_row(c.model_stage, mem, tm)
+        con.print(b)
+    con.print(f"L_step = [bold]{plan.l_step:.2f} s[/]   throughput = [bold]{plan.throughput:,.0f}[/] "
+              f"response tokens/s   max GPU memory = {max(plan.gpu_memory.values()) / GIB:.1f} / "
+              f"{plan.capacity / GIB:.1f} GiB usable")
+
+
+def _frontier(job, cost, pool_size, multi, as_json):
+    res = search(cost, pool_size, multi)
+    out = {}
+    for name in res.choice:
+        lf = latency_frontier(res.frontiers[name])
+        mb = job.workload.mini_batch_size
+        out[name] = [{"gpus": int(lf.n[i]), "time": float(lf.t[i]), **{k: getattr(lf.candidate(i, mb), k)
+                     for k in ("tp", "pp", "dp", "micro_batch", "concurrency", "recompute")}}
+                     for i in range(len(lf))]
+    if as_json:
+        return out
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    for name, pts in out.items():
+        t = Table(title=f"{name} frontier ({len(pts)} points)")
+        for col in ("GPUs", "time (s)", "layout"):
+            t.add_column(col)
+        for pt in pts:
+            t.add_row(str(pt["gpus"]), f"{pt['time']:.2f}", f"tp{pt['tp']} pp{pt['pp']} dp{pt['dp']}")
+        con.print(t)
+    return out
+
+
+def main(args) -> int:
+    job = job_from_args(args)
+    pool = None
+    if args.pool is not None:
+        if args.pool <= 0 or args.pool > job.cluster.num_gpus:
+            raise ValueError(f"--pool={args.pool} must be between 1 and the cluster's "
+                             f"{job.cluster.num_gpus} GPUs")
+        pool = frozenset(range(args.pool))
+    cost = CostModel(job, headroom=args.headroom)
+    try:
+        plan = plan_job(job, pool=pool, cost=cost)
+    except NoFeasiblePlan as e:
+        if args.json:
+            print(json.dumps({"feasible": False, "reason": str(e), "diagnosis": e.diagnosis,
+                              "job": job.to_dict()}, indent=2))
+        else:
+            print(str(e), file=sys.stderr)
+        return 1
+    pool_set = pool or job.cluster.all_gpus()
+    if args.json:
+        doc = {"feasible": True, "job": job.to_dict(), "plan": plan.to_dict()}
+        if args.frontier:
+            doc["frontier"] = _frontier(job, cost, len(pool_set), job.cluster.spans_nodes(pool_set), True)
+        print(json.dumps(doc, indent=2))
+        return 0
+    _print_plan(plan, job, args.breakdown)
+    if args.frontier:
+        _frontier(job, cost, len(pool_set), job.cluster.spans_nodes(pool_set), False)
+    return 0

@@ -1,0 +1,316 @@
+"""Plan search: the fastest feasible plan for a job on a GPU pool (DESIGN.md §4.4, paper Eq. 1).
+
+The search model (shared exactly with :mod:`nereus.planner.exhaustive`):
+
+* model-stages of a stage run concurrently on disjoint GPUs: ``Σ GPUs ≤ |P_gpu|`` per stage;
+* stages share GPUs one after another; every stage places its model-stages from the same end of the
+  pool ("aligned"), so a GPU may host one model-stage of every stage and the per-GPU bound is
+  ``workspace + Σ_stage R_s + max_stage X_s ≤ (1-headroom)·capacity`` with ``R_s`` the largest
+  resident and ``X_s`` the largest transient bytes among the stage's model-stages (an upper bound on
+  every GPU's peak for any placement, so the placed plan always fits);
+* ``L_step = Σ_stage max_M t_M`` (synchronous) or ``max(t_gen, t_inf + t_train)`` (asynchronous,
+  generation on GPUs of its own).
+
+Algorithm (exact for this model):
+
+1. per model-stage: candidates → frontier in (GPUs, time, resident, transient);
+2. per stage and memory filter (resident ≤ β, transient ≤ τ): a min-max knapsack over the stage's
+   model-stages under the GPU budget, solved exactly by repeatedly giving more GPUs to the slowest
+   model-stage along its frontier ("dynamic programming" over the staircase; the max can only drop
+   if the slowest model-stage gets faster);
+3. over stages: branch and bound over resident levels ``(β_s)`` with ``τ = usable - Σ β_s``, visiting
+   combinations in order of their memory-free lower bound and stopping when the bound reaches the
+   best plan found; results per (stage, β, τ-class) are cached.
+
+Then :func:`nereus.planner.placement.place` assigns GPU ids, preferring the current plan's GPUs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from nereus.cost.model import CostModel
+from nereus.planner.candidates import CandidateSet, enumerate_candidates, frontier
+from nereus.planner.plan import Plan
+from nereus.spec.job import JobSpec
+
+__all__ = ["NoFeasiblePlan", "SearchResult", "plan_job", "search", "SearchOptions"]
+
+GIB = 1024**3
+_FIELDS = ("tp", "pp", "dp", "b", "rc", "c", "n", "t", "r", "x")
+
+
+class NoFeasiblePlan(ValueError):
+    """No plan fits the pool; ``diagnosis`` says how far the closest candidate is from fitting."""
+
+    def __init__(self, message: str, diagnosis: dict | None = None):
+        super().__init__(message)
+        self.diagnosis = diagnosis or {}
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """Knobs of the search.
+
+    Attributes:
+        recompute_modes: override the workload's recompute choice (urgent path: ``("none","full")``).
+        min_micro_batch: smallest training micro-batch to consider (1 lets the urgent path shrink).
+    """
+
+    recompute_modes: tuple[str, ...] | None = None
+    min_micro_batch: int = 1
+
+
+@dataclass
+class SearchResult:
+    """Chosen rows per model-stage and the search's bookkeeping."""
+
+    choice: dict  # model-stage -> (CandidateSet, row)
+    l_step: float
+    frontiers: dict = field(default_factory=dict)
+    candidates_enumerated: int = 0
+    frontier_size: int = 0
+    knapsacks: int = 0
+
+
+def _staircase(n, t):
+    """Indices sorting (n, t) into a strictly improving staircase: n ascending, t descending."""
+    order = np.lexsort((t, n))
+    ts = t[order]
+    prev = np.minimum.accumulate(ts)
+    keep = np.ones(len(order), dtype=bool)
+    keep[1:] = ts[1:] < prev[:-1]
+    return order[keep]
+
+
+def minmax_knapsack(stairs: list[tuple[np.ndarray, np.ndarray]], budget: int):
+    """Min over choices of max time subject to Σ GPUs ≤ budget.
+
+    ``stairs[i] = (n, t)`` is model-stage i's staircase (n ascending, t strictly descending).
+    Returns ``(best_max_time, positions)`` or ``(inf, None)`` when even the smallest choices exceed
+    the budget.
+    """
+    pos = [0] * len(stairs)
+    used = sum(int(s[0][0]) for s in stairs)
+    if used > budget:
+        return math.inf, None
+    while True:
+        cur = [float(s[1][p]) for s, p in zip(stairs, pos)]
+        worst = max(range(len(stairs)), key=lambda i: cur[i])
+        best = cur[worst]
+        n, _ = stairs[worst]
+        p = pos[worst]
+        if p + 1 >= len(n):
+            return best, list(pos)
+        extra = int(n[p + 1] - n[p])
+        if used + extra > budget:
+            return best, list(pos)
+        used += extra
+        pos[worst] = p + 1
+
+
+class _Stage:
+    """One stage's frontiers and its cached knapsack solutions."""
+
+    def __init__(self, name: str, sets: list[CandidateSet], budget: int):
+        self.name, self.sets, self.budget = name, sets, budget
+        self.r_levels = np.unique(np.concatenate([s.r for s in sets])) if sets else np.zeros(0)
+        self.x_levels = np.unique(np.concatenate([s.x for s in sets])) if sets else np.zeros(0)
+        self.cache: dict = {}
+        self.calls = 0
+
+    def solve(self, beta: float, tau: float, budget: int | None = None):
+        """(time, rows) of the best assignment with resident ≤ beta, transient ≤ tau."""
+        budget = self.budget if budget is None else budget
+        tau_key = int(np.searchsorted(self.x_levels, tau, side="right"))
+        beta_key = int(np.searchsorted(self.r_levels, beta, side="right"))
+        key = (beta_key, tau_key, budget)
+        if key in self.cache:
+            return self.cache[key]
+        self.calls += 1
+        stairs, idxs = [], []
+        for s in self.sets:
+            ok = np.nonzero((s.r <= beta) & (s.x <= tau) & (s.n <= budget))[0]
+            if ok.size == 0:
+                self.cache[key] = (math.inf, None)
+                return self.cache[key]
+            st = ok[_staircase(s.n[ok], s.t[ok])]
+            stairs.append((s.n[st], s.t[st]))
+            idxs.append(st)
+        best, pos = minmax_knapsack(stairs, budget)
+        res = (best, None if pos is None else [int(ix[p]) for ix, p in zip(idxs, pos)])
+        self.cache[key] = res
+        return res
+
+
+def search(cost: CostModel, pool_size: int, multi_node: bool,
+           options: SearchOptions | None = None) -> SearchResult:
+    """Exact search of the plan space on ``pool_size`` GPUs; see the module docstring.
+
+    Raises:
+        NoFeasiblePlan: nothing fits; ``diagnosis`` names the closest miss.
+    """
+    options = options or SearchOptions()
+    wf = cost.workflow
+    usable = cost.usable
+    sets_all, fronts, memo = {}, {}, {}
+    total = 0
+    for ms in wf.model_stages:
+        # Model-stages with the same shapes and stage cost the same (actor.infer and reference.infer);
+        # the actor's train and generate stages differ by their side of the weight sync.
+        key = (cost.model_of(ms), ms.stage, ms.model == "actor" and ms.stage != "infer",
+               cost.memory_correction.get(ms.name, 1.0))
+        if key not in memo:
+            cs = enumerate_candidates(cost, ms, pool_size, multi_node, options.recompute_modes,
+                                      options.min_micro_batch)
+            memo[key] = (cs, frontier(cs, usable))
+        cs, fr = memo[key]
+        total += len(cs)
+        sets_all[ms.name] = CandidateSet(ms.name, *(getattr(cs, f) for f in _FIELDS))
+        fronts[ms.name] = CandidateSet(ms.name, *(getattr(fr, f) for f in _FIELDS))
+    empty = [m for m, f in fronts.items() if len(f) == 0]
+    if empty:
+        raise NoFeasiblePlan(_diagnose_alone(cost, sets_all, empty, pool_size),
+                             {"model_stages": empty, "kind": "alone"})
+    stages = {s: _Stage(s, [fronts[m.name] for m in wf.in_stage(s)], pool_size) for s in wf.stages}
+    if wf.asynchronous and "generate" in stages:
+        best = _search_async(stages, usable, pool_size)
+    else:
+        best = _search_sync(list(stages.values()), usable)
+    if best is None:
+        raise NoFeasiblePlan(_diagnose_joint(cost, fronts, pool_size), {"kind": "joint"})
+    l_step, choice_rows = best
+    choice = {}
+    for st_name, rows in choice_rows.items():
+        for m, row in zip(wf.in_stage(st_name), rows):
+            choice[m.name] = (fronts[m.name], row)
+    return SearchResult(choice=choice, l_step=l_step, frontiers=fronts, candidates_enumerated=total,
+                        frontier_size=sum(len(f) for f in fronts.values()),
+                        knapsacks=sum(s.calls for s in stages.values()))
+
+
+def _search_sync(stages: list[_Stage], usable: float, budget_of=None):
+    """Branch and bound over resident levels; returns (l_step, {stage: rows}) or None."""
+    levels = [s.r_levels for s in stages]
+    lbs = []
+    for s in stages:
+        lbs.append(np.array([s.solve(b, math.inf)[0] for b in s.r_levels]))
+    grids = np.meshgrid(*[np.arange(len(lv)) for lv in levels], indexing="ij")
+    idx_all = np.stack([g.reshape(-1) for g in grids], axis=1)
+    rsum = sum(np.asarray(levels[i])[idx_all[:, i]] for i in range(len(levels)))
+    lb = sum(lbs[i][idx_all[:, i]] for i in range(len(levels)))
+    ok = (rsum <= usable) & np.isfinite(lb)
+    order = np.nonzero(ok)[0][np.argsort(lb[ok], kind="stable")]
+    best = None
+    for k in order:  # lazily, in order of the lower bound
+        lbk = float(lb[k])
+        if best is not None and lbk >= best[0] * (1 - 1e-12):
+            break
+        rsum_k, idx = float(rsum[k]), idx_all[k]
+        tau = usable - rsum_k
+        total, rows = 0.0, {}
+        for i, j in enumerate(idx):
+            t, r = stages[i].solve(float(levels[i][int(j)]), tau)
+            if r is None:
+                total = math.inf
+                break
+            total += t
+            rows[stages[i].name] = r
+        if total < (best[0] if best else math.inf):
+            best = (total, rows)
+    return best
+
+
+def _search_async(stages: dict, usable: float, pool_size: int):
+    """Generation on its own GPUs; inference and training share the rest."""
+    gen = stages["generate"]
+    rest = [s for n, s in stages.items() if n != "generate"]
+    g = gen.sets[0]
+    ok = np.nonzero((g.r + g.x) <= usable)[0]
+    if ok.size == 0:
+        return None
+    stair = ok[_staircase(g.n[ok], g.t[ok])]
+    best = None
+    for row in stair:
+        left = pool_size - int(g.n[row])
+        if left < 1:
+            break
+        for s in rest:
+            s.budget = left
+        sub = _search_sync(rest, usable) if rest else (0.0, {})
+        if sub is None:
+            continue
+        val = max(float(g.t[row]), sub[0])
+        if best is None or val < best[0]:
+            rows = dict(sub[1])
+            rows["generate"] = [int(row)]
+            best = (val, rows)
+    return best
+
+
+def _dominant(terms: dict) -> str:
+    return max(terms, key=lambda k: terms[k])
+
+
+def _diagnose_alone(cost: CostModel, sets: dict, names: list[str], pool: int) -> str:
+    lines = [f"no plan fits: {', '.join(names)} cannot fit on {pool} GPU(s) of "
+             f"{cost.job.cluster.gpu.memory_bytes / GIB:.1f} GiB even alone "
+             f"(usable {cost.usable / GIB:.1f} GiB per GPU after {cost.headroom:.0%} headroom and workspace)"]
+    for name in names:
+        cs = sets[name]
+        if len(cs) == 0:
+            lines.append(f"  {name}: no valid (tp, pp, dp) layout on {pool} GPU(s)")
+            continue
+        i = int(np.argmin(cs.r + cs.x))
+        cand = cs.candidate(i, cost.job.workload.mini_batch_size)
+        est = cost.estimate_candidate(cand)
+        over = (cs.r[i] + cs.x[i] - cost.usable) / GIB
+        terms = {k: v for k, v in est.memory.items() if v > 0}
+        dom = _dominant(terms)
+        lines.append(f"  {name}: closest {cand.short()} needs {(cs.r[i] + cs.x[i]) / GIB:.1f} GiB, "
+                     f"{over:.1f} GiB over; largest term {dom} = {terms[dom] / GIB:.1f} GiB")
+    return "\n".join(lines)
+
+
+def _diagnose_joint(cost: CostModel, fronts: dict, pool: int) -> str:
+    wf = cost.workflow
+    need_gpus = max(sum(int(fronts[m.name].n.min()) for m in wf.in_stage(s)) for s in wf.stages)
+    rmin = sum(max(float(fronts[m.name].r.min()) for m in wf.in_stage(s)) for s in wf.stages)
+    xmin = max(float(f.x.min()) for f in fronts.values())
+    over = (rmin + xmin - cost.usable) / GIB
+    msg = (f"no plan fits on {pool} GPU(s): every model-stage fits alone, but together they need at least "
+           f"{need_gpus} GPU(s) in one stage")
+    if over > 0:
+        msg += (f", and co-resident state needs at least {(rmin + xmin) / GIB:.1f} GiB per GPU "
+                f"({over:.1f} GiB over; resident weights/optimizer {rmin / GIB:.1f} GiB dominate)")
+    return msg
+
+
+def plan_job(job: JobSpec, pool=None, current: Plan | None = None, cost: CostModel | None = None,
+             options: SearchOptions | None = None, workflow=None) -> Plan:
+    """The fastest feasible plan for ``job`` on ``pool`` (GPU ids; default: the whole cluster),
+    placed on concrete GPUs and estimated.
+
+    Args:
+        current: the running plan; placement keeps its GPUs where the layout allows.
+        cost: a (calibrated) cost model; a default one when None.
+        options: urgent-path knobs (smaller micro-batches, forced recompute).
+
+    Raises:
+        ValueError: bad pool.
+        NoFeasiblePlan: nothing fits (a ValueError with ``diagnosis``).
+    """
+    from nereus.planner.placement import place
+
+    cost = cost or CostModel(job, workflow=workflow)
+    pool = job.cluster.check_pool(pool if pool is not None else job.cluster.all_gpus())
+    multi = job.cluster.spans_nodes(pool)
+    res = search(cost, len(pool), multi, options)
+    mb = job.workload.mini_batch_size
+    cands = [fs.candidate(row, mb) for fs, row in (res.choice[m.name] for m in cost.workflow.model_stages)]
+    placed = place(cands, pool, job.cluster, cost.workflow, current)
+    plan = cost.estimate(Plan(candidates=tuple(placed)), pool)
+    return plan
