@@ -1,0 +1,131 @@
+"""Durations of primitives, the links they hold, and the byte counts of a transition.
+
+Source: paper §6.3 (transport: NVLink inside a node, GPU-direct RDMA across nodes, rank pairs
+transfer concurrently subject to shared link bandwidth), §7.4 (setup counted in transition cost);
+DESIGN.md §4.6.
+
+Time of one primitive, seconds::
+
+    Split   setup + max over all-gather groups  (recv_bytes / B + (k-1)·α)   ring all-gather
+    Merge   setup + (recv_bytes / B + α  if any shard must move)
+    Extend  setup + max over rank pairs        (bytes / B + α)
+    Destroy teardown
+
+``B`` and ``α`` are the scale-up (NVLink) bandwidth and latency when every GPU involved sits on one
+node, else the scale-out (NIC) ones (``GPUSpec``: bytes/s per GPU per direction). Communicators of
+one primitive are created in parallel, so setup is paid once per primitive: ``comm_setup_intra_s``
+inside a node, ``comm_setup_inter_s`` across nodes.
+
+Shared-link contention is modeled by *ports*: each primitive holds the send and receive side of the
+NVLink or NIC port of every GPU it moves data on, and two primitives holding one port never overlap
+in a schedule (serializing two transfers on one link takes as long as sharing its bandwidth).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from nereus.spec.hardware import ClusterSpec
+from nereus.spec.model import ModelSpec
+from nereus.transition.emu import EMU, resident_bytes
+from nereus.transition.primitives import Primitive
+
+__all__ = ["CostParams", "duration", "ports", "min_bytes"]
+
+
+@dataclass(frozen=True)
+class CostParams:
+    """Constants of the transition cost model.
+
+    Attributes:
+        comm_setup_intra_s: seconds to create the communicators of one primitive inside one node.
+        comm_setup_inter_s: the same across nodes (bootstrap over the network).
+        teardown_s: seconds for a Destroy (free buffers, close communicators).
+
+    The defaults are assumptions of the right order (NCCL communicator creation takes tens to
+    hundreds of milliseconds); calibrate them from measured transitions.
+
+    Raises:
+        ValueError: a negative value.
+    """
+
+    comm_setup_intra_s: float = 0.05
+    comm_setup_inter_s: float = 0.2
+    teardown_s: float = 0.01
+
+    def __post_init__(self) -> None:
+        for k, v in asdict(self).items():
+            if not (isinstance(v, (int, float)) and v >= 0):
+                raise ValueError(f"cost parameter {k!r} must be a number >= 0, got {v!r}")
+
+
+def _link(cluster: ClusterSpec, gpus) -> tuple[float, float, str]:
+    g = cluster.gpu
+    if cluster.spans_nodes(gpus):
+        return g.scaleout_bandwidth, g.scaleout_latency, g.scaleout_link
+    return g.scaleup_bandwidth, g.scaleup_latency, g.scaleup_link
+
+
+def _setup(cluster: ClusterSpec, gpus, params: CostParams) -> float:
+    return params.comm_setup_inter_s if cluster.spans_nodes(gpus) else params.comm_setup_intra_s
+
+
+def duration(p: Primitive, cluster: ClusterSpec, params: CostParams = CostParams()) -> float:
+    """Predicted seconds of one primitive (formulas in the module docstring)."""
+    if p.kind == "destroy":
+        return params.teardown_s
+    if p.kind == "extend":
+        t = 0.0
+        for s, d, b in p.pairs:
+            bw, lat, _ = _link(cluster, (s, d))
+            t = max(t, b / bw + lat)
+        return _setup(cluster, p.gpus, params) + t
+    t = 0.0
+    for gpus, recv in p.groups:
+        bw, lat, _ = _link(cluster, gpus)
+        steps = len(gpus) - 1 if p.kind == "split" else 1
+        t = max(t, recv / bw + steps * lat)
+    return _setup(cluster, p.gpus, params) + t
+
+
+def ports(p: Primitive, cluster: ClusterSpec) -> frozenset[tuple[int, str, str]]:
+    """``(gpu, link, "tx" | "rx")`` ports a primitive holds while it runs."""
+    out = set()
+    for s, d, b in p.pairs:
+        if b > 0:
+            link = _link(cluster, (s, d))[2]
+            out.add((s, link, "tx"))
+            out.add((d, link, "rx"))
+    for gpus, recv in p.groups:
+        if recv > 0:
+            link = _link(cluster, gpus)[2]
+            for g in gpus:
+                out.add((g, link, "tx"))
+                out.add((g, link, "rx"))
+    return frozenset(out)
+
+
+def min_bytes(initial: tuple[EMU, ...], target: tuple[EMU, ...], models: dict[str, tuple[ModelSpec, int]]) -> int:
+    """Bytes any transition from ``initial`` to ``target`` must move, a lower bound.
+
+    Every target shard must end on its GPU; whatever part of it is not already there (in the current
+    EMU of the same model-stage on that GPU, :func:`~nereus.transition.emu.resident_bytes`) has to
+    arrive over a link at least once.
+
+    Args:
+        models: model-stage → (model shapes, state bytes per parameter).
+    """
+    here: dict[tuple[str, int], EMU] = {(e.model_stage, g): e for e in initial for g in e.gpus}
+    total = 0
+    for e in target:
+        model, bpp = models[e.model_stage]
+        for g in e.gpus:
+            need = e.bytes_on(g)
+            src = here.get((e.model_stage, g))
+            res = 0
+            if src is not None:
+                ps, ts = src.position(g)
+                p, t = e.position(g)
+                res = resident_bytes(model, bpp, (src.tp, src.pp, ps, ts), (e.tp, e.pp, p, t))
+            total += max(0, need - res)
+    return total

@@ -1,0 +1,169 @@
+"""``estimate_transition``: from two plans to a DAG, a schedule, ``L_tran`` and bytes moved.
+
+Source: paper §4.3 (feasibility and profitability use ``L_tran``), §6; DESIGN.md §4.5-§4.6.
+This is the function the controller calls at every replan; it is pure and takes a few
+milliseconds for 16-64 GPUs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from nereus.planner.plan import Plan
+from nereus.spec.job import JobSpec
+from nereus.transition.cost import CostParams, duration, min_bytes, ports
+from nereus.transition.emu import EMU, model_of, phi, stage_of, state_bytes_per_param
+from nereus.transition.global_dag import GlobalDAG, build_global_dag
+from nereus.transition.local_dag import Infeasible, build_local_dag
+from nereus.transition.schedule import Schedule, critical_path_length, list_schedule
+
+__all__ = ["TransitionEstimate", "estimate_transition", "plan_dag", "capacities", "HEADROOM"]
+
+#: Fraction of device memory kept free (DESIGN.md §4.2: 10% headroom).
+HEADROOM = 0.10
+
+
+@dataclass(frozen=True)
+class TransitionEstimate:
+    """What the controller needs to admit or reject a transition.
+
+    Attributes:
+        feasible: whether a safe DAG exists (memory, ownership, one full copy kept).
+        reason: why not, or ``"ok"``.
+        l_tran: predicted seconds of the transition (makespan of the schedule; ``inf`` if infeasible).
+        bytes_moved: bytes received over links by all primitives.
+        min_bytes: bytes any transition between the two plans must move (a lower bound).
+        dag: the :class:`GlobalDAG` (None when infeasible).
+        schedule: start/end per primitive (None when infeasible).
+        critical_path_s: longest DAG path in seconds ignoring link contention (<= ``l_tran``).
+    """
+
+    feasible: bool
+    reason: str
+    l_tran: float
+    bytes_moved: float
+    min_bytes: float
+    dag: GlobalDAG | None = None
+    schedule: Schedule | None = None
+    critical_path_s: float = 0.0
+    durations: dict | None = None
+
+    @property
+    def num_primitives(self) -> int:
+        return len(self.dag.nodes) if self.dag else 0
+
+    def to_dict(self) -> dict:
+        return {"feasible": self.feasible, "reason": self.reason,
+                "l_tran_s": self.l_tran if math.isfinite(self.l_tran) else None,
+                "critical_path_s": self.critical_path_s, "bytes_moved": self.bytes_moved,
+                "min_bytes": self.min_bytes, "num_primitives": self.num_primitives,
+                "durations_s": self.durations or {},
+                "dag": self.dag.to_dict() if self.dag else None,
+                "schedule": self.schedule.to_dict() if self.schedule else None}
+
+
+def capacities(job: JobSpec, gpus, reserved_bytes: dict[int, float] | None = None,
+               headroom: float = HEADROOM) -> dict[int, int]:
+    """GPU → usable bytes: ``memory_bytes·(1 - headroom) - reserved[g]``.
+
+    Raises:
+        ValueError: a reserved GPU id outside the cluster or a negative reserved amount.
+    """
+    reserved = dict(reserved_bytes or {})
+    n = job.cluster.num_gpus
+    for g, b in reserved.items():
+        if not (isinstance(g, int) and 0 <= g < n):
+            raise ValueError(f"reserved_bytes has GPU id {g!r}; valid ids are 0..{n - 1}")
+        if not b >= 0:
+            raise ValueError(f"reserved_bytes[{g}] must be >= 0 bytes, got {b!r}")
+    cap = math.floor(job.cluster.gpu.memory_bytes * (1.0 - headroom))
+    return {g: cap - math.ceil(reserved.get(g, 0)) for g in gpus}
+
+
+def _check_plans(job: JobSpec, current: Plan, target: Plan) -> None:
+    a, b = set(current.model_stages), set(target.model_stages)
+    if a != b:
+        raise ValueError(f"plans must have the same model-stages: current has {sorted(a)}, target "
+                         f"{sorted(b)}")
+    n = job.cluster.num_gpus
+    for name, plan in (("current", current), ("target", target)):
+        owner: dict[tuple[str, int], str] = {}
+        for c in plan.candidates:
+            if not c.gpus:
+                raise ValueError(f"{name} plan: {c.model_stage} has no GPU set (plan not placed)")
+            bad = [g for g in c.gpus if not 0 <= g < n]
+            if bad:
+                raise ValueError(f"{name} plan: {c.model_stage} uses GPU ids {bad[:4]}; valid 0..{n - 1}")
+            for g in c.gpus:
+                k = (stage_of(c.model_stage), g)
+                if k in owner:
+                    raise ValueError(f"{name} plan: concurrent model-stages {owner[k]} and "
+                                     f"{c.model_stage} both use GPU {g}")
+                owner[k] = c.model_stage
+
+
+def plan_dag(job: JobSpec, current: Plan, target: Plan, pool: frozenset[int] | None = None,
+             reserved_bytes: dict[int, float] | None = None) -> tuple[GlobalDAG, tuple[EMU, ...], tuple[EMU, ...]]:
+    """The global DAG between two placed plans.
+
+    EMUs of the current plan on GPUs outside ``pool`` are lost (a reclaimed GPU takes its shards).
+
+    Raises:
+        ValueError: plans with different model-stages, unplaced candidates, GPU ids outside the
+            cluster or concurrent model-stages sharing a GPU.
+        Infeasible: the target uses GPUs outside the pool, a model-stage lost every replica, or no
+            safe order exists.
+    """
+    _check_plans(job, current, target)
+    pool = job.cluster.all_gpus() if pool is None else job.cluster.check_pool(pool)
+    outside = sorted(target.gpus_used() - pool)
+    if outside:
+        raise Infeasible(f"target plan uses GPUs {outside[:6]} outside the pool of {len(pool)} GPUs")
+    locals_, initial, final = [], [], []
+    for c in current.candidates:
+        ms = c.model_stage
+        cur = tuple(e for e in phi(job, c) if set(e.gpus) <= pool)
+        if not cur:
+            raise Infeasible(f"{ms}: every replica lost GPUs outside the pool; restore from a checkpoint")
+        tgt = phi(job, target[ms], prefix="*")
+        initial += cur
+        final += tgt
+        locals_.append(build_local_dag(ms, cur, tgt, model_of(job, ms), state_bytes_per_param(job, ms),
+                                       job.cluster))
+    gpus = {g for e in initial + final for g in e.gpus}
+    dag = build_global_dag(locals_, tuple(initial), tuple(final), capacities(job, gpus, reserved_bytes))
+    return dag, tuple(initial), tuple(final)
+
+
+def estimate_transition(job: JobSpec, current: Plan, target: Plan, pool: frozenset[int] | None = None,
+                        reserved_bytes: dict[int, float] | None = None,
+                        params: CostParams | None = None) -> TransitionEstimate:
+    """Plan the transition ``current → target`` and predict its cost (paper §4.3, §6).
+
+    Args:
+        job: models, cluster and workload (state bytes per parameter come from the workload).
+        current, target: placed plans with the same model-stages.
+        pool: GPUs available (``P_gpu``); all cluster GPUs when None.
+        reserved_bytes: GPU → bytes kept for workspace/activations during the transition (default 0).
+        params: communicator setup and teardown constants (:class:`CostParams` defaults when None).
+
+    Returns:
+        A :class:`TransitionEstimate`; ``feasible=False`` with a reason when no safe DAG exists.
+
+    Raises:
+        ValueError: malformed input (see :func:`plan_dag`).
+    """
+    models = {c.model_stage: (model_of(job, c.model_stage), state_bytes_per_param(job, c.model_stage))
+              for c in current.candidates}
+    try:
+        dag, initial, final = plan_dag(job, current, target, pool, reserved_bytes)
+    except Infeasible as e:
+        return TransitionEstimate(False, str(e), math.inf, 0.0, 0.0)
+    params = params or CostParams()
+    dur = {n.pid: duration(n, job.cluster, params) for n in dag.nodes}
+    prt = {n.pid: ports(n, job.cluster) for n in dag.nodes}
+    sched = list_schedule(dag, dur, prt)
+    return TransitionEstimate(True, "ok", sched.makespan, float(dag.bytes_moved),
+                              float(min_bytes(initial, final, models)), dag, sched,
+                              critical_path_length(dag, dur), dur)

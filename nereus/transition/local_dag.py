@@ -1,0 +1,169 @@
+"""The local DAG of one model-stage: ``Δ_M = (E_M → E*_M)`` as Split → Destroy → Extend → Merge.
+
+Source: paper §6.1 and DESIGN.md §4.6.
+
+1. ``T_sub`` = the largest layout both the current and the target layout split into.
+2. Each target EMU is cut into ``T_sub`` *slots* (:func:`~nereus.transition.emu.sub_units`). A
+   current EMU is split when one of its ``T_sub`` units sits exactly on a slot's GPU set (it is kept
+   in place), or when no unit is kept anywhere and a source of the target layout is needed.
+3. Units that fill no slot are destroyed; empty slots are filled by Extend from a unit on disjoint
+   GPUs (same node first, then the least used source).
+4. Each target EMU is formed by Merge of its slots' units (skipped when one unit already is it).
+
+Edges are state dependencies only: a primitive follows the primitives that produce what it reads or
+consumes; a Destroy follows every Extend reading the unit (buffer lifetime) and, when the model-stage
+keeps no unit in place (so the unit may be its last replica), the first Extend, so a full copy always
+exists. Resource ordering between model-stages is added by the global DAG.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nereus.spec.hardware import ClusterSpec
+from nereus.spec.model import ModelSpec
+from nereus.transition.emu import EMU, sub_units, t_sub
+from nereus.transition.primitives import Primitive, destroy, extend, merge, split
+
+__all__ = ["LocalDAG", "build_local_dag", "Infeasible"]
+
+
+class Infeasible(Exception):
+    """The target cannot be reached under the primitives' rules; ``str(e)`` says why."""
+
+
+@dataclass(frozen=True)
+class LocalDAG:
+    """Primitives of one model-stage and their state dependencies.
+
+    Attributes:
+        model_stage: the model-stage.
+        t_sub: the largest common layout used.
+        nodes: primitives in the default order Split → Destroy → Extend → Merge.
+        edges: ``(pid_before, pid_after)`` pairs.
+        kept: uids of units kept in place (not moved).
+    """
+
+    model_stage: str
+    t_sub: tuple[int, int]
+    nodes: tuple[Primitive, ...]
+    edges: tuple[tuple[str, str], ...]
+    kept: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        return {"model_stage": self.model_stage, "t_sub": list(self.t_sub),
+                "nodes": [n.pid for n in self.nodes], "edges": [list(e) for e in self.edges],
+                "kept": list(self.kept)}
+
+
+def _pick_source(slot: EMU, units: list[EMU], uses: dict, cluster: ClusterSpec | None) -> EMU | None:
+    best, best_key = None, None
+    for u in units:
+        if set(u.gpus) & set(slot.gpus):
+            continue
+        same_node = 0
+        if cluster is not None:
+            same_node = sum(cluster.node_of(s) == cluster.node_of(d) for s, d in zip(u.gpus, slot.gpus))
+        key = (-same_node, uses[u.uid], u.uid)
+        if best_key is None or key < best_key:
+            best, best_key = u, key
+    return best
+
+
+def build_local_dag(model_stage: str, current: tuple[EMU, ...], target: tuple[EMU, ...], model: ModelSpec,
+                    bytes_per_param: int, cluster: ClusterSpec | None = None) -> LocalDAG:
+    """The local DAG of ``model_stage`` from its current to its target EMUs.
+
+    Args:
+        current, target: EMUs of this model-stage (one layout each, ``Φ(π)`` and ``Φ(π*)``).
+        model, bytes_per_param: shapes and state bytes per parameter of the model-stage.
+        cluster: used to prefer same-node Extend sources; optional.
+
+    Raises:
+        ValueError: empty EMU lists, mixed layouts or EMUs of another model-stage.
+        Infeasible: no current unit is disjoint from a slot that must be filled by Extend.
+    """
+    if not current or not target:
+        raise ValueError(f"{model_stage}: needs current and target EMUs, got {len(current)} and {len(target)}")
+    for e in current + target:
+        if e.model_stage != model_stage:
+            raise ValueError(f"{model_stage}: EMU {e.uid} belongs to {e.model_stage}")
+    if len({e.layout for e in current}) != 1 or len({e.layout for e in target}) != 1:
+        raise ValueError(f"{model_stage}: EMUs of one model-stage share one layout")
+    sub = t_sub(current[0].layout, target[0].layout)
+    slots = {e.uid: (sub_units(e, sub, model, bytes_per_param, prefix="/") if e.layout != sub else (e,))
+             for e in target}
+    slot_sets = {frozenset(s.gpus) for ss in slots.values() for s in ss}
+    # which current EMUs to split: those with a unit sitting on a slot
+    pieces = {e.uid: (sub_units(e, sub, model, bytes_per_param) if e.layout != sub else (e,)) for e in current}
+    to_split = [e for e in current if e.layout != sub
+                and any(frozenset(u.gpus) in slot_sets for u in pieces[e.uid])]
+    has_keep = any(frozenset(u.gpus) in slot_sets for e in current for u in pieces[e.uid])
+    if not has_keep and current[0].layout != sub:
+        # one replica becomes the Extend source: the one disjoint from the most slots
+        free = [sum(not (set(e.gpus) & s) for s in slot_sets) for e in current]
+        to_split = [current[free.index(max(free))]]
+    nodes: list[Primitive] = []
+    edges: list[tuple[str, str]] = []
+    producer: dict[str, str] = {}
+    units: list[EMU] = []
+    for e in current:
+        if e in to_split:
+            s = split(e, sub, model, bytes_per_param)
+            nodes.append(s)
+            for u in s.produces:
+                producer[u.uid] = s.pid
+                units.append(u)
+        elif e.layout == sub:
+            units.append(e)
+    whole = [e for e in current if e.layout != sub and e not in to_split]  # destroyed unsplit
+    by_set = {frozenset(u.gpus): u for u in units}
+    filled: dict[str, EMU] = {}
+    kept: set[str] = set()
+    for ss in slots.values():
+        for s in ss:
+            u = by_set.get(frozenset(s.gpus))
+            if u is not None and u.uid not in kept:
+                filled[s.uid] = u
+                kept.add(u.uid)
+    uses = {u.uid: 0 for u in units}
+    extends: list[Primitive] = []
+    readers: dict[str, list[str]] = {u.uid: [] for u in units}
+    for ss in slots.values():
+        for s in ss:
+            if s.uid in filled:
+                continue
+            src = _pick_source(s, units, uses, cluster)
+            if src is None:
+                raise Infeasible(f"{model_stage}: no replica on GPUs disjoint from {list(s.gpus)} to "
+                                 f"Extend from (current units on {[list(u.gpus) for u in units]})")
+            uses[src.uid] += 1
+            x = extend(src, s)
+            extends.append(x)
+            readers[src.uid].append(x.pid)
+            if src.uid in producer:
+                edges.append((producer[src.uid], x.pid))
+            producer[s.uid] = x.pid
+            filled[s.uid] = s
+    destroys = []
+    for u in [u for u in units if u.uid not in kept] + whole:
+        d = destroy(u)
+        destroys.append(d)
+        if u.uid in producer:
+            edges.append((producer[u.uid], d.pid))
+        for r in readers.get(u.uid, ()):
+            edges.append((r, d.pid))
+        if not kept and extends and extends[0].pid not in readers.get(u.uid, ()):
+            edges.append((extends[0].pid, d.pid))
+    merges = []
+    for e in target:
+        parts = [filled[s.uid] for s in slots[e.uid]]
+        if len(parts) == 1 and parts[0].gpus == e.gpus:
+            continue
+        m = merge(parts, e, model, bytes_per_param)
+        merges.append(m)
+        for u in parts:
+            if u.uid in producer:
+                edges.append((producer[u.uid], m.pid))
+    ordered = nodes + destroys + extends + merges
+    return LocalDAG(model_stage, sub, tuple(ordered), tuple(dict.fromkeys(edges)), tuple(sorted(kept)))

@@ -1,0 +1,244 @@
+"""The four transition primitives as specs: what they read, consume and create, and their resources.
+
+Source: paper §5.2 (Split, Merge, Extend, Destroy), §6.2-§6.3 (buffers, lifetimes, transport);
+DESIGN.md §4.8.
+
+A :class:`Primitive` is pure data. Its memory effect is given per GPU by two numbers, both bytes:
+
+* ``mem_hi[g]`` >= 0: the most it adds on ``g`` over the usage before it starts, at any moment from
+  its start on (Split keeps source buffers until its all-gather ends; Merge receives the missing
+  parts of its target shards before dropping the rest);
+* ``mem_net[g]``: the change once it ended (negative for Destroy).
+
+Pre-conditions: every EMU in ``reads`` and ``consumes`` exists; an Extend's destination GPUs are not
+owned by another model-stage of the same stage. Post-conditions: ``consumes`` are gone and
+``produces`` exist. :func:`apply` checks and applies both on a :class:`TransitionState`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from nereus.spec.model import ModelSpec
+from nereus.transition.emu import EMU, resident_bytes, sub_units
+
+__all__ = ["Primitive", "split", "merge", "extend", "destroy", "TransitionState", "apply", "KINDS"]
+
+KINDS = ("split", "destroy", "extend", "merge")
+
+
+@dataclass(frozen=True)
+class Primitive:
+    """One primitive of a transition DAG.
+
+    Attributes:
+        pid: unique id, ``f"{kind}:{uid}"``.
+        kind: ``split``, ``merge``, ``extend`` or ``destroy``.
+        model_stage: whose state it changes.
+        reads: uids that must exist and stay alive while it runs (Extend's source).
+        consumes: uids removed when it ends.
+        produces: EMUs created when it ends.
+        gpus: every GPU it touches (its own and its sources').
+        acquires: GPUs the model-stage newly occupies (Extend destinations).
+        mem_hi: GPU → bytes, see the module docstring.
+        mem_net: GPU → bytes, see the module docstring.
+        groups: collective groups ``(gpus, recv_bytes_per_gpu)``: Split all-gathers, Merge reshards.
+        pairs: point-to-point copies ``(src_gpu, dst_gpu, bytes)``: Extend broadcasts.
+        bytes_moved: bytes received over links, summed over GPUs.
+        num_comms: communicators it creates (cost of setup).
+    """
+
+    pid: str
+    kind: str
+    model_stage: str
+    reads: tuple[str, ...] = ()
+    consumes: tuple[str, ...] = ()
+    produces: tuple[EMU, ...] = ()
+    gpus: tuple[int, ...] = ()
+    acquires: tuple[int, ...] = ()
+    mem_hi: dict = field(default_factory=dict)
+    mem_net: dict = field(default_factory=dict)
+    groups: tuple = ()
+    pairs: tuple = ()
+    bytes_moved: int = 0
+    num_comms: int = 0
+
+    @property
+    def stage(self) -> str:
+        return self.model_stage.partition(".")[2]
+
+    def to_dict(self) -> dict:
+        return {"pid": self.pid, "kind": self.kind, "model_stage": self.model_stage,
+                "reads": list(self.reads), "consumes": list(self.consumes),
+                "produces": [e.to_dict() for e in self.produces], "gpus": list(self.gpus),
+                "acquires": list(self.acquires),
+                "mem_hi": {str(g): v for g, v in self.mem_hi.items()},
+                "mem_net": {str(g): v for g, v in self.mem_net.items()},
+                "groups": [[list(g), b] for g, b in self.groups],
+                "pairs": [list(p) for p in self.pairs], "bytes_moved": self.bytes_moved,
+                "num_comms": self.num_comms}
+
+
+def split(emu: EMU, sub: tuple[int, int], model: ModelSpec, bytes_per_param: int) -> Primitive:
+    """``Split(EMU, T_sub) → {EMU_1..EMU_k}`` on the same GPUs (paper §5.2a).
+
+    Each GPU goes from ``1/(tp*pp)`` of the state to ``1/(tp'*pp')`` by a position-wise all-gather
+    inside its ``a x b`` block (``a = tp/tp'``, ``b = pp/pp'``) and keeps its source shard until the
+    all-gather ends, so ``mem_hi = new shard`` and ``mem_net = new - old``.
+
+    Raises:
+        ValueError: ``sub`` does not divide the layout or equals it.
+    """
+    if sub == emu.layout:
+        raise ValueError(f"Split of {emu.uid}: T_sub={sub} equals its layout; nothing to split")
+    units = sub_units(emu, sub, model, bytes_per_param)
+    a, b = emu.tp // sub[0], emu.pp // sub[1]
+    hi, net, groups, moved = {}, {}, [], 0
+    for g in emu.gpus:
+        new = units[0].shard_bytes[emu.position(g)[0] // b]
+        hi[g] = new
+        net[g] = new - emu.bytes_on(g)
+        moved += net[g]
+    for pq in range(sub[1]):
+        for tq in range(sub[0]):
+            block = tuple(emu.gpu_at(pq * b + j, tq * a + i) for j in range(b) for i in range(a))
+            groups.append((block, max(net[g] for g in block)))
+    return Primitive(pid=f"split:{emu.uid}", kind="split", model_stage=emu.model_stage,
+                     consumes=(emu.uid,), produces=units, gpus=emu.gpus, mem_hi=hi, mem_net=net,
+                     groups=tuple(groups), bytes_moved=moved,
+                     num_comms=len(groups) + len(units))
+
+
+def merge(units: list[EMU] | tuple[EMU, ...], target: EMU, model: ModelSpec,
+          bytes_per_param: int) -> Primitive:
+    """``Merge({EMU_1..EMU_k}, T) → EMU'`` on the union of the units' GPUs (paper §5.2b).
+
+    Every target GPU receives the part of its target shard it does not already hold
+    (:func:`resident_bytes`); with units placed by :func:`aligned_gpus` nothing moves. A single unit
+    (``k = 1``) on the target GPUs in another rank order is a Merge that only permutes shards.
+
+    Raises:
+        ValueError: units of different model-stages or layouts, or whose GPUs do not partition the
+            target's.
+    """
+    if not units:
+        raise ValueError(f"Merge into {target.uid}: no units")
+    if any(u.model_stage != target.model_stage for u in units):
+        raise ValueError(f"Merge into {target.uid}: units of other model-stages "
+                         f"{sorted({u.model_stage for u in units})}")
+    if len({u.layout for u in units}) != 1:
+        raise ValueError(f"Merge into {target.uid}: units have different layouts {[u.layout for u in units]}")
+    owner = {}
+    for u in units:
+        for g in u.gpus:
+            if g in owner:
+                raise ValueError(f"Merge into {target.uid}: GPU {g} is in two units")
+            owner[g] = u
+    if set(owner) != set(target.gpus):
+        raise ValueError(f"Merge into {target.uid}: units cover GPUs {sorted(owner)}, target needs "
+                         f"{sorted(target.gpus)}")
+    hi, net, moved = {}, {}, 0
+    recv = {}
+    for g in target.gpus:
+        u = owner[g]
+        p, t = target.position(g)
+        ps, ts = u.position(g)
+        res = resident_bytes(model, bytes_per_param, (u.tp, u.pp, ps, ts), (target.tp, target.pp, p, t))
+        need = target.bytes_on(g)
+        missing = max(0, need - res)
+        recv[g] = missing
+        hi[g] = max(missing, need - u.bytes_on(g), 0)
+        net[g] = need - u.bytes_on(g)
+        moved += missing
+    groups = ((target.gpus, max(recv.values())),) if moved else ()
+    return Primitive(pid=f"merge:{target.uid}", kind="merge", model_stage=target.model_stage,
+                     consumes=tuple(u.uid for u in units), produces=(target,), gpus=target.gpus,
+                     mem_hi=hi, mem_net=net, groups=groups, bytes_moved=moved,
+                     num_comms=1 + (1 if moved else 0))
+
+
+def extend(src: EMU, dst: EMU) -> Primitive:
+    """``Extend(EMU, R') → {EMU, EMU'}``: copy ``src`` onto the disjoint GPUs of ``dst`` (paper §5.2c).
+
+    Rank-aligned broadcast: the shard at ``(p, t)`` goes once, as one contiguous buffer, from
+    ``src.gpu_at(p, t)`` to ``dst.gpu_at(p, t)``, one communicator per pair (paper §6.3).
+
+    Raises:
+        ValueError: different model-stage or layout, or overlapping GPU sets.
+    """
+    if src.model_stage != dst.model_stage or src.layout != dst.layout:
+        raise ValueError(f"Extend {src.uid} → {dst.uid}: needs the same model-stage and layout, got "
+                         f"{src.model_stage}{src.layout} and {dst.model_stage}{dst.layout}")
+    common = set(src.gpus) & set(dst.gpus)
+    if common:
+        raise ValueError(f"Extend {src.uid} → {dst.uid}: destination GPUs must be disjoint from the "
+                         f"source, both hold {sorted(common)}")
+    pairs = tuple((s, d, src.bytes_on(s)) for s, d in zip(src.gpus, dst.gpus))
+    mem = {d: b for _, d, b in pairs}
+    return Primitive(pid=f"extend:{dst.uid}", kind="extend", model_stage=src.model_stage,
+                     reads=(src.uid,), produces=(dst,), gpus=src.gpus + dst.gpus, acquires=dst.gpus,
+                     mem_hi=dict(mem), mem_net=dict(mem), pairs=pairs,
+                     bytes_moved=sum(b for _, _, b in pairs), num_comms=len(pairs) + 1)
+
+
+def destroy(emu: EMU) -> Primitive:
+    """``Destroy(EMU) → ∅``: local teardown and memory release, no collective (paper §5.2d)."""
+    return Primitive(pid=f"destroy:{emu.uid}", kind="destroy", model_stage=emu.model_stage,
+                     consumes=(emu.uid,), gpus=emu.gpus, mem_net={g: -emu.bytes_on(g) for g in emu.gpus})
+
+
+@dataclass
+class TransitionState:
+    """The EMUs alive and the bytes per GPU at one point of a transition (mutable; for checking).
+
+    Attributes:
+        emus: uid → EMU.
+        used: GPU → bytes held (state plus running primitives' buffers).
+    """
+
+    emus: dict
+    used: dict
+
+    @classmethod
+    def of(cls, emus) -> TransitionState:
+        used: dict[int, int] = {}
+        for e in emus:
+            for g in e.gpus:
+                used[g] = used.get(g, 0) + e.bytes_on(g)
+        return cls({e.uid: e for e in emus}, used)
+
+    def owners(self, gpu: int) -> set[str]:
+        """Model-stages with an EMU on ``gpu``."""
+        return {e.model_stage for e in self.emus.values() if gpu in e.gpus}
+
+    def copies(self, model_stage: str) -> int:
+        return sum(1 for e in self.emus.values() if e.model_stage == model_stage)
+
+
+def check_pre(state: TransitionState, prim: Primitive) -> str | None:
+    """Why ``prim`` cannot start in ``state`` (ignoring memory), or None."""
+    for uid in prim.reads + prim.consumes:
+        if uid not in state.emus:
+            return f"{prim.pid}: EMU {uid} does not exist"
+    for g in prim.acquires:
+        for other in state.owners(g):
+            if other != prim.model_stage and other.partition(".")[2] == prim.stage:
+                return f"{prim.pid}: GPU {g} is owned by concurrent model-stage {other}"
+    return None
+
+
+def apply(state: TransitionState, prim: Primitive) -> None:
+    """Run ``prim`` to completion on ``state`` (checks pre-conditions).
+
+    Raises:
+        ValueError: a pre-condition does not hold.
+    """
+    why = check_pre(state, prim)
+    if why:
+        raise ValueError(why)
+    for uid in prim.consumes:
+        del state.emus[uid]
+    for e in prim.produces:
+        state.emus[e.uid] = e
+    for g, d in prim.mem_net.items():
+        state.used[g] = state.used.get(g, 0) + d
