@@ -1,0 +1,212 @@
+"""Subset communicators and instrumented collectives (DESIGN.md §4.7).
+
+A :class:`Group` is a gloo process group among any subset of workers, built on demand from a shared
+``TCPStore`` under a unique ``PrefixStore`` prefix, without a world-wide ``init_process_group``:
+``torch.distributed.ProcessGroupGloo(PrefixStore(prefix, store), rank, size, timeout)``. Only the
+members build it, so workers can join and leave a running job. Every group carries a timeout, so a
+collective whose peer died raises instead of hanging.
+
+Collectives call the process group's own methods and record, in the worker's :class:`Meter`, the
+seconds spent under op class ``"<collective>@gloo"`` and the bytes this rank sent (payload model:
+all-reduce ``2·(n-1)/n·B`` (ring), all-gather ``(n-1)/n·B_out``, broadcast ``B`` at the root, p2p ``B``).
+
+Gloo caveats (resharding.md §2.2): receive into contiguous buffers, then copy into views; all-gather
+inputs must have equal sizes.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from nereus.runtime.instrument import Meter
+
+__all__ = ["Group", "CommError", "connect_store", "new_group", "DEFAULT_TIMEOUT_S"]
+
+DEFAULT_TIMEOUT_S = 60.0
+
+
+class CommError(RuntimeError):
+    """A collective failed or timed out (a peer died or the group was misconfigured)."""
+
+
+def connect_store(host: str, port: int, timeout_s: float = DEFAULT_TIMEOUT_S) -> dist.TCPStore:
+    """A client connection to the job's ``TCPStore`` (the driver hosts the master)."""
+    return dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=timeout_s),
+                         wait_for_workers=False)
+
+
+@dataclass
+class Group:
+    """A communicator among ``members`` (worker ids, in group-rank order).
+
+    Attributes:
+        name: unique prefix it was built under.
+        members: worker ids; ``members[i]`` has group rank ``i``.
+        rank: this worker's group rank.
+        pg: the gloo process group, or None for a group of one (collectives are no-ops).
+        meter: where timings and bytes go.
+    """
+
+    name: str
+    members: tuple[int, ...]
+    rank: int
+    pg: object | None
+    meter: Meter
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    _tag: int = field(default=0, repr=False)
+
+    @property
+    def size(self) -> int:
+        return len(self.members)
+
+    def _run(self, op: str, work_fn, sent_bytes: float) -> None:
+        t0 = time.perf_counter()
+        try:
+            work_fn().wait()
+        except RuntimeError as e:
+            raise CommError(f"{op} in group {self.name!r} (members {self.members}, rank {self.rank}) "
+                            f"failed or timed out after {self.timeout_s:.0f}s: {str(e)[:300]}") from e
+        self.meter.add_time(f"{op}@gloo", time.perf_counter() - t0)
+        self.meter.add_bytes(sent_bytes)
+
+    # ------------------------------------------------------------------ collectives
+    def all_reduce(self, t: torch.Tensor, avg: bool = False) -> torch.Tensor:
+        """In-place sum (or mean) of contiguous ``t`` over the group; returns ``t``."""
+        if self.size == 1:
+            return t
+        assert t.is_contiguous()
+        n = self.size
+        self._run("allreduce", lambda: self.pg.allreduce([t]), 2 * (n - 1) / n * t.numel() * t.element_size())
+        if avg:
+            t.div_(n)
+        return t
+
+    def all_gather(self, t: torch.Tensor) -> list[torch.Tensor]:
+        """Equal-shape ``t`` from every member, in group-rank order."""
+        if self.size == 1:
+            return [t]
+        t = t.contiguous()
+        out = [torch.empty_like(t) for _ in range(self.size)]
+        n = self.size
+        self._run("allgather", lambda: self.pg.allgather([out], [t]), (n - 1) * t.numel() * t.element_size())
+        return out
+
+    def broadcast(self, t: torch.Tensor, root: int) -> torch.Tensor:
+        """In-place broadcast of contiguous ``t`` from group rank ``root``; returns ``t``."""
+        if self.size == 1:
+            return t
+        assert t.is_contiguous()
+        opts = dist.BroadcastOptions()
+        opts.rootRank = root
+        opts.rootTensor = 0
+        sent = t.numel() * t.element_size() if self.rank == root else 0
+        self._run("broadcast", lambda: self.pg.broadcast([t], opts), sent)
+        return t
+
+    def send(self, t: torch.Tensor, dst: int) -> None:
+        """Point-to-point send of contiguous ``t`` to group rank ``dst``."""
+        t = t.contiguous()
+        self._run("p2p", lambda: self.pg.send([t], dst, 0), t.numel() * t.element_size())
+
+    def recv(self, t: torch.Tensor, src: int) -> torch.Tensor:
+        """Receive into contiguous ``t`` from group rank ``src``; returns ``t``."""
+        assert t.is_contiguous()
+        self._run("p2p", lambda: self.pg.recv([t], src, 0), 0)
+        return t
+
+
+def new_group(store: dist.Store, name: str, members: tuple[int, ...], me: int, meter: Meter,
+              timeout_s: float = DEFAULT_TIMEOUT_S) -> Group:
+    """Build the communicator ``name`` among ``members``; every member must call this.
+
+    Args:
+        store: the job's TCPStore client.
+        name: a prefix unique to this group's lifetime (reuse after teardown needs a new name).
+        members: worker ids in group-rank order; no repeats.
+        me: this worker's id; must be in ``members``.
+        timeout_s: seconds before a collective (or the rendezvous) gives up.
+
+    Raises:
+        ValueError: ``me`` not a member, repeated members, or a non-positive timeout.
+    """
+    members = tuple(int(m) for m in members)
+    if len(set(members)) != len(members):
+        raise ValueError(f"group {name!r}: members repeat: {members}")
+    if me not in members:
+        raise ValueError(f"group {name!r}: worker {me} is not a member of {members}")
+    if not timeout_s > 0:
+        raise ValueError(f"group {name!r}: timeout_s must be > 0, got {timeout_s}")
+    rank = members.index(me)
+    pg = None
+    if len(members) > 1:
+        timeout = datetime.timedelta(seconds=timeout_s)
+        t0 = time.perf_counter()
+        try:
+            pg = dist.ProcessGroupGloo(dist.PrefixStore(name, store), rank, len(members), timeout)
+        except RuntimeError as e:
+            raise CommError(f"could not build group {name!r} among workers {members} within "
+                            f"{timeout_s:.0f}s: {str(e)[:300]}") from e
+        meter.add_time("group_setup@gloo", time.perf_counter() - t0)
+    return Group(name=name, members=members, rank=rank, pg=pg, meter=meter, timeout_s=timeout_s)
+
+
+# ---------------------------------------------------------------------- autograd wrappers (Megatron f/g)
+class _CopyToTP(torch.autograd.Function):
+    """Identity forward, all-reduce of the gradient backward (Megatron ``f``)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        g = g.contiguous().clone()
+        ctx.group.all_reduce(g)
+        return g, None
+
+
+class _ReduceFromTP(torch.autograd.Function):
+    """All-reduce forward, identity backward (Megatron ``g``)."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        x = x.contiguous().clone()
+        group.all_reduce(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None
+
+
+class _GatherLastDim(torch.autograd.Function):
+    """All-gather along the last dim forward, own slice of the gradient backward."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        ctx.width = x.shape[-1]
+        return torch.cat(group.all_gather(x.contiguous()), dim=-1)
+
+    @staticmethod
+    def backward(ctx, g):
+        r, w = ctx.group.rank, ctx.width
+        return g[..., r * w:(r + 1) * w].contiguous(), None
+
+
+def copy_to_tp(x: torch.Tensor, group: Group) -> torch.Tensor:
+    return x if group.size == 1 else _CopyToTP.apply(x, group)
+
+
+def reduce_from_tp(x: torch.Tensor, group: Group) -> torch.Tensor:
+    return x if group.size == 1 else _ReduceFromTP.apply(x, group)
+
+
+def gather_last_dim(x: torch.Tensor, group: Group) -> torch.Tensor:
+    return x if group.size == 1 else _GatherLastDim.apply(x, group)

@@ -1,0 +1,298 @@
+"""The EMU state on one worker: parameter shards, sharded Adam state, counters (DESIGN.md §2, §4.7).
+
+Logical state ``Λ = (θ, ω, c, v, p)``: parameters, Adam moments (sharded exactly like θ since Adam is
+elementwise; ``step`` replicated), the update counter ``c``, the model-stage and policy versions
+``v``, the mini-batch position ``p`` of the last completed update. RNG and data order are derived from
+the *global* sample index (``task.py``, ``rollout.py``), so they depend on (dp rank, p) only through
+which samples a replica holds: changing dp neither repeats nor skips a sample.
+
+:meth:`Engine.gather_logical_state` reassembles the full unsharded state on every worker of the EMU
+(TP all-gather within each PP rank, then a broadcast per PP rank over the EMU group).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from nereus.runtime import algorithms as alg
+from nereus.runtime.comm import Group
+from nereus.runtime.instrument import Meter
+from nereus.runtime.layout import names_of_stage, param_shapes, shard, unshard
+from nereus.runtime.model import LlamaShard
+from nereus.runtime.parallel import ParallelContext
+from nereus.runtime.pipeline import forward_backward, forward_only
+from nereus.spec.model import ModelSpec
+
+__all__ = ["AdamConfig", "Engine", "full_stage_numel", "split_micro"]
+
+
+@dataclass(frozen=True)
+class AdamConfig:
+    """Adam hyper-parameters (``torch.optim.Adam`` semantics, no weight decay).
+
+    Raises:
+        ValueError: lr not positive, betas outside [0, 1), eps not positive.
+    """
+
+    lr: float = 1e-3
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+
+    def __post_init__(self) -> None:
+        if not self.lr > 0:
+            raise ValueError(f"adam field 'lr' must be > 0, got {self.lr}")
+        for f in ("beta1", "beta2"):
+            if not 0 <= getattr(self, f) < 1:
+                raise ValueError(f"adam field {f!r} must be in [0, 1), got {getattr(self, f)}")
+        if not self.eps > 0:
+            raise ValueError(f"adam field 'eps' must be > 0, got {self.eps}")
+
+
+def split_micro(n: int, b: int) -> list[slice]:
+    """Slices of ``b`` rows covering ``n`` rows.
+
+    Raises:
+        ValueError: ``b`` does not divide ``n``.
+    """
+    if b < 1 or n % b:
+        raise ValueError(f"micro_batch={b} must divide the replica's {n} sequences")
+    return [slice(i, i + b) for i in range(0, n, b)]
+
+
+def full_stage_numel(spec: ModelSpec, pp: int, q: int) -> int:
+    shapes = param_shapes(spec)
+    return sum(int(torch.Size(shapes[n][0]).numel()) for n in names_of_stage(spec, pp, q))
+
+
+class Engine:
+    """One worker's part of one EMU of one model-stage.
+
+    Args:
+        spec: model shapes; ``spec.head`` picks logits or values.
+        ctx: parallel context; ``ctx.d`` is this EMU's DP replica.
+        seed: initial parameters (every layout of the same seed starts identical).
+        trainable: hold Adam state and accept :meth:`train_step`.
+    """
+
+    def __init__(self, spec: ModelSpec, ctx: ParallelContext, seed: int, meter: Meter, trainable: bool,
+                 adam: AdamConfig | None = None, dtype: torch.dtype = torch.float32, device: str = "cpu",
+                 full: dict[str, torch.Tensor] | None = None) -> None:
+        self.spec, self.ctx, self.meter, self.trainable = spec, ctx, meter, trainable
+        self.model = LlamaShard(spec, ctx, seed, meter, dtype, device, full=full)
+        self.adam = adam or AdamConfig()
+        self.exp_avg = {n: torch.zeros_like(w) for n, w in self.model.params.items()} if trainable else {}
+        self.exp_avg_sq = {n: torch.zeros_like(w) for n, w in self.model.params.items()} if trainable else {}
+        self.step = 0            # Adam step (replicated)
+        self.update_count = 0    # c
+        self.version = 0         # model-stage version (bumped by every update or weight sync)
+        self.policy_version = 0  # version of the policy whose weights these are
+        self.position = 0        # global mini-batch position of the last completed update
+        per = 3 if trainable else 1
+        self.meter.set_static(f"params:{id(self)}", per * sum(w.numel() * w.element_size()
+                                                              for w in self.model.params.values()))
+
+    # ------------------------------------------------------------------ inference
+    def forward(self, tokens: torch.Tensor, micro_batch: int) -> torch.Tensor | None:
+        """Last-rank outputs ``[n, T, V]`` logits or ``[n, T]`` values; None off the last PP rank."""
+        micro = [tokens[s] for s in split_micro(tokens.shape[0], micro_batch)]
+        outs = forward_only(self.model, micro)
+        return None if outs is None else torch.cat(outs, 0)
+
+    def logprobs(self, tokens: torch.Tensor, prompt_len: int, micro_batch: int,
+                 temperature: float = 1.0) -> torch.Tensor | None:
+        """Log-probabilities ``[n, R]`` of the response tokens ``tokens[:, prompt_len:]``."""
+        logits = self.forward(tokens, micro_batch)
+        return None if logits is None else _response_logprobs(logits, tokens, prompt_len, temperature)
+
+    def values(self, tokens: torch.Tensor, prompt_len: int, micro_batch: int) -> torch.Tensor | None:
+        """Values ``[n, R]`` at the positions that predict each response token."""
+        v = self.forward(tokens, micro_batch)
+        return None if v is None else v[:, prompt_len - 1:-1]
+
+    # ------------------------------------------------------------------ training
+    def backward_lm(self, tokens: torch.Tensor, micro_batch: int, denom: float) -> float | None:
+        """Gradients of a plain objective (for checks), left in ``params[..].grad``, no update.
+
+        LM head: next-token cross-entropy summed over positions ``/ denom``; value head: the sum of
+        values ``/ denom``. Gradients are reduced over replicated KV heads and DP like a real update.
+
+        Returns:
+            the summed loss on the last PP rank, None elsewhere.
+        """
+        slices = split_micro(tokens.shape[0], micro_batch)
+
+        def loss_fn(out: torch.Tensor, m: int):
+            ids = tokens[slices[m]]
+            if self.spec.head == "value":
+                lv = out.sum() / denom
+            else:
+                lv = torch.nn.functional.cross_entropy(out[:, :-1].reshape(-1, out.shape[-1]),
+                                                       ids[:, 1:].reshape(-1), reduction="sum") / denom
+            return lv, {"loss": float(lv.detach())}
+
+        self.model.zero_grad()
+        mets = forward_backward(self.model, [tokens[s] for s in slices], loss_fn)
+        self.model.reduce_replicated_kv_grads()
+        self._dp_reduce_grads()
+        return None if mets is None else sum(m["loss"] for m in mets)
+
+    def train_step(self, batch: dict[str, torch.Tensor], loss: dict, micro_batch: int, denom: float,
+                   position: int) -> dict | None:
+        """One optimizer update on this replica's share of a mini-batch.
+
+        Args:
+            batch: ``tokens [n, T]`` plus per-token fields ``[n, R]``: ``mask``; for the actor
+                ``old_logp, adv`` (and ``ref_logp`` when ``loss["kl_coef"] > 0``); for the critic
+                ``old_values, returns``.
+            loss: ``{"kind": "actor"|"critic", "prompt_len", "clip", "kl_coef", "temperature"}``.
+            micro_batch: ``b``; this replica runs ``n / b`` accumulation micro-batches.
+            denom: response tokens in the whole mini-batch (all replicas).
+            position: global mini-batch position this update completes.
+
+        Returns:
+            summed metrics (``loss``, ``clipped``) on the last PP rank, None elsewhere.
+
+        Raises:
+            RuntimeError: the engine is not trainable.
+        """
+        if not self.trainable:
+            raise RuntimeError("train_step on a non-trainable engine")
+        tokens = batch["tokens"]
+        slices = split_micro(tokens.shape[0], micro_batch)
+        P = int(loss["prompt_len"])
+
+        def loss_fn(out: torch.Tensor, m: int):
+            mb = {k: v[slices[m]] for k, v in batch.items()}
+            if loss["kind"] == "critic":
+                v = out[:, P - 1:-1]
+                lv = alg.value_loss(v, mb["old_values"], mb["returns"], mb["mask"], loss["clip"], denom)
+                return lv, {"loss": float(lv.detach())}
+            lp = _response_logprobs(out, mb["tokens"], P, loss.get("temperature", 1.0))
+            lpol, clipped = alg.policy_loss(lp, mb["old_logp"], mb["adv"], mb["mask"], loss["clip"], denom)
+            total = lpol
+            kl = torch.zeros(())
+            if loss.get("kl_coef", 0.0) > 0:
+                kl = (alg.kl_k3(lp, mb["ref_logp"]) * mb["mask"]).sum() / denom
+                total = total + loss["kl_coef"] * kl
+            return total, {"loss": float(total.detach()), "pg_loss": float(lpol.detach()), "kl": float(kl.detach()),
+                           "clipped": float(clipped)}
+
+        self.model.zero_grad()
+        mets = forward_backward(self.model, [tokens[s] for s in slices], loss_fn)
+        self.model.reduce_replicated_kv_grads()
+        self._dp_reduce_grads()
+        self._adam_step()
+        self.update_count += 1
+        self.version += 1
+        self.position = position
+        if mets is None:
+            return None
+        return {k: sum(m[k] for m in mets) for k in mets[0]}
+
+    def _dp_reduce_grads(self) -> None:
+        g = self.ctx.dp_group
+        if g.size == 1:
+            return
+        ws = list(self.model.params.values())
+        flat = torch.cat([(w.grad if w.grad is not None else torch.zeros_like(w)).reshape(-1) for w in ws])
+        g.all_reduce(flat)  # losses are pre-scaled by the mini-batch token count: SUM, not AVG
+        off = 0
+        for w in ws:
+            n = w.numel()
+            w.grad = flat[off:off + n].view_as(w).clone()
+            off += n
+
+    @torch.no_grad()
+    def _adam_step(self) -> None:
+        a = self.adam
+        self.step += 1
+        bc1, bc2 = 1 - a.beta1 ** self.step, 1 - a.beta2 ** self.step
+        for n, w in self.model.params.items():
+            if w.grad is None:
+                continue
+            m, v = self.exp_avg[n], self.exp_avg_sq[n]
+            m.mul_(a.beta1).add_(w.grad, alpha=1 - a.beta1)
+            v.mul_(a.beta2).addcmul_(w.grad, w.grad, value=1 - a.beta2)
+            w.addcdiv_(m / bc1, (v / bc2).sqrt_().add_(a.eps), value=-a.lr)
+
+    # ------------------------------------------------------------------ logical state
+    def _full_stage(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Flat full tensors of this PP rank (TP all-gather of one flat buffer), in name order."""
+        names = self.model.names
+        flat = torch.cat([tensors[n].detach().reshape(-1).float() for n in names])
+        parts = self.ctx.tp_group.all_gather(flat)
+        shapes = param_shapes(self.spec)
+        out, off = [], 0
+        for n in names:
+            k = tensors[n].numel()
+            sh = tuple(tensors[n].shape)
+            full = unshard([p[off:off + k].view(sh) for p in parts], shapes[n][1], self.spec)
+            out.append(full.reshape(-1))
+            off += k
+        return torch.cat(out)
+
+    def gather_full(self, kind: str = "params", group: Group | None = None,
+                    roots: list[int] | None = None) -> dict[str, torch.Tensor]:
+        """Full unsharded ``kind`` (``params``, ``grads``, ``exp_avg``, ``exp_avg_sq``) on every member.
+
+        Default group is the EMU group with root ``(q, 0)`` for PP rank ``q``.
+        """
+        src = {"params": self.model.params, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq,
+               "grads": {n: (w.grad if w.grad is not None else torch.zeros_like(w))
+                         for n, w in self.model.params.items()}}[kind]
+        mine = self._full_stage(src)
+        group = group or self.ctx.emu_group
+        roots = roots or [self.ctx.emu_rank(q, 0) for q in range(self.ctx.pp)]
+        return broadcast_stages(self.spec, self.ctx.pp, mine, self.ctx.p, group, roots)
+
+    def gather_logical_state(self) -> dict:
+        """``{"params", "exp_avg", "exp_avg_sq": {name: full fp32 tensor}, "step", "update_count",
+        "version", "policy_version", "position"}`` on every worker of the EMU (collective)."""
+        out = {"params": self.gather_full("params")}
+        if self.trainable:
+            out["exp_avg"] = self.gather_full("exp_avg")
+            out["exp_avg_sq"] = self.gather_full("exp_avg_sq")
+        out.update(step=self.step, update_count=self.update_count, version=self.version,
+                   policy_version=self.policy_version, position=self.position)
+        return out
+
+    @torch.no_grad()
+    def load_full(self, full: dict[str, torch.Tensor]) -> None:
+        """Replace this rank's parameter shards with shards of the full tensors ``full``."""
+        shapes = param_shapes(self.spec)
+        for n, w in self.model.params.items():
+            w.copy_(shard(full[n], shapes[n][1], self.spec, self.ctx.tp, self.ctx.t).to(w.dtype))
+
+
+def broadcast_stages(spec: ModelSpec, pp: int, mine: torch.Tensor | None, my_p: int | None, group: Group,
+                     roots: list[int]) -> dict[str, torch.Tensor]:
+    """Broadcast the flat full tensors of each PP rank ``q`` from group rank ``roots[q]``.
+
+    ``mine`` is this worker's flat full stage (used when it is a root). Returns name → full tensor.
+    """
+    shapes = param_shapes(spec)
+    out = {}
+    for q in range(pp):
+        if group.rank == roots[q]:
+            buf = mine.contiguous()
+            assert my_p == q
+        else:
+            buf = torch.empty(full_stage_numel(spec, pp, q))
+        group.broadcast(buf, roots[q])
+        off = 0
+        for n in names_of_stage(spec, pp, q):
+            shp = shapes[n][0]
+            k = int(torch.Size(shp).numel())
+            out[n] = buf[off:off + k].view(shp).clone()
+            off += k
+    return out
+
+
+def _response_logprobs(logits: torch.Tensor, tokens: torch.Tensor, prompt_len: int,
+                       temperature: float) -> torch.Tensor:
+    lg = logits[:, prompt_len - 1:-1].float() / temperature
+    resp = tokens[:, prompt_len:]
+    return torch.log_softmax(lg, -1).gather(-1, resp.unsqueeze(-1)).squeeze(-1)

@@ -1,0 +1,190 @@
+"""One worker per device: the engines of every model-stage placed on it (DESIGN.md §4.7).
+
+:class:`WorkerCore` is a plain class so tests can run it in spawned processes; :func:`ray_worker_class`
+wraps it as a Ray actor (one per device, ``num_cpus=1`` on CPU, ``num_gpus=1`` on GPU). Every method
+that takes a model-stage name is timed under that name in the worker's :class:`Meter`.
+
+A worker joins the job by connecting to the driver's ``TCPStore``; groups among any subset of
+workers are then built on demand (``comm.new_group``), so no world-wide init is needed.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from nereus.runtime.comm import DEFAULT_TIMEOUT_S, connect_store, new_group
+from nereus.runtime.engine import AdamConfig, Engine, broadcast_stages
+from nereus.runtime.instrument import Meter
+from nereus.runtime.parallel import Layout, build_context
+from nereus.runtime.rollout import generate
+from nereus.spec.model import ModelSpec
+
+__all__ = ["WorkerCore", "inventory", "ray_worker_class"]
+
+
+def inventory() -> dict:
+    """This machine's devices: ``{"cpus", "cuda_devices": [{"name", "memory_bytes"}], "ray": {...}}``.
+
+    NVML (``pynvml``) is used when CUDA is present and it is installed; torch's device properties
+    otherwise; CPU count always; Ray's cluster resources when Ray is initialized.
+    """
+    out: dict = {"cpus": os.cpu_count() or 1, "cuda_devices": [], "ray": {}}
+    if torch.cuda.is_available():
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            for i in range(pynvml.nvmlDeviceGetCount()):
+                h = pynvml.nvmlDeviceGetHandleByIndex(i)
+                out["cuda_devices"].append({"name": str(pynvml.nvmlDeviceGetName(h)),
+                                            "memory_bytes": int(pynvml.nvmlDeviceGetMemoryInfo(h).total)})
+        except Exception:  # NVML absent or unusable: fall back to torch
+            for i in range(torch.cuda.device_count()):
+                p = torch.cuda.get_device_properties(i)
+                out["cuda_devices"].append({"name": p.name, "memory_bytes": int(p.total_memory)})
+    try:
+        import ray
+
+        if ray.is_initialized():
+            out["ray"] = {k: float(v) for k, v in ray.cluster_resources().items()}
+    except ImportError:
+        pass
+    return out
+
+
+class WorkerCore:
+    """Holds the store connection, the meter and one :class:`Engine` per model-stage placed here.
+
+    Args:
+        worker_id: this worker's id (its device index in plans).
+        store_host, store_port: the driver's TCPStore.
+        timeout_s: timeout of every group this worker builds.
+    """
+
+    def __init__(self, worker_id: int, store_host: str, store_port: int,
+                 timeout_s: float = DEFAULT_TIMEOUT_S, threads: int = 1) -> None:
+        torch.set_num_threads(threads)
+        self.id = int(worker_id)
+        self.timeout_s = float(timeout_s)
+        self.store = connect_store(store_host, store_port, timeout_s)
+        self.meter = Meter()
+        self.engines: dict[str, Engine] = {}
+        self.groups: dict[str, object] = {}
+
+    def ping(self) -> int:
+        return self.id
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def inventory(self) -> dict:
+        return inventory()
+
+    # ------------------------------------------------------------------ setup
+    def build(self, model_stage: str, spec: ModelSpec, layout: Layout, seed: int, trainable: bool,
+              adam: AdamConfig | None = None, tag: str = "e0") -> tuple[int, int, int]:
+        """Build this worker's engine of ``model_stage`` (collective over the layout's workers).
+
+        Returns:
+            this worker's (d, p, t).
+        """
+        with self.meter.stage(model_stage):
+            ctx = build_context(spec, layout, self.id, self.store, f"{tag}/{model_stage}", self.meter,
+                                self.timeout_s)
+            self.engines[model_stage] = Engine(spec, ctx, seed, self.meter, trainable, adam)
+        return ctx.d, ctx.p, ctx.t
+
+    def destroy(self, model_stage: str) -> None:
+        """Drop this worker's engine of ``model_stage`` (local teardown, no collective)."""
+        self.engines.pop(model_stage, None)
+
+    def _engine(self, model_stage: str) -> Engine:
+        if model_stage not in self.engines:
+            raise ValueError(f"worker {self.id} holds no engine for model-stage {model_stage!r}; "
+                             f"it holds {sorted(self.engines)}")
+        return self.engines[model_stage]
+
+    # ------------------------------------------------------------------ model-stage work
+    def generate(self, model_stage: str, prompts: torch.Tensor, max_new_tokens: int, seeds: list[int],
+                 temperature: float = 1.0, greedy: bool = False, eos_id: int = 2, pad_id: int = 0):
+        with self.meter.stage(model_stage):
+            e = self._engine(model_stage)
+            return generate(e.model, prompts, max_new_tokens, seeds, temperature, greedy, eos_id, pad_id)
+
+    def logprobs(self, model_stage: str, tokens: torch.Tensor, prompt_len: int, micro_batch: int,
+                 temperature: float = 1.0):
+        with self.meter.stage(model_stage):
+            return self._engine(model_stage).logprobs(tokens, prompt_len, micro_batch, temperature)
+
+    def values(self, model_stage: str, tokens: torch.Tensor, prompt_len: int, micro_batch: int):
+        with self.meter.stage(model_stage):
+            return self._engine(model_stage).values(tokens, prompt_len, micro_batch)
+
+    def forward(self, model_stage: str, tokens: torch.Tensor, micro_batch: int):
+        with self.meter.stage(model_stage):
+            return self._engine(model_stage).forward(tokens, micro_batch)
+
+    def backward_lm(self, model_stage: str, tokens: torch.Tensor, micro_batch: int, denom: float):
+        with self.meter.stage(model_stage):
+            return self._engine(model_stage).backward_lm(tokens, micro_batch, denom)
+
+    def train(self, model_stage: str, batch: dict, loss: dict, micro_batch: int, denom: float,
+              position: int):
+        with self.meter.stage(model_stage):
+            return self._engine(model_stage).train_step(batch, loss, micro_batch, denom, position)
+
+    def gather(self, model_stage: str, kind: str = "params") -> dict:
+        return self._engine(model_stage).gather_full(kind)
+
+    def gather_logical_state(self, model_stage: str) -> dict:
+        return self._engine(model_stage).gather_logical_state()
+
+    def sync_weights(self, src: str, dst: str, src_layout: Layout, dst_layout: Layout, spec: ModelSpec,
+                     policy_version: int, tag: str = "e0") -> None:
+        """Move ``src``'s parameters (replica 0) to every replica of ``dst`` in ``dst``'s layout.
+
+        Collective over replica 0 of ``src`` plus all of ``dst``: each PP rank ``q`` of the source
+        all-gathers its TP shards, its TP rank 0 broadcasts the flat full stage, and each destination
+        worker keeps its own shards. Timed under ``dst``.
+        """
+        members = tuple(sorted(set(src_layout.replica(0)) | set(dst_layout.workers)))
+        if self.id not in members:
+            return
+        with self.meter.stage(dst):
+            key = f"{tag}/sync/{src}->{dst}"
+            if key not in self.groups:
+                self.groups[key] = new_group(self.store, key, members, self.id, self.meter, self.timeout_s)
+            group = self.groups[key]
+            roots = [members.index(src_layout.worker(0, q, 0)) for q in range(src_layout.pp)]
+            mine, my_p = None, None
+            if src in self.engines and self.id in src_layout.replica(0):
+                e = self.engines[src]
+                mine, my_p = e._full_stage(e.model.params), e.ctx.p
+            full = broadcast_stages(spec, src_layout.pp, mine, my_p, group, roots)
+            if dst in self.engines:
+                d = self.engines[dst]
+                d.load_full(full)
+                d.version += 1
+                d.policy_version = int(policy_version)
+
+    # ------------------------------------------------------------------ measurements and faults
+    def measurements(self) -> dict:
+        m = self.meter.measurements()
+        m["worker"] = self.id
+        return m
+
+    def reset_measurements(self) -> None:
+        self.meter.reset()
+
+    def crash(self) -> None:
+        """Exit the process at once (fault-injection for tests)."""
+        os._exit(1)
+
+
+def ray_worker_class(num_gpus: float = 0):
+    """``WorkerCore`` as a Ray actor class taking one device (one CPU, or one GPU when ``num_gpus``)."""
+    import ray
+
+    return ray.remote(num_cpus=1, num_gpus=num_gpus, max_restarts=0)(WorkerCore)
