@@ -33,6 +33,7 @@ import numpy as np
 from nereus.cost import latency as lat
 from nereus.cost.efficiency import EfficiencyTable
 from nereus.cost.memory import WORKSPACE_BYTES, stage_memory
+from nereus.cost.shapes import valid_pp, valid_tp
 from nereus.planner.plan import Candidate, Plan, StageEstimate
 from nereus.spec.job import JobSpec
 from nereus.workflow import ModelStage, Workflow, workflow_for
@@ -172,8 +173,13 @@ class CostModel:
 
         Raises:
             KeyError: the candidate names a model-stage outside this job's workflow.
+            ValueError: tp or pp cannot shard the model (e.g. tp not dividing the heads).
         """
         ms = self.workflow.get(cand.model_stage)
+        model = self.model_of(ms)
+        why = valid_tp(model, cand.tp) or valid_pp(model, cand.pp)
+        if why:
+            raise ValueError(f"candidate {cand.model_stage} ({cand.short()}): {why}")
         a = self.candidate_arrays(ms, cand.tp, cand.pp, [cand.dp], micro_batch=max(cand.micro_batch, 1),
                                   recompute=cand.recompute, concurrency=max(cand.concurrency, 1),
                                   multi_node=multi_node, breakdown=True)

@@ -28,30 +28,45 @@ class PlacementError(ValueError):
     """The pool cannot hold a stage's model-stages."""
 
 
-def _take_replica(free: list[int], k: int, tp: int, cluster: ClusterSpec) -> list[int] | None:
-    """Pick ``k`` GPUs from ``free`` (sorted) for one replica, keeping TP groups inside nodes."""
-    by_node: dict[int, list[int]] = {}
-    for g in free:
-        by_node.setdefault(cluster.node_of(g), []).append(g)
-    fitting = [(len(gs), n) for n, gs in by_node.items() if len(gs) >= k]
-    if fitting:
-        _, node = min(fitting)
-        return by_node[node][:k]
-    picked: list[int] = []
-    for _ in range(k // tp):  # TP groups inside nodes
-        fit = [(len(gs), n) for n, gs in by_node.items() if len(gs) >= tp]
-        if not fit:
-            break
-        _, node = min(fit)
-        grp, by_node[node] = by_node[node][:tp], by_node[node][tp:]
-        picked += grp
-    if len(picked) == k:
+class _FreeGPUs:
+    """Free GPUs grouped by node, in id order."""
+
+    def __init__(self, gpus, cluster: ClusterSpec):
+        self.by_node: dict[int, list[int]] = {}
+        for g in sorted(gpus):
+            self.by_node.setdefault(cluster.node_of(g), []).append(g)
+
+    def count(self) -> int:
+        return sum(len(v) for v in self.by_node.values())
+
+    def remove(self, gpus) -> None:
+        gone = set(gpus)
+        for n in list(self.by_node):
+            self.by_node[n] = [g for g in self.by_node[n] if g not in gone]
+
+    def _pop(self, node: int, k: int) -> list[int]:
+        out, self.by_node[node] = self.by_node[node][:k], self.by_node[node][k:]
+        return out
+
+    def take_replica(self, k: int, tp: int) -> list[int] | None:
+        """``k`` GPUs for one replica: one node if any holds it (best fit), else TP groups inside
+        nodes, else any free GPUs; None when fewer than ``k`` are free."""
+        if self.count() < k:
+            return None
+        fit = [(len(v), n) for n, v in self.by_node.items() if len(v) >= k]
+        if fit:
+            return self._pop(min(fit)[1], k)
+        picked: list[int] = []
+        while len(picked) < k:
+            fit = [(len(v), n) for n, v in self.by_node.items() if len(v) >= tp]
+            if not fit:
+                break
+            picked += self._pop(min(fit)[1], tp)
+        for n in sorted(self.by_node):
+            if len(picked) >= k:
+                break
+            picked += self._pop(n, k - len(picked))
         return picked
-    picked_set = set(picked)
-    rest = [g for g in free if g not in picked_set]
-    if len(picked) + len(rest) < k:
-        return None
-    return picked + rest[: k - len(picked)]
 
 
 def _place_stage(cands: list[Candidate], free: list[int], cluster: ClusterSpec,
@@ -77,18 +92,16 @@ def _place_stage(cands: list[Candidate], free: list[int], cluster: ClusterSpec,
                     keep += rg
                     free_set -= set(rg)
             kept[c.model_stage] = keep
-    remaining = sorted(free_set)
+    pool = _FreeGPUs(free_set, cluster)
     for c in order:
         gpus = list(kept.get(c.model_stage, []))
         k = c.tp * c.pp
         while len(gpus) < c.num_gpus:
-            rep = _take_replica(remaining, k, c.tp, cluster)
+            rep = pool.take_replica(k, c.tp)
             if rep is None:
                 raise PlacementError(f"stage cannot place {c.model_stage} ({c.short()}): "
-                                     f"{len(remaining)} GPU(s) left, {c.num_gpus - len(gpus)} needed")
+                                     f"{pool.count()} GPU(s) left, {c.num_gpus - len(gpus)} needed")
             gpus += rep
-            taken = set(rep)
-            remaining = [g for g in remaining if g not in taken]
         out[c.model_stage] = c.with_gpus(gpus)
     return [out[c.model_stage] for c in cands]
 
