@@ -218,31 +218,29 @@ def resident_bytes(model: ModelSpec, bytes_per_param: int, src: tuple[int, int, 
                    dst: tuple[int, int, int, int]) -> int:
     """Bytes of shard ``dst = (tp, pp, p, t)`` already present on a GPU holding shard ``src``.
 
-    Layers count by the overlap of their pipeline ranges times the overlap of the tensor slices;
-    the embedding (first rank) and the head and final norm (last rank) count when both shards hold
-    them. Replicated norms and KV heads are counted like split weights (an approximation that
-    errs towards moving a few more bytes).
+    Split weights count by the overlap of the pipeline layer ranges times the overlap of the tensor
+    slices; RMSNorm weights and a value head are replicated, so they count whenever the layer (or the
+    last rank) is shared. The embedding sits on the first rank, the head and final norm on the last.
+    KV heads replicated under ``tp > num_kv_heads`` are counted like split weights (errs towards
+    moving a few more bytes).
     """
     tps, pps, ps, tsrc = src
     tpd, ppd, pd, tdst = dst
     f = _tp_overlap((tsrc, tps), (tdst, tpd))
-    if f == 0.0:
-        return 0
-    L = model.num_layers
-    ld = layers_of_rank(L, ppd, pd)
-    ls = layers_of_rank(L, pps, ps)
+    h = model.hidden_size
+    ld = layers_of_rank(model.num_layers, ppd, pd)
+    ls = layers_of_rank(model.num_layers, pps, ps)
     common = max(0, min(ld.stop, ls.stop) - max(ld.start, ls.start))
-    per_layer = _layer_params_per_tp_rank(model, tpd)
-    n = common * per_layer
-    total = params_on_rank(model, tpd, ppd, pd)
-    ends = total - len(ld) * per_layer  # embedding and/or head+final norm of this rank
-    if ends > 0:
-        emb = 0.0
-        if pd == 0:
-            emb = -(-model.vocab_size // tpd) * model.hidden_size  # padded vocab / tp rows
-            if ps == 0:
-                n += emb
-        if pd == ppd - 1 and ps == pps - 1:
-            n += ends - emb
-    resident = min(math.floor(n * f * bytes_per_param), math.ceil(total * bytes_per_param))
-    return int(resident)
+    norms = 2 * h + (2 * model.head_dim if model.qk_norm else 0)
+    n = common * ((_layer_params_per_tp_rank(model, tpd) - norms) * f + norms)
+    vocab_rows = -(-model.vocab_size // tpd)  # padded vocabulary / tp
+    if pd == 0 and ps == 0:
+        n += vocab_rows * h * f
+    if pd == ppd - 1 and ps == pps - 1:
+        n += h  # final norm
+        if model.head == "value":
+            n += h + 1
+        elif not model.tie_word_embeddings or ppd > 1:
+            n += vocab_rows * h * f
+    need = math.ceil(params_on_rank(model, tpd, ppd, pd) * bytes_per_param)
+    return min(round(n * bytes_per_param), need)

@@ -2,7 +2,9 @@
 
 Source: paper §6.1 and DESIGN.md §4.6.
 
-1. ``T_sub`` = the largest layout both the current and the target layout split into.
+1. ``T_sub`` = the largest layout both the current and the target layout split into. When no
+   replica is disjoint from a slot that needs an Extend (a shifted GPU set), smaller divisors of
+   ``T_sub`` are tried: smaller units overlap less.
 2. Each target EMU is cut into ``T_sub`` *slots* (:func:`~nereus.transition.emu.sub_units`). A
    current EMU is split when one of its ``T_sub`` units sits exactly on a slot's GPU set (it is kept
    in place), or when no unit is kept anywhere and a source of the target layout is needed.
@@ -11,7 +13,7 @@ Source: paper §6.1 and DESIGN.md §4.6.
 4. Each target EMU is formed by Merge of its slots' units (skipped when one unit already is it).
 
 Edges are state dependencies only: a primitive follows the primitives that produce what it reads or
-consumes; a Destroy follows every Extend reading the unit (buffer lifetime) and, when the model-stage
+consumes; a Destroy or Merge follows every Extend reading the unit (buffer lifetime) and, when the model-stage
 keeps no unit in place (so the unit may be its last replica), the first Extend, so a full copy always
 exists. Resource ordering between model-stages is added by the global DAG.
 """
@@ -90,7 +92,25 @@ def build_local_dag(model_stage: str, current: tuple[EMU, ...], target: tuple[EM
             raise ValueError(f"{model_stage}: EMU {e.uid} belongs to {e.model_stage}")
     if len({e.layout for e in current}) != 1 or len({e.layout for e in target}) != 1:
         raise ValueError(f"{model_stage}: EMUs of one model-stage share one layout")
-    sub = t_sub(current[0].layout, target[0].layout)
+    common = t_sub(current[0].layout, target[0].layout)
+    subs = sorted(((t, p) for t in _divisors(common[0]) for p in _divisors(common[1])),
+                  key=lambda s: (-s[0] * s[1], -s[0]))
+    for i, sub in enumerate(subs):
+        try:
+            return _build(model_stage, current, target, sub, model, bytes_per_param, cluster)
+        except Infeasible:
+            # no replica disjoint from a slot: smaller units overlap less (e.g. a shifted GPU set)
+            if i == len(subs) - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _build(model_stage: str, current: tuple[EMU, ...], target: tuple[EMU, ...], sub: tuple[int, int],
+           model: ModelSpec, bytes_per_param: int, cluster: ClusterSpec | None) -> LocalDAG:
     slots = {e.uid: (sub_units(e, sub, model, bytes_per_param, prefix="/") if e.layout != sub else (e,))
              for e in target}
     slot_sets = {frozenset(s.gpus) for ss in slots.values() for s in ss}
@@ -165,5 +185,7 @@ def build_local_dag(model_stage: str, current: tuple[EMU, ...], target: tuple[EM
         for u in parts:
             if u.uid in producer:
                 edges.append((producer[u.uid], m.pid))
+            for r in readers.get(u.uid, ()):  # a kept unit may be an Extend source: copy first
+                edges.append((r, m.pid))
     ordered = nodes + destroys + extends + merges
     return LocalDAG(model_stage, sub, tuple(ordered), tuple(dict.fromkeys(edges)), tuple(sorted(kept)))
