@@ -40,6 +40,7 @@ from nereus.spec.job import JobSpec
 __all__ = ["NoFeasiblePlan", "SearchResult", "plan_job", "search", "SearchOptions"]
 
 GIB = 1024**3
+LB_POINTS = 12
 _FIELDS = ("tp", "pp", "dp", "b", "rc", "c", "n", "t", "r", "x")
 
 
@@ -195,9 +196,14 @@ def search(cost: CostModel, pool_size: int, multi_node: bool,
 def _search_sync(stages: list[_Stage], usable: float, budget_of=None):
     """Branch and bound over resident levels; returns (l_step, {stage: rows}) or None."""
     levels = [s.r_levels for s in stages]
+    # Memory-free lower bound per resident level. F_s(β, ∞) is non-increasing in β, so its value at
+    # any computed level β' ≥ β bounds F_s(β, τ) from below: compute it on at most LB_POINTS levels.
     lbs = []
     for s in stages:
-        lbs.append(np.array([s.solve(b, math.inf)[0] for b in s.r_levels]))
+        lv = s.r_levels
+        pts = np.unique(np.linspace(0, len(lv) - 1, min(len(lv), LB_POINTS)).round().astype(int))
+        vals = np.array([s.solve(float(lv[i]), math.inf)[0] for i in pts])
+        lbs.append(vals[np.searchsorted(pts, np.arange(len(lv)), side="left")])
     grids = np.meshgrid(*[np.arange(len(lv)) for lv in levels], indexing="ij")
     idx_all = np.stack([g.reshape(-1) for g in grids], axis=1)
     rsum = sum(np.asarray(levels[i])[idx_all[:, i]] for i in range(len(levels)))
