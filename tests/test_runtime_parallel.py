@@ -146,7 +146,7 @@ def _rank_main(core, batch):
         name = f"g{tp}{pp}{dp}"
         d, p, t = core.build(name, SPEC, lay, seed=0, trainable=False, tag="gen")
         for greedy in (False, True):
-            resp = core.generate(name, _share(prompts, dp, d), R, _share(torch.tensor(seeds), dp, d).tolist(),
+            resp = core.generate(name, _share(prompts, dp, d), _share(torch.tensor(seeds), dp, d).tolist(), R,
                                  1.0, greedy, eos_id=-1)
             if p == 0 and t == 0:
                 out["gen"][(tp, pp, dp, d, greedy)] = resp

@@ -107,7 +107,7 @@ class WorkerCore:
         return self.engines[model_stage]
 
     # ------------------------------------------------------------------ model-stage work
-    def generate(self, model_stage: str, prompts: torch.Tensor, max_new_tokens: int, seeds: list[int],
+    def generate(self, model_stage: str, prompts: torch.Tensor, seeds: list[int], max_new_tokens: int,
                  temperature: float = 1.0, greedy: bool = False, eos_id: int = 2, pad_id: int = 0):
         with self.meter.stage(model_stage):
             e = self._engine(model_stage)
@@ -134,6 +134,12 @@ class WorkerCore:
               position: int):
         with self.meter.stage(model_stage):
             return self._engine(model_stage).train_step(batch, loss, micro_batch, denom, position)
+
+    def train_fields(self, model_stage: str, *xs):
+        """:meth:`train` with the batch given as tensors then their field names: ``(*tensors, names,
+        loss, micro_batch, denom, position)`` (how the driver splits a batch per replica)."""
+        *tensors, names, loss, b, denom, position = xs
+        return self.train(model_stage, dict(zip(names, tensors)), loss, b, denom, position)
 
     def gather(self, model_stage: str, kind: str = "params") -> dict:
         return self._engine(model_stage).gather_full(kind)

@@ -1,0 +1,352 @@
+"""The RL loop as the Ray driver: one synchronous step of PPO, GRPO or ReMax over a plan (DESIGN.md §4.1).
+
+Each model-stage runs on the layout and workers its :class:`~nereus.planner.plan.Candidate` gives
+(``gpus`` are worker ids, ordered ``gpus[(d*pp+p)*tp+t]``). One step:
+
+1. ``actor.generate``: ``prompts_per_step × samples_per_prompt`` sampled rollouts, split over the
+   generation replicas (ReMax adds one greedy rollout per prompt, its baseline).
+2. rewards (the task's rule, or ``reward.infer`` running a reward model), ``actor.infer`` old
+   log-probs, ``reference.infer`` log-probs, ``critic.infer`` values (PPO).
+3. advantages on the driver (GAE / group-normalized / greedy baseline), then ``actor.train`` and
+   ``critic.train``: ``ppo_epochs × global/mini_batch`` updates, each mini-batch split over ``dp``
+   replicas of ``b × a`` sequences (``dp·b·a = mini_batch_size``, kept whatever dp is).
+4. weight sync ``actor.train → actor.generate, actor.infer`` and ``critic.train → critic.infer``.
+
+Every remote call has a timeout; a dead worker or failed collective raises :class:`WorkerFailure`.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+import zlib
+from dataclasses import dataclass
+
+import torch
+
+from nereus.planner.plan import Candidate, Plan
+from nereus.runtime import algorithms as alg
+from nereus.runtime.engine import AdamConfig
+from nereus.runtime.layout import validate_layout
+from nereus.runtime.parallel import Layout
+from nereus.runtime.pool import WorkerFailure, WorkerPool, _ray_get
+from nereus.runtime.rollout import response_mask
+from nereus.runtime.task import DigitTask
+from nereus.spec.model import ModelSpec
+from nereus.spec.workload import WorkloadSpec
+from nereus.workflow import workflow_for
+
+__all__ = ["RLConfig", "RLDriver", "WorkerFailure", "WorkerPool", "simple_plan"]
+
+
+@dataclass(frozen=True)
+class RLConfig:
+    """RL hyper-parameters of a run.
+
+    Raises:
+        ValueError: naming the field when a value is out of range.
+    """
+
+    temperature: float = 1.0
+    actor_lr: float = 1e-3
+    critic_lr: float = 1e-3
+    kl_coef: float = 0.0
+    clip: float = 0.2
+    value_clip: float = 0.5
+    gamma: float = 1.0
+    lam: float = 0.95
+    max_new_tokens: int = 0  # 0: the task's target length
+    seed: int = 0
+    timeout_s: float = 60.0
+
+    def __post_init__(self) -> None:
+        for f in ("temperature", "actor_lr", "critic_lr", "clip", "value_clip", "timeout_s"):
+            if not getattr(self, f) > 0:
+                raise ValueError(f"rl field {f!r} must be > 0, got {getattr(self, f)}")
+        for f in ("gamma", "lam"):
+            if not 0 <= getattr(self, f) <= 1:
+                raise ValueError(f"rl field {f!r} must be in [0, 1], got {getattr(self, f)}")
+        if self.kl_coef < 0 or self.max_new_tokens < 0:
+            raise ValueError("rl fields 'kl_coef' and 'max_new_tokens' must be >= 0")
+
+
+def simple_plan(workload: WorkloadSpec, layouts: dict[str, tuple[int, int, int]], num_workers: int,
+                micro_batch: int = 0) -> Plan:
+    """A plan placing each model-stage's ``(tp, pp, dp)`` on workers, round-robin within its stage.
+
+    Raises:
+        ValueError: a model-stage of the workflow missing from ``layouts`` or needing more workers
+            than ``num_workers``.
+    """
+    wf = workflow_for(workload)
+    cands, offset = [], {}
+    for ms in wf.model_stages:
+        if ms.name not in layouts:
+            raise ValueError(f"layouts lack model-stage {ms.name!r}; the {wf.algorithm} workflow needs "
+                             f"{[m.name for m in wf.model_stages]}")
+        tp, pp, dp = layouts[ms.name]
+        n = tp * pp * dp
+        if n > num_workers:
+            raise ValueError(f"model-stage {ms.name}: layout tp={tp} pp={pp} dp={dp} needs {n} workers, "
+                             f"only {num_workers} given")
+        o = offset.get(ms.stage, 0)
+        gpus = tuple((o + i) % num_workers for i in range(n))
+        offset[ms.stage] = (o + n) % num_workers
+        b = micro_batch if ms.stage != "generate" else 0
+        cands.append(Candidate(ms.name, tp, pp, dp, micro_batch=b, gpus=gpus))
+    return Plan(candidates=tuple(cands))
+
+
+def _seed(*parts) -> int:
+    return zlib.crc32(repr(parts).encode()) & 0x7FFFFFFF
+
+
+def _largest_divisor(n: int, cap: int) -> int:
+    for b in range(max(1, min(cap, n)), 0, -1):
+        if n % b == 0:
+            return b
+    return 1
+
+
+class RLDriver:
+    """Runs RL steps of ``workload`` on Ray workers laid out by ``plan``.
+
+    Args:
+        spec: the actor's model (critic and reward model use its value-head variant).
+        workload: algorithm and batch sizes.
+        plan: one candidate per model-stage of ``workflow_for(workload)``; empty GPU sets are
+            filled with workers ``0..n-1``.
+        task: the built-in verifiable task.
+        num_workers: Ray actors to start (one per device).
+
+    Raises:
+        ValueError: at construction: missing model-stages, an impossible layout (more workers than
+            given, TP not dividing heads, ...), ``dp·b·a != mini_batch_size``, batches not divisible
+            by DP, or a model vocabulary too small for the task's tokenizer.
+    """
+
+    def __init__(self, spec: ModelSpec, workload: WorkloadSpec, plan: Plan, task: DigitTask,
+                 num_workers: int, cfg: RLConfig | None = None) -> None:
+        self.spec, self.workload, self.task = spec, workload, task
+        self.cfg = cfg or RLConfig()
+        self.num_workers = int(num_workers)
+        self.wf = workflow_for(workload)
+        self.R = self.cfg.max_new_tokens or task.target_len
+        task.check_vocab(spec.vocab_size)
+        self.cands: dict[str, Candidate] = {}
+        self.layouts: dict[str, Layout] = {}
+        for ms in self.wf.model_stages:
+            if ms.name not in plan:
+                raise ValueError(f"plan lacks model-stage {ms.name!r}; the {self.wf.algorithm} workflow "
+                                 f"needs {[m.name for m in self.wf.model_stages]}")
+            c = plan[ms.name]
+            if not c.gpus:
+                c = c.with_gpus(range(c.num_gpus))
+            if max(c.gpus) >= self.num_workers:
+                raise ValueError(f"model-stage {ms.name}: layout tp={c.tp} pp={c.pp} dp={c.dp} uses workers "
+                                 f"{c.gpus} but only {self.num_workers} workers are given")
+            validate_layout(self._spec_of(ms.model), c.tp, c.pp)
+            self._check_batches(ms.name, ms.stage, c)
+            self.cands[ms.name] = c
+            self.layouts[ms.name] = Layout(c.tp, c.pp, c.dp, c.gpus)
+        self.workers: list = []
+        self.tag = uuid.uuid4().hex[:8]  # group names of this run never collide with another's
+        self.step_index = 0
+        self.updates = 0
+
+    # ------------------------------------------------------------------ validation
+    def _spec_of(self, model: str) -> ModelSpec:
+        return self.spec if model in ("actor", "reference") else self.spec.value_head()
+
+    def _check_batches(self, name: str, stage: str, c: Candidate) -> None:
+        w = self.workload
+        rows = w.global_batch if stage != "generate" else w.prompts_per_step
+        if stage == "generate":
+            if w.global_batch % c.dp or w.prompts_per_step % c.dp:
+                raise ValueError(f"model-stage {name}: dp={c.dp} must divide the rollouts "
+                                 f"{w.global_batch} and prompts {w.prompts_per_step}")
+            return
+        if stage == "train":
+            b = c.micro_batch or w.micro_batch_size
+            if w.mini_batch_size % (c.dp * b):
+                raise ValueError(f"model-stage {name}: dp={c.dp} x micro_batch={b} must divide "
+                                 f"mini_batch_size={w.mini_batch_size} (dp*b*a = mini-batch)")
+            a = w.mini_batch_size // (c.dp * b)
+            if c.grad_accum and c.grad_accum != a:
+                raise ValueError(f"model-stage {name}: dp*b*a = {c.dp}*{b}*{c.grad_accum} != "
+                                 f"mini_batch_size={w.mini_batch_size}")
+        elif rows % c.dp:
+            raise ValueError(f"model-stage {name}: dp={c.dp} must divide the global batch {rows}")
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self, pool: WorkerPool | None = None) -> RLDriver:
+        """Build every model-stage's engines on ``pool`` (started here with ``num_workers`` if None).
+
+        Raises:
+            ValueError: the pool has fewer workers than the plan uses.
+        """
+        if pool is None:
+            pool = WorkerPool(self.num_workers, self.cfg.timeout_s).start()
+            self._own_pool = True
+        if len(pool.workers) < self.num_workers:
+            raise ValueError(f"worker pool has {len(pool.workers)} workers, the plan needs {self.num_workers}")
+        self.pool, self.workers = pool, pool.workers
+        for ms in self.wf.model_stages:
+            lay = self.layouts[ms.name]
+            seed = {"actor": 0, "reference": 0, "critic": 1, "reward": 2}.get(ms.model, 3) + self.cfg.seed * 10
+            lr = self.cfg.critic_lr if ms.model == "critic" else self.cfg.actor_lr
+            adam = AdamConfig(lr=lr) if ms.trainable else None
+            self._get([self.workers[i].build.remote(ms.name, self._spec_of(ms.model), lay, seed, ms.trainable,
+                                                    adam, self.tag) for i in lay.workers], f"building {ms.name}")
+        return self
+
+    def close(self) -> None:
+        """Drop this run's engines (and stop the pool if this driver started it)."""
+        if getattr(self, "_own_pool", False):
+            self.pool.close()
+        elif self.workers:
+            try:
+                self._get([w.destroy.remote(ms.name) for ms in self.wf.model_stages for w in self.workers],
+                          "destroy", timeout=30)
+            except WorkerFailure:
+                pass
+        self.workers = []
+
+    def _get(self, futures, what: str, timeout: float | None = None):
+        return _ray_get(futures, what, timeout or 4 * self.cfg.timeout_s)
+
+    # ------------------------------------------------------------------ model-stage calls
+    def _per_replica(self, name: str, method: str, rows: list[torch.Tensor | list], *args, out_at="last"):
+        """Call ``method(name, replica rows..., *args)`` on every worker; outputs per replica."""
+        lay = self.layouts[name]
+        futs, pick = [], []
+        for d in range(lay.dp):
+            share = [r.chunk(lay.dp)[d] if isinstance(r, torch.Tensor) else
+                     r[d * len(r) // lay.dp:(d + 1) * len(r) // lay.dp] for r in rows]
+            for p in range(lay.pp):
+                for t in range(lay.tp):
+                    w = lay.worker(d, p, t)
+                    futs.append(getattr(self.workers[w], method).remote(name, *share, *args))
+                    pick.append(t == 0 and p == (lay.pp - 1 if out_at == "last" else 0))
+        res = self._get(futs, f"{name}.{method}")
+        return [r for r, k in zip(res, pick) if k]
+
+    def _infer_mb(self, name: str) -> int:
+        c, lay = self.cands[name], self.layouts[name]
+        return _largest_divisor(self.workload.global_batch // lay.dp, c.micro_batch or self.workload.infer_micro_batch_size)
+
+    def _generate(self, prompts: torch.Tensor, seeds: list[int], greedy: bool) -> torch.Tensor:
+        out = self._per_replica("actor.generate", "generate", [prompts, seeds], self.R, self.cfg.temperature,
+                                greedy, self.task.tokenizer.eos_id, self.task.tokenizer.pad_id, out_at="first")
+        return torch.cat(out)
+
+    def _scores(self, indices: list[int], tokens: torch.Tensor, mask: torch.Tensor, P: int) -> torch.Tensor:
+        if "reward.infer" in self.layouts:
+            v = torch.cat(self._per_replica("reward.infer", "values", [tokens], P, self._infer_mb("reward.infer")))
+            last = mask.sum(1).long() - 1
+            return v[torch.arange(v.shape[0]), last].detach()
+        return self.task.rewards(indices, tokens[:, P:])
+
+    # ------------------------------------------------------------------ one step
+    def step(self) -> dict:
+        """One synchronous RL step; returns its metrics (rewards, losses, KL, seconds)."""
+        w, cfg, alg_name = self.workload, self.cfg, self.workload.algorithm
+        t0 = time.perf_counter()
+        n, Pn = w.samples_per_prompt, w.prompts_per_step
+        prompts, idx = self.task.prompts(self.step_index * Pn, Pn)
+        P = prompts.shape[1]
+        rep = prompts.repeat_interleave(n, 0)
+        rep_idx = [i for i in idx for _ in range(n)]
+        seeds = [_seed(cfg.seed, i, j, "sample") for i in idx for j in range(n)]
+        resp = self._generate(rep, seeds, greedy=False)
+        tokens = torch.cat([rep, resp], 1)
+        mask = response_mask(resp, self.task.tokenizer.eos_id)
+        task_reward = self.task.rewards(rep_idx, resp)
+        scores = self._scores(rep_idx, tokens, mask, P)
+        old_logp = torch.cat(self._per_replica("actor.infer", "logprobs", [tokens], P,
+                                               self._infer_mb("actor.infer"), cfg.temperature))
+        ref_logp = torch.cat(self._per_replica("reference.infer", "logprobs", [tokens], P,
+                                               self._infer_mb("reference.infer"), cfg.temperature))
+        batch = {"tokens": tokens, "mask": mask, "old_logp": old_logp, "ref_logp": ref_logp}
+        kl_in_loss = 0.0
+        if alg_name == "ppo":
+            values = torch.cat(self._per_replica("critic.infer", "values", [tokens], P, self._infer_mb("critic.infer")))
+            r = alg.token_rewards(scores, old_logp, ref_logp, mask, cfg.kl_coef)
+            adv, ret = alg.gae(r, values, mask, cfg.gamma, cfg.lam)
+            batch.update(adv=alg.masked_whiten(adv, mask), old_values=values, returns=ret)
+        elif alg_name == "grpo":
+            batch["adv"] = alg.grpo_advantages(scores, n, mask)
+            kl_in_loss = cfg.kl_coef
+        else:  # remax: greedy rollout per prompt is the baseline
+            g_resp = self._generate(prompts, [0] * Pn, greedy=True)
+            g_tok = torch.cat([prompts, g_resp], 1)
+            g_scores = self._scores(idx, g_tok, response_mask(g_resp, self.task.tokenizer.eos_id), P)
+            r = alg.token_rewards(scores, old_logp, ref_logp, mask, cfg.kl_coef)
+            batch["adv"] = alg.remax_advantages(r, g_scores.repeat_interleave(n), mask)
+        metrics = {"step": self.step_index, "reward": float(task_reward.mean()), "score": float(scores.mean()),
+                   "response_len": float(mask.sum(1).mean()),
+                   "kl": float(((old_logp - ref_logp) * mask).sum() / mask.sum())}
+        metrics.update(self._train(batch, P, kl_in_loss))
+        self._sync()
+        self.step_index += 1
+        metrics["seconds"] = time.perf_counter() - t0
+        return metrics
+
+    def _train(self, batch: dict, P: int, kl_in_loss: float) -> dict:
+        w, cfg = self.workload, self.cfg
+        actor_loss = {"kind": "actor", "prompt_len": P, "clip": cfg.clip, "kl_coef": kl_in_loss,
+                      "temperature": cfg.temperature}
+        critic_loss = {"kind": "critic", "prompt_len": P, "clip": cfg.value_clip}
+        sums = {"actor_loss": 0.0, "critic_loss": 0.0}
+        mb = w.mini_batch_size
+        for _ in range(w.ppo_epochs):
+            for k in range(w.global_batch // mb):
+                sub = {key: v[k * mb:(k + 1) * mb] for key, v in batch.items()}
+                denom = float(sub["mask"].sum())
+                self.updates += 1
+                jobs = [("actor.train", actor_loss, "actor_loss")]
+                if "critic.train" in self.layouts:
+                    jobs.append(("critic.train", critic_loss, "critic_loss"))
+                for name, loss, key in jobs:  # submitted together; each worker runs them in order
+                    fields = [sub[f] for f in sorted(sub)]
+                    b = self.cands[name].micro_batch or w.micro_batch_size
+                    res = self._per_replica(name, "train_fields", fields, sorted(sub), loss, b, denom, self.updates)
+                    sums[key] += sum(r["loss"] for r in res)
+        n = w.ppo_epochs * (w.global_batch // mb)
+        return {k: v / n for k, v in sums.items() if k != "critic_loss" or "critic.train" in self.layouts}
+
+    def _sync(self) -> None:
+        for src, dsts in (("actor.train", ("actor.generate", "actor.infer")), ("critic.train", ("critic.infer",))):
+            for dst in dsts:
+                if src in self.layouts and dst in self.layouts:
+                    sl, dl = self.layouts[src], self.layouts[dst]
+                    members = sorted(set(sl.replica(0)) | set(dl.workers))
+                    spec = self._spec_of(src.split(".")[0])
+                    futs = [self.workers[m].sync_weights.remote(src, dst, sl, dl, spec, self.updates,
+                                                             self.tag) for m in members]
+                    self._get(futs, f"weight sync {src} -> {dst}")
+
+    # ------------------------------------------------------------------ checks and measurements
+    def gather_logical_state(self, model_stage: str) -> dict:
+        """Full unsharded state of replica 0 of ``model_stage`` (see ``Engine.gather_logical_state``)."""
+        lay = self.layouts[model_stage]
+        res = self._get([self.workers[i].gather_logical_state.remote(model_stage) for i in lay.replica(0)],
+                        f"gather {model_stage}")
+        return res[0]
+
+    def measurements(self) -> dict:
+        """What the controller calibrates from: ``stage_seconds`` (max over workers), ``op_seconds``
+        (summed over workers), ``peak_bytes`` (max), ``bytes_sent`` (sum), and ``per_worker``."""
+        per = self._get([wk.measurements.remote() for wk in self.workers], "measurements")
+        stage, ops = {}, {}
+        for m in per:
+            for k, v in m["stage_seconds"].items():
+                stage[k] = max(stage.get(k, 0.0), v)
+            for k, v in m["op_seconds"].items():
+                ops[k] = ops.get(k, 0.0) + v
+        return {"stage_seconds": stage, "op_seconds": ops, "peak_bytes": max(m["peak_bytes"] for m in per),
+                "bytes_sent": sum(m["bytes_sent"] for m in per), "per_worker": per}
+
+    def reset_measurements(self) -> None:
+        self._get([wk.reset_measurements.remote() for wk in self.workers], "reset measurements")
+
