@@ -13,8 +13,6 @@ empty message costs nothing.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 __all__ = ["allreduce_time", "allgather_time", "broadcast_time", "p2p_time"]
@@ -26,29 +24,27 @@ def _nz(size, t):
     return float(out) if out.ndim == 0 else out
 
 
-def _lg(n: int) -> int:
-    return max(1, math.ceil(math.log2(n)))
+def _lg(n):
+    n = np.asarray(n, dtype=float)
+    return np.maximum(1.0, np.ceil(np.log2(np.maximum(n, 1.0))))
 
 
 def allreduce_time(size: float, n: int, bandwidth: float, alpha: float) -> float:
     """Ring all-reduce of ``size`` bytes over ``n`` ranks: ``2·lg(n)·α + 2(n-1)/n·S/B``."""
-    if n <= 1:
-        return 0.0
-    return _nz(size, 2 * _lg(n) * alpha + 2.0 * (n - 1) / n * np.asarray(size) / bandwidth)
+    n = np.asarray(n, dtype=float)
+    return _nz(size * (n > 1), 2 * _lg(n) * alpha + 2.0 * (n - 1) / n * np.asarray(size) / bandwidth)
 
 
 def allgather_time(size: float, n: int, bandwidth: float, alpha: float) -> float:
     """All-gather producing ``size`` bytes on every rank: ``lg(n)·α + (n-1)/n·S/B``."""
-    if n <= 1:
-        return 0.0
-    return _nz(size, _lg(n) * alpha + (n - 1) / n * np.asarray(size) / bandwidth)
+    n = np.asarray(n, dtype=float)
+    return _nz(size * (n > 1), _lg(n) * alpha + (n - 1) / n * np.asarray(size) / bandwidth)
 
 
 def broadcast_time(size: float, n: int, bandwidth: float, alpha: float) -> float:
     """Pipelined broadcast of ``size`` bytes to ``n-1`` ranks: ``lg(n)·α + S/B``."""
-    if n <= 1:
-        return 0.0
-    return _nz(size, _lg(n) * alpha + np.asarray(size) / bandwidth)
+    n = np.asarray(n, dtype=float)
+    return _nz(size * (n > 1), _lg(n) * alpha + np.asarray(size) / bandwidth)
 
 
 def p2p_time(size: float, bandwidth: float, alpha: float) -> float:

@@ -23,6 +23,10 @@ Work is counted from shapes and turned into seconds with ``work / (peak · effic
 Stage times are dicts ``op class → seconds`` for one micro-batch on a middle pipeline rank
 (``mid``: its layers only) and on the last rank (``last``: layers plus the head), since with ``pp``
 dividing the layers the last rank is the slowest.
+
+Every function is elementwise over NumPy arrays: ``tp``, ``pp``, micro-batch, recompute code and
+the per-row batch sizes may all be arrays of one shape (the planner evaluates thousands of
+candidates in one call); scalars work too. Op classes that some rows do not use hold zeros there.
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ import numpy as np
 
 from nereus.cost.collectives import allgather_time, allreduce_time, broadcast_time, p2p_time
 from nereus.cost.efficiency import GEMM_SIZE_HALF, EfficiencyTable
-from nereus.cost.shapes import layers_of_rank, max_params_per_gpu
+from nereus.cost.memory import RC_FULL, RC_NONE, RC_SELECTIVE, recompute_code
+from nereus.cost.shapes import kv_bytes_per_token_rank, params_rank
 from nereus.spec.hardware import ClusterSpec
 from nereus.spec.model import ModelSpec
 from nereus.spec.workload import WorkloadSpec
@@ -43,57 +48,79 @@ OPT_BYTES_PER_PARAM = 36
 
 
 class LinkModel:
-    """Bandwidth, latency and op-class name of the link a group of ``n`` GPUs uses.
+    """Bandwidth, latency and op class of the link a group of GPUs uses.
 
-    A group uses the scale-up link when it fits in one node (``n <= gpus_per_node``, groups are
-    placed node-aligned), else the scale-out link; its effective bandwidth is the link's peak times
-    the efficiency of the op class ``<collective>@<link>``.
+    A group uses the scale-up link when it spans at most one node's GPUs (groups are placed
+    node-aligned), else the scale-out link; its effective bandwidth is the link's peak times the
+    efficiency of the op class ``<collective>@<link>``.
     """
 
     def __init__(self, cluster: ClusterSpec, eff: EfficiencyTable):
         self.cluster, self.eff, self.gpu = cluster, eff, cluster.gpu
 
-    def link(self, n: int, force_scaleout: bool = False) -> tuple[str, float, float]:
+    def time(self, kind: str, size, n, span=None, force_scaleout: bool = False) -> dict:
+        """``{op class: seconds}`` of collective ``kind`` of ``size`` bytes among ``n`` ranks whose
+        group spans ``span`` GPUs (defaults to ``n``); arrays allowed."""
         g = self.gpu
-        if n <= self.cluster.gpus_per_node and not force_scaleout:
-            return g.scaleup_link, g.scaleup_bandwidth, g.scaleup_latency
-        return g.scaleout_link, g.scaleout_bandwidth, g.scaleout_latency
+        span = n if span is None else span
+        inside = np.asarray(span) <= self.cluster.gpus_per_node
+        if force_scaleout:
+            inside = np.zeros_like(inside, dtype=bool)
+        out: dict = {}
+        for name, bw, alpha, mask in ((g.scaleup_link, g.scaleup_bandwidth, g.scaleup_latency, inside),
+                                      (g.scaleout_link, g.scaleout_bandwidth, g.scaleout_latency, ~inside)):
+            if not np.any(mask):
+                continue
+            cls = f"{kind}@{name}"
+            b = bw * self.eff.get(cls)
+            if kind == "allreduce":
+                t = allreduce_time(size, n, b, alpha)
+            elif kind == "allgather":
+                t = allgather_time(size, n, b, alpha)
+            elif kind == "broadcast":
+                t = broadcast_time(size, n, b, alpha)
+            elif kind == "p2p":
+                t = p2p_time(size, b, alpha)
+            else:
+                raise ValueError(f"unknown collective {kind!r}")
+            out[cls] = np.where(mask, t, 0.0) if np.ndim(mask) else t
+        return out
 
-    def time(self, kind: str, size: float, n: int, span: int | None = None,
-             force_scaleout: bool = False) -> tuple[str, float]:
-        """(op class, seconds) of collective ``kind`` of ``size`` bytes among ``n`` ranks whose
-        group spans ``span`` GPUs (defaults to ``n``)."""
-        name, bw, alpha = self.link(n if span is None else span, force_scaleout)
-        cls = f"{kind}@{name}"
-        b = bw * self.eff.get(cls)
-        if kind == "allreduce":
-            t = allreduce_time(size, n, b, alpha)
-        elif kind == "allgather":
-            t = allgather_time(size, n, b, alpha)
-        elif kind == "broadcast":
-            t = broadcast_time(size, n, b, alpha)
-        elif kind == "p2p":
-            t = p2p_time(size, b, alpha)
-        else:
-            raise ValueError(f"unknown collective {kind!r}")
-        return cls, t
 
-
-def gemm_rank_params(model: ModelSpec, tp: int) -> float:
+def gemm_rank_params(model: ModelSpec, tp):
     """GEMM parameters of one layer on one TP rank (KV projections replicated when tp > KV heads)."""
     h = model.hidden_size
-    kv_rep = max(tp // model.num_kv_heads, 1)
+    tp = np.asarray(tp)
+    kv_rep = np.maximum(tp // model.num_kv_heads, 1)
     return (2 * h * model.q_dim + 2 * h * model.kv_dim * kv_rep + 3 * h * model.intermediate_size) / tp
 
 
-def _gemm_time(flops, calls: int, gpu_flops: float, eff: EfficiencyTable):
-    size = np.maximum(np.asarray(flops, dtype=float) / max(calls, 1), 1.0)
+def _gemm_time(flops, calls, gpu_flops: float, eff: EfficiencyTable):
+    flops = np.asarray(flops, dtype=float)
+    size = np.maximum(flops / np.maximum(calls, 1), 1.0)
     e = eff.get("gemm") * size / (size + GEMM_SIZE_HALF)
-    return np.asarray(flops, dtype=float) / (gpu_flops * e)
+    return flops / (gpu_flops * e)
 
 
 def _add(d: dict, cls: str, t) -> None:
     d[cls] = d.get(cls, 0.0) + t
+
+
+def _merge(*ds) -> dict:
+    out: dict = {}
+    for d in ds:
+        for k, v in d.items():
+            _add(out, k, v)
+    return out
+
+
+def _scale(d: dict, k) -> dict:
+    return {c: v * k for c, v in d.items()}
+
+
+def _layers(model: ModelSpec, pp):
+    """Layers per pipeline rank (pp divides the layers in the plan space)."""
+    return model.num_layers // np.asarray(pp)
 
 
 def _layer_pass(model, tp, tokens, ctx_len, layers, mult, cluster, eff, links, n_ar) -> dict:
@@ -105,46 +132,38 @@ def _layer_pass(model, tp, tokens, ctx_len, layers, mult, cluster, eff, links, n
     _add(out, "gemm", _gemm_time(gemm_flops, 7 * layers * mult, gpu.peak_flops, eff))
     attn = 2.0 * model.q_dim / tp * ctx_len * tokens * layers * mult
     _add(out, "attention", attn / (gpu.peak_flops * eff.get("attention")))
-    if tp > 1:
-        cls, t = links.time("allreduce", 2.0 * tokens * model.hidden_size, tp)
+    for cls, t in links.time("allreduce", 2.0 * tokens * model.hidden_size, tp).items():
         _add(out, cls, t * n_ar * layers)
     return out
 
 
 def _head_pass(model, tp, tokens, mult, cluster, eff) -> dict:
-    flops = 2.0 * model.hidden_size * model.head_out_dim / tp * tokens * mult
+    flops = 2.0 * model.hidden_size * model.head_out_dim / np.asarray(tp) * tokens * mult
     return {"gemm": _gemm_time(flops, mult, cluster.gpu.peak_flops, eff)}
 
 
-def _merge(*ds) -> dict:
-    out: dict = {}
-    for d in ds:
-        for k, v in d.items():
-            _add(out, k, v)
-    return out
-
-
 def microbatch_stage_times(stage: str, model: ModelSpec, workload: WorkloadSpec, cluster: ClusterSpec,
-                           eff: EfficiencyTable, tp: int, pp: int, micro_batch: int,
-                           recompute: str = "none") -> tuple[dict, dict]:
+                           eff: EfficiencyTable, tp, pp, micro_batch, recompute="none") -> tuple[dict, dict]:
     """(mid, last) per-micro-batch stage times by op class for ``train`` or ``infer``."""
     links = LinkModel(cluster, eff)
+    tp, pp = np.asarray(tp), np.asarray(pp)
     s = workload.seq_len
-    tokens = s * micro_batch
-    layers = len(layers_of_rank(model.num_layers, pp, 0))
+    tokens = s * np.asarray(micro_batch)
+    layers = _layers(model, pp)
     if stage == "train":
-        mult = {"none": 3, "selective": 3, "full": 4}[recompute]
-        n_ar = 6 if recompute == "full" else 4
+        rc = recompute_code(recompute)
+        mult = np.where(rc == RC_FULL, 4, 3)
+        n_ar = np.where(rc == RC_FULL, 6, 4)
     else:
-        mult, n_ar = 1, 2
+        rc, mult, n_ar = RC_NONE, 1, 2
     body = _layer_pass(model, tp, tokens, s, layers, mult, cluster, eff, links, n_ar)
-    if stage == "train" and recompute == "selective":
-        extra = 2.0 * model.q_dim / tp * s * tokens * layers
+    if stage == "train" and np.any(rc == RC_SELECTIVE):
+        extra = np.where(rc == RC_SELECTIVE, 2.0 * model.q_dim / tp * s * tokens * layers, 0.0)
         _add(body, "attention", extra / (cluster.gpu.peak_flops * eff.get("attention")))
-    if pp > 1:
-        span = tp * 2  # two neighbouring ranks of one replica
-        cls, t = links.time("p2p", 2.0 * tokens * model.hidden_size / tp, 2, span=span)
-        _add(body, cls, t * (2 if stage == "train" else 1))
+    if np.any(pp > 1):
+        p2p = links.time("p2p", 2.0 * tokens * model.hidden_size / tp, 2, span=tp * 2)
+        for cls, t in p2p.items():
+            _add(body, cls, np.where(pp > 1, t, 0.0) * (2 if stage == "train" else 1))
     last = _merge(body, _head_pass(model, tp, tokens, mult, cluster, eff))
     return body, last
 
@@ -153,8 +172,8 @@ def prefill_stage_times(model, workload, cluster, eff, tp, pp, seqs) -> tuple[di
     """(mid, last) stage times of prefilling ``seqs`` prompts (array allowed) as one micro-batch."""
     links = LinkModel(cluster, eff)
     tokens = np.asarray(seqs, dtype=float) * workload.prompt_len
-    layers = len(layers_of_rank(model.num_layers, pp, 0))
-    body = _layer_pass(model, tp, tokens, workload.prompt_len, layers, 1, cluster, eff, links, 2)
+    layers = _layers(model, pp)
+    body = _layer_pass(model, np.asarray(tp), tokens, workload.prompt_len, layers, 1, cluster, eff, links, 2)
     last = _merge(body, _head_pass(model, tp, np.asarray(seqs, dtype=float), 1, cluster, eff))
     return body, last
 
@@ -167,47 +186,39 @@ def decode_step_times(model, workload, cluster, eff, tp, pp, seqs) -> dict:
     longer."""
     links = LinkModel(cluster, eff)
     gpu = cluster.gpu
+    tp, pp = np.asarray(tp), np.asarray(pp)
     seqs = np.asarray(seqs, dtype=float)
     m = np.minimum(pp, np.maximum(seqs, 1))
-    layers = len(layers_of_rank(model.num_layers, pp, 0))
-    params = max_params_per_gpu(model, tp, pp)
+    layers = _layers(model, pp)
+    params = params_rank(model, tp, pp)
     ctx = workload.prompt_len + workload.response_len / 2.0
-    kv_tok = model.kv_bytes_per_token(workload.kv_bytes, tp) * layers / model.num_layers
+    kv_tok = kv_bytes_per_token_rank(model, workload.kv_bytes, tp, pp)
     hbm = (m * params * workload.param_bytes + seqs * ctx * kv_tok) / (gpu.hbm_bandwidth * eff.get("memory_bound"))
     flops = 2.0 * params * seqs + 2.0 * model.q_dim / tp * ctx * seqs * layers
     comp = flops / (gpu.peak_flops * eff.get("gemm"))
     fill = np.maximum(1.0, pp / m)  # a pipeline with fewer micro-batches than ranks idles
-    out: dict = {}
     mem_bound = hbm >= comp
-    out["memory_bound"] = np.where(mem_bound, hbm, 0.0) * fill
-    out["gemm"] = np.where(mem_bound, 0.0, comp) * fill
-    if tp > 1:
-        cls, t = links.time("allreduce", 2.0 * (seqs / m) * model.hidden_size, tp)
+    out: dict = {"memory_bound": np.where(mem_bound, hbm, 0.0) * fill,
+                 "gemm": np.where(mem_bound, 0.0, comp) * fill}
+    for cls, t in links.time("allreduce", 2.0 * (seqs / m) * model.hidden_size, tp).items():
         _add(out, cls, t * 2 * layers * m * fill)
-    if pp > 1:
-        cls, t = links.time("p2p", 2.0 * (seqs / m) * model.hidden_size / tp, 2, span=tp * 2)
-        _add(out, cls, t * m * fill)
+    if np.any(pp > 1):
+        for cls, t in links.time("p2p", 2.0 * (seqs / m) * model.hidden_size / tp, 2, span=tp * 2).items():
+            _add(out, cls, np.where(pp > 1, t, 0.0) * m * fill)
     return out
 
 
 def dp_sync_time(model, workload, cluster, eff, tp, pp, dp) -> dict:
-    """Gradient all-reduce over ``dp`` replicas (array allowed) for one optimizer step."""
+    """Gradient all-reduce over ``dp`` replicas (arrays allowed) for one optimizer step."""
     links = LinkModel(cluster, eff)
-    size = max_params_per_gpu(model, tp, pp) * workload.grad_bytes
-    dp = np.asarray(dp)
-    out: dict = {}
-    for n in np.unique(dp):
-        n = int(n)
-        if n <= 1:
-            continue
-        cls, t = links.time("allreduce", size, n, span=tp * pp * n)
-        _add(out, cls, np.where(dp == n, t, 0.0))
-    return out
+    tp, pp, dp = np.asarray(tp), np.asarray(pp), np.asarray(dp)
+    size = params_rank(model, tp, pp) * workload.grad_bytes
+    return links.time("allreduce", size, dp, span=tp * pp * dp)
 
 
-def optimizer_time(model, workload, cluster, eff, tp, pp) -> float:
-    params = max_params_per_gpu(model, tp, pp)
-    return params * OPT_BYTES_PER_PARAM / (cluster.gpu.hbm_bandwidth * eff.get("memory_bound"))
+def optimizer_time(model, workload, cluster, eff, tp, pp):
+    """HBM-bound Adam step: 36 bytes read or written per parameter on the most loaded GPU."""
+    return params_rank(model, tp, pp) * OPT_BYTES_PER_PARAM / (cluster.gpu.hbm_bandwidth * eff.get("memory_bound"))
 
 
 def weight_sync_times(model, workload, cluster, eff, tp, pp, side: str, multi_node: bool) -> dict:
@@ -219,11 +230,7 @@ def weight_sync_times(model, workload, cluster, eff, tp, pp, side: str, multi_no
     """
     links = LinkModel(cluster, eff)
     w = model.num_params * workload.param_bytes
-    k = tp * pp
+    k = np.asarray(tp) * np.asarray(pp)
     if side == "send":
-        if k <= 1:
-            return {}
-        cls, t = links.time("allgather", w, k)
-        return {cls: t}
-    cls, t = links.time("broadcast", w / k, 2, force_scaleout=multi_node)
-    return {cls: t}
+        return links.time("allgather", w, k)
+    return links.time("broadcast", w / k, 2, force_scaleout=multi_node)

@@ -28,15 +28,31 @@ from __future__ import annotations
 
 import numpy as np
 
-from nereus.cost.shapes import layers_of_rank, max_params_per_gpu
+from nereus.cost.shapes import kv_bytes_per_token_rank, params_rank
 from nereus.spec.model import ModelSpec
 from nereus.spec.workload import WorkloadSpec
 
-__all__ = ["WORKSPACE_BYTES", "PREFILL_CHUNK_TOKENS", "activation_bytes_per_layer", "stage_memory"]
+__all__ = ["WORKSPACE_BYTES", "PREFILL_CHUNK_TOKENS", "activation_bytes_per_layer", "stage_memory",
+           "recompute_code", "RC_NONE", "RC_SELECTIVE", "RC_FULL"]
 
 GIB = 1024**3
 WORKSPACE_BYTES = 1.5 * GIB
 PREFILL_CHUNK_TOKENS = 8192
+RC_NONE, RC_SELECTIVE, RC_FULL = 0, 1, 2
+_RC = {"none": RC_NONE, "selective": RC_SELECTIVE, "full": RC_FULL}
+
+
+def recompute_code(recompute):
+    """``none``/``selective``/``full`` (or an array of codes) as integer codes.
+
+    Raises:
+        ValueError: unknown mode.
+    """
+    if isinstance(recompute, str):
+        if recompute not in _RC:
+            raise ValueError(f"recompute must be 'none', 'selective' or 'full', got {recompute!r}")
+        return _RC[recompute]
+    return np.asarray(recompute)
 
 
 def activation_bytes_per_layer(model: ModelSpec, tokens, tp: int):
@@ -52,12 +68,15 @@ def _logits_bytes(model: ModelSpec, tokens, tp: int):
     return 4.0 * tokens * (model.hidden_size + model.vocab_size) / tp
 
 
-def stage_memory(stage: str, model: ModelSpec, workload: WorkloadSpec, tp: int, pp: int, *,
-                 micro_batch: int = 1, recompute: str = "none", inflight=1, concurrency=0) -> dict:
+def stage_memory(stage: str, model: ModelSpec, workload: WorkloadSpec, tp, pp, *,
+                 micro_batch=1, recompute="none", inflight=1, concurrency=0) -> dict:
     """Bytes per GPU by term for one replica of a ``generate``, ``infer`` or ``train`` model-stage.
 
-    ``inflight`` (train: micro-batches in flight, ``min(pp, m)``) and ``concurrency`` (generate) may
-    be NumPy arrays; the result then holds arrays for the terms that depend on them.
+    Elementwise over arrays: ``tp``, ``pp``, ``micro_batch``, ``recompute`` (a mode or an array of
+    codes, see :func:`recompute_code`), ``inflight`` (train: micro-batches in
+    flight, ``min(pp, m)``) and ``concurrency`` (generate) may be arrays of one shape. Each term is
+    taken on its most loaded pipeline rank (the first holds the most activations, the last the
+    logits; the larger of the two is kept).
 
     Returns:
         dict with ``weights, optimizer, gradients, activations, logits, kv_cache`` and the sums
@@ -66,40 +85,34 @@ def stage_memory(stage: str, model: ModelSpec, workload: WorkloadSpec, tp: int, 
     Raises:
         ValueError: unknown stage or recompute mode.
     """
-    params = max_params_per_gpu(model, tp, pp)
-    layers = len(layers_of_rank(model.num_layers, pp, 0))
+    tp, pp = np.asarray(tp), np.asarray(pp)
+    params = params_rank(model, tp, pp)
+    layers = model.num_layers // pp
     s = workload.seq_len
     out = {"weights": params * workload.param_bytes, "optimizer": 0.0, "gradients": 0.0,
            "activations": 0.0, "logits": 0.0, "kv_cache": 0.0}
     if stage == "train":
+        rc = recompute_code(recompute)
         out["optimizer"] = params * workload.optimizer_bytes
         out["gradients"] = params * workload.grad_bytes
-        tokens = s * micro_batch
+        tokens = s * np.asarray(micro_batch)
         per_layer = activation_bytes_per_layer(model, tokens, tp)
-        if recompute == "full":
-            act = 2.0 * tokens * model.hidden_size * layers * np.asarray(inflight) + per_layer
-        elif recompute in ("none", "selective"):
-            act = per_layer * layers * np.asarray(inflight)
-        else:
-            raise ValueError(f"recompute must be 'none', 'selective' or 'full', got {recompute!r}")
-        out["activations"] = act
-        out["logits"] = _logits_bytes(model, tokens, tp) if pp == 1 else 0.0
-        # With pp > 1 the first rank holds the most activations, the last the logits; take the larger.
-        if pp > 1:
-            last_act = per_layer * len(layers_of_rank(model.num_layers, pp, pp - 1))
-            if recompute == "full":
-                last_act = 2.0 * tokens * model.hidden_size * layers + per_layer
-            first = act
-            last = last_act + _logits_bytes(model, tokens, tp)
-            out["activations"] = np.maximum(first, last)
+        inputs_only = 2.0 * tokens * model.hidden_size * layers
+        full = rc == RC_FULL
+        first = np.where(full, inputs_only * np.asarray(inflight) + per_layer,
+                         per_layer * layers * np.asarray(inflight))
+        logits = _logits_bytes(model, tokens, tp)
+        last = np.where(full, inputs_only + per_layer, per_layer * layers) + logits
+        # pp = 1: one rank holds both; pp > 1: the larger of the first and the last rank.
+        out["activations"] = np.where(pp > 1, np.maximum(first, last), first)
+        out["logits"] = np.where(pp > 1, 0.0, logits)
     elif stage == "infer":
-        tokens = s * micro_batch
+        tokens = s * np.asarray(micro_batch)
         out["activations"] = 2 * activation_bytes_per_layer(model, tokens, tp)
         out["logits"] = (6.0 * tokens * model.vocab_size / tp) if model.head == "lm" else 4.0 * tokens
     elif stage == "generate":
         c = np.asarray(concurrency)
-        kv_tok = model.kv_bytes_per_token(workload.kv_bytes, tp) * layers / model.num_layers
-        out["kv_cache"] = c * s * kv_tok
+        out["kv_cache"] = c * s * kv_bytes_per_token_rank(model, workload.kv_bytes, tp, pp)
         chunk = np.minimum(c * workload.prompt_len, PREFILL_CHUNK_TOKENS)
         out["activations"] = 2 * activation_bytes_per_layer(model, chunk, tp)
         out["logits"] = 6.0 * c * model.vocab_size / tp

@@ -107,26 +107,30 @@ class CostModel:
                          self._workflow_override)
 
     # ------------------------------------------------------------------ arrays
-    def candidate_arrays(self, ms: ModelStage, tp: int, pp: int, dp, *, micro_batch: int = 1,
-                         recompute: str = "none", concurrency: int = 0, multi_node: bool = False,
-                         breakdown: bool = False) -> dict:
-        """Time and memory of one candidate class for an array of DP degrees.
+    def candidate_arrays(self, ms: ModelStage, tp, pp, dp, *, micro_batch=1, recompute="none",
+                         concurrency=0, multi_node: bool = False, breakdown: bool = False) -> dict:
+        """Time and memory of candidates of ``ms``, elementwise over arrays.
+
+        ``tp``, ``pp``, ``dp``, ``micro_batch``, ``recompute`` (mode or codes) and ``concurrency`` may
+        be scalars or arrays of one shape; the caller guarantees valid degrees (see
+        :func:`nereus.cost.shapes.valid_tp`).
 
         Returns:
-            dict with ``time`` (seconds per step, array over ``dp``), ``resident`` and
-            ``transient`` (bytes per GPU, arrays), ``memory`` (terms), and ``breakdown``
-            (op class → seconds) when asked.
+            dict with ``time`` (seconds per step), ``resident`` and ``transient`` (bytes per GPU),
+            ``memory`` (terms), and ``breakdown`` (op class → seconds) when asked; arrays over rows.
         """
         w = self.job.workload
         model = self.model_of(ms)
         cl, eff = self.job.cluster, self.eff
         dp = np.atleast_1d(np.asarray(dp, dtype=np.int64))
+        tp = np.broadcast_to(np.asarray(tp, dtype=np.int64), dp.shape)
+        pp = np.broadcast_to(np.asarray(pp, dtype=np.int64), dp.shape)
         corr = self.memory_correction.get(ms.name, 1.0)
         if ms.stage == "train":
             micro_batch = np.asarray(micro_batch)
             m = w.mini_batch_size // (dp * micro_batch)
             mid, last = lat.microbatch_stage_times("train", model, w, cl, eff, tp, pp, micro_batch, recompute)
-            per_mini = _combine(_scale(last, m), {"bubble": (pp - 1) * _sum(mid) + 0 * m},
+            per_mini = _combine(_scale(last, m), {"bubble": (pp - 1) * _sum(mid)},
                                 lat.dp_sync_time(model, w, cl, eff, tp, pp, dp),
                                 {"memory_bound": lat.optimizer_time(model, w, cl, eff, tp, pp)})
             parts = _scale(per_mini, w.updates_per_step)
@@ -135,11 +139,11 @@ class CostModel:
             mem = stage_memory("train", model, w, tp, pp, micro_batch=micro_batch, recompute=recompute,
                                inflight=np.minimum(pp, m))
         elif ms.stage == "infer":
-            seqs = -(-w.global_batch // dp)
             micro_batch = np.asarray(micro_batch)
+            seqs = -(-w.global_batch // dp)
             m = -(-seqs // micro_batch)
             mid, last = lat.microbatch_stage_times("infer", model, w, cl, eff, tp, pp, micro_batch)
-            parts = _combine(_scale(last, m), {"bubble": (pp - 1) * _sum(mid) + 0 * m})
+            parts = _combine(_scale(last, m), {"bubble": (pp - 1) * _sum(mid)})
             mem = stage_memory("infer", model, w, tp, pp, micro_batch=micro_batch)
         elif ms.stage == "generate":
             seqs = -(-w.rollouts_per_step // dp)
@@ -155,16 +159,14 @@ class CostModel:
             mem = stage_memory("generate", model, w, tp, pp, concurrency=c)
         else:  # pragma: no cover - ModelStage validates stages
             raise ValueError(ms.stage)
-        time = np.broadcast_to(np.asarray(_sum(parts), dtype=float), dp.shape).copy()
-        out = {
-            "time": time,
-            "resident": np.broadcast_to(np.asarray(mem["resident"] * corr, dtype=float), dp.shape).copy(),
-            "transient": np.broadcast_to(np.asarray(mem["transient"] * corr, dtype=float), dp.shape).copy(),
-            "memory": mem,
-        }
+
+        def rows(v):
+            return np.broadcast_to(np.asarray(v, dtype=float), dp.shape)
+
+        out = {"time": rows(_sum(parts)), "resident": rows(mem["resident"] * corr),
+               "transient": rows(mem["transient"] * corr), "memory": mem}
         if breakdown:
-            out["breakdown"] = {k: np.broadcast_to(np.asarray(v, dtype=float), dp.shape).copy()
-                                for k, v in parts.items()}
+            out["breakdown"] = {k: rows(v) for k, v in parts.items()}
         return out
 
     # ------------------------------------------------------------------ one candidate

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+import numpy as np
+
 from nereus.spec.model import ModelSpec
 
-__all__ = ["layers_of_rank", "params_on_rank", "max_params_per_gpu", "valid_tp", "valid_pp"]
+__all__ = ["layers_of_rank", "params_on_rank", "max_params_per_gpu", "params_rank", "kv_bytes_per_token_rank",
+           "valid_tp", "valid_pp"]
 
 
 def layers_of_rank(num_layers: int, pp: int, p: int) -> range:
@@ -89,3 +92,22 @@ def params_on_rank(model: ModelSpec, tp: int, pp: int, p: int) -> float:
 def max_params_per_gpu(model: ModelSpec, tp: int, pp: int) -> float:
     """Parameters on the most loaded GPU of a (tp, pp) replica."""
     return max(params_on_rank(model, tp, pp, p) for p in range(pp))
+
+
+def params_rank(model: ModelSpec, tp, pp):
+    """Parameters on the most loaded GPU of a (tp, pp) replica, elementwise."""
+    tp, pp = np.asarray(tp), np.asarray(pp)
+    if tp.ndim == 0 and pp.ndim == 0:
+        return max_params_per_gpu(model, int(tp), int(pp))
+    tp, pp = np.broadcast_arrays(tp, pp)
+    pairs, inv = np.unique(np.stack([tp.reshape(-1), pp.reshape(-1)], axis=1), axis=0, return_inverse=True)
+    vals = np.array([max_params_per_gpu(model, int(a), int(b)) for a, b in pairs])
+    return vals[inv.reshape(-1)].reshape(tp.shape)
+
+
+def kv_bytes_per_token_rank(model: ModelSpec, kv_bytes: int, tp, pp):
+    """KV-cache bytes per token on one GPU: ``2·(L/pp)·max(g/tp, 1)·d·bytes`` (KV heads replicated
+    when tp > g)."""
+    tp = np.asarray(tp)
+    kv_heads = np.maximum(model.num_kv_heads // tp, 1)
+    return 2 * (model.num_layers // np.asarray(pp)) * kv_heads * model.head_dim * kv_bytes

@@ -101,19 +101,16 @@ def enumerate_candidates(cost: CostModel, ms: ModelStage, num_gpus: int, multi_n
     pps = [p for p in _pow2_upto(min(model.num_layers, num_gpus)) if valid_pp(model, p) is None]
     if recompute_modes is None:
         recompute_modes = ("none", "full") if w.recompute == "auto" else (w.recompute,)
-    cols: dict = {k: [] for k in ("tp", "pp", "dp", "b", "rc", "c", "n", "t", "r", "x")}
+    rc_codes = [RECOMPUTE_CODES.index(r) for r in recompute_modes]
+    parts: dict = {k: [] for k in ("tp", "pp", "dp", "b", "rc", "c")}
 
-    def add(tp, pp, dps, b, rc, c, arr):
+    def add(tp, pp, dps, b, rc, c):
         k = dps.shape[0]
-        for name, v in (("tp", tp), ("pp", pp), ("rc", RECOMPUTE_CODES.index(rc))):
-            cols[name].append(np.full(k, v, dtype=np.int64))
-        cols["b"].append(np.broadcast_to(np.asarray(b, dtype=np.int64), (k,)).copy())
-        cols["dp"].append(dps.astype(np.int64))
-        cols["c"].append(np.broadcast_to(np.asarray(c, dtype=np.int64), (k,)).copy())
-        cols["n"].append((tp * pp * dps).astype(np.int64))
-        cols["t"].append(arr["time"])
-        cols["r"].append(arr["resident"])
-        cols["x"].append(arr["transient"])
+        parts["tp"].append(np.full(k, tp, dtype=np.int64))
+        parts["pp"].append(np.full(k, pp, dtype=np.int64))
+        parts["dp"].append(dps.astype(np.int64))
+        for name, v in (("b", b), ("rc", rc), ("c", c)):
+            parts[name].append(np.broadcast_to(np.asarray(v, dtype=np.int64), (k,)).copy())
 
     for tp in tps:
         for pp in pps:
@@ -128,37 +125,31 @@ def enumerate_candidates(cost: CostModel, ms: ModelStage, num_gpus: int, multi_n
                 if not pairs:
                     continue
                 bs, dps = (np.array(v, dtype=np.int64) for v in zip(*pairs))
-                for rc in recompute_modes:
-                    a = cost.candidate_arrays(ms, tp, pp, dps, micro_batch=bs, recompute=rc,
-                                              multi_node=multi_node)
-                    add(tp, pp, dps, bs, rc, 0, a)
+                for rc in rc_codes:
+                    add(tp, pp, dps, bs, rc, 0)
             elif ms.stage == "infer":
                 dps_all = _distinct_load_dps(w.global_batch, max_dp)
                 seqs = -(-w.global_batch // dps_all)
                 b2, d2 = np.meshgrid(np.array(_pow2_upto(w.infer_micro_batch_size)), dps_all, indexing="ij")
                 ok = (b2 == 1) | (b2 <= seqs[None, :])
-                bs, dps = b2[ok], d2[ok]
-                if dps.size == 0:
-                    continue
-                a = cost.candidate_arrays(ms, tp, pp, dps, micro_batch=bs, multi_node=multi_node)
-                add(tp, pp, dps, bs, "none", 0, a)
-            else:  # generate: every (dp, concurrency) pair in one array call
+                if ok.any():
+                    add(tp, pp, d2[ok], b2[ok], 0, 0)
+            else:  # generate: every (dp, concurrency) pair
                 dps = _distinct_load_dps(w.rollouts_per_step, max_dp)
                 seqs = -(-w.rollouts_per_step // dps)
-                cs_ = np.array(_pow2_upto(2 * w.rollouts_per_step))
-                d2, c2 = np.meshgrid(dps, cs_, indexing="ij")
+                d2, c2 = np.meshgrid(dps, np.array(_pow2_upto(2 * w.rollouts_per_step)), indexing="ij")
                 s2 = np.broadcast_to(seqs[:, None], d2.shape)
                 ok = (c2 <= s2) | ((c2 // 2) < s2)  # c == the least power of two >= seqs stays
-                d, c = d2[ok], np.minimum(c2[ok], s2[ok])
-                if d.size == 0:
-                    continue
-                a = cost.candidate_arrays(ms, tp, pp, d, concurrency=c, multi_node=multi_node)
-                add(tp, pp, d, 1, "none", c, a)
-    if not cols["n"]:
+                if ok.any():
+                    add(tp, pp, d2[ok], 1, 0, np.minimum(c2[ok], s2[ok]))
+    if not parts["dp"]:
         empty = np.zeros(0, dtype=np.int64)
         return CandidateSet(ms.name, *([empty] * 7), np.zeros(0), np.zeros(0), np.zeros(0))
-    cat = {k: np.concatenate(v) for k, v in cols.items()}
-    return CandidateSet(ms.name, **cat)
+    cols = {k: np.concatenate(v) for k, v in parts.items()}
+    a = cost.candidate_arrays(ms, cols["tp"], cols["pp"], cols["dp"], micro_batch=cols["b"],
+                              recompute=cols["rc"], concurrency=cols["c"], multi_node=multi_node)
+    return CandidateSet(ms.name, n=cols["tp"] * cols["pp"] * cols["dp"], t=np.array(a["time"]),
+                        r=np.array(a["resident"]), x=np.array(a["transient"]), **cols)
 
 
 def frontier(cs: CandidateSet, usable: float) -> CandidateSet:
