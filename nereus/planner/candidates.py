@@ -156,23 +156,25 @@ def frontier(cs: CandidateSet, usable: float) -> CandidateSet:
     """Candidates that fit ``usable`` bytes on their own and lie on the (GPUs, time) staircase of
     their memory class (same resident and transient bytes): within a class a candidate with no
     fewer GPUs and no less time is dominated. Across classes dominance is left to the search's
-    memory filters."""
+    memory filters. The result is sorted by GPUs, then time."""
     fits = (cs.r + cs.x) <= usable
     cs = cs.take(np.nonzero(fits)[0])
     if len(cs) <= 1:
         return cs
-    # 1) 2-D staircase per exact memory class (r, x), via a segmented running minimum.
-    keys = np.stack([cs.r, cs.x], axis=1)
-    _, gid = np.unique(keys, axis=0, return_inverse=True)
-    gid = gid.reshape(-1)
-    order = np.lexsort((cs.t, cs.n, gid))
-    t = cs.t[order]
+    # 2-D staircase per exact memory class (r, x), via a segmented running minimum over rows sorted
+    # by class, then GPUs, then time. Rows come back sorted by (n, t), which the search relies on.
+    order = np.lexsort((cs.t, cs.n, cs.x, cs.r))
+    r, x, t = cs.r[order], cs.x[order], cs.t[order]
+    new_group = np.ones(len(order), dtype=bool)
+    new_group[1:] = (r[1:] != r[:-1]) | (x[1:] != x[:-1])
+    gid = np.cumsum(new_group)
     span = float(t.max() - t.min()) + 1.0
-    shifted = t - gid[order] * span * 2.0
+    shifted = t - gid * span * 2.0
     prev_min = np.minimum.accumulate(shifted)
     keep = np.ones(len(order), dtype=bool)
     keep[1:] = shifted[1:] < prev_min[:-1]
     cs = cs.take(order[keep])
+    return cs.take(np.lexsort((cs.t, cs.n)))
     return cs
 
 

@@ -133,12 +133,15 @@ class _Stage:
             return self.cache[key]
         self.calls += 1
         stairs, idxs = [], []
-        for s in self.sets:
+        for s in self.sets:  # frontier rows are sorted by (n, t): the staircase is a running minimum
             ok = np.nonzero((s.r <= beta) & (s.x <= tau) & (s.n <= budget))[0]
             if ok.size == 0:
                 self.cache[key] = (math.inf, None)
                 return self.cache[key]
-            st = ok[_staircase(s.n[ok], s.t[ok])]
+            t = s.t[ok]
+            keep = np.ones(ok.size, dtype=bool)
+            keep[1:] = t[1:] < np.minimum.accumulate(t)[:-1]
+            st = ok[keep]
             stairs.append((s.n[st], s.t[st]))
             idxs.append(st)
         best, pos = minmax_knapsack(stairs, budget)
