@@ -55,7 +55,8 @@ class ControllerConfig:
         gamma: payback margin γ in [0, 1] (0.5 default; 0 admits only urgent transitions).
         always_admit: replan on every trigger and admit any faster feasible target (baseline).
         calibrate: learn efficiencies and memory corrections from measurements.
-        slowdown: alternatives up to this fraction slower than the best target are tried.
+        slowdown: opportunistic alternatives up to this fraction slower than the best target are
+            tried (the urgent path tries every alternative).
 
     Raises:
         ValueError: gamma outside [0, 1] or a negative slowdown.
@@ -64,7 +65,7 @@ class ControllerConfig:
     gamma: float = 0.5
     always_admit: bool = False
     calibrate: bool = True
-    slowdown: float = 0.10
+    slowdown: float = 0.25
 
     def __post_init__(self) -> None:
         if not (0 <= self.gamma <= 1):
@@ -141,7 +142,8 @@ class Controller:
             return Keep("replanned: the current plan is still the best", names)
         plans = [best]
         for alt in self.planner.alternatives(job, pool, self.plan, best):
-            if alt.l_step <= best.l_step * (1 + self.config.slowdown) and not same_plan(alt, self.plan):
+            slow_ok = urgent or alt.l_step <= best.l_step * (1 + self.config.slowdown)
+            if slow_ok and not same_plan(alt, self.plan) and not same_plan(alt, best):
                 plans.append(alt)
         options = [Option(p, self.transition_cost(job, self.plan, p, pool)) for p in plans]
         cur_l = math.inf if urgent else current.l_step

@@ -39,7 +39,7 @@ class TransitionCost:
             raise ValueError(f"transition cost l_tran must be >= 0 seconds, got {self.l_tran!r}")
 
     def to_dict(self) -> dict:
-        return {"l_tran": self.l_tran, "feasible": self.feasible, "bytes_moved": self.bytes_moved,
+        return {"l_tran": self.l_tran if self.l_tran != float("inf") else None, "feasible": self.feasible, "bytes_moved": self.bytes_moved,
                 "source": self.source, "reason": self.reason}
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from nereus.controller.alternatives import destroy_only, extend_only
 from nereus.cost.efficiency import EfficiencyTable
 from nereus.planner.plan import Plan
 from nereus.spec.job import JobSpec
@@ -93,7 +94,8 @@ class CostModelPlanner:
         return CostModel(job, efficiency=self.efficiency, headroom=self._headroom())
 
     def estimate(self, job: JobSpec, plan: Plan, pool=None) -> Plan:
-        return self.cost(job).estimate(plan, pool)
+        """Estimate on the plan's own GPUs (``pool`` is ignored so every plan is costed alike)."""
+        return self.cost(job).estimate(plan, plan.gpus_used())
 
     def memory_ok(self, job: JobSpec, plan: Plan) -> bool:
         return self.cost(job).memory_ok(plan)
@@ -105,10 +107,28 @@ class CostModelPlanner:
         opts = dict(self.options)
         if urgent:
             opts.update(self.urgent_options)
-        return fn(job, pool=pool, current=current, cost=self.cost(job), **opts)
+        plan = fn(job, pool=pool, current=current, cost=self.cost(job), **opts)
+        return self.estimate(job, plan)
 
     def alternatives(self, job: JobSpec, pool: frozenset, current: Plan, best: Plan) -> list[Plan]:
-        return []
+        """Destroy-only and extend-only variants of ``current`` that fit memory (``alternatives.py``)."""
+        mini = job.workload.mini_batch_size
+        out = []
+        base = current
+        if not current.gpus_used() <= pool:
+            base = destroy_only(current, pool, mini)
+            if base is None:
+                return []
+            base = self.estimate(job, base)
+            if self.memory_ok(job, base):
+                out.append(base)
+        times = {k: v.time for k, v in base.estimates.items()}
+        ext = extend_only(base, pool, mini, job.cluster, times)
+        if ext is not None:
+            ext = self.estimate(job, ext)
+            if self.memory_ok(job, ext):
+                out.append(ext)
+        return sorted(out, key=lambda p: p.l_step)
 
     # ------------------------------------------------------------------ calibration
     def calibrate(self, job: JobSpec, plan: Plan, op_seconds: dict, peak_memory: dict, pool=None) -> None:

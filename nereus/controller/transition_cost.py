@@ -15,6 +15,12 @@ fallback estimates the same quantity coarsely:
   KV cache and re-captures CUDA graphs; measured `C_switch` components, cost-model.md §4).
 
 Infeasible when the target uses a GPU outside the pool.
+
+Both estimates add :data:`ENGINE_REINIT_S` when a generation model-stage changes layout or gains
+GPUs: state movement does not cover starting the rollout engine on its new layout (vLLM profiles
+memory, allocates the KV cache and captures CUDA graphs; its logs report graph capture alone
+taking about 10–30 s for 7–8B models). The value is an assumption of the right order; removing it
+(``engine_reinit_s=0``) leaves the DAG's pure state-movement cost.
 """
 
 from __future__ import annotations
@@ -23,10 +29,24 @@ from nereus.controller.decisions import TransitionCost
 from nereus.planner.plan import Plan
 from nereus.spec.job import JobSpec
 
-__all__ = ["estimate_transition_cost", "bandwidth_estimate", "SETUP_S", "dag_estimator"]
+__all__ = ["estimate_transition_cost", "bandwidth_estimate", "engine_reinit", "SETUP_S", "ENGINE_REINIT_S",
+           "dag_estimator"]
 
-#: seconds of fixed setup per transition (communicators, engine re-init); an assumption, see above.
+#: seconds of fixed setup per transition in the fallback (communicators); an assumption, see above.
 SETUP_S = 5.0
+#: seconds to start a rollout engine on a new layout or new GPUs; an assumption, see above.
+ENGINE_REINIT_S = 20.0
+
+
+def engine_reinit(current: Plan, target: Plan, engine_reinit_s: float = ENGINE_REINIT_S) -> float:
+    """:data:`ENGINE_REINIT_S` if a ``*.generate`` model-stage changes layout or gains GPUs, else 0."""
+    for t in target.candidates:
+        if not t.model_stage.endswith(".generate"):
+            continue
+        c = current[t.model_stage] if t.model_stage in current else None
+        if c is None or c.layout != t.layout or not set(t.gpus) <= set(c.gpus):
+            return engine_reinit_s
+    return 0.0
 
 
 def dag_estimator():
@@ -71,11 +91,19 @@ def bandwidth_estimate(job: JobSpec, current: Plan, target: Plan, pool=None) -> 
                           reason=f"{changed} model-stage(s) change; {total_b / 1e9:.1f} GB over links")
 
 
-def estimate_transition_cost(job: JobSpec, current: Plan, target: Plan, pool=None) -> TransitionCost:
-    """``L_tran`` of ``current → target``: the DAG estimate when ``nereus.transition`` provides one."""
+def estimate_transition_cost(job: JobSpec, current: Plan, target: Plan, pool=None,
+                             engine_reinit_s: float = ENGINE_REINIT_S) -> TransitionCost:
+    """``L_tran`` of ``current → target``: the DAG estimate when ``nereus.transition`` provides one,
+    else :func:`bandwidth_estimate`; plus :func:`engine_reinit`."""
     fn = dag_estimator()
     if fn is None:
-        return bandwidth_estimate(job, current, target, pool)
-    est = fn(job, current, target, pool=pool)
-    return TransitionCost(float(est.l_tran), feasible=bool(est.feasible), bytes_moved=float(est.bytes_moved),
-                          source="dag", reason=str(getattr(est, "reason", "") or ""))
+        est = bandwidth_estimate(job, current, target, pool)
+    else:
+        e = fn(job, current, target, pool=pool)
+        est = TransitionCost(float(e.l_tran), feasible=bool(e.feasible), bytes_moved=float(e.bytes_moved),
+                             source="dag", reason=str(getattr(e, "reason", "") or ""))
+    if not est.feasible:
+        return est
+    extra = engine_reinit(current, target, engine_reinit_s)
+    return TransitionCost(est.l_tran + extra, True, est.bytes_moved, est.source,
+                          est.reason + (f"; +{extra:g}s rollout-engine start" if extra else ""))

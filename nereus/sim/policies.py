@@ -1,0 +1,118 @@
+"""Policies compared by ``nereus simulate``, all behind one small interface.
+
+* ``nereus``: the controller (``nereus.controller``) with online calibration, γ = 0.5.
+* ``static``: the best plan chosen at start with the *true* costs (what sweeping settings on the real
+  cluster and fixing the fastest gives, as the paper's baselines do). It never adapts; when GPUs of
+  its plan are lost or it runs out of memory it restarts from a checkpoint, picking the best plan
+  for the pool and length at that moment (it may resize then).
+* ``replan-all``: the same controller, replanning on every trigger and admitting every faster
+  feasible target without the payback rule.
+* ``uncalibrated``: the controller with the offline cost model (defaults, no calibration).
+* ``gamma=<g>``: the controller with another payback margin (the γ sweep).
+
+Nereus-type policies talk to the simulator only through :class:`~nereus.controller.Controller`'s
+``observe(StepReport) -> decision`` — the interface the runtime will use.
+"""
+
+from __future__ import annotations
+
+from nereus.controller import Controller, ControllerConfig, CostModelPlanner, Keep, Restart, StepReport
+from nereus.cost.efficiency import EfficiencyTable
+from nereus.planner.plan import Plan
+from nereus.spec.job import JobSpec
+
+__all__ = ["NereusPolicy", "StaticPolicy", "make_policy", "POLICY_NAMES"]
+
+POLICY_NAMES = ("nereus", "static", "replan-all", "uncalibrated")
+
+
+def _job_at(job: JobSpec, response_len: float) -> JobSpec:
+    return job.with_workload(job.workload.with_response_len(max(1, int(round(response_len)))))
+
+
+class NereusPolicy:
+    """Adapter from the simulator's loop to :class:`Controller` (start, observe, resume)."""
+
+    def __init__(self, name: str, job: JobSpec, config: ControllerConfig):
+        self.name = name
+        self.job = job
+        self.config = config
+        self.planner = CostModelPlanner(efficiency=EfficiencyTable(), calibrate=config.calibrate)
+        self.controller: Controller | None = None
+
+    def start(self, pool: frozenset, response_len: float) -> Plan:
+        """First plan, or the plan after waiting for GPUs. Raises ValueError when nothing fits."""
+        plan = self.planner.plan(_job_at(self.job, response_len), pool, None, False)
+        if self.controller is None:
+            self.controller = Controller(self.job, plan, self.planner, config=self.config)
+        else:
+            self.controller.resume(plan)
+            self.controller.monitor.reset({"seq_len": float(response_len)} | self.planner.efficiencies(), pool)
+        return plan
+
+    def observe(self, report: StepReport):
+        return self.controller.observe(report)
+
+    def resume(self, plan: Plan) -> None:
+        self.controller.resume(plan)
+
+    @property
+    def log(self) -> list:
+        return self.controller.log if self.controller else []
+
+
+class StaticPolicy:
+    """The best static plan (true costs), restarting from a checkpoint on GPU loss or OOM."""
+
+    def __init__(self, name: str, job: JobSpec, true_efficiency: EfficiencyTable, memory_factor: float):
+        self.name = name
+        self.job = job
+        self.planner = CostModelPlanner(efficiency=true_efficiency, calibrate=False, headroom=0.0)
+        self.planner.memory_correction["*"] = memory_factor * 1.02  # oracle memory with 2% slack
+        self.plan: Plan | None = None
+        self.log: list = []
+
+    def start(self, pool: frozenset, response_len: float) -> Plan:
+        self.plan = self.planner.plan(_job_at(self.job, response_len), pool, None, False)
+        return self.plan
+
+    def observe(self, report: StepReport):
+        pool = frozenset(report.pool)
+        lost = self.plan.gpus_used() - pool
+        if not lost and not report.oom:
+            return Keep("static plan")
+        why = f"lost {len(lost)} GPUs" if lost else "out of memory"
+        try:
+            plan = self.start(pool, report.response_len)
+        except ValueError as e:
+            d = Restart(None, f"{why}; nothing fits {len(pool)} GPUs: {e}"[:300])
+        else:
+            d = Restart(plan, f"{why}; restart from checkpoint on {len(pool)} GPUs")
+        self.log.append({"step": report.step, "decision": d.to_dict() | {"plan": None}})
+        return d
+
+    def resume(self, plan: Plan) -> None:
+        self.plan = plan
+
+
+def make_policy(name: str, job: JobSpec, gamma: float, true_efficiency: EfficiencyTable, memory_factor: float):
+    """A policy by name: ``nereus``, ``static``, ``replan-all``, ``uncalibrated`` or ``gamma=<g>``.
+
+    Raises:
+        ValueError: unknown name or a γ outside [0, 1].
+    """
+    if name == "nereus":
+        return NereusPolicy(name, job, ControllerConfig(gamma=gamma))
+    if name == "static":
+        return StaticPolicy(name, job, true_efficiency, memory_factor)
+    if name == "replan-all":
+        return NereusPolicy(name, job, ControllerConfig(gamma=gamma, always_admit=True))
+    if name == "uncalibrated":
+        return NereusPolicy(name, job, ControllerConfig(gamma=gamma, calibrate=False))
+    if name.startswith("gamma="):
+        try:
+            g = float(name.split("=", 1)[1])
+        except ValueError as e:
+            raise ValueError(f"policy {name!r}: γ must be a number, e.g. gamma=0.25") from e
+        return NereusPolicy(name, job, ControllerConfig(gamma=g))
+    raise ValueError(f"unknown policy {name!r}; valid: {list(POLICY_NAMES)} or gamma=<g>")

@@ -1,0 +1,149 @@
+"""The simulation loop: one policy on one :class:`~nereus.sim.cluster.SimulatedCluster`.
+
+Per iteration: start a plan if none runs (waiting for GPUs when nothing fits), execute one RL step,
+hand its :class:`~nereus.controller.monitor.StepReport` to the policy at the safe boundary, and apply
+the decision:
+
+* ``Keep``: nothing;
+* ``Transition``: the clock advances by the true transition time;
+* ``Restart``: the clock advances by the restart cost (process restart, load, warm-up), and the steps
+  since the last checkpoint are redone (their time counts as lost, their tokens are removed).
+
+A step aborted by a GPU loss or an OOM counts as lost time. Every ``checkpoint_every`` completed
+steps all policies pay a checkpoint save. Throughput is response tokens of completed steps
+(``global_batch · response_len`` each) over the simulated time.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from nereus.controller import Restart, Transition
+from nereus.sim.cluster import SimulatedCluster
+from nereus.sim.restart import RestartCost
+
+__all__ = ["RunResult", "simulate"]
+
+
+@dataclass
+class RunResult:
+    """Totals, a per-step timeline and the plan-change events of one policy run (seconds, tokens)."""
+
+    policy: str
+    duration: float
+    steps: int = 0
+    tokens: float = 0.0
+    transitions: int = 0
+    transition_time: float = 0.0
+    urgent_transitions: int = 0
+    restarts: int = 0
+    restart_time: float = 0.0
+    lost_time: float = 0.0
+    wait_time: float = 0.0
+    checkpoint_time: float = 0.0
+    ooms: int = 0
+    timeline: list = field(default_factory=list)
+    events: list = field(default_factory=list)
+    log: list = field(default_factory=list)
+
+    @property
+    def throughput(self) -> float:
+        """Response tokens per second over the whole run."""
+        return self.tokens / self.duration if self.duration > 0 else 0.0
+
+    @property
+    def time_lost(self) -> float:
+        """Seconds not spent on steps that count: aborted or redone steps, restarts, waiting, transitions."""
+        return self.lost_time + self.restart_time + self.wait_time + self.transition_time
+
+    def summary(self) -> dict:
+        return {"policy": self.policy, "throughput_tokens_per_s": self.throughput, "steps": self.steps,
+                "tokens": self.tokens, "transitions": self.transitions, "urgent_transitions": self.urgent_transitions,
+                "transition_time_s": self.transition_time, "restarts": self.restarts,
+                "restart_time_s": self.restart_time, "lost_step_time_s": self.lost_time, "wait_time_s": self.wait_time,
+                "checkpoint_time_s": self.checkpoint_time, "time_lost_s": self.time_lost, "ooms": self.ooms,
+                "duration_s": self.duration}
+
+
+def simulate(policy, cluster: SimulatedCluster, hours: float, restart: RestartCost | None = None,
+             progress=None) -> RunResult:
+    """Run ``policy`` for ``hours`` of simulated time. ``progress(t_seconds)`` is called per step."""
+    restart = restart or RestartCost()
+    end = hours * 3600.0
+    job = cluster.job
+    res = RunResult(policy=policy.name, duration=end)
+    t, step, ckpt_step = 0.0, 0, 0
+    done: list[tuple[float, float]] = []  # (duration, tokens) of steps since the last checkpoint
+    plan = None
+    pending_restart = False
+    batch = job.workload.global_batch
+    while t < end:
+        pool = cluster.pool_at(t)
+        if plan is None:
+            try:
+                plan = policy.start(pool, cluster.lengths.at(step))
+            except ValueError:
+                nxt = min(cluster.availability.next_change(t), end)
+                if math.isinf(nxt) or nxt <= t:
+                    res.wait_time += end - t
+                    break
+                res.wait_time += nxt - t
+                t = nxt
+                continue
+            if pending_restart:
+                dt = restart.restart_s(job, len(job.cluster.nodes_of(pool)))
+                res.restart_time += dt
+                t += dt
+                res.events.append({"t": t, "kind": "restart", "reason": "restart after waiting for GPUs"})
+                pending_restart = False
+        out = cluster.execute_step(plan, step, t)
+        t += out.duration
+        if out.completed:
+            if t > end:
+                break
+            tokens = batch * out.response_len
+            res.tokens += tokens
+            done.append((out.duration, tokens))
+            step += 1
+            res.steps = step
+            res.timeline.append({"t": t, "step": step, "gpus": len(out.report.pool), "response_len": out.response_len,
+                                 "step_time": out.duration, "plan_gpus": len(plan.gpus_used())})
+            if step % restart.checkpoint_every == 0:
+                dt = restart.save_s(job, len(job.cluster.nodes_of(plan.gpus_used())))
+                res.checkpoint_time += dt
+                t += dt
+                ckpt_step, done = step, []
+        else:
+            res.lost_time += out.duration
+            res.ooms += int(out.oom)
+        decision = policy.observe(out.report)
+        if isinstance(decision, Transition):
+            dt = cluster.transition_time(plan, decision.plan, out.report.pool, out.response_len)
+            res.transitions += 1
+            res.urgent_transitions += int(decision.urgent)
+            res.transition_time += dt
+            t += dt
+            plan = decision.plan
+            res.events.append({"t": t, "kind": "transition", "urgent": decision.urgent, "seconds": dt,
+                               "reason": decision.reason})
+        elif isinstance(decision, Restart):
+            redo = sum(d for d, _ in done)
+            res.lost_time += redo
+            res.tokens -= sum(k for _, k in done)
+            step, done = ckpt_step, []
+            res.steps = step
+            res.restarts += 1
+            if decision.plan is None:
+                plan, pending_restart = None, True
+                res.events.append({"t": t, "kind": "restart", "reason": decision.reason})
+            else:
+                plan = decision.plan
+                dt = restart.restart_s(job, len(job.cluster.nodes_of(out.report.pool)))
+                res.restart_time += dt
+                t += dt
+                res.events.append({"t": t, "kind": "restart", "seconds": dt, "reason": decision.reason})
+        if progress is not None:
+            progress(min(t, end))
+    res.log = list(getattr(policy, "log", []))
+    return res
