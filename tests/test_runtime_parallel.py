@@ -331,3 +331,46 @@ def test_pure_losses_by_hand():
                                     torch.ones(1, 1), 0.2, 1.0)
     assert abs(float(loss) + 1.2) < 1e-6 and float(clipped) == 1.0
     assert float(alg.kl_k3(torch.tensor(0.3), torch.tensor(0.3))) == 0.0
+
+
+# ---------------------------------------------------------------------- timeouts and bad layouts
+def _comm_main(core):
+    import time
+
+    from nereus.runtime.comm import CommError, new_group
+    from nereus.runtime.parallel import build_context
+
+    out = {}
+    g = new_group(core.store, "t/pair", (0, 1), core.id, core.meter, timeout_s=2.0)
+    x = torch.ones(4) * (core.id + 1)
+    g.all_reduce(x)
+    out["sum"] = x.clone()
+    if core.id == 0:  # the peer never joins this all-reduce: it must fail, not hang
+        t0 = time.perf_counter()
+        try:
+            g.all_reduce(torch.ones(4))
+            out["error"] = None
+        except CommError as e:
+            out["error"] = str(e)
+        out["elapsed"] = time.perf_counter() - t0
+    else:
+        time.sleep(5.0)
+    try:
+        build_context(SPEC, Layout(3, 1, 1, (0, 1, 2)), core.id, core.store, "t/bad", core.meter, 2.0)
+    except ValueError as e:
+        out["bad_tp"] = str(e)
+    try:
+        new_group(core.store, "t/x", (5, 6), core.id, core.meter)
+    except ValueError as e:
+        out["not_member"] = str(e)
+    return out
+
+
+@pytest.mark.slow
+def test_collective_timeout_and_layout_errors():
+    r0, r1 = run_local(2, _comm_main, timeout_s=60)
+    assert torch.equal(r0["sum"], torch.full((4,), 3.0))
+    assert r0["error"] is not None and "allreduce" in r0["error"] and "t/pair" in r0["error"]
+    assert r0["elapsed"] < 30
+    assert "tp=3 does not divide num_attention_heads=4" in r0["bad_tp"]
+    assert "not a member" in r1["not_member"]

@@ -261,8 +261,17 @@ class Engine:
 
     @torch.no_grad()
     def load_full(self, full: dict[str, torch.Tensor]) -> None:
-        """Replace this rank's parameter shards with shards of the full tensors ``full``."""
+        """Replace this rank's parameter shards with shards of the full tensors ``full``.
+
+        Raises:
+            ValueError: a parameter is missing from ``full`` or has another shape (mismatched config).
+        """
         shapes = param_shapes(self.spec)
+        for n in self.model.params:
+            if n not in full or tuple(full[n].shape) != tuple(shapes[n][0]):
+                got = tuple(full[n].shape) if n in full else "missing"
+                raise ValueError(f"model {self.spec.name!r}: parameter {n!r} should be {tuple(shapes[n][0])}, "
+                                 f"got {got}: the source and destination configs differ")
         for n, w in self.model.params.items():
             w.copy_(shard(full[n], shapes[n][1], self.spec, self.ctx.tp, self.ctx.t).to(w.dtype))
 
