@@ -106,10 +106,11 @@ class Controller:
         job = self.job_at(report.response_len)
         if report.oom:
             self.planner.note_oom()
+        current = self.planner.estimate(job, self.plan)
         if self.config.calibrate and report.step_time > 0 and not report.oom:
-            self.planner.calibrate(job, self.plan, report.op_seconds, report.peak_memory, pool)
+            self.planner.calibrate(job, current, report.op_seconds, report.peak_memory, pool)
         lost = self.plan.gpus_used() - pool
-        current = self.planner.estimate(job, self.plan, pool if not lost else None)
+        # memory estimates do not depend on efficiencies; the calibrated headroom applies in memory_ok
         mem_bad = report.oom or not self.planner.memory_ok(job, current)
         mem_reason = ("out of memory in the last step" if report.oom else
                       f"predicted peak exceeds capacity at {job.workload.response_len} tokens")
@@ -121,6 +122,8 @@ class Controller:
             return self._record(report, Keep("no trigger"), [])
         names = tuple(t.signal for t in triggers)
         urgent = bool(lost) or mem_bad
+        if self.config.calibrate:
+            current = self.planner.estimate(job, self.plan)  # times under the updated efficiencies
         decision = self._replan(job, pool, current, urgent, bool(lost), names, min(t.horizon for t in triggers))
         self.monitor.reset(values, pool)
         if isinstance(decision, (Transition, Restart)) and decision.plan is not None:

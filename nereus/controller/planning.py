@@ -49,7 +49,8 @@ class PlannerBackend(Protocol):
         """Slightly slower plans with cheaper transitions (may be empty)."""
 
     def calibrate(self, job: JobSpec, plan: Plan, op_seconds: dict, peak_memory: dict, pool=None) -> None:
-        """Update efficiencies and memory corrections from one step's measurements."""
+        """Update efficiencies and memory corrections from one step's measurements; ``plan`` is the
+        running plan as :meth:`estimate` returned it for ``job`` (the predictions to compare with)."""
 
     def note_oom(self) -> None:
         """The current plan ran out of memory."""
@@ -134,7 +135,7 @@ class CostModelPlanner:
     def calibrate(self, job: JobSpec, plan: Plan, op_seconds: dict, peak_memory: dict, pool=None) -> None:
         if not self.calibrate_enabled:
             return
-        est = CostModelPlanner.estimate(self, job, plan, pool)
+        est = plan if plan.estimates else self.estimate(job, plan)
         measured: dict = {}
         predicted: dict = {}
         for ms, by_class in op_seconds.items():
