@@ -41,7 +41,7 @@ def pool():
     ray = pytest.importorskip("ray")
     started = not ray.is_initialized()
     if started:
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+        ray.init(num_cpus=5, include_dashboard=False, log_to_driver=False)  # 4 workers + 1 that joins later
     p = WorkerPool(4, timeout_s=15).start()
     yield p
     p.close()
@@ -147,6 +147,39 @@ def test_task_data_and_reward():
     assert add.target_text(0) == str(int(x) + int(y)).zfill(3)
     with pytest.raises(ValueError, match="kind"):
         DigitTask("sort", 3)
+
+
+@pytest.mark.slow
+def test_worker_joins_running_job(pool):
+    """A worker added to the running pool takes part in new groups with no world-wide init."""
+    (new,) = pool.add(1)
+    assert new == 4
+    w = workload("grpo")
+    plan = simple_plan(w, {k: (1, 1, 1) for k in LAYOUTS}, 4, micro_batch=1)
+    cands = tuple(Candidate("actor.train", 1, 1, 2, micro_batch=1, gpus=(new, 2)) if c.model_stage == "actor.train"
+                  else c for c in plan.candidates)
+    d = RLDriver(SPEC, w, Plan(candidates=cands), TASK, 5, RLConfig(actor_lr=1e-2, timeout_s=15)).start(pool)
+    try:
+        m = d.step()
+        assert _finite(m["actor_loss"]) and _finite(m["reward"])
+        st = d.gather_logical_state("actor.train")
+        assert st["update_count"] == 2
+    finally:
+        d.close()
+
+
+def test_cli_rejects_bad_layout_before_starting():
+    import argparse
+
+    from nereus.runtime import cli
+
+    p = argparse.ArgumentParser()
+    cli.add_arguments(p)
+    args = p.parse_args(["--workers", "4", "--layout", "actor.train=3,1,1"])
+    with pytest.raises(ValueError, match="tp=3"):
+        cli.main(args)
+    with pytest.raises(ValueError, match="must look like"):
+        cli.main(p.parse_args(["--layout", "actor.train=2"]))
 
 
 @pytest.mark.slow
