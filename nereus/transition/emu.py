@@ -16,6 +16,7 @@ the same ``(p // b, t // a)``: contiguous ranks whose shards together form one `
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -60,6 +61,7 @@ def state_bytes_per_param(job: JobSpec, model_stage: str) -> int:
     return w.param_bytes + (w.optimizer_bytes if stage_of(model_stage) == "train" else 0)
 
 
+@functools.lru_cache(maxsize=4096)
 def shard_bytes(model: ModelSpec, tp: int, pp: int, bytes_per_param: int) -> tuple[int, ...]:
     """Bytes on one GPU at each pipeline rank of a ``(tp, pp)`` replica, rounded up; shape ``[pp]``."""
     return tuple(math.ceil(params_on_rank(model, tp, pp, p) * bytes_per_param) for p in range(pp))

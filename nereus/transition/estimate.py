@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from nereus.planner.plan import Plan
 from nereus.spec.job import JobSpec
 from nereus.transition.cost import CostParams, duration, min_bytes, ports
-from nereus.transition.emu import EMU, model_of, phi, stage_of, state_bytes_per_param
-from nereus.transition.global_dag import GlobalDAG, build_global_dag
+from nereus.transition.emu import model_of, phi, stage_of, state_bytes_per_param
+from nereus.transition.global_dag import GlobalDAG, plan_global
 from nereus.transition.local_dag import Infeasible, build_local_dag
-from nereus.transition.schedule import Schedule, critical_path_length, list_schedule
+from nereus.transition.schedule import Schedule, critical_path_length
 
 __all__ = ["TransitionEstimate", "estimate_transition", "plan_dag", "capacities", "HEADROOM"]
 
@@ -104,8 +104,9 @@ def _check_plans(job: JobSpec, current: Plan, target: Plan) -> None:
 
 
 def plan_dag(job: JobSpec, current: Plan, target: Plan, pool: frozenset[int] | None = None,
-             reserved_bytes: dict[int, float] | None = None) -> tuple[GlobalDAG, tuple[EMU, ...], tuple[EMU, ...]]:
-    """The global DAG between two placed plans.
+             reserved_bytes: dict[int, float] | None = None, params: CostParams | None = None,
+             order: str = "critical") -> tuple[GlobalDAG, Schedule, dict[str, float]]:
+    """The global DAG between two placed plans, its greedy schedule and the durations (s) per pid.
 
     EMUs of the current plan on GPUs outside ``pool`` are lost (a reclaimed GPU takes its shards).
 
@@ -132,13 +133,17 @@ def plan_dag(job: JobSpec, current: Plan, target: Plan, pool: frozenset[int] | N
         locals_.append(build_local_dag(ms, cur, tgt, model_of(job, ms), state_bytes_per_param(job, ms),
                                        job.cluster))
     gpus = {g for e in initial + final for g in e.gpus}
-    dag = build_global_dag(locals_, tuple(initial), tuple(final), capacities(job, gpus, reserved_bytes))
-    return dag, tuple(initial), tuple(final)
+    params = params or CostParams()
+    dur = {n.pid: duration(n, job.cluster, params) for ld in locals_ for n in ld.nodes}
+    prt = {n.pid: ports(n, job.cluster) for ld in locals_ for n in ld.nodes}
+    dag, sched = plan_global(locals_, tuple(initial), tuple(final), capacities(job, gpus, reserved_bytes),
+                             dur, prt, order)
+    return dag, sched, dur
 
 
 def estimate_transition(job: JobSpec, current: Plan, target: Plan, pool: frozenset[int] | None = None,
                         reserved_bytes: dict[int, float] | None = None,
-                        params: CostParams | None = None) -> TransitionEstimate:
+                        params: CostParams | None = None, order: str = "critical") -> TransitionEstimate:
     """Plan the transition ``current → target`` and predict its cost (paper §4.3, §6).
 
     Args:
@@ -147,6 +152,7 @@ def estimate_transition(job: JobSpec, current: Plan, target: Plan, pool: frozens
         pool: GPUs available (``P_gpu``); all cluster GPUs when None.
         reserved_bytes: GPU → bytes kept for workspace/activations during the transition (default 0).
         params: communicator setup and teardown constants (:class:`CostParams` defaults when None).
+        order: greedy order of the global DAG, ``"critical"`` or ``"stage"`` (see ``global_dag``).
 
     Returns:
         A :class:`TransitionEstimate`; ``feasible=False`` with a reason when no safe DAG exists.
@@ -157,13 +163,9 @@ def estimate_transition(job: JobSpec, current: Plan, target: Plan, pool: frozens
     models = {c.model_stage: (model_of(job, c.model_stage), state_bytes_per_param(job, c.model_stage))
               for c in current.candidates}
     try:
-        dag, initial, final = plan_dag(job, current, target, pool, reserved_bytes)
+        dag, sched, dur = plan_dag(job, current, target, pool, reserved_bytes, params, order)
     except Infeasible as e:
         return TransitionEstimate(False, str(e), math.inf, 0.0, 0.0)
-    params = params or CostParams()
-    dur = {n.pid: duration(n, job.cluster, params) for n in dag.nodes}
-    prt = {n.pid: ports(n, job.cluster) for n in dag.nodes}
-    sched = list_schedule(dag, dur, prt)
     return TransitionEstimate(True, "ok", sched.makespan, float(dag.bytes_moved),
-                              float(min_bytes(initial, final, models)), dag, sched,
+                              float(min_bytes(dag.initial, dag.target, models)), dag, sched,
                               critical_path_length(dag, dur), dur)

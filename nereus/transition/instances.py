@@ -33,13 +33,14 @@ class Instance:
     pool: frozenset[int]
 
 
-def _place(rng: random.Random, free: list[int], n: int, keep: tuple[int, ...] = ()) -> tuple[int, ...] | None:
+def _place(rng: random.Random, free: list[int], n: int, keep: tuple[int, ...] = (),
+           contiguous: float = 0.6) -> tuple[int, ...] | None:
     if n > len(free):
         return None
     kept = [g for g in keep if g in free][:n]
     rest = [g for g in free if g not in kept]
     style = rng.random()
-    if style < 0.6:  # contiguous block of the remaining GPUs
+    if style < contiguous:  # contiguous block of the remaining GPUs
         i = rng.randrange(0, len(rest) - (n - len(kept)) + 1)
         pick = kept + rest[i:i + n - len(kept)]
     else:
@@ -48,7 +49,8 @@ def _place(rng: random.Random, free: list[int], n: int, keep: tuple[int, ...] = 
 
 
 def _candidate(rng: random.Random, ms: str, used: dict[str, set[int]], gpus: list[int], gpn: int,
-               prev: Candidate | None = None, max_gpus: int = 64) -> Candidate | None:
+               prev: Candidate | None = None, max_gpus: int = 64, max_dp: int = 4,
+               planner_like: bool = False) -> Candidate | None:
     stage = stage_of(ms)
     free = [g for g in gpus if g not in used.setdefault(stage, set())]
     for _ in range(20):
@@ -60,9 +62,10 @@ def _candidate(rng: random.Random, ms: str, used: dict[str, set[int]], gpus: lis
         k = tp * pp
         if k > len(free):
             continue
-        dp = rng.randint(1, max(1, min(4, len(free) // k, max_gpus // k)))
-        keep = prev.gpus if prev is not None and rng.random() < 0.6 else ()
-        pick = _place(rng, free, k * dp, keep)
+        dp = rng.randint(max(1, min(max_dp, len(free) // k, max_gpus // k) // 2),
+                         max(1, min(max_dp, len(free) // k, max_gpus // k)))
+        keep = prev.gpus if prev is not None and rng.random() < (0.9 if planner_like else 0.6) else ()
+        pick = _place(rng, free, k * dp, keep, contiguous=1.0 if planner_like else 0.6)
         if pick is None:
             continue
         used[stage] |= set(pick)
@@ -72,7 +75,7 @@ def _candidate(rng: random.Random, ms: str, used: dict[str, set[int]], gpus: lis
 
 def random_instance(rng: random.Random, num_nodes: int | None = None, gpus_per_node: int = 8,
                     memory_gib: float | None = None, num_model_stages: int | None = None,
-                    max_gpus_per_stage: int = 64) -> Instance | None:
+                    max_gpus_per_stage: int = 64, max_dp: int = 4, planner_like: bool = False) -> Instance | None:
     """A random plan pair; None when the draw cannot place every model-stage.
 
     Args:
@@ -82,6 +85,9 @@ def random_instance(rng: random.Random, num_nodes: int | None = None, gpus_per_n
         memory_gib: device memory (random 40..141 GiB when None; small values make memory binding).
         num_model_stages: how many model-stages (random 1..4 when None).
         max_gpus_per_stage: cap on one model-stage's GPUs (keeps instances small).
+        max_dp: cap on DP degrees (DP is drawn in ``[max_dp // 2, max_dp]`` where GPUs allow).
+        planner_like: placements as the planner makes them (contiguous blocks, existing GPUs kept
+            with probability 0.9) instead of a mix with arbitrary GPU sets.
     """
     nodes = num_nodes or rng.randint(1, 4)
     mem = memory_gib if memory_gib is not None else rng.choice((40, 64, 80, 141))
@@ -98,10 +104,12 @@ def random_instance(rng: random.Random, num_nodes: int | None = None, gpus_per_n
     tgt_used: dict[str, set[int]] = {}
     cur, tgt = [], []
     for ms in stages:
-        c = _candidate(rng, ms, cur_used, all_gpus, gpus_per_node, max_gpus=max_gpus_per_stage)
+        c = _candidate(rng, ms, cur_used, all_gpus, gpus_per_node, max_gpus=max_gpus_per_stage, max_dp=max_dp,
+                       planner_like=planner_like)
         if c is None:
             return None
-        t = _candidate(rng, ms, tgt_used, pool, gpus_per_node, prev=c, max_gpus=max_gpus_per_stage)
+        t = _candidate(rng, ms, tgt_used, pool, gpus_per_node, prev=c, max_gpus=max_gpus_per_stage, max_dp=max_dp,
+                       planner_like=planner_like)
         if t is None:
             return None
         cur.append(c)

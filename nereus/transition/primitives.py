@@ -20,9 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from nereus.spec.model import ModelSpec
-from nereus.transition.emu import EMU, resident_bytes, sub_units
+from nereus.transition.emu import EMU, STAGE_ORDER, resident_bytes, sub_units
 
-__all__ = ["Primitive", "split", "merge", "extend", "destroy", "TransitionState", "apply", "KINDS"]
+__all__ = ["Primitive", "split", "merge", "extend", "destroy", "TransitionState", "apply", "KINDS", "priority"]
 
 KINDS = ("split", "destroy", "extend", "merge")
 
@@ -77,6 +77,12 @@ class Primitive:
                 "groups": [[list(g), b] for g, b in self.groups],
                 "pairs": [list(p) for p in self.pairs], "bytes_moved": self.bytes_moved,
                 "num_comms": self.num_comms}
+
+
+def priority(p: Primitive) -> tuple:
+    """Paper order (§6.1): Destroy first (release-before-acquire), then generation → inference →
+    training, then Split, Extend, Merge."""
+    return (0 if p.kind == "destroy" else 1, STAGE_ORDER[p.stage], KINDS.index(p.kind), p.pid)
 
 
 def split(emu: EMU, sub: tuple[int, int], model: ModelSpec, bytes_per_param: int) -> Primitive:

@@ -13,8 +13,12 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from nereus.transition.global_dag import GlobalDAG, priority
+from nereus.transition.primitives import priority
+
+if TYPE_CHECKING:
+    from nereus.transition.global_dag import GlobalDAG
 
 __all__ = ["Schedule", "list_schedule", "critical_path_length", "tails"]
 
