@@ -216,8 +216,12 @@ class RLDriver:
         return _ray_get(futures, what, timeout or 4 * self.cfg.timeout_s)
 
     # ------------------------------------------------------------------ model-stage calls
-    def _per_replica(self, name: str, method: str, rows: list[torch.Tensor | list], *args, out_at="last"):
-        """Call ``method(name, replica rows..., *args)`` on every worker; outputs per replica."""
+    def _submit(self, name: str, method: str, rows: list[torch.Tensor | list], *args, out_at="last"):
+        """Submit ``method(name, replica rows..., *args)`` to every worker of ``name`` (no wait).
+
+        Calls submitted before a :meth:`_collect` may share workers: each Ray actor runs its calls in
+        submission order, one global order, so collectives of different model-stages never cross-wait.
+        """
         lay = self.layouts[name]
         futs, pick = [], []
         for d in range(lay.dp):
@@ -228,8 +232,16 @@ class RLDriver:
                     w = lay.worker(d, p, t)
                     futs.append(getattr(self.workers[w], method).remote(name, *share, *args))
                     pick.append(t == 0 and p == (lay.pp - 1 if out_at == "last" else 0))
+        return name, method, futs, pick
+
+    def _collect(self, pending) -> list:
+        """Outputs per replica (from the last PP rank's, or the first's, TP rank 0) of a submission."""
+        name, method, futs, pick = pending
         res = self._get(futs, f"{name}.{method}")
         return [r for r, k in zip(res, pick) if k]
+
+    def _per_replica(self, name: str, method: str, rows: list[torch.Tensor | list], *args, out_at="last"):
+        return self._collect(self._submit(name, method, rows, *args, out_at=out_at))
 
     def _infer_mb(self, name: str) -> int:
         c, lay = self.cands[name], self.layouts[name]
@@ -240,9 +252,15 @@ class RLDriver:
                                 greedy, self.task.tokenizer.eos_id, self.task.tokenizer.pad_id, out_at="first")
         return torch.cat(out)
 
-    def _scores(self, indices: list[int], tokens: torch.Tensor, mask: torch.Tensor, P: int) -> torch.Tensor:
+    def _submit_scores(self, tokens: torch.Tensor, P: int):
         if "reward.infer" in self.layouts:
-            v = torch.cat(self._per_replica("reward.infer", "values", [tokens], P, self._infer_mb("reward.infer")))
+            return self._submit("reward.infer", "values", [tokens], P, self._infer_mb("reward.infer"))
+        return None
+
+    def _scores(self, pending, indices: list[int], tokens: torch.Tensor, mask: torch.Tensor, P: int) -> torch.Tensor:
+        """Reward-model scores (value at the last response token) or, without one, the task's rule."""
+        if pending is not None:
+            v = torch.cat(self._collect(pending))
             last = mask.sum(1).long() - 1
             return v[torch.arange(v.shape[0]), last].detach()
         return self.task.rewards(indices, tokens[:, P:])
@@ -262,15 +280,21 @@ class RLDriver:
         tokens = torch.cat([rep, resp], 1)
         mask = response_mask(resp, self.task.tokenizer.eos_id)
         task_reward = self.task.rewards(rep_idx, resp)
-        scores = self._scores(rep_idx, tokens, mask, P)
-        old_logp = torch.cat(self._per_replica("actor.infer", "logprobs", [tokens], P,
-                                               self._infer_mb("actor.infer"), cfg.temperature))
-        ref_logp = torch.cat(self._per_replica("reference.infer", "logprobs", [tokens], P,
-                                               self._infer_mb("reference.infer"), cfg.temperature))
+        # the inference stage: its model-stages are submitted together and run concurrently
+        pend_rm = self._submit_scores(tokens, P)
+        pend_old = self._submit("actor.infer", "logprobs", [tokens], P, self._infer_mb("actor.infer"),
+                                cfg.temperature)
+        pend_ref = self._submit("reference.infer", "logprobs", [tokens], P, self._infer_mb("reference.infer"),
+                                cfg.temperature)
+        pend_val = (self._submit("critic.infer", "values", [tokens], P, self._infer_mb("critic.infer"))
+                    if alg_name == "ppo" else None)
+        scores = self._scores(pend_rm, rep_idx, tokens, mask, P)
+        old_logp = torch.cat(self._collect(pend_old))
+        ref_logp = torch.cat(self._collect(pend_ref))
         batch = {"tokens": tokens, "mask": mask, "old_logp": old_logp, "ref_logp": ref_logp}
         kl_in_loss = 0.0
         if alg_name == "ppo":
-            values = torch.cat(self._per_replica("critic.infer", "values", [tokens], P, self._infer_mb("critic.infer")))
+            values = torch.cat(self._collect(pend_val))
             r = alg.token_rewards(scores, old_logp, ref_logp, mask, cfg.kl_coef)
             adv, ret = alg.gae(r, values, mask, cfg.gamma, cfg.lam)
             batch.update(adv=alg.masked_whiten(adv, mask), old_values=values, returns=ret)
@@ -280,7 +304,8 @@ class RLDriver:
         else:  # remax: greedy rollout per prompt is the baseline
             g_resp = self._generate(prompts, [0] * Pn, greedy=True)
             g_tok = torch.cat([prompts, g_resp], 1)
-            g_scores = self._scores(idx, g_tok, response_mask(g_resp, self.task.tokenizer.eos_id), P)
+            g_scores = self._scores(self._submit_scores(g_tok, P), idx, g_tok,
+                                    response_mask(g_resp, self.task.tokenizer.eos_id), P)
             r = alg.token_rewards(scores, old_logp, ref_logp, mask, cfg.kl_coef)
             batch["adv"] = alg.remax_advantages(r, g_scores.repeat_interleave(n), mask)
         metrics = {"step": self.step_index, "reward": float(task_reward.mean()), "score": float(scores.mean()),
@@ -307,24 +332,27 @@ class RLDriver:
                 jobs = [("actor.train", actor_loss, "actor_loss")]
                 if "critic.train" in self.layouts:
                     jobs.append(("critic.train", critic_loss, "critic_loss"))
-                for name, loss, key in jobs:  # submitted together; each worker runs them in order
-                    fields = [sub[f] for f in sorted(sub)]
-                    b = self.cands[name].micro_batch or w.micro_batch_size
-                    res = self._per_replica(name, "train_fields", fields, sorted(sub), loss, b, denom, self.updates)
-                    sums[key] += sum(r["loss"] for r in res)
+                fields = [sub[f] for f in sorted(sub)]
+                pending = [(key, self._submit(name, "train_fields", fields, sorted(sub), loss,
+                                              self.cands[name].micro_batch or w.micro_batch_size, denom,
+                                              self.updates)) for name, loss, key in jobs]
+                for key, pend in pending:  # actor and critic updates run concurrently
+                    sums[key] += sum(r["loss"] for r in self._collect(pend))
         n = w.ppo_epochs * (w.global_batch // mb)
         return {k: v / n for k, v in sums.items() if k != "critic_loss" or "critic.train" in self.layouts}
 
     def _sync(self) -> None:
+        """The per-step weight sync from each training layout to the model's other layouts."""
+        futs = []
         for src, dsts in (("actor.train", ("actor.generate", "actor.infer")), ("critic.train", ("critic.infer",))):
             for dst in dsts:
                 if src in self.layouts and dst in self.layouts:
                     sl, dl = self.layouts[src], self.layouts[dst]
                     members = sorted(set(sl.replica(0)) | set(dl.workers))
                     spec = self._spec_of(src.split(".")[0])
-                    futs = [self.workers[m].sync_weights.remote(src, dst, sl, dl, spec, self.updates,
-                                                             self.tag) for m in members]
-                    self._get(futs, f"weight sync {src} -> {dst}")
+                    futs += [self.workers[m].sync_weights.remote(src, dst, sl, dl, spec, self.updates, self.tag)
+                             for m in members]
+        self._get(futs, "weight sync")
 
     # ------------------------------------------------------------------ checks and measurements
     def gather_logical_state(self, model_stage: str) -> dict:
