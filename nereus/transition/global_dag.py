@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from nereus.transition.emu import EMU, stage_of
 from nereus.transition.local_dag import Infeasible, LocalDAG
 from nereus.transition.primitives import Primitive, priority
-from nereus.transition.schedule import Schedule
+from nereus.transition.schedule import Schedule, critical_chain
 
 __all__ = ["GlobalDAG", "build_global_dag", "plan_global", "priority"]
 
@@ -296,6 +296,10 @@ def plan_global(locals_: list[LocalDAG], initial: tuple[EMU, ...], target: tuple
     if best is None:
         raise first_error
     res = _resource_edges(best, nodes, {p: set(s) for p, s in preds.items()}, u0, capacity)
+    for a, b, _ in res:
+        preds[b].add(a)
+    best = Schedule(best.start, best.end, best.makespan, critical_chain(best.start, best.end, preds, ports),
+                    algo=best.algo)
     seq = sorted(nodes, key=lambda p: (best.start[p], best.end[p], p))
     dag = GlobalDAG(nodes=tuple(nodes[p] for p in seq), edges=tuple(dict.fromkeys(edges + res)),
                     initial=tuple(initial), target=tuple(target), capacity=dict(capacity),

@@ -20,7 +20,7 @@ from nereus.transition.primitives import priority
 if TYPE_CHECKING:
     from nereus.transition.global_dag import GlobalDAG
 
-__all__ = ["Schedule", "list_schedule", "critical_path_length", "tails"]
+__all__ = ["Schedule", "list_schedule", "critical_path_length", "tails", "critical_chain"]
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,26 @@ class Schedule:
         return {"algo": self.algo, "makespan_s": self.makespan, "critical_path": list(self.critical_path),
                 "primitives": {p: {"start_s": self.start[p], "end_s": self.end[p]}
                                for p in sorted(self.start, key=lambda p: (self.start[p], p))}}
+
+
+def critical_chain(start: dict, end: dict, preds: dict[str, set[str]], ports: dict[str, frozenset]) -> tuple[str, ...]:
+    """The chain that sets the makespan, first to last: from the last primitive to end, step back to
+    the predecessor (an edge, else a primitive that freed one of its ports, else any primitive) that
+    ended when it started."""
+    if not end:
+        return ()
+    p = max(end, key=lambda q: (end[q], q))
+    path = [p]
+    while start[p] > 1e-12:
+        at = [q for q in end if abs(end[q] - start[p]) <= 1e-9 and q not in path]
+        nxt = (next((q for q in at if q in preds[p]), None)
+               or next((q for q in at if ports.get(q, frozenset()) & ports.get(p, frozenset())), None)
+               or (at[0] if at else None))
+        if nxt is None:
+            break
+        path.append(nxt)
+        p = nxt
+    return tuple(reversed(path))
 
 
 def tails(dag: GlobalDAG, dur: dict[str, float]) -> dict[str, float]:

@@ -1,0 +1,132 @@
+"""Transition DAG and schedule between two plans (``nereus transition --from A.json --to B.json``).
+
+Reads plans as ``nereus plan --json`` writes them (a ``{"job", "plan"}`` document or a bare plan);
+the job comes from ``--job``/job options, else from the ``--from`` document, else the defaults.
+Prints the primitives with their schedule, the cross-model-stage edges, ``L_tran`` and the bytes
+moved against the minimum; ``--gantt`` writes a PNG, ``--json`` prints everything as JSON,
+``--exact`` also solves the schedule with CP-SAT for comparison.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from nereus.planner.cli import add_job_arguments, job_from_args
+from nereus.planner.plan import load_plan
+from nereus.spec.job import JobSpec
+
+__all__ = ["add_arguments", "main"]
+
+GB = 1e9
+_JOB_OPTS = ("job", "model", "algo", "gpu", "nodes", "gpus_per_node")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--from", dest="from_plan", required=True, metavar="PLAN.json", help="current plan")
+    p.add_argument("--to", dest="to_plan", required=True, metavar="PLAN.json", help="target plan")
+    add_job_arguments(p)
+    t = p.add_argument_group("transition")
+    t.add_argument("--pool", type=int, default=None, help="GPUs available (P_gpu): ids 0..N-1 [all]")
+    t.add_argument("--reserved-gib", type=float, default=0.0,
+                   help="GiB per GPU kept for workspace/activations during the transition")
+    t.add_argument("--order", choices=("critical", "stage"), default="critical",
+                   help="greedy priority: critical path first, or the paper's stage order")
+    t.add_argument("--exact", action="store_true", help="also solve the schedule exactly (CP-SAT)")
+    t.add_argument("--time-limit", type=float, default=60.0, help="CP-SAT seconds for --exact")
+    o = p.add_argument_group("output")
+    o.add_argument("--gantt", metavar="PNG", help="write a Gantt chart of the schedule")
+    o.add_argument("--json", action="store_true", help="print the estimate, DAG and schedule as JSON")
+
+
+def _job(args) -> JobSpec:
+    if any(getattr(args, k, None) is not None for k in _JOB_OPTS):
+        return job_from_args(args)
+    try:
+        doc = json.loads(Path(args.from_plan).read_text())
+    except (OSError, json.JSONDecodeError):
+        doc = {}
+    if isinstance(doc, dict) and isinstance(doc.get("job"), dict):
+        return JobSpec.from_dict(doc["job"])
+    return job_from_args(args)
+
+
+def _gpus(gs) -> str:
+    gs = list(gs)
+    if gs and gs == list(range(gs[0], gs[0] + len(gs))):
+        return f"{gs[0]}-{gs[-1]}" if len(gs) > 1 else str(gs[0])
+    return ",".join(map(str, gs))
+
+
+def main(args) -> int:
+    """Run the sub-command; returns 0, or 1 when the target is infeasible.
+
+    Raises:
+        ValueError: missing or malformed plan files, bad options (printed by ``nereus``).
+    """
+    from nereus.transition.estimate import estimate_transition
+
+    current, target = load_plan(args.from_plan), load_plan(args.to_plan)
+    job = _job(args)
+    pool = None
+    if args.pool is not None:
+        if not 0 < args.pool <= job.cluster.num_gpus:
+            raise ValueError(f"--pool={args.pool} must be between 1 and the cluster's {job.cluster.num_gpus} GPUs")
+        pool = frozenset(range(args.pool))
+    if args.reserved_gib < 0:
+        raise ValueError(f"--reserved-gib must be >= 0, got {args.reserved_gib}")
+    reserved = {g: args.reserved_gib * 2**30 for g in range(job.cluster.num_gpus)} if args.reserved_gib else None
+    est = estimate_transition(job, current, target, pool=pool, reserved_bytes=reserved, order=args.order)
+    exact = None
+    if est.feasible and args.exact:
+        from nereus.transition.cost import ports
+        from nereus.transition.exact import exact_schedule
+
+        prt = {n.pid: ports(n, job.cluster) for n in est.dag.nodes}
+        exact = exact_schedule(est.dag, est.durations, prt, time_limit_s=args.time_limit, hint=est.schedule)
+    if args.gantt and est.feasible:
+        from nereus.transition.gantt import write_gantt
+
+        write_gantt(est.dag, est.schedule, args.gantt)
+    if args.json:
+        doc = est.to_dict()
+        if exact is not None:
+            doc["exact"] = {"status": exact.status, "makespan_s": exact.schedule.makespan if exact.schedule
+                            else None, "solve_s": exact.solve_s,
+                            "schedule": exact.schedule.to_dict() if exact.schedule else None}
+        print(json.dumps(doc, indent=1))
+        return 0 if est.feasible else 1
+    if not est.feasible:
+        print(f"infeasible: {est.reason}")
+        return 1
+    print(f"transition: {est.num_primitives} primitives, L_tran = {est.l_tran:.3f} s "
+          f"(critical path without link contention {est.critical_path_s:.3f} s)")
+    print(f"bytes moved: {est.bytes_moved / GB:.2f} GB (minimum any transition moves: {est.min_bytes / GB:.2f} GB)")
+    print("\nlocal DAGs (Split -> Destroy -> Extend -> Merge):")
+    for ld in est.dag.local:
+        cur = [e for e in est.dag.initial if e.model_stage == ld.model_stage]
+        tgt = [e for e in est.dag.target if e.model_stage == ld.model_stage]
+        kinds = [n.kind for n in ld.nodes]
+        counts = ", ".join(f"{k} x{kinds.count(k)}" for k in ("split", "destroy", "extend", "merge") if k in kinds)
+        print(f"  {ld.model_stage:16s} {cur[0].layout} x{len(cur)} -> {tgt[0].layout} x{len(tgt)}  "
+              f"T_sub {ld.t_sub}: {counts or 'unchanged'}")
+    s = est.schedule
+    print(f"\n{'start s':>8} {'end s':>8}  {'primitive':40s} {'GPUs':24s} {'GB':>8}")
+    for n in est.dag.nodes:
+        g = (f"{_gpus(n.gpus[:len(n.gpus) // 2])} -> {_gpus(n.acquires)}" if n.kind == "extend"
+             else _gpus(n.gpus))
+        mark = " *" if n.pid in s.critical_path else ""
+        print(f"{s.start[n.pid]:8.3f} {s.end[n.pid]:8.3f}  {n.pid:40s} {g[:24]:24s} {n.bytes_moved / GB:8.2f}{mark}")
+    cross = [(a, b, k) for a, b, k in est.dag.edges if k != "state"]
+    if cross:
+        print("\ncross-model-stage edges:")
+        for a, b, k in cross:
+            print(f"  {a} -> {b}  ({k})")
+    print("\n* on the critical path")
+    if exact is not None:
+        ms = f"{exact.schedule.makespan:.3f} s" if exact.schedule else "none"
+        print(f"exact (CP-SAT): {exact.status}, makespan {ms}, solved in {exact.solve_s:.2f} s")
+    if args.gantt:
+        print(f"Gantt chart: {args.gantt}")
+    return 0

@@ -1,0 +1,191 @@
+"""Primitives, EMUs, T_sub, costs and input validation on small hand-computed cases."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from nereus.planner.plan import Candidate, Plan
+from nereus.spec.hardware import ClusterSpec, get_gpu
+from nereus.spec.job import JobSpec
+from nereus.spec.model import get_model
+from nereus.spec.workload import WorkloadSpec
+from nereus.transition import estimate_transition
+from nereus.transition.cost import CostParams, duration, min_bytes, ports
+from nereus.transition.emu import EMU, aligned_gpus, phi, state_bytes_per_param, sub_units, t_sub
+from nereus.transition.exact import exact_schedule
+from nereus.transition.primitives import TransitionState, apply, destroy, extend, merge, split
+
+TINY = get_model("tiny")  # h=64, F=128, L=4, a=4, g=2, d=16, V=64, untied
+JOB = JobSpec(TINY, ClusterSpec(get_gpu("h100"), 2, 4), WorkloadSpec())
+# tiny by hand: per layer q,o 2*64*64 + k,v 2*64*32 + MLP 3*64*128 + norms 2*64 = 36992
+LAYER = 2 * 64 * 64 + 2 * 64 * 32 + 3 * 64 * 128 + 2 * 64
+
+
+def emu(uid, tp, pp, gpus, ms="actor.generate"):
+    c = Candidate(ms, tp, pp, 1, gpus=tuple(gpus))
+    e = phi(JOB, c)[0]
+    return EMU(uid, ms, tp, pp, e.gpus, e.shard_bytes)
+
+
+def test_state_bytes_per_param():
+    assert state_bytes_per_param(JOB, "actor.generate") == 2
+    assert state_bytes_per_param(JOB, "reference.infer") == 2
+    assert state_bytes_per_param(JOB, "critic.train") == 14
+    with pytest.raises(ValueError, match="stage"):
+        state_bytes_per_param(JOB, "actor.rollout")
+
+
+def test_phi_shards_by_hand():
+    e = emu("a", 1, 2, (0, 1))
+    # rank 0: 2 layers + embedding V*h; rank 1: 2 layers + final norm + lm_head
+    assert e.shard_bytes == ((2 * LAYER + 64 * 64) * 2, (2 * LAYER + 64 + 64 * 64) * 2)
+    es = phi(JOB, Candidate("critic.train", 1, 1, 2, gpus=(3, 5)))
+    assert [x.gpus for x in es] == [(3,), (5,)]
+    assert es[0].shard_bytes == ((4 * LAYER + 64 * 64 + 64 + 64 + 1) * 14,)  # value head [1, h] + bias
+
+
+def test_t_sub_is_the_largest_common_layout():
+    assert t_sub((4, 8), (8, 2)) == (4, 2)
+    assert t_sub((1, 4), (2, 4)) == (1, 4)
+    assert t_sub((2, 1), (1, 2)) == (1, 1)
+
+
+def test_sub_units_and_aligned_gpus_are_inverse():
+    e = emu("a", 2, 2, (10, 11, 12, 13))  # (p,t): (0,0)=10 (0,1)=11 (1,0)=12 (1,1)=13
+    units = sub_units(e, (1, 1), TINY, 2)
+    assert [u.gpus for u in units] == [(10,), (11,), (12,), (13,)]
+    units = sub_units(e, (1, 2), TINY, 2)  # a=2: unit i takes TP rank i of every stage
+    assert [u.gpus for u in units] == [(10, 12), (11, 13)]
+    assert aligned_gpus(units, (2, 2)) == e.gpus
+    with pytest.raises(ValueError, match="T_sub"):
+        sub_units(e, (3, 1), TINY, 2)
+
+
+def test_split_memory_keeps_source_buffers():
+    e = emu("a", 2, 1, (0, 1))
+    s = split(e, (1, 1), TINY, 2)
+    full = (4 * LAYER + 2 * 64 * 64 + 64) * 2  # whole model on one GPU
+    half = e.shard_bytes[0]
+    assert [u.gpus for u in s.produces] == [(0,), (1,)]
+    assert s.mem_hi == {0: full, 1: full}  # the new shard while the old is still alive
+    assert s.mem_net == {0: full - half, 1: full - half}
+    assert s.bytes_moved == 2 * (full - half)
+    assert s.groups == (((0, 1), full - half),)
+    with pytest.raises(ValueError, match="nothing to split"):
+        split(e, (2, 1), TINY, 2)
+
+
+def test_merge_aligned_moves_nothing_and_misaligned_moves_shards():
+    e = emu("t", 2, 1, (4, 5))
+    a, b = emu("u0", 1, 1, (4,)), emu("u1", 1, 1, (5,))
+    m = merge([a, b], e, TINY, 2)
+    assert m.bytes_moved == 0 and m.mem_hi == {4: 0, 5: 0}
+    assert m.mem_net[4] == e.shard_bytes[0] - a.shard_bytes[0] < 0
+    pp2 = emu("t2", 1, 2, (4, 5))  # (1,2): GPU 4 rank 0, GPU 5 rank 1; units hold whole copies
+    assert merge([a, b], pp2, TINY, 2).bytes_moved == 0
+    swapped = emu("t3", 1, 2, (4, 5))
+    c = emu("u2", 1, 2, (5, 4))
+    m2 = merge([c], swapped, TINY, 2)  # a k=1 Merge that only permutes the two stages
+    assert m2.bytes_moved == sum(swapped.shard_bytes)
+    with pytest.raises(ValueError, match="cover"):
+        merge([a], e, TINY, 2)
+
+
+def test_extend_and_destroy_specs_and_pre_conditions():
+    a = emu("a", 1, 2, (0, 1))
+    b = emu("b", 1, 2, (4, 5))
+    x = extend(a, b)
+    assert x.pairs == ((0, 4, a.shard_bytes[0]), (1, 5, a.shard_bytes[1]))
+    assert x.acquires == (4, 5) and x.bytes_moved == sum(a.shard_bytes)
+    with pytest.raises(ValueError, match="disjoint"):
+        extend(a, emu("c", 1, 2, (1, 2)))
+    st = TransitionState.of([a])
+    apply(st, x)
+    assert st.copies("actor.generate") == 2 and st.used[4] == a.shard_bytes[0]
+    apply(st, destroy(a))
+    assert st.used[0] == 0 and set(st.emus) == {"b"}
+    with pytest.raises(ValueError, match="does not exist"):
+        apply(st, destroy(a))
+    # a concurrent model-stage cannot take a GPU another one of its stage owns
+    st2 = TransitionState.of([emu("r", 1, 1, (6,), ms="reward.infer")])
+    grab = extend(emu("s", 1, 1, (7,), ms="critic.infer"), emu("d", 1, 1, (6,), ms="critic.infer"))
+    st2.emus["s"] = emu("s", 1, 1, (7,), ms="critic.infer")
+    with pytest.raises(ValueError, match="concurrent"):
+        apply(st2, grab)
+
+
+def test_durations_by_hand():
+    c = JOB.cluster  # 2 nodes x 4 H100: NVLink 450 GB/s inside, 50 GB/s NIC across
+    a, b = emu("a", 1, 1, (0,)), emu("b", 1, 1, (1,))
+    x = extend(a, b)
+    assert duration(x, c) == pytest.approx(0.05 + a.shard_bytes[0] / 450e9 + 5e-6)
+    y = extend(a, emu("c", 1, 1, (4,)))
+    assert duration(y, c) == pytest.approx(0.2 + a.shard_bytes[0] / 50e9 + 10e-6)
+    assert ports(y, c) == frozenset({(0, "ib", "tx"), (4, "ib", "rx")})
+    assert duration(destroy(a), c) == 0.01
+    assert duration(destroy(a), c, CostParams(teardown_s=0.5)) == 0.5
+    with pytest.raises(ValueError, match="teardown_s"):
+        CostParams(teardown_s=-1)
+
+
+def test_min_bytes_by_hand():
+    models = {"actor.generate": (TINY, 2)}
+    a = emu("a", 1, 1, (0,))
+    # TP 1 -> 2 on GPUs (0, 1): GPU 0 already holds its half, GPU 1 needs its half
+    t = emu("t", 2, 1, (0, 1))
+    assert min_bytes((a,), (t,), models) == t.shard_bytes[0]
+    assert min_bytes((a,), (emu("t", 1, 1, (0,)),), models) == 0
+
+
+def _plans(cur, tgt):
+    return Plan(tuple(Candidate(*c[:4], gpus=c[4]) for c in cur)), Plan(tuple(Candidate(*c[:4], gpus=c[4]) for c in tgt))
+
+
+def test_bad_inputs_raise_value_errors():
+    cur, tgt = _plans([("actor.generate", 1, 1, 2, (0, 1))], [("reward.infer", 1, 1, 2, (0, 1))])
+    with pytest.raises(ValueError, match="same model-stages"):
+        estimate_transition(JOB, cur, tgt)
+    cur, tgt = _plans([("actor.train", 1, 1, 1, (0,)), ("critic.train", 1, 1, 1, (0,))],
+                      [("actor.train", 1, 1, 1, (0,)), ("critic.train", 1, 1, 1, (1,))])
+    with pytest.raises(ValueError, match="concurrent model-stages"):
+        estimate_transition(JOB, cur, tgt)
+    cur, tgt = _plans([("actor.train", 1, 1, 1, (0,))], [("actor.train", 1, 1, 1, (9,))])
+    with pytest.raises(ValueError, match="valid 0..7"):
+        estimate_transition(JOB, cur, tgt)
+    cur, tgt = _plans([("actor.train", 1, 1, 1, (0,))], [("actor.train", 1, 1, 1, (1,))])
+    with pytest.raises(ValueError, match="reserved_bytes"):
+        estimate_transition(JOB, cur, tgt, reserved_bytes={1: -5})
+
+
+def test_lost_gpus_and_pool():
+    cur, tgt = _plans([("actor.generate", 1, 1, 2, (0, 1))], [("actor.generate", 1, 1, 2, (1, 2))])
+    est = estimate_transition(JOB, cur, tgt, pool=frozenset({1, 2, 3}))  # GPU 0 was reclaimed
+    assert est.feasible
+    assert [n.kind for n in est.dag.nodes] == ["extend"] and est.dag.nodes[0].pairs[0][:2] == (1, 2)
+    lost = estimate_transition(JOB, _plans([("actor.generate", 1, 1, 1, (0,))], [])[0],
+                               _plans([("actor.generate", 1, 1, 1, (1,))], [])[0], pool=frozenset({1, 2}))
+    assert not lost.feasible and "checkpoint" in lost.reason
+
+
+def test_shifted_gpu_set_uses_a_finer_t_sub():
+    cur, tgt = _plans([("actor.generate", 2, 1, 1, (0, 1))], [("actor.generate", 2, 1, 1, (1, 2))])
+    est = estimate_transition(JOB, cur, tgt)
+    assert est.feasible, est.reason
+    assert est.dag.local[0].t_sub == (1, 1)
+    assert sorted(n.kind for n in est.dag.nodes) == ["destroy", "extend", "merge", "split"]
+
+
+def test_everything_serializes_to_json_and_exact_matches_small_cases():
+    cur, tgt = _plans([("actor.generate", 2, 2, 1, (0, 1, 2, 3)), ("critic.train", 1, 2, 1, (4, 5))],
+                      [("actor.generate", 1, 2, 2, (0, 2, 1, 3)), ("critic.train", 1, 2, 2, (4, 5, 6, 7))])
+    est = estimate_transition(JOB, cur, tgt)
+    assert est.feasible, est.reason
+    doc = json.loads(json.dumps(est.to_dict()))
+    assert doc["l_tran_s"] == pytest.approx(est.l_tran)
+    assert len(doc["dag"]["nodes"]) == est.num_primitives
+    prt = {n.pid: ports(n, JOB.cluster) for n in est.dag.nodes}
+    ex = exact_schedule(est.dag, est.durations, prt, time_limit_s=10)
+    assert ex.optimal and ex.schedule.makespan <= est.l_tran + 1e-6
+    assert est.l_tran <= 1.1 * ex.schedule.makespan
