@@ -90,6 +90,11 @@ def test_rl_steps_end_to_end(pool, algo, reward_model):
         for k in ("gemm", "attention", "allreduce@gloo", "p2p@gloo", "broadcast@gloo"):
             assert meas["op_seconds"][k] > 0, k
         assert meas["peak_bytes"] > 0 and meas["bytes_sent"] > 0
+        assert meas["op_seconds_by_stage"]["actor.train"]["allreduce@gloo"] > 0
+        assert meas["op_seconds_by_stage"]["actor.generate"]["gemm"] > 0
+        assert set(meas["peak_bytes_by_stage"]) >= set(d.layouts)
+        rep = d.step_report(steps[-1])
+        assert rep.step == 1 and rep.op_seconds["actor.train"]["gemm"] > 0 and rep.pool == frozenset(range(4))
     finally:
         d.close()
 

@@ -363,17 +363,40 @@ class RLDriver:
         return res[0]
 
     def measurements(self) -> dict:
-        """What the controller calibrates from: ``stage_seconds`` (max over workers), ``op_seconds``
-        (summed over workers), ``peak_bytes`` (max), ``bytes_sent`` (sum), and ``per_worker``."""
+        """What the controller calibrates from, over all workers since the last reset.
+
+        Returns:
+            ``stage_seconds`` {model-stage: wall s} (max over workers), ``op_seconds`` {op class: s}
+            (summed over workers), ``op_seconds_by_stage`` {model-stage: {op class: s}} (max over
+            workers: the slowest rank), ``peak_bytes`` and ``peak_bytes_by_stage`` (max over workers),
+            ``bytes_sent`` (sum) and ``per_worker`` (each worker's own numbers).
+        """
         per = self._get([wk.measurements.remote() for wk in self.workers], "measurements")
-        stage, ops = {}, {}
+        stage, ops, by_stage, peaks = {}, {}, {}, {}
         for m in per:
             for k, v in m["stage_seconds"].items():
                 stage[k] = max(stage.get(k, 0.0), v)
             for k, v in m["op_seconds"].items():
                 ops[k] = ops.get(k, 0.0) + v
-        return {"stage_seconds": stage, "op_seconds": ops, "peak_bytes": max(m["peak_bytes"] for m in per),
+            for ms, d in m["op_seconds_by_stage"].items():
+                for k, v in d.items():
+                    by_stage.setdefault(ms, {})[k] = max(by_stage.get(ms, {}).get(k, 0.0), v)
+            for ms, v in m["peak_bytes_by_stage"].items():
+                peaks[ms] = max(peaks.get(ms, 0), v)
+        return {"stage_seconds": stage, "op_seconds": ops, "op_seconds_by_stage": by_stage,
+                "peak_bytes": max(m["peak_bytes"] for m in per), "peak_bytes_by_stage": peaks,
                 "bytes_sent": sum(m["bytes_sent"] for m in per), "per_worker": per}
+
+    def step_report(self, metrics: dict):
+        """A ``nereus.controller.monitor.StepReport`` for the step ``metrics`` came from, built from the
+        measurements since the last :meth:`reset_measurements` (call that before each step)."""
+        from nereus.controller.monitor import StepReport
+
+        m = self.measurements()
+        return StepReport(step=int(metrics["step"]), response_len=max(float(metrics["response_len"]), 1e-9),
+                          pool=frozenset(i for i, w in enumerate(self.workers) if w is not None),
+                          step_time=float(metrics["seconds"]), op_seconds=m["op_seconds_by_stage"],
+                          peak_memory={k: float(v) for k, v in m["peak_bytes_by_stage"].items()})
 
     def reset_measurements(self) -> None:
         self._get([wk.reset_measurements.remote() for wk in self.workers], "reset measurements")

@@ -7,7 +7,9 @@ The runtime never derives costs; it only measures:
   ``allreduce@gloo``, ``allgather@gloo``, ``broadcast@gloo``, ``p2p@gloo``, ``group_setup@gloo``;
 * ``peak_bytes``: the CUDA allocator peak on GPU; on CPU the peak of *tracked* tensor bytes
   (parameters, gradients, optimizer state, KV cache and live saved activations);
-* ``bytes_sent``: payload bytes this worker sent in collectives (see ``comm.py`` for the model).
+* ``bytes_sent``: payload bytes this worker sent in collectives (see ``comm.py`` for the model);
+* ``op_seconds_by_stage`` and ``peak_bytes_by_stage``: the same, attributed to the model-stage whose
+  call was running (the shape ``nereus.controller.monitor.StepReport`` takes).
 
 CPU kernels run synchronously, so ``time.perf_counter`` around an op measures it. On GPU the timers
 synchronize first.
@@ -36,7 +38,10 @@ class Meter:
         """Zero the timings, bytes and peak (static tracked bytes are kept)."""
         self.stage_seconds: dict[str, float] = defaultdict(float)
         self.op_seconds: dict[str, float] = defaultdict(float)
+        self.by_stage: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        self.stage_peak: dict[str, int] = defaultdict(int)
         self.bytes_sent = 0.0
+        self.current = getattr(self, "current", None)
         self._live = 0
         self._peak = 0
         if torch.cuda.is_available():
@@ -45,6 +50,8 @@ class Meter:
     # ---------------------------------------------------------------- time and bytes
     def add_time(self, op_class: str, seconds: float) -> None:
         self.op_seconds[op_class] += seconds
+        if self.current is not None:
+            self.by_stage[self.current][op_class] += seconds
 
     def add_bytes(self, n: float) -> None:
         self.bytes_sent += n
@@ -60,16 +67,24 @@ class Meter:
         finally:
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
-            self.op_seconds[op_class] += time.perf_counter() - t0
+            self.add_time(op_class, time.perf_counter() - t0)
 
     @contextmanager
     def stage(self, model_stage: str):
-        """Time one model-stage call (wall seconds)."""
+        """Time one model-stage call (wall seconds); ops and peaks inside it are attributed to it."""
         t0 = time.perf_counter()
+        outer, self.current = self.current, model_stage
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+        self._touch()
         try:
             yield
         finally:
             self.stage_seconds[model_stage] += time.perf_counter() - t0
+            if torch.cuda.is_available():
+                self.stage_peak[model_stage] = max(self.stage_peak[model_stage],
+                                                   int(torch.cuda.max_memory_allocated()))
+            self.current = outer
 
     # ---------------------------------------------------------------- tracked memory
     def set_static(self, key: str, nbytes: int) -> None:
@@ -81,7 +96,10 @@ class Meter:
         self._static.pop(key, None)
 
     def _touch(self) -> None:
-        self._peak = max(self._peak, sum(self._static.values()) + self._live)
+        now = sum(self._static.values()) + self._live
+        self._peak = max(self._peak, now)
+        if self.current is not None:
+            self.stage_peak[self.current] = max(self.stage_peak[self.current], now)
 
     def _free(self, n: int) -> None:
         self._live -= n
@@ -108,11 +126,14 @@ class Meter:
 
     @property
     def peak_bytes(self) -> int:
-        if torch.cuda.is_available():
-            return int(torch.cuda.max_memory_allocated())
+        if torch.cuda.is_available():  # stage() resets the CUDA peak, so fold in the stage peaks
+            return max([int(torch.cuda.max_memory_allocated()), *self.stage_peak.values()])
         return int(self._peak)
 
     def measurements(self) -> dict:
-        """``{"stage_seconds": {...}, "op_seconds": {...}, "peak_bytes": int, "bytes_sent": float}``."""
+        """``{"stage_seconds": {ms: s}, "op_seconds": {op class: s}, "op_seconds_by_stage": {ms: {op
+        class: s}}, "peak_bytes": int, "peak_bytes_by_stage": {ms: int}, "bytes_sent": float}``."""
         return {"stage_seconds": dict(self.stage_seconds), "op_seconds": dict(self.op_seconds),
-                "peak_bytes": self.peak_bytes, "bytes_sent": float(self.bytes_sent)}
+                "op_seconds_by_stage": {k: dict(v) for k, v in self.by_stage.items()},
+                "peak_bytes": self.peak_bytes, "peak_bytes_by_stage": dict(self.stage_peak),
+                "bytes_sent": float(self.bytes_sent)}
