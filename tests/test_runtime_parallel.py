@@ -117,6 +117,10 @@ def _share(x, dp, d):
 
 # ---------------------------------------------------------------------- the rank program
 def _rank_main(core, batch):
+    from nereus.runtime.comm import new_group
+
+    # all 4 processes meet once under a generous timeout: start-up skew is not a collective failure
+    new_group(core.store, "par/warm", (0, 1, 2, 3), core.id, core.meter, timeout_s=120.0).all_reduce(torch.ones(1))
     out = {"fwd": {}, "grad": {}, "gen": {}, "ppo": {}}
     tokens = batch["tokens"]
     denom = float(N * (T - 1))
@@ -341,6 +345,8 @@ def _comm_main(core):
     from nereus.runtime.parallel import build_context
 
     out = {}
+    # rendezvous first under a generous timeout (process start-up skews), then the short-timeout group
+    new_group(core.store, "t/warm", (0, 1), core.id, core.meter, timeout_s=60.0).all_reduce(torch.ones(1))
     g = new_group(core.store, "t/pair", (0, 1), core.id, core.meter, timeout_s=2.0)
     x = torch.ones(4) * (core.id + 1)
     g.all_reduce(x)

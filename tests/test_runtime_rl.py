@@ -42,7 +42,7 @@ def pool():
     started = not ray.is_initialized()
     if started:
         ray.init(num_cpus=5, include_dashboard=False, log_to_driver=False)  # 4 workers + 1 that joins later
-    p = WorkerPool(4, timeout_s=15).start()
+    p = WorkerPool(4, timeout_s=30).start()
     yield p
     p.close()
     if started:
@@ -58,7 +58,7 @@ def _finite(x: float) -> bool:
 def test_rl_steps_end_to_end(pool, algo, reward_model):
     w = workload(algo, reward_model=reward_model)
     d = RLDriver(SPEC, w, simple_plan(w, LAYOUTS, 4, micro_batch=1), TASK, 4,
-                 RLConfig(actor_lr=1e-2, critic_lr=1e-2, kl_coef=0.05, timeout_s=15)).start(pool)
+                 RLConfig(actor_lr=1e-2, critic_lr=1e-2, kl_coef=0.05, timeout_s=30)).start(pool)
     try:
         before = d.gather_logical_state("actor.train")
         d.reset_measurements()
@@ -163,7 +163,7 @@ def test_worker_joins_running_job(pool):
     plan = simple_plan(w, {k: (1, 1, 1) for k in LAYOUTS}, 4, micro_batch=1)
     cands = tuple(Candidate("actor.train", 1, 1, 2, micro_batch=1, gpus=(new, 2)) if c.model_stage == "actor.train"
                   else c for c in plan.candidates)
-    d = RLDriver(SPEC, w, Plan(candidates=cands), TASK, 5, RLConfig(actor_lr=1e-2, timeout_s=15)).start(pool)
+    d = RLDriver(SPEC, w, Plan(candidates=cands), TASK, 5, RLConfig(actor_lr=1e-2, timeout_s=30)).start(pool)
     try:
         m = d.step()
         assert _finite(m["actor_loss"]) and _finite(m["reward"])
@@ -185,7 +185,7 @@ def test_reward_rises_on_builtin_task(pool):
                  infer_micro_batch_size=8)
     task = DigitTask("reverse", 2)
     plan = simple_plan(w, {k: (1, 1, 1) for k in LAYOUTS}, 4, micro_batch=8)
-    d = RLDriver(SPEC, w, plan, task, 4, RLConfig(actor_lr=2e-3, timeout_s=15)).start(pool)
+    d = RLDriver(SPEC, w, plan, task, 4, RLConfig(actor_lr=2e-3, timeout_s=30)).start(pool)
     try:
         rewards = [d.step()["reward"] for _ in range(40)]
     finally:
@@ -213,7 +213,7 @@ def test_cli_rejects_bad_layout_before_starting():
 def test_failing_worker_raises_without_hang(pool):
     w = workload("grpo")
     d = RLDriver(SPEC, w, simple_plan(w, LAYOUTS, 4, micro_batch=1), TASK, 4,
-                 RLConfig(timeout_s=15)).start(pool)
+                 RLConfig(timeout_s=30)).start(pool)
     d.step()
     import ray
 
