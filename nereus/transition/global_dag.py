@@ -12,7 +12,10 @@ Source: paper §6.1-§6.2, DESIGN.md §4.6.
    running primitives at their peak (``mem_hi``) and ended ones at their net effect. Priority:
    release-before-acquire (Destroys first), then ties broken by stage (generation → inference →
    training) under ``order="stage"`` (the paper's rule); ``order="critical"`` (default) ranks by the
-   longest remaining path first and keeps the best of a few priority rules, the paper's among them.
+   longest remaining path first, keeps the best of a few priority rules (the paper's among them),
+   then runs a small local search over delays a non-delay list schedule cannot make: walking the
+   critical chain back to a primitive that waited for memory or a link, it tries making one of the
+   primitives that held them wait for it instead, and keeps the change when the makespan drops.
    If nothing runs and no ready primitive fits, no Destroy that does not depend on them can release
    what they need (Destroys always fit), so the target is infeasible; the reason names them.
 4. Resource edges make *every* execution the DAG allows fit in memory, including concurrent ones.
@@ -47,8 +50,10 @@ __all__ = ["GlobalDAG", "build_global_dag", "plan_global", "priority"]
 
 #: Extra list-schedule passes with seeded noise on the path-length priority (``order="critical"``);
 #: each costs about a millisecond at 64 GPUs and the best pass is kept.
-NUM_NOISY_PASSES = 8
+NUM_NOISY_PASSES = 4
 NOISE = 1.0
+#: Rounds of the delay local search (``_repair``); each tries up to 3 list-schedule passes.
+REPAIR_ROUNDS = 8
 
 
 @dataclass(frozen=True)
@@ -197,6 +202,55 @@ def _greedy_pass(nodes: dict[str, Primitive], preds: dict[str, set[str]], dur: d
     return Schedule(start, end, max(end.values(), default=0.0), algo="greedy")
 
 
+def _ancestors(p: str, preds: dict[str, set[str]]) -> set[str]:
+    seen, stack = set(), [p]
+    while stack:
+        for q in preds[stack.pop()]:
+            if q not in seen:
+                seen.add(q)
+                stack.append(q)
+    return seen
+
+
+def _repair(best: Schedule, nodes, preds, dur, ports, u0, capacity, key) -> Schedule:
+    """Local search over delay decisions a non-delay list schedule cannot make.
+
+    Walk the critical chain back to a primitive that waited for memory or a port after its
+    predecessors ended; try making each primitive that held those resources when it became ready
+    wait for it instead (a temporary edge), and keep the schedule when the makespan drops.
+    """
+    extra: dict[str, set[str]] = {p: set(ps) for p, ps in preds.items()}
+    for _ in range(REPAIR_ROUNDS):
+        chain = critical_chain(best.start, best.end, extra, ports)
+        improved = False
+        for c in reversed(chain):
+            ready_at = max((best.end[q] for q in extra[c]), default=0.0)
+            if best.start[c] <= ready_at + 1e-9:
+                continue
+            n = nodes[c]
+            mine = {g for g, h in n.mem_hi.items() if h > 0}
+            anc = _ancestors(c, extra)
+            blockers = [b for b in nodes if b != c and b not in anc and best.start[b] < best.start[c]
+                        and best.end[b] > ready_at
+                        and (ports[b] & ports[c] or mine & {g for g, h in nodes[b].mem_hi.items() if h > 0})]
+            blockers.sort(key=lambda b: -best.start[b])
+            for b in blockers[:3]:
+                extra[b].add(c)
+                try:
+                    s = _greedy_pass(nodes, extra, dur, ports, u0, capacity, key)
+                except Infeasible:
+                    s = None
+                if s is not None and s.makespan < best.makespan - 1e-9:
+                    best, improved = s, True
+                    break
+                extra[b].discard(c)
+            if improved:
+                break
+        if not improved:
+            break
+    return best
+
+
 def _resource_edges(sched: Schedule, nodes: dict[str, Primitive], preds: dict[str, set[str]],
                     u0: dict[int, int], capacity: dict) -> list[tuple[str, str, str]]:
     order = sorted(nodes, key=lambda p: (sched.start[p], sched.end[p], p))
@@ -295,6 +349,8 @@ def plan_global(locals_: list[LocalDAG], initial: tuple[EMU, ...], target: tuple
             best = s
     if best is None:
         raise first_error
+    if order == "critical":
+        best = _repair(best, nodes, preds, dur, ports, u0, capacity, keys[0])
     res = _resource_edges(best, nodes, {p: set(s) for p, s in preds.items()}, u0, capacity)
     for a, b, _ in res:
         preds[b].add(a)
