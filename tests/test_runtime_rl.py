@@ -222,3 +222,23 @@ def test_failing_worker_raises_without_hang(pool):
     with pytest.raises(WorkerFailure):
         d.step()
     assert time.perf_counter() - t0 < 120
+
+
+@pytest.mark.slow
+def test_nereus_run_cli_end_to_end(tmp_path):
+    """``nereus run`` in its own process (its own Ray cluster): a few PPO steps on 2 workers."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "run.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "nereus.cli", "run", "--workers", "2", "--steps", "2",
+                           "--prompts", "4", "--samples", "2", "--mini-batch", "8", "--micro-batch", "2",
+                           "--layout", "actor.train=1,1,2", "--layout", "actor.generate=2,1,1",
+                           "--json", str(out)], capture_output=True, text=True, timeout=240, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("reward=") == 2
+    data = json.loads(out.read_text())
+    assert len(data["steps"]) == 2 and all(math.isfinite(s["actor_loss"]) for s in data["steps"])
+    assert data["measurements"]["op_seconds"]["gemm"] > 0
