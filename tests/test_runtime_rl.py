@@ -54,7 +54,7 @@ def _finite(x: float) -> bool:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algo,reward_model", [("ppo", True), ("grpo", False), ("remax", False)])
+@pytest.mark.parametrize("algo,reward_model", [("ppo", True), ("grpo", False), ("remax", True)])
 def test_rl_steps_end_to_end(pool, algo, reward_model):
     w = workload(algo, reward_model=reward_model)
     d = RLDriver(SPEC, w, simple_plan(w, LAYOUTS, 4, micro_batch=1), TASK, 4,

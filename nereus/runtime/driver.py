@@ -177,6 +177,9 @@ class RLDriver:
                                  f"mini_batch_size={w.mini_batch_size}")
         elif rows % c.dp:
             raise ValueError(f"model-stage {name}: dp={c.dp} must divide the global batch {rows}")
+        elif name == "reward.infer" and w.algorithm == "remax" and w.prompts_per_step % c.dp:
+            raise ValueError(f"model-stage {name}: dp={c.dp} must divide the {w.prompts_per_step} greedy "
+                             f"baseline rollouts of ReMax")
 
     # ------------------------------------------------------------------ lifecycle
     def start(self, pool: WorkerPool | None = None) -> RLDriver:
@@ -243,9 +246,12 @@ class RLDriver:
     def _per_replica(self, name: str, method: str, rows: list[torch.Tensor | list], *args, out_at="last"):
         return self._collect(self._submit(name, method, rows, *args, out_at=out_at))
 
-    def _infer_mb(self, name: str) -> int:
+    def _infer_mb(self, name: str, rows: int | None = None) -> int:
+        """Forward micro-batch of ``name``: the candidate's (or the workload's) b, lowered to divide
+        the replica's share of ``rows`` (default: the global batch)."""
         c, lay = self.cands[name], self.layouts[name]
-        return _largest_divisor(self.workload.global_batch // lay.dp, c.micro_batch or self.workload.infer_micro_batch_size)
+        rows = self.workload.global_batch if rows is None else rows
+        return _largest_divisor(rows // lay.dp, c.micro_batch or self.workload.infer_micro_batch_size)
 
     def _generate(self, prompts: torch.Tensor, seeds: list[int], greedy: bool) -> torch.Tensor:
         out = self._per_replica("actor.generate", "generate", [prompts, seeds], self.R, self.cfg.temperature,
@@ -254,7 +260,8 @@ class RLDriver:
 
     def _submit_scores(self, tokens: torch.Tensor, P: int):
         if "reward.infer" in self.layouts:
-            return self._submit("reward.infer", "values", [tokens], P, self._infer_mb("reward.infer"))
+            return self._submit("reward.infer", "values", [tokens], P,
+                                self._infer_mb("reward.infer", tokens.shape[0]))
         return None
 
     def _scores(self, pending, indices: list[int], tokens: torch.Tensor, mask: torch.Tensor, P: int) -> torch.Tensor:
