@@ -52,8 +52,9 @@ __all__ = ["GlobalDAG", "build_global_dag", "plan_global", "priority"]
 #: each costs about a millisecond at 64 GPUs and the best pass is kept.
 NUM_NOISY_PASSES = 4
 NOISE = 1.0
-#: Rounds of the delay local search (``_repair``); each tries up to 3 list-schedule passes.
+#: Rounds of the delay local search (``_repair``); each tries up to ``REPAIR_TRIES`` passes.
 REPAIR_ROUNDS = 8
+REPAIR_TRIES = 3
 
 
 @dataclass(frozen=True)
@@ -234,7 +235,7 @@ def _repair(best: Schedule, nodes, preds, dur, ports, u0, capacity, key) -> Sche
                         and best.end[b] > ready_at
                         and (ports[b] & ports[c] or mine & {g for g, h in nodes[b].mem_hi.items() if h > 0})]
             blockers.sort(key=lambda b: -best.start[b])
-            for b in blockers[:3]:
+            for b in blockers[:REPAIR_TRIES]:
                 extra[b].add(c)
                 try:
                     s = _greedy_pass(nodes, extra, dur, ports, u0, capacity, key)
@@ -338,8 +339,16 @@ def plan_global(locals_: list[LocalDAG], initial: tuple[EMU, ...], target: tuple
             rng = random.Random(seed)
             noise = {p: 1.0 + NOISE * rng.random() for p in sorted(nodes)}
             keys.append(lambda p, noise=noise: (stage_key[p][0], -tail[p] * noise[p], stage_key[p]))
+    # lower bound on any schedule: the longest path, and the busiest link port
+    load: dict = {}
+    for p, ps in ports.items():
+        for q in ps:
+            load[q] = load.get(q, 0.0) + dur[p]
+    bound = max([0.0, *tail.values(), *load.values()])
     best, first_error = None, None
     for key in keys:
+        if best is not None and best.makespan <= bound + 1e-9:
+            break  # optimal already
         try:
             s = _greedy_pass(nodes, preds, dur, ports, u0, capacity, key)
         except Infeasible as e:
@@ -349,7 +358,7 @@ def plan_global(locals_: list[LocalDAG], initial: tuple[EMU, ...], target: tuple
             best = s
     if best is None:
         raise first_error
-    if order == "critical":
+    if order == "critical" and best.makespan > bound + 1e-9:
         best = _repair(best, nodes, preds, dur, ports, u0, capacity, keys[0])
     res = _resource_edges(best, nodes, {p: set(s) for p, s in preds.items()}, u0, capacity)
     for a, b, _ in res:
