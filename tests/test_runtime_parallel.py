@@ -155,6 +155,16 @@ def _rank_main(core, batch):
             if p == 0 and t == 0:
                 out["gen"][(tp, pp, dp, d, greedy)] = resp
         core.destroy(name)
+    # bf16 forward-only model-stage (what "auto" picks on a bf16 GPU), layout (2,2,1)
+    d, p, t = core.build("bf16", SPEC, Layout(2, 2, 1, (0, 1, 2, 3)), seed=0, trainable=False, tag="bf",
+                         dtype="bfloat16")
+    logits = core.forward("bf16", tokens, MB)
+    resp = core.generate("bf16", prompts, seeds, R, 1.0, False, eos_id=-1)
+    if p == 1 and t == 0:
+        out["bf16"] = logits
+    if p == 0 and t == 0:
+        out["bf16_gen"] = resp
+    core.destroy("bf16")
     # One PPO actor update and one critic update under (1,1,1) and (2,1,2).
     denom_r = float(batch["mask"].sum())
     for tp, pp, dp in [(1, 1, 1), (2, 1, 2)]:
@@ -195,6 +205,8 @@ def results():
         for k in merged:
             merged[k].update(r[k])
     merged["sync"] = res[2]["sync"]
+    merged["bf16"] = res[2]["bf16"]
+    merged["bf16_gen"] = res[0]["bf16_gen"]
     merged["meas"] = [r["meas"] for r in res]
     return batch, merged
 
@@ -222,6 +234,33 @@ def test_forward_and_grad_parity(results):
         assert fd < TOL, f"logits of layout {(tp, pp, dp)} differ by {fd}"
         assert gd < TOL, f"grads of layout {(tp, pp, dp)} differ by {gd}"
     print("max abs diff (logits, grads) per layout:", report)
+
+
+@pytest.mark.slow
+def test_bf16_forward_close_to_fp32_reference(results):
+    batch, res = results
+    W = init_full_params(SPEC, 0)
+    with torch.no_grad():
+        ref = ref_forward(W, SPEC, batch["tokens"])
+    got = res["bf16"]
+    assert got.dtype == torch.float32 and got.shape == ref.shape
+    rel = float((got - ref).abs().max() / ref.abs().max())
+    print(f"bf16 (2,2,1) logits: max abs diff / max |ref| = {rel:.4f}")
+    assert rel < 0.05, rel
+    gen = res["bf16_gen"]
+    assert gen.shape == (N, R) and int(gen.min()) >= 0 and int(gen.max()) < SPEC.vocab_size
+
+
+def test_dtype_resolution():
+    from nereus.runtime.worker import resolve_dtype
+
+    assert resolve_dtype("auto", False, "cpu") == torch.float32
+    assert resolve_dtype("auto", True, "cpu") == torch.float32
+    assert resolve_dtype("bfloat16", False, "cpu") == torch.bfloat16
+    with pytest.raises(ValueError, match="training keeps fp32"):
+        resolve_dtype("bfloat16", True, "cpu")
+    with pytest.raises(ValueError, match="dtype must be"):
+        resolve_dtype("fp8", False, "cpu")
 
 
 @pytest.mark.slow

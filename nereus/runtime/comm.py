@@ -75,26 +75,31 @@ class Group:
         self.meter.add_bytes(sent_bytes)
 
     # ------------------------------------------------------------------ collectives
+    # Gloo runs on host memory: a device tensor is staged through a contiguous CPU copy (the NCCL
+    # class would take it directly; not built here).
     def all_reduce(self, t: torch.Tensor, avg: bool = False) -> torch.Tensor:
         """In-place sum (or mean) of contiguous ``t`` over the group; returns ``t``."""
         if self.size == 1:
             return t
         assert t.is_contiguous()
         n = self.size
-        self._run("allreduce", lambda: self.pg.allreduce([t]), 2 * (n - 1) / n * t.numel() * t.element_size())
+        buf = t if t.device.type == "cpu" else t.cpu()
+        self._run("allreduce", lambda: self.pg.allreduce([buf]), 2 * (n - 1) / n * t.numel() * t.element_size())
+        if buf is not t:
+            t.copy_(buf)
         if avg:
             t.div_(n)
         return t
 
     def all_gather(self, t: torch.Tensor) -> list[torch.Tensor]:
-        """Equal-shape ``t`` from every member, in group-rank order."""
+        """Equal-shape ``t`` from every member, in group-rank order (on ``t``'s device)."""
         if self.size == 1:
             return [t]
-        t = t.contiguous()
-        out = [torch.empty_like(t) for _ in range(self.size)]
+        src = t.contiguous().cpu()
+        out = [torch.empty_like(src) for _ in range(self.size)]
         n = self.size
-        self._run("allgather", lambda: self.pg.allgather([out], [t]), (n - 1) * t.numel() * t.element_size())
-        return out
+        self._run("allgather", lambda: self.pg.allgather([out], [src]), (n - 1) * t.numel() * t.element_size())
+        return [o.to(t.device) for o in out]
 
     def broadcast(self, t: torch.Tensor, root: int) -> torch.Tensor:
         """In-place broadcast of contiguous ``t`` from group rank ``root``; returns ``t``."""
@@ -105,18 +110,24 @@ class Group:
         opts.rootRank = root
         opts.rootTensor = 0
         sent = t.numel() * t.element_size() if self.rank == root else 0
-        self._run("broadcast", lambda: self.pg.broadcast([t], opts), sent)
+        buf = t if t.device.type == "cpu" else t.cpu()
+        self._run("broadcast", lambda: self.pg.broadcast([buf], opts), sent)
+        if buf is not t:
+            t.copy_(buf)
         return t
 
     def send(self, t: torch.Tensor, dst: int) -> None:
-        """Point-to-point send of contiguous ``t`` to group rank ``dst``."""
-        t = t.contiguous()
-        self._run("p2p", lambda: self.pg.send([t], dst, 0), t.numel() * t.element_size())
+        """Point-to-point send of ``t`` to group rank ``dst``."""
+        buf = t.contiguous().cpu()
+        self._run("p2p", lambda: self.pg.send([buf], dst, 0), t.numel() * t.element_size())
 
     def recv(self, t: torch.Tensor, src: int) -> torch.Tensor:
         """Receive into contiguous ``t`` from group rank ``src``; returns ``t``."""
         assert t.is_contiguous()
-        self._run("p2p", lambda: self.pg.recv([t], src, 0), 0)
+        buf = t if t.device.type == "cpu" else torch.empty(t.shape, dtype=t.dtype)
+        self._run("p2p", lambda: self.pg.recv([buf], src, 0), 0)
+        if buf is not t:
+            t.copy_(buf)
         return t
 
 

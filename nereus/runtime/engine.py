@@ -295,7 +295,7 @@ def broadcast_stages(spec: ModelSpec, pp: int, mine: torch.Tensor | None, my_p: 
         for n in names_of_stage(spec, pp, q):
             shp = shapes[n][0]
             k = int(torch.Size(shp).numel())
-            out[n] = buf[off:off + k].view(shp).clone()
+            out[n] = buf[off:off + k].view(shp).cpu().clone()
             off += k
     return out
 

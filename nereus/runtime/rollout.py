@@ -58,11 +58,11 @@ def generate(model: LlamaShard, prompts: torch.Tensor, max_new_tokens: int, seed
         gumbel = torch.stack([
             -torch.log(-torch.log(torch.rand(R, V, generator=torch.Generator().manual_seed(int(s)))
                                   .clamp_(1e-20, 1 - 1e-7)))
-            for s in seeds])
-    out = torch.full((B, R), pad_id, dtype=torch.long)
-    done = torch.zeros(B, dtype=torch.bool)
+            for s in seeds]).to(model.device)
+    out = torch.full((B, R), pad_id, dtype=torch.long, device=model.device)
+    done = torch.zeros(B, dtype=torch.bool, device=model.device)
     last_root = ctx.emu_rank(ctx.pp - 1, 0)
-    tok = prompts
+    tok = prompts.to(model.device)
     for s in range(R):
         start = 0 if s == 0 else P + s - 1
         T = tok.shape[1]
@@ -72,7 +72,7 @@ def generate(model: LlamaShard, prompts: torch.Tensor, max_new_tokens: int, seed
             inp = torch.empty(B, T, h, dtype=model.dtype, device=model.device)
             ctx.emu_group.recv(inp, ctx.emu_rank(ctx.p - 1, ctx.t))
         y = model.forward(inp, start, cache)
-        nxt = torch.empty(B, dtype=torch.long)
+        nxt = torch.empty(B, dtype=torch.long, device=model.device)
         if ctx.is_last:
             logits = y[:, -1].float()
             nxt = logits.argmax(-1) if greedy else (logits / temperature + gumbel[:, s]).argmax(-1)
@@ -87,4 +87,4 @@ def generate(model: LlamaShard, prompts: torch.Tensor, max_new_tokens: int, seed
             break
         tok = nxt[:, None]
     model.meter.drop_static("kv_cache")
-    return out
+    return out.cpu()

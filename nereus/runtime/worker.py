@@ -21,7 +21,7 @@ from nereus.runtime.parallel import Layout, build_context
 from nereus.runtime.rollout import generate
 from nereus.spec.model import ModelSpec
 
-__all__ = ["WorkerCore", "inventory", "ray_worker_class"]
+__all__ = ["WorkerCore", "inventory", "ray_worker_class", "resolve_dtype"]
 
 
 def inventory() -> dict:
@@ -54,6 +54,26 @@ def inventory() -> dict:
     return out
 
 
+def resolve_dtype(name: str, trainable: bool, device: str) -> torch.dtype:
+    """The parameter dtype of an engine: fp32 on CPU; bf16 for forward-only model-stages on a device
+    that supports it (``auto``). Raises ValueError for unknown names or bf16 training."""
+    if name == "auto":
+        bf16 = device.startswith("cuda") and torch.cuda.is_bf16_supported()
+        return torch.bfloat16 if bf16 and not trainable else torch.float32
+    if name == "float32":
+        return torch.float32
+    if name == "bfloat16":
+        if trainable:
+            raise ValueError("dtype 'bfloat16' is for forward-only model-stages; training keeps fp32 "
+                             "(master) weights")
+        return torch.bfloat16
+    raise ValueError(f"dtype must be 'auto', 'float32' or 'bfloat16', got {name!r}")
+
+
+def _cpu(x):
+    return None if x is None else x.cpu()
+
+
 class WorkerCore:
     """Holds the store connection, the meter and one :class:`Engine` per model-stage placed here.
 
@@ -72,6 +92,7 @@ class WorkerCore:
         self.meter = Meter()
         self.engines: dict[str, Engine] = {}
         self.groups: dict[str, object] = {}
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
 
     def ping(self) -> int:
         return self.id
@@ -84,16 +105,25 @@ class WorkerCore:
 
     # ------------------------------------------------------------------ setup
     def build(self, model_stage: str, spec: ModelSpec, layout: Layout, seed: int, trainable: bool,
-              adam: AdamConfig | None = None, tag: str = "e0") -> tuple[int, int, int]:
+              adam: AdamConfig | None = None, tag: str = "e0", dtype: str = "auto") -> tuple[int, int, int]:
         """Build this worker's engine of ``model_stage`` (collective over the layout's workers).
+
+        Args:
+            dtype: ``auto`` (bf16 for forward-only model-stages where the device supports it, else
+                fp32), ``float32`` or ``bfloat16`` (forward-only model-stages only: training keeps
+                fp32 weights, which are also Adam's master weights).
 
         Returns:
             this worker's (d, p, t).
+
+        Raises:
+            ValueError: invalid layout, or a dtype that is unknown or bf16 for a trainable stage.
         """
+        dt = resolve_dtype(dtype, trainable, self.device)
         with self.meter.stage(model_stage):
             ctx = build_context(spec, layout, self.id, self.store, f"{tag}/{model_stage}", self.meter,
                                 self.timeout_s)
-            self.engines[model_stage] = Engine(spec, ctx, seed, self.meter, trainable, adam)
+            self.engines[model_stage] = Engine(spec, ctx, seed, self.meter, trainable, adam, dt, self.device)
         return ctx.d, ctx.p, ctx.t
 
     def destroy(self, model_stage: str) -> None:
@@ -111,28 +141,31 @@ class WorkerCore:
                  temperature: float = 1.0, greedy: bool = False, eos_id: int = 2, pad_id: int = 0):
         with self.meter.stage(model_stage):
             e = self._engine(model_stage)
-            return generate(e.model, prompts, max_new_tokens, seeds, temperature, greedy, eos_id, pad_id)
+            return generate(e.model, prompts.to(self.device), max_new_tokens, seeds, temperature, greedy,
+                            eos_id, pad_id)
 
     def logprobs(self, model_stage: str, tokens: torch.Tensor, prompt_len: int, micro_batch: int,
                  temperature: float = 1.0):
         with self.meter.stage(model_stage):
-            return self._engine(model_stage).logprobs(tokens, prompt_len, micro_batch, temperature)
+            return _cpu(self._engine(model_stage).logprobs(tokens.to(self.device), prompt_len, micro_batch,
+                                                           temperature))
 
     def values(self, model_stage: str, tokens: torch.Tensor, prompt_len: int, micro_batch: int):
         with self.meter.stage(model_stage):
-            return self._engine(model_stage).values(tokens, prompt_len, micro_batch)
+            return _cpu(self._engine(model_stage).values(tokens.to(self.device), prompt_len, micro_batch))
 
     def forward(self, model_stage: str, tokens: torch.Tensor, micro_batch: int):
         with self.meter.stage(model_stage):
-            return self._engine(model_stage).forward(tokens, micro_batch)
+            return _cpu(self._engine(model_stage).forward(tokens.to(self.device), micro_batch))
 
     def backward_lm(self, model_stage: str, tokens: torch.Tensor, micro_batch: int, denom: float):
         with self.meter.stage(model_stage):
-            return self._engine(model_stage).backward_lm(tokens, micro_batch, denom)
+            return self._engine(model_stage).backward_lm(tokens.to(self.device), micro_batch, denom)
 
     def train(self, model_stage: str, batch: dict, loss: dict, micro_batch: int, denom: float,
               position: int):
         with self.meter.stage(model_stage):
+            batch = {k: v.to(self.device) for k, v in batch.items()}
             return self._engine(model_stage).train_step(batch, loss, micro_batch, denom, position)
 
     def train_fields(self, model_stage: str, *xs):
