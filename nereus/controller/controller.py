@@ -19,7 +19,7 @@ Flow of :meth:`Controller.observe` (DESIGN.md §4.5, paper §4.1–4.3):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from nereus.controller.admission import Option, admit
 from nereus.controller.decisions import Keep, Restart, Transition, decision_to_dict
@@ -106,7 +106,7 @@ class Controller:
         job = self.job_at(report.response_len)
         if report.oom:
             self.planner.note_oom()
-        current = self.planner.estimate(job, self.plan)
+        current = self.planner.estimate(job, self.plan, pool)
         if self.config.calibrate and report.step_time > 0 and not report.oom:
             self.planner.calibrate(job, current, report.op_seconds, report.peak_memory, pool)
         lost = self.plan.gpus_used() - pool
@@ -123,35 +123,47 @@ class Controller:
         names = tuple(t.signal for t in triggers)
         urgent = bool(lost) or mem_bad
         if self.config.calibrate:
-            current = self.planner.estimate(job, self.plan)  # times under the updated efficiencies
-        decision = self._replan(job, pool, current, urgent, bool(lost), names, min(t.horizon for t in triggers))
+            current = self.planner.estimate(job, self.plan, pool)  # times under the updated efficiencies
+        alive = frozenset(report.alive) | pool if report.alive is not None else pool
+        decision = self._replan(job, pool, alive, current, urgent, bool(lost), names,
+                                min(t.horizon for t in triggers))
         self.monitor.reset(values, pool)
         if isinstance(decision, (Transition, Restart)) and decision.plan is not None:
             self.plan = decision.plan
         return self._record(report, decision, triggers)
 
-    def _replan(self, job, pool, current, urgent, lost, names, horizon):
+    def _replan(self, job, pool, alive, current, urgent, lost, names, horizon):
+        survives = state_survives(self.plan, alive)
         try:
             best = self.planner.plan(job, pool, self.plan, urgent)
         except ValueError as e:
             diag = getattr(e, "diagnosis", "") or str(e)
             if urgent:
-                return Restart(None, f"urgent and no feasible plan on {len(pool)} GPUs: {diag}"[:400], names)
+                return Restart(None, f"urgent and no feasible plan on {len(pool)} GPUs: {diag}"[:400], names,
+                               checkpoint_first=survives)
             return Keep(f"replanned: no feasible plan ({diag})"[:400], names)
-        if lost and not state_survives(self.plan, pool):
+        if lost and not survives:
             return Restart(best, f"lost every replica of a trainable model-stage with "
-                           f"{len(self.plan.gpus_used() - pool)} GPUs; restore from checkpoint", names)
+                           f"{len(self.plan.gpus_used() - alive)} GPUs; restore from checkpoint", names)
         if not urgent and same_plan(best, self.plan):
             return Keep("replanned: the current plan is still the best", names)
-        plans = [best]
+        cur_l = math.inf if urgent else current.l_step
+        options = [Option(best, self.transition_cost(job, self.plan, best, alive))]
+        decision = admit(cur_l, options, gamma=self.config.gamma, horizon=horizon, urgent=urgent,
+                         triggers=names, always=self.config.always_admit)
+        if isinstance(decision, Transition):
+            return decision
+        # S* failed feasibility or payback: try slightly slower plans with cheaper transitions
         for alt in self.planner.alternatives(job, pool, self.plan, best):
             slow_ok = urgent or alt.l_step <= best.l_step * (1 + self.config.slowdown)
             if slow_ok and not same_plan(alt, self.plan) and not same_plan(alt, best):
-                plans.append(alt)
-        options = [Option(p, self.transition_cost(job, self.plan, p, pool)) for p in plans]
-        cur_l = math.inf if urgent else current.l_step
-        return admit(cur_l, options, gamma=self.config.gamma, horizon=horizon, urgent=urgent,
-                     triggers=names, always=self.config.always_admit)
+                options.append(Option(alt, self.transition_cost(job, self.plan, alt, alive)))
+        if len(options) > 1:
+            decision = admit(cur_l, options, gamma=self.config.gamma, horizon=horizon, urgent=urgent,
+                             triggers=names, always=self.config.always_admit)
+        if isinstance(decision, Restart) and survives:
+            decision = replace(decision, checkpoint_first=True)
+        return decision
 
     def resume(self, plan: Plan) -> None:
         """The executor reports the plan actually in effect (e.g. after a restart it chose itself)."""

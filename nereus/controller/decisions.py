@@ -95,15 +95,19 @@ class Restart:
         plan: the plan to restart on, or None when nothing fits the pool (wait for GPUs).
         reason: why live adaptation was impossible (no feasible plan, lost state, infeasible DAG).
         triggers: names of the signals that fired.
+        checkpoint_first: a full copy of the trained state is still alive, so save a checkpoint now
+            and lose no progress; False when the last copy is gone (restore the last checkpoint).
     """
 
     plan: Plan | None
     reason: str
     triggers: tuple[str, ...] = ()
+    checkpoint_first: bool = False
     kind: str = field(default="restart", init=False)
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "reason": self.reason, "triggers": list(self.triggers),
+                "checkpoint_first": self.checkpoint_first,
                 "plan": None if self.plan is None else self.plan.to_dict()}
 
 

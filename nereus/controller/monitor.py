@@ -33,7 +33,10 @@ class StepReport:
     Attributes:
         step: RL step index just completed (0-based).
         response_len: mean generated tokens per response in that step.
-        pool: GPU ids available now (``P_gpu``).
+        pool: GPU ids available now and for the next step (``P_gpu``); GPUs under a preemption
+            notice are not in it.
+        alive: GPU ids still running, including those under a preemption notice (state on them can
+            still be read); None means the same as ``pool``.
         step_time: measured seconds of the step (0 when it did not complete).
         op_seconds: model-stage → op class → measured seconds (framework instrumentation).
         peak_memory: model-stage → measured peak bytes per GPU.
@@ -47,6 +50,7 @@ class StepReport:
     op_seconds: dict = field(default_factory=dict)
     peak_memory: dict = field(default_factory=dict)
     oom: bool = False
+    alive: frozenset | None = None
 
     def __post_init__(self) -> None:
         if not (self.response_len > 0):

@@ -95,8 +95,7 @@ class CostModelPlanner:
         return CostModel(job, efficiency=self.efficiency, headroom=self._headroom())
 
     def estimate(self, job: JobSpec, plan: Plan, pool=None) -> Plan:
-        """Estimate on the plan's own GPUs (``pool`` is ignored so every plan is costed alike)."""
-        return self.cost(job).estimate(plan, plan.gpus_used())
+        return self.cost(job).estimate(plan, pool)
 
     def memory_ok(self, job: JobSpec, plan: Plan) -> bool:
         return self.cost(job).memory_ok(plan)
@@ -108,8 +107,7 @@ class CostModelPlanner:
         opts = dict(self.options)
         if urgent:
             opts.update(self.urgent_options)
-        plan = fn(job, pool=pool, current=current, cost=self.cost(job), **opts)
-        return self.estimate(job, plan)
+        return fn(job, pool=pool, current=current, cost=self.cost(job), **opts)
 
     def alternatives(self, job: JobSpec, pool: frozenset, current: Plan, best: Plan) -> list[Plan]:
         """Destroy-only and extend-only variants of ``current`` that fit memory (``alternatives.py``)."""
@@ -120,13 +118,13 @@ class CostModelPlanner:
             base = destroy_only(current, pool, mini)
             if base is None:
                 return []
-            base = self.estimate(job, base)
+            base = self.estimate(job, base, pool)
             if self.memory_ok(job, base):
                 out.append(base)
         times = {k: v.time for k, v in base.estimates.items()}
         ext = extend_only(base, pool, mini, job.cluster, times)
         if ext is not None:
-            ext = self.estimate(job, ext)
+            ext = self.estimate(job, ext, pool)
             if self.memory_ok(job, ext):
                 out.append(ext)
         return sorted(out, key=lambda p: p.l_step)
@@ -135,7 +133,7 @@ class CostModelPlanner:
     def calibrate(self, job: JobSpec, plan: Plan, op_seconds: dict, peak_memory: dict, pool=None) -> None:
         if not self.calibrate_enabled:
             return
-        est = plan if plan.estimates else self.estimate(job, plan)
+        est = plan if plan.estimates else self.estimate(job, plan, pool)
         measured: dict = {}
         predicted: dict = {}
         for ms, by_class in op_seconds.items():

@@ -1,7 +1,8 @@
 """Trace-driven simulation of the Nereus controller against static and replan-everything policies.
 
 ``nereus simulate`` with no arguments runs the default scenario: Llama-3.1-8B PPO on 4x8 H100, the
-Bamboo AWS p3 spot trace (real, shipped) scaled to 32 GPUs for its 11.4 hours, and the SYNTHETIC
+Bamboo AWS p3 spot trace (real, shipped) scaled to 32 GPUs, its first 6 hours (``--hours 0`` for
+all 11.4), and the SYNTHETIC
 response-length growth scenario (500 -> 8,000 tokens in 1,000 steps, noise fitted to real verl
 logs). It prints a table per policy and writes ``<out>/summary.json``, ``<out>/<policy>.json`` and
 ``<out>/<policy>.png``.
@@ -14,6 +15,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from nereus.sim.cluster import Truth
 from nereus.sim.scenario import DEFAULT_GAMMAS, Scenario, run_scenario
 from nereus.sim.traces import DEFAULT_TRACE, SHIPPED_TRACES
 
@@ -34,12 +36,15 @@ def add_arguments(p) -> None:
                    help="verl response-length CSV (step, mean_response_length); default: SYNTHETIC growth")
     p.add_argument("--growth", default="500:8000:1000",
                    help="synthetic growth START:END:STEPS in tokens and RL steps")
-    p.add_argument("--hours", type=float, default=None, help="simulated hours (default: the trace's length)")
+    p.add_argument("--hours", type=float, default=6.0,
+                   help="simulated hours (0: the whole trace; the default keeps the run under a minute)")
     p.add_argument("--gamma", type=float, default=0.5, help="payback margin γ of the nereus policy")
     p.add_argument("--gammas", default=",".join(f"{g:g}" for g in DEFAULT_GAMMAS),
                    help="γ values of the sweep (comma-separated; empty for none)")
     p.add_argument("--policies", default="nereus,static,replan-all,uncalibrated",
                    help="comma-separated: nereus, static, replan-all, uncalibrated, gamma=<g>")
+    p.add_argument("--notice", type=float, default=0.0,
+                   help="preemption notice in seconds before GPUs leave (AWS spot: 120; default 0: none)")
     p.add_argument("--seed", type=int, default=0, help="seed of noise, congestion and length noise")
     p.add_argument("--jobs", type=int, default=None, help="worker processes (default: CPU count)")
     p.add_argument("--out", default="nereus-sim", help="output directory for JSON logs and PNG timelines")
@@ -75,13 +80,13 @@ def main(args) -> int:
 
     scenario = Scenario(model=args.model, algo=args.algo, gpu=args.gpu, nodes=args.nodes,
                         gpus_per_node=args.gpus_per_node, trace=args.trace, length_trace=args.length_trace,
-                        growth=_parse_growth(args.growth), hours=args.hours, gamma=args.gamma, seed=args.seed,
-                        time_unit=args.time_unit)
+                        growth=_parse_growth(args.growth), hours=args.hours or None, gamma=args.gamma, seed=args.seed,
+                        time_unit=args.time_unit, truth=Truth(notice_s=args.notice))
     names = _policies(args)
     scenario.validate()
     hours = scenario.duration_hours()
     trace, lengths = scenario.availability(), scenario.lengths()
-    console = Console()
+    console = Console(width=max(Console().width, 150))
     console.print(f"[bold]nereus simulate[/]: {args.model} {args.algo.upper()} on {args.nodes}x{args.gpus_per_node} "
                   f"{args.gpu}; trace {trace.name} ({trace.num_changes} changes, {min(trace.counts)}-"
                   f"{max(trace.counts)} GPUs) for {hours:.1f} h; lengths {lengths.label}")

@@ -20,6 +20,10 @@ calibrates from simulated measurements exactly as from real ones. Hidden ground 
 * **GPU pool**: from an availability trace scaled to the cluster; GPUs ``0 .. n-1`` are available
   when the trace says ``n``, so losses take the highest ids first. A loss that hits a GPU of the
   running plan aborts the step at that moment (its work is lost).
+* **preemption notice** (``notice_s``, default 0 = none): a loss is announced ``notice_s`` seconds
+  before the GPUs go (AWS sends spot interruption notices 2 minutes ahead, GCP 30 s for preemptible
+  VMs). Announced GPUs leave ``P_gpu`` but stay *alive*: a step that cannot finish before the loss is
+  stopped at the notice, and state on those GPUs can still be moved or checkpointed.
 """
 
 from __future__ import annotations
@@ -86,12 +90,13 @@ class Truth:
     congestion_per_hour: float = 1 / 3
     congestion_minutes: tuple[float, float] = (20.0, 60.0)
     congestion_factor: float = 0.4
+    notice_s: float = 0.0
 
     def __post_init__(self) -> None:
         for f in ("memory_factor", "transition_factor", "congestion_factor"):
             if not getattr(self, f) > 0:
                 raise ValueError(f"truth field {f!r} must be > 0, got {getattr(self, f)!r}")
-        for f in ("step_noise", "transition_noise", "congestion_per_hour"):
+        for f in ("step_noise", "transition_noise", "congestion_per_hour", "notice_s"):
             if getattr(self, f) < 0:
                 raise ValueError(f"truth field {f!r} must be >= 0, got {getattr(self, f)!r}")
 
@@ -126,7 +131,7 @@ class SimulatedCluster:
         ValueError: the availability trace is not in GPUs or exceeds the cluster.
     """
 
-    QUANTUM = 16  # tokens: true costs are computed at lengths rounded to this (cache key)
+    QUANTUM = 64  # tokens: true costs are computed at lengths rounded to this (cache key)
 
     def __init__(self, job: JobSpec, availability: AvailabilityTrace, lengths: LengthTrace,
                  truth: Truth | None = None, seed: int = 0, hours: float = 12.0):
@@ -162,8 +167,28 @@ class SimulatedCluster:
                 f *= c.factor
         return f
 
-    def pool_at(self, t: float) -> frozenset:
+    def alive_at(self, t: float) -> frozenset:
+        """GPUs running at ``t`` (including those under a preemption notice)."""
         return frozenset(range(self.availability.count_at(t)))
+
+    def pool_at(self, t: float) -> frozenset:
+        """``P_gpu`` at ``t``: alive GPUs without a pending preemption notice."""
+        n = self.availability.count_at(t)
+        if self.truth.notice_s > 0:
+            tc = self.availability.next_change(t)
+            while tc <= t + self.truth.notice_s:
+                n = min(n, self.availability.count_at(tc))
+                tc = self.availability.next_change(tc)
+        return frozenset(range(n))
+
+    def loss_time(self, gpus, t: float) -> float:
+        """First time after ``t`` at which one of ``gpus`` stops running (inf if never)."""
+        tc = self.availability.next_change(t)
+        while tc < float("inf"):
+            if not set(gpus) <= self.alive_at(tc):
+                return tc
+            tc = self.availability.next_change(tc)
+        return float("inf")
 
     def job_at(self, response_len: float) -> JobSpec:
         return self.job.with_workload(self.job.workload.with_response_len(max(1, int(round(response_len)))))
@@ -172,12 +197,13 @@ class SimulatedCluster:
         """``plan`` estimated with the hidden efficiencies at time ``t`` (cached per length quantum)."""
         q = max(self.QUANTUM, int(round(response_len / self.QUANTUM)) * self.QUANTUM)
         f = self.ib_factor(t)
-        key = (tuple((c.key(), c.gpus) for c in plan.candidates), q, f)
+        pool = self.pool_at(t)
+        key = (tuple((c.key(), c.gpus) for c in plan.candidates), q, f, self.job.cluster.spans_nodes(pool))
         if key not in self._cache:
             if len(self._cache) > 20000:
                 self._cache.clear()
             cm = CostModel(self.job_at(q), efficiency=self.truth.table(f), headroom=0.0)
-            self._cache[key] = cm.estimate(plan, plan.gpus_used())
+            self._cache[key] = cm.estimate(plan, pool)
         return self._cache[key]
 
     # ------------------------------------------------------------------ execution
@@ -186,7 +212,7 @@ class SimulatedCluster:
         length = self.lengths.at(step)
         pool = self.pool_at(t)
         if not plan.gpus_used() <= pool:
-            return self._aborted(step, length, 0.0, t, pool)
+            return self._aborted(step, length, 0.0, t)
         true = self.true_plan(plan, length, t)
         noise = {}
         op_seconds = {}
@@ -200,20 +226,20 @@ class SimulatedCluster:
         oom = max(true.gpu_memory.values(), default=0.0) * self.truth.memory_factor > self.job.cluster.gpu.memory_bytes
         if oom:
             duration *= 0.5
-        # a loss of one of the plan's GPUs during the step aborts it at that moment
-        tc = self.availability.next_change(t)
-        while tc < t + duration:
-            if not plan.gpus_used() <= self.pool_at(tc):
-                return self._aborted(step, length, tc - t, tc, self.pool_at(tc))
-            tc = self.availability.next_change(tc)
-        end_pool = self.pool_at(t + duration)
-        report = StepReport(step=step, response_len=length, pool=end_pool, step_time=0.0 if oom else duration,
-                            op_seconds={} if oom else op_seconds, peak_memory=peak, oom=oom)
+        # a loss of one of the plan's GPUs during the step aborts it: at the loss without a notice;
+        # at the notice when the step would not finish before the loss
+        lost_at = self.loss_time(plan.gpus_used(), t)
+        if lost_at < t + duration:
+            stop = max(t, lost_at - self.truth.notice_s)
+            return self._aborted(step, length, stop - t, stop)
+        end = t + duration
+        report = StepReport(step=step, response_len=length, pool=self.pool_at(end), step_time=0.0 if oom else duration,
+                            op_seconds={} if oom else op_seconds, peak_memory=peak, oom=oom, alive=self.alive_at(end))
         return StepOutcome(duration, not oom, oom, False, length, report)
 
-    def _aborted(self, step, length, duration, t, pool) -> StepOutcome:
+    def _aborted(self, step, length, duration, t) -> StepOutcome:
         return StepOutcome(duration, False, False, True, length,
-                           StepReport(step=step, response_len=length, pool=pool))
+                           StepReport(step=step, response_len=length, pool=self.pool_at(t), alive=self.alive_at(t)))
 
     def transition_time(self, current: Plan, target: Plan, pool, response_len: float) -> float:
         """True seconds of a live transition: ``transition_factor`` × the transition planner's estimate

@@ -16,7 +16,15 @@ Nereus-type policies talk to the simulator only through :class:`~nereus.controll
 
 from __future__ import annotations
 
-from nereus.controller import Controller, ControllerConfig, CostModelPlanner, Keep, Restart, StepReport
+from nereus.controller import (
+    Controller,
+    ControllerConfig,
+    CostModelPlanner,
+    Keep,
+    Restart,
+    StepReport,
+    state_survives,
+)
 from nereus.cost.efficiency import EfficiencyTable
 from nereus.planner.plan import Plan
 from nereus.spec.job import JobSpec
@@ -78,16 +86,19 @@ class StaticPolicy:
 
     def observe(self, report: StepReport):
         pool = frozenset(report.pool)
+        alive = frozenset(report.alive) | pool if report.alive is not None else pool
         lost = self.plan.gpus_used() - pool
         if not lost and not report.oom:
             return Keep("static plan")
         why = f"lost {len(lost)} GPUs" if lost else "out of memory"
+        # like the controller: save first when a full copy of the trained state is still alive
+        save = state_survives(self.plan, alive)
         try:
             plan = self.start(pool, report.response_len)
         except ValueError as e:
-            d = Restart(None, f"{why}; nothing fits {len(pool)} GPUs: {e}"[:300])
+            d = Restart(None, f"{why}; nothing fits {len(pool)} GPUs: {e}"[:300], checkpoint_first=save)
         else:
-            d = Restart(plan, f"{why}; restart from checkpoint on {len(pool)} GPUs")
+            d = Restart(plan, f"{why}; restart from checkpoint on {len(pool)} GPUs", checkpoint_first=save)
         self.log.append({"step": report.step, "decision": d.to_dict() | {"plan": None}})
         return d
 

@@ -25,14 +25,14 @@ def summary_table(results: dict, title: str):
     from rich.table import Table
 
     t = Table(title=title)
-    for col in ("policy", "tokens/s", "vs nereus", "steps", "transitions (n, s)", "restarts (n, s)",
+    for col in ("policy", "tokens/s", "vs nereus", "steps", "transitions (n, urgent, s)", "restarts (n, s)",
                 "aborted+redone s", "waiting s", "time lost s"):
         t.add_column(col, justify="left" if col == "policy" else "right")
     base = results.get("nereus")
     for name, r in results.items():
         rel = f"{r.throughput / base.throughput:.2f}x" if base and base.throughput > 0 else "-"
         t.add_row(name, f"{r.throughput:,.0f}", rel, str(r.steps),
-                  f"{r.transitions} ({r.urgent_transitions} urgent), {r.transition_time:,.0f}",
+                  f"{r.transitions}, {r.urgent_transitions}, {r.transition_time:,.0f}",
                   f"{r.restarts}, {r.restart_time:,.0f}", f"{r.lost_time:,.0f}", f"{r.wait_time:,.0f}",
                   f"{r.time_lost:,.0f}")
     return t

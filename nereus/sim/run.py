@@ -6,8 +6,10 @@ the decision:
 
 * ``Keep``: nothing;
 * ``Transition``: the clock advances by the true transition time;
-* ``Restart``: the clock advances by the restart cost (process restart, load, warm-up), and the steps
-  since the last checkpoint are redone (their time counts as lost, their tokens are removed).
+* ``Restart``: when a full copy of the state is still alive (``checkpoint_first``), a checkpoint is
+  saved first; otherwise the steps since the last checkpoint are redone (their time counts as lost,
+  their tokens are removed). Then the clock advances by the restart cost (process restart, load,
+  warm-up). A transition that would still need GPUs after they leave becomes such a restart.
 
 A step aborted by a GPU loss or an OOM counts as lost time. Every ``checkpoint_every`` completed
 steps all policies pay a checkpoint save. Throughput is response tokens of completed steps
@@ -119,7 +121,11 @@ def simulate(policy, cluster: SimulatedCluster, hours: float, restart: RestartCo
             res.ooms += int(out.oom)
         decision = policy.observe(out.report)
         if isinstance(decision, Transition):
-            dt = cluster.transition_time(plan, decision.plan, out.report.pool, out.response_len)
+            dt = cluster.transition_time(plan, decision.plan, out.report.alive or out.report.pool, out.response_len)
+            if cluster.loss_time(plan.gpus_used() - decision.plan.gpus_used(), t) < t + dt:
+                # the transition still reads from GPUs that leave before it ends: their state is lost
+                decision = Restart(decision.plan, "transition did not finish before the preempted GPUs left")
+        if isinstance(decision, Transition):
             res.transitions += 1
             res.urgent_transitions += int(decision.urgent)
             res.transition_time += dt
@@ -128,6 +134,12 @@ def simulate(policy, cluster: SimulatedCluster, hours: float, restart: RestartCo
             res.events.append({"t": t, "kind": "transition", "urgent": decision.urgent, "seconds": dt,
                                "reason": decision.reason})
         elif isinstance(decision, Restart):
+            if decision.checkpoint_first:
+                # a full copy of the state is alive: save now, lose no progress
+                dt = restart.save_s(job, len(job.cluster.nodes_of(plan.gpus_used())))
+                res.checkpoint_time += dt
+                t += dt
+                ckpt_step, done = step, []
             redo = sum(d for d, _ in done)
             res.lost_time += redo
             res.tokens -= sum(k for _, k in done)
