@@ -150,3 +150,25 @@ def test_resource_edge_release_before_acquire_on_a_shared_gpu():
     assert est.feasible, est.reason
     kinds = {(a, b): k for a, b, k in est.dag.edges}
     assert kinds.get(("destroy:reward.infer#0", "extend:actor.generate*0")) == "resource"
+
+
+def test_split_that_does_not_fit_in_place_is_done_on_a_copy():
+    """(2,2) → (1,4) through T_sub=(1,2) doubles the shard per GPU; the source GPUs also hold other
+    model-stages, so the replica is copied to the free target GPUs and split there."""
+    gpu = GPUSpec(name="g90", peak_flops=1e15, memory_bytes=90 * 2**30, hbm_bandwidth=3e12,
+                  scaleup_bandwidth=450e9, scaleout_bandwidth=50e9)
+    j = job(nodes=1, gpu=gpu)
+    cur = Plan((Candidate("actor.generate", 1, 1, 4, gpus=(0, 1, 2, 3)),
+                Candidate("reward.infer", 1, 1, 4, gpus=(0, 1, 2, 3)),
+                Candidate("critic.train", 2, 2, 1, gpus=(0, 1, 2, 3))))
+    tgt = Plan((Candidate("actor.generate", 1, 1, 4, gpus=(0, 1, 2, 3)),
+                Candidate("reward.infer", 1, 1, 4, gpus=(0, 1, 2, 3)),
+                Candidate("critic.train", 1, 4, 1, gpus=(4, 5, 6, 7))))
+    est = estimate_transition(j, cur, tgt)
+    assert est.feasible, est.reason
+    pids = [n.pid for n in est.dag.nodes]
+    assert "extend:critic.train#0>" in pids and "split:critic.train#0>" in pids
+    assert "split:critic.train#0" not in pids  # never split where it does not fit
+    s = est.schedule
+    assert s.end["extend:critic.train#0>"] <= s.start["split:critic.train#0>"]
+    assert s.end["extend:critic.train#0>"] <= s.start["destroy:critic.train#0"]

@@ -121,24 +121,37 @@ def plan_dag(job: JobSpec, current: Plan, target: Plan, pool: frozenset[int] | N
     outside = sorted(target.gpus_used() - pool)
     if outside:
         raise Infeasible(f"target plan uses GPUs {outside[:6]} outside the pool of {len(pool)} GPUs")
-    locals_, initial, final = [], [], []
+    initial, final = [], []
     for c in current.candidates:
         ms = c.model_stage
         cur = tuple(e for e in phi(job, c) if set(e.gpus) <= pool)
         if not cur:
             raise Infeasible(f"{ms}: every replica lost GPUs outside the pool; restore from a checkpoint")
-        tgt = phi(job, target[ms], prefix="*")
         initial += cur
-        final += tgt
-        locals_.append(build_local_dag(ms, cur, tgt, model_of(job, ms), state_bytes_per_param(job, ms),
-                                       job.cluster))
+        final += phi(job, target[ms], prefix="*")
     gpus = {g for e in initial + final for g in e.gpus}
+    cap = capacities(job, gpus, reserved_bytes)
     params = params or CostParams()
-    dur = {n.pid: duration(n, job.cluster, params) for ld in locals_ for n in ld.nodes}
-    prt = {n.pid: ports(n, job.cluster) for ld in locals_ for n in ld.nodes}
-    dag, sched = plan_global(locals_, tuple(initial), tuple(final), capacities(job, gpus, reserved_bytes),
-                             dur, prt, order)
-    return dag, sched, dur
+    relocate: set[str] = set()
+    while True:
+        locals_ = []
+        for c in current.candidates:
+            ms = c.model_stage
+            locals_.append(build_local_dag(
+                ms, tuple(e for e in initial if e.model_stage == ms), tuple(e for e in final if e.model_stage == ms),
+                model_of(job, ms), state_bytes_per_param(job, ms), job.cluster, relocate=ms in relocate))
+        dur = {n.pid: duration(n, job.cluster, params) for ld in locals_ for n in ld.nodes}
+        prt = {n.pid: ports(n, job.cluster) for ld in locals_ for n in ld.nodes}
+        try:
+            dag, sched = plan_global(locals_, tuple(initial), tuple(final), cap, dur, prt, order)
+            return dag, sched, dur
+        except Infeasible as e:
+            # an in-place Split did not fit: copy that replica to free target GPUs and split there
+            ms_of = {n.pid: n.model_stage for ld in locals_ for n in ld.nodes}
+            more = {ms_of[p] for p in e.blocked if p.startswith("split:")} - relocate
+            if not more:
+                raise
+            relocate |= more
 
 
 def estimate_transition(job: JobSpec, current: Plan, target: Plan, pool: frozenset[int] | None = None,

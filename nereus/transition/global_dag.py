@@ -185,7 +185,7 @@ def _greedy_pass(nodes: dict[str, Primitive], preds: dict[str, set[str]], dur: d
         ready = still
         if not running:
             if ready:
-                raise Infeasible(_blocked_reason([nodes[p] for p in ready], used, capacity))
+                raise Infeasible(_blocked_reason([nodes[p] for p in ready], used, capacity), tuple(ready))
             break
         t, p = heapq.heappop(running)
         done = [p]

@@ -11,6 +11,8 @@ Source: paper §6.1 and DESIGN.md §4.6.
 3. Units that fill no slot are destroyed; empty slots are filled by Extend from a unit on disjoint
    GPUs (same node first, then the least used source).
 4. Each target EMU is formed by Merge of its slots' units (skipped when one unit already is it).
+5. With ``relocate``, a replica that would be split in place is first extended onto free slots
+   (arranged by :func:`~nereus.transition.emu.aligned_gpus`) and split there.
 
 Edges are state dependencies only: a primitive follows the primitives that produce what it reads or
 consumes; a Destroy or Merge follows every Extend reading the unit (buffer lifetime) and, when the model-stage
@@ -24,14 +26,22 @@ from dataclasses import dataclass
 
 from nereus.spec.hardware import ClusterSpec
 from nereus.spec.model import ModelSpec
-from nereus.transition.emu import EMU, sub_units, t_sub
+from nereus.transition.emu import EMU, aligned_gpus, sub_units, t_sub
 from nereus.transition.primitives import Primitive, destroy, extend, merge, split
 
 __all__ = ["LocalDAG", "build_local_dag", "Infeasible"]
 
 
 class Infeasible(Exception):
-    """The target cannot be reached under the primitives' rules; ``str(e)`` says why."""
+    """The target cannot be reached under the primitives' rules; ``str(e)`` says why.
+
+    Attributes:
+        blocked: pids of the primitives that could not start (empty when not a resource block).
+    """
+
+    def __init__(self, message: str, blocked: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.blocked = tuple(blocked)
 
 
 @dataclass(frozen=True)
@@ -73,13 +83,17 @@ def _pick_source(slot: EMU, units: list[EMU], uses: dict, cluster: ClusterSpec |
 
 
 def build_local_dag(model_stage: str, current: tuple[EMU, ...], target: tuple[EMU, ...], model: ModelSpec,
-                    bytes_per_param: int, cluster: ClusterSpec | None = None) -> LocalDAG:
+                    bytes_per_param: int, cluster: ClusterSpec | None = None,
+                    relocate: bool = False) -> LocalDAG:
     """The local DAG of ``model_stage`` from its current to its target EMUs.
 
     Args:
         current, target: EMUs of this model-stage (one layout each, ``Φ(π)`` and ``Φ(π*)``).
         model, bytes_per_param: shapes and state bytes per parameter of the model-stage.
         cluster: used to prefer same-node Extend sources; optional.
+        relocate: instead of splitting a replica in place (which needs room for the larger shards
+            on its own GPUs), Extend it onto free target slots arranged by ``aligned_gpus`` and
+            split the copy there; used when an in-place Split does not fit.
 
     Raises:
         ValueError: empty EMU lists, mixed layouts or EMUs of another model-stage.
@@ -97,7 +111,7 @@ def build_local_dag(model_stage: str, current: tuple[EMU, ...], target: tuple[EM
                   key=lambda s: (-s[0] * s[1], -s[0]))
     for i, sub in enumerate(subs):
         try:
-            return _build(model_stage, current, target, sub, model, bytes_per_param, cluster)
+            return _build(model_stage, current, target, sub, model, bytes_per_param, cluster, relocate)
         except Infeasible:
             # no replica disjoint from a slot: smaller units overlap less (e.g. a shifted GPU set)
             if i == len(subs) - 1:
@@ -110,7 +124,8 @@ def _divisors(n: int) -> list[int]:
 
 
 def _build(model_stage: str, current: tuple[EMU, ...], target: tuple[EMU, ...], sub: tuple[int, int],
-           model: ModelSpec, bytes_per_param: int, cluster: ClusterSpec | None) -> LocalDAG:
+           model: ModelSpec, bytes_per_param: int, cluster: ClusterSpec | None,
+           relocate: bool = False) -> LocalDAG:
     slots = {e.uid: (sub_units(e, sub, model, bytes_per_param, prefix="/") if e.layout != sub else (e,))
              for e in target}
     slot_sets = {frozenset(s.gpus) for ss in slots.values() for s in ss}
@@ -126,17 +141,36 @@ def _build(model_stage: str, current: tuple[EMU, ...], target: tuple[EMU, ...], 
     nodes: list[Primitive] = []
     edges: list[tuple[str, str]] = []
     producer: dict[str, str] = {}
+    readers: dict[str, list[str]] = {}
     units: list[EMU] = []
+    moved: dict[str, EMU] = {}  # current uid → its copy on free slots (relocate)
+    if relocate:
+        occupied = {g for e in current for g in e.gpus}
+        free = [s for ss in slots.values() for s in ss if not set(s.gpus) & occupied]
+        for e in to_split:
+            k = len(pieces[e.uid])
+            if any(frozenset(u.gpus) in slot_sets for u in pieces[e.uid]) or len(free) < k:
+                continue  # keeps a unit in place, or no room: split in place
+            chosen, free = free[:k], free[k:]
+            copy = EMU(f"{e.uid}>", model_stage, e.tp, e.pp, aligned_gpus(chosen, e.layout), e.shard_bytes)
+            x = extend(e, copy)
+            nodes.append(x)
+            readers.setdefault(e.uid, []).append(x.pid)
+            producer[copy.uid] = x.pid
+            moved[e.uid] = copy
     for e in current:
         if e in to_split:
-            s = split(e, sub, model, bytes_per_param)
+            src = moved.get(e.uid, e)
+            s = split(src, sub, model, bytes_per_param)
             nodes.append(s)
+            if src.uid in producer:
+                edges.append((producer[src.uid], s.pid))
             for u in s.produces:
                 producer[u.uid] = s.pid
                 units.append(u)
         elif e.layout == sub:
             units.append(e)
-    whole = [e for e in current if e.layout != sub and e not in to_split]  # destroyed unsplit
+    whole = [e for e in current if e.layout != sub and (e not in to_split or e.uid in moved)]  # destroyed unsplit
     by_set = {frozenset(u.gpus): u for u in units}
     filled: dict[str, EMU] = {}
     kept: set[str] = set()
@@ -148,7 +182,8 @@ def _build(model_stage: str, current: tuple[EMU, ...], target: tuple[EMU, ...], 
                 kept.add(u.uid)
     uses = {u.uid: 0 for u in units}
     extends: list[Primitive] = []
-    readers: dict[str, list[str]] = {u.uid: [] for u in units}
+    for u in units:
+        readers.setdefault(u.uid, [])
     for ss in slots.values():
         for s in ss:
             if s.uid in filled:
