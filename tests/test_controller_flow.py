@@ -153,3 +153,16 @@ def test_controller_imports_nothing_from_sim_or_runtime():
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             for n in names:
                 assert not n.startswith(("nereus.sim", "nereus.runtime")), (f.name, n)
+
+
+def test_restart_saves_first_when_state_is_alive_under_a_notice():
+    ctl, _ = _ctl(_plan(8, range(8)))                      # one replica: a loss kills its only copy
+    ctl.transition_cost = lambda *a: TransitionCost(1.0, feasible=False, reason="no memory")
+    ctl.observe(StepReport(0, 1000, POOL8))
+    # GPUs 4-7 got a preemption notice: out of P_gpu but still alive
+    d = ctl.observe(StepReport(1, 1000, frozenset(range(4)), alive=POOL8))
+    assert isinstance(d, Restart) and d.checkpoint_first and "no memory" in d.reason
+    ctl, _ = _ctl(_plan(8, range(8)))
+    ctl.observe(StepReport(0, 1000, POOL8))
+    d = ctl.observe(StepReport(1, 1000, frozenset(range(4))))  # no notice: the copy is gone
+    assert isinstance(d, Restart) and not d.checkpoint_first
