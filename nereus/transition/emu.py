@@ -44,6 +44,7 @@ def stage_of(model_stage: str) -> str:
     return stage
 
 
+@functools.lru_cache(maxsize=256)
 def model_of(job: JobSpec, model_stage: str) -> ModelSpec:
     """The model shapes of a model-stage (``"X.stage"`` uses ``job.model("X")``)."""
     stage_of(model_stage)
@@ -106,19 +107,21 @@ class EMU:
     def stage(self) -> str:
         return stage_of(self.model_stage)
 
+    @functools.cached_property
+    def _index(self) -> dict[int, int]:
+        return {g: i for i, g in enumerate(self.gpus)}
+
     def position(self, gpu: int) -> tuple[int, int]:
         """``(p, t)`` of ``gpu`` in this EMU."""
-        i = self.gpus.index(gpu)
-        return divmod(i, self.tp)
+        return divmod(self._index[gpu], self.tp)
 
     def gpu_at(self, p: int, t: int) -> int:
         return self.gpus[p * self.tp + t]
 
     def bytes_on(self, gpu: int) -> int:
         """State bytes this EMU keeps on ``gpu`` (0 when not on it)."""
-        if gpu not in self.gpus:
-            return 0
-        return self.shard_bytes[self.position(gpu)[0]]
+        i = self._index.get(gpu)
+        return 0 if i is None else self.shard_bytes[i // self.tp]
 
     @property
     def total_bytes(self) -> int:

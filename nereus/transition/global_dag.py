@@ -154,12 +154,31 @@ def _blocked_reason(blocked: list[Primitive], used: dict, capacity: dict) -> str
     return "no Destroy can release what a blocked acquisition needs: " + "; ".join(parts)
 
 
+_MEM_CACHE: dict = {}
+
+
+def _mem_items(nodes: dict[str, Primitive]) -> tuple[dict, dict]:
+    """Per pid: (GPU, bytes added at start) and (GPU, bytes changed at end); cached per node set."""
+    k = id(nodes)
+    hit = _MEM_CACHE.get(k)
+    if hit is not None and hit[0] is nodes:
+        return hit[1], hit[2]
+    hi_items = {p: [(g, h) for g, h in n.mem_hi.items() if h > 0] for p, n in nodes.items()}
+    end_delta = {p: [(g, d) for g in set(n.mem_hi) | set(n.mem_net)
+                     if (d := n.mem_net.get(g, 0) - n.mem_hi.get(g, 0))] for p, n in nodes.items()}
+    _MEM_CACHE.clear()
+    _MEM_CACHE[k] = (nodes, hi_items, end_delta)
+    return hi_items, end_delta
+
+
 def _greedy_pass(nodes: dict[str, Primitive], preds: dict[str, set[str]], dur: dict[str, float],
                  ports: dict[str, frozenset], u0: dict[int, int], capacity: dict, key) -> Schedule:
     succs: dict[str, list[str]] = {p: [] for p in nodes}
     for b, ps in preds.items():
         for a in ps:
             succs[a].append(b)
+    rank = {p: key(p) for p in nodes}
+    hi_items, end_delta = _mem_items(nodes)
     waiting = {p: len(ps) for p, ps in preds.items()}
     ready = [p for p, k in waiting.items() if k == 0]
     used = dict(u0)  # ended primitives at their net, running ones at their peak
@@ -169,19 +188,22 @@ def _greedy_pass(nodes: dict[str, Primitive], preds: dict[str, set[str]], dur: d
     end: dict[str, float] = {}
     t = 0.0
     while ready or running:
-        ready.sort(key=key)
+        ready.sort(key=rank.__getitem__)
         still = []
         for p in ready:
-            n = nodes[p]
-            if ports[p] & holder or any(h > 0 and used.get(g, 0) + h > capacity[g]
-                                        for g, h in n.mem_hi.items()):
+            if ports[p] and not holder.isdisjoint(ports[p]):
                 still.append(p)
                 continue
-            start[p], end[p] = t, t + dur[p]
+            his = hi_items[p]
+            if any(used.get(g, 0) + h > capacity[g] for g, h in his):
+                still.append(p)
+                continue
+            start[p] = t
+            end[p] = e = t + dur[p]
             holder |= ports[p]
-            for g, h in n.mem_hi.items():
+            for g, h in his:
                 used[g] = used.get(g, 0) + h
-            heapq.heappush(running, (end[p], p))
+            heapq.heappush(running, (e, p))
         ready = still
         if not running:
             if ready:
@@ -192,10 +214,9 @@ def _greedy_pass(nodes: dict[str, Primitive], preds: dict[str, set[str]], dur: d
         while running and running[0][0] <= t + 1e-12:
             done.append(heapq.heappop(running)[1])
         for p in done:
-            n = nodes[p]
             holder -= ports[p]
-            for g in set(n.mem_hi) | set(n.mem_net):
-                used[g] = used.get(g, 0) + n.mem_net.get(g, 0) - n.mem_hi.get(g, 0)
+            for g, d in end_delta[p]:
+                used[g] = used.get(g, 0) + d
             for s in succs[p]:
                 waiting[s] -= 1
                 if waiting[s] == 0:
