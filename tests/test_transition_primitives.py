@@ -189,3 +189,32 @@ def test_everything_serializes_to_json_and_exact_matches_small_cases():
     ex = exact_schedule(est.dag, est.durations, prt, time_limit_s=10)
     assert ex.optimal and ex.schedule.makespan <= est.l_tran + 1e-6
     assert est.l_tran <= 1.1 * ex.schedule.makespan
+
+
+def test_last_replica_is_destroyed_only_after_an_extend_copied_it():
+    cur, tgt = _plans([("critic.train", 1, 2, 1, (0, 1))], [("critic.train", 1, 2, 1, (2, 3))])
+    est = estimate_transition(JOB, cur, tgt)
+    assert est.feasible
+    assert [n.kind for n in est.dag.nodes] == ["extend", "destroy"]
+    assert ("extend:critic.train*0", "destroy:critic.train#0", "state") in est.dag.edges
+    s = est.schedule
+    assert s.end["extend:critic.train*0"] <= s.start["destroy:critic.train#0"]
+
+
+def test_stage_order_breaks_ties_on_a_shared_link():
+    """Three Extends into GPU 3 share its NVLink receive port, so they run one after another:
+    generation → inference → training under the paper's order; the longest (training: 14 B/param)
+    first under the critical-path order."""
+    cur, tgt = _plans([("actor.generate", 1, 1, 1, (0,)), ("reward.infer", 1, 1, 1, (1,)),
+                       ("critic.train", 1, 1, 1, (2,))],
+                      [("actor.generate", 1, 1, 2, (0, 3)), ("reward.infer", 1, 1, 2, (1, 3)),
+                       ("critic.train", 1, 1, 2, (2, 3))])
+    est = estimate_transition(JOB, cur, tgt, order="stage")
+    s = est.schedule
+    starts = sorted(s.start, key=s.start.get)
+    assert [p.split(":")[1].split("*")[0] for p in starts] == ["actor.generate", "reward.infer", "critic.train"]
+    assert s.start["extend:reward.infer*1"] == pytest.approx(s.end["extend:actor.generate*1"])
+    est = estimate_transition(JOB, cur, tgt)
+    s = est.schedule
+    assert min(s.start, key=s.start.get) == "extend:critic.train*1"
+    assert est.l_tran == pytest.approx(sum(est.durations.values()))  # serialized on the port
