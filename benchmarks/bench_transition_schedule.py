@@ -18,10 +18,54 @@ import statistics
 import sys
 import time
 
-from nereus.transition.cost import ports
-from nereus.transition.estimate import estimate_transition
+from nereus.transition.cost import CostParams, duration, ports
+from nereus.transition.emu import model_of, phi, state_bytes_per_param
+from nereus.transition.estimate import capacities, estimate_transition
 from nereus.transition.exact import exact_schedule
+from nereus.transition.global_dag import rule_dag
 from nereus.transition.instances import random_instance
+from nereus.transition.local_dag import Infeasible, build_local_dag
+
+
+def completeness(nodes: int, n: int, time_limit: float, seed: int, workers: int) -> dict:
+    """On random instances the greedy calls infeasible, can CP-SAT schedule the same local DAGs?"""
+    rng = random.Random(seed * 7919 + nodes)
+    out = {"greedy_infeasible": 0, "exact_feasible": 0, "exact_infeasible": 0, "exact_unknown": 0,
+           "no_local_dag": 0}
+    tries = 0
+    while out["greedy_infeasible"] < n and tries < 5000:
+        tries += 1
+        inst = random_instance(rng, num_nodes=nodes, num_model_stages=4, max_gpus_per_stage=nodes * 8,
+                               max_dp=2 * nodes, memory_gib=64)
+        if inst is None:
+            continue
+        est = estimate_transition(inst.job, inst.current, inst.target, pool=inst.pool)
+        if est.feasible or "lost GPUs" in est.reason:
+            continue
+        out["greedy_infeasible"] += 1
+        job = inst.job
+        initial, final, locals_ = [], [], []
+        try:
+            for c in inst.current.candidates:
+                ms = c.model_stage
+                cur = tuple(e for e in phi(job, c) if set(e.gpus) <= inst.pool)
+                tgt = phi(job, inst.target[ms], prefix="*")
+                initial += cur
+                final += tgt
+                locals_.append(build_local_dag(ms, cur, tgt, model_of(job, ms), state_bytes_per_param(job, ms),
+                                               job.cluster))
+        except Infeasible:
+            out["no_local_dag"] += 1
+            continue
+        gpus = {g for e in initial + final for g in e.gpus}
+        dag = rule_dag(locals_, tuple(initial), tuple(final), capacities(job, gpus))
+        dur = {p.pid: duration(p, job.cluster, CostParams()) for p in dag.nodes}
+        prt = {p.pid: ports(p, job.cluster) for p in dag.nodes}
+        ex = exact_schedule(dag, dur, prt, time_limit_s=time_limit, num_workers=workers)
+        key = {"OPTIMAL": "exact_feasible", "FEASIBLE": "exact_feasible",
+               "INFEASIBLE": "exact_infeasible"}.get(ex.status, "exact_unknown")
+        out[key] += 1
+    return out
 
 
 def run_size(nodes: int, n: int, time_limit: float, seed: int, workers: int, planner_like: bool) -> list[dict]:
@@ -84,7 +128,17 @@ def main(argv=None) -> int:
     ap.add_argument("--placement", choices=("mixed", "planner"), default="mixed",
                     help="mixed: contiguous and arbitrary GPU sets; planner: contiguous, existing GPUs kept")
     ap.add_argument("--json", help="write all rows and the summary to this file")
+    ap.add_argument("--completeness", type=int, default=0, metavar="N",
+                    help="instead: on N greedy-infeasible instances per size, does CP-SAT find a schedule?")
     a = ap.parse_args(argv)
+    if a.completeness:
+        print(f"{'GPUs':>5} {'greedy infeasible':>17} {'exact feasible':>14} {'exact infeasible':>16} "
+              f"{'unknown':>7} {'no local DAG':>12}")
+        for nodes in a.nodes:
+            c = completeness(nodes, a.completeness, a.time_limit, a.seed, a.workers)
+            print(f"{nodes * 8:>5} {c['greedy_infeasible']:>17} {c['exact_feasible']:>14} "
+                  f"{c['exact_infeasible']:>16} {c['exact_unknown']:>7} {c['no_local_dag']:>12}", flush=True)
+        return 0
     all_rows, summary = [], []
     for nodes in a.nodes:
         rows = run_size(nodes, a.instances, a.time_limit, a.seed, a.workers, a.placement == "planner")

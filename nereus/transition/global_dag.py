@@ -46,7 +46,7 @@ from nereus.transition.local_dag import Infeasible, LocalDAG
 from nereus.transition.primitives import Primitive, priority
 from nereus.transition.schedule import Schedule, critical_chain
 
-__all__ = ["GlobalDAG", "build_global_dag", "plan_global", "priority"]
+__all__ = ["GlobalDAG", "build_global_dag", "plan_global", "priority", "rule_dag"]
 
 #: Extra list-schedule passes with seeded noise on the path-length priority (``order="critical"``);
 #: each costs about a millisecond at 64 GPUs and the best pass is kept.
@@ -398,3 +398,13 @@ def build_global_dag(locals_: list[LocalDAG], initial: tuple[EMU, ...], target: 
                      ports: dict[str, frozenset] | None = None, order: str = "critical") -> GlobalDAG:
     """The DAG of :func:`plan_global` without its schedule."""
     return plan_global(locals_, initial, target, capacity, dur, ports, order)[0]
+
+
+def rule_dag(locals_: list[LocalDAG], initial: tuple[EMU, ...], target: tuple[EMU, ...],
+             capacity: dict[int, int]) -> GlobalDAG:
+    """The DAG with state and ownership edges only (no greedy resource edges), nodes in local order:
+    the problem an exact scheduler solves (``exact.py``), also where the greedy finds no order."""
+    nodes = [n for ld in locals_ for n in ld.nodes]
+    edges = [(a, b, "state") for ld in locals_ for a, b in ld.edges] + _ownership_edges(locals_)
+    return GlobalDAG(nodes=tuple(nodes), edges=tuple(dict.fromkeys(edges)), initial=tuple(initial),
+                     target=tuple(target), capacity=dict(capacity), local=tuple(locals_))
