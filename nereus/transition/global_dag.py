@@ -37,25 +37,22 @@ Source: paper §6.1-§6.2, DESIGN.md §4.6.
 from __future__ import annotations
 
 import graphlib
-import heapq
 import random
 from dataclasses import dataclass
 
 from nereus.transition.emu import EMU, stage_of
 from nereus.transition.local_dag import Infeasible, LocalDAG
 from nereus.transition.primitives import Primitive, priority
-from nereus.transition.schedule import Schedule, critical_chain
+from nereus.transition.schedule import (
+    NOISE,
+    NUM_NOISY_PASSES,
+    Schedule,
+    critical_chain,
+    memory_list_schedule,
+    repair_delays,
+)
 
 __all__ = ["GlobalDAG", "build_global_dag", "plan_global", "priority", "rule_dag"]
-
-#: Extra list-schedule passes with seeded noise on the path-length priority (``order="critical"``);
-#: each costs about a millisecond at 64 GPUs and the best pass is kept.
-NUM_NOISY_PASSES = 4
-NOISE = 1.0
-#: Rounds of the delay local search (``_repair``); each tries up to ``REPAIR_TRIES`` passes.
-REPAIR_ROUNDS = 8
-REPAIR_TRIES = 3
-
 
 @dataclass(frozen=True)
 class GlobalDAG:
@@ -141,136 +138,6 @@ def _tails(nodes, preds: dict[str, set[str]], dur: dict[str, float]) -> dict[str
     for p in reversed(topo):
         tail[p] = dur[p] + max((tail[q] for q in succs[p]), default=0.0)
     return tail
-
-
-def _blocked_reason(blocked: list[Primitive], used: dict, capacity: dict) -> str:
-    parts = []
-    for n in blocked[:4]:
-        for g, h in sorted(n.mem_hi.items()):
-            if h > 0 and used.get(g, 0) + h > capacity[g]:
-                parts.append(f"{n.pid} needs {h / 2**30:.2f} GiB on GPU {g} where "
-                             f"{max(capacity[g] - used.get(g, 0), 0) / 2**30:.2f} GiB are free")
-                break
-    return "no Destroy can release what a blocked acquisition needs: " + "; ".join(parts)
-
-
-_MEM_CACHE: dict = {}
-
-
-def _mem_items(nodes: dict[str, Primitive]) -> tuple[dict, dict]:
-    """Per pid: (GPU, bytes added at start) and (GPU, bytes changed at end); cached per node set."""
-    k = id(nodes)
-    hit = _MEM_CACHE.get(k)
-    if hit is not None and hit[0] is nodes:
-        return hit[1], hit[2]
-    hi_items = {p: [(g, h) for g, h in n.mem_hi.items() if h > 0] for p, n in nodes.items()}
-    end_delta = {p: [(g, d) for g in set(n.mem_hi) | set(n.mem_net)
-                     if (d := n.mem_net.get(g, 0) - n.mem_hi.get(g, 0))] for p, n in nodes.items()}
-    _MEM_CACHE.clear()
-    _MEM_CACHE[k] = (nodes, hi_items, end_delta)
-    return hi_items, end_delta
-
-
-def _greedy_pass(nodes: dict[str, Primitive], preds: dict[str, set[str]], dur: dict[str, float],
-                 ports: dict[str, frozenset], u0: dict[int, int], capacity: dict, key) -> Schedule:
-    succs: dict[str, list[str]] = {p: [] for p in nodes}
-    for b, ps in preds.items():
-        for a in ps:
-            succs[a].append(b)
-    rank = {p: key(p) for p in nodes}
-    hi_items, end_delta = _mem_items(nodes)
-    waiting = {p: len(ps) for p, ps in preds.items()}
-    ready = [p for p, k in waiting.items() if k == 0]
-    used = dict(u0)  # ended primitives at their net, running ones at their peak
-    holder: set = set()
-    running: list[tuple[float, str]] = []
-    start: dict[str, float] = {}
-    end: dict[str, float] = {}
-    t = 0.0
-    while ready or running:
-        ready.sort(key=rank.__getitem__)
-        still = []
-        for p in ready:
-            if ports[p] and not holder.isdisjoint(ports[p]):
-                still.append(p)
-                continue
-            his = hi_items[p]
-            if any(used.get(g, 0) + h > capacity[g] for g, h in his):
-                still.append(p)
-                continue
-            start[p] = t
-            end[p] = e = t + dur[p]
-            holder |= ports[p]
-            for g, h in his:
-                used[g] = used.get(g, 0) + h
-            heapq.heappush(running, (e, p))
-        ready = still
-        if not running:
-            if ready:
-                raise Infeasible(_blocked_reason([nodes[p] for p in ready], used, capacity), tuple(ready))
-            break
-        t, p = heapq.heappop(running)
-        done = [p]
-        while running and running[0][0] <= t + 1e-12:
-            done.append(heapq.heappop(running)[1])
-        for p in done:
-            holder -= ports[p]
-            for g, d in end_delta[p]:
-                used[g] = used.get(g, 0) + d
-            for s in succs[p]:
-                waiting[s] -= 1
-                if waiting[s] == 0:
-                    ready.append(s)
-    return Schedule(start, end, max(end.values(), default=0.0), algo="greedy")
-
-
-def _ancestors(p: str, preds: dict[str, set[str]]) -> set[str]:
-    seen, stack = set(), [p]
-    while stack:
-        for q in preds[stack.pop()]:
-            if q not in seen:
-                seen.add(q)
-                stack.append(q)
-    return seen
-
-
-def _repair(best: Schedule, nodes, preds, dur, ports, u0, capacity, key) -> Schedule:
-    """Local search over delay decisions a non-delay list schedule cannot make.
-
-    Walk the critical chain back to a primitive that waited for memory or a port after its
-    predecessors ended; try making each primitive that held those resources when it became ready
-    wait for it instead (a temporary edge), and keep the schedule when the makespan drops.
-    """
-    extra: dict[str, set[str]] = {p: set(ps) for p, ps in preds.items()}
-    for _ in range(REPAIR_ROUNDS):
-        chain = critical_chain(best.start, best.end, extra, ports)
-        improved = False
-        for c in reversed(chain):
-            ready_at = max((best.end[q] for q in extra[c]), default=0.0)
-            if best.start[c] <= ready_at + 1e-9:
-                continue
-            n = nodes[c]
-            mine = {g for g, h in n.mem_hi.items() if h > 0}
-            anc = _ancestors(c, extra)
-            blockers = [b for b in nodes if b != c and b not in anc and best.start[b] < best.start[c]
-                        and best.end[b] > ready_at
-                        and (ports[b] & ports[c] or mine & {g for g, h in nodes[b].mem_hi.items() if h > 0})]
-            blockers.sort(key=lambda b: -best.start[b])
-            for b in blockers[:REPAIR_TRIES]:
-                extra[b].add(c)
-                try:
-                    s = _greedy_pass(nodes, extra, dur, ports, u0, capacity, key)
-                except Infeasible:
-                    s = None
-                if s is not None and s.makespan < best.makespan - 1e-9:
-                    best, improved = s, True
-                    break
-                extra[b].discard(c)
-            if improved:
-                break
-        if not improved:
-            break
-    return best
 
 
 def _resource_edges(sched: Schedule, nodes: dict[str, Primitive], preds: dict[str, set[str]],
@@ -371,7 +238,7 @@ def plan_global(locals_: list[LocalDAG], initial: tuple[EMU, ...], target: tuple
         if best is not None and best.makespan <= bound + 1e-9:
             break  # optimal already
         try:
-            s = _greedy_pass(nodes, preds, dur, ports, u0, capacity, key)
+            s = memory_list_schedule(nodes, preds, dur, ports, u0, capacity, key)
         except Infeasible as e:
             first_error = first_error or e
             continue
@@ -380,7 +247,7 @@ def plan_global(locals_: list[LocalDAG], initial: tuple[EMU, ...], target: tuple
     if best is None:
         raise first_error
     if order == "critical" and best.makespan > bound + 1e-9:
-        best = _repair(best, nodes, preds, dur, ports, u0, capacity, keys[0])
+        best = repair_delays(best, nodes, preds, dur, ports, u0, capacity, keys[0])
     res = _resource_edges(best, nodes, {p: set(s) for p, s in preds.items()}, u0, capacity)
     for a, b, _ in res:
         preds[b].add(a)
