@@ -37,6 +37,7 @@ class TransitionEstimate:
         dag: the :class:`GlobalDAG` (None when infeasible).
         schedule: start/end per primitive (None when infeasible).
         critical_path_s: longest DAG path in seconds ignoring link contention (<= ``l_tran``).
+        durations: pid → predicted seconds of each primitive (``cost.duration``).
     """
 
     feasible: bool
