@@ -218,3 +218,10 @@ def test_stage_order_breaks_ties_on_a_shared_link():
     s = est.schedule
     assert min(s.start, key=s.start.get) == "extend:critic.train*1"
     assert est.l_tran == pytest.approx(sum(est.durations.values()))  # serialized on the port
+
+
+def test_current_state_over_capacity_is_infeasible():
+    cur, tgt = _plans([("critic.train", 1, 1, 1, (0,))], [("critic.train", 1, 1, 2, (0, 1))])
+    full = {0: 80 * 2**30}  # workspace larger than what the tiny critic leaves free
+    est = estimate_transition(JOB, cur, tgt, reserved_bytes=full)
+    assert not est.feasible and "already holds" in est.reason

@@ -114,8 +114,8 @@ def plan_dag(job: JobSpec, current: Plan, target: Plan, pool: frozenset[int] | N
     Raises:
         ValueError: plans with different model-stages, unplaced candidates, GPU ids outside the
             cluster or concurrent model-stages sharing a GPU.
-        Infeasible: the target uses GPUs outside the pool, a model-stage lost every replica, or no
-            safe order exists.
+        Infeasible: the target uses GPUs outside the pool, a model-stage lost every replica, the
+            current state already exceeds a GPU's usable memory, or no safe order exists.
     """
     _check_plans(job, current, target)
     pool = job.cluster.all_gpus() if pool is None else job.cluster.check_pool(pool)
@@ -132,6 +132,16 @@ def plan_dag(job: JobSpec, current: Plan, target: Plan, pool: frozenset[int] | N
         final += phi(job, target[ms], prefix="*")
     gpus = {g for e in initial + final for g in e.gpus}
     cap = capacities(job, gpus, reserved_bytes)
+    used: dict[int, int] = {}
+    for e in initial:
+        for g in e.gpus:
+            used[g] = used.get(g, 0) + e.bytes_on(g)
+    over = sorted(g for g, b in used.items() if b > cap[g])
+    if over:
+        g = over[0]
+        raise Infeasible(f"GPU {g} already holds {used[g] / 2**30:.2f} GiB of state, more than the "
+                         f"{cap[g] / 2**30:.2f} GiB left after headroom and reserved bytes "
+                         f"({len(over)} GPU(s) over): no room for a live transition")
     params = params or CostParams()
     relocate: set[str] = set()
     while True:
