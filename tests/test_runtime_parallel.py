@@ -140,6 +140,15 @@ def _rank_main(core, batch):
         if core.id == 0:
             out["grad"][(tp, pp, dp)] = grads
         core.destroy(name)
+    # the GPipe schedule on the deepest pipeline (the loop above used 1F1B)
+    for tp, pp, dp in [(1, 4, 1), (2, 2, 1)]:
+        lay = Layout(tp, pp, dp, tuple(range(tp * pp * dp)))
+        core.build("gp", SPEC, lay, seed=0, trainable=False, tag=f"gp{tp}{pp}", schedule="gpipe")
+        core.backward_lm("gp", tokens, MB, denom)
+        g = core.gather("gp", "grads")
+        if core.id == 0:
+            out["grad"][(tp, pp, dp, "gpipe")] = g
+        core.destroy("gp")
     seeds = list(range(100, 100 + N))
     prompts = tokens[:, :P]
     for tp, pp, dp in GEN_LAYOUTS:
@@ -233,6 +242,9 @@ def test_forward_and_grad_parity(results):
         report[(tp, pp, dp)] = (fd, gd)
         assert fd < TOL, f"logits of layout {(tp, pp, dp)} differ by {fd}"
         assert gd < TOL, f"grads of layout {(tp, pp, dp)} differ by {gd}"
+    for lay in [(1, 4, 1), (2, 2, 1)]:
+        gd = max(_maxdiff(res["grad"][lay + ("gpipe",)][n], W[n].grad) for n in W)
+        assert gd < TOL, f"grads of layout {lay} under GPipe differ by {gd}"
     print("max abs diff (logits, grads) per layout:", report)
 
 

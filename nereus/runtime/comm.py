@@ -69,10 +69,13 @@ class Group:
         try:
             work_fn().wait()
         except RuntimeError as e:
-            raise CommError(f"{op} in group {self.name!r} (members {self.members}, rank {self.rank}) "
-                            f"failed or timed out after {self.timeout_s:.0f}s: {str(e)[:300]}") from e
+            raise self._error(op, e) from e
         self.meter.add_time(f"{op}@gloo", time.perf_counter() - t0)
         self.meter.add_bytes(sent_bytes)
+
+    def _error(self, op: str, e: Exception) -> CommError:
+        return CommError(f"{op} in group {self.name!r} (members {self.members}, rank {self.rank}) "
+                         f"failed or timed out after {self.timeout_s:.0f}s: {str(e)[:300]}")
 
     # ------------------------------------------------------------------ collectives
     # Gloo runs on host memory: a device tensor is staged through a contiguous CPU copy (the NCCL
@@ -120,6 +123,28 @@ class Group:
         """Point-to-point send of ``t`` to group rank ``dst``."""
         buf = t.contiguous().cpu()
         self._run("p2p", lambda: self.pg.send([buf], dst, 0), t.numel() * t.element_size())
+
+    def isend(self, t: torch.Tensor, dst: int) -> tuple:
+        """Start sending ``t`` to group rank ``dst``; pass the handle to :meth:`wait` (the buffer stays
+        alive until then)."""
+        buf = t.detach().contiguous().cpu()
+        t0 = time.perf_counter()
+        try:
+            work = self.pg.send([buf], dst, 0)
+        except RuntimeError as e:
+            raise self._error("p2p", e) from e
+        self.meter.add_time("p2p@gloo", time.perf_counter() - t0)
+        self.meter.add_bytes(t.numel() * t.element_size())
+        return work, buf
+
+    def wait(self, handle: tuple) -> None:
+        """Finish an :meth:`isend`."""
+        t0 = time.perf_counter()
+        try:
+            handle[0].wait()
+        except RuntimeError as e:
+            raise self._error("p2p", e) from e
+        self.meter.add_time("p2p@gloo", time.perf_counter() - t0)
 
     def recv(self, t: torch.Tensor, src: int) -> torch.Tensor:
         """Receive into contiguous ``t`` from group rank ``src``; returns ``t``."""

@@ -75,12 +75,16 @@ class Engine:
         ctx: parallel context; ``ctx.d`` is this EMU's DP replica.
         seed: initial parameters (every layout of the same seed starts identical).
         trainable: hold Adam state and accept :meth:`train_step`.
+        schedule: pipeline schedule of training, ``1f1b`` or ``gpipe``.
     """
 
     def __init__(self, spec: ModelSpec, ctx: ParallelContext, seed: int, meter: Meter, trainable: bool,
                  adam: AdamConfig | None = None, dtype: torch.dtype = torch.float32, device: str = "cpu",
-                 full: dict[str, torch.Tensor] | None = None) -> None:
+                 full: dict[str, torch.Tensor] | None = None, schedule: str = "1f1b") -> None:
+        if schedule not in ("1f1b", "gpipe"):
+            raise ValueError(f"pipeline schedule must be '1f1b' or 'gpipe', got {schedule!r}")
         self.spec, self.ctx, self.meter, self.trainable = spec, ctx, meter, trainable
+        self.schedule = schedule
         self.model = LlamaShard(spec, ctx, seed, meter, dtype, device, full=full)
         self.adam = adam or AdamConfig()
         self.exp_avg = {n: torch.zeros_like(w) for n, w in self.model.params.items()} if trainable else {}
@@ -134,7 +138,7 @@ class Engine:
             return lv, {"loss": float(lv.detach())}
 
         self.model.zero_grad()
-        mets = forward_backward(self.model, [tokens[s] for s in slices], loss_fn)
+        mets = forward_backward(self.model, [tokens[s] for s in slices], loss_fn, self.schedule)
         self.model.reduce_replicated_kv_grads()
         self._dp_reduce_grads()
         return None if mets is None else sum(m["loss"] for m in mets)
@@ -181,7 +185,7 @@ class Engine:
                            "clipped": float(clipped)}
 
         self.model.zero_grad()
-        mets = forward_backward(self.model, [tokens[s] for s in slices], loss_fn)
+        mets = forward_backward(self.model, [tokens[s] for s in slices], loss_fn, self.schedule)
         self.model.reduce_replicated_kv_grads()
         self._dp_reduce_grads()
         self._adam_step()

@@ -105,13 +105,15 @@ class WorkerCore:
 
     # ------------------------------------------------------------------ setup
     def build(self, model_stage: str, spec: ModelSpec, layout: Layout, seed: int, trainable: bool,
-              adam: AdamConfig | None = None, tag: str = "e0", dtype: str = "auto") -> tuple[int, int, int]:
+              adam: AdamConfig | None = None, tag: str = "e0", dtype: str = "auto",
+              schedule: str = "1f1b") -> tuple[int, int, int]:
         """Build this worker's engine of ``model_stage`` (collective over the layout's workers).
 
         Args:
             dtype: ``auto`` (bf16 for forward-only model-stages where the device supports it, else
                 fp32), ``float32`` or ``bfloat16`` (forward-only model-stages only: training keeps
                 fp32 weights, which are also Adam's master weights).
+            schedule: pipeline schedule of training, ``1f1b`` or ``gpipe``.
 
         Returns:
             this worker's (d, p, t).
@@ -123,7 +125,8 @@ class WorkerCore:
         with self.meter.stage(model_stage):
             ctx = build_context(spec, layout, self.id, self.store, f"{tag}/{model_stage}", self.meter,
                                 self.timeout_s)
-            self.engines[model_stage] = Engine(spec, ctx, seed, self.meter, trainable, adam, dt, self.device)
+            self.engines[model_stage] = Engine(spec, ctx, seed, self.meter, trainable, adam, dt, self.device,
+                                               schedule=schedule)
         return ctx.d, ctx.p, ctx.t
 
     def destroy(self, model_stage: str) -> None:
