@@ -127,7 +127,7 @@ def test_memory_bound_extend_waits_for_a_destroy_of_another_stage():
     # the other way round: grow actor.generate onto GPU 1 needs the memory it has there
     est = estimate_transition(j, tgt, cur)
     assert est.feasible, est.reason
-    tight = {g: 18 * 2**30 for g in range(8)}  # workspace leaves no room for a 16 GB copy
+    tight = {1: 18 * 2**30}  # workspace on GPU 1 leaves no room for a 16 GB copy
     est = estimate_transition(j, tgt, cur, reserved_bytes=tight)
     assert not est.feasible
     assert "no Destroy can release" in est.reason and "extend:actor.generate*1" in est.reason
