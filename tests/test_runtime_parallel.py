@@ -149,6 +149,14 @@ def _rank_main(core, batch):
         if core.id == 0:
             out["grad"][(tp, pp, dp, "gpipe")] = g
         core.destroy("gp")
+    # 1F1B keeps fewer micro-batches of activations alive than GPipe (8 micro-batches, pp=4)
+    for sch in ("gpipe", "1f1b"):
+        core.build(f"mem_{sch}", SPEC, Layout(1, 4, 1, (0, 1, 2, 3)), seed=0, trainable=False, tag=f"mem{sch}",
+                   schedule=sch)
+        core.backward_lm(f"mem_{sch}", tokens, 1, denom)
+        core.destroy(f"mem_{sch}")
+    peaks = core.measurements()["peak_bytes_by_stage"]
+    out["mem"] = (peaks["mem_gpipe"], peaks["mem_1f1b"])
     seeds = list(range(100, 100 + N))
     prompts = tokens[:, :P]
     for tp, pp, dp in GEN_LAYOUTS:
@@ -214,6 +222,7 @@ def results():
         for k in merged:
             merged[k].update(r[k])
     merged["sync"] = res[2]["sync"]
+    merged["mem"] = [r["mem"] for r in res]
     merged["bf16"] = res[2]["bf16"]
     merged["bf16_gen"] = res[0]["bf16_gen"]
     merged["meas"] = [r["meas"] for r in res]
@@ -273,6 +282,14 @@ def test_dtype_resolution():
         resolve_dtype("bfloat16", True, "cpu")
     with pytest.raises(ValueError, match="dtype must be"):
         resolve_dtype("fp8", False, "cpu")
+
+
+@pytest.mark.slow
+def test_1f1b_holds_fewer_activations_than_gpipe(results):
+    _, res = results
+    print("tracked peak bytes per PP rank (gpipe, 1f1b):", res["mem"])
+    for gpipe, one_f_one_b in res["mem"]:
+        assert one_f_one_b < gpipe
 
 
 @pytest.mark.slow

@@ -131,7 +131,9 @@ class WorkerCore:
 
     def destroy(self, model_stage: str) -> None:
         """Drop this worker's engine of ``model_stage`` (local teardown, no collective)."""
-        self.engines.pop(model_stage, None)
+        e = self.engines.pop(model_stage, None)
+        if e is not None:
+            self.meter.drop_static(f"params:{id(e)}")
 
     def _engine(self, model_stage: str) -> Engine:
         if model_stage not in self.engines:
