@@ -28,6 +28,8 @@ SPEC = MODEL_PRESETS["tiny"]
 VSPEC = SPEC.value_head()
 LAYOUTS = [(1, 1, 1), (2, 1, 1), (1, 2, 1), (2, 2, 1), (1, 1, 2), (4, 1, 1), (1, 4, 1), (2, 1, 2)]
 GEN_LAYOUTS = [(1, 1, 1), (2, 2, 1), (4, 1, 1), (1, 1, 2)]
+VARIANTS = [((1, 4, 1), "gpipe", {"schedule": "gpipe"}), ((2, 2, 1), "gpipe", {"schedule": "gpipe"}),
+            ((2, 2, 1), "full", {"recompute": "full"}), ((2, 1, 1), "selective", {"recompute": "selective"})]
 N, T, P, R, MB = 8, 10, 5, 5, 2
 LR = 1e-2
 # Adam's first step is lr·g/(|g|+eps): a gradient near zero turns an fp32 reduction-order error δ
@@ -140,15 +142,18 @@ def _rank_main(core, batch):
         if core.id == 0:
             out["grad"][(tp, pp, dp)] = grads
         core.destroy(name)
-    # the GPipe schedule on the deepest pipeline (the loop above used 1F1B)
-    for tp, pp, dp in [(1, 4, 1), (2, 2, 1)]:
-        lay = Layout(tp, pp, dp, tuple(range(tp * pp * dp)))
-        core.build("gp", SPEC, lay, seed=0, trainable=False, tag=f"gp{tp}{pp}", schedule="gpipe")
-        core.backward_lm("gp", tokens, MB, denom)
-        g = core.gather("gp", "grads")
+    # the GPipe schedule (the loop above used 1F1B) and activation recomputation
+    for (tp, pp, dp), key, kw in VARIANTS:
+        n = tp * pp * dp
+        if core.id >= n:
+            continue
+        core.build("v", SPEC, Layout(tp, pp, dp, tuple(range(n))), seed=0, trainable=False,
+                   tag=f"v{key}{tp}{pp}", **kw)
+        core.backward_lm("v", tokens, MB, denom)
+        g = core.gather("v", "grads")
         if core.id == 0:
-            out["grad"][(tp, pp, dp, "gpipe")] = g
-        core.destroy("gp")
+            out["grad"][(tp, pp, dp, key)] = g
+        core.destroy("v")
     # 1F1B keeps fewer micro-batches of activations alive than GPipe (8 micro-batches, pp=4)
     for sch in ("gpipe", "1f1b"):
         core.build(f"mem_{sch}", SPEC, Layout(1, 4, 1, (0, 1, 2, 3)), seed=0, trainable=False, tag=f"mem{sch}",
@@ -172,6 +177,13 @@ def _rank_main(core, batch):
             if p == 0 and t == 0:
                 out["gen"][(tp, pp, dp, d, greedy)] = resp
         core.destroy(name)
+    # waves of at most 3 sequences (a KV-cache budget): the same tokens, sampling is per sequence
+    if core.id < 2:
+        core.build("waves", SPEC, Layout(1, 2, 1, (0, 1)), seed=0, trainable=False, tag="waves")
+        resp = core.generate("waves", prompts, seeds, R, 1.0, False, eos_id=-1, concurrency=3)
+        if core.id == 0:
+            out["gen"][("waves",)] = resp
+        core.destroy("waves")
     # bf16 forward-only model-stage (what "auto" picks on a bf16 GPU), layout (2,2,1)
     d, p, t = core.build("bf16", SPEC, Layout(2, 2, 1, (0, 1, 2, 3)), seed=0, trainable=False, tag="bf",
                          dtype="bfloat16")
@@ -251,9 +263,9 @@ def test_forward_and_grad_parity(results):
         report[(tp, pp, dp)] = (fd, gd)
         assert fd < TOL, f"logits of layout {(tp, pp, dp)} differ by {fd}"
         assert gd < TOL, f"grads of layout {(tp, pp, dp)} differ by {gd}"
-    for lay in [(1, 4, 1), (2, 2, 1)]:
-        gd = max(_maxdiff(res["grad"][lay + ("gpipe",)][n], W[n].grad) for n in W)
-        assert gd < TOL, f"grads of layout {lay} under GPipe differ by {gd}"
+    for lay, key, _ in VARIANTS:
+        gd = max(_maxdiff(res["grad"][lay + (key,)][n], W[n].grad) for n in W)
+        assert gd < TOL, f"grads of layout {lay} with {key} differ by {gd}"
     print("max abs diff (logits, grads) per layout:", report)
 
 
@@ -304,6 +316,8 @@ def test_generation_matches_uncached_reference(results):
             for tp, pp, dp in GEN_LAYOUTS:
                 got = torch.cat([res["gen"][(tp, pp, dp, d, greedy)] for d in range(dp)])
                 assert torch.equal(got, ref), f"generation of layout {(tp, pp, dp)} greedy={greedy}"
+            if not greedy:
+                assert torch.equal(res["gen"][("waves",)], ref)
 
 
 def _ref_update(spec, seed, loss_fn):

@@ -199,8 +199,11 @@ class RLDriver:
             seed = {"actor": 0, "reference": 0, "critic": 1, "reward": 2}.get(ms.model, 3) + self.cfg.seed * 10
             lr = self.cfg.critic_lr if ms.model == "critic" else self.cfg.actor_lr
             adam = AdamConfig(lr=lr) if ms.trainable else None
+            rc = self.cands[ms.name].recompute if ms.trainable else "none"
+            rc = "selective" if rc == "auto" else rc
             self._get([self.workers[i].build.remote(ms.name, self._spec_of(ms.model), lay, seed, ms.trainable,
-                                                    adam, self.tag) for i in lay.workers], f"building {ms.name}")
+                                                    adam, self.tag, recompute=rc) for i in lay.workers],
+                      f"building {ms.name}")
         return self
 
     def close(self) -> None:
@@ -255,7 +258,8 @@ class RLDriver:
 
     def _generate(self, prompts: torch.Tensor, seeds: list[int], greedy: bool) -> torch.Tensor:
         out = self._per_replica("actor.generate", "generate", [prompts, seeds], self.R, self.cfg.temperature,
-                                greedy, self.task.tokenizer.eos_id, self.task.tokenizer.pad_id, out_at="first")
+                                greedy, self.task.tokenizer.eos_id, self.task.tokenizer.pad_id,
+                                self.cands["actor.generate"].concurrency, out_at="first")
         return torch.cat(out)
 
     def _submit_scores(self, tokens: torch.Tensor, P: int):

@@ -76,16 +76,18 @@ class Engine:
         seed: initial parameters (every layout of the same seed starts identical).
         trainable: hold Adam state and accept :meth:`train_step`.
         schedule: pipeline schedule of training, ``1f1b`` or ``gpipe``.
+        recompute: activation recomputation, ``none``, ``selective`` or ``full`` (see ``model.py``).
     """
 
     def __init__(self, spec: ModelSpec, ctx: ParallelContext, seed: int, meter: Meter, trainable: bool,
                  adam: AdamConfig | None = None, dtype: torch.dtype = torch.float32, device: str = "cpu",
-                 full: dict[str, torch.Tensor] | None = None, schedule: str = "1f1b") -> None:
+                 full: dict[str, torch.Tensor] | None = None, schedule: str = "1f1b",
+                 recompute: str = "none") -> None:
         if schedule not in ("1f1b", "gpipe"):
             raise ValueError(f"pipeline schedule must be '1f1b' or 'gpipe', got {schedule!r}")
         self.spec, self.ctx, self.meter, self.trainable = spec, ctx, meter, trainable
         self.schedule = schedule
-        self.model = LlamaShard(spec, ctx, seed, meter, dtype, device, full=full)
+        self.model = LlamaShard(spec, ctx, seed, meter, dtype, device, full=full, recompute=recompute)
         self.adam = adam or AdamConfig()
         self.exp_avg = {n: torch.zeros_like(w) for n, w in self.model.params.items()} if trainable else {}
         self.exp_avg_sq = {n: torch.zeros_like(w) for n, w in self.model.params.items()} if trainable else {}

@@ -15,6 +15,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from nereus.runtime.comm import copy_to_tp, gather_last_dim, reduce_from_tp
 from nereus.runtime.instrument import Meter
@@ -43,6 +44,10 @@ def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
 
+def _sdpa(q, k, v, mask, d):
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0 / math.sqrt(d))
+
+
 class KVCache:
     """Per-layer key/value buffers ``[B, g_local, T_max, d]`` of one shard; ``length`` positions filled."""
 
@@ -67,6 +72,8 @@ class LlamaShard:
         seed: initial logical parameters come from :func:`init_full_params` with this seed.
         meter: receives gemm/attention timings.
         dtype, device: fp32 on CPU; bf16 where the device supports it.
+        recompute: activation recomputation in training: ``none``; ``selective`` (the attention
+            core, as Megatron's selective recompute); ``full`` (each decoder layer).
 
     Attributes:
         params: logical name → this rank's shard (leaf tensor with ``requires_grad``).
@@ -75,8 +82,11 @@ class LlamaShard:
 
     def __init__(self, spec: ModelSpec, ctx: ParallelContext, seed: int, meter: Meter,
                  dtype: torch.dtype = torch.float32, device: str = "cpu",
-                 full: dict[str, torch.Tensor] | None = None) -> None:
+                 full: dict[str, torch.Tensor] | None = None, recompute: str = "none") -> None:
+        if recompute not in ("none", "selective", "full"):
+            raise ValueError(f"recompute must be 'none', 'selective' or 'full', got {recompute!r}")
         self.spec, self.ctx, self.meter, self.dtype, self.device = spec, ctx, meter, dtype, device
+        self.recompute = recompute
         full = full if full is not None else init_full_params(spec, seed)
         shapes = param_shapes(spec)
         self.names = names_of_stage(spec, ctx.pp, ctx.p)
@@ -119,7 +129,10 @@ class LlamaShard:
                 v = v.repeat_interleave(rep, dim=1)
             keys = torch.arange(start + T, device=x.device)
             mask = keys[None, :] <= pos[:, None]  # [T, start+T] causal over cached + new positions
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0 / math.sqrt(d))
+            if self.recompute == "selective" and torch.is_grad_enabled():
+                o = checkpoint(_sdpa, q, k, v, mask, d, use_reentrant=False)
+            else:
+                o = _sdpa(q, k, v, mask, d)
         o = o.transpose(1, 2).reshape(B, T, self.q_heads * d)
         return reduce_from_tp(self._mm(o, P[pre + "o_proj.weight"]), self.ctx.tp_group)
 
@@ -160,17 +173,25 @@ class LlamaShard:
             hidden ``[B, T, h]`` on non-last ranks; on the last rank logits ``[B, T, V]`` (fp32, full
             vocab, identical on every TP rank) or values ``[B, T]`` for a value head.
         """
-        s, P, tpg = self.spec, self.params, self.ctx.tp_group
         x = self._embed(inp) if self.ctx.is_first else inp
         for i in self.layers:
-            pre = f"model.layers.{i}."
-            hn = copy_to_tp(rms_norm(x, P[pre + "input_layernorm.weight"], s.rms_norm_eps), tpg)
-            x = x + self._attention(i, hn, start, cache)
-            hn = copy_to_tp(rms_norm(x, P[pre + "post_attention_layernorm.weight"], s.rms_norm_eps), tpg)
-            x = x + self._mlp(i, hn)
+            if self.recompute == "full" and torch.is_grad_enabled() and cache is None:
+                # every TP rank recomputes the same layers in the same order, so the collectives
+                # inside the recomputed forward pair up again
+                x = checkpoint(self._layer, i, x, start, cache, use_reentrant=False)
+            else:
+                x = self._layer(i, x, start, cache)
         if cache is not None:
             cache.length = start + inp.shape[1]
         return self._head(x) if self.ctx.is_last else x
+
+    def _layer(self, i: int, x: torch.Tensor, start: int, cache: KVCache | None) -> torch.Tensor:
+        s, P, tpg = self.spec, self.params, self.ctx.tp_group
+        pre = f"model.layers.{i}."
+        hn = copy_to_tp(rms_norm(x, P[pre + "input_layernorm.weight"], s.rms_norm_eps), tpg)
+        x = x + self._attention(i, hn, start, cache)
+        hn = copy_to_tp(rms_norm(x, P[pre + "post_attention_layernorm.weight"], s.rms_norm_eps), tpg)
+        return x + self._mlp(i, hn)
 
     # ------------------------------------------------------------------ gradients
     def zero_grad(self) -> None:

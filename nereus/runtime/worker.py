@@ -106,7 +106,7 @@ class WorkerCore:
     # ------------------------------------------------------------------ setup
     def build(self, model_stage: str, spec: ModelSpec, layout: Layout, seed: int, trainable: bool,
               adam: AdamConfig | None = None, tag: str = "e0", dtype: str = "auto",
-              schedule: str = "1f1b") -> tuple[int, int, int]:
+              schedule: str = "1f1b", recompute: str = "none") -> tuple[int, int, int]:
         """Build this worker's engine of ``model_stage`` (collective over the layout's workers).
 
         Args:
@@ -114,6 +114,7 @@ class WorkerCore:
                 fp32), ``float32`` or ``bfloat16`` (forward-only model-stages only: training keeps
                 fp32 weights, which are also Adam's master weights).
             schedule: pipeline schedule of training, ``1f1b`` or ``gpipe``.
+            recompute: activation recomputation of training, ``none``, ``selective`` or ``full``.
 
         Returns:
             this worker's (d, p, t).
@@ -126,7 +127,7 @@ class WorkerCore:
             ctx = build_context(spec, layout, self.id, self.store, f"{tag}/{model_stage}", self.meter,
                                 self.timeout_s)
             self.engines[model_stage] = Engine(spec, ctx, seed, self.meter, trainable, adam, dt, self.device,
-                                               schedule=schedule)
+                                               schedule=schedule, recompute=recompute)
         return ctx.d, ctx.p, ctx.t
 
     def destroy(self, model_stage: str) -> None:
@@ -143,11 +144,16 @@ class WorkerCore:
 
     # ------------------------------------------------------------------ model-stage work
     def generate(self, model_stage: str, prompts: torch.Tensor, seeds: list[int], max_new_tokens: int,
-                 temperature: float = 1.0, greedy: bool = False, eos_id: int = 2, pad_id: int = 0):
+                 temperature: float = 1.0, greedy: bool = False, eos_id: int = 2, pad_id: int = 0,
+                 concurrency: int = 0):
+        """Responses ``[B, R]`` for this replica's prompts ``[B, P]``, in waves of at most
+        ``concurrency`` sequences (0: all at once), as a KV-cache budget requires."""
         with self.meter.stage(model_stage):
             e = self._engine(model_stage)
-            return generate(e.model, prompts.to(self.device), max_new_tokens, seeds, temperature, greedy,
-                            eos_id, pad_id)
+            wave = concurrency if concurrency > 0 else prompts.shape[0]
+            outs = [generate(e.model, prompts[i:i + wave].to(self.device), max_new_tokens, seeds[i:i + wave],
+                             temperature, greedy, eos_id, pad_id) for i in range(0, prompts.shape[0], wave)]
+            return torch.cat(outs)
 
     def logprobs(self, model_stage: str, tokens: torch.Tensor, prompt_len: int, micro_batch: int,
                  temperature: float = 1.0):
