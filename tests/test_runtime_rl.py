@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from dataclasses import replace
 
 import pytest
 import torch
@@ -57,7 +58,11 @@ def _finite(x: float) -> bool:
 @pytest.mark.parametrize("algo,reward_model", [("ppo", True), ("grpo", False), ("remax", True)])
 def test_rl_steps_end_to_end(pool, algo, reward_model):
     w = workload(algo, reward_model=reward_model)
-    d = RLDriver(SPEC, w, simple_plan(w, LAYOUTS, 4, micro_batch=1), TASK, 4,
+    plan = simple_plan(w, LAYOUTS, 4, micro_batch=1)
+    if algo == "ppo":  # the candidate's recompute choice reaches the training engines
+        plan = Plan(candidates=tuple(replace(c, recompute="full") if c.model_stage == "actor.train" else c
+                                     for c in plan.candidates))
+    d = RLDriver(SPEC, w, plan, TASK, 4,
                  RLConfig(actor_lr=1e-2, critic_lr=1e-2, kl_coef=0.05, timeout_s=30)).start(pool)
     try:
         before = d.gather_logical_state("actor.train")
@@ -222,6 +227,9 @@ def test_failing_worker_raises_without_hang(pool):
     with pytest.raises(WorkerFailure):
         d.step()
     assert time.perf_counter() - t0 < 120
+    pool.remove(1)
+    with pytest.raises(WorkerFailure, match="worker 1 has left the pool"):
+        d.step()
 
 
 @pytest.mark.slow

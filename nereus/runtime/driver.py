@@ -236,6 +236,8 @@ class RLDriver:
             for p in range(lay.pp):
                 for t in range(lay.tp):
                     w = lay.worker(d, p, t)
+                    if self.workers[w] is None:
+                        raise WorkerFailure(f"{name}.{method}: worker {w} has left the pool; replan without it")
                     futs.append(getattr(self.workers[w], method).remote(name, *share, *args))
                     pick.append(t == 0 and p == (lay.pp - 1 if out_at == "last" else 0))
         return name, method, futs, pick
