@@ -1,7 +1,7 @@
 """Trace-driven simulation of the Nereus controller against static and replan-everything policies.
 
 ``nereus simulate`` with no arguments runs the default scenario: Llama-3.1-8B PPO on 4x8 H100, the
-Bamboo AWS p3 spot trace (real, shipped) scaled to 32 GPUs, its first 6 hours (``--hours 0`` for
+Bamboo AWS p3 spot trace (real, shipped) scaled to 32 GPUs, its first 4 hours (``--hours 0`` for
 all 11.4), and the SYNTHETIC
 response-length growth scenario (500 -> 8,000 tokens in 1,000 steps, noise fitted to real verl
 logs). It prints a table per policy and writes ``<out>/summary.json``, ``<out>/<policy>.json`` and
@@ -36,7 +36,7 @@ def add_arguments(p) -> None:
                    help="verl response-length CSV (step, mean_response_length); default: SYNTHETIC growth")
     p.add_argument("--growth", default="500:8000:1000",
                    help="synthetic growth START:END:STEPS in tokens and RL steps")
-    p.add_argument("--hours", type=float, default=6.0,
+    p.add_argument("--hours", type=float, default=4.0,
                    help="simulated hours (0: the whole trace; the default keeps the run under a minute)")
     p.add_argument("--gamma", type=float, default=0.5, help="payback margin γ of the nereus policy")
     p.add_argument("--gammas", default=",".join(f"{g:g}" for g in DEFAULT_GAMMAS),
