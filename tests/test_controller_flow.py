@@ -166,3 +166,18 @@ def test_restart_saves_first_when_state_is_alive_under_a_notice():
     ctl.observe(StepReport(0, 1000, POOL8))
     d = ctl.observe(StepReport(1, 1000, frozenset(range(4))))  # no notice: the copy is gone
     assert isinstance(d, Restart) and not d.checkpoint_first
+
+
+def test_revisit_readmits_a_rejected_target_after_a_quiet_horizon():
+    # seq_len crosses at step 1 and is rejected (payback 20/7.7 = 2.6 steps > 0.5·H, H = 1);
+    # revisits use H = steps since that crossing and wait that long again: steps 2, 3, 5, 9
+    ctl, _ = _ctl(_plan(1, range(4)), l_tran=20.0, revisit=True)
+    ctl.observe(StepReport(0, 1000, POOL8))
+    seen = {}
+    for s in range(1, 10):
+        d = ctl.observe(StepReport(s, 1400, POOL8))
+        seen[s] = (type(d).__name__, d.triggers)
+    assert seen[1] == ("Keep", ("seq_len",))
+    assert [s for s, v in seen.items() if v[1] == ("stale:seq_len",)] == [2, 3, 5, 9]
+    assert seen[5][0] == "Keep"                          # 2.6 > 0.5·4
+    assert seen[9][0] == "Transition"                    # 2.6 <= 0.5·8

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 
 from nereus.controller.admission import Option, admit
 from nereus.controller.decisions import Keep, Restart, Transition, decision_to_dict
-from nereus.controller.monitor import Monitor, StepReport
+from nereus.controller.monitor import Monitor, StepReport, Trigger
 from nereus.controller.planning import PlannerBackend, same_plan
 from nereus.controller.transition_cost import estimate_transition_cost
 from nereus.planner.plan import Plan
@@ -57,6 +57,11 @@ class ControllerConfig:
         calibrate: learn efficiencies and memory corrections from measurements.
         slowdown: opportunistic alternatives up to this fraction slower than the best target are
             tried (the urgent path tries every alternative).
+        revisit: an extension beyond the paper, off by default. After a payback rejection, if the
+            rejected signal has not crossed again for ``H_x`` steps, replan once more with
+            ``H = steps since its last crossing`` (under bursty changes the time already waited is a
+            better lower bound on the time left than the EMA of past intervals); the next revisit
+            waits twice as long.
 
     Raises:
         ValueError: gamma outside [0, 1] or a negative slowdown.
@@ -66,6 +71,7 @@ class ControllerConfig:
     always_admit: bool = False
     calibrate: bool = True
     slowdown: float = 0.25
+    revisit: bool = False
 
     def __post_init__(self) -> None:
         if not (0 <= self.gamma <= 1):
@@ -96,6 +102,7 @@ class Controller:
         self.config = config or ControllerConfig()
         self.monitor = monitor or Monitor()
         self.log: list[dict] = []
+        self._pending: tuple[str, int] | None = None  # (signal, step) of a rejected target to revisit
 
     def job_at(self, response_len: float) -> JobSpec:
         return self.job.with_workload(self.job.workload.with_response_len(max(1, int(round(response_len)))))
@@ -118,6 +125,8 @@ class Controller:
         if self.config.calibrate:
             values |= self.planner.efficiencies()
         triggers = self.monitor.check(report.step, values, pool, mem_bad, mem_reason)
+        if not triggers and self._pending is not None and report.step >= self._pending[1]:
+            triggers = [self._stale_trigger(report.step)]
         if not triggers:
             return self._record(report, Keep("no trigger"), [])
         names = tuple(t.signal for t in triggers)
@@ -128,6 +137,11 @@ class Controller:
         decision = self._replan(job, pool, alive, current, urgent, bool(lost), names,
                                 min(t.horizon for t in triggers))
         self.monitor.reset(values, pool)
+        self._pending = None
+        if self.config.revisit and isinstance(decision, Keep) and "payback" in decision.reason:
+            t = min(triggers, key=lambda t: t.horizon)
+            sig = t.signal.removeprefix("stale:")
+            self._pending = (sig, report.step + max(1, int(math.ceil(t.horizon))))
         if isinstance(decision, (Transition, Restart)) and decision.plan is not None:
             self.plan = decision.plan
         return self._record(report, decision, triggers)
@@ -164,6 +178,13 @@ class Controller:
         if isinstance(decision, Restart) and survives:
             decision = replace(decision, checkpoint_first=True)
         return decision
+
+    def _stale_trigger(self, step: int) -> Trigger:
+        sig = self._pending[0]
+        h = self.monitor.horizon(sig)
+        elapsed = step - (h.last_crossing if h.last_crossing is not None else 0)
+        return Trigger(f"stale:{sig}", False, float(elapsed), h.value, float(max(elapsed, 1)),
+                       f"no {sig} crossing for {elapsed} steps (H={h.value:.2f}): revisit the rejected target")
 
     def resume(self, plan: Plan) -> None:
         """The executor reports the plan actually in effect (e.g. after a restart it chose itself)."""

@@ -9,6 +9,8 @@
   feasible target without the payback rule.
 * ``uncalibrated``: the controller with the offline cost model (defaults, no calibration).
 * ``gamma=<g>``: the controller with another payback margin (the γ sweep).
+* ``nereus+revisit``: the controller with ``ControllerConfig(revisit=True)``, an extension beyond
+  the paper (re-admission of a rejected target once its signal has been quiet for ``H_x`` steps).
 
 Nereus-type policies talk to the simulator only through :class:`~nereus.controller.Controller`'s
 ``observe(StepReport) -> decision`` — the interface the runtime will use.
@@ -118,6 +120,8 @@ def make_policy(name: str, job: JobSpec, gamma: float, true_efficiency: Efficien
         return StaticPolicy(name, job, true_efficiency, memory_factor)
     if name == "replan-all":
         return NereusPolicy(name, job, ControllerConfig(gamma=gamma, always_admit=True))
+    if name == "nereus+revisit":
+        return NereusPolicy(name, job, ControllerConfig(gamma=gamma, revisit=True))
     if name == "uncalibrated":
         return NereusPolicy(name, job, ControllerConfig(gamma=gamma, calibrate=False))
     if name.startswith("gamma="):
@@ -126,4 +130,4 @@ def make_policy(name: str, job: JobSpec, gamma: float, true_efficiency: Efficien
         except ValueError as e:
             raise ValueError(f"policy {name!r}: γ must be a number, e.g. gamma=0.25") from e
         return NereusPolicy(name, job, ControllerConfig(gamma=g))
-    raise ValueError(f"unknown policy {name!r}; valid: {list(POLICY_NAMES)} or gamma=<g>")
+    raise ValueError(f"unknown policy {name!r}; valid: {list(POLICY_NAMES)}, nereus+revisit or gamma=<g>")
