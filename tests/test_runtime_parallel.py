@@ -22,9 +22,14 @@ from nereus.runtime.engine import AdamConfig  # noqa: E402
 from nereus.runtime.layout import init_full_params  # noqa: E402
 from nereus.runtime.local import run_local  # noqa: E402
 from nereus.runtime.parallel import Layout  # noqa: E402
-from nereus.spec.model import MODEL_PRESETS  # noqa: E402
+from nereus.spec.model import MODEL_PRESETS, ModelSpec  # noqa: E402
 
 SPEC = MODEL_PRESETS["tiny"]
+# From a Hugging Face-style config: Qwen3-style q/k norms, tied embeddings, one KV head (replicated at
+# tp=2), a vocabulary of 61 (padded to 62 at tp=2).
+HF_SPEC = ModelSpec.from_hf_config({"model_type": "qwen3", "hidden_size": 32, "intermediate_size": 64,
+                                    "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 1,
+                                    "head_dim": 8, "vocab_size": 61, "tie_word_embeddings": True}, name="hf")
 VSPEC = SPEC.value_head()
 LAYOUTS = [(1, 1, 1), (2, 1, 1), (1, 2, 1), (2, 2, 1), (1, 1, 2), (4, 1, 1), (1, 4, 1), (2, 1, 2)]
 GEN_LAYOUTS = [(1, 1, 1), (2, 2, 1), (4, 1, 1), (1, 1, 2)]
@@ -66,6 +71,9 @@ def ref_forward(W, spec, ids):
         q = (h @ W[p + "self_attn.q_proj.weight"].T).view(B, L, nh, d).transpose(1, 2)
         k = (h @ W[p + "self_attn.k_proj.weight"].T).view(B, L, g, d).transpose(1, 2)
         v = (h @ W[p + "self_attn.v_proj.weight"].T).view(B, L, g, d).transpose(1, 2)
+        if spec.qk_norm:
+            q = _rms(q, W[p + "self_attn.q_norm.weight"], spec.rms_norm_eps)
+            k = _rms(k, W[p + "self_attn.k_norm.weight"], spec.rms_norm_eps)
         q, k = _rope(q, spec.rope_theta), _rope(k, spec.rope_theta)
         k = torch.stack([k[:, j // (nh // g)] for j in range(nh)], 1)
         v = torch.stack([v[:, j // (nh // g)] for j in range(nh)], 1)
@@ -79,7 +87,7 @@ def ref_forward(W, spec, ids):
     x = _rms(x, W["model.norm.weight"], spec.rms_norm_eps)
     if spec.head == "value":
         return (x @ W["score.weight"].T + W["score.bias"]).squeeze(-1)
-    return x @ W["lm_head.weight"].T
+    return x @ (W["model.embed_tokens.weight"] if spec.tie_word_embeddings else W["lm_head.weight"]).T
 
 
 def ref_generate(W, spec, prompts, seeds, greedy):
@@ -142,6 +150,16 @@ def _rank_main(core, batch):
         if core.id == 0:
             out["grad"][(tp, pp, dp)] = grads
         core.destroy(name)
+    # a model from a Hugging Face-style config (q/k norms, tied embeddings, padded vocab, 1 KV head)
+    if core.id < 2:
+        hf_tokens = tokens % HF_SPEC.vocab_size
+        core.build("hf", HF_SPEC, Layout(2, 1, 1, (0, 1)), seed=3, trainable=False, tag="hf")
+        logits = core.forward("hf", hf_tokens, MB)
+        core.backward_lm("hf", hf_tokens, MB, denom)
+        g = core.gather("hf", "grads")
+        if core.id == 0:
+            out["hf"] = (logits, g)
+        core.destroy("hf")
     # the GPipe schedule (the loop above used 1F1B) and activation recomputation
     for (tp, pp, dp), key, kw in VARIANTS:
         n = tp * pp * dp
@@ -234,6 +252,7 @@ def results():
         for k in merged:
             merged[k].update(r[k])
     merged["sync"] = res[2]["sync"]
+    merged["hf"] = res[0]["hf"]
     merged["mem"] = [r["mem"] for r in res]
     merged["bf16"] = res[2]["bf16"]
     merged["bf16_gen"] = res[0]["bf16_gen"]
@@ -302,6 +321,22 @@ def test_1f1b_holds_fewer_activations_than_gpipe(results):
     print("tracked peak bytes per PP rank (gpipe, 1f1b):", res["mem"])
     for gpipe, one_f_one_b in res["mem"]:
         assert one_f_one_b < gpipe
+
+
+@pytest.mark.slow
+def test_hf_config_model_parity(results):
+    batch, res = results
+    W = {k: v.clone().requires_grad_(True) for k, v in init_full_params(HF_SPEC, 3).items()}
+    assert "lm_head.weight" not in W and "model.layers.0.self_attn.q_norm.weight" in W
+    tokens = batch["tokens"] % HF_SPEC.vocab_size
+    logits = ref_forward(W, HF_SPEC, tokens)
+    loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, HF_SPEC.vocab_size),
+                                             tokens[:, 1:].reshape(-1), reduction="sum") / float(N * (T - 1))
+    loss.backward()
+    got_logits, grads = res["hf"]
+    assert got_logits.shape == (N, T, HF_SPEC.vocab_size)
+    assert _maxdiff(got_logits, logits.detach()) < TOL
+    assert max(_maxdiff(grads[n], W[n].grad) for n in W) < TOL
 
 
 @pytest.mark.slow

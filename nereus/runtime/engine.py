@@ -141,7 +141,7 @@ class Engine:
 
         self.model.zero_grad()
         mets = forward_backward(self.model, [tokens[s] for s in slices], loss_fn, self.schedule)
-        self.model.reduce_replicated_kv_grads()
+        self.model.reduce_partial_grads()
         self._dp_reduce_grads()
         return None if mets is None else sum(m["loss"] for m in mets)
 
@@ -188,7 +188,7 @@ class Engine:
 
         self.model.zero_grad()
         mets = forward_backward(self.model, [tokens[s] for s in slices], loss_fn, self.schedule)
-        self.model.reduce_replicated_kv_grads()
+        self.model.reduce_partial_grads()
         self._dp_reduce_grads()
         self._adam_step()
         self.update_count += 1

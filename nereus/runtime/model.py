@@ -198,10 +198,18 @@ class LlamaShard:
         for w in self.params.values():
             w.grad = None
 
-    def reduce_replicated_kv_grads(self) -> None:
-        """Sum the partial k/v gradients of TP ranks sharing a replicated KV head (tp > KV heads)."""
-        if self.ctx.kv_group is None:
-            return
+    def reduce_partial_grads(self) -> None:
+        """Complete the gradients that each TP rank holds only partially.
+
+        * q/k RMSNorm weights (Qwen3) are replicated but each rank applies them to its own heads only:
+          summed over the TP group.
+        * k/v projections of a KV head replicated over ranks (tp > KV heads): each replica sees only
+          its own query heads: summed over the ranks sharing that head.
+        """
         for n, w in self.params.items():
-            if n.endswith(("k_proj.weight", "v_proj.weight")) and w.grad is not None:
+            if w.grad is None:
+                continue
+            if n.endswith(("q_norm.weight", "k_norm.weight")):
+                self.ctx.tp_group.all_reduce(w.grad)
+            elif self.ctx.kv_group is not None and n.endswith(("k_proj.weight", "v_proj.weight")):
                 self.ctx.kv_group.all_reduce(w.grad)
