@@ -1,0 +1,81 @@
+"""Property tests of the runtime's pure parts: TP/PP sharding rules and RL advantage invariants."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nereus.cost.shapes import valid_tp
+from nereus.runtime import algorithms as alg
+from nereus.runtime.layout import (
+    init_full_params,
+    names_of_stage,
+    param_shapes,
+    shard,
+    unshard,
+    validate_layout,
+)
+from nereus.spec.model import MODEL_PRESETS, ModelSpec
+
+
+@st.composite
+def spec_and_tp(draw):
+    g = draw(st.sampled_from([1, 2, 4]))
+    a = g * draw(st.sampled_from([1, 2, 4]))
+    spec = ModelSpec(name="p", hidden_size=16, intermediate_size=8 * draw(st.integers(1, 3)),
+                     num_layers=draw(st.integers(1, 5)), num_attention_heads=a, num_kv_heads=g, head_dim=4,
+                     vocab_size=draw(st.integers(17, 40)), qk_norm=draw(st.booleans()),
+                     tie_word_embeddings=draw(st.booleans()), head=draw(st.sampled_from(["lm", "value"])))
+    tps = [t for t in (1, 2, 4, 8) if valid_tp(spec, t) is None]
+    return spec, draw(st.sampled_from(tps))
+
+
+@settings(max_examples=40, deadline=None)
+@given(spec_and_tp(), st.integers(1, 5))
+def test_shard_unshard_roundtrip_and_pp_partition(st_tp, pp):
+    spec, tp = st_tp
+    full = init_full_params(spec, 0)
+    for n, (_shape, rule) in param_shapes(spec).items():
+        parts = [shard(full[n], rule, spec, tp, t) for t in range(tp)]
+        assert len({p.shape for p in parts}) == 1, (n, rule)  # equal shapes: gloo all-gather needs them
+        assert torch.equal(unshard(parts, rule, spec), full[n]), (n, rule, tp)
+    pp = min(pp, spec.num_layers)
+    names = [n for p in range(pp) for n in names_of_stage(spec, pp, p)]
+    assert sorted(names) == sorted(param_shapes(spec))  # every parameter on exactly one PP rank
+
+
+def test_validate_layout_errors():
+    tiny = MODEL_PRESETS["tiny"]
+    validate_layout(tiny, 4, 4)  # 2 KV heads replicated at tp=4
+    with pytest.raises(ValueError, match="tp=3"):
+        validate_layout(tiny, 3, 1)
+    with pytest.raises(ValueError, match="pp=5"):
+        validate_layout(tiny, 1, 5)
+    with pytest.raises(ValueError, match="'tp' must be a positive integer"):
+        validate_layout(tiny, 0, 1)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(1, 6), st.integers(2, 5), st.integers(1, 6), st.integers(0, 10_000))
+def test_advantage_invariants(groups, size, R, seed):
+    g = torch.Generator().manual_seed(seed)
+    B = groups * size
+    scores = torch.rand(B, generator=g)
+    lengths = torch.randint(1, R + 1, (B,), generator=g)
+    mask = (torch.arange(R)[None, :] < lengths[:, None]).float()
+    a = alg.grpo_advantages(scores, size, mask)
+    per_seq = a[torch.arange(B), 0].view(groups, size)
+    assert torch.allclose(per_seq.sum(1), torch.zeros(groups), atol=1e-4)  # zero mean per group
+    assert torch.equal(a * (1 - mask), torch.zeros_like(a))
+    values = torch.randn(B, R, generator=g)
+    rewards = torch.randn(B, R, generator=g) * mask
+    adv, ret = alg.gae(rewards, values, mask, gamma=1.0, lam=1.0)
+    # gamma = lam = 1: the advantage is the reward-to-go minus the value
+    rtg = torch.flip(torch.cumsum(torch.flip(rewards, [1]), 1), [1])
+    assert torch.allclose(adv, (rtg - values) * mask, atol=1e-5)
+    assert torch.allclose(ret, rtg * mask, atol=1e-5)
+    w = alg.masked_whiten(torch.randn(B, R, generator=g), mask)
+    if mask.sum() > 1:
+        assert abs(float((w * mask).sum() / mask.sum())) < 1e-4
