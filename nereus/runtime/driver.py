@@ -212,7 +212,8 @@ class RLDriver:
             self.pool.close()
         elif self.workers:
             try:
-                self._get([w.destroy.remote(ms.name) for ms in self.wf.model_stages for w in self.workers],
+                self._get([w.destroy.remote(ms.name) for ms in self.wf.model_stages for w in self.workers
+                           if w is not None],
                           "destroy", timeout=30)
             except WorkerFailure:
                 pass
@@ -384,7 +385,7 @@ class RLDriver:
             workers: the slowest rank), ``peak_bytes`` and ``peak_bytes_by_stage`` (max over workers),
             ``bytes_sent`` (sum) and ``per_worker`` (each worker's own numbers).
         """
-        per = self._get([wk.measurements.remote() for wk in self.workers], "measurements")
+        per = self._get([wk.measurements.remote() for wk in self.workers if wk is not None], "measurements")
         stage, ops, by_stage, peaks = {}, {}, {}, {}
         for m in per:
             for k, v in m["stage_seconds"].items():
@@ -412,5 +413,5 @@ class RLDriver:
                           peak_memory={k: float(v) for k, v in m["peak_bytes_by_stage"].items()})
 
     def reset_measurements(self) -> None:
-        self._get([wk.reset_measurements.remote() for wk in self.workers], "reset measurements")
+        self._get([wk.reset_measurements.remote() for wk in self.workers if wk is not None], "reset measurements")
 
