@@ -1,6 +1,7 @@
 """Trace loaders: every shipped file, the scaling rule, and clear errors on bad traces."""
 
 import json
+import pathlib
 
 import pytest
 
@@ -117,3 +118,19 @@ def test_growth_scenario_is_anchored_and_labelled():
     assert fit_noise(noisy.lengths) == pytest.approx(NOISE_SIGMA, rel=0.2)
     with pytest.raises(ValueError, match="start"):
         growth_scenario(10, start=0)
+
+
+SHARED = pathlib.Path(__file__).resolve().parents[2] / "shared" / "traces"
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="shared/traces not present")
+def test_every_shared_trace_loads():
+    files = [p for p in (SHARED / "gpu_availability").rglob("*") if p.is_file() and p.suffix in (".csv", ".txt", ".json")]
+    assert len(files) >= 60
+    for p in files:
+        tr = load_availability(p)
+        assert min(tr.counts) >= 0 and tr.end >= tr.times[-1]
+    for p in (SHARED / "response_length").glob("*.csv"):
+        lt = load_response_lengths(p)
+        assert len(lt.lengths) > 400
+        assert 0.01 < fit_noise(lt.lengths) < 0.03            # the σ range quoted in growth.py
