@@ -181,3 +181,21 @@ def test_revisit_readmits_a_rejected_target_after_a_quiet_horizon():
     assert [s for s, v in seen.items() if v[1] == ("stale:seq_len",)] == [2, 3, 5, 9]
     assert seen[5][0] == "Keep"                          # 2.6 > 0.5·4
     assert seen[9][0] == "Transition"                    # 2.6 <= 0.5·8
+
+
+def test_cost_model_planner_passes_urgent_options_to_the_search():
+    from nereus.controller.planning import CostModelPlanner
+
+    calls = []
+
+    def fake_plan_job(job, pool=None, current=None, cost=None, **kw):
+        calls.append(kw)
+        raise ValueError("nothing fits")
+
+    pl = CostModelPlanner(plan_fn=fake_plan_job, options={"x": 1})
+    for urgent in (False, True):
+        with pytest.raises(ValueError):
+            pl.plan(JOB, POOL8, None, urgent)
+    assert calls[0] == {"x": 1}
+    opts = calls[1]["options"]
+    assert opts.recompute_modes == ("none", "selective", "full") and opts.min_micro_batch == 1

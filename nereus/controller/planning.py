@@ -59,6 +59,14 @@ class PlannerBackend(Protocol):
         """Calibrated efficiency per op class (the ``eff:<class>`` signals)."""
 
 
+def default_urgent_options() -> dict:
+    """``plan_job`` options of the urgent path: every recompute mode and micro-batches down to 1
+    (paper §4.3: "This path also considers smaller per-replica batches and recomputation")."""
+    from nereus.planner.search import SearchOptions
+
+    return {"options": SearchOptions(recompute_modes=("none", "selective", "full"), min_micro_batch=1)}
+
+
 class CostModelPlanner:
     """:class:`PlannerBackend` over ``nereus.cost.model.CostModel`` and ``nereus.planner.search.plan_job``.
 
@@ -67,8 +75,8 @@ class CostModelPlanner:
         calibrate: False for the offline (uncalibrated) cost model.
         headroom: capacity fraction kept free (DESIGN.md §4.2: 10%).
         plan_fn: ``plan_job``-compatible callable (``plan_job(job, pool=, current=, cost=, **options)``).
-        options: passed to ``plan_fn``; ``urgent_options`` are added on the urgent path (smaller
-            per-replica batches, recompute).
+        options: passed to ``plan_fn``; ``urgent_options`` override them on the urgent path
+            (default :func:`default_urgent_options`: smaller per-replica batches, recompute).
         alpha: EMA weight of the memory correction.
     """
 
@@ -81,7 +89,7 @@ class CostModelPlanner:
         self.memory_correction: dict = {}
         self.plan_fn = plan_fn
         self.options = dict(options or {})
-        self.urgent_options = dict(urgent_options or {})
+        self.urgent_options = dict(urgent_options) if urgent_options is not None else default_urgent_options()
         self.alpha = alpha
 
     # ------------------------------------------------------------------ cost model
