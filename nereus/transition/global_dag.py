@@ -46,6 +46,7 @@ from nereus.transition.primitives import Primitive, priority
 from nereus.transition.schedule import (
     NOISE,
     NUM_NOISY_PASSES,
+    WORK_BUDGET,
     Schedule,
     critical_chain,
     memory_list_schedule,
@@ -234,9 +235,14 @@ def plan_global(locals_: list[LocalDAG], initial: tuple[EMU, ...], target: tuple
             load[q] = load.get(q, 0.0) + dur[p]
     bound = max([0.0, *tail.values(), *load.values()])
     best, first_error = None, None
-    for key in keys:
+    budget = max(2, WORK_BUDGET // max(1, len(nodes)))
+    used = 0
+    for i, key in enumerate(keys):
         if best is not None and best.makespan <= bound + 1e-9:
             break  # optimal already
+        if i >= 2 and used >= budget:
+            break
+        used += 1
         try:
             s = memory_list_schedule(nodes, preds, dur, ports, u0, capacity, key)
         except Infeasible as e:
@@ -247,7 +253,7 @@ def plan_global(locals_: list[LocalDAG], initial: tuple[EMU, ...], target: tuple
     if best is None:
         raise first_error
     if order == "critical" and best.makespan > bound + 1e-9:
-        best = repair_delays(best, nodes, preds, dur, ports, u0, capacity, keys[0])
+        best = repair_delays(best, nodes, preds, dur, ports, u0, capacity, keys[0], max(0, budget - used))
     res = _resource_edges(best, nodes, {p: set(s) for p, s in preds.items()}, u0, capacity)
     for a, b, _ in res:
         preds[b].add(a)

@@ -35,6 +35,9 @@ NOISE = 1.0
 #: Rounds of the delay local search (``repair_delays``); each tries up to ``REPAIR_TRIES`` passes.
 REPAIR_ROUNDS = 8
 REPAIR_TRIES = 3
+#: Primitive-passes one greedy may spend (passes x primitives); bounds time on very large DAGs
+#: (at 800 primitives about ten passes), leaving small ones unbounded in practice.
+WORK_BUDGET = 8000
 
 
 @dataclass(frozen=True)
@@ -253,14 +256,17 @@ def _ancestors(p: str, preds: dict[str, set[str]]) -> set[str]:
     return seen
 
 
-def repair_delays(best: Schedule, nodes, preds, dur, ports, u0, capacity, key) -> Schedule:
+def repair_delays(best: Schedule, nodes, preds, dur, ports, u0, capacity, key,
+                  max_passes: int = REPAIR_ROUNDS * REPAIR_TRIES) -> Schedule:
     """Local search over delay decisions a non-delay list schedule cannot make.
 
     Walk the critical chain back to a primitive that waited for memory or a port after its
     predecessors ended; try making each primitive that held those resources when it became ready
-    wait for it instead (a temporary edge), and keep the schedule when the makespan drops.
+    wait for it instead (a temporary edge), and keep the schedule when the makespan drops. At most
+    ``max_passes`` list-schedule passes.
     """
     extra: dict[str, set[str]] = {p: set(ps) for p, ps in preds.items()}
+    passes = 0
     for _ in range(REPAIR_ROUNDS):
         chain = critical_chain(best.start, best.end, extra, ports)
         improved = False
@@ -276,6 +282,9 @@ def repair_delays(best: Schedule, nodes, preds, dur, ports, u0, capacity, key) -
                         and (ports[b] & ports[c] or mine & {g for g, h in nodes[b].mem_hi.items() if h > 0})]
             blockers.sort(key=lambda b: -best.start[b])
             for b in blockers[:REPAIR_TRIES]:
+                if passes >= max_passes:
+                    return best
+                passes += 1
                 extra[b].add(c)
                 try:
                     s = memory_list_schedule(nodes, extra, dur, ports, u0, capacity, key)
