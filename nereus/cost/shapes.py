@@ -100,6 +100,8 @@ def params_rank(model: ModelSpec, tp, pp):
     if tp.ndim == 0 and pp.ndim == 0:
         return max_params_per_gpu(model, int(tp), int(pp))
     tp, pp = np.broadcast_arrays(tp, pp)
+    if tp.size == 1:
+        return np.full(tp.shape, max_params_per_gpu(model, int(tp.flat[0]), int(pp.flat[0])))
     pairs, inv = np.unique(np.stack([tp.reshape(-1), pp.reshape(-1)], axis=1), axis=0, return_inverse=True)
     vals = np.array([max_params_per_gpu(model, int(a), int(b)) for a, b in pairs])
     return vals[inv.reshape(-1)].reshape(tp.shape)
