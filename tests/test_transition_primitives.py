@@ -225,3 +225,14 @@ def test_current_state_over_capacity_is_infeasible():
     full = {0: 80 * 2**30}  # workspace larger than what the tiny critic leaves free
     est = estimate_transition(JOB, cur, tgt, reserved_bytes=full)
     assert not est.feasible and "already holds" in est.reason
+
+
+def test_split_and_merge_with_a_non_power_of_two_factor():
+    """Split is defined for any integer factor: (1, 3) → three (1, 1) replicas and back."""
+    e = emu("a", 1, 3, (0, 1, 2))  # 4 layers over 3 ranks: 2, 1, 1
+    s = split(e, (1, 1), TINY, 2)
+    full = (4 * LAYER + 2 * 64 * 64 + 64) * 2
+    assert len(s.produces) == 3 and all(u.shard_bytes == (full,) for u in s.produces)
+    assert s.groups == (((0, 1, 2), full - e.shard_bytes[1]),)  # ranks 1, 2 lack the most
+    m = merge(list(s.produces), e, TINY, 2)
+    assert m.bytes_moved == 0 and sum(m.mem_net.values()) == sum(e.shard_bytes) - 3 * full
