@@ -199,3 +199,49 @@ def test_cost_model_planner_passes_urgent_options_to_the_search():
     assert calls[0] == {"x": 1}
     opts = calls[1]["options"]
     assert opts.recompute_modes == ("none", "selective", "full") and opts.min_micro_batch == 1
+
+
+class FixedPlanner(FakePlanner):
+    """Always proposes ``target``; every plan takes 10 s/step and fits."""
+
+    def __init__(self, target):
+        super().__init__()
+        self.target = target
+
+    def estimate(self, job, plan, pool=None):
+        return replace(plan, l_step=10.0)
+
+    def memory_ok(self, job, plan):
+        return True
+
+    def plan(self, job, pool, current, urgent):
+        self.calls.append((len(pool), urgent))
+        return self.estimate(job, self.target)
+
+
+def _two_stage(train_gpus, ref_gpus):
+    return Plan((Candidate("reference.infer", 1, 1, len(ref_gpus), gpus=tuple(ref_gpus)),
+                 Candidate("actor.train", 2, 1, len(train_gpus) // 2, gpus=tuple(train_gpus))))
+
+
+def test_losing_every_frozen_replica_is_a_live_transition_but_losing_train_state_restarts():
+    """With the DAG estimate (default transition cost): reference.infer on the reclaimed GPUs 6, 7 is
+    reloaded from storage by an urgent transition; actor.train there forces a checkpoint restore."""
+    target = _two_stage((0, 1, 2, 3), (4, 5))
+    fp = FixedPlanner(target)
+    ctl = Controller(JOB, fp.estimate(JOB, _two_stage((0, 1, 2, 3), (6, 7))), fp)
+    ctl.observe(StepReport(0, 1000, POOL8))
+    d = ctl.observe(StepReport(1, 1000, frozenset(range(6))))
+    assert state_survives(_two_stage((0, 1, 2, 3), (6, 7)), frozenset(range(6)))
+    assert isinstance(d, Transition) and d.urgent, d
+    assert d.estimate.feasible and "reference.infer (from storage)" in d.estimate.reason
+    assert d.estimate.l_tran == pytest.approx(2.0 + 8_030_261_248 * 2 / 2e9 + 0.05 + 8_030_261_248 * 2 / 450e9 + 5e-6)
+    fp = FixedPlanner(_two_stage((0, 1, 2, 3), (4, 5)))
+    ctl = Controller(JOB, fp.estimate(JOB, _two_stage((4, 5, 6, 7), (0, 1))), fp)
+    ctl.observe(StepReport(0, 1000, POOL8))
+    d = ctl.observe(StepReport(1, 1000, frozenset(range(6))))  # actor.train#1 on 6, 7 lost, #0 on 4, 5 alive
+    assert isinstance(d, Transition) and d.urgent
+    ctl = Controller(JOB, fp.estimate(JOB, _two_stage((4, 5, 6, 7), (0, 1))), fp)
+    ctl.observe(StepReport(0, 1000, POOL8))
+    d = ctl.observe(StepReport(1, 1000, frozenset(range(4))))  # both actor.train replicas lost
+    assert isinstance(d, Restart) and not d.checkpoint_first and "trainable" in d.reason

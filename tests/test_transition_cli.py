@@ -40,3 +40,21 @@ def test_cli_infeasible_and_bad_input(tmp_path, capsys):
     assert "outside the pool" in capsys.readouterr().out
     assert main(["transition", "--from", str(tmp_path / "missing.json"), "--to", str(b)]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_cli_prints_a_reload_from_storage(tmp_path, capsys):
+    train = (Candidate("actor.train", 2, 1, 2, gpus=(0, 1, 2, 3)),)
+    cur = Plan(train + (Candidate("reference.infer", 1, 1, 2, gpus=(14, 15)),))
+    tgt = Plan(train + (Candidate("reference.infer", 1, 1, 2, gpus=(6, 7)),))
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(cur.to_json())
+    b.write_text(tgt.to_json())
+    png = tmp_path / "g.png"
+    assert main(["transition", "--from", str(a), "--to", str(b), "--nodes", "2", "--pool", "8",
+                 "--gantt", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "reference.infer  lost -> (1, 1) x2" in out and "load x1" in out and "(reloaded from storage)" in out
+    assert "load:reference.infer*0" in out and "storage -> 6" in out and png.stat().st_size > 1000
+    assert main(["transition", "--from", str(a), "--to", str(b), "--nodes", "2", "--pool", "8", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["reloads"] == {"reference.infer": "storage"} and "reloaded by Load" in doc["reason"]

@@ -172,3 +172,31 @@ def test_split_that_does_not_fit_in_place_is_done_on_a_copy():
     s = est.schedule
     assert s.end["extend:critic.train#0>"] <= s.start["split:critic.train#0>"]
     assert s.end["extend:critic.train#0>"] <= s.start["destroy:critic.train#0"]
+
+
+def test_pool_shrink_losing_every_reference_replica_reloads_it_from_storage():
+    """Node 1 (GPUs 8-15) is reclaimed with both reference.infer replicas: frozen weights come back
+    from storage (read once: 2 s setup + 16.06 GB at 2 GB/s), then one NVLink Extend; the actor and
+    critic keep their GPUs. Losing every actor.train replica instead stays infeasible."""
+    j = job(nodes=2)
+    train = (Candidate("actor.train", 2, 1, 2, gpus=(0, 1, 2, 3)), Candidate("critic.train", 2, 1, 1, gpus=(4, 5)))
+    cur = Plan(train + (Candidate("reference.infer", 1, 1, 2, gpus=(14, 15)),))
+    tgt = Plan(train + (Candidate("reference.infer", 1, 1, 2, gpus=(6, 7)),))
+    est = estimate_transition(j, cur, tgt, pool=frozenset(range(8)))
+    assert est.feasible, est.reason
+    assert [n.pid for n in est.dag.nodes] == ["load:reference.infer*0", "extend:reference.infer*1"]
+    assert est.reloads == {"reference.infer": "storage"}
+    ref_bytes = ACTOR_PARAMS * 2  # bf16 weights, 16,060,522,496 B
+    load_s = 2.0 + ref_bytes / 2e9
+    ext_s = 0.05 + ref_bytes / 450e9 + 5e-6
+    assert est.durations["load:reference.infer*0"] == pytest.approx(load_s, rel=1e-12)
+    assert est.l_tran == pytest.approx(load_s + ext_s, rel=1e-12)  # about 10.1 s
+    assert est.bytes_moved == 2 * ref_bytes == est.min_bytes
+    # the same shrink with every actor.train replica on node 1: unique state, restore from checkpoint
+    cur = Plan((Candidate("actor.train", 2, 1, 2, gpus=(8, 9, 10, 11)), train[1],
+                Candidate("reference.infer", 1, 1, 2, gpus=(6, 7))))
+    tgt = Plan((Candidate("actor.train", 2, 1, 2, gpus=(0, 1, 2, 3)), train[1],
+                Candidate("reference.infer", 1, 1, 2, gpus=(6, 7))))
+    est = estimate_transition(j, cur, tgt, pool=frozenset(range(8)))
+    assert not est.feasible and est.reason.startswith("actor.train: every replica lost")
+    assert "checkpoint" in est.reason and est.dag is None

@@ -15,7 +15,7 @@ from nereus.transition import estimate_transition
 from nereus.transition.cost import CostParams, duration, min_bytes, ports
 from nereus.transition.emu import EMU, aligned_gpus, phi, state_bytes_per_param, sub_units, t_sub
 from nereus.transition.exact import exact_schedule
-from nereus.transition.primitives import TransitionState, apply, destroy, extend, merge, split
+from nereus.transition.primitives import STORAGE, TransitionState, apply, destroy, extend, load, merge, split
 
 TINY = get_model("tiny")  # h=64, F=128, L=4, a=4, g=2, d=16, V=64, untied
 JOB = JobSpec(TINY, ClusterSpec(get_gpu("h100"), 2, 4), WorkloadSpec())
@@ -236,3 +236,102 @@ def test_split_and_merge_with_a_non_power_of_two_factor():
     assert s.groups == (((0, 1, 2), full - e.shard_bytes[1]),)  # ranks 1, 2 lack the most
     m = merge(list(s.produces), e, TINY, 2)
     assert m.bytes_moved == 0 and sum(m.mem_net.values()) == sum(e.shard_bytes) - 3 * full
+
+
+def test_load_from_storage_by_hand():
+    """Frozen weights come back from storage: setup + bytes landing on the node / storage bandwidth."""
+    full = (4 * LAYER + 2 * 64 * 64 + 64) * 2  # tiny tp1 pp1: 312,448 B (bf16)
+    dst = emu("reference.infer*0", 1, 1, (4,), "reference.infer")
+    ld = load(dst, STORAGE)
+    assert (ld.pid, ld.kind, ld.source, ld.reads, ld.consumes) == ("load:reference.infer*0", "load", STORAGE, (), ())
+    assert ld.acquires == (4,) and ld.mem_hi == ld.mem_net == {4: full} and ld.bytes_moved == full
+    assert ld.pairs == () and ld.groups == ()
+    prm = CostParams(storage_bandwidth=1e6, load_setup_s=0.5)
+    assert duration(ld, JOB.cluster, prm) == pytest.approx(0.5 + 312448 / 1e6)
+    # defaults: 2 s setup + 2 GB/s per node (nereus/sim/restart.py's storage assumption)
+    assert duration(ld, JOB.cluster) == pytest.approx(2.0 + 312448 / 2e9)
+    # tp=2 on GPUs 4, 5 (one node, 156,800 B each): the node reads both shards at 2 GB/s
+    two = load(emu("reference.infer*1", 2, 1, (4, 5), "reference.infer"), STORAGE)
+    assert duration(two, JOB.cluster, prm) == pytest.approx(0.5 + 2 * 156800 / 1e6)
+    # on two nodes the nodes read in parallel
+    split_nodes = load(emu("reference.infer*2", 2, 1, (3, 4), "reference.infer"), STORAGE)
+    assert duration(split_nodes, JOB.cluster, prm) == pytest.approx(0.5 + 156800 / 1e6)
+    # Loads on one node share its storage port, on different nodes they do not
+    assert ports(ld, JOB.cluster) == ports(two, JOB.cluster) == frozenset({(1, "storage", "rx")})
+    assert ports(split_nodes, JOB.cluster) == frozenset({(0, "storage", "rx"), (1, "storage", "rx")})
+    st = TransitionState.of([])
+    apply(st, ld)
+    assert st.copies("reference.infer") == 1 and st.used[4] == full
+    assert ld.to_dict()["source"] == STORAGE and "source" not in destroy(dst).to_dict()
+
+
+def test_load_from_the_train_emu_is_a_weight_sync_by_hand():
+    """Derived copies (actor.infer) come from a live actor.train EMU: weights only (2 B/param)."""
+    train = emu("actor.train#0", 1, 1, (0,), "actor.train")
+    dst = emu("actor.infer*0", 2, 1, (4, 5), "actor.infer")
+    ld = load(dst, train)
+    assert ld.reads == ("actor.train#0",) and ld.source == "actor.train#0"
+    assert ld.pairs == ((0, 4, 156800), (0, 5, 156800)) and ld.bytes_moved == 2 * 156800
+    assert ld.mem_hi == {4: 156800, 5: 156800} and 0 not in ld.mem_net
+    # GPU 0 (node 0) sends both shards over the NIC one after another; inter-node setup 0.2 s
+    assert duration(ld, JOB.cluster) == pytest.approx(0.2 + 2 * (156800 / 50e9 + 10e-6))
+    assert ports(ld, JOB.cluster) == frozenset({(0, "ib", "tx"), (4, "ib", "rx"), (5, "ib", "rx")})
+    # two train GPUs in the node: one shard each over NVLink, intra-node setup 0.05 s
+    train2 = emu("actor.train#1", 2, 1, (6, 7), "actor.train")
+    ld2 = load(dst, train2)
+    assert ld2.pairs == ((6, 4, 156800), (7, 5, 156800))
+    assert duration(ld2, JOB.cluster) == pytest.approx(0.05 + 156800 / 450e9 + 5e-6)
+    with pytest.raises(ValueError, match="unique training state"):
+        load(emu("actor.train*0", 1, 1, (4,), "actor.train"), STORAGE)
+    with pytest.raises(ValueError, match="derive from actor.train"):
+        load(dst, emu("critic.train#0", 1, 1, (0,), "critic.train"))
+    with pytest.raises(ValueError, match="source must be"):
+        load(dst, "s3")
+
+
+def test_lost_every_replica_of_frozen_or_derived_state_reloads_but_train_stays_infeasible():
+    # GPUs 4-7 (node 1) are reclaimed; reference.infer and actor.infer had every replica there
+    cur, tgt = _plans([("reference.infer", 1, 1, 2, (6, 7)), ("actor.infer", 1, 1, 2, (4, 5)),
+                       ("actor.train", 1, 1, 2, (0, 1))],
+                      [("reference.infer", 1, 1, 2, (2, 3)), ("actor.infer", 1, 1, 2, (0, 1)),
+                       ("actor.train", 1, 1, 2, (0, 1))])
+    est = estimate_transition(JOB, cur, tgt, pool=frozenset(range(4)))
+    assert est.feasible, est.reason
+    assert est.reloads == {"reference.infer": STORAGE, "actor.infer": "actor.train#0"}
+    assert "reference.infer (from storage)" in est.reason and "weight sync from actor.train#0" in est.reason
+    kinds = sorted((n.kind, n.model_stage) for n in est.dag.nodes)
+    assert kinds == [("extend", "actor.infer"), ("extend", "reference.infer"), ("load", "actor.infer"),
+                     ("load", "reference.infer")]
+    full = (4 * LAYER + 2 * 64 * 64 + 64) * 2
+    # storage read once (2 s + 312,448 B / 2 GB/s), then an NVLink Extend 2 -> 3
+    assert est.durations["load:reference.infer*0"] == pytest.approx(2.0 + full / 2e9)
+    assert est.durations["extend:reference.infer*1"] == pytest.approx(0.05 + full / 450e9 + 5e-6)
+    # actor.infer*0 lands on GPU 0 which holds actor.train#0: a local copy, no link, no setup
+    assert est.durations["load:actor.infer*0"] == 0.0
+    assert est.l_tran == pytest.approx(2.0 + full / 2e9 + 0.05 + full / 450e9 + 5e-6)
+    doc = json.loads(json.dumps(est.to_dict()))
+    assert doc["reloads"] == est.reloads
+    assert {n["source"] for n in doc["dag"]["nodes"] if n["kind"] == "load"} == {STORAGE, "actor.train#0"}
+    # losing every actor.train replica stays infeasible: its state is unique
+    cur, tgt = _plans([("reference.infer", 1, 1, 2, (0, 1)), ("actor.train", 1, 1, 2, (4, 5))],
+                      [("reference.infer", 1, 1, 2, (0, 1)), ("actor.train", 1, 1, 2, (2, 3))])
+    est = estimate_transition(JOB, cur, tgt, pool=frozenset(range(4)))
+    assert not est.feasible and "actor.train" in est.reason and "checkpoint" in est.reason
+    # and so does a derived copy whose train model-stage is lost too
+    cur, tgt = _plans([("actor.infer", 1, 1, 1, (6,)), ("actor.train", 1, 1, 1, (7,))],
+                      [("actor.infer", 1, 1, 1, (0,)), ("actor.train", 1, 1, 1, (1,))])
+    est = estimate_transition(JOB, cur, tgt, pool=frozenset(range(4)))
+    assert not est.feasible and "training state is unique" in est.reason
+
+
+def test_a_load_from_the_train_emu_ends_before_the_train_emu_is_consumed():
+    cur, tgt = _plans([("actor.generate", 1, 1, 1, (6,)), ("actor.train", 1, 1, 1, (0,))],
+                      [("actor.generate", 1, 1, 1, (2,)), ("actor.train", 1, 1, 1, (1,))])
+    est = estimate_transition(JOB, cur, tgt, pool=frozenset(range(4)))
+    assert est.feasible, est.reason
+    assert ("load:actor.generate*0", "destroy:actor.train#0", "state") in est.dag.edges
+    s = est.schedule
+    assert s.end["load:actor.generate*0"] <= s.start["destroy:actor.train#0"]
+    prt = {n.pid: ports(n, JOB.cluster) for n in est.dag.nodes}
+    ex = exact_schedule(est.dag, est.durations, prt, time_limit_s=10)
+    assert ex.optimal and ex.schedule.makespan <= est.l_tran + 1e-6

@@ -1,7 +1,8 @@
 """Property tests over random plan pairs on random pools (DESIGN.md §4.6 invariants).
 
 Every execution the global DAG allows, sequential or concurrent, must keep a full copy of every
-model-stage's state, fit every GPU's memory, never let two concurrent model-stages own one GPU, and
+model-stage's state (for frozen weights storage is that copy, for derived weight copies a live EMU of
+the model's ``*.train``; a ``*.train`` needs one of its own EMUs), fit every GPU's memory, never let two concurrent model-stages own one GPU, and
 end in exactly the target EMUs. Infeasible targets are reported, never scheduled.
 """
 
@@ -18,6 +19,7 @@ from hypothesis import strategies as st
 from nereus.transition import estimate_transition
 from nereus.transition.emu import stage_of
 from nereus.transition.instances import random_instance
+from nereus.transition.primitives import STORAGE
 
 
 def _simulate(dag, rng: random.Random) -> None:
@@ -29,7 +31,19 @@ def _simulate(dag, rng: random.Random) -> None:
     for e in dag.initial:
         for g in e.gpus:
             used[g] += e.bytes_on(g)
-    model_stages = {e.model_stage for e in dag.initial}
+    model_stages = {e.model_stage for e in dag.initial} | {e.model_stage for e in dag.target}
+    reloads = {n.model_stage: n.source for n in dag.nodes if n.kind == "load"}
+    for ms in reloads:
+        assert not ms.endswith(".train"), f"{ms}: training state is never reloaded"
+
+    def has_copy(ms: str) -> bool:
+        if any(e.model_stage == ms for e in alive.values()):
+            return True
+        if ms.endswith(".train") or ms not in reloads:
+            return False
+        if reloads[ms] == STORAGE:
+            return True  # frozen weights: the model files the job started from
+        return any(e.model_stage == ms.partition(".")[0] + ".train" for e in alive.values())
     pending, running, ended = set(nodes), set(), set()
 
     def owners(g):
@@ -62,8 +76,7 @@ def _simulate(dag, rng: random.Random) -> None:
         for g, b in used.items():
             assert b <= dag.capacity[g], f"GPU {g} holds {b} B > {dag.capacity[g]} B"
         for ms in model_stages:
-            live = [e for e in alive.values() if e.model_stage == ms]
-            assert live, f"{ms} has no full copy left"
+            assert has_copy(ms), f"{ms} has no full copy left"
         for g in dag.capacity:
             by_stage = Counter(stage_of(ms) for ms in owners(g))
             assert max(by_stage.values(), default=0) <= 1, f"GPU {g} owned by concurrent {owners(g)}"
@@ -112,3 +125,30 @@ def test_enough_random_instances_are_feasible_and_some_are_not():
         if inst is not None:
             res.append(estimate_transition(inst.job, inst.current, inst.target, pool=inst.pool).feasible)
     assert 0.3 < sum(res) / len(res) < 1.0
+
+
+def test_random_losses_of_every_replica_reload_or_stay_infeasible():
+    """Pools that take every replica of some model-stage: frozen and derived ones are reloaded and
+    the result is safe in every order; a lost ``*.train`` is always infeasible."""
+    rng = random.Random(5)
+    reloaded = lost_train = 0
+    for _ in range(400):
+        inst = random_instance(rng, num_nodes=2, max_dp=2, planner_like=True)
+        if inst is None:
+            continue
+        lost = {c.model_stage for c in inst.current.candidates
+                if not any(set(c.replica_gpus(d)) <= inst.pool for d in range(c.dp))}
+        if not lost:
+            continue
+        est = estimate_transition(inst.job, inst.current, inst.target, pool=inst.pool)
+        if any(ms.endswith(".train") for ms in lost):
+            lost_train += 1
+            assert not est.feasible and "checkpoint" in est.reason
+            continue
+        if est.feasible:
+            assert set(est.reloads) == lost
+            reloaded += 1
+            _check_schedule(est)
+            for k in range(3):
+                _simulate(est.dag, random.Random(k))
+    assert reloaded >= 5 and lost_train >= 5

@@ -12,7 +12,8 @@ Flow of :meth:`Controller.observe` (DESIGN.md §4.5, paper §4.1–4.3):
    uses lost GPUs, ran out of memory, or is predicted to exceed memory;
 3. monitor: urgent triggers (pool change, memory) and opportunistic ones (drift > δ_x), with ``H_x``;
 4. on a trigger, replan (urgent options on the urgent path), estimate ``L_tran`` of each target, and
-   admit (``admission.admit``); if the only copy of trainable state was on lost GPUs, restart;
+   admit (``admission.admit``); restart only if the only copy of trainable state was on lost GPUs
+   or no target's transition is feasible (lost frozen/derived replicas are reloaded by the DAG);
 5. reset every reference value (admitted or not).
 """
 
@@ -35,9 +36,13 @@ __all__ = ["Controller", "ControllerConfig", "state_survives"]
 def state_survives(plan: Plan, pool: frozenset) -> bool:
     """Every trainable model-stage keeps at least one whole replica (EMU) on ``pool``.
 
-    Frozen models (reference, reward) and generation/inference copies can be reloaded or re-synced,
-    but the only live copy of trained weights and optimizer state is in the ``*.train`` EMUs
-    (DESIGN.md §4.9: state survives as long as one copy does).
+    Frozen models (reference, reward) and generation/inference copies are re-created by the
+    transition planner's ``Load`` (from storage, or a weight sync from a live ``*.train`` EMU), so a
+    transition stays possible when all their replicas are lost; the only live copy of trained weights
+    and optimizer state is in the ``*.train`` EMUs (DESIGN.md §4.9: state survives as long as one copy
+    does). The controller restarts only when this returns False or no target's transition is
+    feasible; it matches ``nereus.transition.estimate_transition``, which reports a lost ``*.train``
+    as infeasible and reloads everything else.
     """
     for c in plan.candidates:
         if not c.model_stage.endswith(".train"):

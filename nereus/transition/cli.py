@@ -2,7 +2,7 @@
 
 Reads plans as ``nereus plan --json`` writes them (a ``{"job", "plan"}`` document or a bare plan);
 the job comes from ``--job``/job options, else from the ``--from`` document, else the defaults.
-Prints the primitives with their schedule, the cross-model-stage edges, ``L_tran`` and the bytes
+Prints the primitives with their schedule (a Load names its source: storage or a train EMU), the cross-model-stage edges, ``L_tran`` and the bytes
 moved against the minimum; ``--gantt`` writes a PNG, ``--json`` prints everything as JSON,
 ``--exact`` also solves the schedule with CP-SAT for comparison.
 """
@@ -103,19 +103,27 @@ def main(args) -> int:
     print(f"transition: {est.num_primitives} primitives, L_tran = {est.l_tran:.3f} s "
           f"(critical path without link contention {est.critical_path_s:.3f} s)")
     print(f"bytes moved: {est.bytes_moved / GB:.2f} GB (minimum any transition moves: {est.min_bytes / GB:.2f} GB)")
-    print("\nlocal DAGs (Split -> Destroy -> Extend -> Merge):")
+    print("\nlocal DAGs (Split -> Destroy -> Extend -> Merge; Load when every replica was lost):")
     for ld in est.dag.local:
         cur = [e for e in est.dag.initial if e.model_stage == ld.model_stage]
         tgt = [e for e in est.dag.target if e.model_stage == ld.model_stage]
         kinds = [n.kind for n in ld.nodes]
-        counts = ", ".join(f"{k} x{kinds.count(k)}" for k in ("split", "destroy", "extend", "merge") if k in kinds)
-        print(f"  {ld.model_stage:16s} {cur[0].layout} x{len(cur)} -> {tgt[0].layout} x{len(tgt)}  "
-              f"T_sub {ld.t_sub}: {counts or 'unchanged'}")
+        counts = ", ".join(f"{k} x{kinds.count(k)}" for k in ("split", "destroy", "extend", "load", "merge")
+                           if k in kinds)
+        was = f"{cur[0].layout} x{len(cur)}" if cur else "lost"
+        src = (est.reloads or {}).get(ld.model_stage)
+        how = f" (reloaded from {src})" if src else ""
+        print(f"  {ld.model_stage:16s} {was} -> {tgt[0].layout} x{len(tgt)}  "
+              f"T_sub {ld.t_sub}: {counts or 'unchanged'}{how}")
     s = est.schedule
     print(f"\n{'start s':>8} {'end s':>8}  {'primitive':40s} {'GPUs':24s} {'GB':>8}")
     for n in est.dag.nodes:
-        g = (f"{_gpus(n.gpus[:len(n.gpus) // 2])} -> {_gpus(n.acquires)}" if n.kind == "extend"
-             else _gpus(n.gpus))
+        if n.kind == "extend":
+            g = f"{_gpus(n.gpus[:len(n.gpus) // 2])} -> {_gpus(n.acquires)}"
+        elif n.kind == "load":
+            g = f"{n.source} -> {_gpus(n.acquires)}"
+        else:
+            g = _gpus(n.gpus)
         mark = " *" if n.pid in s.critical_path else ""
         print(f"{s.start[n.pid]:8.3f} {s.end[n.pid]:8.3f}  {n.pid:40s} {g[:24]:24s} {n.bytes_moved / GB:8.2f}{mark}")
     cross = [(a, b, k) for a, b, k in est.dag.edges if k != "state"]

@@ -10,6 +10,8 @@ Time of one primitive, seconds::
     Merge   setup + (recv_bytes / B + α  if any shard must move)
     Extend  setup + max over rank pairs        (bytes / B + α)
     Destroy teardown
+    Load    from storage:   load_setup + max over nodes (bytes landing on the node / storage_bandwidth)
+            from a train EMU: setup + max over source GPUs (bytes it sends / B + α)   weight sync
 
 ``B`` and ``α`` are the scale-up (NVLink) bandwidth and latency when every GPU involved sits on one
 node, else the scale-out (NIC) ones (``GPUSpec``: bytes/s per GPU per direction). Communicators of
@@ -18,7 +20,9 @@ inside a node, ``comm_setup_inter_s`` across nodes.
 
 Shared-link contention is modeled by *ports*: each primitive holds the send and receive side of the
 NVLink or NIC port of every GPU it moves data on, and two primitives holding one port never overlap
-in a schedule (serializing two transfers on one link takes as long as sharing its bandwidth).
+in a schedule (serializing two transfers on one link takes as long as sharing its bandwidth). A
+Load from storage holds one ``(node, "storage", "rx")`` port per node it reads into, so Loads on one
+node share its storage bandwidth the same way.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from dataclasses import asdict, dataclass
 from nereus.spec.hardware import ClusterSpec
 from nereus.spec.model import ModelSpec
 from nereus.transition.emu import EMU, resident_bytes
-from nereus.transition.primitives import Primitive
+from nereus.transition.primitives import STORAGE, Primitive
 
 __all__ = ["CostParams", "duration", "ports", "min_bytes"]
 
@@ -41,6 +45,13 @@ class CostParams:
         comm_setup_intra_s: seconds to create the communicators of one primitive inside one node.
         comm_setup_inter_s: the same across nodes (bootstrap over the network).
         teardown_s: seconds for a Destroy (free buffers, close communicators).
+        storage_bandwidth: bytes/s per node read from shared storage by a Load. 2 GB/s, the same
+            assumption as the simulator's checkpoint/restart model (``nereus/sim/restart.py``,
+            ``STORAGE_BW``: typical NFS/Lustre client throughput, not a measurement).
+        load_setup_s: fixed seconds of a Load from storage: open the model files, parse the
+            safetensors headers, allocate the shards (an assumption of the right order for an
+            8B-class model in a running worker; the process, CUDA context and engine warm-up are
+            not included, the controller adds the rollout-engine start separately).
 
     The defaults are assumptions of the right order (NCCL communicator creation takes tens to
     hundreds of milliseconds); calibrate them from measured transitions.
@@ -52,11 +63,15 @@ class CostParams:
     comm_setup_intra_s: float = 0.05
     comm_setup_inter_s: float = 0.2
     teardown_s: float = 0.01
+    storage_bandwidth: float = 2e9
+    load_setup_s: float = 2.0
 
     def __post_init__(self) -> None:
         for k, v in asdict(self).items():
             if not (isinstance(v, (int, float)) and v >= 0):
                 raise ValueError(f"cost parameter {k!r} must be a number >= 0, got {v!r}")
+        if self.storage_bandwidth <= 0:
+            raise ValueError(f"cost parameter 'storage_bandwidth' must be > 0 B/s, got {self.storage_bandwidth!r}")
 
 
 def _link(cluster: ClusterSpec, gpus) -> tuple[float, float, str]:
@@ -74,6 +89,17 @@ def duration(p: Primitive, cluster: ClusterSpec, params: CostParams = CostParams
     """Predicted seconds of one primitive (formulas in the module docstring)."""
     if p.kind == "destroy":
         return params.teardown_s
+    if p.kind == "load" and p.source == STORAGE:
+        per_node: dict[int, int] = {}
+        for g, b in p.mem_net.items():
+            per_node[cluster.node_of(g)] = per_node.get(cluster.node_of(g), 0) + b
+        return params.load_setup_s + max(per_node.values(), default=0) / params.storage_bandwidth
+    if p.kind == "load":  # weight sync from a train EMU: a source GPU sends its pairs one after another
+        sent: dict[int, float] = {}
+        for s, d, b in p.pairs:
+            bw, lat, _ = _link(cluster, (s, d))
+            sent[s] = sent.get(s, 0.0) + b / bw + lat
+        return (_setup(cluster, p.gpus, params) if p.pairs else 0.0) + max(sent.values(), default=0.0)
     if p.kind == "extend":
         t = 0.0
         for s, d, b in p.pairs:
@@ -91,6 +117,8 @@ def duration(p: Primitive, cluster: ClusterSpec, params: CostParams = CostParams
 def ports(p: Primitive, cluster: ClusterSpec) -> frozenset[tuple[int, str, str]]:
     """``(gpu, link, "tx" | "rx")`` ports a primitive holds while it runs."""
     out = set()
+    if p.kind == "load" and p.source == STORAGE:
+        return frozenset((cluster.node_of(g), "storage", "rx") for g in p.gpus)
     for s, d, b in p.pairs:
         if b > 0:
             link = _link(cluster, (s, d))[2]

@@ -16,9 +16,11 @@ from nereus.transition.cost import CostParams, duration, min_bytes, ports
 from nereus.transition.emu import model_of, phi, stage_of, state_bytes_per_param
 from nereus.transition.global_dag import GlobalDAG, plan_global
 from nereus.transition.local_dag import Infeasible, build_local_dag
+from nereus.transition.primitives import STORAGE
 from nereus.transition.schedule import Schedule, critical_path_length
+from nereus.workflow import workflow_for
 
-__all__ = ["TransitionEstimate", "estimate_transition", "plan_dag", "capacities", "HEADROOM"]
+__all__ = ["TransitionEstimate", "estimate_transition", "plan_dag", "capacities", "reload_source", "HEADROOM"]
 
 #: Fraction of device memory kept free (DESIGN.md §4.2: 10% headroom).
 HEADROOM = 0.10
@@ -38,6 +40,8 @@ class TransitionEstimate:
         schedule: start/end per primitive (None when infeasible).
         critical_path_s: longest DAG path in seconds ignoring link contention (<= ``l_tran``).
         durations: pid → predicted seconds of each primitive (``cost.duration``).
+        reloads: model-stage → Load source (``"storage"`` or a train EMU uid) for every model-stage
+            that lost all its replicas and is re-created (frozen or derived weights).
     """
 
     feasible: bool
@@ -49,6 +53,7 @@ class TransitionEstimate:
     schedule: Schedule | None = None
     critical_path_s: float = 0.0
     durations: dict | None = None
+    reloads: dict | None = None
 
     @property
     def num_primitives(self) -> int:
@@ -59,7 +64,7 @@ class TransitionEstimate:
                 "l_tran_s": self.l_tran if math.isfinite(self.l_tran) else None,
                 "critical_path_s": self.critical_path_s, "bytes_moved": self.bytes_moved,
                 "min_bytes": self.min_bytes, "num_primitives": self.num_primitives,
-                "durations_s": self.durations or {},
+                "durations_s": self.durations or {}, "reloads": self.reloads or {},
                 "dag": self.dag.to_dict() if self.dag else None,
                 "schedule": self.schedule.to_dict() if self.schedule else None}
 
@@ -104,6 +109,32 @@ def _check_plans(job: JobSpec, current: Plan, target: Plan) -> None:
                 owner[k] = c.model_stage
 
 
+def reload_source(job: JobSpec, model_stage: str, model_stages) -> str | None:
+    """Where a model-stage that lost every replica can get its state back, or None (DESIGN.md §4.9).
+
+    * ``<model>.train``: None: it holds the unique logical state (θ, ω, counters); restore from a
+      checkpoint.
+    * a model that is trained (it has a ``train`` model-stage in the job's workflow or in
+      ``model_stages``): its weights derive from ``<model>.train`` by the per-step weight sync, so
+      the source is that model-stage (None when it is not in ``model_stages``).
+    * a frozen model (reference, reward): ``"storage"``, the model files the job started from.
+    """
+    model, _, stage = model_stage.partition(".")
+    if stage == "train":
+        return None
+    trained = {m.model for m in workflow_for(job.workload).model_stages if m.stage == "train"}
+    trained |= {ms.partition(".")[0] for ms in model_stages if ms.endswith(".train")}
+    if model in trained:
+        return f"{model}.train" if f"{model}.train" in model_stages else None
+    return STORAGE
+
+
+def _pick_train_emu(train: list, target0, cluster):
+    """The live train EMU a Load syncs from: most GPUs on the first target EMU's nodes, then uid."""
+    nodes = cluster.nodes_of(target0.gpus)
+    return min(train, key=lambda e: (-sum(cluster.node_of(g) in nodes for g in e.gpus), e.uid))
+
+
 def plan_dag(job: JobSpec, current: Plan, target: Plan, pool: frozenset[int] | None = None,
              reserved_bytes: dict[int, float] | None = None, params: CostParams | None = None,
              order: str = "critical") -> tuple[GlobalDAG, Schedule, dict[str, float]]:
@@ -114,8 +145,11 @@ def plan_dag(job: JobSpec, current: Plan, target: Plan, pool: frozenset[int] | N
     Raises:
         ValueError: plans with different model-stages, unplaced candidates, GPU ids outside the
             cluster or concurrent model-stages sharing a GPU.
-        Infeasible: the target uses GPUs outside the pool, a model-stage lost every replica, the
-            current state already exceeds a GPU's usable memory, or no safe order exists.
+        Infeasible: the target uses GPUs outside the pool, a model-stage with unique state lost
+            every replica (``*.train``, or a derived copy whose train model-stage is not in the
+            plans), the current state already exceeds a GPU's usable memory, or no safe order
+            exists. A frozen or derived model-stage that lost every replica is re-created by a Load
+            (:func:`reload_source`).
     """
     _check_plans(job, current, target)
     pool = job.cluster.all_gpus() if pool is None else job.cluster.check_pool(pool)
@@ -123,13 +157,26 @@ def plan_dag(job: JobSpec, current: Plan, target: Plan, pool: frozenset[int] | N
     if outside:
         raise Infeasible(f"target plan uses GPUs {outside[:6]} outside the pool of {len(pool)} GPUs")
     initial, final = [], []
+    lost = []
     for c in current.candidates:
         ms = c.model_stage
         cur = tuple(e for e in phi(job, c) if set(e.gpus) <= pool)
         if not cur:
-            raise Infeasible(f"{ms}: every replica lost GPUs outside the pool; restore from a checkpoint")
+            lost.append(ms)
         initial += cur
         final += phi(job, target[ms], prefix="*")
+    names = set(current.model_stages)
+    reload_from: dict = {}
+    for ms in sorted(lost, key=lambda m: (not m.endswith(".train"), m)):  # unique state first
+        src = reload_source(job, ms, names)
+        if src is None or src in lost:
+            why = ("its training state is unique" if ms.endswith(".train") else
+                   f"its weights derive from {ms.partition('.')[0]}.train, "
+                   + ("which lost every replica too" if src in lost else "which is not in the plan"))
+            raise Infeasible(f"{ms}: every replica lost GPUs outside the pool and {why}; restore from a checkpoint")
+        tgt0 = next(e for e in final if e.model_stage == ms)
+        reload_from[ms] = src if src == STORAGE else _pick_train_emu(
+            [e for e in initial if e.model_stage == src], tgt0, job.cluster)
     gpus = {g for e in initial + final for g in e.gpus}
     cap = capacities(job, gpus, reserved_bytes)
     used: dict[int, int] = {}
@@ -150,7 +197,8 @@ def plan_dag(job: JobSpec, current: Plan, target: Plan, pool: frozenset[int] | N
             ms = c.model_stage
             locals_.append(build_local_dag(
                 ms, tuple(e for e in initial if e.model_stage == ms), tuple(e for e in final if e.model_stage == ms),
-                model_of(job, ms), state_bytes_per_param(job, ms), job.cluster, relocate=ms in relocate))
+                model_of(job, ms), state_bytes_per_param(job, ms), job.cluster, relocate=ms in relocate,
+                reload_from=reload_from.get(ms)))
         dur = {n.pid: duration(n, job.cluster, params) for ld in locals_ for n in ld.nodes}
         prt = {n.pid: ports(n, job.cluster) for ld in locals_ for n in ld.nodes}
         try:
@@ -190,6 +238,12 @@ def estimate_transition(job: JobSpec, current: Plan, target: Plan, pool: frozens
         dag, sched, dur = plan_dag(job, current, target, pool, reserved_bytes, params, order)
     except Infeasible as e:
         return TransitionEstimate(False, str(e), math.inf, 0.0, 0.0)
-    return TransitionEstimate(True, "ok", sched.makespan, float(dag.bytes_moved),
+    reloads = {n.model_stage: n.source for n in dag.nodes if n.kind == "load"}
+    reason = "ok"
+    if reloads:
+        reason += "; every replica lost, reloaded by Load: " + ", ".join(
+            f"{ms} ({'from storage' if src == STORAGE else 'weight sync from ' + src})"
+            for ms, src in sorted(reloads.items()))
+    return TransitionEstimate(True, reason, sched.makespan, float(dag.bytes_moved),
                               float(min_bytes(dag.initial, dag.target, models)), dag, sched,
-                              critical_path_length(dag, dur), dur)
+                              critical_path_length(dag, dur), dur, reloads)

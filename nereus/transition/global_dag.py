@@ -2,7 +2,9 @@
 
 Source: paper §6.1-§6.2, DESIGN.md §4.6.
 
-1. State edges come from the local DAGs.
+1. State edges come from the local DAGs, plus one per cross-model-stage read: a Load that syncs
+   weights from a ``*.train`` EMU ends before any primitive of the train model-stage consumes that
+   EMU (buffer lifetime, as for Extend sources inside one model-stage).
 2. Ownership edges: an Extend onto GPU ``g`` follows every Destroy of a concurrent model-stage (same
    stage) whose unit sits on ``g``, so two concurrent model-stages never own one GPU. If they close
    a cycle (the only Destroy that frees a GPU depends on the Extend waiting for it), the target is
@@ -125,6 +127,17 @@ def _ownership_edges(locals_: list[LocalDAG]) -> list[tuple[str, str, str]]:
     return edges
 
 
+def _read_edges(locals_: list[LocalDAG]) -> list[tuple[str, str, str]]:
+    """``(reader, consumer, "state")`` for EMUs read by a primitive of another model-stage."""
+    consumers: dict[str, list] = {}
+    for ld in locals_:
+        for n in ld.nodes:
+            for uid in n.consumes:
+                consumers.setdefault(uid, []).append(n)
+    return [(n.pid, c.pid, "state") for ld in locals_ for n in ld.nodes for uid in n.reads
+            for c in consumers.get(uid, ()) if c.model_stage != n.model_stage]
+
+
 def _tails(nodes, preds: dict[str, set[str]], dur: dict[str, float]) -> dict[str, float]:
     try:
         topo = list(graphlib.TopologicalSorter(preds).static_order())
@@ -210,7 +223,7 @@ def plan_global(locals_: list[LocalDAG], initial: tuple[EMU, ...], target: tuple
     nodes = {n.pid: n for ld in locals_ for n in ld.nodes}
     dur = dur if dur is not None else {p: 1.0 for p in nodes}
     ports = ports if ports is not None else {p: frozenset() for p in nodes}
-    edges = [(a, b, "state") for ld in locals_ for a, b in ld.edges]
+    edges = [(a, b, "state") for ld in locals_ for a, b in ld.edges] + _read_edges(locals_)
     edges += _ownership_edges(locals_)
     preds: dict[str, set[str]] = {p: set() for p in nodes}
     for a, b, _ in edges:
@@ -278,6 +291,7 @@ def rule_dag(locals_: list[LocalDAG], initial: tuple[EMU, ...], target: tuple[EM
     """The DAG with state and ownership edges only (no greedy resource edges), nodes in local order:
     the problem an exact scheduler solves (``exact.py``), also where the greedy finds no order."""
     nodes = [n for ld in locals_ for n in ld.nodes]
-    edges = [(a, b, "state") for ld in locals_ for a, b in ld.edges] + _ownership_edges(locals_)
+    edges = [(a, b, "state") for ld in locals_ for a, b in ld.edges] + _read_edges(locals_)
+    edges += _ownership_edges(locals_)
     return GlobalDAG(nodes=tuple(nodes), edges=tuple(dict.fromkeys(edges)), initial=tuple(initial),
                      target=tuple(target), capacity=dict(capacity), local=tuple(locals_))

@@ -14,6 +14,12 @@ Source: paper §6.1 and DESIGN.md §4.6.
 5. With ``relocate``, a replica that would be split in place is first extended onto free slots
    (arranged by :func:`~nereus.transition.emu.aligned_gpus`) and split there.
 
+When every current replica was lost (``current`` empty) and the model-stage holds no unique state,
+the caller passes ``reload_from`` (storage, or a live EMU of the model's ``*.train``): the first
+target EMU is created by :func:`~nereus.transition.primitives.load` and the others by Extend from
+the copies already made, as a binary tree (each copy feeds at most two more), so storage is read
+once per model-stage. A ``*.train`` model-stage with no current replica stays infeasible.
+
 Edges are state dependencies only: a primitive follows the primitives that produce what it reads or
 consumes; a Destroy or Merge follows every Extend reading the unit (buffer lifetime) and, when the model-stage
 keeps no unit in place (so the unit may be its last replica), the first Extend, so a full copy always
@@ -27,7 +33,7 @@ from dataclasses import dataclass
 from nereus.spec.hardware import ClusterSpec
 from nereus.spec.model import ModelSpec
 from nereus.transition.emu import EMU, aligned_gpus, sub_units, t_sub
-from nereus.transition.primitives import Primitive, destroy, extend, merge, split
+from nereus.transition.primitives import Primitive, destroy, extend, load, merge, split
 
 __all__ = ["LocalDAG", "build_local_dag", "Infeasible"]
 
@@ -84,7 +90,7 @@ def _pick_source(slot: EMU, units: list[EMU], uses: dict, cluster: ClusterSpec |
 
 def build_local_dag(model_stage: str, current: tuple[EMU, ...], target: tuple[EMU, ...], model: ModelSpec,
                     bytes_per_param: int, cluster: ClusterSpec | None = None,
-                    relocate: bool = False) -> LocalDAG:
+                    relocate: bool = False, reload_from: EMU | str | None = None) -> LocalDAG:
     """The local DAG of ``model_stage`` from its current to its target EMUs.
 
     Args:
@@ -94,11 +100,19 @@ def build_local_dag(model_stage: str, current: tuple[EMU, ...], target: tuple[EM
         relocate: instead of splitting a replica in place (which needs room for the larger shards
             on its own GPUs), Extend it onto free target slots arranged by ``aligned_gpus`` and
             split the copy there; used when an in-place Split does not fit.
+        reload_from: with ``current`` empty (every replica lost), where a Load reads the state:
+            ``"storage"`` or a live EMU of the model's ``*.train`` (module docstring).
 
     Raises:
-        ValueError: empty EMU lists, mixed layouts or EMUs of another model-stage.
-        Infeasible: no current unit is disjoint from a slot that must be filled by Extend.
+        ValueError: empty EMU lists (``current`` may be empty only with ``reload_from``), mixed
+            layouts or EMUs of another model-stage.
+        Infeasible: no current unit is disjoint from a slot that must be filled by Extend; or no
+            current unit of a ``*.train`` model-stage (its unique state is lost).
     """
+    if not current and target and reload_from is not None:
+        return _build_reload(model_stage, target, reload_from)
+    if not current and target and model_stage.endswith(".train"):
+        raise Infeasible(f"{model_stage}: every replica lost; its training state is unique; restore from a checkpoint")
     if not current or not target:
         raise ValueError(f"{model_stage}: needs current and target EMUs, got {len(current)} and {len(target)}")
     for e in current + target:
@@ -117,6 +131,25 @@ def build_local_dag(model_stage: str, current: tuple[EMU, ...], target: tuple[EM
             if i == len(subs) - 1:
                 raise
     raise AssertionError("unreachable")
+
+
+def _build_reload(model_stage: str, target: tuple[EMU, ...], source: EMU | str) -> LocalDAG:
+    """Load the first target EMU, then Extend copies in a binary tree (see the module docstring)."""
+    for e in target:
+        if e.model_stage != model_stage:
+            raise ValueError(f"{model_stage}: EMU {e.uid} belongs to {e.model_stage}")
+    if len({e.layout for e in target}) != 1:
+        raise ValueError(f"{model_stage}: EMUs of one model-stage share one layout")
+    first = load(target[0], source)
+    nodes, edges = [first], []
+    made = [first.pid]
+    for i, e in enumerate(target[1:], start=1):
+        parent = (i - 1) // 2
+        x = extend(target[parent], e)
+        nodes.append(x)
+        edges.append((made[parent], x.pid))
+        made.append(x.pid)
+    return LocalDAG(model_stage, target[0].layout, tuple(nodes), tuple(edges), ())
 
 
 def _divisors(n: int) -> list[int]:

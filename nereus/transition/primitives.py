@@ -1,7 +1,9 @@
-"""The four transition primitives as specs: what they read, consume and create, and their resources.
+"""The transition primitives as specs: what they read, consume and create, and their resources.
 
 Source: paper §5.2 (Split, Merge, Extend, Destroy), §6.2-§6.3 (buffers, lifetimes, transport);
-DESIGN.md §4.8.
+DESIGN.md §4.8, §4.9. A fifth primitive, ``Load``, is ours (not in the paper): it re-creates a
+replica of a model-stage that holds no unique state after every replica of it was lost (see
+:func:`load`).
 
 A :class:`Primitive` is pure data. Its memory effect is given per GPU by two numbers, both bytes:
 
@@ -22,9 +24,13 @@ from dataclasses import dataclass, field
 from nereus.spec.model import ModelSpec
 from nereus.transition.emu import EMU, STAGE_ORDER, resident_bytes, sub_units
 
-__all__ = ["Primitive", "split", "merge", "extend", "destroy", "TransitionState", "apply", "KINDS", "priority"]
+__all__ = ["Primitive", "split", "merge", "extend", "destroy", "load", "TransitionState", "apply", "KINDS",
+           "priority", "STORAGE"]
 
-KINDS = ("split", "destroy", "extend", "merge")
+KINDS = ("split", "destroy", "extend", "load", "merge")
+
+#: ``Load`` source of frozen weights: the model files the job started from (shared storage).
+STORAGE = "storage"
 
 
 @dataclass(frozen=True)
@@ -33,7 +39,7 @@ class Primitive:
 
     Attributes:
         pid: unique id, ``f"{kind}:{uid}"``.
-        kind: ``split``, ``merge``, ``extend`` or ``destroy``.
+        kind: ``split``, ``merge``, ``extend``, ``destroy`` or ``load``.
         model_stage: whose state it changes.
         reads: uids that must exist and stay alive while it runs (Extend's source).
         consumes: uids removed when it ends.
@@ -46,6 +52,7 @@ class Primitive:
         pairs: point-to-point copies ``(src_gpu, dst_gpu, bytes)``: Extend broadcasts.
         bytes_moved: bytes received over links, summed over GPUs.
         num_comms: communicators it creates (cost of setup).
+        source: a Load's source, :data:`STORAGE` or the uid of the train EMU it syncs from ("" else).
     """
 
     pid: str
@@ -62,6 +69,7 @@ class Primitive:
     pairs: tuple = ()
     bytes_moved: int = 0
     num_comms: int = 0
+    source: str = ""
 
     @property
     def stage(self) -> str:
@@ -76,7 +84,7 @@ class Primitive:
                 "mem_net": {str(g): v for g, v in self.mem_net.items()},
                 "groups": [[list(g), b] for g, b in self.groups],
                 "pairs": [list(p) for p in self.pairs], "bytes_moved": self.bytes_moved,
-                "num_comms": self.num_comms}
+                "num_comms": self.num_comms, **({"source": self.source} if self.kind == "load" else {})}
 
 
 def priority(p: Primitive) -> tuple:
@@ -191,6 +199,50 @@ def destroy(emu: EMU) -> Primitive:
     """``Destroy(EMU) → ∅``: local teardown and memory release, no collective (paper §5.2d)."""
     return Primitive(pid=f"destroy:{emu.uid}", kind="destroy", model_stage=emu.model_stage,
                      consumes=(emu.uid,), gpus=emu.gpus, mem_net={g: -emu.bytes_on(g) for g in emu.gpus})
+
+
+def load(dst: EMU, source: EMU | str) -> Primitive:
+    """``Load(EMU, source) → EMU``: re-create a replica whose model-stage lost every replica (ours).
+
+    Only model-stages without unique state may be re-created (DESIGN.md §4.9: state survives as
+    long as one copy does): frozen weights (``reference.infer``, ``reward.infer``) are read from
+    ``source = STORAGE`` (the model files the job started from), and the weight copies of a trained
+    model (``actor.generate``, ``actor.infer``, ``critic.infer``) from a live EMU of its
+    ``<model>.train`` model-stage, as the per-step weight sync does. ``*.train`` holds the unique
+    logical state (θ, ω, counters) and is never loaded: losing all of it means a checkpoint restore.
+
+    * storage: every destination GPU reads its shard; no GPU-to-GPU traffic (``pairs`` empty);
+    * train EMU: weight-sync broadcast, destination GPU ``i`` receives its shard (weights only,
+      ``dst.shard_bytes``) from train GPU ``src.gpus[i % len(src.gpus)]`` (a destination GPU that
+      also holds the train EMU copies locally, without a link); the source EMU is read (it must
+      stay alive until the Load ends).
+
+    ``mem_hi = mem_net = dst.bytes_on(g)`` on the destination GPUs; ``bytes_moved`` counts the
+    bytes received (from storage or over links).
+
+    Raises:
+        ValueError: a ``*.train`` destination, or a source that is neither storage nor an EMU of
+            the destination model's ``*.train``.
+    """
+    model, _, stage = dst.model_stage.partition(".")
+    if stage == "train":
+        raise ValueError(f"Load {dst.uid}: {dst.model_stage} holds unique training state and cannot be "
+                         "reloaded; restore it from a checkpoint")
+    mem = {g: dst.bytes_on(g) for g in dst.gpus}
+    common = dict(pid=f"load:{dst.uid}", kind="load", model_stage=dst.model_stage, produces=(dst,),
+                  acquires=dst.gpus, mem_hi=dict(mem), mem_net=dict(mem), bytes_moved=sum(mem.values()))
+    if isinstance(source, str):
+        if source != STORAGE:
+            raise ValueError(f"Load {dst.uid}: source must be {STORAGE!r} or a {model}.train EMU, got {source!r}")
+        return Primitive(gpus=dst.gpus, source=STORAGE, **common)
+    if source.model_stage != f"{model}.train":
+        raise ValueError(f"Load {dst.uid}: weights of {dst.model_stage} derive from {model}.train, not "
+                         f"{source.model_stage} ({source.uid})")
+    pairs = tuple((source.gpus[i % len(source.gpus)], d, mem[d]) for i, d in enumerate(dst.gpus)
+                  if d not in source.gpus)  # a GPU that also holds the train EMU copies locally
+    gpus = source.gpus + tuple(g for g in dst.gpus if g not in source.gpus)
+    return Primitive(reads=(source.uid,), gpus=gpus, pairs=pairs, num_comms=len(pairs) + 1,
+                     source=source.uid, **common)
 
 
 @dataclass
