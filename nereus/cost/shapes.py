@@ -102,8 +102,10 @@ def params_rank(model: ModelSpec, tp, pp):
     tp, pp = np.broadcast_arrays(tp, pp)
     if tp.size == 1:
         return np.full(tp.shape, max_params_per_gpu(model, int(tp.flat[0]), int(pp.flat[0])))
-    pairs, inv = np.unique(np.stack([tp.reshape(-1), pp.reshape(-1)], axis=1), axis=0, return_inverse=True)
-    vals = np.array([max_params_per_gpu(model, int(a), int(b)) for a, b in pairs])
+    keys = tp.reshape(-1).astype(np.int64) * 1_000_003 + pp.reshape(-1)
+    uniq, first, inv = np.unique(keys, return_index=True, return_inverse=True)
+    tf, pf = tp.reshape(-1), pp.reshape(-1)
+    vals = np.array([max_params_per_gpu(model, int(tf[i]), int(pf[i])) for i in first])
     return vals[inv.reshape(-1)].reshape(tp.shape)
 
 

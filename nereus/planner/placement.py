@@ -35,17 +35,16 @@ class _FreeGPUs:
         self.by_node: dict[int, list[int]] = {}
         for g in sorted(gpus):
             self.by_node.setdefault(cluster.node_of(g), []).append(g)
+        self.n = sum(len(v) for v in self.by_node.values())
 
     def count(self) -> int:
-        return sum(len(v) for v in self.by_node.values())
-
-    def remove(self, gpus) -> None:
-        gone = set(gpus)
-        for n in list(self.by_node):
-            self.by_node[n] = [g for g in self.by_node[n] if g not in gone]
+        return self.n
 
     def _pop(self, node: int, k: int) -> list[int]:
         out, self.by_node[node] = self.by_node[node][:k], self.by_node[node][k:]
+        self.n -= len(out)
+        if not self.by_node[node]:
+            del self.by_node[node]
         return out
 
     def take_replica(self, k: int, tp: int) -> list[int] | None:

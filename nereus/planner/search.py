@@ -94,23 +94,26 @@ def minmax_knapsack(stairs: list[tuple[np.ndarray, np.ndarray]], budget: int):
     Returns ``(best_max_time, positions)`` or ``(inf, None)`` when even the smallest choices exceed
     the budget.
     """
+    ns = [s[0].tolist() for s in stairs]
+    ts = [s[1].tolist() for s in stairs]
     pos = [0] * len(stairs)
-    used = sum(int(s[0][0]) for s in stairs)
+    used = sum(n[0] for n in ns)
     if used > budget:
         return math.inf, None
+    cur = [t[0] for t in ts]
     while True:
-        cur = [float(s[1][p]) for s, p in zip(stairs, pos)]
-        worst = max(range(len(stairs)), key=lambda i: cur[i])
+        worst = max(range(len(cur)), key=cur.__getitem__)
         best = cur[worst]
-        n, _ = stairs[worst]
         p = pos[worst]
+        n = ns[worst]
         if p + 1 >= len(n):
             return best, list(pos)
-        extra = int(n[p + 1] - n[p])
+        extra = n[p + 1] - n[p]
         if used + extra > budget:
             return best, list(pos)
         used += extra
         pos[worst] = p + 1
+        cur[worst] = ts[worst][p + 1]
 
 
 class _Stage:
