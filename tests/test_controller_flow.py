@@ -122,10 +122,11 @@ def test_restart_when_state_lost_or_nothing_fits():
     ctl.observe(StepReport(0, 1000, POOL8))
     d = ctl.observe(StepReport(1, 1000, frozenset(range(4))))
     assert isinstance(d, Restart) and d.plan is not None and "checkpoint" in d.reason
+    assert d.cause == "state_lost" and d.to_dict()["cause"] == "state_lost"
     ctl, _ = _ctl(_plan(1, range(8)))
     ctl.observe(StepReport(0, 1000, POOL8))
     d = ctl.observe(StepReport(1, 1000, frozenset({0})))
-    assert isinstance(d, Restart) and d.plan is None and "nothing fits" in d.reason
+    assert isinstance(d, Restart) and d.plan is None and "nothing fits" in d.reason and d.cause == "no_plan"
 
 
 def test_state_survives_needs_one_whole_train_replica():
@@ -162,6 +163,7 @@ def test_restart_saves_first_when_state_is_alive_under_a_notice():
     # GPUs 4-7 got a preemption notice: out of P_gpu but still alive
     d = ctl.observe(StepReport(1, 1000, frozenset(range(4)), alive=POOL8))
     assert isinstance(d, Restart) and d.checkpoint_first and "no memory" in d.reason
+    assert d.cause == "infeasible_transition"
     ctl, _ = _ctl(_plan(8, range(8)))
     ctl.observe(StepReport(0, 1000, POOL8))
     d = ctl.observe(StepReport(1, 1000, frozenset(range(4))))  # no notice: the copy is gone
@@ -244,4 +246,4 @@ def test_losing_every_frozen_replica_is_a_live_transition_but_losing_train_state
     ctl = Controller(JOB, fp.estimate(JOB, _two_stage((4, 5, 6, 7), (0, 1))), fp)
     ctl.observe(StepReport(0, 1000, POOL8))
     d = ctl.observe(StepReport(1, 1000, frozenset(range(4))))  # both actor.train replicas lost
-    assert isinstance(d, Restart) and not d.checkpoint_first and "trainable" in d.reason
+    assert isinstance(d, Restart) and not d.checkpoint_first and "trainable" in d.reason and d.cause == "state_lost"

@@ -17,6 +17,11 @@ def test_simulate_writes_table_json_and_png(tmp_path, capsys):
     log = json.loads((out / "nereus.json").read_text())
     assert log["summary"]["steps"] == len([p for p in log["timeline"]]) or log["summary"]["restarts"] > 0
     assert (out / "nereus.png").stat().st_size > 0 and (out / "static.png").stat().st_size > 0
+    for name in ("nereus", "static"):
+        p = summary["policies"][name]
+        assert sum(p["restarts_by_cause"].values()) == p["restarts"]
+        if p["restarts"]:
+            assert "restart causes:" in text
 
 
 def test_simulate_bad_inputs_exit_2(tmp_path, capsys):

@@ -79,6 +79,8 @@ def test_policies_survive_a_gpu_drop(name):
     r = simulate(pol, cl, 1.5)
     assert r.steps > 0 and r.tokens > 0 and r.throughput == pytest.approx(r.tokens / 5400.0)
     assert r.time_lost + r.checkpoint_time <= r.duration
+    assert sum(r.summary()["restarts_by_cause"].values()) == r.restarts
+    assert all(e["cause"] for e in r.events if e["kind"] == "restart" and "waiting" not in e["reason"])
     if name == "static":
         assert r.restarts >= 1 and r.transitions == 0
         assert any("lost 4 GPUs" in e["reason"] for e in r.events)

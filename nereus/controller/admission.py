@@ -82,9 +82,9 @@ def admit(current_l_step: float, options: list[Option], *, gamma: float, horizon
         if options:
             reasons = "; ".join(o.cost.reason for o in options if o.cost.reason)[:300]
             return Restart(options[0].plan, f"urgent and no feasible live transition ({reasons}); "
-                           "checkpoint/restart", triggers)
+                           "checkpoint/restart", triggers, cause="infeasible_transition")
         return Restart(None, "urgent and no feasible plan fits the pool; checkpoint and wait for GPUs",
-                       triggers)
+                       triggers, cause="no_plan")
     if not feasible:
         if not options:
             return Keep("replanned: no feasible target plan", triggers)

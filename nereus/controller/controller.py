@@ -159,11 +159,12 @@ class Controller:
             diag = getattr(e, "diagnosis", "") or str(e)
             if urgent:
                 return Restart(None, f"urgent and no feasible plan on {len(pool)} GPUs: {diag}"[:400], names,
-                               checkpoint_first=survives)
+                               checkpoint_first=survives, cause="no_plan")
             return Keep(f"replanned: no feasible plan ({diag})"[:400], names)
         if lost and not survives:
             return Restart(best, f"lost every replica of a trainable model-stage with "
-                           f"{len(self.plan.gpus_used() - alive)} GPUs; restore from checkpoint", names)
+                           f"{len(self.plan.gpus_used() - alive)} GPUs; restore from checkpoint", names,
+                           cause="state_lost")
         if not urgent and same_plan(best, self.plan):
             return Keep("replanned: the current plan is still the best", names)
         cur_l = math.inf if urgent else current.l_step

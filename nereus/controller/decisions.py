@@ -12,7 +12,10 @@ from dataclasses import dataclass, field
 
 from nereus.planner.plan import Plan
 
-__all__ = ["TransitionCost", "Keep", "Transition", "Restart", "Decision", "decision_to_dict"]
+__all__ = ["TransitionCost", "Keep", "Transition", "Restart", "Decision", "decision_to_dict", "RESTART_CAUSES"]
+
+#: The controller's restart causes (see :class:`Restart`).
+RESTART_CAUSES = ("state_lost", "infeasible_transition", "no_plan")
 
 
 @dataclass(frozen=True)
@@ -97,17 +100,23 @@ class Restart:
         triggers: names of the signals that fired.
         checkpoint_first: a full copy of the trained state is still alive, so save a checkpoint now
             and lose no progress; False when the last copy is gone (restore the last checkpoint).
+        cause: why, as one word for counting (:data:`RESTART_CAUSES`): ``state_lost`` (every
+            replica of a ``*.train`` model-stage was on lost GPUs), ``infeasible_transition`` (a
+            target exists but no live transition to it is feasible), ``no_plan`` (nothing fits the
+            pool); executors may add their own (the simulator: ``transition_overrun``,
+            ``static_policy``). Empty when unknown.
     """
 
     plan: Plan | None
     reason: str
     triggers: tuple[str, ...] = ()
     checkpoint_first: bool = False
+    cause: str = ""
     kind: str = field(default="restart", init=False)
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "reason": self.reason, "triggers": list(self.triggers),
-                "checkpoint_first": self.checkpoint_first,
+                "checkpoint_first": self.checkpoint_first, "cause": self.cause,
                 "plan": None if self.plan is None else self.plan.to_dict()}
 
 

@@ -4,7 +4,8 @@
 Bamboo AWS p3 spot trace (real, shipped) scaled to 32 GPUs, its first 4 hours (``--hours 0`` for
 all 11.4), and the SYNTHETIC
 response-length growth scenario (500 -> 8,000 tokens in 1,000 steps, noise fitted to real verl
-logs). It prints a table per policy and writes ``<out>/summary.json``, ``<out>/<policy>.json`` and
+logs). It prints a table per policy and the restarts per cause, and writes ``<out>/summary.json``,
+``<out>/<policy>.json`` and
 ``<out>/<policy>.png``.
 """
 
@@ -99,6 +100,10 @@ def main(args) -> int:
         for n in names:
             progress.update(tasks[n], completed=hours * 3600.0)
     console.print(summary_table(results, f"{hours:.1f} simulated hours; response lengths {lengths.label}"))
+    causes = [f"{n} " + ", ".join(f"{c} {k}" for c, k in sorted(r.restart_causes.items()))
+              for n, r in results.items() if r.restart_causes]
+    if causes:
+        console.print("restart causes: " + "; ".join(causes))
     rel = ratios(results)
     if rel:
         console.print("nereus throughput / policy: " + ", ".join(f"{n} {r:.2f}x" for n, r in rel.items()))

@@ -98,9 +98,11 @@ class StaticPolicy:
         try:
             plan = self.start(pool, report.response_len)
         except ValueError as e:
-            d = Restart(None, f"{why}; nothing fits {len(pool)} GPUs: {e}"[:300], checkpoint_first=save)
+            d = Restart(None, f"{why}; nothing fits {len(pool)} GPUs: {e}"[:300], checkpoint_first=save,
+                        cause="no_plan")
         else:
-            d = Restart(plan, f"{why}; restart from checkpoint on {len(pool)} GPUs", checkpoint_first=save)
+            d = Restart(plan, f"{why}; restart from checkpoint on {len(pool)} GPUs", checkpoint_first=save,
+                        cause="static_policy" if save else "state_lost")
         self.log.append({"step": report.step, "decision": d.to_dict() | {"plan": None}})
         return d
 

@@ -6,7 +6,8 @@ the decision:
 
 * ``Keep``: nothing;
 * ``Transition``: the clock advances by the true transition time;
-* ``Restart``: when a full copy of the state is still alive (``checkpoint_first``), a checkpoint is
+* ``Restart`` (counted per ``Restart.cause`` in ``restarts_by_cause``: ``state_lost``,
+  ``infeasible_transition``, ``no_plan``, ``transition_overrun``, ``static_policy``): when a full copy of the state is still alive (``checkpoint_first``), a checkpoint is
   saved first; otherwise the steps since the last checkpoint are redone (their time counts as lost,
   their tokens are removed). Then the clock advances by the restart cost (process restart, load,
   warm-up). A transition that would still need GPUs after they leave becomes such a restart.
@@ -45,6 +46,7 @@ class RunResult:
     wait_time: float = 0.0
     checkpoint_time: float = 0.0
     ooms: int = 0
+    restart_causes: dict = field(default_factory=dict)
     timeline: list = field(default_factory=list)
     events: list = field(default_factory=list)
     log: list = field(default_factory=list)
@@ -63,7 +65,7 @@ class RunResult:
         return {"policy": self.policy, "throughput_tokens_per_s": self.throughput, "steps": self.steps,
                 "tokens": self.tokens, "transitions": self.transitions, "urgent_transitions": self.urgent_transitions,
                 "transition_time_s": self.transition_time, "restarts": self.restarts,
-                "restart_time_s": self.restart_time, "lost_step_time_s": self.lost_time, "wait_time_s": self.wait_time,
+                "restarts_by_cause": dict(self.restart_causes), "restart_time_s": self.restart_time, "lost_step_time_s": self.lost_time, "wait_time_s": self.wait_time,
                 "checkpoint_time_s": self.checkpoint_time, "time_lost_s": self.time_lost, "ooms": self.ooms,
                 "duration_s": self.duration}
 
@@ -124,7 +126,8 @@ def simulate(policy, cluster: SimulatedCluster, hours: float, restart: RestartCo
             dt = cluster.transition_time(plan, decision.plan, out.report.alive or out.report.pool, out.response_len)
             if cluster.loss_time(plan.gpus_used() - decision.plan.gpus_used(), t) < t + dt:
                 # the transition still reads from GPUs that leave before it ends: their state is lost
-                decision = Restart(decision.plan, "transition did not finish before the preempted GPUs left")
+                decision = Restart(decision.plan, "transition did not finish before the preempted GPUs left",
+                                   cause="transition_overrun")
         if isinstance(decision, Transition):
             res.transitions += 1
             res.urgent_transitions += int(decision.urgent)
@@ -146,15 +149,18 @@ def simulate(policy, cluster: SimulatedCluster, hours: float, restart: RestartCo
             step, done = ckpt_step, []
             res.steps = step
             res.restarts += 1
+            cause = decision.cause or "other"
+            res.restart_causes[cause] = res.restart_causes.get(cause, 0) + 1
             if decision.plan is None:
                 plan, pending_restart = None, True
-                res.events.append({"t": t, "kind": "restart", "reason": decision.reason})
+                res.events.append({"t": t, "kind": "restart", "cause": cause, "reason": decision.reason})
             else:
                 plan = decision.plan
                 dt = restart.restart_s(job, len(job.cluster.nodes_of(out.report.pool)))
                 res.restart_time += dt
                 t += dt
-                res.events.append({"t": t, "kind": "restart", "seconds": dt, "reason": decision.reason})
+                res.events.append({"t": t, "kind": "restart", "cause": cause, "seconds": dt,
+                                   "redone_s": redo, "reason": decision.reason})
         if progress is not None:
             progress(min(t, end))
     res.log = list(getattr(policy, "log", []))
