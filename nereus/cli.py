@@ -19,6 +19,15 @@ COMMANDS = {
 }
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows defaults, except ``None`` (options whose default comes from elsewhere say so)."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="nereus", description="Adaptive parallelism for LLM RL post-training (PPO, GRPO, ReMax).")
@@ -29,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
         except ImportError:
             continue  # sub-command not built yet, or its optional dependencies are absent
         p = sub.add_parser(name, help=help_, description=(mod.__doc__ or help_).strip().splitlines()[0],
-                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                           formatter_class=_HelpFormatter)
         mod.add_arguments(p)
         p.set_defaults(_module=mod)
     return parser

@@ -30,7 +30,7 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--model", default=None, help="model preset (llama-3.1-8b, llama-3.3-70b, qwen3-14b, "
                    "qwen3-32b, tiny) or a Hugging Face config.json path [llama-3.1-8b]")
     g.add_argument("--algo", choices=ALGORITHMS, default=None, help="RL algorithm [ppo]")
-    g.add_argument("--gpu", default=None, help="GPU preset: h100, h200, a100, mi250x [h100]")
+    g.add_argument("--gpu", default=None, help="GPU preset: h100 (alias h100-sxm), h200, a100 (alias a100-80gb), mi250x [h100]")
     g.add_argument("--nodes", type=int, default=None, help="nodes in the cluster [2]")
     g.add_argument("--gpus-per-node", type=int, default=None, help="GPUs per node [8]")
     g.add_argument("--prompt-len", type=int, default=None, help="prompt tokens [1024]")
@@ -137,8 +137,12 @@ def _print_plan(plan, job, breakdown: bool) -> None:
             b.add_row(c.model_stage, mem, tm)
         con.print(b)
     con.print(f"L_step = [bold]{plan.l_step:.2f} s[/]   throughput = [bold]{plan.throughput:,.0f}[/] "
-              f"response tokens/s   max GPU memory = {max(plan.gpu_memory.values()) / GIB:.1f} / "
-              f"{plan.capacity / GIB:.1f} GiB usable")
+              f"response tokens/s   max GPU memory = {max(plan.gpu_memory.values()) / GIB:.1f} of "
+              f"{plan.capacity / GIB:.1f} GiB allowed (device memory less headroom)")
+
+
+def args_headroom_pct(plan) -> str:
+    return "the"
 
 
 def _frontier(job, cost, pool_size, multi, as_json):

@@ -270,7 +270,8 @@ def _dominant(terms: dict) -> str:
 def _diagnose_alone(cost: CostModel, sets: dict, names: list[str], pool: int) -> str:
     lines = [f"no plan fits: {', '.join(names)} cannot fit on {pool} GPU(s) of "
              f"{cost.job.cluster.gpu.memory_bytes / GIB:.1f} GiB even alone "
-             f"(usable {cost.usable / GIB:.1f} GiB per GPU after {cost.headroom:.0%} headroom and workspace)"]
+             f"({cost.capacity / GIB:.1f} GiB allowed after {cost.headroom:.0%} headroom, "
+             f"{cost.usable / GIB:.1f} GiB after the {cost.workspace / GIB:.1f} GiB workspace)"]
     for name in names:
         cs = sets[name]
         if len(cs) == 0:

@@ -19,7 +19,8 @@ DEFAULT_LAYOUTS = {"actor.generate": (1, 1, 2), "actor.infer": (2, 1, 1), "refer
 
 def add_arguments(p) -> None:
     p.add_argument("--model", default="tiny", help="model preset or config.json path")
-    p.add_argument("--algorithm", default="ppo", choices=["ppo", "grpo", "remax"])
+    p.add_argument("--algo", "--algorithm", dest="algorithm", default="ppo", choices=["ppo", "grpo", "remax"],
+                   help="RL algorithm")
     p.add_argument("--steps", type=int, default=5, help="RL steps")
     p.add_argument("--workers", type=int, default=4, help="Ray workers (one per device)")
     p.add_argument("--task", default="reverse", choices=["reverse", "add"])
@@ -87,8 +88,12 @@ def main(args) -> int:
         meas = driver.measurements()
     finally:
         driver.close()
-    summary = {k: v for k, v in meas.items() if k != "per_worker"}
-    print(json.dumps(summary, indent=1))
+    secs = meas.get("stage_seconds", {})
+    if secs:
+        print("seconds per model-stage (all steps): "
+              + ", ".join(f"{k} {v:.2f}" for k, v in secs.items()))
+    print(f"peak tracked bytes {meas.get('peak_bytes', 0):,}; bytes sent {meas.get('bytes_sent', 0):,.0f}"
+          + ("" if args.json else "; --json FILE writes every step and the full measurements"))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"steps": history, "measurements": meas}, f, indent=1)
