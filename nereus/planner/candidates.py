@@ -110,7 +110,7 @@ def enumerate_candidates(cost: CostModel, ms: ModelStage, num_gpus: int, multi_n
         parts["pp"].append(np.full(k, pp, dtype=np.int64))
         parts["dp"].append(dps.astype(np.int64))
         for name, v in (("b", b), ("rc", rc), ("c", c)):
-            parts[name].append(np.broadcast_to(np.asarray(v, dtype=np.int64), (k,)).copy())
+            parts[name].append(np.full(k, v, dtype=np.int64) if np.ndim(v) == 0 else np.asarray(v, dtype=np.int64))
 
     for tp in tps:
         for pp in pps:
