@@ -12,9 +12,11 @@ The plan space of one model-stage:
 * generation picks a concurrency (KV-cache budget) per replica from powers of two;
 * training picks recompute ``none`` or ``full`` when the workload says ``auto``.
 
-Candidates are held as NumPy columns (:class:`CandidateSet`). The frontier keeps candidates that fit
-memory on their own and that no other candidate dominates in (GPUs, time, resident bytes, transient
-bytes): the memory columns stay because co-resident model-stages make them matter to the plan.
+Candidates are held as NumPy columns (:class:`CandidateSet`) and evaluated by one elementwise call
+of the cost model per model-stage. The frontier keeps candidates that fit memory on their own and
+lie on the (GPUs, time) staircase of their memory class (same resident and transient bytes); the
+memory columns stay because co-resident model-stages make them matter to the plan, and the search's
+memory filters settle dominance across classes.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ The search model (shared exactly with :mod:`nereus.planner.exhaustive`):
 
 Algorithm (exact for this model):
 
-1. per model-stage: candidates → frontier in (GPUs, time, resident, transient);
+1. per model-stage: candidates → frontier (the (GPUs, time) staircase of each memory class);
 2. per stage and memory filter (resident ≤ β, transient ≤ τ): a min-max knapsack over the stage's
    model-stages under the GPU budget, solved exactly by repeatedly giving more GPUs to the slowest
    model-stage along its frontier ("dynamic programming" over the staircase; the max can only drop
@@ -199,7 +199,7 @@ def search(cost: CostModel, pool_size: int, multi_node: bool,
                         knapsacks=sum(s.calls for s in stages.values()))
 
 
-def _search_sync(stages: list[_Stage], usable: float, budget_of=None):
+def _search_sync(stages: list[_Stage], usable: float):
     """Branch and bound over resident levels; returns (l_step, {stage: rows}) or None."""
     levels = [s.r_levels for s in stages]
     # Memory-free lower bound per resident level. F_s(β, ∞) is non-increasing in β, so its value at
