@@ -15,7 +15,7 @@ COMMANDS = {
     "plan": ("nereus.planner.cli", "fastest feasible plan for a job on a GPU pool"),
     "simulate": ("nereus.sim.cli", "trace-driven simulation of adaptive vs static policies"),
     "transition": ("nereus.transition.cli", "transition DAG and schedule between two plans"),
-    "run": ("nereus.runtime.cli", "RL steps on local Ray workers (fixed layout per model-stage)"),
+    "run": ("nereus.runtime.cli", "RL steps on local Ray workers (fixed layouts, or --adaptive: the controller)"),
 }
 
 

@@ -1,5 +1,5 @@
-"""The adaptation controller: one policy for every driver (``nereus simulate`` today; the runtime's
-``step_report()`` produces the same :class:`StepReport` for ``nereus run``).
+"""The adaptation controller: one policy for every driver (``nereus simulate``, and ``nereus run
+--adaptive`` through ``nereus.runtime.adaptive``, whose ``step_report()`` gives the same :class:`StepReport`).
 
 At every safe boundary the executor hands the controller a :class:`~nereus.controller.monitor.StepReport`;
 :meth:`Controller.observe` calibrates, checks triggers, replans when one fires, and returns a decision

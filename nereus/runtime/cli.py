@@ -1,7 +1,8 @@
 """RL steps on local Ray workers with a fixed layout per model-stage (``nereus run``).
 
-Prints one line per step (reward, losses, KL, seconds) and the measurements the controller would
-calibrate from. The adaptive controller is wired in separately; this runs a fixed plan.
+Prints one line per step (reward, losses, KL, seconds) and the measurements the controller
+calibrates from. With ``--adaptive`` the controller (the one ``nereus simulate`` drives) chooses
+the plan and changes it between steps (``nereus.runtime.adaptive``).
 """
 
 from __future__ import annotations
@@ -40,6 +41,13 @@ def add_arguments(p) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=60.0, help="seconds before a collective gives up")
     p.add_argument("--json", default=None, help="write per-step metrics and measurements here")
+    p.add_argument("--adaptive", action="store_true",
+                   help="let the controller choose and change the plan between steps (ignores --layout)")
+    p.add_argument("--pool-schedule", default=None, metavar="STEP:-N,STEP:+N",
+                   help="with --adaptive: N workers leave (-) or join (+) just before 0-based step STEP")
+    p.add_argument("--memory-gib", type=float, default=2.0, help="with --adaptive: per-worker memory budget "
+                                                                 "the cost model plans with")
+    p.add_argument("--gamma", type=float, default=0.5, help="with --adaptive: the controller's payback margin")
 
 
 def _parse_layouts(items: list[str]) -> dict[str, tuple[int, int, int]]:
@@ -68,12 +76,16 @@ def main(args) -> int:
                      prompt_len=task.prompt_len, response_len=task.target_len, mini_batch_size=args.mini_batch,
                      micro_batch_size=args.micro_batch, infer_micro_batch_size=max(args.micro_batch, 1),
                      ppo_epochs=args.ppo_epochs, reward_model=args.reward_model)
+    cfg = RLConfig(temperature=args.temperature, actor_lr=args.lr, critic_lr=args.lr, kl_coef=args.kl_coef,
+                   seed=args.seed, timeout_s=args.timeout)
+    if getattr(args, "adaptive", False):
+        return _adaptive(args, spec, w, task, cfg)
+    if args.pool_schedule:
+        raise ValueError("--pool-schedule needs --adaptive")
     base = DEFAULT_LAYOUTS if args.workers >= 4 else {}
     layouts = {ms.name: base.get(ms.name, (1, 1, 1)) for ms in workflow_for(w).model_stages}
     layouts.update(_parse_layouts(args.layout))
     plan = simple_plan(w, layouts, args.workers, micro_batch=args.micro_batch)
-    cfg = RLConfig(temperature=args.temperature, actor_lr=args.lr, critic_lr=args.lr, kl_coef=args.kl_coef,
-                   seed=args.seed, timeout_s=args.timeout)
     driver = RLDriver(spec, w, plan, task, args.workers, cfg)
     for c in plan.candidates:
         print(f"{c.model_stage:16s} {c.short():22s} workers {list(c.gpus)}")
@@ -97,4 +109,22 @@ def main(args) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"steps": history, "measurements": meas}, f, indent=1)
+    return 0
+
+
+def _adaptive(args, spec, w, task, cfg) -> int:
+    from nereus.runtime.adaptive import AdaptiveRun, parse_pool_schedule
+
+    sched = parse_pool_schedule(args.pool_schedule)
+    run = AdaptiveRun(spec, w, task, args.workers, cfg, sched, memory_bytes=int(args.memory_gib * 1024**3),
+                      gamma=args.gamma, log=lambda s: print(s, flush=True))
+    print(f"device model: {run.job.cluster.gpu.source}")
+    history = run.run(args.steps)
+    kinds = [e["kind"] for e in run.events]
+    print(f"{len(history)} steps; {kinds.count('transition')} transition(s), {kinds.count('restart')} "
+          f"restart(s); final reward {history[-1]['reward']:.3f}" if history else "no steps run")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"steps": history, "events": run.events, "controller": run.ctl.log}, f, indent=1,
+                      default=str)
     return 0

@@ -29,6 +29,7 @@ from nereus.runtime import algorithms as alg
 from nereus.runtime.engine import AdamConfig
 from nereus.runtime.layout import validate_layout
 from nereus.runtime.parallel import Layout
+from nereus.runtime.plans import simple_plan
 from nereus.runtime.pool import WorkerFailure, WorkerPool, _ray_get
 from nereus.runtime.rollout import response_mask
 from nereus.runtime.task import DigitTask
@@ -70,33 +71,6 @@ class RLConfig:
             raise ValueError("rl fields 'kl_coef' and 'max_new_tokens' must be >= 0")
 
 
-def simple_plan(workload: WorkloadSpec, layouts: dict[str, tuple[int, int, int]], num_workers: int,
-                micro_batch: int = 0) -> Plan:
-    """A plan placing each model-stage's ``(tp, pp, dp)`` on workers, round-robin within its stage.
-
-    Raises:
-        ValueError: a model-stage of the workflow missing from ``layouts`` or needing more workers
-            than ``num_workers``.
-    """
-    wf = workflow_for(workload)
-    cands, offset = [], {}
-    for ms in wf.model_stages:
-        if ms.name not in layouts:
-            raise ValueError(f"layouts lack model-stage {ms.name!r}; the {wf.algorithm} workflow needs "
-                             f"{[m.name for m in wf.model_stages]}")
-        tp, pp, dp = layouts[ms.name]
-        n = tp * pp * dp
-        if n > num_workers:
-            raise ValueError(f"model-stage {ms.name}: layout tp={tp} pp={pp} dp={dp} needs {n} workers, "
-                             f"only {num_workers} given")
-        o = offset.get(ms.stage, 0)
-        gpus = tuple((o + i) % num_workers for i in range(n))
-        offset[ms.stage] = (o + n) % num_workers
-        b = micro_batch if ms.stage != "generate" else 0
-        cands.append(Candidate(ms.name, tp, pp, dp, micro_batch=b, gpus=gpus))
-    return Plan(candidates=tuple(cands))
-
-
 def _seed(*parts) -> int:
     return zlib.crc32(repr(parts).encode()) & 0x7FFFFFFF
 
@@ -133,8 +107,14 @@ class RLDriver:
         self.wf = workflow_for(workload)
         self.R = self.cfg.max_new_tokens or task.target_len
         task.check_vocab(spec.vocab_size)
-        self.cands: dict[str, Candidate] = {}
-        self.layouts: dict[str, Layout] = {}
+        self.set_plan(plan)
+        self.workers: list = []
+        self.step_index = self.updates = 0
+
+    def set_plan(self, plan: Plan) -> None:
+        """Validate ``plan`` and make it the layout of the engines built next (:meth:`build_engines`,
+        under a fresh group tag); ``relayout.py`` calls it between steps, after the old engines' teardown."""
+        cands: dict[str, Candidate] = {}
         for ms in self.wf.model_stages:
             if ms.name not in plan:
                 raise ValueError(f"plan lacks model-stage {ms.name!r}; the {self.wf.algorithm} workflow "
@@ -147,12 +127,10 @@ class RLDriver:
                                  f"{c.gpus} but only {self.num_workers} workers are given")
             validate_layout(self._spec_of(ms.model), c.tp, c.pp)
             self._check_batches(ms.name, ms.stage, c)
-            self.cands[ms.name] = c
-            self.layouts[ms.name] = Layout(c.tp, c.pp, c.dp, c.gpus)
-        self.workers: list = []
-        self.tag = uuid.uuid4().hex[:8]  # group names of this run never collide with another's
-        self.step_index = 0
-        self.updates = 0
+            cands[ms.name] = c
+        self.cands = cands  # assigned only once every candidate passed
+        self.layouts = {k: Layout(c.tp, c.pp, c.dp, c.gpus) for k, c in cands.items()}
+        self.tag = uuid.uuid4().hex[:8]  # group names of this run (and layout) never collide with another's
 
     # ------------------------------------------------------------------ validation
     def _spec_of(self, model: str) -> ModelSpec:
@@ -194,6 +172,10 @@ class RLDriver:
         if len(pool.workers) < self.num_workers:
             raise ValueError(f"worker pool has {len(pool.workers)} workers, the plan needs {self.num_workers}")
         self.pool, self.workers = pool, pool.workers
+        return self.build_engines()
+
+    def build_engines(self) -> RLDriver:
+        """Build every model-stage's engines in the current layouts (frozen ones from their seeds)."""
         for ms in self.wf.model_stages:
             lay = self.layouts[ms.name]
             seed = {"actor": 0, "reference": 0, "critic": 1, "reward": 2}.get(ms.model, 3) + self.cfg.seed * 10
@@ -369,10 +351,10 @@ class RLDriver:
         self._get(futs, "weight sync")
 
     # ------------------------------------------------------------------ checks and measurements
-    def gather_logical_state(self, model_stage: str) -> dict:
-        """Full unsharded state of replica 0 of ``model_stage`` (see ``Engine.gather_logical_state``)."""
+    def gather_logical_state(self, model_stage: str, replica: int = 0) -> dict:
+        """Full unsharded state of one replica of ``model_stage`` (see ``Engine.gather_logical_state``)."""
         lay = self.layouts[model_stage]
-        res = self._get([self.workers[i].gather_logical_state.remote(model_stage) for i in lay.replica(0)],
+        res = self._get([self.workers[i].gather_logical_state.remote(model_stage) for i in lay.replica(replica)],
                         f"gather {model_stage}")
         return res[0]
 

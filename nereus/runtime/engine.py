@@ -266,6 +266,28 @@ class Engine:
         return out
 
     @torch.no_grad()
+    def load_logical_state(self, state: dict) -> None:
+        """Take this rank's shards of a gathered logical state (the inverse of
+        :meth:`gather_logical_state`): parameters, Adam moments when trainable, Adam step, update
+        counter, versions and mini-batch position. Used by ``relayout.py`` to rebuild an EMU in a new
+        layout; sharding full tensors and gathering them back is exact, so the state round-trips bit
+        for bit.
+
+        Raises:
+            ValueError: a parameter or moment is missing or has another shape.
+        """
+        self.load_full(state["params"])
+        if self.trainable and "exp_avg" in state:
+            shapes = param_shapes(self.spec)
+            for key, dst in (("exp_avg", self.exp_avg), ("exp_avg_sq", self.exp_avg_sq)):
+                for n, t in dst.items():
+                    if n not in state[key] or tuple(state[key][n].shape) != tuple(shapes[n][0]):
+                        raise ValueError(f"model {self.spec.name!r}: {key} of {n!r} is missing or misshapen")
+                    t.copy_(shard(state[key][n], shapes[n][1], self.spec, self.ctx.tp, self.ctx.t).to(t.dtype))
+        for k in ("step", "update_count", "version", "policy_version", "position"):
+            setattr(self, k, int(state[k]))
+
+    @torch.no_grad()
     def load_full(self, full: dict[str, torch.Tensor]) -> None:
         """Replace this rank's parameter shards with shards of the full tensors ``full``.
 

@@ -191,6 +191,11 @@ class WorkerCore:
     def gather_logical_state(self, model_stage: str) -> dict:
         return self._engine(model_stage).gather_logical_state()
 
+    def load_logical_state(self, model_stage: str, state: dict) -> None:
+        """Load this worker's shards of a gathered logical state (``Engine.load_logical_state``)."""
+        with self.meter.stage(model_stage):
+            self._engine(model_stage).load_logical_state(state)
+
     def sync_weights(self, src: str, dst: str, src_layout: Layout, dst_layout: Layout, spec: ModelSpec,
                      policy_version: int, tag: str = "e0") -> None:
         """Move ``src``'s parameters (replica 0) to every replica of ``dst`` in ``dst``'s layout.

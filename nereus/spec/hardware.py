@@ -85,6 +85,17 @@ GPU_PRESETS: dict[str, GPUSpec] = {
                "Infinity Fabric link 50 GB/s (cross-package, conservative; same-package GCD pair 200 GB/s); "
                "Frontier 4x Slingshot-11 25 GB/s per node of 8 GCDs = 12.5 GB/s per GCD (cost-model.md §5)"),
 }
+#: One CPU worker process of ``nereus run`` (one Ray actor, one thread). ASSUMED figures, not a
+#: datasheet: the runtime replaces ``peak_flops`` with a float32 matmul measured at start-up
+#: (``nereus.runtime.adaptive.cpu_gpu_spec``) and ``memory_bytes`` with its per-worker budget option;
+#: gloo over loopback TCP for every collective (one "node").
+GPU_PRESETS["cpu"] = GPUSpec(
+    name="cpu", peak_flops=20e9, memory_bytes=2 * GIB, hbm_bandwidth=5e9,
+    scaleup_bandwidth=0.5e9, scaleout_bandwidth=0.5e9, scaleup_link="gloo", scaleout_link="gloo",
+    scaleup_latency=50e-6, scaleout_latency=50e-6,
+    source="ASSUMED conservative figures for one single-threaded CPU worker: 20 GFLOP/s fp32 (one AVX2 "
+           "core does 30-100), 5 GB/s memory, 0.5 GB/s and 50 us per message for gloo over loopback TCP; "
+           "memory is a per-worker budget (default 2 GiB), not a device capacity")
 GPU_PRESETS["h100-sxm"] = GPU_PRESETS["h100"]
 GPU_PRESETS["a100-80gb"] = GPU_PRESETS["a100"]
 

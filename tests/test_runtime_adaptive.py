@@ -1,0 +1,114 @@
+"""The adaptive run: state-preserving re-layout between steps, and the controller driving Ray workers.
+
+One local Ray cluster serves the module: a pool of 4 workers for the re-layout test, and a second
+pool of 4 for the adaptive run (which removes two of its workers).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from nereus.runtime.adaptive import AdaptiveRun, parse_pool_schedule  # noqa: E402
+from nereus.runtime.driver import RLConfig, RLDriver, simple_plan  # noqa: E402
+from nereus.runtime.pool import WorkerPool  # noqa: E402
+from nereus.runtime.relayout import checkpoint, relayout  # noqa: E402
+from nereus.runtime.task import DigitTask  # noqa: E402
+from nereus.spec.model import MODEL_PRESETS  # noqa: E402
+from nereus.spec.workload import WorkloadSpec  # noqa: E402
+
+SPEC = MODEL_PRESETS["tiny"]
+TASK = DigitTask("reverse", 3)
+LAYOUTS = {"actor.generate": (1, 1, 2), "actor.infer": (2, 1, 1), "reference.infer": (1, 2, 1),
+           "critic.infer": (1, 1, 1), "actor.train": (2, 1, 1), "critic.train": (1, 2, 2)}
+W = WorkloadSpec(algorithm="ppo", prompts_per_step=4, samples_per_prompt=2, prompt_len=5, response_len=4,
+                 mini_batch_size=4, micro_batch_size=1, infer_micro_batch_size=4, reward_model=False)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray")
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
+    yield
+    if started:
+        ray.shutdown()
+
+
+def _plan(actor_train):
+    return simple_plan(W, {**LAYOUTS, "actor.train": actor_train}, 4, micro_batch=1)
+
+
+def _assert_same_state(a: dict, b: dict) -> None:
+    for kind in ("params", "exp_avg", "exp_avg_sq"):
+        assert a[kind].keys() == b[kind].keys()
+        for n in a[kind]:
+            assert torch.equal(a[kind][n], b[kind][n]), (kind, n)
+    for k in ("step", "update_count", "version", "policy_version", "position"):
+        assert a[k] == b[k], k
+
+
+@pytest.mark.slow
+def test_relayout_keeps_state_bit_for_bit_and_training_continues(ray_cluster):
+    pool = WorkerPool(4, timeout_s=30).start()
+    d = RLDriver(SPEC, W, _plan((2, 1, 1)), TASK, 4, RLConfig(actor_lr=1e-2, critic_lr=1e-2, timeout_s=30))
+    try:
+        d.start(pool)
+        d.step()
+        ck = checkpoint(d)                       # after one step: Adam moments are non-zero
+        assert ck["states"]["actor.train"]["update_count"] == 2
+        d.step()
+        ref = d.gather_logical_state("actor.train")  # the next step without any re-layout
+        for target in ((1, 1, 2), (1, 2, 1)):
+            info = relayout(d, _plan((2, 1, 1)), ckpt=ck)  # back to the checkpoint (a restart)
+            assert info["source"] == "checkpoint" and info["steps_lost"] == 1 and d.step_index == 1
+            _assert_same_state(d.gather_logical_state("actor.train"), ck["states"]["actor.train"])
+            before = d.gather_logical_state("actor.train")
+            info = relayout(d, _plan(target))       # the live re-layout under test
+            assert info["source"] == "live" and d.layouts["actor.train"].dp == target[2]
+            assert (d.layouts["actor.train"].tp, d.layouts["actor.train"].pp) == target[:2]
+            _assert_same_state(d.gather_logical_state("actor.train"), before)
+            if target[2] == 2:  # every replica holds the same state
+                _assert_same_state(d.gather_logical_state("actor.train", 1), before)
+            d.step()                                 # same samples, same update up to reduction order
+            after = d.gather_logical_state("actor.train")
+            assert (after["update_count"], after["position"], after["step"]) == (4, 4, 4)
+            for n in ref["params"]:
+                assert torch.allclose(after["params"][n], ref["params"][n], atol=2e-5, rtol=1e-4), (target, n)
+                assert torch.allclose(after["exp_avg"][n], ref["exp_avg"][n], atol=1e-6, rtol=1e-3), (target, n)
+    finally:
+        d.close()
+        pool.close()
+
+
+@pytest.mark.slow
+def test_adaptive_run_survives_losing_two_workers(ray_cluster):
+    pool = WorkerPool(4, timeout_s=30).start()
+    lines: list[str] = []
+    run = AdaptiveRun(SPEC, W, TASK, 4, RLConfig(timeout_s=30), parse_pool_schedule("2:-2"),
+                      log=lines.append)
+    try:
+        hist = run.run(5, pool)
+    finally:
+        pool.close()
+    assert len(hist) == 5
+    assert all(math.isfinite(m["reward"]) for m in hist)
+    kinds = [e["kind"] for e in run.events if e["when"] == "pool change"]
+    assert kinds and kinds[0] in ("transition", "restart"), run.events
+    assert all(g in (0, 1) for c in run.driver.cands.values() for g in c.gpus)
+    counts = [m["update_count"]["actor.train"] for m in hist]
+    assert counts == [2, 4, 6, 8, 10], counts  # increasing, no update repeated or lost
+    assert any("left" in s for s in lines) and any(s.startswith("step 4:") for s in lines)
+
+
+def test_pool_schedule_parsing():
+    assert parse_pool_schedule("3:-2, 5:+1") == {3: -2, 5: 1}
+    assert parse_pool_schedule("") == {}
+    with pytest.raises(ValueError, match="3:-2"):
+        parse_pool_schedule("3-2")
