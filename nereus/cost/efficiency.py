@@ -6,8 +6,9 @@ Time of an op = work / (peak rate · efficiency of its op class). Op classes are
 shared by every plan that uses the class; unseen classes start at a conservative default.
 
 GEMMs also lose efficiency when small; the class efficiency multiplies a fixed size curve
-``size / (size + 1 GFLOP)`` (the form suggested in cost-model.md §3 after Calculon's H100 preset,
-which gives 0.6 at 1 GFLOP and 0.9 at 16 GFLOP per call), so calibration moves one scalar per class.
+``size / (size + half)`` with ``half`` = the device's ``gemm_half_flops`` (1 GFLOP per call for
+data-centre GPUs: the form suggested in cost-model.md §3 after Calculon's H100 preset, which gives
+0.6 at 1 GFLOP and 0.9 at 16 GFLOP), so calibration moves one scalar per class.
 
 Defaults (conservative, cost-model.md §5 "achievable fractions"): GEMM 0.6, attention 0.45,
 HBM-bound 0.7, NVLink/xGMI collectives 0.6 (Calculon NVLink 0.6; 8xA100 sendrecv 65% of peak),
@@ -20,7 +21,8 @@ from dataclasses import dataclass, field
 
 __all__ = ["EfficiencyTable", "DEFAULT_EFFICIENCY", "GEMM_SIZE_HALF"]
 
-#: FLOPs per GEMM call at which the size curve reaches half of the class efficiency.
+#: Default FLOPs per GEMM call at which the size curve reaches half of the class efficiency
+#: (devices override it with ``GPUSpec.gemm_half_flops``).
 GEMM_SIZE_HALF = 1e9
 
 DEFAULT_EFFICIENCY: dict[str, float] = {

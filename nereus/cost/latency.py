@@ -34,7 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 from nereus.cost.collectives import allgather_time, allreduce_time, broadcast_time, p2p_time
-from nereus.cost.efficiency import GEMM_SIZE_HALF, EfficiencyTable
+from nereus.cost.efficiency import EfficiencyTable
 from nereus.cost.memory import RC_FULL, RC_NONE, RC_SELECTIVE, recompute_code
 from nereus.cost.shapes import kv_bytes_per_token_rank, params_rank
 from nereus.spec.hardware import ClusterSpec
@@ -95,11 +95,11 @@ def gemm_rank_params(model: ModelSpec, tp):
     return (2 * h * model.q_dim + 2 * h * model.kv_dim * kv_rep + 3 * h * model.intermediate_size) / tp
 
 
-def _gemm_time(flops, calls, gpu_flops: float, eff: EfficiencyTable):
+def _gemm_time(flops, calls, gpu, eff: EfficiencyTable):
     flops = np.asarray(flops, dtype=float)
     size = np.maximum(flops / np.maximum(calls, 1), 1.0)
-    e = eff.get("gemm") * size / (size + GEMM_SIZE_HALF)
-    return flops / (gpu_flops * e)
+    e = eff.get("gemm") * size / (size + gpu.gemm_half_flops)
+    return flops / (gpu.peak_flops * e)
 
 
 def _add(d: dict, cls: str, t) -> None:
@@ -129,7 +129,7 @@ def _layer_pass(model, tp, tokens, ctx_len, layers, mult, cluster, eff, links, n
     out: dict = {}
     gpu = cluster.gpu
     gemm_flops = 2.0 * gemm_rank_params(model, tp) * tokens * layers * mult
-    _add(out, "gemm", _gemm_time(gemm_flops, 7 * layers * mult, gpu.peak_flops, eff))
+    _add(out, "gemm", _gemm_time(gemm_flops, 7 * layers * mult, gpu, eff))
     attn = 2.0 * model.q_dim / tp * ctx_len * tokens * layers * mult
     _add(out, "attention", attn / (gpu.peak_flops * eff.get("attention")))
     for cls, t in links.time("allreduce", 2.0 * tokens * model.hidden_size, tp).items():
@@ -139,7 +139,7 @@ def _layer_pass(model, tp, tokens, ctx_len, layers, mult, cluster, eff, links, n
 
 def _head_pass(model, tp, tokens, mult, cluster, eff) -> dict:
     flops = 2.0 * model.hidden_size * model.head_out_dim / np.asarray(tp) * tokens * mult
-    return {"gemm": _gemm_time(flops, mult, cluster.gpu.peak_flops, eff)}
+    return {"gemm": _gemm_time(flops, mult, cluster.gpu, eff)}
 
 
 def microbatch_stage_times(stage: str, model: ModelSpec, workload: WorkloadSpec, cluster: ClusterSpec,

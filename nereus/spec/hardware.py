@@ -30,6 +30,9 @@ class GPUSpec:
         scaleout_bandwidth: per-direction bytes/s per GPU across nodes (one NIC per GPU).
         scaleup_link, scaleout_link: link names used in op classes (``allreduce@nvlink``...).
         scaleup_latency, scaleout_latency: per-message latency α in seconds.
+        gemm_half_flops: FLOPs per GEMM call at which GEMM efficiency reaches half of its class
+            value (the size curve of :mod:`nereus.cost.efficiency`; 1 GFLOP for data-centre GPUs
+            after Calculon's H100 preset).
         source: where the figures come from.
     """
 
@@ -43,6 +46,7 @@ class GPUSpec:
     scaleout_link: str = "ib"
     scaleup_latency: float = 5e-6
     scaleout_latency: float = 10e-6
+    gemm_half_flops: float = 1e9
     source: str = ""
 
     def __post_init__(self) -> None:
@@ -51,6 +55,8 @@ class GPUSpec:
             v = getattr(self, f)
             if not (isinstance(v, (int, float)) and v > 0):
                 raise ValueError(f"GPU field {f!r} must be > 0, got {v!r}")
+        if not self.gemm_half_flops > 0:
+            raise ValueError(f"GPU field 'gemm_half_flops' must be > 0, got {self.gemm_half_flops!r}")
         for f in ("scaleup_latency", "scaleout_latency"):
             if getattr(self, f) < 0:
                 raise ValueError(f"GPU field {f!r} must be >= 0, got {getattr(self, f)!r}")
@@ -92,10 +98,11 @@ GPU_PRESETS: dict[str, GPUSpec] = {
 GPU_PRESETS["cpu"] = GPUSpec(
     name="cpu", peak_flops=20e9, memory_bytes=2 * GIB, hbm_bandwidth=5e9,
     scaleup_bandwidth=0.5e9, scaleout_bandwidth=0.5e9, scaleup_link="gloo", scaleout_link="gloo",
-    scaleup_latency=50e-6, scaleout_latency=50e-6,
+    scaleup_latency=50e-6, scaleout_latency=50e-6, gemm_half_flops=1e6,
     source="ASSUMED conservative figures for one single-threaded CPU worker: 20 GFLOP/s fp32 (one AVX2 "
            "core does 30-100), 5 GB/s memory, 0.5 GB/s and 50 us per message for gloo over loopback TCP; "
-           "memory is a per-worker budget (default 2 GiB), not a device capacity")
+           "memory is a per-worker budget (default 2 GiB), not a device capacity; GEMM size curve half point "
+           "1 MFLOP = ~10 us of per-op framework overhead x ~80 GFLOP/s (time = overhead + flops/peak)")
 GPU_PRESETS["h100-sxm"] = GPU_PRESETS["h100"]
 GPU_PRESETS["a100-80gb"] = GPU_PRESETS["a100"]
 
