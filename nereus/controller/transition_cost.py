@@ -65,7 +65,6 @@ def bandwidth_estimate(job: JobSpec, current: Plan, target: Plan, pool=None) -> 
         outside = sorted(target.gpus_used() - pool)
         if outside:
             return TransitionCost(0.0, feasible=False, reason=f"target uses GPUs {outside[:4]} outside the pool")
-    gpu = job.cluster.gpu
     total_s, total_b, changed = 0.0, 0.0, 0
     for t in target.candidates:
         c = current[t.model_stage] if t.model_stage in current else None
@@ -82,7 +81,7 @@ def bandwidth_estimate(job: JobSpec, current: Plan, target: Plan, pool=None) -> 
         if not receivers:
             continue
         span = set(receivers) | alive
-        bw = gpu.scaleout_bandwidth if job.cluster.spans_nodes(span) else gpu.scaleup_bandwidth
+        bw = job.cluster.link_of(span)[0]
         total_s += resident / bw
         total_b += resident * len(receivers)
     if changed == 0:

@@ -154,6 +154,14 @@ class ClusterSpec:
         """True when the GPU set touches more than one node (its collectives then use scale-out)."""
         return len(self.nodes_of(gpus)) > 1
 
+    def link_of(self, gpus) -> tuple[float, float, str]:
+        """(bytes/s per direction, latency s, link name) of transfers among ``gpus``: the scale-up link
+        inside one node, the scale-out link when the set spans nodes."""
+        g = self.gpu
+        if self.spans_nodes(gpus):
+            return g.scaleout_bandwidth, g.scaleout_latency, g.scaleout_link
+        return g.scaleup_bandwidth, g.scaleup_latency, g.scaleup_link
+
     def check_pool(self, pool) -> frozenset[int]:
         """Validate a pool of GPU ids against this cluster.
 

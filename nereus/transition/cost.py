@@ -75,10 +75,7 @@ class CostParams:
 
 
 def _link(cluster: ClusterSpec, gpus) -> tuple[float, float, str]:
-    g = cluster.gpu
-    if cluster.spans_nodes(gpus):
-        return g.scaleout_bandwidth, g.scaleout_latency, g.scaleout_link
-    return g.scaleup_bandwidth, g.scaleup_latency, g.scaleup_link
+    return cluster.link_of(gpus)
 
 
 def _setup(cluster: ClusterSpec, gpus, params: CostParams) -> float:

@@ -63,6 +63,15 @@ class Schedule:
                                for p in sorted(self.start, key=lambda p: (self.start[p], p))}}
 
 
+
+def _pop_finished(running: list) -> tuple[float, list[int]]:
+    """Pop the earliest end time and every primitive ending at it from the ``(end, id)`` heap."""
+    t, p = heapq.heappop(running)
+    done = [p]
+    while running and running[0][0] <= t + 1e-12:
+        done.append(heapq.heappop(running)[1])
+    return t, done
+
 def critical_chain(start: dict, end: dict, preds: dict[str, set[str]], ports: dict[str, frozenset]) -> tuple[str, ...]:
     """The chain that sets the makespan, first to last: from the last primitive to end, step back to
     the predecessor (an edge, else a primitive that freed one of its ports, else any primitive) that
@@ -142,10 +151,7 @@ def list_schedule(dag: GlobalDAG, dur: dict[str, float], ports: dict[str, frozen
         ready = still
         if not running:
             break
-        t, p = heapq.heappop(running)
-        done = [p]
-        while running and running[0][0] <= t + 1e-12:
-            done.append(heapq.heappop(running)[1])
+        t, done = _pop_finished(running)
         for p in done:
             for q in ports[p]:
                 del holder[q]
@@ -231,10 +237,7 @@ def memory_list_schedule(nodes: dict[str, Primitive], preds: dict[str, set[str]]
             if ready:
                 raise Infeasible(blocked_reason([nodes[p] for p in ready], used, capacity), tuple(ready))
             break
-        t, p = heapq.heappop(running)
-        done = [p]
-        while running and running[0][0] <= t + 1e-12:
-            done.append(heapq.heappop(running)[1])
+        t, done = _pop_finished(running)
         for p in done:
             holder -= ports[p]
             for g, d in end_delta[p]:
