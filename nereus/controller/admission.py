@@ -45,10 +45,23 @@ def payback_ok(l_tran: float, delta_l: float, gamma: float, horizon: float) -> b
 
 @dataclass(frozen=True)
 class Option:
-    """A target plan with its transition estimate (admission's input)."""
+    """A target plan with its transition estimate (admission's input).
+
+    Attributes:
+        plan: the target (estimated).
+        cost: its ``L_tran`` estimate.
+        expected_l: step time admission compares, s: ``plan.l_step`` plus the priced risk of losing
+            trainable state (``nereus.controller.risk``); None means ``plan.l_step``.
+    """
 
     plan: Plan
     cost: TransitionCost
+    expected_l: float | None = None
+
+    @property
+    def l_step(self) -> float:
+        """The step time admission uses, s."""
+        return self.plan.l_step if self.expected_l is None else self.expected_l
 
 
 def admit(current_l_step: float, options: list[Option], *, gamma: float, horizon: float, urgent: bool,
@@ -57,7 +70,7 @@ def admit(current_l_step: float, options: list[Option], *, gamma: float, horizon
 
     Args:
         current_l_step: ``L_step`` of the current plan re-estimated for the current workload, s
-            (``inf`` when the current plan is invalid).
+            (``inf`` when the current plan is invalid), with the same risk pricing as the options.
         options: candidate targets in the order to try; may be empty (no feasible plan).
         gamma: payback margin γ.
         horizon: smallest ``H_x`` among the fired triggers, steps.
@@ -75,10 +88,12 @@ def admit(current_l_step: float, options: list[Option], *, gamma: float, horizon
             skipped = len(options) - len(feasible)
             why = (f"urgent: current plan invalid ({', '.join(triggers) or 'unknown'}); profitability waived; "
                    f"L_step {o.plan.l_step:.1f}s, L_tran {o.cost.l_tran:.1f}s")
+            if o.l_step > o.plan.l_step:
+                why += f", state-loss risk {o.l_step - o.plan.l_step:.1f}s/step"
             if skipped:
                 why += f"; {skipped} faster target(s) infeasible"
             return Transition(o.plan, o.cost, why, urgent=True,
-                              delta_l=_delta(current_l_step, o.plan.l_step), triggers=triggers)
+                              delta_l=_delta(current_l_step, o.l_step), triggers=triggers)
         if options:
             reasons = "; ".join(o.cost.reason for o in options if o.cost.reason)[:300]
             return Restart(options[0].plan, f"urgent and no feasible live transition ({reasons}); "
@@ -91,7 +106,7 @@ def admit(current_l_step: float, options: list[Option], *, gamma: float, horizon
         return Keep(f"replanned: target transition infeasible ({options[0].cost.reason})", triggers)
     best = None
     for o in feasible:
-        dl = _delta(current_l_step, o.plan.l_step)
+        dl = _delta(current_l_step, o.l_step)
         if dl <= 0:
             continue
         if always:

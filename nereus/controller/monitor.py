@@ -12,6 +12,16 @@ An opportunistic signal ``x`` fires when ``|x − ref_x| / ref_x > δ_x``, where
 the last replan. References are reset after **every** replan, admitted or not (paper §4.1), so a
 persistent deviation does not retrigger at every step while steady growth produces repeated crossings.
 Each firing is a crossing that updates ``H_x`` (``horizon.py``); a pool change is a crossing of ``pool``.
+
+Opt-in extension beyond the paper (``Monitor(grow_horizon=True)``): a pool change that removes
+GPUs is also a crossing of ``pool:loss``. For a change that only *adds* GPUs the trigger carries
+``H_pool:loss`` (steps until GPUs next leave) instead of ``H_pool`` once a loss interval is known:
+the paper's ``H_pool`` is the time until the pool changes again, but a later growth leaves the
+target valid and still faster than the current plan, so the saving lasts until GPUs leave. On spot
+traces changes come in same-direction bursts (Bamboo p3: 65 changes in the first 4 h in 26 runs of
+one direction), which makes ``H_pool`` 2–3 steps and rejects growth transitions that pay back in
+under two steps. Measured (benchmarks/bench_admission.py, 6 runs): no throughput change on
+average (geometric mean 1.00x against the paper's rule), so it is off by default.
 """
 
 from __future__ import annotations
@@ -20,7 +30,10 @@ from dataclasses import dataclass, field
 
 from nereus.controller.horizon import Horizon
 
-__all__ = ["StepReport", "Trigger", "Monitor", "DEFAULT_THRESHOLDS"]
+__all__ = ["StepReport", "Trigger", "Monitor", "DEFAULT_THRESHOLDS", "POOL_LOSS"]
+
+#: the horizon of pool changes that remove GPUs (module docstring).
+POOL_LOSS = "pool:loss"
 
 #: relative drift thresholds δ_x; ``eff:*`` applies to every op class (paper §7: δ_len = 30%).
 DEFAULT_THRESHOLDS = {"seq_len": 0.30, "eff:*": 0.20}
@@ -41,6 +54,8 @@ class StepReport:
         op_seconds: model-stage → op class → measured seconds (framework instrumentation).
         peak_memory: model-stage → measured peak bytes per GPU.
         oom: True when the step ran out of memory (the current plan is then invalid).
+        elapsed_s: seconds since the job started, by the executor's clock (None: unknown; the
+            loss-rate estimate then sums step times).
     """
 
     step: int
@@ -51,6 +66,7 @@ class StepReport:
     peak_memory: dict = field(default_factory=dict)
     oom: bool = False
     alive: frozenset | None = None
+    elapsed_s: float | None = None
 
     def __post_init__(self) -> None:
         if not (self.response_len > 0):
@@ -90,6 +106,7 @@ class Monitor:
     Attributes:
         thresholds: δ_x per opportunistic signal (``eff:*`` covers all op classes).
         alpha: EMA weight for ``H_x``.
+        grow_horizon: a pure pool growth carries ``H_pool:loss`` (module docstring; off by default).
 
     Raises:
         ValueError: a threshold that is not > 0.
@@ -97,6 +114,7 @@ class Monitor:
 
     thresholds: dict = field(default_factory=lambda: dict(DEFAULT_THRESHOLDS))
     alpha: float = 0.5
+    grow_horizon: bool = False
     references: dict = field(default_factory=dict)
     pool_reference: frozenset | None = None
     horizons: dict = field(default_factory=dict)
@@ -133,6 +151,13 @@ class Monitor:
             self.pool_reference = frozenset(pool)
         elif frozenset(pool) != self.pool_reference:
             h = self.horizon("pool").crossing(step)
+            shrank = bool(self.pool_reference - frozenset(pool))
+            if shrank:
+                self.horizon(POOL_LOSS).crossing(step)
+            elif self.grow_horizon and self.horizon(POOL_LOSS).ema is not None:
+                # a pure growth: the target's gain lasts until GPUs leave again (a later growth does
+                # not undo it), so its payback window is the EMA of intervals between losses
+                h = self.horizon(POOL_LOSS).value
             fired.append(Trigger("pool", True, len(pool), len(self.pool_reference), h,
                                  f"P_gpu changed {len(self.pool_reference)} -> {len(pool)} GPUs"))
         if memory_violation:

@@ -15,6 +15,7 @@ re-selecting a plan that just ran out of memory.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Protocol
 
 from nereus.controller.alternatives import destroy_only, extend_only
@@ -42,8 +43,11 @@ class PlannerBackend(Protocol):
     def memory_ok(self, job: JobSpec, plan: Plan) -> bool:
         """Predicted peaks (with memory corrections) fit the usable capacity."""
 
-    def plan(self, job: JobSpec, pool: frozenset, current: Plan | None, urgent: bool) -> Plan:
-        """Fastest feasible plan on ``pool``; raises ``ValueError`` when nothing fits."""
+    def plan(self, job: JobSpec, pool: frozenset, current: Plan | None, urgent: bool,
+             min_train_replicas: int = 1) -> Plan:
+        """Fastest feasible plan on ``pool`` (with at least ``min_train_replicas`` replicas of every
+        ``*.train`` model-stage, on distinct nodes where possible); raises ``ValueError`` when
+        nothing fits."""
 
     def alternatives(self, job: JobSpec, pool: frozenset, current: Plan, best: Plan) -> list[Plan]:
         """Slightly slower plans with cheaper transitions (may be empty)."""
@@ -108,13 +112,18 @@ class CostModelPlanner:
     def memory_ok(self, job: JobSpec, plan: Plan) -> bool:
         return self.cost(job).memory_ok(plan)
 
-    def plan(self, job: JobSpec, pool: frozenset, current: Plan | None, urgent: bool) -> Plan:
+    def plan(self, job: JobSpec, pool: frozenset, current: Plan | None, urgent: bool,
+             min_train_replicas: int = 1) -> Plan:
         fn = self.plan_fn
         if fn is None:
             from nereus.planner.search import plan_job as fn
         opts = dict(self.options)
         if urgent:
             opts.update(self.urgent_options)
+        if min_train_replicas > 1:
+            from nereus.planner.search import SearchOptions
+
+            opts["options"] = replace(opts.get("options") or SearchOptions(), min_train_replicas=min_train_replicas)
         return fn(job, pool=pool, current=current, cost=self.cost(job), **opts)
 
     def alternatives(self, job: JobSpec, pool: frozenset, current: Plan, best: Plan) -> list[Plan]:

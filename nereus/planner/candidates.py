@@ -90,7 +90,7 @@ def _distinct_load_dps(total: int, max_dp: int) -> np.ndarray:
 
 def enumerate_candidates(cost: CostModel, ms: ModelStage, num_gpus: int, multi_node: bool,
                          recompute_modes: tuple[str, ...] | None = None,
-                         min_micro_batch: int = 1) -> CandidateSet:
+                         min_micro_batch: int = 1, min_train_replicas: int = 1) -> CandidateSet:
     """All candidates of ``ms`` on at most ``num_gpus`` GPUs, with time and memory columns.
 
     ``recompute_modes`` overrides the workload's choice (the urgent path may force ``full``).
@@ -122,7 +122,7 @@ def enumerate_candidates(cost: CostModel, ms: ModelStage, num_gpus: int, multi_n
             if ms.stage == "train":
                 pairs = [(b, d) for b in _pow2_upto(w.micro_batch_size)
                          if not (b < min_micro_batch and b < w.micro_batch_size) and w.mini_batch_size % b == 0
-                         for d in range(1, min(max_dp, w.mini_batch_size // b) + 1)
+                         for d in range(min_train_replicas, min(max_dp, w.mini_batch_size // b) + 1)
                          if (w.mini_batch_size // b) % d == 0]
                 if not pairs:
                     continue

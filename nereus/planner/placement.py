@@ -11,6 +11,9 @@ Rules, in order:
 3. New replicas go node-aligned: a whole replica inside the node with the fewest free GPUs that
    still holds it (best fit); otherwise TP groups inside nodes; otherwise any free GPUs.
 4. Within a stage, larger model-stages are placed first.
+5. Model-stages named in ``spread`` (the ``*.train`` ones when the search requires redundant
+   training state) put each replica on nodes no other replica of theirs uses, when the free GPUs
+   allow it (a node is the unit a spot provider reclaims); kept replicas follow the same rule.
 
 The GPU order inside a candidate follows :mod:`nereus.planner.plan` (replica, pp rank, tp rank).
 """
@@ -47,11 +50,22 @@ class _FreeGPUs:
             del self.by_node[node]
         return out
 
-    def take_replica(self, k: int, tp: int) -> list[int] | None:
+    def take_replica(self, k: int, tp: int, avoid: frozenset = frozenset()) -> list[int] | None:
         """``k`` GPUs for one replica: one node if any holds it (best fit), else TP groups inside
-        nodes, else any free GPUs; None when fewer than ``k`` are free."""
+        nodes, else any free GPUs; None when fewer than ``k`` are free. With ``avoid`` (nodes), the
+        replica is taken from the other nodes when they hold ``k`` free GPUs."""
         if self.count() < k:
             return None
+        if avoid:
+            other = {n: v for n, v in self.by_node.items() if n not in avoid}
+            if sum(len(v) for v in other.values()) >= k:
+                rest = {n: v for n, v in self.by_node.items() if n in avoid}
+                self.by_node, self.n = other, self.n - sum(len(v) for v in rest.values())
+                try:
+                    return self.take_replica(k, tp)
+                finally:
+                    self.by_node.update(rest)
+                    self.n += sum(len(v) for v in rest.values())
         fit = [(len(v), n) for n, v in self.by_node.items() if len(v) >= k]
         if fit:
             return self._pop(min(fit)[1], k)
@@ -69,7 +83,7 @@ class _FreeGPUs:
 
 
 def _place_stage(cands: list[Candidate], free: list[int], cluster: ClusterSpec,
-                 current: Plan | None) -> list[Candidate]:
+                 current: Plan | None, spread: frozenset = frozenset()) -> list[Candidate]:
     out: dict[str, Candidate] = {}
     order = sorted(cands, key=lambda c: -c.num_gpus)
     kept: dict[str, list[int]] = {}
@@ -83,12 +97,17 @@ def _place_stage(cands: list[Candidate], free: list[int], cluster: ClusterSpec,
             if cur.layout != c.layout or not cur.gpus:
                 continue
             keep: list[int] = []
+            used_nodes: set[int] = set()
             for d in range(cur.dp):
                 rg = list(cur.replica_gpus(d))
                 if len(keep) // (c.tp * c.pp) >= c.dp:
                     break
+                nodes = {cluster.node_of(g) for g in rg}
+                if c.model_stage in spread and nodes & used_nodes:
+                    continue
                 if all(g in free_set for g in rg):
                     keep += rg
+                    used_nodes |= nodes
                     free_set -= set(rg)
             kept[c.model_stage] = keep
     pool = _FreeGPUs(free_set, cluster)
@@ -96,7 +115,8 @@ def _place_stage(cands: list[Candidate], free: list[int], cluster: ClusterSpec,
         gpus = list(kept.get(c.model_stage, []))
         k = c.tp * c.pp
         while len(gpus) < c.num_gpus:
-            rep = pool.take_replica(k, c.tp)
+            avoid = frozenset(cluster.node_of(g) for g in gpus) if c.model_stage in spread else frozenset()
+            rep = pool.take_replica(k, c.tp, avoid)
             if rep is None:
                 raise PlacementError(f"stage cannot place {c.model_stage} ({c.short()}): "
                                      f"{pool.count()} GPU(s) left, {c.num_gpus - len(gpus)} needed")
@@ -106,8 +126,9 @@ def _place_stage(cands: list[Candidate], free: list[int], cluster: ClusterSpec,
 
 
 def place(cands: list[Candidate], pool, cluster: ClusterSpec, workflow: Workflow,
-          current: Plan | None = None) -> list[Candidate]:
-    """GPU sets for ``cands`` (one per model-stage, in workflow order) from ``pool``.
+          current: Plan | None = None, spread: frozenset = frozenset()) -> list[Candidate]:
+    """GPU sets for ``cands`` (one per model-stage, in workflow order) from ``pool``; the
+    model-stages in ``spread`` get their replicas on distinct nodes where possible (rule 5).
 
     Raises:
         PlacementError: a stage needs more GPUs than the pool has.
@@ -120,7 +141,7 @@ def place(cands: list[Candidate], pool, cluster: ClusterSpec, workflow: Workflow
         gen = [by_name[m.name] for m in workflow.in_stage("generate") if m.name in by_name]
         n_gen = sum(c.num_gpus for c in gen)
         gen_pool = pool_sorted[len(pool_sorted) - n_gen:]
-        for c in _place_stage(gen, gen_pool, cluster, current):
+        for c in _place_stage(gen, gen_pool, cluster, current, spread):
             placed[c.model_stage] = c
             gen_gpus |= set(c.gpus)
     for stage in workflow.stages:
@@ -128,6 +149,6 @@ def place(cands: list[Candidate], pool, cluster: ClusterSpec, workflow: Workflow
             continue
         members = [by_name[m.name] for m in workflow.in_stage(stage) if m.name in by_name]
         free = [g for g in pool_sorted if g not in gen_gpus]
-        for c in _place_stage(members, free, cluster, current):
+        for c in _place_stage(members, free, cluster, current, spread):
             placed[c.model_stage] = c
     return [placed[c.model_stage] for c in cands]

@@ -59,10 +59,23 @@ class SearchOptions:
     Attributes:
         recompute_modes: override the workload's recompute choice (urgent path: ``("none","full")``).
         min_micro_batch: smallest training micro-batch to consider (1 lets the urgent path shrink).
+        min_train_replicas: smallest DP degree of every ``*.train`` model-stage. With 2 or more,
+            :func:`plan_job` also places those replicas on distinct nodes where the pool allows, so
+            one node's loss leaves a live copy of the trainable state (``nereus.controller.risk``).
+
+    Raises:
+        ValueError: ``min_micro_batch`` or ``min_train_replicas`` below 1.
     """
 
     recompute_modes: tuple[str, ...] | None = None
     min_micro_batch: int = 1
+    min_train_replicas: int = 1
+
+    def __post_init__(self) -> None:
+        for f in ("min_micro_batch", "min_train_replicas"):
+            v = getattr(self, f)
+            if not (isinstance(v, int) and v >= 1):
+                raise ValueError(f"search option {f!r} must be an integer >= 1, got {v!r}")
 
 
 @dataclass
@@ -172,7 +185,7 @@ def search(cost: CostModel, pool_size: int, multi_node: bool,
                cost.memory_correction.get(ms.name, 1.0))
         if key not in memo:
             cs = enumerate_candidates(cost, ms, pool_size, multi_node, options.recompute_modes,
-                                      options.min_micro_batch)
+                                      options.min_micro_batch, options.min_train_replicas)
             memo[key] = (cs, frontier(cs, usable))
         cs, fr = memo[key]
         total += len(cs)
@@ -310,7 +323,8 @@ def plan_job(job: JobSpec, pool=None, current: Plan | None = None, cost: CostMod
     Args:
         current: the running plan; placement keeps its GPUs where the layout allows.
         cost: a (calibrated) cost model; a default one when None.
-        options: urgent-path knobs (smaller micro-batches, forced recompute).
+        options: urgent-path knobs (smaller micro-batches, forced recompute) and the redundancy
+            of training state (``min_train_replicas``; replicas then go on distinct nodes).
 
     Raises:
         ValueError: bad pool.
@@ -324,6 +338,8 @@ def plan_job(job: JobSpec, pool=None, current: Plan | None = None, cost: CostMod
     res = search(cost, len(pool), multi, options)
     mb = job.workload.mini_batch_size
     cands = [fs.candidate(row, mb) for fs, row in (res.choice[m.name] for m in cost.workflow.model_stages)]
-    placed = place(cands, pool, job.cluster, cost.workflow, current)
+    spread = frozenset(m.name for m in cost.workflow.model_stages
+                       if m.stage == "train") if options is not None and options.min_train_replicas > 1 else frozenset()
+    placed = place(cands, pool, job.cluster, cost.workflow, current, spread=spread)
     plan = cost.estimate(Plan(candidates=tuple(placed)), pool)
     return plan

@@ -234,12 +234,13 @@ class SimulatedCluster:
             return self._aborted(step, length, stop - t, stop)
         end = t + duration
         report = StepReport(step=step, response_len=length, pool=self.pool_at(end), step_time=0.0 if oom else duration,
-                            op_seconds={} if oom else op_seconds, peak_memory=peak, oom=oom, alive=self.alive_at(end))
+                            op_seconds={} if oom else op_seconds, peak_memory=peak, oom=oom, alive=self.alive_at(end), elapsed_s=end)
         return StepOutcome(duration, not oom, oom, False, length, report)
 
     def _aborted(self, step, length, duration, t) -> StepOutcome:
         return StepOutcome(duration, False, False, True, length,
-                           StepReport(step=step, response_len=length, pool=self.pool_at(t), alive=self.alive_at(t)))
+                           StepReport(step=step, response_len=length, pool=self.pool_at(t), alive=self.alive_at(t),
+                                      elapsed_s=t))
 
     def transition_time(self, current: Plan, target: Plan, pool, response_len: float) -> float:
         """True seconds of a live transition: ``transition_factor`` × the transition planner's estimate

@@ -11,6 +11,10 @@
 * ``gamma=<g>``: the controller with another payback margin (the γ sweep).
 * ``nereus+revisit``: the controller with ``ControllerConfig(revisit=True)``, an extension beyond
   the paper (re-admission of a rejected target once its signal has been quiet for ``H_x`` steps).
+* ``nereus+risk``: with state-loss risk pricing (``controller/risk.py``: redundant training replicas
+  once GPUs were lost without notice); ``nereus+grow``: with the loss horizon for pool growth
+  (``Monitor(grow_horizon=True)``). Extensions beyond the paper, off by default; measured by
+  ``benchmarks/bench_admission.py``.
 
 Nereus-type policies talk to the simulator only through :class:`~nereus.controller.Controller`'s
 ``observe(StepReport) -> decision`` — the interface the runtime will use.
@@ -23,12 +27,15 @@ from nereus.controller import (
     ControllerConfig,
     CostModelPlanner,
     Keep,
+    Monitor,
     Restart,
     StepReport,
     state_survives,
 )
+from nereus.controller.risk import RiskModel
 from nereus.cost.efficiency import EfficiencyTable
 from nereus.planner.plan import Plan
+from nereus.sim.restart import RestartCost
 from nereus.spec.job import JobSpec
 
 __all__ = ["NereusPolicy", "StaticPolicy", "make_policy", "POLICY_NAMES"]
@@ -43,19 +50,23 @@ def _job_at(job: JobSpec, response_len: float) -> JobSpec:
 class NereusPolicy:
     """Adapter from the simulator's loop to :class:`Controller` (start, observe, resume)."""
 
-    def __init__(self, name: str, job: JobSpec, config: ControllerConfig):
+    def __init__(self, name: str, job: JobSpec, config: ControllerConfig, monitor: Monitor | None = None):
         self.name = name
         self.job = job
         self.config = config
+        self.monitor = monitor
         self.planner = CostModelPlanner(efficiency=EfficiencyTable(), calibrate=config.calibrate)
         self.controller: Controller | None = None
 
     def start(self, pool: frozenset, response_len: float) -> Plan:
-        """First plan, or the plan after waiting for GPUs. Raises ValueError when nothing fits."""
-        plan = self.planner.plan(_job_at(self.job, response_len), pool, None, False)
+        """First plan, or the plan after waiting for GPUs (risk-priced once losses were seen).
+        Raises ValueError when nothing fits."""
+        job = _job_at(self.job, response_len)
         if self.controller is None:
-            self.controller = Controller(self.job, plan, self.planner, config=self.config)
+            plan = self.planner.plan(job, pool, None, False)
+            self.controller = Controller(self.job, plan, self.planner, config=self.config, monitor=self.monitor)
         else:
+            plan = self.controller.best_plan(job, pool, None, False)
             self.controller.resume(plan)
             self.controller.monitor.reset({"seq_len": float(response_len)} | self.planner.efficiencies(), pool)
         return plan
@@ -110,8 +121,18 @@ class StaticPolicy:
         self.plan = plan
 
 
-def make_policy(name: str, job: JobSpec, gamma: float, true_efficiency: EfficiencyTable, memory_factor: float):
-    """A policy by name: ``nereus``, ``static``, ``replan-all``, ``uncalibrated`` or ``gamma=<g>``.
+def risk_model(job: JobSpec, restart: RestartCost | None = None) -> RiskModel:
+    """The controller's state-loss pricing from the simulator's restart-cost model (whole cluster)."""
+    restart = restart or RestartCost()
+    return RiskModel(restart_s=restart.restart_s(job, job.cluster.num_nodes),
+                     checkpoint_interval=restart.checkpoint_every)
+
+
+def make_policy(name: str, job: JobSpec, gamma: float, true_efficiency: EfficiencyTable, memory_factor: float,
+                restart: RestartCost | None = None):
+    """A policy by name: ``nereus``, ``static``, ``replan-all``, ``uncalibrated``, ``gamma=<g>``,
+    ``nereus+revisit``, ``nereus+risk`` (state-loss pricing with ``restart``'s costs,
+    :func:`risk_model`) or ``nereus+grow`` (the loss horizon for pool growth).
 
     Raises:
         ValueError: unknown name or a γ outside [0, 1].
@@ -124,6 +145,10 @@ def make_policy(name: str, job: JobSpec, gamma: float, true_efficiency: Efficien
         return NereusPolicy(name, job, ControllerConfig(gamma=gamma, always_admit=True))
     if name == "nereus+revisit":
         return NereusPolicy(name, job, ControllerConfig(gamma=gamma, revisit=True))
+    if name == "nereus+risk":
+        return NereusPolicy(name, job, ControllerConfig(gamma=gamma, risk=risk_model(job, restart)))
+    if name == "nereus+grow":
+        return NereusPolicy(name, job, ControllerConfig(gamma=gamma), Monitor(grow_horizon=True))
     if name == "uncalibrated":
         return NereusPolicy(name, job, ControllerConfig(gamma=gamma, calibrate=False))
     if name.startswith("gamma="):
@@ -132,4 +157,5 @@ def make_policy(name: str, job: JobSpec, gamma: float, true_efficiency: Efficien
         except ValueError as e:
             raise ValueError(f"policy {name!r}: γ must be a number, e.g. gamma=0.25") from e
         return NereusPolicy(name, job, ControllerConfig(gamma=g))
-    raise ValueError(f"unknown policy {name!r}; valid: {list(POLICY_NAMES)}, nereus+revisit or gamma=<g>")
+    raise ValueError(f"unknown policy {name!r}; valid: {list(POLICY_NAMES)}, nereus+revisit, nereus+risk, "
+                     "nereus+grow or gamma=<g>")

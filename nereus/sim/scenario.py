@@ -99,7 +99,8 @@ def run_policy(scenario: Scenario, name: str, progress=None) -> RunResult:
     hours = scenario.duration_hours()
     cluster = SimulatedCluster(job, scenario.availability(), scenario.lengths(), scenario.truth,
                                seed=scenario.seed, hours=hours)
-    policy = make_policy(name, job, scenario.gamma, scenario.truth.table(), scenario.truth.memory_factor)
+    policy = make_policy(name, job, scenario.gamma, scenario.truth.table(), scenario.truth.memory_factor,
+                         scenario.restart)
     return simulate(policy, cluster, hours, scenario.restart, progress=progress)
 
 
