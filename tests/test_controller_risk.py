@@ -163,6 +163,17 @@ def test_admission_compares_risk_adjusted_step_times():
     assert d.delta_l == pytest.approx(10.0)
 
 
+def test_controller_config_validates_risk_fields():
+    assert ControllerConfig().risk is None  # the paper's rule by default
+    with pytest.raises(ValueError, match="loss_prior"):
+        ControllerConfig(loss_prior=(-1.0, 10.0))
+    with pytest.raises(ValueError, match="'risk'"):
+        ControllerConfig(risk=180.0)
+    ctl = Controller(JOB, TwoPlanPlanner(11.0).plan(JOB, POOL32, None, False), TwoPlanPlanner(11.0),
+                     config=ControllerConfig(risk=RiskModel(), loss_prior=(1.0, 3600.0)))
+    assert ctl.loss.rate == pytest.approx(1 / 3600)
+
+
 def test_risk_can_be_disabled():
     fp = TwoPlanPlanner(11.0)
     ctl = Controller(JOB, fp.plan(JOB, POOL32, None, False), fp, config=ControllerConfig(risk=None))

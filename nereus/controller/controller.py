@@ -100,6 +100,11 @@ class ControllerConfig:
             raise ValueError(f"controller field 'gamma' must be in [0, 1], got {self.gamma!r}")
         if self.slowdown < 0:
             raise ValueError(f"controller field 'slowdown' must be >= 0, got {self.slowdown!r}")
+        if not (isinstance(self.loss_prior, tuple) and len(self.loss_prior) == 2 and min(self.loss_prior) >= 0):
+            raise ValueError(f"controller field 'loss_prior' must be (events >= 0, seconds >= 0), "
+                             f"got {self.loss_prior!r}")
+        if self.risk is not None and not isinstance(self.risk, RiskModel):
+            raise ValueError(f"controller field 'risk' must be a RiskModel or None, got {self.risk!r}")
 
 
 class Controller:
