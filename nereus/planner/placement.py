@@ -56,29 +56,24 @@ class _FreeGPUs:
         replica is taken from the other nodes when they hold ``k`` free GPUs."""
         if self.count() < k:
             return None
-        if avoid:
-            other = {n: v for n, v in self.by_node.items() if n not in avoid}
-            if sum(len(v) for v in other.values()) >= k:
-                rest = {n: v for n, v in self.by_node.items() if n in avoid}
-                self.by_node, self.n = other, self.n - sum(len(v) for v in rest.values())
-                try:
-                    return self.take_replica(k, tp)
-                finally:
-                    self.by_node.update(rest)
-                    self.n += sum(len(v) for v in rest.values())
-        fit = [(len(v), n) for n, v in self.by_node.items() if len(v) >= k]
-        if fit:
-            return self._pop(min(fit)[1], k)
+        nodes = [n for n in self.by_node if n not in avoid]
+        if sum(len(self.by_node[n]) for n in nodes) < k:
+            nodes = list(self.by_node)
+
+        def best_fit(need: int):
+            fit = [(len(self.by_node[n]), n) for n in nodes if n in self.by_node and len(self.by_node[n]) >= need]
+            return min(fit)[1] if fit else None
+
+        if (n := best_fit(k)) is not None:
+            return self._pop(n, k)
         picked: list[int] = []
-        while len(picked) < k:
-            fit = [(len(v), n) for n, v in self.by_node.items() if len(v) >= tp]
-            if not fit:
-                break
-            picked += self._pop(min(fit)[1], tp)
-        for n in sorted(self.by_node):
+        while len(picked) < k and (n := best_fit(tp)) is not None:
+            picked += self._pop(n, tp)
+        for n in sorted(nodes):
             if len(picked) >= k:
                 break
-            picked += self._pop(n, k - len(picked))
+            if n in self.by_node:
+                picked += self._pop(n, k - len(picked))
         return picked
 
 

@@ -43,7 +43,8 @@ def add_arguments(p) -> None:
     p.add_argument("--gammas", default=",".join(f"{g:g}" for g in DEFAULT_GAMMAS),
                    help="γ values of the sweep (comma-separated; empty for none)")
     p.add_argument("--policies", default="nereus,static,replan-all,uncalibrated",
-                   help="comma-separated: nereus, static, replan-all, uncalibrated, gamma=<g>")
+                   help="comma-separated: nereus, static, replan-all, uncalibrated, gamma=<g>; opt-in "
+                        "extensions: nereus+risk, nereus+grow, nereus+revisit")
     p.add_argument("--notice", type=float, default=0.0,
                    help="preemption notice in seconds before GPUs leave (AWS spot: 120; default 0: none)")
     p.add_argument("--seed", type=int, default=0, help="seed of noise, congestion and length noise")
