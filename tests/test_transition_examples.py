@@ -200,3 +200,81 @@ def test_pool_shrink_losing_every_reference_replica_reloads_it_from_storage():
     est = estimate_transition(j, cur, tgt, pool=frozenset(range(8)))
     assert not est.feasible and est.reason.startswith("actor.train: every replica lost")
     assert "checkpoint" in est.reason and est.dag is None
+
+
+SMALL = GPUSpec(name="small", peak_flops=1e15, memory_bytes=40 * 2**30, hbm_bandwidth=3e12,
+                scaleup_bandwidth=450e9, scaleout_bandwidth=50e9)
+
+
+def test_swap_blocked_by_memory_drops_the_frozen_copy_and_reloads_it_from_storage():
+    """actor.generate moves GPU 0 → 1 while reward.infer moves 1 → 0; critic.train (1,8) holds
+    ~13 GB on every GPU of a 40 GiB device, so neither GPU fits both copies and each Extend waits
+    for the other's Destroy (a circular wait on memory). The frozen reward model is dropped and
+    read back from storage after the swap; the derived actor.generate (no actor.train in the plan
+    to sync from) is moved. By hand: Destroy 0.01 s; Extend 0.05 s setup + 16.06 GB over NVLink
+    (450 GB/s) + 5 µs; Destroy 0.01 s; Load 2 s setup + 15.01 GB at 2 GB/s."""
+    j = job(nodes=1, gpu=SMALL)
+    crit = Candidate("critic.train", 1, 8, 1, gpus=tuple(range(8)))
+    cur = Plan((Candidate("actor.generate", 1, 1, 1, gpus=(0,)), Candidate("reward.infer", 1, 1, 1, gpus=(1,)), crit))
+    tgt = Plan((Candidate("actor.generate", 1, 1, 1, gpus=(1,)), Candidate("reward.infer", 1, 1, 1, gpus=(0,)), crit))
+    est = estimate_transition(j, cur, tgt)
+    assert est.feasible, est.reason
+    assert [n.pid for n in est.dag.nodes] == ["destroy:reward.infer#0", "extend:actor.generate*0",
+                                              "destroy:actor.generate#0", "load:reward.infer*0"]
+    assert est.reloads == {"reward.infer": "storage"}
+    assert "dropped to make room" in est.reason and "reward.infer (from storage)" in est.reason
+    s = est.schedule
+    assert s.start["extend:actor.generate*0"] >= s.end["destroy:reward.infer#0"]
+    assert s.start["load:reward.infer*0"] >= s.end["destroy:actor.generate#0"]
+    ext = 0.05 + ACTOR_PARAMS * 2 / 450e9 + 5e-6
+    load = 2.0 + CRITIC_PARAMS * 2 / 2e9
+    assert est.durations["load:reward.infer*0"] == pytest.approx(load, rel=1e-12)
+    assert est.l_tran == pytest.approx(0.01 + ext + 0.01 + load, rel=1e-12)  # about 9.61 s
+
+
+def test_swap_prefers_dropping_a_derived_copy_synced_from_its_train_model_stage():
+    """The same swap between actor.infer (derived) and reference.infer (frozen) with actor.train
+    (1,8) on every GPU: both could be dropped; the derived copy is (a weight sync, not a storage
+    read), and its Load follows the reference's move. GPU 1 also holds the train EMU, so the sync
+    copies locally: the transition ends with the reference's Destroy (0.01 + Extend + 0.01 s).
+    A training model-stage is never dropped: changing actor.train's layout in the same swap needs
+    an in-place Split that does not fit and stays infeasible."""
+    j = job(nodes=1, gpu=SMALL)
+    train = Candidate("actor.train", 1, 8, 1, gpus=tuple(range(8)))
+    cur = Plan((Candidate("actor.infer", 1, 1, 1, gpus=(0,)), Candidate("reference.infer", 1, 1, 1, gpus=(1,)), train))
+    tgt = Plan((Candidate("actor.infer", 1, 1, 1, gpus=(1,)), Candidate("reference.infer", 1, 1, 1, gpus=(0,)), train))
+    est = estimate_transition(j, cur, tgt)
+    assert est.feasible, est.reason
+    assert est.reloads == {"actor.infer": "actor.train"}
+    assert [n.pid for n in est.dag.nodes] == ["destroy:actor.infer#0", "extend:reference.infer*0",
+                                              "destroy:reference.infer#0", "load:actor.infer*0"]
+    s = est.schedule
+    assert s.start["extend:reference.infer*0"] >= s.end["destroy:actor.infer#0"]
+    assert s.start["load:actor.infer*0"] >= s.end["destroy:reference.infer#0"]
+    ext = 0.05 + ACTOR_PARAMS * 2 / 450e9 + 5e-6
+    assert est.l_tran == pytest.approx(0.01 + ext + 0.01, rel=1e-12)
+    resharded = Plan(tgt.candidates[:2] + (Candidate("actor.train", 1, 4, 2, gpus=tuple(range(8))),))
+    est = estimate_transition(j, cur, resharded)
+    assert not est.feasible and "split:actor.train" in est.reason
+
+
+def test_ownership_cycle_between_concurrent_copies_is_broken_by_drop_and_reload():
+    """actor.infer and reference.infer run concurrently (same stage) and swap GPUs 0 and 1, so each
+    Extend waits for the other's Destroy by GPU ownership alone: a circular wait before drop and
+    reload. The derived actor.infer is dropped; its Load syncs from actor.train *after* actor.train's
+    own transition (here the Destroy of its second DP replica), a state edge of the global DAG."""
+    j = job(nodes=1)
+    cur = Plan((Candidate("actor.infer", 1, 1, 1, gpus=(0,)), Candidate("reference.infer", 1, 1, 1, gpus=(1,)),
+                Candidate("actor.train", 1, 4, 2, gpus=tuple(range(8)))))
+    tgt = Plan((Candidate("actor.infer", 1, 1, 1, gpus=(1,)), Candidate("reference.infer", 1, 1, 1, gpus=(0,)),
+                Candidate("actor.train", 1, 4, 1, gpus=tuple(range(4)))))
+    est = estimate_transition(j, cur, tgt)
+    assert est.feasible, est.reason
+    edges = {(a, b): k for a, b, k in est.dag.edges}
+    assert edges[("destroy:actor.infer#0", "extend:reference.infer*0")] == "ownership"
+    assert edges[("destroy:reference.infer#0", "load:actor.infer*0")] == "ownership"
+    assert edges[("destroy:actor.train#1", "load:actor.infer*0")] == "state"
+    load = next(n for n in est.dag.nodes if n.pid == "load:actor.infer*0")
+    assert load.reads == () and load.source == "actor.train"
+    s = est.schedule
+    assert s.start["load:actor.infer*0"] >= max(s.end["destroy:actor.train#1"], s.end["destroy:reference.infer#0"])

@@ -335,3 +335,27 @@ def test_a_load_from_the_train_emu_ends_before_the_train_emu_is_consumed():
     prt = {n.pid: ports(n, JOB.cluster) for n in est.dag.nodes}
     ex = exact_schedule(est.dag, est.durations, prt, time_limit_s=10)
     assert ex.optimal and ex.schedule.makespan <= est.l_tran + 1e-6
+
+
+def test_drop_and_reload_local_dag_and_its_limits():
+    """A reload with live current EMUs destroys them first (no edges: the state survives in storage
+    or the train model-stage), then Loads and Extends; training state is never dropped."""
+    from nereus.transition.local_dag import build_local_dag
+
+    cur = (emu("reference.infer#0", 1, 2, (0, 1), ms="reference.infer"),)
+    tgt = (emu("reference.infer*0", 1, 2, (2, 3), ms="reference.infer"), emu("reference.infer*1", 1, 2, (4, 5), ms="reference.infer"))
+    ld = build_local_dag("reference.infer", cur, tgt, TINY, 2, JOB.cluster, reload_from=STORAGE)
+    assert [n.pid for n in ld.nodes] == ["destroy:reference.infer#0", "load:reference.infer*0",
+                                         "extend:reference.infer*1"]
+    assert ("load:reference.infer*0", "extend:reference.infer*1") in {(a, b) for a, b, *_ in ld.edges}
+    assert not any("destroy" in a or "destroy" in b for a, b, *_ in ld.edges)
+    train = (emu("actor.train#0", 1, 2, (0, 1), ms="actor.train"),)
+    with pytest.raises(ValueError, match="cannot be dropped"):
+        build_local_dag("actor.train", train, (emu("actor.train*0", 1, 2, (2, 3), ms="actor.train"),), TINY, 16,
+                        JOB.cluster, reload_from=STORAGE)
+    # a Load that syncs from a train *target* EMU reads nothing until that model-stage is done
+    src = emu("actor.train*0", 1, 2, (6, 7), ms="actor.train")
+    ld = build_local_dag("actor.infer", (emu("actor.infer#0", 1, 2, (0, 1), ms="actor.infer"),),
+                         (emu("actor.infer*0", 1, 2, (2, 3), ms="actor.infer"),), TINY, 2, JOB.cluster, reload_from=src)
+    lo = next(n for n in ld.nodes if n.kind == "load")
+    assert lo.reads == () and lo.source == "actor.train"

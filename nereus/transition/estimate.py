@@ -40,8 +40,9 @@ class TransitionEstimate:
         schedule: start/end per primitive (None when infeasible).
         critical_path_s: longest DAG path in seconds ignoring link contention (<= ``l_tran``).
         durations: pid → predicted seconds of each primitive (``cost.duration``).
-        reloads: model-stage → Load source (``"storage"`` or a train EMU uid) for every model-stage
-            that lost all its replicas and is re-created (frozen or derived weights).
+        reloads: model-stage → Load source (``"storage"``, a train EMU uid, or a train model-stage
+            synced after its transition) for every frozen or derived model-stage re-created by a
+            Load: it lost all its replicas, or its copies were dropped to make room (``plan_dag``).
     """
 
     feasible: bool
@@ -135,6 +136,33 @@ def _pick_train_emu(train: list, target0, cluster):
     return min(train, key=lambda e: (-sum(cluster.node_of(g) in nodes for g in e.gpus), e.uid))
 
 
+def _droppable(job: JobSpec, e: Infeasible, node: dict, initial: list, lost: list, names: set) -> list[str]:
+    """Frozen/derived model-stages whose current EMUs block the DAG, cheapest to reload first.
+
+    On a circular wait: the model-stages on the cycle. On a memory block: for each blocked primitive,
+    the other model-stages with a current EMU on a GPU it needs room on (in a swap, dropping one side
+    frees the GPU the other side waits for). Only model-stages a Load can re-create qualify
+    (:func:`reload_source`; never ``*.train``). Order: a weight sync from a train model-stage before
+    a read from storage, then fewer current bytes.
+    """
+    if e.cycle:
+        cands = {node[p].model_stage for p in e.blocked if p in node}
+    else:
+        cands = set()
+        for p in e.blocked:
+            if p not in node:
+                continue
+            need = {g for g, h in node[p].mem_hi.items() if h > 0}
+            cands |= {x.model_stage for x in initial if need & set(x.gpus) and x.model_stage != node[p].model_stage}
+    out = []
+    for ms in cands - set(lost):
+        src = reload_source(job, ms, names)
+        if src is not None and src not in lost:
+            held = sum(x.bytes_on(g) for x in initial if x.model_stage == ms for g in x.gpus)
+            out.append((src == STORAGE, held, ms))
+    return [ms for *_, ms in sorted(out)]
+
+
 def plan_dag(job: JobSpec, current: Plan, target: Plan, pool: frozenset[int] | None = None,
              reserved_bytes: dict[int, float] | None = None, params: CostParams | None = None,
              order: str = "critical") -> tuple[GlobalDAG, Schedule, dict[str, float]]:
@@ -149,7 +177,10 @@ def plan_dag(job: JobSpec, current: Plan, target: Plan, pool: frozenset[int] | N
             every replica (``*.train``, or a derived copy whose train model-stage is not in the
             plans), the current state already exceeds a GPU's usable memory, or no safe order
             exists. A frozen or derived model-stage that lost every replica is re-created by a Load
-            (:func:`reload_source`).
+            (:func:`reload_source`). When the DAG is still blocked after relocating Splits (memory
+            on a GPU, or a circular wait), the frozen/derived model-stages in the way are dropped
+            (Destroy of every current EMU) and reloaded (Load + Extends; a derived copy syncs from
+            its train model-stage after that one's transition), one round per block.
     """
     _check_plans(job, current, target)
     pool = job.cluster.all_gpus() if pool is None else job.cluster.check_pool(pool)
@@ -191,6 +222,7 @@ def plan_dag(job: JobSpec, current: Plan, target: Plan, pool: frozenset[int] | N
                          f"({len(over)} GPU(s) over): no room for a live transition")
     params = params or CostParams()
     relocate: set[str] = set()
+    dropped: set[str] = set()
     while True:
         locals_ = []
         for c in current.candidates:
@@ -206,11 +238,21 @@ def plan_dag(job: JobSpec, current: Plan, target: Plan, pool: frozenset[int] | N
             return dag, sched, dur
         except Infeasible as e:
             # an in-place Split did not fit: copy that replica to free target GPUs and split there
-            ms_of = {n.pid: n.model_stage for ld in locals_ for n in ld.nodes}
-            more = {ms_of[p] for p in e.blocked if p.startswith("split:")} - relocate
-            if not more:
+            node = {n.pid: n for ld in locals_ for n in ld.nodes}
+            more = set() if e.cycle else {node[p].model_stage for p in e.blocked if p.startswith("split:")} - relocate
+            if more:
+                relocate |= more
+                continue
+            # still blocked: drop the frozen/derived copies in the way and reload them at the end
+            drop = [ms for ms in _droppable(job, e, node, initial, lost, names) if ms not in dropped][:1]
+            if not drop:
                 raise
-            relocate |= more
+            dropped |= set(drop)
+            for ms in drop:
+                src = reload_source(job, ms, names)
+                tgt0 = next(x for x in final if x.model_stage == ms)
+                reload_from[ms] = src if src == STORAGE else _pick_train_emu(
+                    [x for x in final if x.model_stage == src], tgt0, job.cluster)
 
 
 def estimate_transition(job: JobSpec, current: Plan, target: Plan, pool: frozenset[int] | None = None,
@@ -239,11 +281,14 @@ def estimate_transition(job: JobSpec, current: Plan, target: Plan, pool: frozens
     except Infeasible as e:
         return TransitionEstimate(False, str(e), math.inf, 0.0, 0.0)
     reloads = {n.model_stage: n.source for n in dag.nodes if n.kind == "load"}
+    alive = {e.model_stage for e in dag.initial}
     reason = "ok"
-    if reloads:
-        reason += "; every replica lost, reloaded by Load: " + ", ".join(
-            f"{ms} ({'from storage' if src == STORAGE else 'weight sync from ' + src})"
-            for ms, src in sorted(reloads.items()))
+    for what, group in (("every replica lost", [m for m in sorted(reloads) if m not in alive]),
+                        ("dropped to make room", [m for m in sorted(reloads) if m in alive])):
+        if group:
+            reason += f"; {what}, reloaded by Load: " + ", ".join(
+                f"{ms} ({'from storage' if reloads[ms] == STORAGE else 'weight sync from ' + reloads[ms]})"
+                for ms in group)
     return TransitionEstimate(True, reason, sched.makespan, float(dag.bytes_moved),
                               float(min_bytes(dag.initial, dag.target, models)), dag, sched,
                               critical_path_length(dag, dur), dur, reloads)

@@ -128,14 +128,20 @@ def _ownership_edges(locals_: list[LocalDAG]) -> list[tuple[str, str, str]]:
 
 
 def _read_edges(locals_: list[LocalDAG]) -> list[tuple[str, str, str]]:
-    """``(reader, consumer, "state")`` for EMUs read by a primitive of another model-stage."""
+    """``(reader, consumer, "state")`` for EMUs read by a primitive of another model-stage, and
+    ``(m, load, "state")`` for every primitive ``m`` of the train model-stage a Load syncs from
+    after its transition (``load(..., read=False)``)."""
     consumers: dict[str, list] = {}
+    by_ms = {ld.model_stage: ld for ld in locals_}
     for ld in locals_:
         for n in ld.nodes:
             for uid in n.consumes:
                 consumers.setdefault(uid, []).append(n)
-    return [(n.pid, c.pid, "state") for ld in locals_ for n in ld.nodes for uid in n.reads
-            for c in consumers.get(uid, ()) if c.model_stage != n.model_stage]
+    out = [(n.pid, c.pid, "state") for ld in locals_ for n in ld.nodes for uid in n.reads
+           for c in consumers.get(uid, ()) if c.model_stage != n.model_stage]
+    out += [(m.pid, n.pid, "state") for ld in locals_ for n in ld.nodes
+            if n.kind == "load" and n.source in by_ms for m in by_ms[n.source].nodes]
+    return out
 
 
 def _tails(nodes, preds: dict[str, set[str]], dur: dict[str, float]) -> dict[str, float]:
@@ -143,7 +149,7 @@ def _tails(nodes, preds: dict[str, set[str]], dur: dict[str, float]) -> dict[str
         topo = list(graphlib.TopologicalSorter(preds).static_order())
     except graphlib.CycleError as e:
         raise Infeasible(f"circular wait between {e.args[1][:6]}: a Destroy that would release GPUs "
-                         f"depends on the acquisition waiting for them") from None
+                         f"depends on the acquisition waiting for them", tuple(e.args[1]), cycle=True) from None
     succs: dict[str, list[str]] = {p: [] for p in nodes}
     for b, ps in preds.items():
         for a in ps:

@@ -19,6 +19,9 @@ the caller passes ``reload_from`` (storage, or a live EMU of the model's ``*.tra
 target EMU is created by :func:`~nereus.transition.primitives.load` and the others by Extend from
 the copies already made, as a binary tree (each copy feeds at most two more), so storage is read
 once per model-stage. A ``*.train`` model-stage with no current replica stays infeasible.
+The same shape serves *drop and reload*: a frozen or derived model-stage whose current EMUs block
+another model-stage (their memory, or a circular wait) is rebuilt as Destroy of every current EMU
+(no edges: its state survives in storage or the train model-stage) plus the Load and Extends.
 
 Edges are state dependencies only: a primitive follows the primitives that produce what it reads or
 consumes; a Destroy or Merge follows every Extend reading the unit (buffer lifetime) and, when the model-stage
@@ -42,12 +45,15 @@ class Infeasible(Exception):
     """The target cannot be reached under the primitives' rules; ``str(e)`` says why.
 
     Attributes:
-        blocked: pids of the primitives that could not start (empty when not a resource block).
+        blocked: pids of the primitives that could not start (empty when not a resource block),
+            or of the primitives on a circular wait (``cycle``).
+        cycle: the DAG has a circular wait (``blocked`` lists it).
     """
 
-    def __init__(self, message: str, blocked: tuple[str, ...] = ()) -> None:
+    def __init__(self, message: str, blocked: tuple[str, ...] = (), cycle: bool = False) -> None:
         super().__init__(message)
         self.blocked = tuple(blocked)
+        self.cycle = cycle
 
 
 @dataclass(frozen=True)
@@ -100,8 +106,9 @@ def build_local_dag(model_stage: str, current: tuple[EMU, ...], target: tuple[EM
         relocate: instead of splitting a replica in place (which needs room for the larger shards
             on its own GPUs), Extend it onto free target slots arranged by ``aligned_gpus`` and
             split the copy there; used when an in-place Split does not fit.
-        reload_from: with ``current`` empty (every replica lost), where a Load reads the state:
-            ``"storage"`` or a live EMU of the model's ``*.train`` (module docstring).
+        reload_from: where a Load reads the state: ``"storage"`` or an EMU of the model's
+            ``*.train`` (module docstring). With ``current`` empty (every replica lost) it rebuilds
+            the model-stage; otherwise every current EMU is destroyed first (drop and reload).
 
     Raises:
         ValueError: empty EMU lists (``current`` may be empty only with ``reload_from``), mixed
@@ -109,8 +116,8 @@ def build_local_dag(model_stage: str, current: tuple[EMU, ...], target: tuple[EM
         Infeasible: no current unit is disjoint from a slot that must be filled by Extend; or no
             current unit of a ``*.train`` model-stage (its unique state is lost).
     """
-    if not current and target and reload_from is not None:
-        return _build_reload(model_stage, target, reload_from)
+    if target and reload_from is not None:
+        return _build_reload(model_stage, target, reload_from, current)
     if not current and target and model_stage.endswith(".train"):
         raise Infeasible(f"{model_stage}: every replica lost; its training state is unique; restore from a checkpoint")
     if not current or not target:
@@ -133,15 +140,21 @@ def build_local_dag(model_stage: str, current: tuple[EMU, ...], target: tuple[EM
     raise AssertionError("unreachable")
 
 
-def _build_reload(model_stage: str, target: tuple[EMU, ...], source: EMU | str) -> LocalDAG:
-    """Load the first target EMU, then Extend copies in a binary tree (see the module docstring)."""
-    for e in target:
+def _build_reload(model_stage: str, target: tuple[EMU, ...], source: EMU | str,
+                  current: tuple[EMU, ...] = ()) -> LocalDAG:
+    """Destroy ``current``, Load the first target EMU, then Extend copies in a binary tree (see the
+    module docstring). A train EMU source that is a target EMU (uid with ``*``) is synced from after
+    the train model-stage's transition (``load(..., read=False)``)."""
+    if model_stage.endswith(".train"):
+        raise ValueError(f"{model_stage}: training state is unique; it cannot be dropped and reloaded")
+    for e in current + target:
         if e.model_stage != model_stage:
             raise ValueError(f"{model_stage}: EMU {e.uid} belongs to {e.model_stage}")
     if len({e.layout for e in target}) != 1:
         raise ValueError(f"{model_stage}: EMUs of one model-stage share one layout")
-    first = load(target[0], source)
-    nodes, edges = [first], []
+    first = load(target[0], source, read=isinstance(source, str) or "*" not in source.uid)
+    nodes, edges = [destroy(e) for e in current], []
+    nodes.append(first)
     made = [first.pid]
     for i, e in enumerate(target[1:], start=1):
         parent = (i - 1) // 2

@@ -201,7 +201,7 @@ def destroy(emu: EMU) -> Primitive:
                      consumes=(emu.uid,), gpus=emu.gpus, mem_net={g: -emu.bytes_on(g) for g in emu.gpus})
 
 
-def load(dst: EMU, source: EMU | str) -> Primitive:
+def load(dst: EMU, source: EMU | str, read: bool = True) -> Primitive:
     """``Load(EMU, source) → EMU``: re-create a replica whose model-stage lost every replica (ours).
 
     Only model-stages without unique state may be re-created (DESIGN.md §4.9: state survives as
@@ -215,7 +215,9 @@ def load(dst: EMU, source: EMU | str) -> Primitive:
     * train EMU: weight-sync broadcast, destination GPU ``i`` receives its shard (weights only,
       ``dst.shard_bytes``) from train GPU ``src.gpus[i % len(src.gpus)]`` (a destination GPU that
       also holds the train EMU copies locally, without a link); the source EMU is read (it must
-      stay alive until the Load ends).
+      stay alive until the Load ends). With ``read=False`` the source is a *target* EMU of the train
+      model-stage: the Load reads no uid, ``source`` is the train model-stage's name, and the global
+      DAG orders it after every primitive of that model-stage (sync from its final layout).
 
     ``mem_hi = mem_net = dst.bytes_on(g)`` on the destination GPUs; ``bytes_moved`` counts the
     bytes received (from storage or over links).
@@ -241,8 +243,8 @@ def load(dst: EMU, source: EMU | str) -> Primitive:
     pairs = tuple((source.gpus[i % len(source.gpus)], d, mem[d]) for i, d in enumerate(dst.gpus)
                   if d not in source.gpus)  # a GPU that also holds the train EMU copies locally
     gpus = source.gpus + tuple(g for g in dst.gpus if g not in source.gpus)
-    return Primitive(reads=(source.uid,), gpus=gpus, pairs=pairs, num_comms=len(pairs) + 1,
-                     source=source.uid, **common)
+    return Primitive(reads=(source.uid,) if read else (), gpus=gpus, pairs=pairs, num_comms=len(pairs) + 1,
+                     source=source.uid if read else source.model_stage, **common)
 
 
 @dataclass
