@@ -10,6 +10,7 @@ Usage::
 
     python benchmarks/bench_admission.py                      # bamboo-p3, oobleck-p3; seeds 0-2; 4 h
     python benchmarks/bench_admission.py --traces bamboo-p3 --seeds 0 --hours 1
+    python benchmarks/bench_admission.py --notice 120          # with AWS's 2-minute spot notice
 
 Prints tokens/s and restarts per run, Nereus / policy per run, and geometric means. About
 20 s of CPU per policy run at 4 h (two worker processes on 2 cores: ~4 min for the default).
@@ -26,14 +27,15 @@ from concurrent.futures import ProcessPoolExecutor
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
+from nereus.sim.cluster import Truth  # noqa: E402
 from nereus.sim.scenario import Scenario, run_policy  # noqa: E402
 
 POLICIES = ("nereus", "nereus+risk", "nereus+grow", "replan-all", "static")
 
 
 def _one(args):
-    trace, seed, hours, policy = args
-    r = run_policy(Scenario(trace=trace, seed=seed, hours=hours), policy)
+    trace, seed, hours, notice, policy = args
+    r = run_policy(Scenario(trace=trace, seed=seed, hours=hours, truth=Truth(notice_s=notice)), policy)
     return trace, seed, policy, r.throughput, r.restarts, r.transitions, r.transition_time
 
 
@@ -42,6 +44,7 @@ def main(argv=None) -> int:
     ap.add_argument("--traces", default="bamboo-p3,oobleck-p3")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--hours", type=float, default=4.0)
+    ap.add_argument("--notice", type=float, default=0.0, help="preemption notice, s (AWS spot: 120)")
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     a = ap.parse_args(argv)
@@ -49,7 +52,7 @@ def main(argv=None) -> int:
     policies = a.policies.split(",")
     if policies[0] != "nereus":
         ap.error("--policies must start with nereus (the ratios are Nereus / policy)")
-    work = list(itertools.product(traces, seeds, [a.hours], policies))
+    work = list(itertools.product(traces, seeds, [a.hours], [a.notice], policies))
     res = {}
     with ProcessPoolExecutor(max(1, a.jobs)) as ex:
         for i, (t, s, p, thr, rs, tr, tt) in enumerate(ex.map(_one, work), 1):
