@@ -26,7 +26,11 @@ def test_simulate_writes_table_json_and_png(tmp_path, capsys):
 
 def test_simulate_bad_inputs_exit_2(tmp_path, capsys):
     assert main(["simulate", "--trace", str(tmp_path / "missing.csv"), "--out", str(tmp_path)]) == 2
-    assert "does not exist" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "no such file" in err and "missing.csv" in err and "bamboo-p3" in err
+    assert main(["simulate", "--hours", "-1", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "--hours must be > 0" in err and "-1" in err
     bad = tmp_path / "neg.csv"
     bad.write_text("0,4\n60,-1\n")
     assert main(["simulate", "--trace", str(bad), "--out", str(tmp_path)]) == 2

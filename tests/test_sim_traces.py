@@ -75,7 +75,7 @@ def test_bad_availability_traces_fail_clearly(tmp_path, text, match):
 
 
 def test_missing_file_and_unknown_name():
-    with pytest.raises(ValueError, match="does not exist"):
+    with pytest.raises(ValueError, match="no such file; give a file path or a shipped trace name"):
         load_availability("/no/such/trace.csv")
     with pytest.raises(ValueError, match="unknown shipped trace"):
         shipped_trace("bamboo-p4")

@@ -86,11 +86,12 @@ class Scenario:
 
     def validate(self) -> None:
         """Build everything once so bad input fails before workers start (raises ValueError)."""
+        if self.hours is not None and not self.hours > 0:
+            raise ValueError(f"--hours must be > 0 simulated hours (0 on the command line: the whole trace), "
+                             f"got {self.hours!r}")
         self.job()
         self.availability()
         self.lengths()
-        if self.hours is not None and not self.hours > 0:
-            raise ValueError(f"--hours must be > 0, got {self.hours!r}")
 
 
 def run_policy(scenario: Scenario, name: str, progress=None) -> RunResult:

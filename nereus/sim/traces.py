@@ -312,6 +312,9 @@ def load_availability(path: str | Path, time_unit: str | None = None) -> Availab
     if str(path) in SHIPPED_TRACES:
         return shipped_trace(str(path))
     p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"availability trace {str(path)!r}: no such file; give a file path or a shipped trace "
+                         f"name {sorted(SHIPPED_TRACES)}")
     text = _read_text(p)
     stripped = text.lstrip()
     end = 0.0

@@ -202,7 +202,8 @@ def destroy(emu: EMU) -> Primitive:
 
 
 def load(dst: EMU, source: EMU | str, read: bool = True) -> Primitive:
-    """``Load(EMU, source) → EMU``: re-create a replica whose model-stage lost every replica (ours).
+    """``Load(EMU, source) → EMU``: re-create a replica whose model-stage lost every replica, or
+    whose copies were dropped to make room (``estimate.plan_dag``; ours).
 
     Only model-stages without unique state may be re-created (DESIGN.md §4.9: state survives as
     long as one copy does): frozen weights (``reference.infer``, ``reward.infer``) are read from
