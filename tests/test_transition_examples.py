@@ -237,8 +237,9 @@ def test_swap_prefers_dropping_a_derived_copy_synced_from_its_train_model_stage(
     (1,8) on every GPU: both could be dropped; the derived copy is (a weight sync, not a storage
     read), and its Load follows the reference's move. GPU 1 also holds the train EMU, so the sync
     copies locally: the transition ends with the reference's Destroy (0.01 + Extend + 0.01 s).
-    A training model-stage is never dropped: changing actor.train's layout in the same swap needs
-    an in-place Split that does not fit and stays infeasible."""
+    A training model-stage is never dropped: changing actor.train to (1,4) x2 in the same swap
+    doubles its shard (29.6 GiB on GPU 0, plus the 15 GiB reference copy, over the 36 GiB usable),
+    so the target does not fit even when the train state is staged through host memory."""
     j = job(nodes=1, gpu=SMALL)
     train = Candidate("actor.train", 1, 8, 1, gpus=tuple(range(8)))
     cur = Plan((Candidate("actor.infer", 1, 1, 1, gpus=(0,)), Candidate("reference.infer", 1, 1, 1, gpus=(1,)), train))
@@ -255,7 +256,7 @@ def test_swap_prefers_dropping_a_derived_copy_synced_from_its_train_model_stage(
     assert est.l_tran == pytest.approx(0.01 + ext + 0.01, rel=1e-12)
     resharded = Plan(tgt.candidates[:2] + (Candidate("actor.train", 1, 4, 2, gpus=tuple(range(8))),))
     est = estimate_transition(j, cur, resharded)
-    assert not est.feasible and "split:actor.train" in est.reason
+    assert not est.feasible and "stage:actor.train" in est.reason
 
 
 def test_ownership_cycle_between_concurrent_copies_is_broken_by_drop_and_reload():
@@ -278,3 +279,32 @@ def test_ownership_cycle_between_concurrent_copies_is_broken_by_drop_and_reload(
     assert load.reads == () and load.source == "actor.train"
     s = est.schedule
     assert s.start["load:actor.infer*0"] >= max(s.end["destroy:actor.train#1"], s.end["destroy:reference.infer#0"])
+
+
+def test_training_split_with_no_room_anywhere_is_staged_through_host_memory():
+    """critic.train (2,2) → (1,4) on the same 4 GPUs of a 90 GiB device shared with actor.generate
+    and reward.infer: through T_sub = (1,2) each GPU would hold half the model's state (56 GB), which
+    fits neither in place nor on free GPUs (none). Staged through host memory the peak is only the
+    growth of the shard (GPU 0: 31.78 − 28.11 GB). By hand (14 B/param of train state; TP splits
+    everything but the two norms per layer):
+    old shard on GPU 0 = ((16·(LAYER − 8192) + EMB) / 2 + 16·8192) · 14 = 28,106,817,536 B,
+    new shard on GPU 0 = (8·LAYER + EMB) · 14 = 31,783,256,064 B,
+    L_tran = 0.5 s setup + 28.11 GB / 25 GB/s (to host) + 31.78 GB / 25 GB/s (back) ≈ 2.90 s."""
+    gpu = GPUSpec(name="g90", peak_flops=1e15, memory_bytes=90 * 2**30, hbm_bandwidth=3e12,
+                  scaleup_bandwidth=450e9, scaleout_bandwidth=50e9)
+    j = job(nodes=1, gpu=gpu)
+    co = (Candidate("actor.generate", 1, 1, 4, gpus=(0, 1, 2, 3)), Candidate("reward.infer", 1, 1, 4, gpus=(0, 1, 2, 3)))
+    cur = Plan(co + (Candidate("critic.train", 2, 2, 1, gpus=(0, 1, 2, 3)),))
+    tgt = Plan(co + (Candidate("critic.train", 1, 4, 1, gpus=(0, 1, 2, 3)),))
+    est = estimate_transition(j, cur, tgt)
+    assert est.feasible, est.reason
+    assert "staged through host memory" in est.reason and "critic.train" in est.reason
+    assert [n.pid for n in est.dag.nodes] == ["stage:critic.train"]
+    st = est.dag.nodes[0]
+    old0 = ((16 * (LAYER - 8192) + EMB) // 2 + 16 * 8192) * 14
+    new0 = (8 * LAYER + EMB) * 14
+    assert (old0, new0) == (28_106_817_536, 31_783_256_064)
+    assert st.mem_hi[0] == new0 - old0 and st.mem_net[0] == new0 - old0
+    assert all(v >= 0 for v in st.mem_hi.values())
+    assert est.l_tran == pytest.approx(0.5 + old0 / 25e9 + new0 / 25e9, rel=1e-12)
+    assert st.consumes == ("critic.train#0",) and [e.uid for e in st.produces] == ["critic.train*0"]

@@ -177,10 +177,13 @@ def plan_dag(job: JobSpec, current: Plan, target: Plan, pool: frozenset[int] | N
             every replica (``*.train``, or a derived copy whose train model-stage is not in the
             plans), the current state already exceeds a GPU's usable memory, or no safe order
             exists. A frozen or derived model-stage that lost every replica is re-created by a Load
-            (:func:`reload_source`). When the DAG is still blocked after relocating Splits (memory
-            on a GPU, or a circular wait), the frozen/derived model-stages in the way are dropped
-            (Destroy of every current EMU) and reloaded (Load + Extends; a derived copy syncs from
-            its train model-stage after that one's transition), one round per block.
+            (:func:`reload_source`). Fallbacks, in order, while the DAG is blocked: a Split that
+            does not fit in place is done on a copy on free GPUs (relocate); one that still does
+            not fit moves its model-stage through host memory (one ``Stage``, training state
+            included); then, for memory on a GPU or a circular wait, the frozen/derived
+            model-stages in the way are dropped (Destroy of every current EMU) and reloaded (Load
+            + Extends; a derived copy syncs from its train model-stage after that one's
+            transition), one per round.
     """
     _check_plans(job, current, target)
     pool = job.cluster.all_gpus() if pool is None else job.cluster.check_pool(pool)
@@ -223,6 +226,7 @@ def plan_dag(job: JobSpec, current: Plan, target: Plan, pool: frozenset[int] | N
     params = params or CostParams()
     relocate: set[str] = set()
     dropped: set[str] = set()
+    staged: set[str] = set()
     while True:
         locals_ = []
         for c in current.candidates:
@@ -230,7 +234,7 @@ def plan_dag(job: JobSpec, current: Plan, target: Plan, pool: frozenset[int] | N
             locals_.append(build_local_dag(
                 ms, tuple(e for e in initial if e.model_stage == ms), tuple(e for e in final if e.model_stage == ms),
                 model_of(job, ms), state_bytes_per_param(job, ms), job.cluster, relocate=ms in relocate,
-                reload_from=reload_from.get(ms)))
+                reload_from=reload_from.get(ms), staged=ms in staged))
         dur = {n.pid: duration(n, job.cluster, params) for ld in locals_ for n in ld.nodes}
         prt = {n.pid: ports(n, job.cluster) for ld in locals_ for n in ld.nodes}
         try:
@@ -239,9 +243,15 @@ def plan_dag(job: JobSpec, current: Plan, target: Plan, pool: frozenset[int] | N
         except Infeasible as e:
             # an in-place Split did not fit: copy that replica to free target GPUs and split there
             node = {n.pid: n for ld in locals_ for n in ld.nodes}
-            more = set() if e.cycle else {node[p].model_stage for p in e.blocked if p.startswith("split:")} - relocate
+            splits = set() if e.cycle else {node[p].model_stage for p in e.blocked if p.startswith("split:")}
+            more = splits - relocate
             if more:
                 relocate |= more
+                continue
+            # a relocated Split still does not fit: move that model-stage through host memory
+            more = splits - staged
+            if more:
+                staged |= more
                 continue
             # still blocked: drop the frozen/derived copies in the way and reload them at the end
             drop = [ms for ms in _droppable(job, e, node, initial, lost, names) if ms not in dropped][:1]
@@ -283,6 +293,9 @@ def estimate_transition(job: JobSpec, current: Plan, target: Plan, pool: frozens
     reloads = {n.model_stage: n.source for n in dag.nodes if n.kind == "load"}
     alive = {e.model_stage for e in dag.initial}
     reason = "ok"
+    staged = sorted(n.model_stage for n in dag.nodes if n.kind == "stage")
+    if staged:
+        reason += "; staged through host memory (no GPU-resident path fits): " + ", ".join(staged)
     for what, group in (("every replica lost", [m for m in sorted(reloads) if m not in alive]),
                         ("dropped to make room", [m for m in sorted(reloads) if m in alive])):
         if group:
