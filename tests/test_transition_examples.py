@@ -256,7 +256,7 @@ def test_swap_prefers_dropping_a_derived_copy_synced_from_its_train_model_stage(
     assert est.l_tran == pytest.approx(0.01 + ext + 0.01, rel=1e-12)
     resharded = Plan(tgt.candidates[:2] + (Candidate("actor.train", 1, 4, 2, gpus=tuple(range(8))),))
     est = estimate_transition(j, cur, resharded)
-    assert not est.feasible and "stage:actor.train" in est.reason
+    assert not est.feasible and "staged actor.train through host memory" in est.reason
 
 
 def test_ownership_cycle_between_concurrent_copies_is_broken_by_drop_and_reload():
@@ -284,8 +284,8 @@ def test_ownership_cycle_between_concurrent_copies_is_broken_by_drop_and_reload(
 def test_training_split_with_no_room_anywhere_is_staged_through_host_memory():
     """critic.train (2,2) → (1,4) on the same 4 GPUs of a 90 GiB device shared with actor.generate
     and reward.infer: through T_sub = (1,2) each GPU would hold half the model's state (56 GB), which
-    fits neither in place nor on free GPUs (none). Staged through host memory the peak is only the
-    growth of the shard (GPU 0: 31.78 − 28.11 GB). By hand (14 B/param of train state; TP splits
+    fits neither in place nor on free GPUs (none). Staged through host memory (Offload frees the
+    old shards, Restore writes the new) each GPU never holds more than its target shard. By hand (14 B/param of train state; TP splits
     everything but the two norms per layer):
     old shard on GPU 0 = ((16·(LAYER − 8192) + EMB) / 2 + 16·8192) · 14 = 28,106,817,536 B,
     new shard on GPU 0 = (8·LAYER + EMB) · 14 = 31,783,256,064 B,
@@ -299,12 +299,39 @@ def test_training_split_with_no_room_anywhere_is_staged_through_host_memory():
     est = estimate_transition(j, cur, tgt)
     assert est.feasible, est.reason
     assert "staged through host memory" in est.reason and "critic.train" in est.reason
-    assert [n.pid for n in est.dag.nodes] == ["stage:critic.train"]
-    st = est.dag.nodes[0]
+    assert [n.pid for n in est.dag.nodes] == ["offload:critic.train", "restore:critic.train"]
+    off, back = est.dag.nodes
+    assert ("offload:critic.train", "restore:critic.train", "state") in est.dag.edges
     old0 = ((16 * (LAYER - 8192) + EMB) // 2 + 16 * 8192) * 14
     new0 = (8 * LAYER + EMB) * 14
     assert (old0, new0) == (28_106_817_536, 31_783_256_064)
-    assert st.mem_hi[0] == new0 - old0 and st.mem_net[0] == new0 - old0
-    assert all(v >= 0 for v in st.mem_hi.values())
+    assert off.mem_hi[0] == 0 and off.mem_net[0] == -old0 and back.mem_hi[0] == back.mem_net[0] == new0
+    assert est.durations["offload:critic.train"] == pytest.approx(0.5 + old0 / 25e9, rel=1e-12)
     assert est.l_tran == pytest.approx(0.5 + old0 / 25e9 + new0 / 25e9, rel=1e-12)
-    assert st.consumes == ("critic.train#0",) and [e.uid for e in st.produces] == ["critic.train*0"]
+    assert off.consumes == ("critic.train#0",) and back.consumes == ("critic.train@host",)
+    assert [e.uid for e in back.produces] == ["critic.train*0"]
+
+
+def test_training_model_stages_swapping_gpus_stage_one_through_host_memory():
+    """actor.train and critic.train (both (1,4)) swap GPUs 0-3 and 4-7. They run concurrently, so
+    each Extend waits for the other's Destroy, and each Destroy of a last copy waits for its own
+    Extend: a circular wait with nothing to drop (training state). The smaller one, critic.train
+    (no untied lm_head), is offloaded to host memory, freeing 4-7; actor.train moves; critic.train
+    is restored on 0-3. By hand (14 B/param): critic's largest shard (8·LAYER + EMB)·14 B, actor's
+    (8·LAYER + EMB + 4096)·14 B (last stage: lm_head + final norm);
+    L_tran = (0.5 + critic/25e9) + (0.05 + actor/450e9 + 5 µs) + 0.01 + critic/25e9 ≈ 2.97 s."""
+    j = job(nodes=1)
+    cur = Plan((Candidate("actor.train", 1, 4, 1, gpus=(0, 1, 2, 3)), Candidate("critic.train", 1, 4, 1, gpus=(4, 5, 6, 7))))
+    tgt = Plan((Candidate("actor.train", 1, 4, 1, gpus=(4, 5, 6, 7)), Candidate("critic.train", 1, 4, 1, gpus=(0, 1, 2, 3))))
+    est = estimate_transition(j, cur, tgt)
+    assert est.feasible, est.reason
+    assert "staged through host memory" in est.reason and "critic.train" in est.reason
+    assert sorted(n.pid for n in est.dag.nodes) == ["destroy:actor.train#0", "extend:actor.train*0",
+                                                    "offload:critic.train", "restore:critic.train"]
+    edges = {(a, b): k for a, b, k in est.dag.edges}
+    assert edges[("offload:critic.train", "extend:actor.train*0")] == "ownership"
+    assert edges[("destroy:actor.train#0", "restore:critic.train")] == "ownership"
+    critic = (8 * LAYER + EMB) * 14
+    actor = (8 * LAYER + EMB + 4096) * 14
+    want = (0.5 + critic / 25e9) + (0.05 + actor / 450e9 + 5e-6) + 0.01 + critic / 25e9
+    assert est.l_tran == pytest.approx(want, rel=1e-12)

@@ -362,30 +362,36 @@ def test_drop_and_reload_local_dag_and_its_limits():
 
 
 def test_stage_spec_duration_and_ports_by_hand():
-    """Stage (1,2) on GPUs 0,1 (node 0) → (2,1) on 1 and 4 (node 1): the old shards go to host, the
-    new come back; GPU 4 is on a node holding none of the host copy, so it is fed at the NIC's rate
-    when that is below the host link's."""
+    """Offload (1,2) on GPUs 0,1 (node 0) to host, Restore as (2,1) on 1 and 4 (node 1): GPU 4 is on
+    a node holding none of the host copy, so it is fed at the NIC's rate when that is below the
+    host link's. In between the state is a host copy that holds no GPU memory and owns no GPU."""
     from nereus.transition.cost import CostParams
     from nereus.transition.primitives import HOST, HOST_ID, stage
 
     a = emu("critic.train#0", 1, 2, (0, 1), ms="critic.train")
     b = emu("critic.train*0", 2, 1, (1, 4), ms="critic.train")
-    st = stage((a,), (b,))
-    assert st.kind == "stage" and st.source == HOST and st.consumes == (a.uid,) and st.produces == (b,)
-    assert st.acquires == (4,)
-    assert st.mem_net == {0: -a.bytes_on(0), 1: b.bytes_on(1) - a.bytes_on(1), 4: b.bytes_on(4)}
-    assert st.mem_hi == {g: max(0, v) for g, v in st.mem_net.items()}
-    assert st.pairs == ((0, HOST_ID, a.bytes_on(0)), (1, HOST_ID, a.bytes_on(1)),
-                        (HOST_ID, 1, b.bytes_on(1)), (HOST_ID, 4, b.bytes_on(4)))
-    assert st.bytes_moved == sum(a.shard_bytes) + 2 * b.shard_bytes[0]
+    off, back = stage((a,), (b,))
+    assert (off.kind, back.kind) == ("offload", "restore") and off.source == back.source == HOST
+    host = off.produces[0]
+    assert host.host and host.uid == "critic.train@host" and host.bytes_on(0) == 0
+    assert off.consumes == (a.uid,) and back.consumes == (host.uid,) and back.produces == (b,)
+    assert off.acquires == () and back.acquires == (1, 4) and back.home == (0, 1)
+    assert off.mem_hi == {0: 0, 1: 0} and off.mem_net == {0: -a.bytes_on(0), 1: -a.bytes_on(1)}
+    assert back.mem_hi == back.mem_net == {1: b.bytes_on(1), 4: b.bytes_on(4)}
+    assert off.pairs == ((0, HOST_ID, a.bytes_on(0)), (1, HOST_ID, a.bytes_on(1)))
+    assert back.pairs == ((HOST_ID, 1, b.bytes_on(1)), (HOST_ID, 4, b.bytes_on(4)))
     params = CostParams(host_bandwidth=100e9, host_setup_s=0.5)
     nic = JOB.cluster.gpu.scaleout_bandwidth
     assert nic < 100e9
-    want = 0.5 + max(a.shard_bytes) / 100e9 + max(b.bytes_on(1) / 100e9, b.bytes_on(4) / nic)
-    assert duration(st, JOB.cluster, params) == pytest.approx(want, rel=1e-12)
-    assert ports(st, JOB.cluster) == {(0, "host", "tx"), (1, "host", "tx"), (1, "host", "rx"), (4, "host", "rx")}
+    assert duration(off, JOB.cluster, params) == pytest.approx(0.5 + max(a.shard_bytes) / 100e9, rel=1e-12)
+    assert duration(back, JOB.cluster, params) == pytest.approx(
+        max(b.bytes_on(1) / 100e9, b.bytes_on(4) / nic), rel=1e-12)
+    assert ports(off, JOB.cluster) == {(0, "host", "tx"), (1, "host", "tx")}
+    assert ports(back, JOB.cluster) == {(1, "host", "rx"), (4, "host", "rx")}
     state = TransitionState.of([a])
-    apply(state, st)
-    assert set(state.emus) == {b.uid} and state.used[0] == 0
+    apply(state, off)
+    assert set(state.emus) == {host.uid} and state.used[0] == 0 and state.owners(0) == set()
+    apply(state, back)
+    assert set(state.emus) == {b.uid} and state.used[4] == b.bytes_on(4)
     with pytest.raises(ValueError, match="belongs to"):
         stage((a,), (emu("actor.train*0", 2, 1, (1, 4), ms="actor.train"),))

@@ -47,7 +47,7 @@ def _simulate(dag, rng: random.Random) -> None:
     pending, running, ended = set(nodes), set(), set()
 
     def owners(g):
-        own = {e.model_stage for e in alive.values() if g in e.gpus}
+        own = {e.model_stage for e in alive.values() if g in e.gpus and not e.host}  # host copies own no GPU
         own |= {nodes[p].model_stage for p in running if g in nodes[p].acquires}
         return own
 

@@ -108,7 +108,7 @@ def main(args) -> int:
         cur = [e for e in est.dag.initial if e.model_stage == ld.model_stage]
         tgt = [e for e in est.dag.target if e.model_stage == ld.model_stage]
         kinds = [n.kind for n in ld.nodes]
-        counts = ", ".join(f"{k} x{kinds.count(k)}" for k in ("split", "destroy", "extend", "load", "merge", "stage")
+        counts = ", ".join(f"{k} x{kinds.count(k)}" for k in ("split", "destroy", "extend", "load", "merge", "offload", "restore")
                            if k in kinds)
         was = f"{cur[0].layout} x{len(cur)}" if cur else "lost"
         src = (est.reloads or {}).get(ld.model_stage)

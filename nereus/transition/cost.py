@@ -12,9 +12,10 @@ Time of one primitive, seconds::
     Destroy teardown
     Load    from storage:   load_setup + max over nodes (bytes landing on the node / storage_bandwidth)
             from a train EMU: setup + max over source GPUs (bytes it sends / B + α)   weight sync
-    Stage   host_setup + max over staged GPUs (bytes / H)  +  max over target GPUs (bytes / H_g)
-            device → host, then host → device; H = ``host_bandwidth`` (PCIe), and H_g =
-            min(H, scale-out bandwidth) for a target GPU on a node that holds none of the host copy
+    Offload host_setup + max over the staged replica's GPUs (bytes / H)      device → host
+    Restore max over target GPUs (bytes / H_g)                               host → device
+            H = ``host_bandwidth`` (PCIe); H_g = min(H, scale-out bandwidth) for a target GPU on a
+            node whose host holds none of the staged copy
 
 ``B`` and ``α`` are the scale-up (NVLink) bandwidth and latency when every GPU involved sits on one
 node, else the scale-out (NIC) ones (``GPUSpec``: bytes/s per GPU per direction). Communicators of
@@ -25,8 +26,8 @@ Shared-link contention is modeled by *ports*: each primitive holds the send and 
 NVLink or NIC port of every GPU it moves data on, and two primitives holding one port never overlap
 in a schedule (serializing two transfers on one link takes as long as sharing its bandwidth). A
 Load from storage holds one ``(node, "storage", "rx")`` port per node it reads into, so Loads on one
-node share its storage bandwidth the same way. A Stage holds ``(gpu, "host", "tx")`` on the GPUs it
-copies out and ``(gpu, "host", "rx")`` on those it writes (each GPU's own PCIe link).
+node share its storage bandwidth the same way. An Offload holds ``(gpu, "host", "tx")`` on the GPUs
+it copies out and a Restore ``(gpu, "host", "rx")`` on those it writes (each GPU's own PCIe link).
 """
 
 from __future__ import annotations
@@ -58,10 +59,10 @@ class CostParams:
             not included, the controller adds the rollout-engine start separately).
 
         host_bandwidth: bytes/s per GPU per direction between a GPU and pinned host memory (a
-            Stage). 25 GB/s: what a PCIe Gen4 x16 link (32 GB/s theoretical) sustains for pinned
+            Offload or Restore). 25 GB/s: what a PCIe Gen4 x16 link (32 GB/s theoretical) sustains for pinned
             copies; Gen5 (H100 SXM hosts, 64 GB/s theoretical) reaches about twice that, so the
             default is conservative there. An assumption, not a measurement.
-        host_setup_s: fixed seconds of a Stage: allocate and pin host buffers for the shards.
+        host_setup_s: fixed seconds of an Offload: allocate and pin host buffers for the shards.
 
     The defaults are assumptions of the right order (NCCL communicator creation takes tens to
     hundreds of milliseconds); calibrate them from measured transitions.
@@ -109,13 +110,13 @@ def duration(p: Primitive, cluster: ClusterSpec, params: CostParams = CostParams
             bw, lat, _ = _link(cluster, (s, d))
             sent[s] = sent.get(s, 0.0) + b / bw + lat
         return (_setup(cluster, p.gpus, params) if p.pairs else 0.0) + max(sent.values(), default=0.0)
-    if p.kind == "stage":
-        out = [b / params.host_bandwidth for s, d, b in p.pairs if d == HOST_ID]
-        home = {cluster.node_of(s) for s, d, b in p.pairs if d == HOST_ID}
-        back = [b / (params.host_bandwidth if cluster.node_of(d) in home
-                     else min(params.host_bandwidth, cluster.gpu.scaleout_bandwidth))
-                for s, d, b in p.pairs if s == HOST_ID]
-        return params.host_setup_s + max(out, default=0.0) + max(back, default=0.0)
+    if p.kind == "offload":
+        return params.host_setup_s + max((b / params.host_bandwidth for _, _, b in p.pairs), default=0.0)
+    if p.kind == "restore":
+        home = {cluster.node_of(g) for g in p.home}
+        return max((b / (params.host_bandwidth if cluster.node_of(d) in home
+                         else min(params.host_bandwidth, cluster.gpu.scaleout_bandwidth))
+                    for _, d, b in p.pairs), default=0.0)
     if p.kind == "extend":
         t = 0.0
         for s, d, b in p.pairs:
@@ -135,7 +136,7 @@ def ports(p: Primitive, cluster: ClusterSpec) -> frozenset[tuple[int, str, str]]
     out = set()
     if p.kind == "load" and p.source == STORAGE:
         return frozenset((cluster.node_of(g), "storage", "rx") for g in p.gpus)
-    if p.kind == "stage":
+    if p.kind in ("offload", "restore"):
         return frozenset((s, "host", "tx") if d == HOST_ID else (d, "host", "rx") for s, d, b in p.pairs if b > 0)
     for s, d, b in p.pairs:
         if b > 0:

@@ -79,6 +79,8 @@ class EMU:
         tp, pp: the layout ``T``.
         gpus: ``tp*pp`` GPU ids, ``gpus[p*tp + t]``.
         shard_bytes: bytes per GPU at each pipeline rank, shape ``[pp]``.
+        host: a copy staged in host memory (an Offload's output): it keeps the layout and GPU ids
+            it came from (its shards sit in those GPUs' hosts) but holds no GPU memory and owns no GPU.
 
     Raises:
         ValueError: wrong GPU count, repeated GPUs or a ``shard_bytes`` of the wrong length.
@@ -90,6 +92,7 @@ class EMU:
     pp: int
     gpus: tuple[int, ...]
     shard_bytes: tuple[int, ...]
+    host: bool = False
 
     def __post_init__(self) -> None:
         if len(self.gpus) != self.tp * self.pp:
@@ -119,7 +122,9 @@ class EMU:
         return self.gpus[p * self.tp + t]
 
     def bytes_on(self, gpu: int) -> int:
-        """State bytes this EMU keeps on ``gpu`` (0 when not on it)."""
+        """State bytes this EMU keeps on ``gpu`` (0 when not on it, or staged in host memory)."""
+        if self.host:
+            return 0
         i = self._index.get(gpu)
         return 0 if i is None else self.shard_bytes[i // self.tp]
 

@@ -163,6 +163,17 @@ def _droppable(job: JobSpec, e: Infeasible, node: dict, initial: list, lost: lis
     return [ms for *_, ms in sorted(out)]
 
 
+def _stageable(e: Infeasible, node: dict, initial: list, skip: set) -> str | None:
+    """The model-stage to stage through host memory when a block has nothing to drop: on a circular
+    wait one on the cycle, on a memory block one of the blocked primitives' own (its Offload frees
+    its GPUs for the others first); the one holding the fewest bytes, None when all are ``skip``."""
+    cands = {node[p].model_stage for p in e.blocked if p in node} - skip
+    have = {x.model_stage for x in initial}
+    held = {ms: sum(x.bytes_on(g) for x in initial if x.model_stage == ms for g in x.gpus)
+            for ms in cands & have}
+    return min(held, key=lambda ms: (held[ms], ms)) if held else None
+
+
 def plan_dag(job: JobSpec, current: Plan, target: Plan, pool: frozenset[int] | None = None,
              reserved_bytes: dict[int, float] | None = None, params: CostParams | None = None,
              order: str = "critical") -> tuple[GlobalDAG, Schedule, dict[str, float]]:
@@ -179,11 +190,12 @@ def plan_dag(job: JobSpec, current: Plan, target: Plan, pool: frozenset[int] | N
             exists. A frozen or derived model-stage that lost every replica is re-created by a Load
             (:func:`reload_source`). Fallbacks, in order, while the DAG is blocked: a Split that
             does not fit in place is done on a copy on free GPUs (relocate); one that still does
-            not fit moves its model-stage through host memory (one ``Stage``, training state
-            included); then, for memory on a GPU or a circular wait, the frozen/derived
+            not fit moves its model-stage through host memory (Offload then Restore, training
+            state included); then, for memory on a GPU or a circular wait, the frozen/derived
             model-stages in the way are dropped (Destroy of every current EMU) and reloaded (Load
             + Extends; a derived copy syncs from its train model-stage after that one's
-            transition), one per round.
+            transition), one per round; when nothing can be dropped, one model-stage in the way
+            is staged through host memory (:func:`_stageable`), one per round.
     """
     _check_plans(job, current, target)
     pool = job.cluster.all_gpus() if pool is None else job.cluster.check_pool(pool)
@@ -227,6 +239,17 @@ def plan_dag(job: JobSpec, current: Plan, target: Plan, pool: frozenset[int] | N
     relocate: set[str] = set()
     dropped: set[str] = set()
     staged: set[str] = set()
+    first: Infeasible | None = None
+
+    def give_up(e: Infeasible) -> Infeasible:
+        """The first block is what the user can act on; name the fallbacks that did not clear it."""
+        e0 = first or e
+        tried = ([f"relocated Split of {', '.join(sorted(relocate))}"] if relocate else []) + (
+            [f"staged {', '.join(sorted(staged))} through host memory"] if staged else []) + (
+            [f"dropped {', '.join(sorted(dropped))}"] if dropped else [])
+        msg = str(e0) + (f" (also tried: {'; '.join(tried)})" if tried else "")
+        return Infeasible(msg, e0.blocked, e0.cycle)
+
     while True:
         locals_ = []
         for c in current.candidates:
@@ -241,6 +264,7 @@ def plan_dag(job: JobSpec, current: Plan, target: Plan, pool: frozenset[int] | N
             dag, sched = plan_global(locals_, tuple(initial), tuple(final), cap, dur, prt, order)
             return dag, sched, dur
         except Infeasible as e:
+            first = first or e
             # an in-place Split did not fit: copy that replica to free target GPUs and split there
             node = {n.pid: n for ld in locals_ for n in ld.nodes}
             splits = set() if e.cycle else {node[p].model_stage for p in e.blocked if p.startswith("split:")}
@@ -256,7 +280,13 @@ def plan_dag(job: JobSpec, current: Plan, target: Plan, pool: frozenset[int] | N
             # still blocked: drop the frozen/derived copies in the way and reload them at the end
             drop = [ms for ms in _droppable(job, e, node, initial, lost, names) if ms not in dropped][:1]
             if not drop:
-                raise
+                # nothing to drop (e.g. two training model-stages swapping GPUs): stage one of the
+                # model-stages in the way through host memory, the smallest first
+                stage_ms = _stageable(e, node, initial, staged | set(reload_from))
+                if not stage_ms:
+                    raise give_up(e) from None
+                staged.add(stage_ms)
+                continue
             dropped |= set(drop)
             for ms in drop:
                 src = reload_source(job, ms, names)
@@ -293,7 +323,7 @@ def estimate_transition(job: JobSpec, current: Plan, target: Plan, pool: frozens
     reloads = {n.model_stage: n.source for n in dag.nodes if n.kind == "load"}
     alive = {e.model_stage for e in dag.initial}
     reason = "ok"
-    staged = sorted(n.model_stage for n in dag.nodes if n.kind == "stage")
+    staged = sorted(n.model_stage for n in dag.nodes if n.kind == "offload")
     if staged:
         reason += "; staged through host memory (no GPU-resident path fits): " + ", ".join(staged)
     for what, group in (("every replica lost", [m for m in sorted(reloads) if m not in alive]),

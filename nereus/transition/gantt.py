@@ -9,7 +9,7 @@ from nereus.transition.schedule import Schedule
 
 __all__ = ["write_gantt"]
 
-COLORS = {"split": "#4c72b0", "merge": "#55a868", "extend": "#dd8452", "destroy": "#c44e52", "load": "#8172b3", "stage": "#937860"}
+COLORS = {"split": "#4c72b0", "merge": "#55a868", "extend": "#dd8452", "destroy": "#c44e52", "load": "#8172b3", "offload": "#937860", "restore": "#da8bc3"}
 
 
 def write_gantt(dag: GlobalDAG, schedule: Schedule, path: str | Path, title: str = "") -> Path:

@@ -6,7 +6,7 @@ Source: paper §6.1-§6.2, DESIGN.md §4.6.
    weights from a ``*.train`` EMU ends before any primitive of the train model-stage consumes that
    EMU (buffer lifetime, as for Extend sources inside one model-stage).
 2. Ownership edges: an Extend onto GPU ``g`` follows every Destroy of a concurrent model-stage (same
-   stage) whose unit sits on ``g`` (or a Stage of one that leaves ``g``), so two concurrent model-stages never own one GPU. If they close
+   stage) whose unit sits on ``g`` (or an Offload of one from ``g``; a Restore acquires like an Extend), so two concurrent model-stages never own one GPU. If they close
    a cycle (the only Destroy that frees a GPU depends on the Extend waiting for it), the target is
    infeasible.
 3. A greedy, memory-aware list schedule: whenever a primitive ends, ready primitives start in
@@ -114,11 +114,7 @@ def _ownership_edges(locals_: list[LocalDAG]) -> list[tuple[str, str, str]]:
     destroys_on: dict[tuple[str, int], list[str]] = {}
     for ld in locals_:
         for n in ld.nodes:
-            released = n.gpus if n.kind == "destroy" else ()
-            if n.kind == "stage":  # frees the GPUs its target does not use
-                kept = {g for e in n.produces for g in e.gpus}
-                released = tuple(g for g in n.gpus if g not in kept)
-            for g in released:
+            for g in (n.gpus if n.kind in ("destroy", "offload") else ()):
                 destroys_on.setdefault((stage_of(n.model_stage), g), []).append(n.pid)
     ms_of = {n.pid: n.model_stage for ld in locals_ for n in ld.nodes}
     for ld in locals_:

@@ -19,9 +19,10 @@ the caller passes ``reload_from`` (storage, or a live EMU of the model's ``*.tra
 target EMU is created by :func:`~nereus.transition.primitives.load` and the others by Extend from
 the copies already made, as a binary tree (each copy feeds at most two more), so storage is read
 once per model-stage. A ``*.train`` model-stage with no current replica stays infeasible.
-A model-stage whose Split fits neither in place nor relocated is *staged*: one ``Stage`` primitive
-copies a replica to host memory, frees the GPUs and writes the target shards back (training state
-included; its logical state is kept in host memory meanwhile).
+A model-stage whose Split fits neither in place nor relocated, or that is on a circular wait no
+drop can break, is *staged*: ``Offload`` copies a replica to host memory and frees the GPUs, then
+``Restore`` writes the target shards back (training state included; its logical state is kept in
+host memory in between, and other model-stages may use the freed GPUs meanwhile).
 The same shape serves *drop and reload*: a frozen or derived model-stage whose current EMUs block
 another model-stage (their memory, or a circular wait) is rebuilt as Destroy of every current EMU
 (no edges: its state survives in storage or the train model-stage) plus the Load and Extends.
@@ -113,8 +114,8 @@ def build_local_dag(model_stage: str, current: tuple[EMU, ...], target: tuple[EM
         reload_from: where a Load reads the state: ``"storage"`` or an EMU of the model's
             ``*.train`` (module docstring). With ``current`` empty (every replica lost) it rebuilds
             the model-stage; otherwise every current EMU is destroyed first (drop and reload).
-        staged: move the model-stage through host memory in one :func:`~nereus.transition.primitives.stage`
-            (used when its Split fits neither in place nor relocated; training state included).
+        staged: move the model-stage through host memory, :func:`~nereus.transition.primitives.stage`'s
+            Offload then Restore (used when no GPU-resident path fits; training state included).
 
     Raises:
         ValueError: empty EMU lists (``current`` may be empty only with ``reload_from``), mixed
@@ -125,8 +126,8 @@ def build_local_dag(model_stage: str, current: tuple[EMU, ...], target: tuple[EM
     if target and reload_from is not None:
         return _build_reload(model_stage, target, reload_from, current)
     if staged and current and target:
-        st = stage(current, target)
-        return LocalDAG(model_stage, target[0].layout, (st,), (), ())
+        off, back = stage(current, target)
+        return LocalDAG(model_stage, target[0].layout, (off, back), ((off.pid, back.pid),), ())
     if not current and target and model_stage.endswith(".train"):
         raise Infeasible(f"{model_stage}: every replica lost; its training state is unique; restore from a checkpoint")
     if not current or not target:

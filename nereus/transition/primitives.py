@@ -3,8 +3,8 @@
 Source: paper §5.2 (Split, Merge, Extend, Destroy), §6.2-§6.3 (buffers, lifetimes, transport);
 DESIGN.md §4.8, §4.9. Two more primitives are ours (not in the paper): ``Load`` re-creates a
 replica of a model-stage that holds no unique state after every replica of it was lost or was
-dropped to make room (see :func:`load`), and ``Stage`` moves a model-stage to its target layout
-through host memory when no GPU-resident path fits (see :func:`stage`).
+dropped to make room (see :func:`load`), and ``Offload``/``Restore`` move a model-stage to its
+target layout through host memory when no GPU-resident path fits (see :func:`stage`).
 
 A :class:`Primitive` is pure data. Its memory effect is given per GPU by two numbers, both bytes:
 
@@ -28,13 +28,13 @@ from nereus.transition.emu import EMU, STAGE_ORDER, resident_bytes, sub_units
 __all__ = ["Primitive", "split", "merge", "extend", "destroy", "load", "stage", "TransitionState", "apply", "KINDS",
            "priority", "STORAGE", "HOST", "HOST_ID"]
 
-KINDS = ("split", "destroy", "extend", "load", "merge", "stage")
+KINDS = ("split", "destroy", "extend", "load", "merge", "offload", "restore")
 
 #: ``Load`` source of frozen weights: the model files the job started from (shared storage).
 STORAGE = "storage"
 #: source of a :func:`stage`: host (CPU) memory of the nodes of the staged replica.
 HOST = "host"
-#: the host side of a Stage's ``pairs``: ``(gpu, HOST_ID, bytes)`` device → host, ``(HOST_ID, gpu, bytes)`` back.
+#: the host side of staging ``pairs``: ``(gpu, HOST_ID, bytes)`` device → host, ``(HOST_ID, gpu, bytes)`` back.
 HOST_ID = -1
 
 
@@ -44,7 +44,7 @@ class Primitive:
 
     Attributes:
         pid: unique id, ``f"{kind}:{uid}"``.
-        kind: ``split``, ``merge``, ``extend``, ``destroy``, ``load`` or ``stage``.
+        kind: ``split``, ``merge``, ``extend``, ``destroy``, ``load``, ``offload`` or ``restore``.
         model_stage: whose state it changes.
         reads: uids that must exist and stay alive while it runs (Extend's source).
         consumes: uids removed when it ends.
@@ -54,12 +54,13 @@ class Primitive:
         mem_hi: GPU → bytes, see the module docstring.
         mem_net: GPU → bytes, see the module docstring.
         groups: collective groups ``(gpus, recv_bytes_per_gpu)``: Split all-gathers, Merge reshards.
-        pairs: point-to-point copies ``(src_gpu, dst_gpu, bytes)``: Extend broadcasts; a Stage's
-            copies to and from host memory use :data:`HOST_ID` as the host side.
+        pairs: point-to-point copies ``(src_gpu, dst_gpu, bytes)``: Extend broadcasts; the copies
+            of an Offload (to host) and a Restore (from host) use :data:`HOST_ID` as the host side.
+        home: a Restore's staged copy sits in the host memory of these GPUs' nodes.
         bytes_moved: bytes received over links, summed over GPUs.
         num_comms: communicators it creates (cost of setup).
         source: a Load's source, :data:`STORAGE` or the uid of the train EMU it syncs from;
-            :data:`HOST` for a Stage ("" else).
+            :data:`HOST` for an Offload or Restore ("" else).
     """
 
     pid: str
@@ -77,6 +78,7 @@ class Primitive:
     bytes_moved: int = 0
     num_comms: int = 0
     source: str = ""
+    home: tuple[int, ...] = ()
 
     @property
     def stage(self) -> str:
@@ -91,7 +93,7 @@ class Primitive:
                 "mem_net": {str(g): v for g, v in self.mem_net.items()},
                 "groups": [[list(g), b] for g, b in self.groups],
                 "pairs": [list(p) for p in self.pairs], "bytes_moved": self.bytes_moved,
-                "num_comms": self.num_comms, **({"source": self.source} if self.kind in ("load", "stage") else {})}
+                "num_comms": self.num_comms, **({"source": self.source} if self.kind in ("load", "offload", "restore") else {})}
 
 
 def priority(p: Primitive) -> tuple:
@@ -256,24 +258,31 @@ def load(dst: EMU, source: EMU | str, read: bool = True) -> Primitive:
 
 
 
-def stage(current: tuple[EMU, ...], target: tuple[EMU, ...]) -> Primitive:
-    """``Stage({E}, {E*}) → {E*}``: re-layout one model-stage through host memory (ours).
+def stage(current: tuple[EMU, ...], target: tuple[EMU, ...]) -> tuple[Primitive, Primitive]:
+    """``Offload({E}) → E@host`` then ``Restore(E@host) → {E*}``: re-layout one model-stage through
+    host memory (ours).
 
     For a Split that fits neither in place nor on free GPUs (the new, larger shards need room while
-    the old ones are still live): copy one current replica, ``current[0]``, to the host memory of
-    its nodes (device → host, every GPU its own shard over its PCIe link), free every current EMU
-    on the GPUs, then write every target shard from host memory (host → device; the target
-    layout's shards are cut from the host copy, as DCP/UCP reshard a checkpoint). It is what the RL
-    frameworks already do every step when co-located models time-share GPUs through param and
-    optimizer offload (verl ``param_offload``/``optimizer_offload``, DeepSpeed ``adam_offload``;
-    reference/rl-frameworks.md), and what Gemini's in-memory CPU checkpoints hold
-    (reference/resharding.md §1.7). Training state may be staged: its logical state is never lost,
-    but while the host copy is the only one, losing that host loses it (as with any single copy).
+    the old ones are still live), or two model-stages that would each wait for the other's GPUs:
 
-    Memory per GPU ``g`` (module docstring): ``mem_hi = max(0, new − old)``, ``mem_net = new − old``
-    (the old shards are freed before the new ones are written), where old and new are the bytes of
-    this model-stage on ``g`` before and after. ``pairs``: ``(g, HOST_ID, bytes)`` for each GPU of
-    ``current[0]`` and ``(HOST_ID, g, bytes)`` for each target GPU; ``bytes_moved`` is their sum.
+    * **Offload** copies one current replica, ``current[0]``, to the host memory of its nodes
+      (device → host, every GPU its own shard over its PCIe link) and frees every current EMU:
+      ``mem_hi = 0``, ``mem_net = −old``; it releases the model-stage's GPUs (other model-stages
+      may take them before the Restore);
+    * **Restore** writes every target shard from host memory (host → device; the target layout's
+      shards are cut from the host copy, as DCP/UCP reshard a checkpoint): ``mem_hi = mem_net =
+      new``; it acquires the target GPUs.
+
+    Between the two the model-stage's logical state lives only in host memory (``E@host``, an
+    :class:`~nereus.transition.emu.EMU` with ``host=True``: no GPU bytes, no GPU ownership). It is
+    what RL frameworks already do every step when co-located models time-share GPUs through param
+    and optimizer offload (verl ``param_offload``/``optimizer_offload``, DeepSpeed
+    ``adam_offload``; reference/rl-frameworks.md), and where Gemini keeps in-memory checkpoints
+    (reference/resharding.md §1.7). Training state may be staged; losing that host meanwhile loses
+    it, as with any single copy.
+
+    Returns:
+        ``(offload, restore)``; ``restore`` consumes what ``offload`` produces.
 
     Raises:
         ValueError: empty lists, or EMUs of more than one model-stage.
@@ -284,6 +293,8 @@ def stage(current: tuple[EMU, ...], target: tuple[EMU, ...]) -> Primitive:
     for e in current + target:
         if e.model_stage != ms:
             raise ValueError(f"Stage of {ms}: EMU {e.uid} belongs to {e.model_stage}")
+    src = current[0]
+    staged = EMU(f"{ms}@host", ms, src.tp, src.pp, src.gpus, src.shard_bytes, host=True)
     old: dict[int, int] = {}
     new: dict[int, int] = {}
     for e in current:
@@ -292,16 +303,16 @@ def stage(current: tuple[EMU, ...], target: tuple[EMU, ...]) -> Primitive:
     for e in target:
         for g in e.gpus:
             new[g] = new.get(g, 0) + e.bytes_on(g)
-    gpus = tuple(dict.fromkeys(g for e in current + target for g in e.gpus))
-    net = {g: new.get(g, 0) - old.get(g, 0) for g in gpus}
-    held = {g for e in current for g in e.gpus}
-    acquires = tuple(dict.fromkeys(g for e in target for g in e.gpus if g not in held))
-    pairs = tuple((g, HOST_ID, current[0].bytes_on(g)) for g in current[0].gpus) + tuple(
-        (HOST_ID, g, b) for g, b in new.items())
-    return Primitive(pid=f"stage:{ms}", kind="stage", model_stage=ms, consumes=tuple(e.uid for e in current),
-                     produces=tuple(target), gpus=gpus, acquires=acquires,
-                     mem_hi={g: max(0, v) for g, v in net.items()}, mem_net=net, pairs=pairs,
-                     bytes_moved=sum(b for *_, b in pairs), num_comms=0, source=HOST)
+    out = tuple((g, HOST_ID, src.bytes_on(g)) for g in src.gpus)
+    back = tuple((HOST_ID, g, b) for g, b in new.items())
+    offload = Primitive(pid=f"offload:{ms}", kind="offload", model_stage=ms, consumes=tuple(e.uid for e in current),
+                        produces=(staged,), gpus=tuple(old), mem_hi={g: 0 for g in old},
+                        mem_net={g: -b for g, b in old.items()}, pairs=out, bytes_moved=sum(b for *_, b in out),
+                        source=HOST)
+    restore = Primitive(pid=f"restore:{ms}", kind="restore", model_stage=ms, consumes=(staged.uid,),
+                        produces=tuple(target), gpus=tuple(new), acquires=tuple(new), mem_hi=dict(new),
+                        mem_net=dict(new), pairs=back, bytes_moved=sum(new.values()), source=HOST, home=src.gpus)
+    return offload, restore
 
 
 @dataclass
@@ -325,8 +336,8 @@ class TransitionState:
         return cls({e.uid: e for e in emus}, used)
 
     def owners(self, gpu: int) -> set[str]:
-        """Model-stages with an EMU on ``gpu``."""
-        return {e.model_stage for e in self.emus.values() if gpu in e.gpus}
+        """Model-stages with an EMU on ``gpu`` (a copy staged in host memory owns none)."""
+        return {e.model_stage for e in self.emus.values() if gpu in e.gpus and not e.host}
 
     def copies(self, model_stage: str) -> int:
         return sum(1 for e in self.emus.values() if e.model_stage == model_stage)
