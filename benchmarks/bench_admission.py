@@ -2,9 +2,10 @@
 
 One simulated run is one draw (restarts after unannounced losses dominate the spread), so the
 comparison the issue asks for is printed per run and as a geometric mean over runs. Policies
-(``nereus/sim/policies.py``): ``nereus`` (the paper's rule, γ = 0.5), ``nereus+risk`` (with
-state-loss risk pricing), ``nereus+grow`` (with the loss horizon for pool growth), ``replan-all``
-(no payback admission; same planner and transitions), ``static``.
+(``nereus/sim/policies.py``): ``nereus`` (γ = 0.5, with state-loss risk pricing), ``nereus-paper``
+(the paper's rule, no risk pricing), ``replan-all`` / ``replan-all-paper`` (no payback admission;
+same planner, transitions and risk pricing or not), ``static``; opt-in: ``nereus+grow``,
+``nereus+revisit``.
 
 Usage::
 
@@ -30,7 +31,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from nereus.sim.cluster import Truth  # noqa: E402
 from nereus.sim.scenario import Scenario, run_policy  # noqa: E402
 
-POLICIES = ("nereus", "nereus+risk", "nereus+grow", "replan-all", "static")
+POLICIES = ("nereus", "nereus-paper", "replan-all", "replan-all-paper", "static")
 
 
 def _one(args):

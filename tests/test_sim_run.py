@@ -99,3 +99,22 @@ def test_unknown_policy_name():
 def test_step_report_validates():
     with pytest.raises(ValueError, match="response_len"):
         StepReport(0, 0.0, frozenset({0}))
+
+
+def test_policy_configs_price_state_loss_risk_except_the_paper_variants():
+    """Risk pricing comes from the restart-cost model: restart_s = 60 + load + 60 s with the whole
+    cluster reading (checkpoint + frozen weights) at 2 GB/s per node; checkpoint every 25 steps."""
+    from nereus.sim.restart import RestartCost
+
+    t = Truth()
+    rc = RestartCost()
+    expect = 60.0 + rc.load_bytes(JOB) / (2e9 * JOB.cluster.num_nodes) + 60.0
+    for name, admit_all, priced in [("nereus", False, True), ("nereus-paper", False, False),
+                                    ("replan-all", True, True), ("replan-all-paper", True, False),
+                                    ("uncalibrated", False, True), ("gamma=0.25", False, True)]:
+        cfg = make_policy(name, JOB, 0.5, t.table(), t.memory_factor).config
+        assert cfg.always_admit is admit_all, name
+        assert (cfg.risk is not None) is priced, name
+        if priced:
+            assert cfg.risk.restart_s == pytest.approx(expect) and cfg.risk.checkpoint_interval == 25
+    assert make_policy("gamma=0.25", JOB, 0.5, t.table(), t.memory_factor).config.gamma == 0.25

@@ -24,11 +24,12 @@ Model (all times in seconds)::
   node every replica of ``m`` uses (the intersection of their node sets: all of a single replica's
   nodes; none when two replicas share no node). The union bound over model-stages, capped at 1.
 
-Opt-in (``ControllerConfig(risk=RiskModel(...))``). Measured in the simulator
-(benchmarks/bench_admission.py: Bamboo p3 and Oobleck p3, 4 h, seeds 0-2): restarts 14 → 6 over
-the 6 runs, throughput 0.97x the paper's rule (geometric mean; 1 of 6 runs faster): with redundant
-training layouts the controller adapts less (17 transitions against 26 in the default run), held
-back by infeasible transitions and payback rejections (docs/simulate.md, Results).
+Enabled through ``ControllerConfig(risk=RiskModel(...))``; the simulator's controller policies use
+it by default (``nereus-paper`` does not). Measured (benchmarks/bench_admission.py, 9 shipped
+traces x seeds 0-2, 4 h, no notice): 1.04x the paper's rule in throughput (geometric mean), restarts
+75 → 38; with a 2-minute notice identical to it (no unannounced loss, λ = 0). Before the transition
+planner learned drop and reload and host staging it was 0.97x on 6 runs: infeasible transitions
+held the redundant layouts back (docs/simulate.md, Results).
 
 The controller asks the planner for the fastest plan and, when that plan carries risk, also for the
 fastest plan with two replicas of every ``*.train`` model-stage on distinct nodes

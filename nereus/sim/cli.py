@@ -42,9 +42,9 @@ def add_arguments(p) -> None:
     p.add_argument("--gamma", type=float, default=0.5, help="payback margin γ of the nereus policy")
     p.add_argument("--gammas", default=",".join(f"{g:g}" for g in DEFAULT_GAMMAS),
                    help="γ values of the sweep (comma-separated; empty for none)")
-    p.add_argument("--policies", default="nereus,static,replan-all,uncalibrated",
-                   help="comma-separated: nereus, static, replan-all, uncalibrated, gamma=<g>; opt-in "
-                        "extensions: nereus+risk, nereus+grow, nereus+revisit")
+    p.add_argument("--policies", default="nereus,nereus-paper,static,replan-all,uncalibrated",
+                   help="comma-separated: nereus, nereus-paper (no state-loss risk pricing), static, replan-all, "
+                        "replan-all-paper, uncalibrated, gamma=<g>; opt-in extensions: nereus+grow, nereus+revisit")
     p.add_argument("--notice", type=float, default=0.0,
                    help="preemption notice in seconds before GPUs leave (AWS spot: 120; default 0: none)")
     p.add_argument("--seed", type=int, default=0, help="seed of noise, congestion and length noise")
@@ -70,7 +70,8 @@ def _policies(args) -> list[str]:
         if name not in names and float(g) != args.gamma:
             names.append(name)
     if not names:
-        raise ValueError("--policies is empty; valid: nereus, static, replan-all, uncalibrated, gamma=<g>")
+        raise ValueError("--policies is empty; valid: nereus, nereus-paper, static, replan-all, replan-all-paper, "
+                         "uncalibrated, gamma=<g>")
     return names
 
 

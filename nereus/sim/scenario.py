@@ -31,7 +31,8 @@ from nereus.spec.workload import WorkloadSpec
 __all__ = ["Scenario", "run_scenario", "DEFAULT_POLICIES", "DEFAULT_GAMMAS"]
 
 DEFAULT_GAMMAS = (0.0, 0.25, 1.0)
-DEFAULT_POLICIES = ("nereus", "static", "replan-all", "uncalibrated") + tuple(f"gamma={g:g}" for g in DEFAULT_GAMMAS)
+DEFAULT_POLICIES = ("nereus", "nereus-paper", "static", "replan-all", "uncalibrated") + tuple(
+    f"gamma={g:g}" for g in DEFAULT_GAMMAS)
 
 
 @dataclass(frozen=True)
