@@ -28,8 +28,8 @@ Enabled through ``ControllerConfig(risk=RiskModel(...))``; the simulator's contr
 it by default (``nereus-paper`` does not). Measured (benchmarks/bench_admission.py, 9 shipped
 traces x seeds 0-2, 4 h, no notice): 1.04x the paper's rule in throughput (geometric mean), restarts
 75 → 38; with a 2-minute notice identical to it (no unannounced loss, λ = 0). Before the transition
-planner learned drop and reload and host staging it was 0.97x on 6 runs: infeasible transitions
-held the redundant layouts back (docs/simulate.md, Results).
+planner learned drop and reload and host staging it was 0.97x on a 6-run subset (Bamboo/Oobleck
+p3): infeasible transitions held the redundant layouts back (docs/simulate.md, Results).
 
 The controller asks the planner for the fastest plan and, when that plan carries risk, also for the
 fastest plan with two replicas of every ``*.train`` model-stage on distinct nodes

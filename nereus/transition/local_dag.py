@@ -19,8 +19,8 @@ the caller passes ``reload_from`` (storage, or a live EMU of the model's ``*.tra
 target EMU is created by :func:`~nereus.transition.primitives.load` and the others by Extend from
 the copies already made, as a binary tree (each copy feeds at most two more), so storage is read
 once per model-stage. A ``*.train`` model-stage with no current replica stays infeasible.
-A model-stage whose Split fits neither in place nor relocated, or that is on a circular wait no
-drop can break, is *staged*: ``Offload`` copies a replica to host memory and frees the GPUs, then
+A model-stage whose Split fits neither in place nor relocated, or that is on a circular wait or
+memory block no drop can clear, is *staged*: ``Offload`` copies a replica to host memory and frees the GPUs, then
 ``Restore`` writes the target shards back (training state included; its logical state is kept in
 host memory in between, and other model-stages may use the freed GPUs meanwhile).
 The same shape serves *drop and reload*: a frozen or derived model-stage whose current EMUs block

@@ -13,8 +13,8 @@ A :class:`Primitive` is pure data. Its memory effect is given per GPU by two num
   parts of its target shards before dropping the rest);
 * ``mem_net[g]``: the change once it ended (negative for Destroy).
 
-Pre-conditions: every EMU in ``reads`` and ``consumes`` exists; an Extend's destination GPUs are not
-owned by another model-stage of the same stage. Post-conditions: ``consumes`` are gone and
+Pre-conditions: every EMU in ``reads`` and ``consumes`` exists; a primitive's ``acquires`` GPUs
+(Extend, Load and Restore destinations) are not owned by another model-stage of the same stage. Post-conditions: ``consumes`` are gone and
 ``produces`` exist. :func:`apply` checks and applies both on a :class:`TransitionState`.
 """
 
@@ -50,7 +50,7 @@ class Primitive:
         consumes: uids removed when it ends.
         produces: EMUs created when it ends.
         gpus: every GPU it touches (its own and its sources').
-        acquires: GPUs the model-stage newly occupies (Extend destinations).
+        acquires: GPUs the model-stage newly occupies (Extend, Load and Restore destinations).
         mem_hi: GPU → bytes, see the module docstring.
         mem_net: GPU → bytes, see the module docstring.
         groups: collective groups ``(gpus, recv_bytes_per_gpu)``: Split all-gathers, Merge reshards.
@@ -263,7 +263,8 @@ def stage(current: tuple[EMU, ...], target: tuple[EMU, ...]) -> tuple[Primitive,
     host memory (ours).
 
     For a Split that fits neither in place nor on free GPUs (the new, larger shards need room while
-    the old ones are still live), or two model-stages that would each wait for the other's GPUs:
+    the old ones are still live), two model-stages that would each wait for the other's GPUs, or a
+    memory block with nothing left to drop (``estimate.plan_dag``):
 
     * **Offload** copies one current replica, ``current[0]``, to the host memory of its nodes
       (device → host, every GPU its own shard over its PCIe link) and frees every current EMU:
