@@ -206,6 +206,13 @@ SMALL = GPUSpec(name="small", peak_flops=1e15, memory_bytes=40 * 2**30, hbm_band
                 scaleup_bandwidth=450e9, scaleout_bandwidth=50e9)
 
 
+def _swap(a: str, b: str, fixed: Candidate) -> tuple[Plan, Plan]:
+    """Single-GPU replicas of ``a`` on GPU 0 and ``b`` on GPU 1 trade places; ``fixed`` stays."""
+    def plan(ga, gb):
+        return Plan((Candidate(a, 1, 1, 1, gpus=(ga,)), Candidate(b, 1, 1, 1, gpus=(gb,)), fixed))
+    return plan(0, 1), plan(1, 0)
+
+
 def test_swap_blocked_by_memory_drops_the_frozen_copy_and_reloads_it_from_storage():
     """actor.generate moves GPU 0 → 1 while reward.infer moves 1 → 0; critic.train (1,8) holds
     ~13 GB on every GPU of a 40 GiB device, so neither GPU fits both copies and each Extend waits
@@ -214,9 +221,7 @@ def test_swap_blocked_by_memory_drops_the_frozen_copy_and_reloads_it_from_storag
     to sync from) is moved. By hand: Destroy 0.01 s; Extend 0.05 s setup + 16.06 GB over NVLink
     (450 GB/s) + 5 µs; Destroy 0.01 s; Load 2 s setup + 15.01 GB at 2 GB/s."""
     j = job(nodes=1, gpu=SMALL)
-    crit = Candidate("critic.train", 1, 8, 1, gpus=tuple(range(8)))
-    cur = Plan((Candidate("actor.generate", 1, 1, 1, gpus=(0,)), Candidate("reward.infer", 1, 1, 1, gpus=(1,)), crit))
-    tgt = Plan((Candidate("actor.generate", 1, 1, 1, gpus=(1,)), Candidate("reward.infer", 1, 1, 1, gpus=(0,)), crit))
+    cur, tgt = _swap("actor.generate", "reward.infer", Candidate("critic.train", 1, 8, 1, gpus=tuple(range(8))))
     est = estimate_transition(j, cur, tgt)
     assert est.feasible, est.reason
     assert [n.pid for n in est.dag.nodes] == ["destroy:reward.infer#0", "extend:actor.generate*0",
@@ -241,9 +246,7 @@ def test_swap_prefers_dropping_a_derived_copy_synced_from_its_train_model_stage(
     doubles its shard (29.6 GiB on GPU 0, plus the 15 GiB reference copy, over the 36 GiB usable),
     so the target does not fit even when the train state is staged through host memory."""
     j = job(nodes=1, gpu=SMALL)
-    train = Candidate("actor.train", 1, 8, 1, gpus=tuple(range(8)))
-    cur = Plan((Candidate("actor.infer", 1, 1, 1, gpus=(0,)), Candidate("reference.infer", 1, 1, 1, gpus=(1,)), train))
-    tgt = Plan((Candidate("actor.infer", 1, 1, 1, gpus=(1,)), Candidate("reference.infer", 1, 1, 1, gpus=(0,)), train))
+    cur, tgt = _swap("actor.infer", "reference.infer", Candidate("actor.train", 1, 8, 1, gpus=tuple(range(8))))
     est = estimate_transition(j, cur, tgt)
     assert est.feasible, est.reason
     assert est.reloads == {"actor.infer": "actor.train"}

@@ -136,6 +136,11 @@ def _pick_train_emu(train: list, target0, cluster):
     return min(train, key=lambda e: (-sum(cluster.node_of(g) in nodes for g in e.gpus), e.uid))
 
 
+def _held_bytes(initial: list, model_stage: str) -> int:
+    """Bytes the current EMUs of ``model_stage`` hold on GPUs."""
+    return sum(x.bytes_on(g) for x in initial if x.model_stage == model_stage for g in x.gpus)
+
+
 def _droppable(job: JobSpec, e: Infeasible, node: dict, initial: list, lost: list, names: set) -> list[str]:
     """Frozen/derived model-stages whose current EMUs block the DAG, cheapest to reload first.
 
@@ -158,8 +163,7 @@ def _droppable(job: JobSpec, e: Infeasible, node: dict, initial: list, lost: lis
     for ms in cands - set(lost):
         src = reload_source(job, ms, names)
         if src is not None and src not in lost:
-            held = sum(x.bytes_on(g) for x in initial if x.model_stage == ms for g in x.gpus)
-            out.append((src == STORAGE, held, ms))
+            out.append((src == STORAGE, _held_bytes(initial, ms), ms))
     return [ms for *_, ms in sorted(out)]
 
 
@@ -169,8 +173,7 @@ def _stageable(e: Infeasible, node: dict, initial: list, skip: set) -> str | Non
     its GPUs for the others first); the one holding the fewest bytes, None when all are ``skip``."""
     cands = {node[p].model_stage for p in e.blocked if p in node} - skip
     have = {x.model_stage for x in initial}
-    held = {ms: sum(x.bytes_on(g) for x in initial if x.model_stage == ms for g in x.gpus)
-            for ms in cands & have}
+    held = {ms: _held_bytes(initial, ms) for ms in cands & have}
     return min(held, key=lambda ms: (held[ms], ms)) if held else None
 
 

@@ -5,10 +5,11 @@ Source: paper §6.1-§6.2, DESIGN.md §4.6.
 1. State edges come from the local DAGs, plus one per cross-model-stage read: a Load that syncs
    weights from a ``*.train`` EMU ends before any primitive of the train model-stage consumes that
    EMU (buffer lifetime, as for Extend sources inside one model-stage).
-2. Ownership edges: an Extend onto GPU ``g`` follows every Destroy of a concurrent model-stage (same
-   stage) whose unit sits on ``g`` (or an Offload of one from ``g``; a Restore acquires like an Extend), so two concurrent model-stages never own one GPU. If they close
-   a cycle (the only Destroy that frees a GPU depends on the Extend waiting for it), the target is
-   infeasible.
+2. Ownership edges: a primitive that acquires GPU ``g`` (Extend, Load, Restore) follows every
+   Destroy or Offload of a concurrent model-stage (same stage) on ``g``, so two concurrent
+   model-stages never own one GPU. If they close a cycle (the only Destroy that frees a GPU depends
+   on the Extend waiting for it), this raises ``Infeasible(cycle=True)``; ``estimate.plan_dag``
+   then tries dropping or staging a model-stage on the cycle.
 3. A greedy, memory-aware list schedule: whenever a primitive ends, ready primitives start in
    priority order if their link ports are free and their peak fits every GPU they touch, counting
    running primitives at their peak (``mem_hi``) and ended ones at their net effect. Priority:
