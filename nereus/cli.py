@@ -2,12 +2,17 @@
 
 Each sub-command lives in its own module exposing ``add_arguments(parser)`` and ``main(args) -> int``
 (exit status); this file only wires them, so decision code and runtime code stay importable apart.
+
+Bad input never ends in a traceback: argparse errors and the ``ValueError``/``FileNotFoundError``
+that input validation raises (``docs/files.md``) print one line, ``nereus <command>: error: ...``,
+on stderr and exit with status 2.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 #: sub-command → (module, one-line help)
@@ -15,8 +20,15 @@ COMMANDS = {
     "plan": ("nereus.planner.cli", "fastest feasible plan for a job on a GPU pool"),
     "simulate": ("nereus.sim.cli", "trace-driven simulation of adaptive vs static policies"),
     "transition": ("nereus.transition.cli", "transition DAG and schedule between two plans"),
-    "run": ("nereus.runtime.cli", "RL steps on local Ray workers (fixed layouts, or --adaptive: the controller)"),
+    "run": ("nereus.runtime.cli", "RL steps on local Ray workers (fixed layouts, or --adaptive: the controller plans and replans)"),
 }
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error: ``nereus plan: error: ... (nereus plan --help lists the options)``."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} ({self.prog} --help lists the options)\n")
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -29,7 +41,7 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="nereus", description="Adaptive parallelism for LLM RL post-training (PPO, GRPO, ReMax).")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_) in COMMANDS.items():
@@ -52,9 +64,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args._module.main(args) or 0)
-    except ValueError as e:  # bad input: one clear line, non-zero exit
-        print(f"nereus {args.command}: error: {e}", file=sys.stderr)
+    except (ValueError, FileNotFoundError) as e:  # bad input: one clear line, exit status 2
+        msg = "; ".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
+        print(f"nereus {args.command}: error: {msg}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # output piped into `head`: stop quietly
+        try:
+            sys.stdout = open(os.devnull, "w")
+        except OSError:
+            pass
+        return 0
 
 
 if __name__ == "__main__":

@@ -247,3 +247,6 @@ def test_losing_every_frozen_replica_is_a_live_transition_but_losing_train_state
     ctl.observe(StepReport(0, 1000, POOL8))
     d = ctl.observe(StepReport(1, 1000, frozenset(range(4))))  # both actor.train replicas lost
     assert isinstance(d, Restart) and not d.checkpoint_first and "trainable" in d.reason and d.cause == "state_lost"
+    # the count is of GPUs lost (4-7 held both actor.train replicas), not the model-stage's size
+    assert d.reason.startswith("4 GPU(s) of the plan were lost (4-7), taking every replica of the trainable "
+                               "model-stage(s) actor.train")

@@ -89,7 +89,7 @@ def test_gpu_presets_carry_sources_and_units():
     assert h100.memory_bytes == 81559 * 2**20
     assert h100.scaleout_bandwidth == 50e9  # 400 Gb/s NDR, not 400 GB/s
     for name in ("h100", "h200", "a100", "mi250x"):
-        assert "cost-model.md" in get_gpu(name).source
+        assert "datasheet" in get_gpu(name).source or "per GCD" in get_gpu(name).source
 
 
 def test_workflows():

@@ -9,10 +9,12 @@ from nereus.planner.plan import Candidate, Plan
 
 
 def _write(tmp_path):
-    cur = Plan((Candidate("actor.generate", 1, 4, 2, gpus=tuple(range(8))),
-                Candidate("critic.train", 1, 4, 2, gpus=tuple(range(8, 16)))))
-    tgt = Plan((Candidate("actor.generate", 2, 4, 2, gpus=(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23)),
-                Candidate("critic.train", 1, 4, 4, gpus=tuple(range(8, 16)) + tuple(range(24, 32)))))
+    cur = Plan((Candidate("actor.generate", 1, 4, 2, concurrency=64, gpus=tuple(range(8))),
+                Candidate("critic.train", 1, 4, 2, micro_batch=4, grad_accum=32, gpus=tuple(range(8, 16)))))
+    tgt = Plan((Candidate("actor.generate", 2, 4, 2, concurrency=64,
+                          gpus=(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23)),
+                Candidate("critic.train", 1, 4, 4, micro_batch=4, grad_accum=16,
+                          gpus=tuple(range(8, 16)) + tuple(range(24, 32)))))
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     a.write_text(json.dumps({"plan": cur.to_dict()}))  # the `nereus plan --json` shape
     b.write_text(tgt.to_json())
@@ -43,9 +45,9 @@ def test_cli_infeasible_and_bad_input(tmp_path, capsys):
 
 
 def test_cli_prints_a_reload_from_storage(tmp_path, capsys):
-    train = (Candidate("actor.train", 2, 1, 2, gpus=(0, 1, 2, 3)),)
-    cur = Plan(train + (Candidate("reference.infer", 1, 1, 2, gpus=(14, 15)),))
-    tgt = Plan(train + (Candidate("reference.infer", 1, 1, 2, gpus=(6, 7)),))
+    train = (Candidate("actor.train", 2, 1, 2, micro_batch=4, grad_accum=32, gpus=(0, 1, 2, 3)),)
+    cur = Plan(train + (Candidate("reference.infer", 1, 1, 2, micro_batch=8, gpus=(14, 15)),))
+    tgt = Plan(train + (Candidate("reference.infer", 1, 1, 2, micro_batch=8, gpus=(6, 7)),))
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     a.write_text(cur.to_json())
     b.write_text(tgt.to_json())
@@ -53,7 +55,7 @@ def test_cli_prints_a_reload_from_storage(tmp_path, capsys):
     assert main(["transition", "--from", str(a), "--to", str(b), "--nodes", "2", "--pool", "8",
                  "--gantt", str(png)]) == 0
     out = capsys.readouterr().out
-    assert "reference.infer  lost -> (1, 1) x2" in out and "load x1" in out and "(reloaded from storage)" in out
+    assert "reference.infer  lost -> tp1 pp1 dp2 on GPUs 6-7" in out and "load x1" in out and "(reloaded from storage)" in out
     assert "load:reference.infer*0" in out and "storage -> 6" in out and png.stat().st_size > 1000
     assert main(["transition", "--from", str(a), "--to", str(b), "--nodes", "2", "--pool", "8", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)

@@ -37,6 +37,7 @@ from nereus.controller.monitor import Monitor, StepReport, Trigger
 from nereus.controller.planning import PlannerBackend, same_plan
 from nereus.controller.risk import LossRate, RiskModel
 from nereus.controller.transition_cost import estimate_transition_cost
+from nereus.planner.notation import format_gpus
 from nereus.planner.plan import Plan
 from nereus.spec.job import JobSpec
 
@@ -204,14 +205,18 @@ class Controller:
         try:
             best = self.best_plan(job, pool, self.plan, urgent)
         except ValueError as e:
-            diag = getattr(e, "diagnosis", "") or str(e)
+            diag = " ".join(str(e).split())  # the planner's message (``e.diagnosis`` is data, not prose)
             if urgent:
                 return Restart(None, f"urgent and no feasible plan on {len(pool)} GPUs: {diag}"[:400], names,
                                checkpoint_first=survives, cause="no_plan")
             return Keep(f"replanned: no feasible plan ({diag})"[:400], names)
         if lost and not survives:
-            return Restart(best, f"lost every replica of a trainable model-stage with "
-                           f"{len(self.plan.gpus_used() - alive)} GPUs; restore from checkpoint", names,
+            lost_gpus = sorted(self.plan.gpus_used() - alive)
+            gone = [c.model_stage for c in self.plan.candidates if c.model_stage.endswith(".train")
+                    and not any(set(c.replica_gpus(d)) <= alive for d in range(c.dp))]
+            return Restart(best, f"{len(lost_gpus)} GPU(s) of the plan were lost ({format_gpus(lost_gpus)}), "
+                           f"taking every replica of the trainable model-stage(s) {', '.join(gone) or '?'}; "
+                           "restore from checkpoint", names,
                            cause="state_lost")
         if not urgent and same_plan(best, self.plan):
             return Keep("replanned: the current plan is still the best", names)

@@ -15,6 +15,8 @@ import sys
 
 from nereus.cost.model import CostModel
 from nereus.planner.candidates import latency_frontier
+from nereus.planner.notation import format_candidate, format_gpus
+from nereus.planner.plan import Candidate
 from nereus.planner.search import NoFeasiblePlan, plan_job, search
 from nereus.spec import ClusterSpec, JobSpec, WorkloadSpec, get_gpu, get_model
 from nereus.spec.workload import ALGORITHMS, RECOMPUTE_MODES
@@ -25,12 +27,13 @@ GIB = 1024**3
 def add_job_arguments(p: argparse.ArgumentParser) -> None:
     """Options that describe a job (shared by plan, simulate and transition)."""
     g = p.add_argument_group("job")
-    g.add_argument("--job", metavar="FILE", help="job spec (.json/.yaml with model, cluster, workload); "
-                   "other job options override it")
+    g.add_argument("--job", metavar="FILE", help="job spec (.json/.yaml with model, cluster, workload; format in "
+                   "docs/files.md), or the output of `nereus plan --json`; other job options override it")
     g.add_argument("--model", default=None, help="model preset (llama-3.1-8b, llama-3.3-70b, qwen3-14b, "
-                   "qwen3-32b, tiny) or a Hugging Face config.json path [llama-3.1-8b]")
+                   "qwen3-32b, tiny), a Hugging Face config.json path or a directory holding one [llama-3.1-8b]")
     g.add_argument("--algo", choices=ALGORITHMS, default=None, help="RL algorithm [ppo]")
-    g.add_argument("--gpu", default=None, help="GPU preset: h100 (alias h100-sxm), h200, a100 (alias a100-80gb), mi250x [h100]")
+    g.add_argument("--gpu", default=None, help="GPU preset: h100 (alias h100-sxm), h200, a100 (alias a100-80gb), mi250x, cpu (one CPU worker "
+                   "process of `nereus run`) [h100]")
     g.add_argument("--nodes", type=int, default=None, help="nodes in the cluster [2]")
     g.add_argument("--gpus-per-node", type=int, default=None, help="GPUs per node [8]")
     g.add_argument("--prompt-len", type=int, default=None, help="prompt tokens [1024]")
@@ -54,8 +57,8 @@ def job_from_args(args) -> JobSpec:
         ValueError: unknown preset, bad count or a malformed job/config file.
     """
     base = JobSpec.from_file(args.job) if getattr(args, "job", None) else None
-    model = get_model(args.model) if args.model else (base.actor if base else get_model("llama-3.1-8b"))
-    gpu = get_gpu(args.gpu) if args.gpu else (base.cluster.gpu if base else get_gpu("h100"))
+    model = get_model(args.model) if args.model is not None else (base.actor if base else get_model("llama-3.1-8b"))
+    gpu = get_gpu(args.gpu) if args.gpu is not None else (base.cluster.gpu if base else get_gpu("h100"))
     nodes = args.nodes if args.nodes is not None else (base.cluster.num_nodes if base else 2)
     gpn = args.gpus_per_node if args.gpus_per_node is not None else (base.cluster.gpus_per_node if base else 8)
     wl = base.workload.to_dict() if base else WorkloadSpec().to_dict()
@@ -76,6 +79,10 @@ def job_from_args(args) -> JobSpec:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.epilog = ("terms: L_step is the predicted seconds of one RL step (the critical path through the "
+                "workflow's stages); throughput is response tokens generated per second (rollouts x response "
+                "length / L_step); peak GiB is the predicted peak memory per GPU, co-resident model-stages "
+                "included. Job file format: docs/files.md.")
     add_job_arguments(p)
     o = p.add_argument_group("planning")
     o.add_argument("--pool", type=int, default=None, help="GPUs available (P_gpu), taken node by node "
@@ -85,21 +92,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     out.add_argument("--json", action="store_true", help="print the plan (and job) as JSON")
     out.add_argument("--breakdown", action="store_true", help="memory terms and time per op class")
     out.add_argument("--frontier", action="store_true", help="each model-stage's latency-vs-GPUs frontier")
-
-
-def _ranges(gpus) -> str:
-    gs = sorted(gpus)
-    if not gs:
-        return "-"
-    out, start, prev = [], gs[0], gs[0]
-    for g in gs[1:] + [None]:
-        if g is not None and g == prev + 1:
-            prev = g
-            continue
-        out.append(f"{start}" if start == prev else f"{start}-{prev}")
-        if g is not None:
-            start = prev = g
-    return ",".join(out)
 
 
 def _print_plan(plan, job, breakdown: bool) -> None:
@@ -122,7 +114,7 @@ def _print_plan(plan, job, breakdown: bool) -> None:
             batch += f" a={c.grad_accum}"
         if c.recompute != "none":
             batch += f" rc={c.recompute}"
-        t.add_row(c.model_stage, str(c.tp), str(c.pp), str(c.dp), batch, _ranges(c.gpus),
+        t.add_row(c.model_stage, str(c.tp), str(c.pp), str(c.dp), batch, format_gpus(c.gpus),
                   f"{e.time:.2f}", f"{plan.peak_memory[c.model_stage] / GIB:.1f}")
     con.print(t)
     if breakdown:
@@ -139,10 +131,6 @@ def _print_plan(plan, job, breakdown: bool) -> None:
     con.print(f"L_step = [bold]{plan.l_step:.2f} s[/]   throughput = [bold]{plan.throughput:,.0f}[/] "
               f"response tokens/s   max GPU memory = {max(plan.gpu_memory.values()) / GIB:.1f} of "
               f"{plan.capacity / GIB:.1f} GiB allowed (device memory less headroom)")
-
-
-def args_headroom_pct(plan) -> str:
-    return "the"
 
 
 def _frontier(job, cost, pool_size, multi, as_json):
@@ -165,7 +153,9 @@ def _frontier(job, cost, pool_size, multi, as_json):
         for col in ("GPUs", "time (s)", "layout"):
             t.add_column(col)
         for pt in pts:
-            t.add_row(str(pt["gpus"]), f"{pt['time']:.2f}", f"tp{pt['tp']} pp{pt['pp']} dp{pt['dp']}")
+            t.add_row(str(pt["gpus"]), f"{pt['time']:.2f}", format_candidate(
+                Candidate(name, pt["tp"], pt["pp"], pt["dp"], micro_batch=pt["micro_batch"],
+                          concurrency=pt["concurrency"], recompute=pt["recompute"]), batch=True))
         con.print(t)
     return out
 

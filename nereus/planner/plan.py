@@ -17,7 +17,7 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-__all__ = ["Candidate", "StageEstimate", "Plan", "load_plan"]
+__all__ = ["Candidate", "StageEstimate", "Plan", "load_plan", "read_plan_document"]
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,8 @@ class Candidate:
                 self.recompute, self.concurrency)
 
     def short(self) -> str:
+        """Degrees and batch choices, ``tp2 pp1 dp2 b4 rc:full`` (with GPUs:
+        :func:`nereus.planner.notation.format_candidate`)."""
         s = f"tp{self.tp} pp{self.pp} dp{self.dp}"
         if self.micro_batch:
             s += f" b{self.micro_batch}"
@@ -187,21 +189,75 @@ class Plan:
         Raises:
             ValueError: missing ``candidates`` or a malformed candidate.
         """
-        if "candidates" not in d:
-            raise ValueError("plan JSON has no 'candidates' list")
-        cands = []
-        for c in d["candidates"]:
+        if not isinstance(d, dict):
+            raise ValueError(f"a plan must be a mapping with a 'candidates' list, got {d!r}"[:300])
+        if not isinstance(d.get("candidates"), list) or not d["candidates"]:
+            raise ValueError("plan JSON has no 'candidates' list (one entry per model-stage; docs/files.md)")
+        cands = [_candidate_from_dict(c) for c in d["candidates"]]
+        names = [c.model_stage for c in cands]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"plan lists model-stage(s) {dup} more than once")
+        for k in ("l_step", "throughput", "capacity"):
+            v = d.get(k, 0.0)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+                raise ValueError(f"plan field {k!r} must be a number >= 0, got {v!r}")
+        ests = {}
+        est_doc = d.get("estimates", {})
+        if not isinstance(est_doc, dict):
+            raise ValueError(f"plan field 'estimates' must map model-stage names to estimates, got {est_doc!r}"[:300])
+        for k, v in est_doc.items():
             try:
-                c = dict(c)
-                c["gpus"] = tuple(c.get("gpus", ()))
-                cands.append(Candidate(**c))
+                ests[k] = StageEstimate(**v)
             except TypeError as e:
-                raise ValueError(f"malformed candidate in plan JSON: {c!r}: {e}") from e
-        ests = {k: StageEstimate(**v) for k, v in d.get("estimates", {}).items()}
+                raise ValueError(f"plan field 'estimates' of {k!r} is malformed (valid keys: time, breakdown, "
+                                 f"memory, resident, transient): {v!r}"[:300]) from e
+        maps = {}
+        for k in ("peak_memory", "gpu_memory"):
+            v = d.get(k, {})
+            if not isinstance(v, dict) or not all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                   for x in v.values()):
+                raise ValueError(f"plan field {k!r} must map names or GPU ids to bytes, got {v!r}"[:300])
+            maps[k] = v
+        try:
+            gpu_memory = {int(k): v for k, v in maps["gpu_memory"].items()}
+        except ValueError as e:
+            raise ValueError(f"plan field 'gpu_memory' keys must be GPU ids, got {list(maps['gpu_memory'])[:5]}") from e
         return cls(candidates=tuple(cands), estimates=ests, l_step=float(d.get("l_step", 0.0)),
-                   peak_memory=dict(d.get("peak_memory", {})),
-                   gpu_memory={int(k): v for k, v in d.get("gpu_memory", {}).items()},
+                   peak_memory=dict(maps["peak_memory"]), gpu_memory=gpu_memory,
                    throughput=float(d.get("throughput", 0.0)), capacity=float(d.get("capacity", 0.0)))
+
+
+_CANDIDATE_INTS = ("tp", "pp", "dp", "micro_batch", "grad_accum", "concurrency")
+
+
+def _candidate_from_dict(c) -> Candidate:
+    """One candidate of a plan document, every field type-checked (``docs/files.md``)."""
+    if not isinstance(c, dict):
+        raise ValueError(f"a plan candidate must be a mapping (model_stage, tp, pp, dp, ...), got {c!r}"[:300])
+    known = set(Candidate.__dataclass_fields__)
+    unknown = sorted(str(k) for k in set(c) - known)
+    if unknown:
+        raise ValueError(f"plan candidate has unknown field(s) {unknown}; valid: {sorted(known)}")
+    ms = c.get("model_stage")
+    if not isinstance(ms, str) or "." not in ms:
+        raise ValueError(f"plan candidate field 'model_stage' must look like 'actor.train', got {ms!r}")
+    for k in ("tp", "pp", "dp"):
+        if k not in c:
+            raise ValueError(f"plan candidate {ms}: missing field {k!r}")
+    for k in _CANDIDATE_INTS:
+        v = c.get(k, 0)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise ValueError(f"plan candidate {ms}: field {k!r} must be an integer >= 0, got {v!r}")
+    rc = c.get("recompute", "none")
+    if rc not in ("none", "selective", "full"):
+        raise ValueError(f"plan candidate {ms}: field 'recompute' must be 'none', 'selective' or 'full', "
+                         f"got {rc!r}")
+    gpus = c.get("gpus", [])
+    if not isinstance(gpus, (list, tuple)) or not all(isinstance(g, int) and not isinstance(g, bool)
+                                                       for g in gpus):
+        raise ValueError(f"plan candidate {ms}: field 'gpus' must be a list of GPU ids, got {gpus!r}"[:300])
+    return Candidate(**(dict(c) | {"gpus": tuple(gpus)}))
 
 
 def load_plan(path: str | Path) -> Plan:
@@ -210,13 +266,37 @@ def load_plan(path: str | Path) -> Plan:
     Raises:
         ValueError: missing file or malformed JSON.
     """
+    return read_plan_document(path)[0]
+
+
+def read_plan_document(path: str | Path) -> tuple[Plan, dict | None]:
+    """Read a plan file: the plan and, when the document carries it (``nereus plan --json`` does),
+    its job as a mapping (build it with ``JobSpec.from_dict``). Format: ``docs/files.md``.
+
+    Raises:
+        ValueError: missing or unreadable file, malformed JSON, a document without a plan (an
+            infeasible ``nereus plan --json`` output says why), or a malformed field (named, with
+            the file).
+    """
     p = Path(path)
     if not p.is_file():
-        raise ValueError(f"plan file {str(p)!r} does not exist")
+        raise ValueError(f"plan file {str(p)!r} does not exist" + (" (it is a directory)" if p.is_dir() else ""))
     try:
         d = json.loads(p.read_text())
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"plan file {str(p)!r} is not valid JSON: {e}") from e
-    if isinstance(d, dict) and "plan" in d and isinstance(d["plan"], dict):
+    except OSError as e:
+        raise ValueError(f"plan file {str(p)!r} cannot be read: {e.strerror or e}") from e
+    job = None
+    if isinstance(d, dict) and d.get("feasible") is False:
+        raise ValueError(f"plan file {str(p)!r} holds no plan: nereus plan found none "
+                         f"({str(d.get('reason', '')).splitlines()[0] if d.get('reason') else 'no reason given'})")
+    if isinstance(d, dict) and "plan" in d:
+        job = d.get("job")
+        if job is not None and not isinstance(job, dict):
+            raise ValueError(f"plan file {str(p)!r}: field 'job' must be a job mapping, got {job!r}"[:300])
         d = d["plan"]
-    return Plan.from_dict(d)
+    try:
+        return Plan.from_dict(d), job
+    except ValueError as e:
+        raise ValueError(f"plan file {str(p)!r}: {e}") from e

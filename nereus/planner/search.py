@@ -307,6 +307,14 @@ def _diagnose_joint(cost: CostModel, fronts: dict, pool: int) -> str:
     rmin = sum(max(float(fronts[m.name].r.min()) for m in wf.in_stage(s)) for s in wf.stages)
     xmin = max(float(f.x.min()) for f in fronts.values())
     over = (rmin + xmin - cost.usable) / GIB
+    if need_gpus <= pool:  # enough GPUs for the smallest layouts: memory is what does not fit
+        total = sum(float((f.r * f.n).min()) for f in fronts.values())
+        return (f"no plan fits on {pool} GPU(s), and memory is the cause: the smallest layouts of each stage "
+                f"need {need_gpus} GPU(s), which the pool has, but each GPU must also hold the resident "
+                f"weights and optimizer state of every model-stage placed on it (at least {total / GIB:.1f} GiB "
+                f"over all model-stages, {total / pool / GIB:.1f} GiB per GPU on average, plus up to "
+                f"{xmin / GIB:.1f} GiB of activations or KV cache while one runs) and no placement keeps every "
+                f"GPU within {cost.usable / GIB:.1f} GiB usable; use more GPUs or GPUs with more memory")
     msg = (f"no plan fits on {pool} GPU(s): every model-stage fits alone, but together they need at least "
            f"{need_gpus} GPU(s) in one stage")
     if over > 0:

@@ -2,7 +2,7 @@
 
 All bandwidths are per direction, per GPU, in bytes/s; FLOP/s are dense bf16 tensor-core rates;
 ``memory_bytes`` is what the device reports (``nvidia-smi``), which is what allocations compete for.
-Sources are in ``../shared/reference/cost-model.md`` §5 and are carried on each preset.
+Each preset carries its sources (vendor datasheets, ``nvidia-smi``) in ``source``.
 
 GPU ids in a cluster are global integers ``0 .. N·G-1``; GPU ``i`` sits on node ``i // G``. A *pool*
 (``P_gpu``) is any subset of these ids.
@@ -51,6 +51,11 @@ class GPUSpec:
 
     def __post_init__(self) -> None:
         for f in ("peak_flops", "memory_bytes", "hbm_bandwidth", "scaleup_bandwidth",
+                  "scaleout_bandwidth", "gemm_half_flops", "scaleup_latency", "scaleout_latency"):
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise ValueError(f"GPU field {f!r} must be a number, got {v!r}")
+        for f in ("peak_flops", "memory_bytes", "hbm_bandwidth", "scaleup_bandwidth",
                   "scaleout_bandwidth"):
             v = getattr(self, f)
             if not (isinstance(v, (int, float)) and v > 0):
@@ -64,6 +69,37 @@ class GPUSpec:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, d) -> GPUSpec:
+        """A custom GPU from a mapping with at least :data:`GPU_REQUIRED` (``docs/files.md``).
+
+        Raises:
+            ValueError: not a mapping, a missing or unknown field, or a value of the wrong type.
+        """
+        if not isinstance(d, dict):
+            raise ValueError(f"cluster field 'gpu' must be a preset name ({', '.join(sorted(GPU_PRESETS))}) or "
+                             f"a mapping of GPU fields, got {d!r}")
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(str(k) for k in set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown GPU field(s) {unknown}; valid: {sorted(known)}")
+        missing = [k for k in GPU_REQUIRED if k not in d]
+        if missing:
+            raise ValueError(f"custom GPU {d.get('name', '?')!r} is missing field(s) {missing}; give a preset "
+                             f"name ({', '.join(sorted(GPU_PRESETS))}) or all of {list(GPU_REQUIRED)}")
+        for k, v in d.items():
+            if k in ("name", "scaleup_link", "scaleout_link", "source"):
+                if not isinstance(v, str):
+                    raise ValueError(f"GPU field {k!r} must be a string, got {v!r}")
+            elif isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise ValueError(f"GPU field {k!r} must be a number, got {v!r}")
+        if d["memory_bytes"] != int(d["memory_bytes"]):
+            raise ValueError(f"GPU field 'memory_bytes' must be a whole number of bytes, got {d['memory_bytes']!r}")
+        return cls(**(dict(d) | {"memory_bytes": int(d["memory_bytes"])}))
+
+
+#: fields a custom GPU must give (the others have defaults)
+GPU_REQUIRED = ("name", "peak_flops", "memory_bytes", "hbm_bandwidth", "scaleup_bandwidth", "scaleout_bandwidth")
 
 GPU_PRESETS: dict[str, GPUSpec] = {
     "h100": GPUSpec(
@@ -71,25 +107,23 @@ GPU_PRESETS: dict[str, GPUSpec] = {
         scaleup_bandwidth=450e9, scaleout_bandwidth=50e9,
         source="NVIDIA H100 SXM5 datasheet: 989.4 TFLOP/s dense bf16, 3.35 TB/s HBM3, NVLink4 900 GB/s "
                "bidirectional (450 per direction); nvidia-smi 81,559 MiB; ConnectX-7 NDR 400 Gb/s = 50 GB/s "
-               "per GPU (cost-model.md §5)"),
+               "per GPU"),
     "h200": GPUSpec(
         name="h200", peak_flops=989.4e12, memory_bytes=143771 * 1024**2, hbm_bandwidth=4.8e12,
         scaleup_bandwidth=450e9, scaleout_bandwidth=50e9,
         source="NVIDIA H200 datasheet: 141 GB HBM3e, 4.8 TB/s, 1,979 TFLOP/s sparse (989.4 dense); MLPerf "
-               "H200-SXM-141GBx8 system: 18x NVLink4 900 GB/s, 400G IB; nvidia-smi 143,771 MiB "
-               "(cost-model.md §5)"),
+               "H200-SXM-141GBx8 system: 18x NVLink4 900 GB/s, 400G IB; nvidia-smi 143,771 MiB"),
     "a100": GPUSpec(
         name="a100", peak_flops=312e12, memory_bytes=81920 * 1024**2, hbm_bandwidth=2.039e12,
         scaleup_bandwidth=300e9, scaleout_bandwidth=25e9,
         source="NVIDIA A100 SXM4 80GB datasheet: 312 TFLOP/s dense bf16, 2,039 GB/s HBM2e, NVLink3 600 GB/s "
-               "bidirectional; DGX A100 HDR 200 Gb/s = 25 GB/s per GPU; nvidia-smi 81,920 MiB "
-               "(cost-model.md §5)"),
+               "bidirectional; DGX A100 HDR 200 Gb/s = 25 GB/s per GPU; nvidia-smi 81,920 MiB"),
     "mi250x": GPUSpec(
         name="mi250x", peak_flops=191.5e12, memory_bytes=64 * 1000**3, hbm_bandwidth=1.6e12,
         scaleup_bandwidth=50e9, scaleout_bandwidth=12.5e9, scaleup_link="xgmi", scaleout_link="slingshot",
         source="AMD MI250X per GCD: 383 TFLOP/s bf16 per OAM / 2, 64 GB HBM2e and 1.6 TB/s per GCD; "
                "Infinity Fabric link 50 GB/s (cross-package, conservative; same-package GCD pair 200 GB/s); "
-               "Frontier 4x Slingshot-11 25 GB/s per node of 8 GCDs = 12.5 GB/s per GCD (cost-model.md §5)"),
+               "Frontier 4x Slingshot-11 25 GB/s per node of 8 GCDs = 12.5 GB/s per GCD"),
 }
 #: One CPU worker process of ``nereus run`` (one Ray actor, one thread). ASSUMED figures, not a
 #: datasheet: the runtime replaces ``peak_flops`` with a float32 matmul measured at start-up
@@ -113,7 +147,7 @@ def get_gpu(name: str) -> GPUSpec:
     Raises:
         ValueError: unknown name; lists the valid ones.
     """
-    key = name.lower()
+    key = name.lower() if isinstance(name, str) else None
     if key not in GPU_PRESETS:
         raise ValueError(f"unknown GPU {name!r}: use one of {sorted(GPU_PRESETS)}")
     return GPU_PRESETS[key]
@@ -180,7 +214,22 @@ class ClusterSpec:
         return {"gpu": self.gpu.name, "num_nodes": self.num_nodes, "gpus_per_node": self.gpus_per_node}
 
     @classmethod
-    def from_dict(cls, d: dict) -> ClusterSpec:
+    def from_dict(cls, d) -> ClusterSpec:
+        """Build from ``{"gpu": preset | mapping, "num_nodes": int, "gpus_per_node": int}``.
+
+        Raises:
+            ValueError: not a mapping, a missing or unknown field, or a bad value (named).
+        """
+        fields = ("gpu", "num_nodes", "gpus_per_node")
+        if not isinstance(d, dict):
+            raise ValueError(f"job section 'cluster' must be a mapping with {list(fields)}, got {d!r}")
+        unknown = sorted(str(k) for k in set(d) - set(fields))
+        if unknown:
+            raise ValueError(f"unknown cluster field(s) {unknown}; valid: {list(fields)}")
+        missing = [k for k in fields if k not in d]
+        if missing:
+            raise ValueError(f"cluster is missing field(s) {missing}; a cluster needs {list(fields)}, e.g. "
+                             '{"gpu": "h100", "num_nodes": 2, "gpus_per_node": 8}')
         gpu = d["gpu"]
-        gpu = get_gpu(gpu) if isinstance(gpu, str) else GPUSpec(**gpu)
+        gpu = get_gpu(gpu) if isinstance(gpu, str) else GPUSpec.from_dict(gpu)
         return cls(gpu=gpu, num_nodes=d["num_nodes"], gpus_per_node=d["gpus_per_node"])

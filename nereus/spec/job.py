@@ -1,5 +1,8 @@
 """A job: the models of an RL run, the cluster, and the workload; loadable from JSON or YAML.
 
+The file format is documented in ``docs/files.md``; every malformed field raises a ValueError that
+names the field, the value and what is valid.
+
 The actor and reference share the actor's shapes; the critic and reward model use the same backbone
 with a scalar value head unless given explicitly (the paper's setting: "the actor, reference, reward,
 and (when present) critic models have equal size").
@@ -18,6 +21,8 @@ from nereus.spec.workload import WorkloadSpec
 __all__ = ["JobSpec"]
 
 MODEL_ROLES = ("actor", "critic", "reference", "reward")
+#: sections of a job document (``docs/files.md``)
+JOB_SECTIONS = ("model", "cluster", "workload")
 
 
 @dataclass(frozen=True)
@@ -72,15 +77,30 @@ class JobSpec:
         Raises:
             ValueError: a missing section or a malformed field.
         """
+        if not isinstance(d, dict):
+            raise ValueError(f"a job must be a mapping with sections {list(JOB_SECTIONS)}, got {d!r}")
+        if "job" in d and ("plan" in d or "feasible" in d):  # the output of `nereus plan --json`
+            d = d["job"]
+            if not isinstance(d, dict):
+                raise ValueError(f"the plan document's 'job' must be a mapping, got {d!r}")
+        unknown = sorted(str(k) for k in set(d) - set(JOB_SECTIONS))
+        if unknown:
+            raise ValueError(f"unknown job section(s) {unknown}; valid: {list(JOB_SECTIONS)}")
         for k in ("model", "cluster"):
             if k not in d:
-                raise ValueError(f"job spec is missing section {k!r}")
+                raise ValueError(f"job spec is missing section {k!r} (sections: {list(JOB_SECTIONS)}; "
+                                 "docs/files.md)")
         m = d["model"]
         if isinstance(m, str):
             actor = get_model(m)
+        elif isinstance(m, dict):
+            name = m.get("name", "custom")
+            if not isinstance(name, str):
+                raise ValueError(f"model field 'name' must be a string, got {name!r}")
+            actor = ModelSpec.from_hf_config({k: v for k, v in m.items() if k != "name"}, name=name)
         else:
-            m = dict(m)
-            actor = ModelSpec.from_hf_config(m, name=m.get("name", "custom"))
+            raise ValueError(f"job section 'model' must be a preset name or a mapping of config.json fields, "
+                             f"got {m!r}")
         return cls(actor=actor, cluster=ClusterSpec.from_dict(d["cluster"]),
                    workload=WorkloadSpec.from_dict(d.get("workload", {})))
 
@@ -88,13 +108,18 @@ class JobSpec:
     def from_file(cls, path: str | Path) -> JobSpec:
         """Load a job from a ``.json`` or ``.yaml`` file.
 
+        The output of ``nereus plan --json`` is accepted too (it carries its job under ``"job"``).
+
         Raises:
             ValueError: missing file or a malformed document.
         """
         p = Path(path)
         if not p.is_file():
             raise ValueError(f"job file {str(p)!r} does not exist")
-        text = p.read_text()
+        try:
+            text = p.read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"job file {str(p)!r} cannot be read as text: {e}") from e
         if p.suffix in (".yaml", ".yml"):
             import yaml
 

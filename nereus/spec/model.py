@@ -4,7 +4,8 @@ A :class:`ModelSpec` holds the shapes of a Llama-architecture decoder (RMSNorm, 
 attention, SwiGLU; Qwen3 adds per-head q/k RMSNorm). Everything the cost model and the runtime need
 (parameter counts, KV-cache bytes per token, FLOPs per token) is derived from these shapes.
 
-Formulas (``../shared/reference/cost-model.md`` §2.1, §2.4):
+Formulas (standard transformer accounting; Narayanan et al., "Efficient Large-Scale Language Model
+Training on GPU Clusters Using Megatron-LM", SC'21, §3; vLLM's KV-cache block size):
 
 * parameters of one layer: ``2·h·(a·d) + 2·h·(g·d) + 3·h·F + 2·h`` (+ ``2·d`` for q/k norms),
   with h hidden size, a query heads, g KV heads, d head dim, F intermediate size;
@@ -12,8 +13,12 @@ Formulas (``../shared/reference/cost-model.md`` §2.1, §2.4):
 * KV-cache bytes per token: ``2·L·g·d·dtype_bytes`` (vLLM ``CacheEngine.get_cache_block_size``);
   Llama-3.1-8B in bf16 gives 131,072.
 
-Presets carry the shapes published on the models' Hugging Face pages
-(``../shared/reference/model-configs.md``).
+Presets carry the shapes published in the models' ``config.json`` on Hugging Face
+(meta-llama/Llama-3.1-8B, meta-llama/Llama-3.3-70B-Instruct, Qwen/Qwen3-14B, Qwen/Qwen3-32B).
+
+A config file is validated field by field (``docs/files.md``): integers must be JSON integers,
+booleans JSON booleans (``"false"`` is refused, not read as true), and every error names the field,
+the value and what is valid.
 """
 
 from __future__ import annotations
@@ -24,6 +29,13 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["ModelSpec", "MODEL_PRESETS", "get_model", "value_head_variant"]
+
+
+#: config.json fields read as positive integers, booleans and positive numbers
+_INT_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size",
+               "num_key_value_heads", "head_dim", "max_position_embeddings")
+_BOOL_FIELDS = ("tie_word_embeddings",)
+_FLOAT_FIELDS = ("rope_theta", "rms_norm_eps")
 
 
 def _require_positive_int(name: str, value: Any) -> None:
@@ -104,10 +116,22 @@ class ModelSpec:
         if missing:
             raise ValueError(f"config.json is missing required field(s) {missing}; "
                              f"a Llama-style config needs {list(required)}")
+        for k in _INT_FIELDS:
+            if config.get(k) is not None:
+                _require_positive_int(k, config[k])
+        for k in _BOOL_FIELDS:
+            if k in config and not isinstance(config[k], bool):
+                raise ValueError(f"model field {k!r} must be a JSON boolean (true or false), got "
+                                 f"{config[k]!r}")
+        for k in _FLOAT_FIELDS:
+            v = config.get(k)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0):
+                raise ValueError(f"model field {k!r} must be a number > 0, got {v!r}")
+        if "model_type" in config and not isinstance(config["model_type"], str):
+            raise ValueError(f"model field 'model_type' must be a string such as 'llama' or 'qwen3', "
+                             f"got {config['model_type']!r}")
         heads = config["num_attention_heads"]
         hidden = config["hidden_size"]
-        _require_positive_int("num_attention_heads", heads)
-        _require_positive_int("hidden_size", hidden)
         head_dim = config.get("head_dim")
         if head_dim is None:
             if hidden % heads != 0:
@@ -121,14 +145,14 @@ class ModelSpec:
             intermediate_size=config["intermediate_size"],
             num_layers=config["num_hidden_layers"],
             num_attention_heads=heads,
-            num_kv_heads=config.get("num_key_value_heads", heads),
+            num_kv_heads=config.get("num_key_value_heads") or heads,
             head_dim=head_dim,
             vocab_size=config["vocab_size"],
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             qk_norm=model_type.startswith("qwen3"),
-            rope_theta=float(config.get("rope_theta", 10000.0)),
-            max_position_embeddings=int(config.get("max_position_embeddings", 4096)),
-            rms_norm_eps=float(config.get("rms_norm_eps", 1e-5)),
+            rope_theta=float(config.get("rope_theta") or 10000.0),
+            max_position_embeddings=int(config.get("max_position_embeddings") or 4096),
+            rms_norm_eps=float(config.get("rms_norm_eps") or 1e-5),
         )
 
     @classmethod
@@ -139,13 +163,19 @@ class ModelSpec:
             ValueError: the file is missing, is not JSON, or lacks a required field.
         """
         p = Path(path)
+        if p.is_dir():
+            if not (p / "config.json").is_file():
+                raise ValueError(f"model directory {str(p)!r} holds no config.json")
+            p = p / "config.json"
         if not p.is_file():
             raise ValueError(f"model config file {str(p)!r} does not exist")
         try:
             cfg = json.loads(p.read_text())
-        except json.JSONDecodeError as e:
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ValueError(f"model config file {str(p)!r} is not valid JSON: {e}") from e
-        return cls.from_hf_config(cfg, name=p.stem if p.stem != "config" else p.parent.name or "custom")
+        except OSError as e:
+            raise ValueError(f"model config file {str(p)!r} cannot be read: {e.strerror or e}") from e
+        return cls.from_hf_config(cfg, name=p.stem if p.stem != "config" else p.parent.resolve().name or "custom")
 
     def to_hf_config(self) -> dict:
         """The Hugging Face ``config.json`` fields of this spec."""
@@ -229,8 +259,8 @@ class ModelSpec:
     def fwd_flops_per_token(self, context: float = 0.0, causal: bool = True) -> float:
         """Forward FLOPs per token: ``2·N_gemm`` plus attention ``4·L·a·d·context`` (halved if causal).
 
-        ``N_gemm`` excludes the input embedding (a lookup) and includes the head (PaLM convention,
-        cost-model.md §2.1). ``context`` is the number of keys a query attends to (the sequence
+        ``N_gemm`` excludes the input embedding (a lookup) and includes the head (PaLM convention:
+        Chowdhery et al. 2022, appendix B). ``context`` is the number of keys a query attends to (the sequence
         length for training; the current cache length for decode).
         """
         n_gemm = self.num_layers * self.gemm_params_per_layer + self.hidden_size * self.head_out_dim
@@ -255,8 +285,7 @@ def _preset(name: str, **kw: Any) -> ModelSpec:
     return ModelSpec(name=name, **kw)
 
 
-#: Published shapes (Hugging Face config.json; ``../shared/reference/model-configs.md``), plus tiny
-#: models for CPU runs.
+#: Published shapes (the models' Hugging Face config.json), plus a tiny model for CPU runs.
 MODEL_PRESETS: dict[str, ModelSpec] = {
     "llama-3.1-8b": _preset("llama-3.1-8b", hidden_size=4096, intermediate_size=14336, num_layers=32,
                             num_attention_heads=32, num_kv_heads=8, head_dim=128, vocab_size=128256,
@@ -281,11 +310,14 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
 
 
 def get_model(name_or_path: str) -> ModelSpec:
-    """A preset by name (case-insensitive) or a ``config.json`` path.
+    """A preset by name (case-insensitive), a ``config.json`` path, or a directory holding one.
 
     Raises:
         ValueError: unknown preset and no such file; lists the valid presets.
     """
+    if not isinstance(name_or_path, str) or not name_or_path.strip():
+        raise ValueError(f"model must be a preset name ({', '.join(sorted(MODEL_PRESETS))}) or a path to a "
+                         f"Hugging Face config.json (or its directory), got {name_or_path!r}")
     key = name_or_path.lower()
     if key in MODEL_PRESETS:
         return MODEL_PRESETS[key]

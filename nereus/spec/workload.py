@@ -1,6 +1,6 @@
 """The RL workload: algorithm, batch sizes, lengths, precision and recompute options.
 
-Batch terms (DESIGN.md §2, the field's usual meaning):
+Batch terms (the field's usual meaning, as in Megatron-LM and verl):
 
 * global batch: ``prompts_per_step · samples_per_prompt`` sequences trained on per RL step;
 * mini-batch: ``mini_batch_size`` sequences per optimizer update (global, across DP);
@@ -39,7 +39,7 @@ class WorkloadSpec:
         reward_model: whether ``reward.infer`` runs a reward model (else a rule-based reward on CPU).
         asynchronous: overlap generation of step k+1 with training of step k (one-step off-policy).
         param_bytes, grad_bytes: bytes per parameter of weights and gradients (bf16 weights, fp32
-            main gradients as Megatron keeps them; cost-model.md §2.3).
+            main gradients as Megatron keeps them).
         optimizer_bytes: Adam state per parameter (fp32 master, exp_avg, exp_avg_sq = 12).
         kv_bytes: bytes per KV-cache element (bf16 = 2).
 
@@ -76,6 +76,10 @@ class WorkloadSpec:
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise ValueError(f"workload field {f!r} must be a positive integer, got {v!r}")
+        for f in ("reward_model", "asynchronous"):
+            if not isinstance(getattr(self, f), bool):
+                raise ValueError(f"workload field {f!r} must be a JSON boolean (true or false), got "
+                                 f"{getattr(self, f)!r}")
         if self.global_batch % self.mini_batch_size != 0:
             raise ValueError(
                 f"workload field 'mini_batch_size'={self.mini_batch_size} must divide the global batch "
@@ -113,9 +117,16 @@ class WorkloadSpec:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> WorkloadSpec:
+    def from_dict(cls, d) -> WorkloadSpec:
+        """Build from a mapping of the fields above; missing fields take their defaults.
+
+        Raises:
+            ValueError: not a mapping, an unknown field, or a bad value (named).
+        """
+        if not isinstance(d, dict):
+            raise ValueError(f"job section 'workload' must be a mapping of workload fields, got {d!r}")
         known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(d) - known)
+        unknown = sorted(str(k) for k in set(d) - known)
         if unknown:
             raise ValueError(f"unknown workload field(s) {unknown}; valid: {sorted(known)}")
         return cls(**d)

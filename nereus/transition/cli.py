@@ -1,7 +1,9 @@
 """Transition DAG and schedule between two plans (``nereus transition --from A.json --to B.json``).
 
-Reads plans as ``nereus plan --json`` writes them (a ``{"job", "plan"}`` document or a bare plan);
-the job comes from ``--job``/job options, else from the ``--from`` document, else the defaults.
+Reads plans as ``nereus plan --json`` writes them (a ``{"job", "plan"}`` document or a bare plan;
+``docs/files.md``); the job comes from ``--job``/job options, else from the jobs inside the plan files
+(which must agree; the larger cluster gives the GPU ids, so ``--nodes 2`` -> ``--nodes 4`` works),
+else the defaults. Both plans are checked against their jobs before anything is scheduled.
 Prints the primitives with their schedule (a Load names its source: storage or a train EMU), the cross-model-stage edges, ``L_tran`` and the bytes
 moved against the minimum; ``--gantt`` writes a PNG, ``--json`` prints everything as JSON,
 ``--exact`` also solves the schedule with CP-SAT for comparison.
@@ -11,10 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 from nereus.planner.cli import add_job_arguments, job_from_args
-from nereus.planner.plan import load_plan
+from nereus.planner.notation import format_candidate, format_gpus
+from nereus.planner.plan import Plan, read_plan_document
+from nereus.planner.validate import check_plan, check_same_job
 from nereus.spec.job import JobSpec
 
 __all__ = ["add_arguments", "main"]
@@ -40,23 +43,43 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     o.add_argument("--json", action="store_true", help="print the estimate, DAG and schedule as JSON")
 
 
-def _job(args) -> JobSpec:
-    if any(getattr(args, k, None) is not None for k in _JOB_OPTS):
-        return job_from_args(args)
+def _job_of(doc: dict | None, path: str) -> JobSpec | None:
+    if doc is None:
+        return None
     try:
-        doc = json.loads(Path(args.from_plan).read_text())
-    except (OSError, json.JSONDecodeError):
-        doc = {}
-    if isinstance(doc, dict) and isinstance(doc.get("job"), dict):
-        return JobSpec.from_dict(doc["job"])
-    return job_from_args(args)
+        return JobSpec.from_dict(doc)
+    except ValueError as e:
+        raise ValueError(f"plan file {path!r}: its job: {e}") from e
 
 
-def _gpus(gs) -> str:
-    gs = list(gs)
-    if gs and gs == list(range(gs[0], gs[0] + len(gs))):
-        return f"{gs[0]}-{gs[-1]}" if len(gs) > 1 else str(gs[0])
-    return ",".join(map(str, gs))
+def plans_and_job(args) -> tuple[Plan, Plan, JobSpec]:
+    """Both plans and the job to plan the transition in, every one checked (``docs/files.md``).
+
+    The job: the job options (``--job``, ``--model``, ``--nodes``...) when any is given; else the
+    jobs the plan files carry (``nereus plan --json`` writes them), which must describe one job
+    (same model, workload and GPU type; lengths and node counts may differ), the one with the larger
+    cluster giving the GPU ids (so growing 16 -> 32 GPUs works); else the defaults. Each plan is
+    checked against its own job and against the chosen one.
+
+    Raises:
+        ValueError: a missing or malformed file, an illegal plan, or plans of different jobs.
+    """
+    current, cur_doc = read_plan_document(args.from_plan)
+    target, tgt_doc = read_plan_document(args.to_plan)
+    labels = (f"current plan ({args.from_plan})", f"target plan ({args.to_plan})")
+    own = (_job_of(cur_doc, args.from_plan), _job_of(tgt_doc, args.to_plan))
+    if any(getattr(args, k, None) is not None for k in _JOB_OPTS):
+        job = job_from_args(args)
+    elif own[0] and own[1]:
+        check_same_job(own[0], own[1], *labels)
+        job = own[1] if own[1].cluster.num_gpus > own[0].cluster.num_gpus else own[0]
+    else:
+        job = own[0] or own[1] or job_from_args(args)
+    for plan, j, label in ((current, own[0], labels[0]), (target, own[1], labels[1])):
+        if j is not None and j is not job:
+            check_plan(plan, j, label, complete=False)
+        check_plan(plan, job, label, complete=False)
+    return current, target, job
 
 
 def main(args) -> int:
@@ -67,8 +90,7 @@ def main(args) -> int:
     """
     from nereus.transition.estimate import estimate_transition
 
-    current, target = load_plan(args.from_plan), load_plan(args.to_plan)
-    job = _job(args)
+    current, target, job = plans_and_job(args)
     pool = None
     if args.pool is not None:
         if not 0 < args.pool <= job.cluster.num_gpus:
@@ -100,30 +122,35 @@ def main(args) -> int:
     if not est.feasible:
         print(f"infeasible: {est.reason}")
         return 1
+    c = job.cluster
+    print(f"job: {job.actor.name} {job.workload.algorithm.upper()} on {c.num_gpus} x {c.gpu.name} "
+          f"({c.num_nodes} node(s) x {c.gpus_per_node}); pool: "
+          + (f"GPUs 0-{args.pool - 1}" if args.pool is not None else f"all {c.num_gpus} GPUs"))
     print(f"transition: {est.num_primitives} primitives, L_tran = {est.l_tran:.3f} s "
           f"(critical path without link contention {est.critical_path_s:.3f} s)")
+    print("L_tran: predicted seconds from the first primitive's start to the last one's end (the schedule's "
+          "makespan)")
     print(f"bytes moved: {est.bytes_moved / GB:.2f} GB (minimum any transition moves: {est.min_bytes / GB:.2f} GB)")
     print("\nlocal DAGs (Split -> Destroy -> Extend -> Merge; Load when every replica was lost):")
     for ld in est.dag.local:
         cur = [e for e in est.dag.initial if e.model_stage == ld.model_stage]
-        tgt = [e for e in est.dag.target if e.model_stage == ld.model_stage]
         kinds = [n.kind for n in ld.nodes]
         counts = ", ".join(f"{k} x{kinds.count(k)}" for k in ("split", "destroy", "extend", "load", "merge", "offload", "restore")
                            if k in kinds)
-        was = f"{cur[0].layout} x{len(cur)}" if cur else "lost"
+        was = format_candidate(current[ld.model_stage], "GPUs") if cur else "lost"
         src = (est.reloads or {}).get(ld.model_stage)
         how = f" (reloaded from {src})" if src else ""
-        print(f"  {ld.model_stage:16s} {was} -> {tgt[0].layout} x{len(tgt)}  "
+        print(f"  {ld.model_stage:16s} {was} -> {format_candidate(target[ld.model_stage], 'GPUs')}  "
               f"T_sub {ld.t_sub}: {counts or 'unchanged'}{how}")
     s = est.schedule
     print(f"\n{'start s':>8} {'end s':>8}  {'primitive':40s} {'GPUs':24s} {'GB':>8}")
     for n in est.dag.nodes:
         if n.kind == "extend":
-            g = f"{_gpus(n.gpus[:len(n.gpus) // 2])} -> {_gpus(n.acquires)}"
+            g = f"{format_gpus(n.gpus[:len(n.gpus) // 2])} -> {format_gpus(n.acquires)}"
         elif n.kind == "load":
-            g = f"{n.source} -> {_gpus(n.acquires)}"
+            g = f"{n.source} -> {format_gpus(n.acquires)}"
         else:
-            g = _gpus(n.gpus)
+            g = format_gpus(n.gpus)
         mark = " *" if n.pid in s.critical_path else ""
         print(f"{s.start[n.pid]:8.3f} {s.end[n.pid]:8.3f}  {n.pid:40s} {g[:24]:24s} {n.bytes_moved / GB:8.2f}{mark}")
     cross = [(a, b, k) for a, b, k in est.dag.edges if k != "state"]

@@ -11,7 +11,9 @@ Time of one primitive, seconds::
     Extend  setup + max over rank pairs        (bytes / B + α)
     Destroy teardown
     Load    from storage:   load_setup + max over nodes (bytes landing on the node / storage_bandwidth)
-            from a train EMU: setup + max over source GPUs (bytes it sends / B + α)   weight sync
+            from a train EMU: setup + max over source GPUs (bytes it sends / B + α)   weight sync;
+            a destination GPU that holds the train EMU copies its shard locally: 2·bytes / HBM
+            (device-to-device copy reads and writes every byte; no link, no setup when all local)
     Offload host_setup + max over the staged replica's GPUs (bytes / H)      device → host
     Restore max over target GPUs (bytes / H_g)                               host → device
             H = ``host_bandwidth`` (PCIe); H_g = min(H, scale-out bandwidth) for a target GPU on a
@@ -109,6 +111,10 @@ def duration(p: Primitive, cluster: ClusterSpec, params: CostParams = CostParams
         for s, d, b in p.pairs:
             bw, lat, _ = _link(cluster, (s, d))
             sent[s] = sent.get(s, 0.0) + b / bw + lat
+        received = {d for _, d, _ in p.pairs}
+        for g, b in p.mem_net.items():  # local copies on GPUs that hold the train EMU
+            if g not in received and b > 0:
+                sent[g] = sent.get(g, 0.0) + 2.0 * b / cluster.gpu.hbm_bandwidth
         return (_setup(cluster, p.gpus, params) if p.pairs else 0.0) + max(sent.values(), default=0.0)
     if p.kind == "offload":
         return params.host_setup_s + max((b / params.host_bandwidth for _, _, b in p.pairs), default=0.0)
