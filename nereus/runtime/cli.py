@@ -1,16 +1,24 @@
-"""RL steps on local Ray workers with a fixed layout per model-stage (``nereus run``).
+"""RL steps on local Ray workers: a fixed layout per model-stage, or with --adaptive the controller's plans.
 
 Prints one line per step (reward, losses, KL, seconds) and the measurements the controller
 calibrates from. With ``--adaptive`` the controller (the one ``nereus simulate`` drives) chooses
 the plan and changes it between steps (``nereus.runtime.adaptive``).
+
+Everything is checked before Ray starts (:func:`check_args`, :func:`check_memory`): counts and
+rates, the pool schedule against the workers alive at each step, the layouts against the model,
+and the memory of the chosen layout (or, with ``--adaptive``, of the smallest plan) against the
+per-worker budget with the cost model's breakdown. Errors exit with status 2.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 
-__all__ = ["add_arguments", "main", "DEFAULT_LAYOUTS"]
+from nereus.planner.notation import format_plan
+
+__all__ = ["add_arguments", "main", "DEFAULT_LAYOUTS", "check_args", "check_pool_schedule", "check_memory"]
 
 #: used when at least 4 workers are given: a different layout per model-stage
 DEFAULT_LAYOUTS = {"actor.generate": (1, 1, 2), "actor.infer": (2, 1, 1), "reference.infer": (1, 2, 1),
@@ -19,35 +27,167 @@ DEFAULT_LAYOUTS = {"actor.generate": (1, 1, 2), "actor.infer": (2, 1, 1), "refer
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--model", default="tiny", help="model preset or config.json path")
+    p.epilog = ("terms: a layout tp,pp,dp is tensor, pipeline and data parallel degrees (tp*pp*dp workers); "
+                "plans print as 'tp2 pp1 dp2 on workers 0-3'; L_tran is the predicted seconds of a transition "
+                "between plans; γ (--gamma) is the payback margin: a new plan is adopted when its saving over "
+                "the expected horizon H exceeds (1+γ)·L_tran.")
+    p.add_argument("--model", default="tiny", help="model preset, or a Hugging Face config.json path or directory")
     p.add_argument("--algo", "--algorithm", dest="algorithm", default="ppo", choices=["ppo", "grpo", "remax"],
                    help="RL algorithm")
-    p.add_argument("--steps", type=int, default=5, help="RL steps")
+    p.add_argument("--steps", type=int, default=5, help="RL steps (>= 1)")
     p.add_argument("--workers", type=int, default=4, help="Ray workers (one per device)")
-    p.add_argument("--task", default="reverse", choices=["reverse", "add"])
-    p.add_argument("--digits", type=int, default=3, help="digits per operand of the task")
+    p.add_argument("--task", default="reverse", choices=["reverse", "add"],
+                   help="built-in verifiable task: reverse the digits, or add two numbers")
+    p.add_argument("--digits", type=int, default=3, help="digits per operand of the task (1-8)")
     p.add_argument("--prompts", type=int, default=8, help="prompts per step")
     p.add_argument("--samples", type=int, default=4, help="samples per prompt")
     p.add_argument("--mini-batch", type=int, default=16, help="sequences per optimizer update")
     p.add_argument("--micro-batch", type=int, default=4, help="per-replica micro-batch b")
-    p.add_argument("--ppo-epochs", type=int, default=1)
+    p.add_argument("--ppo-epochs", type=int, default=1, help="passes over each step's batch (optimizer epochs)")
     p.add_argument("--lr", type=float, default=1e-3, help="actor (and critic) learning rate")
-    p.add_argument("--kl-coef", type=float, default=0.0)
-    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--kl-coef", type=float, default=0.0,
+                   help="weight of the KL penalty against the reference model (0: none)")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of rollouts (> 0)")
     p.add_argument("--reward-model", action="store_true", help="score with a reward model stage")
     p.add_argument("--layout", action="append", default=[], metavar="STAGE=TP,PP,DP",
                    help="layout of one model-stage, e.g. actor.train=2,1,2 (repeatable); default: "
                         "all 1,1,1 below 4 workers, else a different layout per model-stage")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the task's prompts, sampling and initial weights")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds before a collective gives up")
     p.add_argument("--json", default=None, help="write per-step metrics and measurements here")
     p.add_argument("--adaptive", action="store_true",
                    help="let the controller choose and change the plan between steps (ignores --layout)")
     p.add_argument("--pool-schedule", default=None, metavar="STEP:-N,STEP:+N",
                    help="with --adaptive: N workers leave (-) or join (+) just before 0-based step STEP")
-    p.add_argument("--memory-gib", type=float, default=2.0, help="with --adaptive: per-worker memory budget "
-                                                                 "the cost model plans with")
-    p.add_argument("--gamma", type=float, default=0.5, help="with --adaptive: the controller's payback margin")
+    p.add_argument("--memory-gib", type=float, default=2.0, help="per-worker memory budget the cost model checks "
+                                                                 "the layout against (and plans with, --adaptive)")
+    p.add_argument("--gamma", type=float, default=0.5, help="with --adaptive: the controller's payback margin γ "
+                                                            "in [0, 1]")
+    p.add_argument("--verbose", action="store_true",
+                   help="also print the assumed device model and Ray's own log lines")
+
+
+def check_args(args) -> None:
+    """Counts, rates and the pool schedule, before anything is built.
+
+    Raises:
+        ValueError: naming the option, the value and what is valid.
+    """
+    for opt in ("steps", "workers", "digits", "prompts", "samples", "mini_batch", "micro_batch", "ppo_epochs"):
+        v = getattr(args, opt)
+        if v < 1:
+            raise ValueError(f"--{opt.replace('_', '-')} must be >= 1, got {v}")
+    for opt, lo, strict in (("lr", 0.0, True), ("temperature", 0.0, True), ("timeout", 0.0, True),
+                            ("memory_gib", 0.0, True), ("kl_coef", 0.0, False)):
+        v = getattr(args, opt)
+        if not (v > lo if strict else v >= lo) or v != v or v == float("inf"):
+            raise ValueError(f"--{opt.replace('_', '-')} must be a finite number {'>' if strict else '>='} {lo:g}, "
+                             f"got {v}")
+    if not 0.0 <= args.gamma <= 1.0:
+        raise ValueError(f"--gamma must be in [0, 1], got {args.gamma}")
+    if args.json:
+        parent = os.path.dirname(os.path.abspath(args.json))
+        if not os.path.isdir(parent) or os.path.isdir(args.json):
+            raise ValueError(f"--json {args.json!r}: cannot write a file there")
+    if args.pool_schedule and not args.adaptive:
+        raise ValueError("--pool-schedule needs --adaptive")
+    if args.adaptive and args.layout:
+        raise ValueError("--layout has no effect with --adaptive (the controller chooses layouts); drop one")
+    if args.pool_schedule:
+        check_pool_schedule(args.pool_schedule, args.workers, args.steps)
+
+
+def parse_schedule_items(text: str) -> list[tuple[str, int, int]]:
+    """``"3:-2,6:+1"`` → ``[("3:-2", 3, -2), ("6:+1", 6, 1)]``.
+
+    Raises:
+        ValueError: an item not of the form ``STEP:±N`` or a negative step.
+    """
+    out = []
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        step, _, n = item.partition(":")
+        try:
+            k, dn = int(step), int(n)
+        except ValueError:
+            raise ValueError(f"--pool-schedule item {item!r} must look like 3:-2 or 5:+1") from None
+        if k < 0:
+            raise ValueError(f"--pool-schedule item {item!r}: step must be >= 0")
+        if dn == 0:
+            raise ValueError(f"--pool-schedule item {item!r}: N must be non-zero (-N leave, +N join)")
+        out.append((item, k, dn))
+    if not out:
+        raise ValueError(f"--pool-schedule {text!r} lists no change; use e.g. 3:-2")
+    return out
+
+
+def check_pool_schedule(text: str, workers: int, steps: int) -> None:
+    """Every change happens before a step that runs and leaves at least one worker alive.
+
+    Raises:
+        ValueError: naming the item, the workers alive at that step, and what is valid.
+    """
+    alive = workers
+    for item, k, dn in sorted(parse_schedule_items(text), key=lambda x: x[1]):
+        if k >= steps:
+            raise ValueError(f"--pool-schedule item {item!r}: step {k} never runs (--steps {steps} runs steps "
+                             f"0..{steps - 1})")
+        if alive + dn < 1:
+            raise ValueError(f"--pool-schedule item {item!r}: removes {-dn} worker(s) before step {k}, but only "
+                             f"{alive} are alive then; at most {alive - 1} can leave (one must stay)")
+        alive += dn
+
+
+def _breakdown(est, names) -> str:
+    parts = []
+    for ms in names:
+        e = est.estimates[ms]
+        terms = ", ".join(f"{k} {v / 2**30:.2f}" for k, v in e.memory.items() if v > 0)
+        parts.append(f"{ms} ({terms} GiB)")
+    return "; ".join(parts)
+
+
+def check_memory(spec, w, workers: int, memory_gib: float, plan=None) -> None:
+    """The cost model's memory check against the per-worker budget, before Ray starts.
+
+    With ``plan`` (fixed layouts): every worker's predicted peak (resident state of every
+    model-stage on it, the largest transient, the workspace) must fit the budget less the cost model's
+    headroom. Without (``--adaptive``): some plan must exist; if no model-stage fits alone on every
+    worker, nothing can run (the adaptive run time-shares model-stages that only fit one at a time).
+
+    Raises:
+        ValueError: naming the worker, the bytes needed, the budget, and the largest terms.
+    """
+    from nereus.cost.model import CostModel
+    from nereus.planner.search import NoFeasiblePlan, plan_job
+    from nereus.spec.hardware import GPU_PRESETS, ClusterSpec
+    from nereus.spec.job import JobSpec
+
+    gpu = replace(GPU_PRESETS["cpu"], memory_bytes=int(memory_gib * 2**30))
+    # the bytes the runtime holds (fp32 weights and KV cache; Adam's two moments), as
+    # nereus.runtime.adaptive.runtime_job counts them
+    job = JobSpec(spec, ClusterSpec(gpu, 1, workers), replace(w, param_bytes=4, kv_bytes=4, optimizer_bytes=8))
+    cost = CostModel(job)
+    budget = f"{cost.capacity / 2**30:.2f} GiB allowed per worker (--memory-gib {memory_gib:g} less " \
+             f"{cost.headroom:.0%} headroom)"
+    if plan is None:
+        try:
+            plan_job(job, cost=cost)
+        except NoFeasiblePlan as e:
+            if e.diagnosis.get("kind") == "joint":
+                return  # fits one model-stage at a time: the adaptive run time-shares the workers
+            msg = " ".join(str(e).split())
+            raise ValueError(f"{spec.name} cannot run on {workers} worker(s) of {memory_gib:g} GiB: {msg}; "
+                             "use a smaller model, more workers or a larger --memory-gib") from None
+        return
+    est = cost.estimate(plan)
+    worst = max(est.gpu_memory, key=est.gpu_memory.get)
+    if est.gpu_memory[worst] <= cost.capacity:
+        return
+    on = [c.model_stage for c in plan.candidates if worst in c.gpus]
+    raise ValueError(f"{spec.name} with this layout does not fit: worker {worst} needs "
+                     f"{est.gpu_memory[worst] / 2**30:.2f} GiB, {budget}; it holds {_breakdown(est, on)} plus "
+                     f"{cost.workspace / 2**30:.2f} GiB workspace; use a smaller model, more workers, other "
+                     "--layout degrees or a larger --memory-gib")
 
 
 def _parse_layouts(items: list[str]) -> dict[str, tuple[int, int, int]]:
@@ -58,37 +198,87 @@ def _parse_layouts(items: list[str]) -> dict[str, tuple[int, int, int]]:
             tp, pp, dp = (int(x) for x in rest.split(","))
         except ValueError:
             raise ValueError(f"--layout {it!r} must look like actor.train=2,1,2") from None
+        if min(tp, pp, dp) < 1:
+            raise ValueError(f"--layout {it!r}: degrees tp, pp, dp must be >= 1")
         out[name] = (tp, pp, dp)
     return out
 
 
+def _check_layouts(spec, layouts) -> None:
+    from nereus.cost.shapes import valid_pp, valid_tp
+
+    for name, (tp, pp, _) in layouts.items():
+        why = valid_tp(spec, tp) or valid_pp(spec, pp)
+        if why:
+            raise ValueError(f"layout of {name}: {why} (model {spec.name})")
+
+
+def _task_lengths(kind: str, digits: int) -> tuple[int, int]:
+    """Prompt and response tokens of the built-in task without building it (it imports torch)."""
+    from nereus.runtime.task import DigitTask
+
+    t = DigitTask(kind, digits, seed=0)
+    return t.prompt_len, t.target_len
+
+
+def _joining(args) -> int:
+    if not (args.adaptive and args.pool_schedule):
+        return 0
+    return sum(max(dn, 0) for _, _, dn in parse_schedule_items(args.pool_schedule))
+
+
+def _quiet_ray() -> None:
+    """Ray's own start-up lines and warnings go to its log files unless ``--verbose``."""
+    import logging
+    import warnings
+
+    os.environ.setdefault("RAY_LOGGER_LEVEL", "error")
+    logging.getLogger("ray").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", module="ray")
+
+
 def main(args) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from nereus.runtime.driver import RLConfig, RLDriver, simple_plan
-    from nereus.runtime.task import DigitTask
+    check_args(args)
+    from nereus.runtime.plans import simple_plan
     from nereus.spec.model import get_model
     from nereus.spec.workload import WorkloadSpec
     from nereus.workflow import workflow_for
 
     spec = get_model(args.model)
-    task = DigitTask(args.task, args.digits, seed=args.seed)
+    task_lens = _task_lengths(args.task, args.digits)
     w = WorkloadSpec(algorithm=args.algorithm, prompts_per_step=args.prompts, samples_per_prompt=args.samples,
-                     prompt_len=task.prompt_len, response_len=task.target_len, mini_batch_size=args.mini_batch,
+                     prompt_len=task_lens[0], response_len=task_lens[1], mini_batch_size=args.mini_batch,
                      micro_batch_size=args.micro_batch, infer_micro_batch_size=max(args.micro_batch, 1),
                      ppo_epochs=args.ppo_epochs, reward_model=args.reward_model)
+    plan = None
+    if not args.adaptive:
+        base = DEFAULT_LAYOUTS if args.workers >= 4 else {}
+        names = [ms.name for ms in workflow_for(w).model_stages]
+        layouts = {n: base.get(n, (1, 1, 1)) for n in names}
+        given = _parse_layouts(args.layout)
+        unknown = sorted(set(given) - set(names))
+        if unknown:
+            raise ValueError(f"--layout names model-stage(s) {unknown} not in the {args.algorithm.upper()} workflow; "
+                             f"valid: {names}")
+        layouts.update(given)
+        _check_layouts(spec, layouts)
+        plan = simple_plan(w, layouts, args.workers, micro_batch=args.micro_batch)
+    check_memory(spec, w, args.workers + _joining(args), args.memory_gib, plan)
+    if not args.verbose:
+        _quiet_ray()
+
+    from nereus.runtime.driver import RLConfig, RLDriver
+    from nereus.runtime.task import DigitTask
+
+    task = DigitTask(args.task, args.digits, seed=args.seed)
     cfg = RLConfig(temperature=args.temperature, actor_lr=args.lr, critic_lr=args.lr, kl_coef=args.kl_coef,
                    seed=args.seed, timeout_s=args.timeout)
-    if getattr(args, "adaptive", False):
+    if args.adaptive:
         return _adaptive(args, spec, w, task, cfg)
-    if args.pool_schedule:
-        raise ValueError("--pool-schedule needs --adaptive")
-    base = DEFAULT_LAYOUTS if args.workers >= 4 else {}
-    layouts = {ms.name: base.get(ms.name, (1, 1, 1)) for ms in workflow_for(w).model_stages}
-    layouts.update(_parse_layouts(args.layout))
-    plan = simple_plan(w, layouts, args.workers, micro_batch=args.micro_batch)
     driver = RLDriver(spec, w, plan, task, args.workers, cfg)
-    for c in plan.candidates:
-        print(f"{c.model_stage:16s} {c.short():22s} workers {list(c.gpus)}")
+    for line in format_plan(plan, "workers").splitlines():
+        print(line)
     driver.start()
     history = []
     try:
@@ -115,10 +305,11 @@ def main(args) -> int:
 def _adaptive(args, spec, w, task, cfg) -> int:
     from nereus.runtime.adaptive import AdaptiveRun, parse_pool_schedule
 
-    sched = parse_pool_schedule(args.pool_schedule)
+    sched = parse_pool_schedule(args.pool_schedule) if args.pool_schedule else {}
     run = AdaptiveRun(spec, w, task, args.workers, cfg, sched, memory_bytes=int(args.memory_gib * 1024**3),
                       gamma=args.gamma, log=lambda s: print(s, flush=True))
-    print(f"device model: {run.job.cluster.gpu.source}")
+    if args.verbose:
+        print(f"device model: {run.job.cluster.gpu.source}")
     history = run.run(args.steps)
     kinds = [e["kind"] for e in run.events]
     print(f"{len(history)} steps; {kinds.count('transition')} transition(s), {kinds.count('restart')} "

@@ -24,9 +24,9 @@ __all__ = ["add_arguments", "main"]
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--model", default="llama-3.1-8b", help="model preset or config.json path")
+    p.add_argument("--model", default="llama-3.1-8b", help="model preset, or a config.json path or directory")
     p.add_argument("--algo", default="ppo", choices=["ppo", "grpo", "remax"], help="RL algorithm")
-    p.add_argument("--gpu", default="h100", help="GPU preset")
+    p.add_argument("--gpu", default="h100", help="GPU preset: h100, h200, a100, mi250x, cpu")
     p.add_argument("--nodes", type=int, default=4, help="nodes in the cluster")
     p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node")
     p.add_argument("--trace", default=DEFAULT_TRACE,
@@ -67,12 +67,42 @@ def _policies(args) -> list[str]:
             name = f"gamma={float(g):g}"
         except ValueError as e:
             raise ValueError(f"--gammas must be numbers in [0, 1], got {g!r}") from e
+        if not 0.0 <= float(g) <= 1.0:
+            raise ValueError(f"--gammas must be numbers in [0, 1], got {g!r}")
         if name not in names and float(g) != args.gamma:
             names.append(name)
     if not names:
         raise ValueError("--policies is empty; valid: nereus, nereus-paper, static, replan-all, replan-all-paper, "
                          "uncalibrated, gamma=<g>")
+    for n in names:
+        check_policy_name(n)
     return names
+
+
+#: policy names :func:`nereus.sim.policies.make_policy` builds, besides ``gamma=<g>``
+EXTRA_POLICIES = ("nereus+risk", "nereus+revisit", "nereus+grow")
+
+
+def check_policy_name(name: str) -> None:
+    """Refuse an unknown policy before anything starts (``make_policy`` would refuse it in a worker).
+
+    Raises:
+        ValueError: naming the policy and the valid names.
+    """
+    from nereus.sim.policies import POLICY_NAMES
+
+    if name in POLICY_NAMES or name in EXTRA_POLICIES:
+        return
+    if name.startswith("gamma="):
+        try:
+            g = float(name.split("=", 1)[1])
+        except ValueError:
+            g = None
+        if g is not None and 0.0 <= g <= 1.0:
+            return
+        raise ValueError(f"policy {name!r}: γ must be a number in [0, 1], e.g. gamma=0.25")
+    raise ValueError(f"unknown policy {name!r} in --policies; valid: {', '.join(POLICY_NAMES)}, "
+                     f"{', '.join(EXTRA_POLICIES[1:])}, gamma=<g>")
 
 
 def main(args) -> int:
@@ -81,6 +111,12 @@ def main(args) -> int:
 
     from nereus.sim.report import plot_timeline, ratios, summary_table, write_json
 
+    if not 0.0 <= args.gamma <= 1.0:
+        raise ValueError(f"--gamma must be in [0, 1], got {args.gamma}")
+    if args.jobs is not None and args.jobs < 1:
+        raise ValueError(f"--jobs must be >= 1 worker processes, got {args.jobs}")
+    if not args.notice >= 0:
+        raise ValueError(f"--notice must be >= 0 seconds, got {args.notice}")
     scenario = Scenario(model=args.model, algo=args.algo, gpu=args.gpu, nodes=args.nodes,
                         gpus_per_node=args.gpus_per_node, trace=args.trace, length_trace=args.length_trace,
                         growth=_parse_growth(args.growth), hours=args.hours or None, gamma=args.gamma, seed=args.seed,
