@@ -240,9 +240,9 @@ def test_swap_blocked_by_memory_drops_the_frozen_copy_and_reloads_it_from_storag
 def test_swap_prefers_dropping_a_derived_copy_synced_from_its_train_model_stage():
     """The same swap between actor.infer (derived) and reference.infer (frozen) with actor.train
     (1,8) on every GPU: both could be dropped; the derived copy is (a weight sync, not a storage
-    read), and its Load follows the reference's move. GPU 1 also holds the train EMU, so the sync
-    copies locally (2 x 16.06 GB over HBM, 10.7 ms): the transition ends with that Load after the
-    reference's Destroy (0.01 + Extend + 0.01 + copy s).
+    read), and its Load follows the reference's move. GPU 1 also holds a train shard (layers 4-7),
+    so the sync copies that part locally and receives the rest: the transition ends with that Load
+    after the reference's Destroy (0.01 + Extend + 0.01 + sync s).
     A training model-stage is never dropped: changing actor.train to (1,4) x2 in the same swap
     doubles its shard (29.6 GiB on GPU 0, plus the 15 GiB reference copy, over the 36 GiB usable),
     so the target does not fit even when the train state is staged through host memory."""
@@ -257,9 +257,14 @@ def test_swap_prefers_dropping_a_derived_copy_synced_from_its_train_model_stage(
     assert s.start["extend:reference.infer*0"] >= s.end["destroy:actor.infer#0"]
     assert s.start["load:actor.infer*0"] >= s.end["destroy:reference.infer#0"]
     ext = 0.05 + ACTOR_PARAMS * 2 / 450e9 + 5e-6
-    local = 2 * (ACTOR_PARAMS * 2) / 3e12  # device copy of the bf16 weights: read + write at 3 TB/s
-    assert est.durations["load:actor.infer*0"] == pytest.approx(local, rel=1e-12)
-    assert est.l_tran == pytest.approx(0.01 + ext + 0.01 + local, rel=1e-12)
+    # GPU 1 is pipeline rank 1 of 8: it holds layers 4-7 and copies them locally (read + write at
+    # 3 TB/s); the rest of the bf16 weights arrive from GPU 2 over NVLink
+    local = 2 * (4 * LAYER * 2) / 3e12
+    sync = 0.05 + max(local, (ACTOR_PARAMS - 4 * LAYER) * 2 / 450e9 + 5e-6)
+    lo = next(n for n in est.dag.nodes if n.kind == "load")
+    assert lo.bytes_moved == (ACTOR_PARAMS - 4 * LAYER) * 2 and lo.pairs == ((2, 1, lo.bytes_moved),)
+    assert est.durations["load:actor.infer*0"] == pytest.approx(sync, rel=1e-12)
+    assert est.l_tran == pytest.approx(0.01 + ext + 0.01 + sync, rel=1e-12)
     resharded = Plan(tgt.candidates[:2] + (Candidate("actor.train", 1, 4, 2, gpus=tuple(range(8))),))
     est = estimate_transition(j, cur, resharded)
     assert not est.feasible and "staged actor.train through host memory" in est.reason

@@ -40,7 +40,7 @@ from nereus.spec.job import JobSpec
 from nereus.spec.model import ModelSpec
 from nereus.spec.workload import WorkloadSpec
 
-__all__ = ["AdaptiveRun", "cpu_gpu_spec", "measure_matmul_flops", "parse_pool_schedule", "plan_summary"]
+__all__ = ["AdaptiveRun", "runtime_job", "cpu_gpu_spec", "measure_matmul_flops", "parse_pool_schedule", "plan_summary"]
 
 
 def measure_matmul_flops(n: int = 256, reps: int = 5) -> float:
@@ -68,6 +68,17 @@ def cpu_gpu_spec(memory_bytes: int = 2 * GIB, measure: bool = True) -> GPUSpec:
     src = base.source + (f"; peak_flops measured at start-up: {flops / 1e9:.1f} GFLOP/s (256x256 fp32 "
                          "matmul, 1 thread)" if measure else "")
     return replace(base, peak_flops=flops, memory_bytes=int(memory_bytes), source=src)
+
+
+def runtime_job(spec: ModelSpec, workload: WorkloadSpec, num_workers: int, gpu: GPUSpec | None = None) -> JobSpec:
+    """The job as the cost and transition planners see this runtime: ``num_workers`` devices of
+    ``gpu`` (default: the ``cpu`` preset) on one node, and the bytes the runtime really holds: fp32
+    weights and KV cache (4 B), and for training only Adam's two moments on top (8 B): the fp32
+    weights are Adam's master weights, so there is no separate master copy (the GPU default of
+    ``WorkloadSpec`` counts bf16 weights plus a 12 B fp32 master and moments)."""
+    gpu = gpu or GPU_PRESETS["cpu"]
+    return JobSpec(spec, ClusterSpec(gpu, 1, num_workers),
+                   replace(workload, param_bytes=4, kv_bytes=4, optimizer_bytes=8))
 
 
 def parse_pool_schedule(text: str | None) -> dict[int, int]:
@@ -124,8 +135,7 @@ class AdaptiveRun:
         self.max_workers = num_workers + sum(max(v, 0) for v in self.schedule.values())
         self.num_workers, self.log = num_workers, log or (lambda *a, **k: None)
         gpu = cpu_gpu_spec(memory_bytes, measure)
-        self.job = JobSpec(spec, ClusterSpec(gpu, 1, self.max_workers),
-                           replace(workload, param_bytes=4, kv_bytes=4))
+        self.job = runtime_job(spec, workload, self.max_workers, gpu)
         self.planner = CostModelPlanner()
         self.spec, self.workload, self.task, self.cfg = spec, workload, task, cfg or RLConfig()
         self.gamma, self.last_len = gamma, float(workload.response_len)

@@ -174,17 +174,32 @@ class RLDriver:
         self.pool, self.workers = pool, pool.workers
         return self.build_engines()
 
+    def seed_of(self, model: str) -> int:
+        """Initial-weights seed of ``model`` (the actor and reference start from the same weights)."""
+        return {"actor": 0, "reference": 0, "critic": 1, "reward": 2}.get(model, 3) + self.cfg.seed * 10
+
+    def storage_seeds(self) -> dict[str, int]:
+        """model-stage → seed of the stored weights a Load from storage re-creates (frozen models)."""
+        return {ms.name: self.seed_of(ms.model) for ms in self.wf.model_stages if not ms.trainable}
+
+    def adam_config(self, model_stage: str) -> AdamConfig:
+        return AdamConfig(lr=self.cfg.critic_lr if model_stage.startswith("critic.") else self.cfg.actor_lr)
+
+    def recompute_of(self, model_stage: str) -> str:
+        """Activation recomputation of a model-stage in the current plan (``auto`` → ``selective``)."""
+        if not model_stage.endswith(".train"):
+            return "none"
+        rc = self.cands[model_stage].recompute
+        return "selective" if rc == "auto" else rc
+
     def build_engines(self) -> RLDriver:
         """Build every model-stage's engines in the current layouts (frozen ones from their seeds)."""
         for ms in self.wf.model_stages:
             lay = self.layouts[ms.name]
-            seed = {"actor": 0, "reference": 0, "critic": 1, "reward": 2}.get(ms.model, 3) + self.cfg.seed * 10
-            lr = self.cfg.critic_lr if ms.model == "critic" else self.cfg.actor_lr
-            adam = AdamConfig(lr=lr) if ms.trainable else None
-            rc = self.cands[ms.name].recompute if ms.trainable else "none"
-            rc = "selective" if rc == "auto" else rc
-            self._get([self.workers[i].build.remote(ms.name, self._spec_of(ms.model), lay, seed, ms.trainable,
-                                                    adam, self.tag, recompute=rc) for i in lay.workers],
+            adam = self.adam_config(ms.name) if ms.trainable else None
+            self._get([self.workers[i].build.remote(ms.name, self._spec_of(ms.model), lay, self.seed_of(ms.model),
+                                                    ms.trainable, adam, self.tag,
+                                                    recompute=self.recompute_of(ms.name)) for i in lay.workers],
                       f"building {ms.name}")
         return self
 

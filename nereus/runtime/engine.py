@@ -77,25 +77,33 @@ class Engine:
         trainable: hold Adam state and accept :meth:`train_step`.
         schedule: pipeline schedule of training, ``1f1b`` or ``gpipe``.
         recompute: activation recomputation, ``none``, ``selective`` or ``full`` (see ``model.py``).
+        state: ``{"tensors": {kind: {name: this rank's shard}}, "counters": {...}}`` to start from
+            (a live transition's unit, ``transit.py``) instead of the seed's initial weights.
     """
 
     def __init__(self, spec: ModelSpec, ctx: ParallelContext, seed: int, meter: Meter, trainable: bool,
                  adam: AdamConfig | None = None, dtype: torch.dtype = torch.float32, device: str = "cpu",
                  full: dict[str, torch.Tensor] | None = None, schedule: str = "1f1b",
-                 recompute: str = "none") -> None:
+                 recompute: str = "none", state: dict | None = None) -> None:
         if schedule not in ("1f1b", "gpipe"):
             raise ValueError(f"pipeline schedule must be '1f1b' or 'gpipe', got {schedule!r}")
         self.spec, self.ctx, self.meter, self.trainable = spec, ctx, meter, trainable
         self.schedule = schedule
-        self.model = LlamaShard(spec, ctx, seed, meter, dtype, device, full=full, recompute=recompute)
+        tensors = state["tensors"] if state is not None else {}
+        self.model = LlamaShard(spec, ctx, seed, meter, dtype, device, full=full, recompute=recompute,
+                                shards=tensors.get("params"))
         self.adam = adam or AdamConfig()
-        self.exp_avg = {n: torch.zeros_like(w) for n, w in self.model.params.items()} if trainable else {}
-        self.exp_avg_sq = {n: torch.zeros_like(w) for n, w in self.model.params.items()} if trainable else {}
+        zeros = {n: torch.zeros_like(w) for n, w in self.model.params.items()}
+        self.exp_avg = dict(tensors.get("exp_avg", zeros)) if trainable else {}
+        self.exp_avg_sq = dict(tensors.get("exp_avg_sq", {n: z.clone() for n, z in zeros.items()})) \
+            if trainable else {}
         self.step = 0            # Adam step (replicated)
         self.update_count = 0    # c
         self.version = 0         # model-stage version (bumped by every update or weight sync)
         self.policy_version = 0  # version of the policy whose weights these are
         self.position = 0        # global mini-batch position of the last completed update
+        for k, v in (state or {}).get("counters", {}).items():
+            setattr(self, k, int(v))
         per = 3 if trainable else 1
         self.meter.set_static(f"params:{id(self)}", per * sum(w.numel() * w.element_size()
                                                               for w in self.model.params.values()))

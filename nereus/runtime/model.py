@@ -82,16 +82,23 @@ class LlamaShard:
 
     def __init__(self, spec: ModelSpec, ctx: ParallelContext, seed: int, meter: Meter,
                  dtype: torch.dtype = torch.float32, device: str = "cpu",
-                 full: dict[str, torch.Tensor] | None = None, recompute: str = "none") -> None:
+                 full: dict[str, torch.Tensor] | None = None, recompute: str = "none",
+                 shards: dict[str, torch.Tensor] | None = None) -> None:
         if recompute not in ("none", "selective", "full"):
             raise ValueError(f"recompute must be 'none', 'selective' or 'full', got {recompute!r}")
         self.spec, self.ctx, self.meter, self.dtype, self.device = spec, ctx, meter, dtype, device
         self.recompute = recompute
-        full = full if full is not None else init_full_params(spec, seed)
-        shapes = param_shapes(spec)
         self.names = names_of_stage(spec, ctx.pp, ctx.p)
-        self.params = {n: shard(full[n], shapes[n][1], spec, ctx.tp, ctx.t).to(device, dtype).requires_grad_(True)
-                       for n in self.names}
+        if shards is not None:  # this rank's shards, moved here by a live transition
+            missing = [n for n in self.names if n not in shards]
+            if missing:
+                raise ValueError(f"shards for {spec.name!r} rank (p={ctx.p}, t={ctx.t}) lack {missing[:3]}")
+            self.params = {n: shards[n].detach().to(device, dtype).requires_grad_(True) for n in self.names}
+        else:
+            full = full if full is not None else init_full_params(spec, seed)
+            shapes = param_shapes(spec)
+            self.params = {n: shard(full[n], shapes[n][1], spec, ctx.tp, ctx.t).to(device, dtype)
+                           .requires_grad_(True) for n in self.names}
         self.layers = sorted({int(n.split(".")[2]) for n in self.names if n.startswith("model.layers.")})
         tp, g = ctx.tp, spec.num_kv_heads
         self.q_heads = spec.num_attention_heads // tp

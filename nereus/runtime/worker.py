@@ -14,11 +14,13 @@ import os
 
 import torch
 
-from nereus.runtime.comm import DEFAULT_TIMEOUT_S, connect_store, new_group
-from nereus.runtime.engine import AdamConfig, Engine, broadcast_stages
+from nereus.runtime.comm import DEFAULT_TIMEOUT_S, connect_store
+from nereus.runtime.engine import AdamConfig, Engine
 from nereus.runtime.instrument import Meter
 from nereus.runtime.parallel import Layout, build_context
 from nereus.runtime.rollout import generate
+from nereus.runtime.shards import WEIGHT_KINDS, MoveSpec, UnitMeta
+from nereus.runtime.transit import COUNTERS, Transit, Unit
 from nereus.spec.model import ModelSpec
 
 __all__ = ["WorkerCore", "inventory", "ray_worker_class", "resolve_dtype"]
@@ -93,6 +95,8 @@ class WorkerCore:
         self.engines: dict[str, Engine] = {}
         self.groups: dict[str, object] = {}
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.transit = Transit(self.id, self.store, self.meter, self.timeout_s)
+        self.built: dict[str, dict] = {}  # model-stage → how its engine was built (dtype, schedule, recompute)
 
     def ping(self) -> int:
         return self.id
@@ -128,6 +132,7 @@ class WorkerCore:
                                 self.timeout_s)
             self.engines[model_stage] = Engine(spec, ctx, seed, self.meter, trainable, adam, dt, self.device,
                                                schedule=schedule, recompute=recompute)
+        self.built[model_stage] = {"dtype": dtype, "schedule": schedule, "recompute": recompute}
         return ctx.d, ctx.p, ctx.t
 
     def destroy(self, model_stage: str) -> None:
@@ -197,32 +202,108 @@ class WorkerCore:
             self._engine(model_stage).load_logical_state(state)
 
     def sync_weights(self, src: str, dst: str, src_layout: Layout, dst_layout: Layout, spec: ModelSpec,
-                     policy_version: int, tag: str = "e0") -> None:
-        """Move ``src``'s parameters (replica 0) to every replica of ``dst`` in ``dst``'s layout.
+                     policy_version: int, tag: str = "e0") -> dict:
+        """Move ``src``'s parameters (replica 0) into every replica of ``dst``, rank-aligned.
 
-        Collective over replica 0 of ``src`` plus all of ``dst``: each PP rank ``q`` of the source
-        all-gathers its TP shards, its TP rank 0 broadcasts the flat full stage, and each destination
-        worker keeps its own shards. Timed under ``dst``.
+        Each destination rank receives only the parameter pieces of its own shard that it does not
+        already hold in ``src`` on the same worker, from the source ranks that hold them
+        (``shards.plan_moves``, as a live Extend or Load does; DESIGN.md §4.8), one contiguous
+        buffer per (sender, receiver) pair. Collective over the workers that send or receive; the
+        communicator is kept for later steps of the same layouts. Timed under ``dst``.
+
+        Returns:
+            bytes this worker sent and received.
         """
-        members = tuple(sorted(set(src_layout.replica(0)) | set(dst_layout.workers)))
+        members = set(src_layout.replica(0)) | set(dst_layout.workers)
+        out = {"sent": 0, "recv": 0, "setup_s": 0.0, "transfer_s": 0.0, "header_bytes": 0}
         if self.id not in members:
-            return
+            return out
         with self.meter.stage(dst):
-            key = f"{tag}/sync/{src}->{dst}"
-            if key not in self.groups:
-                self.groups[key] = new_group(self.store, key, members, self.id, self.meter, self.timeout_s)
-            group = self.groups[key]
-            roots = [members.index(src_layout.worker(0, q, 0)) for q in range(src_layout.pp)]
-            mine, my_p = None, None
-            if src in self.engines and self.id in src_layout.replica(0):
+            src_meta = UnitMeta(f"{src}#0", src, src_layout.tp, src_layout.pp, src_layout.replica(0))
+            dst_metas = tuple(UnitMeta(f"{dst}#{d}", dst, dst_layout.tp, dst_layout.pp, dst_layout.replica(d))
+                              for d in range(dst_layout.dp))
+            move = MoveSpec(pid=f"sync:{src}->{dst}", kind="sync", model_stage=dst, produces=dst_metas,
+                            sources=(src_meta,), kinds=WEIGHT_KINDS)
+            units = {}
+            if src in self.engines and self.id in src_meta.gpus:
                 e = self.engines[src]
-                mine, my_p = e._full_stage(e.model.params), e.ctx.p
-            full = broadcast_stages(spec, src_layout.pp, mine, my_p, group, roots)
-            if dst in self.engines:
-                d = self.engines[dst]
-                d.load_full(full)
-                d.version += 1
-                d.policy_version = int(policy_version)
+                units[src_meta.uid] = Unit(src_meta, {"params": {n: w.detach() for n, w in e.model.params.items()}},
+                                           {})
+            d_eng = self.engines.get(dst)
+            dtype = resolve_dtype(self.built.get(dst, {}).get("dtype", "auto"), False, self.device)
+            made = self.transit.exchange(spec, move, units, f"{tag}/sync/{src}->{dst}", dtype, self.device, out,
+                                         cache=self.groups)
+            if d_eng is not None:
+                mine = next(u for u in made.values())
+                with torch.no_grad():
+                    for n, w in d_eng.model.params.items():
+                        w.copy_(mine.tensors["params"][n])
+                d_eng.version += 1
+                d_eng.policy_version = int(policy_version)
+        return out
+
+    # ------------------------------------------------------------------ live transitions (transit.py)
+    def transition_begin(self, model_stages: list[str], metas: list[UnitMeta]) -> list[str]:
+        """Turn the engines of ``model_stages`` into units (``Transit.adopt``) under the uids of
+        ``metas`` that include this worker; an engine of a replica that is not in ``metas`` (it lost
+        a worker) is dropped. Old communicators of those model-stages go with their engines.
+
+        Returns:
+            uids of the units this worker now holds.
+        """
+        for ms in model_stages:
+            e = self.engines.pop(ms, None)
+            if e is None:
+                continue
+            self.meter.drop_static(f"params:{id(e)}")
+            meta = next((m for m in metas if m.model_stage == ms and self.id in m.gpus), None)
+            if meta is not None:
+                self.transit.adopt(e, meta)
+        return sorted(self.transit.units)
+
+    def transition_run(self, spec: ModelSpec, move: MoveSpec, group_name: str, trainable: bool,
+                       *after) -> dict:
+        """Run this worker's part of one primitive (``Transit.run``); ``after`` are the results of
+        primitives it must follow that share no worker with it (Ray resolves them first)."""
+        dtype = resolve_dtype(self.built.get(move.model_stage, {}).get("dtype", "auto"), trainable, self.device)
+        live = {}  # a Load may read a train model-stage that is not changing: its engine, as a unit view
+        for m in move.sources:
+            e = self.engines.get(m.model_stage)
+            if m.uid not in self.transit.units and e is not None and self.id in m.gpus:
+                live[m.uid] = Unit(m, {"params": {n: w.detach() for n, w in e.model.params.items()}},
+                                   {k: int(getattr(e, k)) for k in COUNTERS})
+        with self.meter.stage("transition"):
+            return self.transit.run(spec, move, group_name, dtype, self.device, live)
+
+    def transition_finish(self, model_stage: str, spec: ModelSpec, layout: Layout, trainable: bool,
+                          adam: AdamConfig | None, tag: str, recompute: str = "none") -> tuple[int, int, int]:
+        """Build the engine of ``model_stage`` in ``layout`` from this worker's unit of the target EMU
+        (collective over the layout's workers: its new communicators)."""
+        d, _, _ = layout.position(self.id)
+        unit = self.transit.take(model_stage, layout.tp, layout.pp, layout.replica(d))
+        how = self.built.get(model_stage, {})
+        dt = resolve_dtype(how.get("dtype", "auto"), trainable, self.device)
+        with self.meter.stage(model_stage):
+            ctx = build_context(spec, layout, self.id, self.store, f"{tag}/{model_stage}", self.meter,
+                                self.timeout_s)
+            self.engines[model_stage] = Engine(spec, ctx, 0, self.meter, trainable, adam, dt, self.device,
+                                               schedule=how.get("schedule", "1f1b"), recompute=recompute,
+                                               state={"tensors": unit.tensors, "counters": unit.counters})
+        self.built[model_stage] = {**how, "recompute": recompute}
+        return ctx.d, ctx.p, ctx.t
+
+    def transition_end(self, tag: str) -> list[str]:
+        """Drop the communicators of earlier layouts' weight syncs and any unit left over; returns
+        the uids dropped (none after a transition that reached its target)."""
+        for k in [k for k in self.groups if not k.startswith(f"{tag}/")]:
+            del self.groups[k]
+        left = sorted(self.transit.units)
+        self.transit.units.clear()
+        return left
+
+    def unit_bytes(self) -> dict:
+        """uid → bytes of every unit held (inspection during a transition)."""
+        return {uid: u.nbytes for uid, u in self.transit.units.items()}
 
     # ------------------------------------------------------------------ measurements and faults
     def measurements(self) -> dict:

@@ -111,10 +111,13 @@ def duration(p: Primitive, cluster: ClusterSpec, params: CostParams = CostParams
         for s, d, b in p.pairs:
             bw, lat, _ = _link(cluster, (s, d))
             sent[s] = sent.get(s, 0.0) + b / bw + lat
-        received = {d for _, d, _ in p.pairs}
-        for g, b in p.mem_net.items():  # local copies on GPUs that hold the train EMU
-            if g not in received and b > 0:
-                sent[g] = sent.get(g, 0.0) + 2.0 * b / cluster.gpu.hbm_bandwidth
+        received: dict[int, int] = {}
+        for _, d, b in p.pairs:
+            received[d] = received.get(d, 0) + b
+        for g, b in p.mem_net.items():  # local copies of what the train shard on g already holds
+            local = b - received.get(g, 0)
+            if local > 0:
+                sent[g] = sent.get(g, 0.0) + 2.0 * local / cluster.gpu.hbm_bandwidth
         return (_setup(cluster, p.gpus, params) if p.pairs else 0.0) + max(sent.values(), default=0.0)
     if p.kind == "offload":
         return params.host_setup_s + max((b / params.host_bandwidth for _, _, b in p.pairs), default=0.0)

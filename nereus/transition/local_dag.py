@@ -124,7 +124,7 @@ def build_local_dag(model_stage: str, current: tuple[EMU, ...], target: tuple[EM
             current unit of a ``*.train`` model-stage (its unique state is lost).
     """
     if target and reload_from is not None:
-        return _build_reload(model_stage, target, reload_from, current)
+        return _build_reload(model_stage, target, reload_from, current, model, bytes_per_param)
     if staged and current and target:
         off, back = stage(current, target)
         return LocalDAG(model_stage, target[0].layout, (off, back), ((off.pid, back.pid),), ())
@@ -151,7 +151,8 @@ def build_local_dag(model_stage: str, current: tuple[EMU, ...], target: tuple[EM
 
 
 def _build_reload(model_stage: str, target: tuple[EMU, ...], source: EMU | str,
-                  current: tuple[EMU, ...] = ()) -> LocalDAG:
+                  current: tuple[EMU, ...] = (), model: ModelSpec | None = None,
+                  bytes_per_param: int = 0) -> LocalDAG:
     """Destroy ``current``, Load the first target EMU, then Extend copies in a binary tree (see the
     module docstring). A train EMU source that is a target EMU (uid with ``*``) is synced from after
     the train model-stage's transition (``load(..., read=False)``)."""
@@ -162,7 +163,8 @@ def _build_reload(model_stage: str, target: tuple[EMU, ...], source: EMU | str,
             raise ValueError(f"{model_stage}: EMU {e.uid} belongs to {e.model_stage}")
     if len({e.layout for e in target}) != 1:
         raise ValueError(f"{model_stage}: EMUs of one model-stage share one layout")
-    first = load(target[0], source, read=isinstance(source, str) or "*" not in source.uid)
+    first = load(target[0], source, read=isinstance(source, str) or "*" not in source.uid, model=model,
+                 bytes_per_param=bytes_per_param)
     nodes, edges = [destroy(e) for e in current], []
     nodes.append(first)
     made = [first.pid]

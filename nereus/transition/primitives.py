@@ -210,7 +210,8 @@ def destroy(emu: EMU) -> Primitive:
                      consumes=(emu.uid,), gpus=emu.gpus, mem_net={g: -emu.bytes_on(g) for g in emu.gpus})
 
 
-def load(dst: EMU, source: EMU | str, read: bool = True) -> Primitive:
+def load(dst: EMU, source: EMU | str, read: bool = True, model: ModelSpec | None = None,
+         bytes_per_param: int = 0) -> Primitive:
     """``Load(EMU, source) → EMU``: re-create a replica whose model-stage lost every replica, or
     whose copies were dropped to make room (``estimate.plan_dag``; ours).
 
@@ -224,7 +225,10 @@ def load(dst: EMU, source: EMU | str, read: bool = True) -> Primitive:
     * storage: every destination GPU reads its shard; no GPU-to-GPU traffic (``pairs`` empty);
     * train EMU: weight-sync broadcast, destination GPU ``i`` receives its shard (weights only,
       ``dst.shard_bytes``) from train GPU ``src.gpus[i % len(src.gpus)]`` (a destination GPU that
-      also holds the train EMU copies locally, without a link); the source EMU is read (it must
+      also holds the train EMU copies what it already holds locally, without a link, and receives
+      the rest when ``model`` and ``bytes_per_param`` (of ``dst``) say how much of its shard the
+      train shard on it covers, :func:`~nereus.transition.emu.resident_bytes`; without them it is
+      counted in full); the source EMU is read (it must
       stay alive until the Load ends). With ``read=False`` the source is a *target* EMU of the train
       model-stage: the Load reads no uid, ``source`` is the train model-stage's name, and the global
       DAG orders it after every primitive of that model-stage (sync from its final layout).
@@ -236,7 +240,7 @@ def load(dst: EMU, source: EMU | str, read: bool = True) -> Primitive:
         ValueError: a ``*.train`` destination, or a source that is neither storage nor an EMU of
             the destination model's ``*.train``.
     """
-    model, _, stage = dst.model_stage.partition(".")
+    mname, _, stage = dst.model_stage.partition(".")
     if stage == "train":
         raise ValueError(f"Load {dst.uid}: {dst.model_stage} holds unique training state and cannot be "
                          "reloaded; restore it from a checkpoint")
@@ -245,15 +249,31 @@ def load(dst: EMU, source: EMU | str, read: bool = True) -> Primitive:
                   acquires=dst.gpus, mem_hi=dict(mem), mem_net=dict(mem), bytes_moved=sum(mem.values()))
     if isinstance(source, str):
         if source != STORAGE:
-            raise ValueError(f"Load {dst.uid}: source must be {STORAGE!r} or a {model}.train EMU, got {source!r}")
+            raise ValueError(f"Load {dst.uid}: source must be {STORAGE!r} or a {mname}.train EMU, got {source!r}")
         return Primitive(gpus=dst.gpus, source=STORAGE, **common)
-    if source.model_stage != f"{model}.train":
-        raise ValueError(f"Load {dst.uid}: weights of {dst.model_stage} derive from {model}.train, not "
+    if source.model_stage != f"{mname}.train":
+        raise ValueError(f"Load {dst.uid}: weights of {dst.model_stage} derive from {mname}.train, not "
                          f"{source.model_stage} ({source.uid})")
-    pairs = tuple((source.gpus[i % len(source.gpus)], d, mem[d]) for i, d in enumerate(dst.gpus)
-                  if d not in source.gpus)  # a GPU that also holds the train EMU copies locally
+    pairs, moved = [], 0
+    n = len(source.gpus)
+    for i, d in enumerate(dst.gpus):
+        if d not in source.gpus:
+            pairs.append((source.gpus[i % n], d, mem[d]))
+            moved += mem[d]
+        elif model is not None and bytes_per_param > 0:  # receives what the train shard here lacks
+            ps, ts = source.position(d)
+            p, t = dst.position(d)
+            miss = max(0, mem[d] - resident_bytes(model, bytes_per_param, (source.tp, source.pp, ps, ts),
+                                                  (dst.tp, dst.pp, p, t)))
+            if miss:
+                j = source.gpus.index(d)
+                pairs.append((source.gpus[(j + 1) % n], d, miss))
+                moved += miss
+        else:
+            moved += mem[d]
+    common["bytes_moved"] = moved
     gpus = source.gpus + tuple(g for g in dst.gpus if g not in source.gpus)
-    return Primitive(reads=(source.uid,) if read else (), gpus=gpus, pairs=pairs, num_comms=len(pairs) + 1,
+    return Primitive(reads=(source.uid,) if read else (), gpus=gpus, pairs=tuple(pairs), num_comms=len(pairs) + 1,
                      source=source.uid if read else source.model_stage, **common)
 
 

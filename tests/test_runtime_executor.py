@@ -1,0 +1,178 @@
+"""The live-transition executor on Ray workers: every primitive kind and composed changes keep the
+logical state bit for bit, move exactly the planner's bytes, pass no tensor through the driver, and
+training continues as if nothing happened (DESIGN.md §4.8)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from nereus.planner.plan import Candidate, Plan  # noqa: E402
+from nereus.runtime.adaptive import runtime_job  # noqa: E402
+from nereus.runtime.driver import RLConfig, RLDriver  # noqa: E402
+from nereus.runtime.executor import TransitionExecutor  # noqa: E402
+from nereus.runtime.pool import WorkerPool  # noqa: E402
+from nereus.runtime.task import DigitTask  # noqa: E402
+from nereus.spec.model import MODEL_PRESETS  # noqa: E402
+from nereus.spec.workload import WorkloadSpec  # noqa: E402
+from nereus.transition.estimate import estimate_transition  # noqa: E402
+from nereus.transition.schedule import Schedule  # noqa: E402
+from nereus.transition.verify import ScheduleError  # noqa: E402
+
+SPEC = MODEL_PRESETS["tiny"]
+TASK = DigitTask("reverse", 3)
+W = WorkloadSpec(algorithm="ppo", prompts_per_step=4, samples_per_prompt=2, prompt_len=5, response_len=4,
+                 mini_batch_size=4, micro_batch_size=1, infer_micro_batch_size=4, reward_model=False)
+CFG = RLConfig(actor_lr=1e-2, critic_lr=1e-2, timeout_s=30)
+BASE = {"actor.generate": (1, 1, 2, (0, 1)), "actor.infer": (1, 1, 1, (0,)), "reference.infer": (1, 2, 1, (1, 2)),
+        "critic.infer": (1, 1, 1, (3,)), "actor.train": (2, 1, 1, (0, 1)), "critic.train": (1, 2, 1, (2, 3))}
+TRAIN = ("actor.train", "critic.train")
+
+
+def plan(**changes) -> Plan:
+    lay = {**BASE, **{k.replace("_", "."): v for k, v in changes.items()}}
+    return Plan(candidates=tuple(Candidate(ms, tp, pp, dp, micro_batch=1 if not ms.endswith("generate") else 0,
+                                           gpus=gpus) for ms, (tp, pp, dp, gpus) in lay.items()))
+
+
+@pytest.fixture(scope="module")
+def pool():
+    ray = pytest.importorskip("ray")
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
+    p = WorkerPool(4, timeout_s=30).start()
+    yield p
+    p.close()
+    if started:
+        ray.shutdown()
+
+
+def _states(d: RLDriver) -> dict:
+    return {n: d.gather_logical_state(n) for n in TRAIN}
+
+
+def _assert_equal(a: dict, b: dict, what: str) -> None:
+    for ms in TRAIN:
+        for kind in ("params", "exp_avg", "exp_avg_sq"):
+            assert a[ms][kind].keys() == b[ms][kind].keys()
+            for n in a[ms][kind]:
+                assert torch.equal(a[ms][kind][n], b[ms][kind][n]), (what, ms, kind, n)
+        for k in ("step", "update_count", "version", "policy_version", "position"):
+            assert a[ms][k] == b[ms][k], (what, ms, k)
+
+
+def _transition(d: RLDriver, target: Plan, pool_ids=None):
+    job = runtime_job(SPEC, W, 4)
+    current = Plan(candidates=tuple(d.cands.values()))
+    est = estimate_transition(job, current, target, frozenset(pool_ids or range(4)))
+    assert est.feasible, est.reason
+    return est, TransitionExecutor(d).execute(est, target)
+
+
+#: (name, target plan) in the order the test applies them; each starts from the previous one
+CHAIN = [
+    ("TP 2->1", plan(actor_train=(1, 1, 1, (0,)))),
+    ("TP 1->2", plan(actor_train=(2, 1, 1, (0, 1)))),
+    ("PP 1->2 via TP->PP", plan(actor_train=(1, 2, 1, (0, 1)))),
+    ("PP 2->1", plan(actor_train=(1, 1, 1, (1,)))),
+    ("DP 1->2", plan(actor_train=(1, 1, 2, (1, 0)))),
+    ("DP 2->1", plan(actor_train=(1, 1, 1, (0,)))),
+    ("multi-model-stage on a full pool", plan(actor_train=(2, 1, 1, (2, 3)), critic_train=(1, 2, 1, (0, 1)),
+                                              actor_generate=(2, 1, 2, (0, 1, 2, 3)),
+                                              critic_infer=(1, 1, 1, (0,)), actor_infer=(1, 1, 1, (3,)))),
+]
+
+
+@pytest.mark.slow
+def test_live_transitions_keep_state_move_planned_bytes_and_training_continues(pool):
+    steps = len(CHAIN) + 1
+    # reference: the same steps (same samples) without any transition
+    ref = RLDriver(SPEC, W, plan(), TASK, 4, CFG).start(pool)
+    try:
+        for _ in range(steps):
+            ref.step()
+        want = _states(ref)
+    finally:
+        ref.close()
+    d = RLDriver(SPEC, W, plan(), TASK, 4, CFG).start(pool)
+    try:
+        d.step()
+        kinds = set()
+        for name, target in CHAIN:
+            before = _states(d)
+            est, rep = _transition(d, target)
+            _assert_equal(_states(d), before, name)
+            assert rep.bytes_moved == rep.predicted_bytes == est.bytes_moved, (name, rep.summary())
+            for r in rep.primitives:  # per primitive too, not only in total
+                assert r.bytes_received == r.predicted_bytes, (name, r.pid, r.bytes_received, r.predicted_bytes)
+            assert rep.driver_bytes < 64 * 1024, (name, rep.driver_bytes)  # metadata only
+            kinds |= {r.kind for r in rep.primitives}
+            for ms, c in d.cands.items():
+                assert (c.tp, c.pp, c.dp, c.gpus) == (target[ms].tp, target[ms].pp, target[ms].dp, target[ms].gpus)
+            if d.layouts["actor.train"].dp == 2:  # every replica holds the same state
+                r1 = d.gather_logical_state("actor.train", 1)
+                assert all(torch.equal(r1["params"][n], before["actor.train"]["params"][n]) for n in r1["params"])
+            d.step()
+        assert {"split", "merge", "extend", "destroy"} <= kinds, kinds
+        got = _states(d)
+    finally:
+        d.close()
+    for ms in TRAIN:  # same samples, same updates up to fp32 reduction order
+        assert got[ms]["update_count"] == want[ms]["update_count"] == 2 * steps
+        assert got[ms]["position"] == want[ms]["position"]
+        for n in want[ms]["params"]:
+            assert torch.allclose(got[ms]["params"][n], want[ms]["params"][n], atol=1e-5, rtol=1e-4), (ms, n)
+            assert torch.allclose(got[ms]["exp_avg"][n], want[ms]["exp_avg"][n], atol=1e-6, rtol=1e-3), (ms, n)
+
+
+@pytest.mark.slow
+def test_executor_refuses_a_schedule_that_breaks_the_last_copy_rule_before_moving(pool):
+    d = RLDriver(SPEC, W, plan(actor_train=(1, 1, 1, (0,))), TASK, 4, CFG).start(pool)
+    try:
+        d.step()
+        before = _states(d)
+        target = plan(actor_train=(1, 1, 1, (2,)), critic_train=(1, 2, 1, (0, 1)))
+        job = runtime_job(SPEC, W, 4)
+        est = estimate_transition(job, Plan(candidates=tuple(d.cands.values())), target, frozenset(range(4)))
+        assert est.feasible, est.reason
+        destroy = next(p.pid for p in est.dag.nodes if p.kind in ("destroy", "offload")
+                       and p.model_stage == "actor.train")
+        # move that release to time 0, before the copy that must precede it exists
+        s = est.schedule
+        start, end = dict(s.start), dict(s.end)
+        dur = end[destroy] - start[destroy]
+        start[destroy], end[destroy] = -1.0 - dur, -1.0
+        bad = Schedule(start, end, s.makespan)
+        with pytest.raises(ScheduleError):
+            TransitionExecutor(d).execute(type(est)(**{**est.__dict__, "schedule": bad}), target)
+        # nothing moved: same layouts, same state, and training goes on
+        assert d.cands["actor.train"].gpus == (0,)
+        _assert_equal(_states(d), before, "refused")
+        d.step()
+    finally:
+        d.close()
+
+
+@pytest.mark.slow
+def test_transition_onto_fewer_workers_after_one_leaves(pool):  # last: it kills worker 3
+    d = RLDriver(SPEC, W, plan(actor_train=(1, 1, 2, (0, 3)), critic_train=(1, 1, 2, (2, 1))), TASK, 4, CFG)
+    d.start(pool)
+    try:
+        d.step()
+        before = _states(d)
+        # worker 3 is lost: actor.train keeps replica 0 on worker 0, critic.train its replica on 2
+        target = plan(actor_train=(1, 1, 1, (0,)), critic_train=(1, 1, 1, (2,)), actor_generate=(1, 1, 2, (0, 1)),
+                      reference_infer=(1, 1, 1, (1,)), critic_infer=(1, 1, 1, (2,)))
+        pool.remove(3)  # the actor is killed; the driver shares the pool's list and sees None
+        assert d.workers[3] is None
+        est, rep = _transition(d, target, pool_ids=(0, 1, 2))
+        _assert_equal(_states(d), before, "shrink")
+        assert rep.bytes_moved == rep.predicted_bytes
+        d.step()
+    finally:
+        d.close()
