@@ -318,6 +318,39 @@ class WorkerCore:
         """Exit the process at once (fault-injection for tests)."""
         os._exit(1)
 
+    # ------------------------------------------------------------------ checkpoint/restart (durable.py)
+    def dcp_save(self, model_stages: list[str], directory: str) -> dict:
+        """Write this worker's shards of ``model_stages`` held in DP replica 0 with DCP, each under
+        ``<directory>/<model_stage>/rank-<worker>`` (``durable.save_engine``); returns byte counts."""
+        from nereus.runtime.durable import save_engine
+
+        out = {"written": 0, "state": 0, "seconds": 0.0}
+        for ms in model_stages:
+            e = self.engines.get(ms)
+            if e is None or e.ctx.d != 0:
+                continue
+            with self.meter.stage(ms):
+                r = save_engine(e, os.path.join(directory, ms, f"rank-{self.id}"))
+            for k in out:
+                out[k] += r[k]
+        return out
+
+    def dcp_load(self, model_stages: list[str], directory: str) -> dict:
+        """Fill this worker's engines of ``model_stages`` from ``<directory>/<model_stage>`` with DCP
+        (``durable.load_engine``: only the pieces of its own shard); returns byte counts."""
+        from nereus.runtime.durable import load_engine
+
+        out = {"read": 0, "loaded": 0, "seconds": 0.0}
+        for ms in model_stages:
+            e = self.engines.get(ms)
+            if e is None:
+                continue
+            with self.meter.stage(ms):
+                r = load_engine(e, os.path.join(directory, ms))
+            for k in out:
+                out[k] += r[k]
+        return out
+
 
 def ray_worker_class(num_gpus: float = 0):
     """``WorkerCore`` as a Ray actor class taking one device (one CPU, or one GPU when ``num_gpus``)."""

@@ -1,0 +1,345 @@
+"""Checkpoint/restart through ``torch.distributed.checkpoint`` (DCP): the baseline a live transition
+is measured against (``benchmarks/bench_live_transition.py``, ``docs/live-transition.md``).
+
+A restart into a new layout goes through storage instead of moving shards between workers:
+
+1. :func:`save`: every worker of DP replica 0 of each saved model-stage writes its OWN shards
+   (parameters; for a trainable model-stage also Adam's ``exp_avg`` and ``exp_avg_sq``) and the
+   counters with ``dcp.save(..., no_dist=True)``; the other replicas hold the same state and write
+   nothing. Nothing is gathered: the driver receives byte counts only.
+2. :func:`restart`: the engines of the saved model-stages are torn down (``WorkerCore.destroy``) on
+   every worker, the driver takes the target plan (``RLDriver.set_plan``, a fresh group tag) and
+   rebuilds those engines in their target layouts (from their seeds, as at start-up), then every
+   rank of every replica of the new layout reads with ``dcp.load`` exactly the rows/columns of its new
+   shard (:func:`~nereus.runtime.shards.region`) from the saved pieces that cover them, and takes
+   the counters. Engines of model-stages that were not saved are left as they are (their layout
+   must not change).
+
+**Format.** ``<directory>/<model_stage>/rank-<worker>/`` is one DCP checkpoint (``.metadata`` plus
+``__0_0.distcp``) per saving worker, holding flat keys:
+
+===========================================  ====================================================
+key                                          tensor
+===========================================  ====================================================
+``<kind>/<name>/<dim>:<lo>:<hi>``            rows (dim 0) or columns (dim 1) ``[lo, hi)`` of the
+                                             full tensor ``<name>`` (Hugging Face Llama name) for
+                                             ``<kind>`` in ``params``, ``exp_avg``, ``exp_avg_sq``;
+                                             vocab padding rows are not saved
+``<kind>/<name>/full``                       the whole tensor (replicated: norms, value head)
+``counters``                                 int64 ``[step, update_count, version,
+                                             policy_version, position]``
+===========================================  ====================================================
+
+The key alone says which part of which full tensor a piece is, so a reader in any layout finds the
+pieces it needs from each rank directory's DCP metadata (``FileSystemReader.read_metadata``) without
+knowing the layout that wrote them. ``<directory>/driver.json`` holds the driver's ``step_index``,
+``updates`` and the saved model-stages with the layout each was saved in.
+
+**Partial reads.** A custom :class:`~torch.distributed.checkpoint.planner.LoadPlanner` asks DCP for
+the overlap of a saved piece with the new shard only (a ``ReadItem`` per overlap); DCP's file reader
+still reads the whole saved item from the file before narrowing it, so :func:`restart` reports both
+``read`` (bytes of file items and metadata read) and ``loaded`` (bytes copied into shards).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+
+import torch
+
+from nereus.runtime.shards import region
+
+__all__ = ["save", "restart", "save_engine", "load_engine", "piece_key", "parse_key", "saved_stages"]
+
+_COUNTERS = ("step", "update_count", "version", "policy_version", "position")
+
+
+def piece_key(kind: str, name: str, dim: int | None, lo: int = 0, hi: int = 0) -> str:
+    """The DCP key of a piece (module docstring)."""
+    return f"{kind}/{name}/full" if dim is None else f"{kind}/{name}/{dim}:{lo}:{hi}"
+
+
+def parse_key(key: str) -> tuple[str, str, int | None, int, int]:
+    """``(kind, name, dim, lo, hi)`` of a piece key (``dim`` None for a whole tensor).
+
+    Raises:
+        ValueError: not a piece key.
+    """
+    kind, _, rest = key.partition("/")
+    name, _, where = rest.rpartition("/")
+    if not kind or not name:
+        raise ValueError(f"not a piece key: {key!r}")
+    if where == "full":
+        return kind, name, None, 0, 0
+    try:
+        dim, lo, hi = (int(x) for x in where.split(":"))
+    except ValueError:
+        raise ValueError(f"not a piece key: {key!r}") from None
+    return kind, name, dim, lo, hi
+
+
+def _kinds(engine) -> dict[str, dict[str, torch.Tensor]]:
+    out = {"params": engine.model.params}
+    if engine.trainable:
+        out["exp_avg"], out["exp_avg_sq"] = engine.exp_avg, engine.exp_avg_sq
+    return out
+
+
+def _dir_bytes(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(path) for f in fs)
+
+
+# ---------------------------------------------------------------------------------------- worker side
+def save_engine(engine, path: str) -> dict:
+    """Write ``engine``'s own shards and counters as one DCP checkpoint at ``path``.
+
+    Returns:
+        ``{"written": bytes of the files, "state": state bytes, "seconds"}``.
+    """
+    import torch.distributed.checkpoint as dcp
+
+    t0 = time.perf_counter()
+    spec, ctx = engine.spec, engine.ctx
+    sd: dict[str, torch.Tensor] = {}
+    state = 0
+    for kind, tensors in _kinds(engine).items():
+        for name in engine.model.names:
+            r = region(spec, name, ctx.tp, ctx.t)
+            t = tensors[name].detach()
+            if r.dim is not None:
+                t = t.narrow(r.dim, 0, r.hi - r.lo)  # vocab padding is not state
+            sd[piece_key(kind, name, r.dim, r.lo, r.hi)] = t.contiguous()
+            state += t.numel() * t.element_size()
+    sd["counters"] = torch.tensor([int(getattr(engine, k)) for k in _COUNTERS], dtype=torch.int64)
+    os.makedirs(path, exist_ok=True)
+    dcp.save(sd, checkpoint_id=path, no_dist=True)
+    return {"written": _dir_bytes(path), "state": state, "seconds": time.perf_counter() - t0}
+
+
+def _planner_class():
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata
+    from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
+    from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
+
+    class PiecePlanner(LoadPlanner):
+        """Reads, for each saved key, only the chunks ``requests[key]`` names: ``[(offsets in the saved
+        piece, destination view)]``; counts the bytes of the file items it makes DCP read."""
+
+        def __init__(self, requests: dict) -> None:
+            self.requests = requests
+            self.item_bytes = 0
+
+        def set_up_planner(self, state_dict, metadata=None, is_coordinator=False) -> None:
+            self.metadata = metadata
+
+        def create_local_plan(self):
+            items = []
+            for key, reqs in self.requests.items():
+                md = self.metadata.state_dict_metadata[key]
+                chunks = [ChunkStorageMetadata(offsets=torch.Size(off), sizes=view.shape) for off, view in reqs]
+                items += create_read_items_for_chunk_list(key, md, chunks)
+            self.item_bytes = sum(self.metadata.storage_data[i.storage_index].length for i in items)
+            return LoadPlan(items)
+
+        def create_global_plan(self, global_plan):
+            return global_plan
+
+        def finish_plan(self, central_plan):
+            return central_plan
+
+        def load_bytes(self, read_item, value) -> None:  # every saved value is a tensor
+            raise ValueError(f"unexpected non-tensor item {read_item.dest_index.fqn}")
+
+        def resolve_tensor(self, read_item):
+            _, view = self.requests[read_item.dest_index.fqn][read_item.dest_index.index]
+            for d, (o, n) in enumerate(zip(read_item.dest_offsets, read_item.lengths)):
+                view = view.narrow(d, o, n)
+            return view
+
+        def commit_tensor(self, read_item, tensor) -> None:
+            pass
+
+    return PiecePlanner
+
+
+def _rank_dirs(path: str) -> list[str]:
+    if not os.path.isdir(path):
+        raise ValueError(f"no checkpoint at {path}")
+    ranks = sorted((int(n.split("-", 1)[1]), n) for n in os.listdir(path) if n.startswith("rank-"))
+    return [os.path.join(path, n) for _, n in ranks]
+
+
+@torch.no_grad()
+def load_engine(engine, path: str) -> dict:
+    """Fill ``engine``'s shards and counters from the model-stage checkpoint at ``path``
+    (``<directory>/<model_stage>``): from each saved rank, exactly the rows/columns of this rank's
+    shard that its pieces cover (first saved rank first).
+
+    Returns:
+        ``{"read": bytes of file items and metadata read, "loaded": bytes copied into shards,
+        "seconds"}``.
+
+    Raises:
+        ValueError: no checkpoint there, or some rows of this rank's shard are in no saved piece.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemReader
+
+    t0 = time.perf_counter()
+    spec, ctx = engine.spec, engine.ctx
+    dest = _kinds(engine)
+    want = {n: region(spec, n, ctx.tp, ctx.t) for n in engine.model.names}
+    need = {(k, n): [(w.lo, w.hi)] if w.dim is not None else [(0, 1)] for k in dest for n, w in want.items()}
+    for tensors in dest.values():
+        for n in want:
+            tensors[n].zero_()  # vocab padding rows stay zero
+    planner_cls = _planner_class()
+    out = {"read": 0, "loaded": 0}
+    counters = None
+    for rank_dir in _rank_dirs(path):
+        md_path = os.path.join(rank_dir, ".metadata")
+        md = FileSystemReader(rank_dir).read_metadata()
+        out["read"] += os.path.getsize(md_path)
+        requests: dict[str, list] = {}
+        for key in md.state_dict_metadata:
+            if key == "counters":
+                if counters is None:
+                    counters = torch.zeros(len(_COUNTERS), dtype=torch.int64)
+                    requests[key] = [((0,), counters)]
+                continue
+            kind, name, dim, lo, hi = parse_key(key)
+            if (kind, name) not in need or not need[(kind, name)]:
+                continue
+            w, t = want[name], dest[kind][name]
+            if dim is None:
+                requests[key] = [((0,) * t.dim(), t)]
+                need[(kind, name)] = []
+                continue
+            if dim != w.dim:
+                raise ValueError(f"{rank_dir}: {key} splits dim {dim}, this rank's shard of {name} dim {w.dim}")
+            rest = []
+            for a, b in need[(kind, name)]:
+                x, y = max(a, lo), min(b, hi)
+                if x >= y:
+                    rest.append((a, b))
+                    continue
+                off = [0] * t.dim()
+                off[dim] = x - lo
+                requests.setdefault(key, []).append((tuple(off), t.narrow(dim, x - w.lo, y - x)))
+                rest += [iv for iv in ((a, x), (y, b)) if iv[1] > iv[0]]
+            need[(kind, name)] = rest
+        if not requests:
+            continue
+        planner = planner_cls(requests)
+        dcp.load({k: v[0][1] for k, v in requests.items()}, checkpoint_id=rank_dir, planner=planner, no_dist=True)
+        out["read"] += planner.item_bytes + os.path.getsize(md_path)  # dcp.load reads the metadata again
+        out["loaded"] += sum(v.numel() * v.element_size() for k, rs in requests.items() if k != "counters"
+                             for _, v in rs)
+    missing = [(k, n, iv) for (k, n), iv in need.items() if iv]
+    if missing:
+        raise ValueError(f"{path}: no saved piece covers {missing[:3]} of this rank (tp={ctx.tp} t={ctx.t} "
+                         f"p={ctx.p})")
+    if counters is None:
+        raise ValueError(f"{path}: no counters saved")
+    for k, v in zip(_COUNTERS, counters.tolist()):
+        setattr(engine, k, int(v))
+    out["seconds"] = time.perf_counter() - t0
+    return out
+
+
+# ---------------------------------------------------------------------------------------- driver side
+def _live(driver) -> list[int]:
+    return [i for i, w in enumerate(driver.workers) if w is not None]
+
+
+def saved_stages(directory: str) -> list[str]:
+    """Model-stages saved under ``directory`` (from ``driver.json``)."""
+    with open(os.path.join(directory, "driver.json")) as f:
+        return list(json.load(f)["model_stages"])
+
+
+def save(driver, directory: str, model_stages: list[str] | None = None) -> dict:
+    """Save ``model_stages`` (default: all) of a started driver under ``directory`` (module docstring).
+
+    Returns:
+        ``{"seconds", "written": bytes of every file, "state": state bytes, "per_worker"}``.
+
+    Raises:
+        ValueError: an unknown model-stage, or a worker of a saved replica 0 left the pool.
+    """
+    t0 = time.perf_counter()
+    names = [ms.name for ms in driver.wf.model_stages]
+    stages = list(model_stages) if model_stages is not None else names
+    bad = [m for m in stages if m not in names]
+    if bad:
+        raise ValueError(f"save: unknown model-stages {bad}; the workflow has {names}")
+    writers = sorted({w for m in stages for w in driver.layouts[m].replica(0)})
+    gone = [w for w in writers if driver.workers[w] is None]
+    if gone:
+        raise ValueError(f"save: workers {gone} of a replica 0 left the pool")
+    for m in stages:  # pieces of an earlier save in another layout must not be read back
+        shutil.rmtree(os.path.join(directory, m), ignore_errors=True)
+    os.makedirs(directory, exist_ok=True)
+    res = driver._get([driver.workers[w].dcp_save.remote(stages, directory) for w in writers], "dcp save")
+    meta = {"step_index": driver.step_index, "updates": driver.updates, "model_stages": stages,
+            "layouts": {m: {"tp": driver.layouts[m].tp, "pp": driver.layouts[m].pp, "dp": driver.layouts[m].dp,
+                            "workers": list(driver.layouts[m].workers)} for m in stages}}
+    path = os.path.join(directory, "driver.json")
+    with open(path, "w") as f:
+        json.dump(meta, f)
+    written = sum(r["written"] for r in res) + os.path.getsize(path)
+    return {"seconds": time.perf_counter() - t0, "written": written, "state": sum(r["state"] for r in res),
+            "per_worker": dict(zip(writers, res))}
+
+
+def restart(driver, directory: str, target) -> dict:
+    """Tear down the saved model-stages' engines, rebuild them in ``target``'s layouts and load their
+    state from ``directory`` (module docstring); the driver's step index and update counter come from
+    the checkpoint.
+
+    Returns:
+        ``{"seconds", "teardown_s", "build_s", "load_s", "read", "loaded", "per_worker"}``.
+
+    Raises:
+        ValueError: ``target`` is invalid, uses workers that left, or changes the layout of a
+            model-stage that was not saved (nothing is torn down then).
+    """
+    from nereus.runtime.parallel import Layout
+
+    t0 = time.perf_counter()
+    with open(os.path.join(directory, "driver.json")) as f:
+        meta = json.load(f)
+    stages = meta["model_stages"]
+    gone = sorted({g for c in target.candidates for g in c.gpus if g >= len(driver.workers)
+                   or driver.workers[g] is None})
+    if gone:
+        raise ValueError(f"restart: target uses workers {gone} that are not in the pool")
+    old = (driver.cands, driver.layouts, driver.tag)
+    driver.set_plan(target)  # validates first: on ValueError nothing has changed
+    moved = [m for m, lay in driver.layouts.items() if m not in stages and lay != old[1][m]]
+    if moved:
+        driver.cands, driver.layouts, driver.tag = old
+        raise ValueError(f"restart: {moved} change layout but were not saved in {directory}")
+    live = _live(driver)
+    driver._get([driver.workers[i].destroy.remote(m) for m in stages for i in live], "restart teardown")
+    t1 = time.perf_counter()
+    for ms in driver.wf.model_stages:
+        if ms.name not in stages:
+            continue
+        lay: Layout = driver.layouts[ms.name]
+        adam = driver.adam_config(ms.name) if ms.trainable else None
+        driver._get([driver.workers[i].build.remote(ms.name, driver._spec_of(ms.model), lay,
+                                                    driver.seed_of(ms.model), ms.trainable, adam, driver.tag,
+                                                    recompute=driver.recompute_of(ms.name))
+                     for i in lay.workers], f"restart: building {ms.name}")
+    t2 = time.perf_counter()
+    loaders = sorted({w for m in stages for w in driver.layouts[m].workers})
+    res = driver._get([driver.workers[w].dcp_load.remote(stages, directory) for w in loaders], "dcp load")
+    driver.step_index, driver.updates = int(meta["step_index"]), int(meta["updates"])
+    t3 = time.perf_counter()
+    return {"seconds": t3 - t0, "teardown_s": t1 - t0, "build_s": t2 - t1, "load_s": t3 - t2,
+            "read": sum(r["read"] for r in res), "loaded": sum(r["loaded"] for r in res),
+            "per_worker": dict(zip(loaders, res))}
