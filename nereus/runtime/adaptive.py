@@ -7,15 +7,26 @@ At every safe boundary (the end of a synchronous step) the run hands the control
 device below) and applies its decision:
 
 * ``Keep``: nothing;
-* ``Transition(plan)``: a state-preserving re-layout (``relayout.py``; a centralized re-shard through
-  the driver, not yet the Split/Merge/Extend/Destroy executor);
-* ``Restart(plan)``: rebuild from the in-memory checkpoint taken at the previous safe boundary
-  (``relayout.checkpoint``), on ``plan``, or, when nothing fits (``plan`` None), on a time-shared
-  fallback plan (``plans.shared_plan``) that the controller is told about with ``resume``.
+* ``Transition(plan)``: a live transition (``executor.py``): the transition planner's DAG and
+  schedule (``nereus.transition.estimate_transition`` on the calibrated link bandwidth and
+  communicator setup) run on the workers that hold the state, Split/Merge/Extend/Destroy (and
+  Offload/Restore/Load where the planner needs them), each printed with its bytes and predicted and
+  measured seconds; the measurements calibrate the next estimates (``transition/calibrate.py``);
+* ``Restart(plan)``, or a transition whose DAG is infeasible or whose training state lost every
+  replica: rebuild from the in-memory checkpoint taken at the previous safe boundary
+  (``relayout.checkpoint``; the only path that still re-shards through the driver), on ``plan``, or,
+  when nothing fits (``plan`` None), on a time-shared fallback plan (``plans.shared_plan``) that
+  the controller is told about with ``resume``.
+
+Curriculum (``--digits-schedule STEP:D``): from step ``STEP`` the task uses ``D``-digit problems, so
+prompts and responses get longer; the controller sees the response length drift.
 
 Pool changes (``--pool-schedule STEP:-N,STEP:+N``) happen just before step ``STEP`` (0-based): the
 highest-numbered live workers leave (their engines and any state only they held are gone), or new
-workers join with new ids. The controller sees the change through ``StepReport.pool`` at once.
+workers join with new ids. The controller sees the change through ``StepReport.pool`` at once. With
+``notice`` a departure is announced first (as AWS's two-minute spot notice or a scheduler's drain):
+the controller replans without the leaving workers and the transition reads their state before
+they go.
 """
 
 from __future__ import annotations
@@ -26,21 +37,27 @@ from dataclasses import replace
 import torch
 
 from nereus.controller import Controller, ControllerConfig, CostModelPlanner, StepReport
-from nereus.controller.decisions import Keep, Restart, Transition
+from nereus.controller.decisions import Keep, Transition, TransitionCost
 from nereus.controller.planning import same_plan
-from nereus.controller.transition_cost import bandwidth_estimate, estimate_transition_cost
+from nereus.controller.transition_cost import bandwidth_estimate
+from nereus.planner.notation import format_gpus, format_plan
 from nereus.planner.plan import Plan
 from nereus.runtime.driver import RLConfig, RLDriver
+from nereus.runtime.executor import TransitionExecutor
 from nereus.runtime.plans import shared_plan
 from nereus.runtime.pool import WorkerFailure, WorkerPool
 from nereus.runtime.relayout import checkpoint, intact_replica, relayout, train_stages
+from nereus.runtime.schedules import parse_digits_schedule
 from nereus.runtime.task import DigitTask
 from nereus.spec.hardware import GIB, GPU_PRESETS, ClusterSpec, GPUSpec
 from nereus.spec.job import JobSpec
 from nereus.spec.model import ModelSpec
 from nereus.spec.workload import WorkloadSpec
+from nereus.transition.calibrate import TransitionCalibration
+from nereus.transition.estimate import estimate_transition
 
-__all__ = ["AdaptiveRun", "runtime_job", "cpu_gpu_spec", "measure_matmul_flops", "parse_pool_schedule", "plan_summary"]
+__all__ = ["AdaptiveRun", "runtime_job", "cpu_gpu_spec", "measure_matmul_flops", "parse_pool_schedule",
+           "parse_digits_schedule"]
 
 
 def measure_matmul_flops(n: int = 256, reps: int = 5) -> float:
@@ -100,21 +117,6 @@ def parse_pool_schedule(text: str | None) -> dict[int, int]:
     return out
 
 
-def plan_summary(plan: Plan) -> str:
-    return ", ".join(f"{c.model_stage} {c.tp}/{c.pp}/{c.dp}@{list(c.gpus)}" for c in plan.candidates)
-
-
-def _transition_cost(job: JobSpec, current: Plan, target: Plan, pool=None):
-    """``L_tran`` for this runtime: the transition DAG's estimate without the 20 s rollout-engine
-    start the simulator assumes (here the rebuild is part of the measured re-layout, well under a
-    second on the tiny model); bytes over bandwidth when the current plan is the time-shared
-    fallback, which the DAG planner does not accept (two model-stages of one stage on one worker)."""
-    try:
-        return estimate_transition_cost(job, current, target, pool, engine_reinit_s=0.0)
-    except ValueError:
-        return bandwidth_estimate(job, current, target, pool)
-
-
 class AdaptiveRun:
     """The controller (``Controller`` over ``CostModelPlanner``) driving an :class:`RLDriver`.
 
@@ -123,6 +125,11 @@ class AdaptiveRun:
             fp32 bytes per parameter and KV element (what the CPU runtime holds).
         num_workers: workers at start.
         schedule: :func:`parse_pool_schedule` output.
+        digits: :func:`parse_digits_schedule` output (a curriculum: longer problems, longer
+            responses from the given steps on).
+        notice: departures are announced at the boundary before they happen (a spot reclaim
+            notice, a scheduler's drain): the controller plans without the leaving workers while
+            their state can still be read, then they leave. Without it they vanish at once.
         memory_bytes: per-worker memory budget of the cost model.
         gamma: the controller's payback margin.
         log: a ``print``-like callable for the per-step lines (None: silent).
@@ -130,8 +137,12 @@ class AdaptiveRun:
 
     def __init__(self, spec: ModelSpec, workload: WorkloadSpec, task: DigitTask, num_workers: int,
                  cfg: RLConfig | None = None, schedule: dict[int, int] | None = None,
-                 memory_bytes: int = 2 * GIB, gamma: float = 0.5, log=None, measure: bool = True) -> None:
+                 memory_bytes: int = 2 * GIB, gamma: float = 0.5, log=None, measure: bool = True,
+                 digits: dict[int, int] | None = None, notice: bool = False) -> None:
         self.schedule = dict(schedule or {})
+        self.digits = dict(digits or {})
+        self.notice = bool(notice)
+        self.calib = TransitionCalibration()
         self.max_workers = num_workers + sum(max(v, 0) for v in self.schedule.values())
         self.num_workers, self.log = num_workers, log or (lambda *a, **k: None)
         gpu = cpu_gpu_spec(memory_bytes, measure)
@@ -171,9 +182,17 @@ class AdaptiveRun:
 
     # ------------------------------------------------------------------ the run
     def run(self, steps: int, pool: WorkerPool | None = None) -> list[dict]:
-        """Run ``steps`` RL steps; returns per-step metrics with the decision of each boundary."""
+        """Run ``steps`` RL steps; returns per-step metrics with the decision of each boundary.
+
+        Raises:
+            ValueError: ``steps`` < 1.
+            WorkerFailure: a worker died during a step, or a restart was needed before the first
+                checkpoint.
+        """
         import ray
 
+        if steps < 1:
+            raise ValueError(f"steps must be >= 1, got {steps}")
         own = pool is None
         if own:
             if not ray.is_initialized():
@@ -188,26 +207,39 @@ class AdaptiveRun:
         driver.start(pool)
         self.driver = driver
         self.ctl = Controller(self.job, self.planner.estimate(self.job_at(self.last_len), plan, alive),
-                              self.planner, transition_cost=_transition_cost,
+                              self.planner, transition_cost=self._transition_cost,
                               config=ControllerConfig(gamma=self.gamma))
-        self.log(f"plan: {plan_summary(plan)}")
+        self.log("plan:\n" + format_plan(plan, indent="  "))
         history: list[dict] = []
         self.ckpt = checkpoint(driver)
         try:
             for k in range(steps):
+                if k in self.digits:
+                    self._set_digits(self.digits[k], k)
                 if self.schedule.get(k):
-                    rep = StepReport(step=max(k - 1, 0), response_len=self.last_len,
-                                     pool=self._change_pool(pool, self.schedule[k], k))
-                    self._apply(self.ctl.observe(rep), k, "pool change")
+                    leaving = self._leaving(pool, self.schedule[k]) if self.notice else []
+                    if leaving:  # announced: plan without them while their state can still be read
+                        self.log(f"before step {k}: workers {format_gpus(leaving)} announced to leave")
+                        live = frozenset(i for i, w in enumerate(pool.workers) if w is not None)
+                        rep = StepReport(step=max(k - 1, 0), response_len=self.last_len, pool=live - set(leaving),
+                                         alive=live)
+                        self._apply(self.ctl.observe(rep), k, "pool change")
+                        self._change_pool(pool, self.schedule[k], k)
+                    else:
+                        rep = StepReport(step=max(k - 1, 0), response_len=self.last_len,
+                                         pool=self._change_pool(pool, self.schedule[k], k))
+                        self._apply(self.ctl.observe(rep), k, "pool change")
                 driver.reset_measurements()
                 m = driver.step()
                 self.last_len = max(m["response_len"], 1.0)
+                m["pool"] = sum(1 for w in driver.workers if w is not None)
+                m["workers_used"] = len(Plan(candidates=tuple(driver.cands.values())).gpus_used())
                 dec = self.ctl.observe(driver.step_report(m))
+                self.log(f"step {k}: reward {m['reward']:.3f}  response {m['response_len']:.1f} tokens  "
+                         f"{m['seconds']:.2f}s  updates {driver.updates}  decision: {dec.kind} ({dec.reason})")
                 m["decision"] = self._apply(dec, k, "after step")
                 self.ckpt = checkpoint(driver)  # the safe boundary's in-memory checkpoint
                 m["update_count"] = {n: st["update_count"] for n, st in self.ckpt["states"].items()}
-                self.log(f"step {k}: reward={m['reward']:.3f} seconds={m['seconds']:.2f} updates={driver.updates} "
-                         f"decision={dec.kind}: {dec.reason}")
                 history.append(m)
         finally:
             driver.close()
@@ -218,25 +250,55 @@ class AdaptiveRun:
     def job_at(self, response_len: float) -> JobSpec:
         return self.job.with_workload(self.job.workload.with_response_len(max(1, int(round(response_len)))))
 
+    def _transition_cost(self, job: JobSpec, current: Plan, target: Plan, pool=None) -> TransitionCost:
+        """``L_tran`` for admission: the transition DAG's makespan on the calibrated link bandwidth
+        and communicator setup (no rollout-engine start: the runtime's engines take milliseconds);
+        bytes over bandwidth when the current plan is the time-shared fallback, which the DAG
+        planner does not accept (two model-stages of one stage on one worker)."""
+        try:
+            e = estimate_transition(self.calib.apply(job), current, target, pool, params=self.calib.params())
+        except ValueError:
+            return bandwidth_estimate(job, current, target, pool)
+        return TransitionCost(float(e.l_tran), bool(e.feasible), float(e.bytes_moved), "dag", e.reason)
+
+    def _set_digits(self, digits: int, k: int) -> None:
+        """Switch the task to ``digits``-digit problems before step ``k`` (longer prompts and responses)."""
+        d = self.driver
+        d.task = DigitTask(d.task.kind, digits, d.task.seed)
+        d.R = self.cfg.max_new_tokens or d.task.target_len
+        self.log(f"before step {k}: task now {digits}-digit problems (responses up to {d.R} tokens)")
+
+    @staticmethod
+    def _leaving(pool: WorkerPool, delta: int) -> list[int]:
+        """The workers a change of ``delta`` removes: the highest-numbered live ones (one stays)."""
+        if delta >= 0:
+            return []
+        live = sorted(i for i, w in enumerate(pool.workers) if w is not None)
+        return live[delta:] if -delta < len(live) else live[1:]
+
     def _change_pool(self, pool: WorkerPool, delta: int, k: int) -> frozenset:
-        live = [i for i, w in enumerate(pool.workers) if w is not None]
         if delta < 0:
-            gone = sorted(live)[delta:] if -delta < len(live) else sorted(live)[1:]
+            gone = self._leaving(pool, delta)
             for i in gone:
                 pool.remove(i)
-            self.log(f"before step {k}: workers {gone} left")
+            self.log(f"before step {k}: workers {format_gpus(gone)} left")
         else:
             new = pool.add(delta)
             self.driver.num_workers = len(pool.workers)
-            self.log(f"before step {k}: workers {new} joined")
+            self.log(f"before step {k}: workers {format_gpus(new)} joined")
         return frozenset(i for i, w in enumerate(pool.workers) if w is not None)
 
     def _apply(self, dec, k: int, when: str) -> dict:
-        """Apply a decision at a safe boundary; returns what happened (also kept in ``events``)."""
+        """Apply a decision at a safe boundary; returns what happened (also kept in ``events``).
+
+        A ``Transition`` whose state is intact runs live on the workers (``executor.py``): only the
+        shards that must move, moved directly between workers. A ``Restart``, or a transition where a
+        training model-stage lost every replica, rebuilds from the last checkpoint (``relayout.py``).
+        """
         d = self.driver
         ev = {"step": k, "when": when, "kind": dec.kind, "reason": dec.reason}
         if when == "pool change":
-            self.log(f"  decision={dec.kind}: {dec.reason}")
+            self.log(f"  decision: {dec.kind} ({dec.reason})")
         if isinstance(dec, Keep):
             return ev
         current = Plan(candidates=tuple(d.cands.values()))
@@ -247,21 +309,43 @@ class AdaptiveRun:
         if isinstance(dec, Transition) and same_plan(target, current):
             return ev
         intact = all(intact_replica(d, n) is not None for n in train_stages(d))
-        use_ckpt = isinstance(dec, Restart) or not intact
-        if use_ckpt and intact:  # Restart.checkpoint_first: a full copy is alive, save it now, lose nothing
+        if isinstance(dec, Transition) and intact:
+            report, why = self._live(current, target, alive)
+            if report is not None:
+                self.ctl.resume(self.planner.estimate(self.job_at(self.last_len), target, alive))
+                ev.update(source="live", seconds=report.seconds, transition=report.to_dict(),
+                          plan=format_plan(target))
+                self.log(f"  live transition ({when}): {report.summary()}")
+                for r in report.primitives:
+                    moved = f"{r.bytes_received / 1e6:7.3f} MB" if r.bytes_received else "      -   "
+                    self.log(f"    {r.pid:34s} {moved}  predicted {r.predicted_s:6.3f}s  measured {r.measured_s:6.3f}s")
+                self.log("  plan:\n" + format_plan(target, indent="    "))
+                self.events.append(ev)
+                return ev
+            self.log(f"  no live transition: {why}; rebuilding from the checkpoint")
+        if intact:  # a full copy is alive: checkpoint it now, lose nothing
             self.ckpt = checkpoint(d)
-        if use_ckpt and self.ckpt is None:
+        if self.ckpt is None:
             raise WorkerFailure("restart needed before the first checkpoint (pool change before step 1)")
-        try:
-            info = relayout(d, target, self.ckpt if use_ckpt else None)
-        except WorkerFailure:
-            info = relayout(d, target, self.ckpt)
+        info = relayout(d, target, self.ckpt)
         self.ctl.resume(self.planner.estimate(self.job_at(self.last_len), target, alive))
-        ev.update(info, plan=plan_summary(target))
+        ev.update(info, plan=format_plan(target))
         if dec.plan is None:
             self.log("  restart: the planner found no plan; time-sharing the live workers")
-        self.log(f"  {dec.kind} ({when}) applied in {info['seconds']:.2f}s from {info['source']} state"
-                 + (f", steps lost: {info['steps_lost']}" if use_ckpt else ""))
-        self.log(f"  plan: {plan_summary(target)}")
+        self.log(f"  restart ({when}) from the checkpoint in {info['seconds']:.2f}s, steps lost: {info['steps_lost']}")
+        self.log("  plan:\n" + format_plan(target, indent="    "))
         self.events.append(ev)
         return ev
+
+    def _live(self, current: Plan, target: Plan, alive: frozenset):
+        """Plan the transition DAG and execute it live; ``(report, None)`` or ``(None, why not)``."""
+        job = self.calib.apply(self.job_at(self.last_len))
+        try:
+            est = estimate_transition(job, current, target, alive, params=self.calib.params())
+        except ValueError as e:  # e.g. the current plan is the time-shared fallback
+            return None, str(e)
+        if not est.feasible:
+            return None, est.reason
+        report = TransitionExecutor(self.driver).execute(est, target)
+        self.calib.observe(report.primitives)
+        return report, None

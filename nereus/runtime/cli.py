@@ -17,6 +17,7 @@ import os
 from dataclasses import replace
 
 from nereus.planner.notation import format_plan
+from nereus.runtime.schedules import parse_digits_schedule
 
 __all__ = ["add_arguments", "main", "DEFAULT_LAYOUTS", "check_args", "check_pool_schedule", "check_memory"]
 
@@ -59,6 +60,12 @@ def add_arguments(p) -> None:
                    help="let the controller choose and change the plan between steps (ignores --layout)")
     p.add_argument("--pool-schedule", default=None, metavar="STEP:-N,STEP:+N",
                    help="with --adaptive: N workers leave (-) or join (+) just before 0-based step STEP")
+    p.add_argument("--notice", action="store_true",
+                   help="with --pool-schedule: departures are announced one boundary ahead (spot notice, "
+                        "scheduler drain), so state moves off leaving workers live instead of being lost")
+    p.add_argument("--digits-schedule", default=None, metavar="STEP:D,...",
+                   help="with --adaptive: from 0-based step STEP the task uses D-digit problems (a curriculum: "
+                        "longer prompts and responses), e.g. 4:6")
     p.add_argument("--memory-gib", type=float, default=2.0, help="per-worker memory budget the cost model checks "
                                                                  "the layout against (and plans with, --adaptive)")
     p.add_argument("--gamma", type=float, default=0.5, help="with --adaptive: the controller's payback margin γ "
@@ -95,6 +102,13 @@ def check_args(args) -> None:
         raise ValueError("--layout has no effect with --adaptive (the controller chooses layouts); drop one")
     if args.pool_schedule:
         check_pool_schedule(args.pool_schedule, args.workers, args.steps)
+    if args.digits_schedule:
+        if not args.adaptive:
+            raise ValueError("--digits-schedule needs --adaptive")
+        bad = [k for k in parse_digits_schedule(args.digits_schedule) if k >= args.steps]
+        if bad:
+            raise ValueError(f"--digits-schedule: step {bad[0]} never runs (--steps {args.steps} runs steps "
+                             f"0..{args.steps - 1})")
 
 
 def parse_schedule_items(text: str) -> list[tuple[str, int, int]]:
@@ -307,7 +321,8 @@ def _adaptive(args, spec, w, task, cfg) -> int:
 
     sched = parse_pool_schedule(args.pool_schedule) if args.pool_schedule else {}
     run = AdaptiveRun(spec, w, task, args.workers, cfg, sched, memory_bytes=int(args.memory_gib * 1024**3),
-                      gamma=args.gamma, log=lambda s: print(s, flush=True))
+                      gamma=args.gamma, log=lambda s: print(s, flush=True),
+                      digits=parse_digits_schedule(args.digits_schedule), notice=args.notice)
     if args.verbose:
         print(f"device model: {run.job.cluster.gpu.source}")
     history = run.run(args.steps)
