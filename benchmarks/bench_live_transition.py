@@ -1,0 +1,331 @@
+"""Live transition vs checkpoint/restart through torch.distributed.checkpoint (docs/live-transition.md).
+
+One PPO job (``small`` model preset, or ``tiny`` where it does not exist) on 4 Ray CPU workers takes
+one training step (so Adam's moments are non-zero), then each layout change below is applied
+``--reps`` times, always from the same state and the same source layout, in two ways:
+
+* **live**: ``TransitionExecutor.execute`` of the planner's DAG (``estimate_transition``): shards
+  move worker to worker, only the model-stages that change are touched. Seconds: the ``execute``
+  call (planning excluded); bytes: the report's ``bytes_moved``.
+* **restart**: ``durable.save`` of the model-stages that change (each worker writes its own shards
+  with DCP), teardown, rebuild in the target layout and ``dcp.load`` of each new shard's pieces
+  (``durable.restart``). Seconds: save + restart; bytes: written + read by the DCP path.
+
+Both are compared with ``est.min_bytes``, the bytes any transition between the two plans must move.
+Cases: TP 2->1, TP 1->2, PP 2->1, PP 1->2, DP 1->2, DP 2->1 of ``actor.train``; a pool shrink (worker
+3 leaves with notice: the target is planned without it while it is alive, it is removed after the
+transition, or after the save for a restart, and a fresh worker takes its slot before the next
+repetition, untimed); and a change of five model-stages at once on the full pool. Between measured
+transitions, untimed live transitions bring the job back to each case's source layout. At the end
+the gathered logical state of ``actor.train`` and ``critic.train`` is checked bit for bit against
+the state after the step.
+
+    python benchmarks/bench_live_transition.py --reps 3 --out docs/img/bench-live-transition.png \\
+        --json bench-live-transition.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402
+
+from nereus.planner.plan import Candidate, Plan  # noqa: E402
+from nereus.runtime import durable  # noqa: E402
+from nereus.runtime.adaptive import runtime_job  # noqa: E402
+from nereus.runtime.driver import RLConfig, RLDriver  # noqa: E402
+from nereus.runtime.executor import TransitionExecutor  # noqa: E402
+from nereus.runtime.pool import WorkerPool, _ray_get  # noqa: E402
+from nereus.runtime.task import DigitTask  # noqa: E402
+from nereus.runtime.worker import ray_worker_class  # noqa: E402
+from nereus.spec.model import MODEL_PRESETS  # noqa: E402
+from nereus.spec.workload import WorkloadSpec  # noqa: E402
+from nereus.transition.estimate import estimate_transition  # noqa: E402
+
+PRESET = "small" if "small" in MODEL_PRESETS else "tiny"
+SPEC = MODEL_PRESETS[PRESET]
+TASK = DigitTask("reverse", 3)
+W = WorkloadSpec(algorithm="ppo", prompts_per_step=4, samples_per_prompt=2, prompt_len=5, response_len=4,
+                 mini_batch_size=4, micro_batch_size=1, infer_micro_batch_size=4, reward_model=False)
+CFG = RLConfig(actor_lr=1e-2, critic_lr=1e-2, timeout_s=60)
+N = 4
+TRAIN = ("actor.train", "critic.train")
+BASE = {"actor.generate": (1, 1, 2, (0, 1)), "actor.infer": (1, 1, 1, (0,)), "reference.infer": (1, 2, 1, (1, 2)),
+        "critic.infer": (1, 1, 1, (3,)), "actor.train": (2, 1, 1, (0, 1)), "critic.train": (1, 2, 1, (2, 3))}
+
+
+def plan(**changes) -> Plan:
+    lay = {**BASE, **{k.replace("_", "."): v for k, v in changes.items()}}
+    return Plan(candidates=tuple(Candidate(ms, tp, pp, dp, micro_batch=1 if not ms.endswith("generate") else 0,
+                                           gpus=gpus) for ms, (tp, pp, dp, gpus) in lay.items()))
+
+
+TP1 = plan(actor_train=(1, 1, 1, (0,)))
+#: (name, source, target, worker that leaves or None), in the order they run (each target is, where
+#: possible, the next source: fewer untimed moves back)
+CASES = [
+    ("TP 2->1", plan(), TP1, None),
+    ("PP 1->2", TP1, plan(actor_train=(1, 2, 1, (0, 1))), None),
+    ("PP 2->1", plan(actor_train=(1, 2, 1, (0, 1))), TP1, None),
+    ("DP 1->2", TP1, plan(actor_train=(1, 1, 2, (0, 1))), None),
+    ("DP 2->1", plan(actor_train=(1, 1, 2, (0, 1))), TP1, None),
+    ("TP 1->2", TP1, plan(), None),
+    ("pool shrink 4->3", plan(), plan(actor_train=(1, 1, 1, (0,)), critic_train=(1, 1, 1, (2,)),
+                                      actor_generate=(1, 1, 2, (0, 1)), reference_infer=(1, 1, 1, (1,)),
+                                      critic_infer=(1, 1, 1, (2,))), 3),
+    ("multi-model-stage", plan(), plan(actor_train=(2, 1, 1, (2, 3)), critic_train=(1, 2, 1, (0, 1)),
+                                       actor_generate=(2, 1, 2, (0, 1, 2, 3)), critic_infer=(1, 1, 1, (0,)),
+                                       actor_infer=(1, 1, 1, (3,))), None),
+]
+JOB = runtime_job(SPEC, W, N)
+
+
+def _current(d: RLDriver) -> Plan:
+    return Plan(candidates=tuple(d.cands.values()))
+
+
+def _pool_ids(d: RLDriver) -> frozenset:
+    return frozenset(i for i, w in enumerate(d.workers) if w is not None)
+
+
+def _same(a: Plan, b: Plan) -> bool:
+    return all((a[m].tp, a[m].pp, a[m].dp, a[m].gpus) == (b[m].tp, b[m].pp, b[m].dp, b[m].gpus)
+               for m in BASE)
+
+
+def _changed(a: Plan, b: Plan) -> list[str]:
+    return [m for m in BASE if (a[m].tp, a[m].pp, a[m].dp, a[m].gpus) != (b[m].tp, b[m].pp, b[m].dp, b[m].gpus)]
+
+
+def _estimate(d: RLDriver, target: Plan, pool: frozenset):
+    est = estimate_transition(JOB, _current(d), target, pool)
+    if not est.feasible:
+        raise RuntimeError(f"transition infeasible: {est.reason}")
+    return est
+
+
+def _move(d: RLDriver, target: Plan) -> None:
+    """Untimed live transition to ``target`` (repositioning between measurements)."""
+    if not _same(_current(d), target):
+        TransitionExecutor(d).execute(_estimate(d, target, _pool_ids(d)), target)
+
+
+def _respawn(pool: WorkerPool, i: int) -> None:
+    """A fresh worker in slot ``i`` (ids stay stable), after ``i`` left."""
+    env = {"env_vars": {"OMP_NUM_THREADS": "1"}}
+    w = ray_worker_class(0).options(runtime_env=env).remote(i, "127.0.0.1", pool.store.port, pool.timeout_s)
+    _ray_get([w.ping.remote()], "respawn", 120)
+    pool.workers[i] = w
+
+
+def _live(d: RLDriver, pool: WorkerPool, target: Plan, leaves) -> dict:
+    ids = _pool_ids(d)  # with notice: the leaving worker still sends its shards; the target omits it
+    t0 = time.perf_counter()
+    est = _estimate(d, target, ids)
+    t1 = time.perf_counter()
+    rep = TransitionExecutor(d).execute(est, target)
+    t2 = time.perf_counter()
+    if leaves is not None:
+        pool.remove(leaves)
+    return {"seconds": t2 - t1, "plan_s": t1 - t0, "bytes": rep.bytes_moved, "min_bytes": int(est.min_bytes),
+            "predicted_bytes": rep.predicted_bytes, "primitives": [r.kind for r in rep.primitives],
+            "l_tran_s": rep.measured_l_tran, "setup_s": sum(r.setup_s for r in rep.primitives),
+            "transfer_s": sum(r.transfer_s for r in rep.primitives)}
+
+
+def _restart(d: RLDriver, pool: WorkerPool, target: Plan, leaves, root: str) -> dict:
+    ids = _pool_ids(d)  # with notice: the leaving worker still sends its shards; the target omits it
+    est = _estimate(d, target, ids)  # only for min_bytes; a restart needs no DAG
+    stages = _changed(_current(d), target)
+    shutil.rmtree(root, ignore_errors=True)
+    t0 = time.perf_counter()
+    s = durable.save(d, root, stages)
+    if leaves is not None:
+        pool.remove(leaves)
+    r = durable.restart(d, root, target)
+    t1 = time.perf_counter()
+    return {"seconds": t1 - t0, "save_s": s["seconds"], "teardown_s": r["teardown_s"], "build_s": r["build_s"],
+            "load_s": r["load_s"], "bytes": s["written"] + r["read"], "written": s["written"], "read": r["read"],
+            "loaded": r["loaded"], "min_bytes": int(est.min_bytes), "model_stages": stages}
+
+
+def _states(d: RLDriver) -> dict:
+    return {n: d.gather_logical_state(n) for n in TRAIN}
+
+
+def _equal(a: dict, b: dict) -> bool:
+    for ms in TRAIN:
+        for kind in ("params", "exp_avg", "exp_avg_sq"):
+            if any(not torch.equal(a[ms][kind][n], b[ms][kind][n]) for n in a[ms][kind]):
+                return False
+        if any(a[ms][k] != b[ms][k] for k in ("step", "update_count", "version", "policy_version", "position")):
+            return False
+    return True
+
+
+def run(reps: int, root: str, log=print) -> dict:
+    import ray
+
+    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
+    pool = WorkerPool(N, timeout_s=CFG.timeout_s).start()
+    d = RLDriver(SPEC, W, plan(), TASK, N, CFG).start(pool)
+    out = {"preset": PRESET, "workers": N, "reps": reps, "cpus": os.cpu_count(), "cases": {}}
+    try:
+        t0 = time.perf_counter()
+        d.step()
+        log(f"[bench] {PRESET}: one PPO step in {time.perf_counter() - t0:.1f}s")
+        ref = _states(d)
+        out["state_bytes"] = {ms: sum(t.numel() * t.element_size() for k in ("params", "exp_avg", "exp_avg_sq")
+                                      for t in ref[ms][k].values()) for ms in TRAIN}
+        for name, src, dst, leaves in CASES:
+            res = {"live": [], "restart": []}
+            for _ in range(reps):
+                for method in ("live", "restart"):
+                    _move(d, src)
+                    if method == "live":
+                        res[method].append(_live(d, pool, dst, leaves))
+                    else:
+                        res[method].append(_restart(d, pool, dst, leaves, os.path.join(root, "ckpt")))
+                    if leaves is not None:
+                        _respawn(pool, leaves)
+            out["cases"][name] = res
+            lv = statistics.median(r["seconds"] for r in res["live"])
+            rs = statistics.median(r["seconds"] for r in res["restart"])
+            log(f"[bench] {name}: live {lv:.3f}s, restart {rs:.3f}s")
+        _move(d, plan())
+        out["state_intact"] = _equal(_states(d), ref)
+    finally:
+        d.close()
+        pool.close()
+        ray.shutdown()
+    return out
+
+
+def summarize(out: dict) -> list[dict]:
+    rows = []
+    for name, res in out["cases"].items():
+        med = {m: {k: statistics.median(r[k] for r in res[m]) for k in ("seconds", "bytes")} for m in res}
+        mn = res["live"][0]["min_bytes"]
+        rows.append({"case": name, "live_s": med["live"]["seconds"], "restart_s": med["restart"]["seconds"],
+                     "speedup": med["restart"]["seconds"] / med["live"]["seconds"],
+                     "live_mb": med["live"]["bytes"] / 1e6, "restart_mb": med["restart"]["bytes"] / 1e6,
+                     "restart_written_mb": statistics.median(r["written"] for r in res["restart"]) / 1e6,
+                     "restart_read_mb": statistics.median(r["read"] for r in res["restart"]) / 1e6,
+                     "min_mb": mn / 1e6, "dag": "+".join(res["live"][0]["primitives"]),
+                     "live_setup_s": statistics.median(r["setup_s"] for r in res["live"]),
+                     "live_transfer_s": statistics.median(r["transfer_s"] for r in res["live"]),
+                     "live_l_tran_s": statistics.median(r["l_tran_s"] for r in res["live"]),
+                     "restart_save_s": statistics.median(r["save_s"] for r in res["restart"]),
+                     "restart_build_s": statistics.median(r["teardown_s"] + r["build_s"] for r in res["restart"]),
+                     "restart_load_s": statistics.median(r["load_s"] for r in res["restart"]),
+                     "live_x_min": med["live"]["bytes"] / mn if mn else float("nan"),
+                     "restart_x_min": med["restart"]["bytes"] / mn if mn else float("nan")})
+    return rows
+
+
+def print_table(rows: list[dict], out: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"live transition vs DCP checkpoint/restart ({out['preset']} model, PPO, {out['workers']} "
+                    f"Ray CPU workers, median of {out['reps']})")
+    cols = [("case", "case", "{}"), ("live s", "live_s", "{:.3f}"), ("restart s", "restart_s", "{:.3f}"),
+            ("restart/live", "speedup", "{:.1f}x"), ("live MB", "live_mb", "{:.1f}"),
+            ("restart MB (w+r)", "restart_mb", "{:.1f}"), ("min MB", "min_mb", "{:.1f}"),
+            ("live/min", "live_x_min", "{:.2f}"), ("restart/min", "restart_x_min", "{:.2f}")]
+    for head, _, _ in cols:
+        t.add_column(head, justify="left" if head == "case" else "right")
+    for r in rows:
+        t.add_row(*[_fmt(f, r[k]) for _, k, f in cols])
+    con = Console(width=160)
+    con.print(t)
+    b = Table(title="where the seconds go (medians): live = communicator setup + transfers + the rest (checks, "
+                    "engine hand-over and rebuild); restart = save + teardown/rebuild + load")
+    cols = [("case", "case", "{}"), ("live DAG", "dag", "{}"), ("setup s", "live_setup_s", "{:.3f}"),
+            ("transfer s", "live_transfer_s", "{:.3f}"), ("L_tran s", "live_l_tran_s", "{:.3f}"),
+            ("save s", "restart_save_s", "{:.3f}"), ("rebuild s", "restart_build_s", "{:.3f}"),
+            ("load s", "restart_load_s", "{:.3f}")]
+    for head, _, _ in cols:
+        b.add_column(head, justify="left" if head in ("case", "live DAG") else "right")
+    for r in rows:
+        b.add_row(*[_fmt(f, r[k]) for _, k, f in cols])
+    con.print(b)
+
+
+def _fmt(f: str, v) -> str:
+    return "-" if isinstance(v, float) and v != v else f.format(v)
+
+
+def plot(rows: list[dict], out: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [r["case"] for r in rows]
+    x = range(len(rows))
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(14, 4.8))
+    w = 0.38
+    a1.bar([i - w / 2 for i in x], [r["live_s"] for r in rows], w, label="live transition")
+    a1.bar([i + w / 2 for i in x], [r["restart_s"] for r in rows], w, label="DCP checkpoint/restart")
+    a1.set_ylabel("seconds (median)")
+    a1.set_title("time")
+    w = 0.27
+    a2.bar([i - w for i in x], [r["live_mb"] for r in rows], w, label="live: bytes moved")
+    a2.bar(list(x), [r["restart_mb"] for r in rows], w, label="restart: written + read")
+    a2.bar([i + w for i in x], [r["min_mb"] for r in rows], w, label="minimum (est.min_bytes)", color="0.6")
+    a2.set_ylabel("MB")
+    a2.set_title("bytes")
+    for a in (a1, a2):
+        a.set_xticks(list(x))
+        a.set_xticklabels(names, rotation=30, ha="right")
+        a.legend(fontsize=8)
+        a.grid(axis="y", alpha=0.3)
+    fig.suptitle(f"Live transition vs checkpoint/restart ({out['preset']} model, PPO, {out['workers']} Ray CPU "
+                 f"workers on {out['cpus']} cores)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=3, help="repetitions per case and method (median reported)")
+    ap.add_argument("--out", default="bench-live-transition.png", help="PNG bar chart path")
+    ap.add_argument("--json", help="write every measurement and the summary rows to this file")
+    ap.add_argument("--ckpt-dir", help="where DCP writes (default: a fresh temporary directory, removed after)")
+    a = ap.parse_args(argv)
+    if a.reps < 1:
+        ap.error("--reps must be >= 1")
+    root = a.ckpt_dir or tempfile.mkdtemp(prefix="nereus-dcp-")
+    t0 = time.perf_counter()
+    try:
+        out = run(a.reps, root, log=lambda s: print(s, file=sys.stderr))
+    finally:
+        if not a.ckpt_dir:
+            shutil.rmtree(root, ignore_errors=True)
+    out["seconds"] = time.perf_counter() - t0
+    rows = summarize(out)
+    print_table(rows, out)
+    print(f"state after all transitions equal to the state before: {out['state_intact']}; "
+          f"benchmark wall time {out['seconds']:.0f}s")
+    plot(rows, out, a.out)
+    print(f"wrote {a.out}")
+    if a.json:
+        with open(a.json, "w") as fh:
+            json.dump({"summary": rows, **out}, fh, indent=1)
+        print(f"wrote {a.json}")
+    return 0 if out["state_intact"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
