@@ -18,6 +18,7 @@ from nereus.runtime.adaptive import AdaptiveRun, parse_pool_schedule  # noqa: E4
 from nereus.runtime.driver import RLConfig, RLDriver, simple_plan  # noqa: E402
 from nereus.runtime.pool import WorkerPool  # noqa: E402
 from nereus.runtime.relayout import checkpoint, relayout  # noqa: E402
+from nereus.runtime.schedules import parse_digits_schedule  # noqa: E402
 from nereus.runtime.task import DigitTask  # noqa: E402
 from nereus.spec.model import MODEL_PRESETS  # noqa: E402
 from nereus.spec.workload import WorkloadSpec  # noqa: E402
@@ -112,3 +113,26 @@ def test_pool_schedule_parsing():
     assert parse_pool_schedule("") == {}
     with pytest.raises(ValueError, match="3:-2"):
         parse_pool_schedule("3-2")
+
+
+@pytest.mark.slow
+def test_adaptive_run_moves_state_live_off_workers_that_announce_leaving(ray_cluster):
+    """With notice, the controller replans without the leaving worker while it is still alive: the
+    transition runs live (no restart), moves exactly the planner's bytes, and training goes on
+    with every update counted once."""
+    pool = WorkerPool(4, timeout_s=30).start()
+    run = AdaptiveRun(SPEC, W, TASK, 4, RLConfig(timeout_s=30), parse_pool_schedule("2:-1"), notice=True,
+                      digits=parse_digits_schedule("3:4"))
+    try:
+        hist = run.run(4, pool)
+    finally:
+        pool.close()
+    ev = [e for e in run.events if e["when"] == "pool change"]
+    assert ev and ev[0].get("source") == "live", run.events
+    t = ev[0]["transition"]
+    assert t["bytes_moved"] == t["predicted_bytes"] and t["driver_bytes"] < 64 * 1024
+    assert not any(e["kind"] == "restart" for e in run.events)
+    assert all(g in (0, 1, 2) for c in run.driver.cands.values() for g in c.gpus)
+    assert [m["update_count"]["actor.train"] for m in hist] == [2, 4, 6, 8]
+    assert hist[3]["response_len"] <= TASK.target_len + 1 and run.driver.task.num_digits == 4
+    assert run.calib.bandwidth is not None and run.calib.bandwidth > 0  # measured primitives calibrate

@@ -4,6 +4,7 @@ training continues as if nothing happened (DESIGN.md §4.8)."""
 
 from __future__ import annotations
 
+import math
 import os
 
 import pytest
@@ -15,6 +16,7 @@ from nereus.planner.plan import Candidate, Plan  # noqa: E402
 from nereus.runtime.adaptive import runtime_job  # noqa: E402
 from nereus.runtime.driver import RLConfig, RLDriver  # noqa: E402
 from nereus.runtime.executor import TransitionExecutor  # noqa: E402
+from nereus.runtime.layout import param_shapes  # noqa: E402
 from nereus.runtime.pool import WorkerPool  # noqa: E402
 from nereus.runtime.task import DigitTask  # noqa: E402
 from nereus.spec.model import MODEL_PRESETS  # noqa: E402
@@ -159,6 +161,30 @@ def test_executor_refuses_a_schedule_that_breaks_the_last_copy_rule_before_movin
 
 
 @pytest.mark.slow
+def test_weight_sync_moves_only_what_each_rank_lacks(pool):
+    """actor.train TP 2 on workers 0-1 → actor.generate (1,1,2) on 2-3 and actor.infer (1,1,1) on 0:
+    each generate rank receives the full fp32 weights once; the infer rank on worker 0 already holds
+    TP rank 0's half of every split tensor and the norms, and receives only the other half."""
+    total = sum(math.prod(shape) for shape, _ in param_shapes(SPEC).values())
+    split = sum(math.prod(shape) for shape, rule in param_shapes(SPEC).values() if rule != "rep")
+    layouts = dict(actor_generate=(1, 1, 2, (2, 3)), actor_infer=(1, 1, 1, (0,)), reference_infer=(1, 2, 1, (1, 2)),
+                   critic_infer=(1, 1, 1, (3,)), actor_train=(2, 1, 1, (0, 1)), critic_train=(1, 1, 1, (2,)))
+    d = RLDriver(SPEC, W, plan(**layouts), TASK, 4, CFG).start(pool)
+    try:
+        d.step()
+        value = MODEL_PRESETS["tiny"].value_head()
+        critic = sum(math.prod(shape) for shape, _ in param_shapes(value).values())
+        # critic.train on 2 → critic.infer on 3: the full value model once
+        assert d.last_sync["recv"] == 4 * (2 * total + split // 2 + critic)
+        assert d.last_sync["sent"] == d.last_sync["recv"]
+        g0 = d.gather_logical_state("actor.generate", 1)["params"]
+        t0 = d.gather_logical_state("actor.train")["params"]
+        assert all(torch.equal(g0[n], t0[n]) for n in t0)
+    finally:
+        d.close()
+
+
+@pytest.mark.slow
 def test_transition_onto_fewer_workers_after_one_leaves(pool):  # last: it kills worker 3
     d = RLDriver(SPEC, W, plan(actor_train=(1, 1, 2, (0, 3)), critic_train=(1, 1, 2, (2, 1))), TASK, 4, CFG)
     d.start(pool)
@@ -173,6 +199,22 @@ def test_transition_onto_fewer_workers_after_one_leaves(pool):  # last: it kills
         est, rep = _transition(d, target, pool_ids=(0, 1, 2))
         _assert_equal(_states(d), before, "shrink")
         assert rep.bytes_moved == rep.predicted_bytes
+        d.step()
+        # a worker joins (id 4): actor.train grows onto it by Extend, state copied rank-aligned
+        assert pool.add(1) == [4]
+        d.num_workers = len(pool.workers)
+        before = _states(d)
+        target = plan(actor_train=(1, 1, 2, (0, 4)), critic_train=(1, 1, 1, (2,)), actor_generate=(1, 1, 2, (0, 1)),
+                      reference_infer=(1, 1, 1, (1,)), critic_infer=(1, 1, 1, (2,)))
+        job = runtime_job(SPEC, W, 5)
+        est = estimate_transition(job, Plan(candidates=tuple(d.cands.values())), target, frozenset((0, 1, 2, 4)))
+        assert est.feasible, est.reason
+        rep = TransitionExecutor(d).execute(est, target)
+        assert [r.kind for r in rep.primitives] == ["extend"] and rep.primitives[0].received == {
+            4: rep.primitives[0].predicted_bytes}
+        _assert_equal(_states(d), before, "grow")
+        r1 = d.gather_logical_state("actor.train", 1)
+        assert all(torch.equal(r1["exp_avg"][n], before["actor.train"]["exp_avg"][n]) for n in r1["exp_avg"])
         d.step()
     finally:
         d.close()

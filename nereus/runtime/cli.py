@@ -27,6 +27,29 @@ DEFAULT_LAYOUTS = {"actor.generate": (1, 1, 2), "actor.infer": (2, 1, 1), "refer
                    "critic.train": (1, 2, 2)}
 
 
+#: the embedded scenario of the README's first command: a pool that shrinks (with notice) and later
+#: grows, and responses that get longer (a curriculum), on the ``small`` model
+SCENARIOS = {
+    "elastic": {"adaptive": True, "model": "small", "workers": 4, "steps": 14, "prompts": 32, "mini_batch": 32,
+                "pool_schedule": "2:-1,10:+3", "notice": True, "digits_schedule": "5:8"},
+}
+
+
+def apply_scenario(args) -> None:
+    """Set the options of ``args.scenario`` (they replace what was given for those options).
+
+    Raises:
+        ValueError: an unknown scenario name.
+    """
+    name = getattr(args, "scenario", None)
+    if not name:
+        return
+    if name not in SCENARIOS:
+        raise ValueError(f"--scenario {name!r} is unknown; valid: {sorted(SCENARIOS)}")
+    for k, v in SCENARIOS[name].items():
+        setattr(args, k, v)
+
+
 def add_arguments(p) -> None:
     p.epilog = ("terms: a layout tp,pp,dp is tensor, pipeline and data parallel degrees (tp*pp*dp workers); "
                 "plans print as 'tp2 pp1 dp2 on workers 0-3'; L_tran is the predicted seconds of a transition "
@@ -70,6 +93,13 @@ def add_arguments(p) -> None:
                                                                  "the layout against (and plans with, --adaptive)")
     p.add_argument("--gamma", type=float, default=0.5, help="with --adaptive: the controller's payback margin γ "
                                                             "in [0, 1]")
+    p.add_argument("--scenario", default=None, choices=sorted(SCENARIOS),
+                   help="an embedded adaptive scenario; 'elastic': " + " ".join(
+                       f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}")
+                       for k, v in SCENARIOS["elastic"].items()))
+    p.add_argument("--plot", default="nereus-run.png",
+                   help="with --adaptive: write the PNG timeline (step time, pool, response length, plan "
+                        "changes) here; '' for none")
     p.add_argument("--verbose", action="store_true",
                    help="also print the assumed device model and Ray's own log lines")
 
@@ -253,6 +283,7 @@ def _quiet_ray() -> None:
 
 def main(args) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    apply_scenario(args)
     check_args(args)
     from nereus.runtime.plans import simple_plan
     from nereus.spec.model import get_model
@@ -326,11 +357,40 @@ def _adaptive(args, spec, w, task, cfg) -> int:
     if args.verbose:
         print(f"device model: {run.job.cluster.gpu.source}")
     history = run.run(args.steps)
-    kinds = [e["kind"] for e in run.events]
-    print(f"{len(history)} steps; {kinds.count('transition')} transition(s), {kinds.count('restart')} "
-          f"restart(s); final reward {history[-1]['reward']:.3f}" if history else "no steps run")
+    _summary(history, run)
+    if args.plot and history:
+        from nereus.runtime.report import write_timeline
+
+        print(f"wrote {write_timeline(history, run.events, args.plot)}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"steps": history, "events": run.events, "controller": run.ctl.log}, f, indent=1,
                       default=str)
     return 0
+
+
+def _fmt(v, spec: str) -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def _summary(history: list[dict], run) -> None:
+    """The run's plan changes as a table, and a closing line."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from nereus.runtime.report import change_rows
+
+    rows = change_rows(run.events)
+    if rows:
+        t = Table(title="plan changes (L_tran: predicted and measured seconds of the primitives; "
+                        "total: with engine hand-over)")
+        for col in ("boundary", "how", "primitives", "MB moved", "L_tran predicted", "measured", "total s"):
+            t.add_column(col, justify="right" if col not in ("boundary", "how", "primitives") else "left")
+        for r in rows:
+            t.add_row(r["boundary"], r["how"], r["primitives"], _fmt(r["mb"], ".1f"), _fmt(r["predicted_s"], ".2f"),
+                      _fmt(r["measured_s"], ".2f"), _fmt(r["seconds"], ".2f"))
+        Console(width=130).print(t)
+    live = sum(1 for r in rows if r["how"] == "live")
+    print(f"{len(history)} steps; {live} live transition(s), {len(rows) - live} restart(s) from the checkpoint; "
+          f"{sum(m['seconds'] for m in history):.1f}s in steps; final reward {history[-1]['reward']:.3f}"
+          if history else "no steps run")

@@ -352,8 +352,13 @@ class RLDriver:
         n = w.ppo_epochs * (w.global_batch // mb)
         return {k: v / n for k, v in sums.items() if k != "critic_loss" or "critic.train" in self.layouts}
 
-    def _sync(self) -> None:
-        """The per-step weight sync from each training layout to the model's other layouts."""
+    def _sync(self) -> dict:
+        """The per-step weight sync from each training layout to the model's other layouts
+        (rank-aligned, ``WorkerCore.sync_weights``).
+
+        Returns:
+            ``{"sent", "recv"}``: parameter bytes summed over workers (also kept as ``last_sync``).
+        """
         futs = []
         for src, dsts in (("actor.train", ("actor.generate", "actor.infer")), ("critic.train", ("critic.infer",))):
             for dst in dsts:
@@ -363,7 +368,9 @@ class RLDriver:
                     spec = self._spec_of(src.split(".")[0])
                     futs += [self.workers[m].sync_weights.remote(src, dst, sl, dl, spec, self.updates, self.tag)
                              for m in members]
-        self._get(futs, "weight sync")
+        res = self._get(futs, "weight sync")
+        self.last_sync = {k: sum(r[k] for r in res) for k in ("sent", "recv")}
+        return self.last_sync
 
     # ------------------------------------------------------------------ checks and measurements
     def gather_logical_state(self, model_stage: str, replica: int = 0) -> dict:
