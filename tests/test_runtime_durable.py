@@ -137,3 +137,16 @@ def test_restart_refuses_a_layout_change_of_a_model_stage_that_was_not_saved(poo
         d.step()
     finally:
         d.close()
+
+
+def test_live_transition_doc_is_self_contained():
+    import re
+    from pathlib import Path
+
+    doc = Path(__file__).resolve().parent.parent / "docs" / "live-transition.md"
+    text = doc.read_text()
+    for link in re.findall(r"\]\(([^)#]+)\)", text):
+        assert not link.startswith("http"), link
+        assert (doc.parent / link).exists(), link
+    for path in re.findall(r"`((?:nereus|benchmarks|tests)/[\w/.-]+\.py)`", text):
+        assert (doc.parent.parent / path).exists(), path
