@@ -88,7 +88,8 @@ OPTS = {"plan": ["--model", "--gpu", "--nodes", "--gpus-per-node", "--prompt-len
                  "--recompute", "--algo", "--pool", "--headroom"],
         "run": ["--steps", "--workers", "--model", "--digits", "--prompts", "--samples", "--mini-batch",
                 "--micro-batch", "--ppo-epochs", "--temperature", "--kl-coef", "--lr", "--layout",
-                "--pool-schedule", "--memory-gib", "--gamma", "--task", "--algo", "--timeout"],
+                "--pool-schedule", "--memory-gib", "--gamma", "--task", "--algo", "--timeout",
+                "--digits-schedule", "--scenario", "--plot"],
         "simulate": ["--policies", "--gammas", "--gamma", "--growth", "--hours", "--nodes", "--model", "--gpu",
                      "--notice", "--jobs", "--trace", "--time-unit"]}
 VALUES = st.one_of(st.integers(-5, 9).map(str), st.sampled_from(["", "x", "0", "-1", "1e9", "nan", "3:-9",

@@ -136,3 +136,22 @@ def test_adaptive_run_moves_state_live_off_workers_that_announce_leaving(ray_clu
     assert [m["update_count"]["actor.train"] for m in hist] == [2, 4, 6, 8]
     assert hist[3]["response_len"] <= TASK.target_len + 1 and run.driver.task.num_digits == 4
     assert run.calib.bandwidth is not None and run.calib.bandwidth > 0  # measured primitives calibrate
+
+
+def test_digits_schedule_and_scenario_options():
+    import argparse
+
+    from nereus.runtime.cli import SCENARIOS, add_arguments, apply_scenario
+
+    assert parse_digits_schedule("4:5, 8:7") == {4: 5, 8: 7}
+    assert parse_digits_schedule(None) == {}
+    for bad in ("4-5", "4:9", "-1:3"):
+        with pytest.raises(ValueError, match="digits-schedule"):
+            parse_digits_schedule(bad)
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    args = p.parse_args(["--scenario", "elastic", "--steps", "6"])
+    apply_scenario(args)
+    assert args.steps == 6  # given on the command line: kept
+    assert args.adaptive and args.notice and args.model == "small"
+    assert args.pool_schedule == SCENARIOS["elastic"]["pool_schedule"]

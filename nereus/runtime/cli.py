@@ -36,18 +36,25 @@ SCENARIOS = {
 
 
 def apply_scenario(args) -> None:
-    """Set the options of ``args.scenario`` (they replace what was given for those options).
+    """Fill the options of ``args.scenario`` that were left at their defaults (an option given on the
+    command line wins, e.g. ``--scenario elastic --steps 8``).
 
     Raises:
         ValueError: an unknown scenario name.
     """
+    import argparse
+
     name = getattr(args, "scenario", None)
     if not name:
         return
     if name not in SCENARIOS:
         raise ValueError(f"--scenario {name!r} is unknown; valid: {sorted(SCENARIOS)}")
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    defaults = p.parse_args([])
     for k, v in SCENARIOS[name].items():
-        setattr(args, k, v)
+        if getattr(args, k) == getattr(defaults, k):
+            setattr(args, k, v)
 
 
 def add_arguments(p) -> None:
@@ -94,7 +101,8 @@ def add_arguments(p) -> None:
     p.add_argument("--gamma", type=float, default=0.5, help="with --adaptive: the controller's payback margin γ "
                                                             "in [0, 1]")
     p.add_argument("--scenario", default=None, choices=sorted(SCENARIOS),
-                   help="an embedded adaptive scenario; 'elastic': " + " ".join(
+                   help="an embedded adaptive scenario; options given on the command line win; 'elastic': "
+                        + " ".join(
                        f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}")
                        for k, v in SCENARIOS["elastic"].items()))
     p.add_argument("--plot", default="nereus-run.png",
