@@ -6,7 +6,8 @@ Source: paper §6.1-§6.2, DESIGN.md §4.6.
    weights from a ``*.train`` EMU ends before any primitive of the train model-stage consumes that
    EMU (buffer lifetime, as for Extend sources inside one model-stage).
 2. Ownership edges: a primitive that acquires GPU ``g`` (Extend, Load, Restore) follows every
-   Destroy or Offload of a concurrent model-stage (same stage) on ``g``, so two concurrent
+   Destroy or Offload of a concurrent model-stage (same stage) on ``g``, and every Split of one that
+   does not materialize a unit on ``g`` (``split(keep=...)``), so two concurrent
    model-stages never own one GPU. If they close a cycle (the only Destroy that frees a GPU depends
    on the Extend waiting for it), this raises ``Infeasible(cycle=True)``; ``estimate.plan_dag``
    then tries dropping or staging a model-stage on the cycle.
@@ -110,12 +111,23 @@ class GlobalDAG:
                 "local": [d.to_dict() for d in self.local]}
 
 
+def _released(n: Primitive) -> tuple[int, ...]:
+    """GPUs a primitive gives up: a Destroy's or Offload's, and those of a Split's units it does not
+    materialize (``split(keep=...)``)."""
+    if n.kind in ("destroy", "offload"):
+        return n.gpus
+    if n.kind == "split":
+        kept = {g for e in n.produces for g in e.gpus}
+        return tuple(g for g in n.gpus if g not in kept)
+    return ()
+
+
 def _ownership_edges(locals_: list[LocalDAG]) -> list[tuple[str, str, str]]:
     edges = []
     destroys_on: dict[tuple[str, int], list[str]] = {}
     for ld in locals_:
         for n in ld.nodes:
-            for g in (n.gpus if n.kind in ("destroy", "offload") else ()):
+            for g in _released(n):
                 destroys_on.setdefault((stage_of(n.model_stage), g), []).append(n.pid)
     ms_of = {n.pid: n.model_stage for ld in locals_ for n in ld.nodes}
     for ld in locals_:

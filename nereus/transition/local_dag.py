@@ -9,7 +9,9 @@ Source: paper §6.1 and DESIGN.md §4.6.
    current EMU is split when one of its ``T_sub`` units sits exactly on a slot's GPU set (it is kept
    in place), or when no unit is kept anywhere and a source of the target layout is needed.
 3. Units that fill no slot are destroyed; empty slots are filled by Extend from a unit on disjoint
-   GPUs (same node first, then the least used source).
+   GPUs (same node first, then the least used source). A split unit that fills no slot and feeds no
+   Extend is not materialized at all (``split(keep=...)``): its GPUs only send their shards to their
+   blocks and free them, so shrinking a layout moves only what the kept units lack.
 4. Each target EMU is formed by Merge of its slots' units (skipped when one unit already is it).
 5. With ``relocate``, a replica that would be split in place is first extended onto free slots
    (arranged by :func:`~nereus.transition.emu.aligned_gpus`) and split there.
@@ -258,8 +260,19 @@ def _build(model_stage: str, current: tuple[EMU, ...], target: tuple[EMU, ...], 
                 edges.append((producer[src.uid], x.pid))
             producer[s.uid] = x.pid
             filled[s.uid] = s
+    # a split unit neither kept in place nor an Extend source would be destroyed at once: the Split
+    # does not materialize it (its GPUs only send), so no Destroy and no bytes for it
+    dropped: set[str] = set()
+    for i, n in enumerate(nodes):
+        if n.kind != "split":
+            continue
+        keep = {u.uid for u in n.produces if u.uid in kept or uses.get(u.uid, 0) > 0}
+        if keep and len(keep) < len(n.produces):
+            emu = next((x for x in list(current) + list(moved.values()) if x.uid == n.consumes[0]), None)
+            nodes[i] = split(emu, sub, model, bytes_per_param, keep=keep)
+            dropped |= {u.uid for u in n.produces} - keep
     destroys = []
-    for u in [u for u in units if u.uid not in kept] + whole:
+    for u in [u for u in units if u.uid not in kept and u.uid not in dropped] + whole:
         d = destroy(u)
         destroys.append(d)
         if u.uid in producer:

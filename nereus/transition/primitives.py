@@ -102,30 +102,46 @@ def priority(p: Primitive) -> tuple:
     return (0 if p.kind == "destroy" else 1, STAGE_ORDER[p.stage], KINDS.index(p.kind), p.pid)
 
 
-def split(emu: EMU, sub: tuple[int, int], model: ModelSpec, bytes_per_param: int) -> Primitive:
+def split(emu: EMU, sub: tuple[int, int], model: ModelSpec, bytes_per_param: int,
+          keep: frozenset[str] | set[str] | None = None) -> Primitive:
     """``Split(EMU, T_sub) → {EMU_1..EMU_k}`` on the same GPUs (paper §5.2a).
 
     Each GPU goes from ``1/(tp*pp)`` of the state to ``1/(tp'*pp')`` by a position-wise all-gather
     inside its ``a x b`` block (``a = tp/tp'``, ``b = pp/pp'``) and keeps its source shard until the
     all-gather ends, so ``mem_hi = new shard`` and ``mem_net = new - old``.
 
+    With ``keep`` (uids of the units to produce), only those units are materialized: a GPU of a unit
+    that would be destroyed right after only sends its shard to its block and then frees it
+    (``mem_hi = 0``, ``mem_net = -old``, nothing received), so a Split that shrinks a layout onto
+    fewer GPUs moves only what the kept units lack (ours; the paper splits into every unit and
+    destroys the extra ones).
+
     Raises:
-        ValueError: ``sub`` does not divide the layout or equals it.
+        ValueError: ``sub`` does not divide the layout or equals it, or ``keep`` names no unit.
     """
     if sub == emu.layout:
         raise ValueError(f"Split of {emu.uid}: T_sub={sub} equals its layout; nothing to split")
     units = sub_units(emu, sub, model, bytes_per_param)
+    if keep is not None:
+        units = tuple(u for u in units if u.uid in keep)
+        if not units:
+            raise ValueError(f"Split of {emu.uid}: keep={sorted(keep)} names none of its units")
+    kept_gpus = {g for u in units for g in u.gpus}
     a, b = emu.tp // sub[0], emu.pp // sub[1]
     hi, net, groups, moved = {}, {}, [], 0
     for g in emu.gpus:
-        new = units[0].shard_bytes[emu.position(g)[0] // b]
-        hi[g] = new
-        net[g] = new - emu.bytes_on(g)
-        moved += net[g]
+        if g in kept_gpus:
+            new = units[0].shard_bytes[emu.position(g)[0] // b]
+            hi[g] = new
+            net[g] = new - emu.bytes_on(g)
+            moved += net[g]
+        else:
+            hi[g] = 0
+            net[g] = -emu.bytes_on(g)
     for pq in range(sub[1]):
         for tq in range(sub[0]):
             block = tuple(emu.gpu_at(pq * b + j, tq * a + i) for j in range(b) for i in range(a))
-            groups.append((block, max(net[g] for g in block)))
+            groups.append((block, max(max(net[g], 0) for g in block)))
     return Primitive(pid=f"split:{emu.uid}", kind="split", model_stage=emu.model_stage,
                      consumes=(emu.uid,), produces=units, gpus=emu.gpus, mem_hi=hi, mem_net=net,
                      groups=tuple(groups), bytes_moved=moved,
