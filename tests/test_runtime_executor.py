@@ -186,26 +186,40 @@ def test_weight_sync_moves_only_what_each_rank_lacks(pool):
 
 @pytest.mark.slow
 def test_transition_onto_fewer_workers_after_one_leaves(pool):  # last: it kills worker 3
-    d = RLDriver(SPEC, W, plan(actor_train=(1, 1, 2, (0, 3)), critic_train=(1, 1, 2, (2, 1))), TASK, 4, CFG)
+    # worker 3 holds a replica of actor.train, the only copy of actor.generate (derived from
+    # actor.train) and half of reference.infer's only replica (frozen)
+    d = RLDriver(SPEC, W, plan(actor_train=(1, 1, 2, (0, 3)), critic_train=(1, 1, 2, (2, 1)),
+                               reference_infer=(1, 2, 1, (2, 3)), critic_infer=(1, 1, 1, (1,)),
+                               actor_infer=(1, 1, 1, (0,)), actor_generate=(1, 1, 1, (3,))), TASK, 4, CFG)
     d.start(pool)
     try:
         d.step()
         before = _states(d)
+        ref0 = d.gather_logical_state("reference.infer")["params"]
         # worker 3 is lost: actor.train keeps replica 0 on worker 0, critic.train its replica on 2
         target = plan(actor_train=(1, 1, 1, (0,)), critic_train=(1, 1, 1, (2,)), actor_generate=(1, 1, 2, (0, 1)),
-                      reference_infer=(1, 1, 1, (1,)), critic_infer=(1, 1, 1, (2,)))
+                      reference_infer=(1, 1, 1, (2,)), critic_infer=(1, 1, 1, (1,)), actor_infer=(1, 1, 1, (0,)))
         pool.remove(3)  # the actor is killed; the driver shares the pool's list and sees None
         assert d.workers[3] is None
         est, rep = _transition(d, target, pool_ids=(0, 1, 2))
         _assert_equal(_states(d), before, "shrink")
         assert rep.bytes_moved == rep.predicted_bytes
+        assert sorted(est.reloads) == ["actor.generate", "reference.infer"] and est.reloads["reference.infer"] == "storage"
+        # frozen weights re-created from storage equal the lost copy; the derived copies equal their train
+        ref1 = d.gather_logical_state("reference.infer")["params"]
+        assert all(torch.equal(ref1[n], ref0[n]) for n in ref0)
+        for r in (0, 1):
+            g = d.gather_logical_state("actor.generate", r)["params"]
+            assert all(torch.equal(g[n], before["actor.train"]["params"][n]) for n in g)
+        loads = {r.model_stage: r for r in rep.primitives if r.kind == "load"}
+        assert loads["reference.infer"].bytes_received == loads["reference.infer"].predicted_bytes > 0
         d.step()
         # a worker joins (id 4): actor.train grows onto it by Extend, state copied rank-aligned
         assert pool.add(1) == [4]
         d.num_workers = len(pool.workers)
         before = _states(d)
         target = plan(actor_train=(1, 1, 2, (0, 4)), critic_train=(1, 1, 1, (2,)), actor_generate=(1, 1, 2, (0, 1)),
-                      reference_infer=(1, 1, 1, (1,)), critic_infer=(1, 1, 1, (2,)))
+                      reference_infer=(1, 1, 1, (2,)), critic_infer=(1, 1, 1, (1,)), actor_infer=(1, 1, 1, (0,)))
         job = runtime_job(SPEC, W, 5)
         est = estimate_transition(job, Plan(candidates=tuple(d.cands.values())), target, frozenset((0, 1, 2, 4)))
         assert est.feasible, est.reason
