@@ -4,7 +4,10 @@ Pipeline ranks own contiguous layer ranges; the first rank also holds the input 
 the final norm and the head (Megatron's layout; cost-model.md §2.3). Layers are split as evenly as
 possible with the remainder going to the earliest ranks. Under TP every weight is split by ``tp``
 except the RMSNorm weights (replicated) and, when ``tp`` exceeds the KV heads, the k/v projections
-(replicated per KV head; resharding.md §3). The vocabulary is padded to a multiple of ``tp``.
+(replicated per KV head; resharding.md §3). The vocabulary is padded to a multiple of ``tp``. q/k/v
+biases (Qwen2) split like their weights' rows; an ``o_proj`` bias is replicated. Tied embeddings under
+PP > 1: the last rank holds a copy of the embedding as its output layer (Megatron), so it counts a
+vocabulary shard too.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import numpy as np
 
 from nereus.spec.model import ModelSpec
 
-__all__ = ["layers_of_rank", "params_on_rank", "max_params_per_gpu", "params_rank", "kv_bytes_per_token_rank",
+__all__ = ["replicated_per_layer", "layers_of_rank", "params_on_rank", "max_params_per_gpu", "params_rank", "kv_bytes_per_token_rank",
            "valid_tp", "valid_pp"]
 
 
@@ -61,14 +64,22 @@ def valid_pp(model: ModelSpec, pp: int) -> str | None:
     return None
 
 
+def replicated_per_layer(model: ModelSpec) -> int:
+    """Parameters of one layer every TP rank holds in full: the two RMSNorm weights, Qwen3's q/k norms
+    ``2·d`` and an ``o_proj`` bias ``h`` (added after the row-parallel reduction)."""
+    h = model.hidden_size
+    return 2 * h + (2 * model.head_dim if model.qk_norm else 0) + (h if model.o_bias else 0)
+
+
 def _layer_params_per_tp_rank(model: ModelSpec, tp: int) -> float:
     h = model.hidden_size
     kv_rep = max(tp // model.num_kv_heads, 1)  # >1 when KV heads are replicated
     q_o = 2 * h * model.q_dim / tp
     k_v = 2 * h * model.kv_dim * kv_rep / tp
     mlp = 3 * h * model.intermediate_size / tp
-    norms = 2 * h + (2 * model.head_dim if model.qk_norm else 0)
-    return q_o + k_v + mlp + norms
+    # q/k/v biases split like their weight's dim 0 (k/v replicated per KV head like the weights)
+    bias = (model.q_dim + 2 * model.kv_dim * kv_rep) / tp if model.qkv_bias else 0
+    return q_o + k_v + mlp + bias + replicated_per_layer(model)
 
 
 def params_on_rank(model: ModelSpec, tp: int, pp: int, p: int) -> float:

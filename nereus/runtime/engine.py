@@ -20,7 +20,7 @@ from nereus.runtime import algorithms as alg
 from nereus.runtime.comm import Group
 from nereus.runtime.instrument import Meter
 from nereus.runtime.layout import names_of_stage, param_shapes, shard, unshard
-from nereus.runtime.model import LlamaShard
+from nereus.runtime.model import LlamaShard, vocab_parallel_logprobs
 from nereus.runtime.parallel import ParallelContext
 from nereus.runtime.pipeline import forward_backward, forward_only
 from nereus.spec.model import ModelSpec
@@ -117,9 +117,23 @@ class Engine:
 
     def logprobs(self, tokens: torch.Tensor, prompt_len: int, micro_batch: int,
                  temperature: float = 1.0) -> torch.Tensor | None:
-        """Log-probabilities ``[n, R]`` of the response tokens ``tokens[:, prompt_len:]``."""
-        logits = self.forward(tokens, micro_batch)
-        return None if logits is None else _response_logprobs(logits, tokens, prompt_len, temperature)
+        """Log-probabilities ``[n, R]`` of the response tokens ``tokens[:, prompt_len:]``, computed
+        vocab-parallel per micro-batch (each TP rank keeps its ``[b, T, V/tp]`` logits shard only)."""
+        slices = split_micro(tokens.shape[0], micro_batch)
+        self.model.local_logits = True
+        try:
+            outs = forward_only(self.model, [tokens[s] for s in slices])
+        finally:
+            self.model.local_logits = False
+        if outs is None:
+            return None
+        return torch.cat([self._response_logprobs(o, tokens[s], prompt_len, temperature)
+                          for o, s in zip(outs, slices)])
+
+    def _response_logprobs(self, local: torch.Tensor, tokens: torch.Tensor, prompt_len: int,
+                           temperature: float) -> torch.Tensor:
+        return vocab_parallel_logprobs(local[:, prompt_len - 1:-1], tokens[:, prompt_len:], self.ctx.tp_group,
+                                       self.spec.vocab_size, temperature)
 
     def values(self, tokens: torch.Tensor, prompt_len: int, micro_batch: int) -> torch.Tensor | None:
         """Values ``[n, R]`` at the positions that predict each response token."""
@@ -184,7 +198,7 @@ class Engine:
                 v = out[:, P - 1:-1]
                 lv = alg.value_loss(v, mb["old_values"], mb["returns"], mb["mask"], loss["clip"], denom)
                 return lv, {"loss": float(lv.detach())}
-            lp = _response_logprobs(out, mb["tokens"], P, loss.get("temperature", 1.0))
+            lp = self._response_logprobs(out, mb["tokens"], P, loss.get("temperature", 1.0))
             lpol, clipped = alg.policy_loss(lp, mb["old_logp"], mb["adv"], mb["mask"], loss["clip"], denom)
             total = lpol
             kl = torch.zeros(())
@@ -195,7 +209,11 @@ class Engine:
                            "clipped": float(clipped)}
 
         self.model.zero_grad()
-        mets = forward_backward(self.model, [tokens[s] for s in slices], loss_fn, self.schedule)
+        self.model.local_logits = loss["kind"] != "critic"
+        try:
+            mets = forward_backward(self.model, [tokens[s] for s in slices], loss_fn, self.schedule)
+        finally:
+            self.model.local_logits = False
         self.model.reduce_partial_grads()
         self._dp_reduce_grads()
         self._adam_step()
@@ -334,10 +352,3 @@ def broadcast_stages(spec: ModelSpec, pp: int, mine: torch.Tensor | None, my_p: 
             out[n] = buf[off:off + k].view(shp).cpu().clone()
             off += k
     return out
-
-
-def _response_logprobs(logits: torch.Tensor, tokens: torch.Tensor, prompt_len: int,
-                       temperature: float) -> torch.Tensor:
-    lg = logits[:, prompt_len - 1:-1].float() / temperature
-    resp = tokens[:, prompt_len:]
-    return torch.log_softmax(lg, -1).gather(-1, resp.unsqueeze(-1)).squeeze(-1)

@@ -5,10 +5,12 @@ Parameter names follow Hugging Face Llama. Each has a TP rule:
 =========  =====================================================  ==============================
 rule       parameters                                             shard of TP rank ``t``
 =========  =====================================================  ==============================
-``rep``    RMSNorm weights, value head                            the full tensor (replicated)
-``col``    ``q_proj``, ``gate_proj``, ``up_proj`` ``[out, h]``    chunk ``t`` of dim 0
+``rep``    RMSNorm weights, value head, ``o_proj`` bias ``[h]``   the full tensor (replicated)
+``col``    ``q_proj``, ``gate_proj``, ``up_proj`` ``[out, h]``;   chunk ``t`` of dim 0
+           ``q_proj`` bias ``[a·d]``
 ``row``    ``o_proj``, ``down_proj`` ``[h, in]``                  chunk ``t`` of dim 1
-``kv``     ``k_proj``, ``v_proj`` ``[g·d, h]``                    heads ``t·g/tp ..``; when
+``kv``     ``k_proj``, ``v_proj`` ``[g·d, h]`` and their biases    heads ``t·g/tp ..``; when
+           ``[g·d]``
                                                                   ``tp > g`` KV head ``t // (tp/g)``
                                                                   replicated (vLLM)
 ``vocab``  ``embed_tokens``, ``lm_head`` ``[V, h]``               chunk ``t`` of the vocab padded
@@ -16,7 +18,9 @@ rule       parameters                                             shard of TP ra
 =========  =====================================================  ==============================
 
 PP rank ``p`` owns layers :func:`nereus.cost.shapes.layers_of_rank` (the cost model's split), the
-embedding on ``p == 0``, the final norm and head on ``p == pp-1``. Adam state follows the same rules
+embedding on ``p == 0``, the final norm and head on ``p == pp-1``. With tied word embeddings and
+``pp > 1`` the last rank also holds ``model.embed_tokens.weight`` as its output layer (Megatron's
+layout); the engine sums the two copies' gradients, so they stay equal. Adam state follows the same rules
 (it is elementwise), so :func:`shard` and :func:`unshard` serve parameters, gradients and moments.
 """
 
@@ -27,7 +31,7 @@ import torch
 from nereus.cost.shapes import layers_of_rank, valid_tp
 from nereus.spec.model import ModelSpec
 
-__all__ = ["validate_layout", "param_shapes", "rule_of", "names_of_stage", "shard", "unshard",
+__all__ = ["validate_layout", "tied_copy", "param_shapes", "rule_of", "names_of_stage", "shard", "unshard",
            "init_full_params", "padded_vocab"]
 
 
@@ -36,7 +40,7 @@ def validate_layout(spec: ModelSpec, tp: int, pp: int) -> None:
 
     Raises:
         ValueError: TP not dividing the query heads / MLP width / vocab, TP neither dividing nor a
-            multiple of the KV heads, PP outside ``1..num_layers``, or tied embeddings with pp > 1.
+            multiple of the KV heads, PP outside ``1..num_layers``.
     """
     for f, v in (("tp", tp), ("pp", pp)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -47,8 +51,6 @@ def validate_layout(spec: ModelSpec, tp: int, pp: int) -> None:
     if pp > spec.num_layers:
         raise ValueError(f"layout pp={pp} is invalid for model {spec.name!r}: pp must be in "
                          f"1..num_hidden_layers={spec.num_layers}")
-    if spec.tie_word_embeddings and pp > 1 and spec.head == "lm":
-        raise ValueError(f"layout pp={pp}: tied word embeddings are supported only with pp=1 here")
 
 
 def padded_vocab(spec: ModelSpec, tp: int) -> int:
@@ -72,6 +74,12 @@ def _layer_params(spec: ModelSpec, i: int) -> dict[str, tuple[tuple[int, ...], s
     if spec.qk_norm:
         out[p + "self_attn.q_norm.weight"] = ((d,), "rep")
         out[p + "self_attn.k_norm.weight"] = ((d,), "rep")
+    if spec.qkv_bias:
+        out[p + "self_attn.q_proj.bias"] = ((spec.q_dim,), "col")
+        out[p + "self_attn.k_proj.bias"] = ((spec.kv_dim,), "kv")
+        out[p + "self_attn.v_proj.bias"] = ((spec.kv_dim,), "kv")
+    if spec.o_bias:
+        out[p + "self_attn.o_proj.bias"] = ((h,), "rep")
     return out
 
 
@@ -103,11 +111,16 @@ def names_of_stage(spec: ModelSpec, pp: int, p: int) -> list[str]:
             if int(n.split(".")[2]) in layers:
                 names.append(n)
         elif n == "model.embed_tokens.weight":
-            if p == 0:
+            if p == 0 or (p == pp - 1 and tied_copy(spec, pp)):
                 names.append(n)
         elif p == pp - 1:
             names.append(n)
     return names
+
+
+def tied_copy(spec: ModelSpec, pp: int) -> bool:
+    """Whether the last PP rank holds its own copy of the tied embedding as output layer."""
+    return spec.tie_word_embeddings and spec.head == "lm" and pp > 1
 
 
 def shard(full: torch.Tensor, rule: str, spec: ModelSpec, tp: int, t: int) -> torch.Tensor:

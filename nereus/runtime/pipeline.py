@@ -6,6 +6,9 @@ Sends are asynchronous and only receives block, so neighbours that send to each 
 moment (as 1F1B's steady state does) never wait on each other. Messages between two ranks keep their
 order per direction, so micro-batch ``m``'s activation always meets micro-batch ``m``'s receive.
 
+Every rank receives the micro-batch's token ids, so each derives the same left padding from them
+(``model.left_pad``) without it travelling with the activations.
+
 Schedules: GPipe (Huang et al. 2019) and 1F1B (PipeDream-flush, Narayanan et al. 2021; Megatron's
 default); both have bubble ``(pp-1)/(m+pp-1)``; 1F1B keeps at most ``pp-p`` micro-batches of
 activations alive on PP rank ``p`` instead of ``m``.
@@ -17,7 +20,7 @@ from collections.abc import Callable
 
 import torch
 
-from nereus.runtime.model import LlamaShard
+from nereus.runtime.model import LlamaShard, left_pad
 
 __all__ = ["forward_only", "forward_backward"]
 
@@ -45,7 +48,7 @@ def forward_only(model: LlamaShard, micro_tokens: list[torch.Tensor]) -> list[to
     with torch.no_grad():
         for ids in micro_tokens:
             inp = ids if ctx.is_first else _recv_hidden(model, (ids.shape[0], ids.shape[1], h))
-            out = model.forward(inp)
+            out = model.forward(inp, lpad=left_pad(ids, model.pad_id))
             if ctx.is_last:
                 outs.append(out)
             else:
@@ -85,7 +88,7 @@ def forward_backward(model: LlamaShard, micro_tokens: list[torch.Tensor],
         ids = micro_tokens[m]
         with model.meter.track_activations(exclude) if track else _null():
             inp = ids if ctx.is_first else _recv_hidden(model, (ids.shape[0], ids.shape[1], h)).requires_grad_(True)
-            out = model.forward(inp)
+            out = model.forward(inp, lpad=left_pad(ids, model.pad_id))
             if ctx.is_last:
                 out, met = loss_fn(out, m)
                 metrics.append(met)

@@ -5,18 +5,22 @@ sequence through every PP rank, extending each rank's KV cache ``[B, g_local, P+
 rank picks the next token (identical on its TP ranks, whose logits are all-gathered) and broadcasts
 it over the EMU group so the first rank can embed it.
 
-Sampling is layout-independent: sequence ``i`` draws its Gumbel noise ``[R, V]`` from a generator
-seeded by ``seeds[i]`` (derived from its *global* sample index), so the token choice
+Sampling is layout-independent: sequence ``i`` draws its Gumbel noise ``[V]`` at each step from its
+own generator seeded by ``seeds[i]`` (derived from its *global* sample index), so the token choice
 ``argmax(logits/temperature + gumbel)`` (the Gumbel-max form of temperature sampling) does not depend
-on dp, tp, pp or the batch it ran in. ``greedy=True`` takes ``argmax(logits)`` (ReMax's baseline).
-Once a sequence emits ``eos_id`` the rest of it is ``pad_id`` and masked out.
+on dp, tp, pp or the batch it ran in; the noise is drawn step by step (``[B_active, V]``), never as a
+``[B, R, V]`` tensor. ``greedy=True`` takes ``argmax(logits)`` (ReMax's baseline).
+Once a sequence emits ``eos_id`` the rest of it is ``pad_id`` and masked out, and it leaves the decode
+batch: its rows of the KV cache are dropped (every rank knows which, from the broadcast tokens), so
+finished sequences cost no further decode work. Left-padded prompts (``model.pad_id``) keep their
+padding masked out and their positions counted from the first real token.
 """
 
 from __future__ import annotations
 
 import torch
 
-from nereus.runtime.model import LlamaShard
+from nereus.runtime.model import LlamaShard, left_pad
 
 __all__ = ["generate", "response_mask"]
 
@@ -53,38 +57,43 @@ def generate(model: LlamaShard, prompts: torch.Tensor, max_new_tokens: int, seed
     ctx, V, h = model.ctx, model.spec.vocab_size, model.spec.hidden_size
     cache = model.new_cache(B, P + R)
     model.meter.set_static("kv_cache", cache.nbytes)
-    gumbel = None
-    if ctx.is_last and not greedy:
-        gumbel = torch.stack([
-            -torch.log(-torch.log(torch.rand(R, V, generator=torch.Generator().manual_seed(int(s)))
-                                  .clamp_(1e-20, 1 - 1e-7)))
-            for s in seeds]).to(model.device)
+    gens = [torch.Generator().manual_seed(int(sd)) for sd in seeds] if ctx.is_last and not greedy else None
     out = torch.full((B, R), pad_id, dtype=torch.long, device=model.device)
-    done = torch.zeros(B, dtype=torch.bool, device=model.device)
+    active = torch.arange(B, device=model.device)  # rows of ``out`` still decoding, in cache order
     last_root = ctx.emu_rank(ctx.pp - 1, 0)
     tok = prompts.to(model.device)
+    lpad = left_pad(tok, model.pad_id)
     for s in range(R):
         start = 0 if s == 0 else P + s - 1
-        T = tok.shape[1]
+        b, T = tok.shape
         if ctx.is_first:
             inp = tok
         else:
-            inp = torch.empty(B, T, h, dtype=model.dtype, device=model.device)
+            inp = torch.empty(b, T, h, dtype=model.dtype, device=model.device)
             ctx.emu_group.recv(inp, ctx.emu_rank(ctx.p - 1, ctx.t))
-        y = model.forward(inp, start, cache)
-        nxt = torch.empty(B, dtype=torch.long, device=model.device)
+        y = model.forward(inp, start, cache, lpad)
+        nxt = torch.empty(b, dtype=torch.long, device=model.device)
         if ctx.is_last:
             logits = y[:, -1].float()
-            nxt = logits.argmax(-1) if greedy else (logits / temperature + gumbel[:, s]).argmax(-1)
+            if greedy:
+                nxt = logits.argmax(-1)
+            else:
+                g = torch.stack([-torch.log(-torch.log(torch.rand(V, generator=gens[int(i)]).clamp_(1e-20, 1 - 1e-7)))
+                                 for i in active.tolist()]).to(model.device)
+                nxt = (logits / temperature + g).argmax(-1)
         else:
             ctx.emu_group.send(y, ctx.emu_rank(ctx.p + 1, ctx.t))
         if ctx.pp > 1:
             ctx.emu_group.broadcast(nxt, last_root)
-        nxt = torch.where(done, torch.full_like(nxt, pad_id), nxt)
-        out[:, s] = nxt
-        done |= nxt == eos_id
-        if bool(done.all()):
+        out[active, s] = nxt
+        keep = nxt != eos_id
+        if not bool(keep.any()):
             break
+        if not bool(keep.all()):  # finished sequences leave the batch and the cache
+            for i in cache.k:
+                cache.k[i], cache.v[i] = cache.k[i][keep], cache.v[i][keep]
+            active, nxt = active[keep], nxt[keep]
+            lpad = None if lpad is None else lpad[keep]
         tok = nxt[:, None]
     model.meter.drop_static("kv_cache")
     return out.cpu()

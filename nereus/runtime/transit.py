@@ -145,14 +145,20 @@ class Transit:
                 self.units[staged.uid] = Unit(staged, host, u.counters)
 
     def _load_storage(self, spec, move: MoveSpec, dtype, device, out: dict) -> None:
-        full = init_full_params(spec, move.storage_seed)
+        # a Hugging Face checkpoint is read shard by shard (hf.read_shards); a random model re-created
+        full = None if spec.checkpoint else init_full_params(spec, move.storage_seed)
         shapes = param_shapes(spec)
         for dst in move.produces:
             if self.id not in dst.gpus:
                 continue
             p, t = dst.position(self.id)
-            params = {n: shard(full[n], shapes[n][1], spec, dst.tp, t).to(device, dtype)
-                      for n in names_of_stage(spec, dst.pp, p)}
+            if full is None:
+                from nereus.runtime.hf import read_shards
+
+                params = read_shards(spec, dst.pp, p, dst.tp, t, dtype, device, move.storage_seed)
+            else:
+                params = {n: shard(full[n], shapes[n][1], spec, dst.tp, t).to(device, dtype)
+                          for n in names_of_stage(spec, dst.pp, p)}
             out["storage_bytes"] += sum(x.numel() * x.element_size() for x in params.values())
             self.units[dst.uid] = Unit(dst, {"params": params}, dict.fromkeys(COUNTERS, 0))
 

@@ -184,6 +184,17 @@ class WorkerCore:
             batch = {k: v.to(self.device) for k, v in batch.items()}
             return self._engine(model_stage).train_step(batch, loss, micro_batch, denom, position)
 
+    def save_hf(self, model_stage: str, directory: str) -> int:
+        """Write replica 0 of ``model_stage`` as a Hugging Face directory (``hf.save_stage``; collective
+        over that replica's TP groups); returns bytes this worker wrote (0 off replica 0)."""
+        from nereus.runtime.hf import save_stage
+
+        e = self._engine(model_stage)
+        if e.ctx.d != 0:
+            return 0
+        with self.meter.stage(model_stage):
+            return save_stage(e, directory)
+
     def train_fields(self, model_stage: str, *xs):
         """:meth:`train` with the batch given as tensors then their field names: ``(*tensors, names,
         loss, micro_batch, denom, position)`` (how the driver splits a batch per replica)."""

@@ -34,8 +34,80 @@ __all__ = ["ModelSpec", "MODEL_PRESETS", "get_model", "value_head_variant"]
 #: config.json fields read as positive integers, booleans and positive numbers
 _INT_FIELDS = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size",
                "num_key_value_heads", "head_dim", "max_position_embeddings")
-_BOOL_FIELDS = ("tie_word_embeddings",)
+_BOOL_FIELDS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_sliding_window")
 _FLOAT_FIELDS = ("rope_theta", "rms_norm_eps")
+
+#: ``model_type`` values whose math the runtime implements (Llama, Qwen2 with q/k/v biases, Qwen3 with
+#: per-head q/k RMSNorm)
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+#: activations of the gated MLP (``transformers.activations.ACT2FN`` names)
+SUPPORTED_ACTS = ("silu", "gelu", "gelu_pytorch_tanh", "relu")
+#: ``rope_scaling`` / ``rope_parameters`` types (``transformers.modeling_rope_utils``)
+SUPPORTED_ROPE = ("default", "linear", "llama3")
+#: config fields of a mixture-of-experts model: refused (the runtime and cost model are dense)
+_MOE_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_intermediate_size",
+               "num_experts_per_tok", "n_shared_experts", "moe_layer_freq", "decoder_sparse_step")
+
+
+def _refuse_unsupported(config: dict) -> None:
+    """Raise ValueError naming the first config field whose math this model does not implement."""
+    for k in _MOE_FIELDS:
+        v = config.get(k)
+        if v not in (None, 0, [], False):
+            raise ValueError(f"model field {k!r}={v!r}: mixture-of-experts models are not supported (dense "
+                             f"Llama, Qwen2 and Qwen3 decoders only)")
+    mt = config.get("model_type", "llama")
+    if mt not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(f"model field 'model_type'={mt!r} is not supported; valid: {list(SUPPORTED_MODEL_TYPES)}")
+    if config.get("mlp_bias"):
+        raise ValueError("model field 'mlp_bias'=true is not supported; valid: false (no MLP biases)")
+    sw = config.get("sliding_window")
+    if config.get("use_sliding_window") or (sw is not None and mt == "llama"):
+        raise ValueError(f"model field {'use_sliding_window' if config.get('use_sliding_window') else 'sliding_window'}"
+                         f"={config.get('use_sliding_window') or sw!r}: sliding-window attention is not "
+                         "supported; valid: false / null (full attention)")
+    lt = config.get("layer_types")
+    if lt is not None and (not isinstance(lt, list) or any(t != "full_attention" for t in lt)):
+        raise ValueError(f"model field 'layer_types'={lt!r} is not supported; valid: only 'full_attention' layers")
+    act = config.get("hidden_act", "silu")
+    if act not in SUPPORTED_ACTS:
+        raise ValueError(f"model field 'hidden_act'={act!r} is not supported; valid: {list(SUPPORTED_ACTS)}")
+    for k in ("pretraining_tp",):
+        if config.get(k, 1) not in (1, None):
+            raise ValueError(f"model field {k!r}={config[k]!r} is not supported; valid: 1")
+
+
+def _rope_fields(config: dict) -> tuple[float | None, tuple]:
+    """``(rope_theta, scaling items)`` from ``rope_scaling`` (transformers 4) or ``rope_parameters``
+    (transformers 5); items are sorted ``(key, value)`` pairs without ``rope_theta``; ``()`` for none.
+
+    Raises:
+        ValueError: an unsupported scaling type, or a llama3/linear scaling missing its fields.
+    """
+    theta = None
+    rs = config.get("rope_scaling")
+    rp = config.get("rope_parameters")
+    src, d = ("rope_scaling", rs) if rs else ("rope_parameters", rp)
+    if d is None:
+        return None, ()
+    if not isinstance(d, dict):
+        raise ValueError(f"model field {src!r} must be a JSON object or null, got {d!r}")
+    d = dict(d)
+    theta = d.pop("rope_theta", None)
+    kind = d.get("rope_type", d.get("type", "default"))
+    if kind not in SUPPORTED_ROPE:
+        raise ValueError(f"model field {src!r} has rope_type={kind!r}, which is not supported; valid: "
+                         f"{list(SUPPORTED_ROPE)}")
+    need = {"linear": ("factor",), "llama3": ("factor", "low_freq_factor", "high_freq_factor",
+                                              "original_max_position_embeddings")}.get(kind, ())
+    for k in need:
+        v = d.get(k)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+            raise ValueError(f"model field {src!r}: {kind} scaling needs {k!r} > 0, got {v!r}")
+    if kind == "default":
+        return theta, ()
+    items = [("rope_type", kind)] + [(k, float(d[k])) for k in need]
+    return theta, tuple(items)
 
 
 def _require_positive_int(name: str, value: Any) -> None:
@@ -59,6 +131,15 @@ class ModelSpec:
         tie_word_embeddings: whether ``lm_head`` shares the embedding matrix.
         qk_norm: Qwen3-style RMSNorm on q and k per head (adds ``2·d`` parameters per layer).
         rope_theta, max_position_embeddings, rms_norm_eps: carried for the runtime.
+        qkv_bias: biases on the q/k/v projections (Qwen2; Llama's ``attention_bias``), ``a·d + 2·g·d``
+            parameters per layer.
+        o_bias: a bias on ``o_proj`` (Llama's ``attention_bias``), ``h`` per layer.
+        hidden_act: the gated MLP's activation (``silu`` for Llama/Qwen).
+        rope_scaling: sorted ``(key, value)`` items of a ``linear`` or ``llama3`` RoPE scaling; ``()``
+            for none (the Hugging Face ``rope_scaling`` / ``rope_parameters`` fields).
+        model_type: ``llama``, ``qwen2`` or ``qwen3`` (for the config written back on save).
+        checkpoint: a Hugging Face model directory holding the weights (``*.safetensors``) and the
+            tokenizer, or None for randomly initialised weights; not part of equality.
         head: ``"lm"`` for a language-model head ``[V, h]``; ``"value"`` for a scalar value head
             ``[1, h]`` (critic and reward models).
 
@@ -81,6 +162,12 @@ class ModelSpec:
     max_position_embeddings: int = 4096
     rms_norm_eps: float = 1e-5
     head: str = "lm"
+    qkv_bias: bool = False
+    o_bias: bool = False
+    hidden_act: str = "silu"
+    rope_scaling: tuple = ()
+    model_type: str = field(default="", compare=False)
+    checkpoint: str | None = field(default=None, compare=False)
     extra: dict = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -95,6 +182,9 @@ class ModelSpec:
             raise ValueError(f"model field 'head' must be 'lm' or 'value', got {self.head!r}")
         if not self.rms_norm_eps > 0:
             raise ValueError(f"model field 'rms_norm_eps' must be > 0, got {self.rms_norm_eps!r}")
+        if self.hidden_act not in SUPPORTED_ACTS:
+            raise ValueError(f"model field 'hidden_act'={self.hidden_act!r} is not supported; valid: "
+                             f"{list(SUPPORTED_ACTS)}")
 
     # ---------------------------------------------------------------- construction
     @classmethod
@@ -103,10 +193,14 @@ class ModelSpec:
 
         Reads ``hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
         num_key_value_heads`` (defaults to the query heads), ``head_dim`` (defaults to
-        ``hidden_size // num_attention_heads``), ``vocab_size, tie_word_embeddings``.
+        ``hidden_size // num_attention_heads``), ``vocab_size, tie_word_embeddings``, ``attention_bias``
+        (Llama: q/k/v/o biases), ``hidden_act``, ``rope_scaling`` or ``rope_parameters``
+        (``default``, ``linear``, ``llama3``); Qwen2 always has q/k/v biases, Qwen3 q/k norms.
 
         Raises:
-            ValueError: naming the missing or malformed field.
+            ValueError: naming the missing or malformed field, or a field whose math is not
+                implemented (mixture of experts, sliding window, MLP biases, another
+                ``model_type``, another activation or RoPE scaling).
         """
         if not isinstance(config, dict):
             raise ValueError(f"config.json must hold a JSON object, got {type(config).__name__}")
@@ -130,6 +224,8 @@ class ModelSpec:
         if "model_type" in config and not isinstance(config["model_type"], str):
             raise ValueError(f"model field 'model_type' must be a string such as 'llama' or 'qwen3', "
                              f"got {config['model_type']!r}")
+        _refuse_unsupported(config)
+        theta_p, scaling = _rope_fields(config)
         heads = config["num_attention_heads"]
         hidden = config["hidden_size"]
         head_dim = config.get("head_dim")
@@ -139,6 +235,7 @@ class ModelSpec:
                                  f"divisible by num_attention_heads={heads}")
             head_dim = hidden // heads
         model_type = str(config.get("model_type", "llama"))
+        attn_bias = bool(config.get("attention_bias", False))
         return cls(
             name=name,
             hidden_size=hidden,
@@ -150,9 +247,14 @@ class ModelSpec:
             vocab_size=config["vocab_size"],
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
             qk_norm=model_type.startswith("qwen3"),
-            rope_theta=float(config.get("rope_theta") or 10000.0),
+            rope_theta=float(config.get("rope_theta") or theta_p or 10000.0),
             max_position_embeddings=int(config.get("max_position_embeddings") or 4096),
             rms_norm_eps=float(config.get("rms_norm_eps") or 1e-5),
+            qkv_bias=model_type == "qwen2" or attn_bias,
+            o_bias=attn_bias and model_type != "qwen2",
+            hidden_act=str(config.get("hidden_act", "silu")),
+            rope_scaling=scaling,
+            model_type=model_type if "model_type" in config else "",
         )
 
     @classmethod
@@ -175,12 +277,19 @@ class ModelSpec:
             raise ValueError(f"model config file {str(p)!r} is not valid JSON: {e}") from e
         except OSError as e:
             raise ValueError(f"model config file {str(p)!r} cannot be read: {e.strerror or e}") from e
-        return cls.from_hf_config(cfg, name=p.stem if p.stem != "config" else p.parent.resolve().name or "custom")
+        spec = cls.from_hf_config(cfg, name=p.stem if p.stem != "config" else p.parent.resolve().name or "custom")
+        if any(p.parent.glob("*.safetensors")):
+            from dataclasses import replace
+
+            spec = replace(spec, checkpoint=str(p.parent.resolve()))
+        return spec
 
     def to_hf_config(self) -> dict:
-        """The Hugging Face ``config.json`` fields of this spec."""
-        return {
-            "model_type": "qwen3" if self.qk_norm else "llama",
+        """The Hugging Face ``config.json`` fields of this spec (read back by :meth:`from_hf_config`)."""
+        mt = self.model_type or ("qwen3" if self.qk_norm else "qwen2" if self.qkv_bias and not self.o_bias
+                                 else "llama")
+        out = {
+            "model_type": mt,
             "hidden_size": self.hidden_size,
             "intermediate_size": self.intermediate_size,
             "num_hidden_layers": self.num_layers,
@@ -192,11 +301,19 @@ class ModelSpec:
             "rope_theta": self.rope_theta,
             "max_position_embeddings": self.max_position_embeddings,
             "rms_norm_eps": self.rms_norm_eps,
+            "hidden_act": self.hidden_act,
         }
+        if mt == "llama" and (self.qkv_bias or self.o_bias):
+            out["attention_bias"] = True
+        if self.rope_scaling:
+            out["rope_scaling"] = dict(self.rope_scaling)
+        return out
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d.pop("extra", None)
+        d.pop("checkpoint", None)
+        d["rope_scaling"] = dict(self.rope_scaling)
         return d
 
     # ---------------------------------------------------------------- derived shapes
@@ -217,7 +334,12 @@ class ModelSpec:
         n = 2 * h * self.q_dim + 2 * h * self.kv_dim + 3 * h * self.intermediate_size + 2 * h
         if self.qk_norm:
             n += 2 * self.head_dim
-        return n
+        return n + self.bias_params_per_layer
+
+    @property
+    def bias_params_per_layer(self) -> int:
+        """Projection biases of one layer: q/k/v ``a·d + 2·g·d`` (Qwen2), o ``h`` (Llama attention_bias)."""
+        return (self.q_dim + 2 * self.kv_dim if self.qkv_bias else 0) + (self.hidden_size if self.o_bias else 0)
 
     @property
     def embedding_params(self) -> int:

@@ -20,7 +20,7 @@ import functools
 import math
 from dataclasses import dataclass
 
-from nereus.cost.shapes import _layer_params_per_tp_rank, layers_of_rank, params_on_rank
+from nereus.cost.shapes import _layer_params_per_tp_rank, layers_of_rank, params_on_rank, replicated_per_layer
 from nereus.spec.job import JobSpec
 from nereus.spec.model import ModelSpec
 
@@ -241,7 +241,7 @@ def resident_bytes(model: ModelSpec, bytes_per_param: int, src: tuple[int, int, 
     ld = layers_of_rank(model.num_layers, ppd, pd)
     ls = layers_of_rank(model.num_layers, pps, ps)
     common = max(0, min(ld.stop, ls.stop) - max(ld.start, ls.start))
-    norms = 2 * h + (2 * model.head_dim if model.qk_norm else 0)
+    norms = replicated_per_layer(model)
     n = common * ((_layer_params_per_tp_rank(model, tpd) - norms) * f + norms)
     vocab_rows = -(-model.vocab_size // tpd)  # padded vocabulary / tp
     if pd == 0 and ps == 0:
