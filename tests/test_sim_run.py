@@ -34,7 +34,8 @@ def test_restart_cost_hand_computed():
 
 
 def test_cluster_reports_true_times_and_calibration_converges():
-    truth = Truth(step_noise=0.0, congestion_per_hour=0.0)
+    # without the effects the planner does not model, calibration recovers the true efficiencies
+    truth = Truth(step_noise=0.0, congestion_per_hour=0.0, tp_penalty=0.0, overlap=0.0)
     cl = SimulatedCluster(JOB, STEADY, growth_scenario(50, sigma=0.0), truth)
     planner = CostModelPlanner()
     plan = planner.plan(cl.job_at(500), cl.pool_at(0), None, False)
@@ -57,11 +58,20 @@ def test_oom_costs_half_a_step_and_is_reported():
 
 
 def test_gpu_loss_aborts_step_at_the_loss():
-    cl = SimulatedCluster(JOB, DROP, growth_scenario(5), Truth(step_noise=0.0))
+    cl = SimulatedCluster(JOB, DROP, growth_scenario(5), Truth(step_noise=0.0, detect_s=(0.0, 0.0)))
     plan = CostModelPlanner().plan(cl.job_at(500), cl.pool_at(0), None, False)
     assert plan.gpus_used() - cl.pool_at(1800.0)            # the plan uses GPUs 12-15
     out = cl.execute_step(plan, 0, 1800.0 - 1.0)
     assert out.aborted_by_pool and out.duration == pytest.approx(1.0) and len(out.report.pool) == 12
+    # default truth: an unannounced loss is seen only after failure detection, 15-50 s (Ray's health check)
+    cl = SimulatedCluster(JOB, DROP, growth_scenario(5), Truth(step_noise=0.0, detect_s=(20.0, 20.0)))
+    out = cl.execute_step(plan, 0, 1800.0 - 1.0)
+    assert out.aborted_by_pool and out.detect_s == 20.0 and out.duration == pytest.approx(21.0)
+    assert out.report.elapsed_s == pytest.approx(1820.0)
+    # with a 120 s notice the GPUs leave P_gpu at 1680 s: the plan does not start, nothing to detect
+    cl = SimulatedCluster(JOB, DROP, growth_scenario(5), Truth(step_noise=0.0, notice_s=120.0))
+    out = cl.execute_step(plan, 0, 1700.0)
+    assert out.aborted_by_pool and out.detect_s == 0.0 and out.duration == 0.0
 
 
 def test_cluster_rejects_unscaled_or_oversized_trace():

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from nereus.controller.horizon import Horizon
+from nereus.controller.horizon import FIRST_HORIZONS, Horizon
 
 __all__ = ["StepReport", "Trigger", "Monitor", "DEFAULT_THRESHOLDS", "POOL_LOSS"]
 
@@ -107,14 +107,18 @@ class Monitor:
         thresholds: δ_x per opportunistic signal (``eff:*`` covers all op classes).
         alpha: EMA weight for ``H_x``.
         grow_horizon: a pure pool growth carries ``H_pool:loss`` (module docstring; off by default).
+        first_horizon: ``H_x`` at a signal's first crossing: ``"one"`` (the paper's rule, default)
+            or ``"elapsed"`` (the steps since monitoring began; ``nereus.controller.horizon``).
 
     Raises:
-        ValueError: a threshold that is not > 0.
+        ValueError: a threshold that is not > 0, or an unknown ``first_horizon``.
     """
 
     thresholds: dict = field(default_factory=lambda: dict(DEFAULT_THRESHOLDS))
     alpha: float = 0.5
     grow_horizon: bool = False
+    first_horizon: str = "one"
+    started: int | None = None
     references: dict = field(default_factory=dict)
     pool_reference: frozenset | None = None
     horizons: dict = field(default_factory=dict)
@@ -123,6 +127,9 @@ class Monitor:
         for k, v in self.thresholds.items():
             if not (isinstance(v, (int, float)) and v > 0):
                 raise ValueError(f"threshold δ for signal {k!r} must be > 0, got {v!r}")
+        if self.first_horizon not in FIRST_HORIZONS:
+            raise ValueError(f"monitor field 'first_horizon' must be one of {', '.join(FIRST_HORIZONS)}, "
+                             f"got {self.first_horizon!r}")
 
     def threshold(self, signal: str) -> float | None:
         if signal in self.thresholds:
@@ -133,7 +140,7 @@ class Monitor:
 
     def horizon(self, signal: str) -> Horizon:
         if signal not in self.horizons:
-            self.horizons[signal] = Horizon(alpha=self.alpha)
+            self.horizons[signal] = Horizon(alpha=self.alpha, first=self.first_horizon, started=self.started or 0)
         return self.horizons[signal]
 
     def check(self, step: int, values: dict, pool: frozenset, memory_violation: bool = False,
@@ -147,6 +154,8 @@ class Monitor:
             memory_violation: the cost model predicts the current plan exceeds capacity (or it OOMed).
         """
         fired: list[Trigger] = []
+        if self.started is None:
+            self.started = step
         if self.pool_reference is None:
             self.pool_reference = frozenset(pool)
         elif frozenset(pool) != self.pool_reference:

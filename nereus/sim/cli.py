@@ -35,6 +35,16 @@ def add_arguments(p) -> None:
                    help="time unit of a two-column 't,count' trace (guessed when omitted)")
     p.add_argument("--length-trace", default=None,
                    help="verl response-length CSV (step, mean_response_length); default: SYNTHETIC growth")
+    p.add_argument("--length-scale", default="max:8000",
+                   help="scale a --length-trace to the job: MODE:TOKENS with MODE mean or max (the log's mean or "
+                        "max becomes TOKENS), or none to replay it unchanged (default max:8000, the synthetic "
+                        "scenario's end length)")
+    p.add_argument("--start", type=float, default=0.0, help="hours into the availability trace where the run starts")
+    p.add_argument("--prompts-per-step", type=int, default=256, help="prompts per RL step (global batch = prompts x "
+                   "--samples-per-prompt)")
+    p.add_argument("--samples-per-prompt", type=int, default=4, help="responses sampled per prompt")
+    p.add_argument("--mini-batch", type=int, default=256, help="sequences per optimizer update (divides the global "
+                   "batch)")
     p.add_argument("--growth", default="500:8000:1000",
                    help="synthetic growth START:END:STEPS in tokens and RL steps")
     p.add_argument("--hours", type=float, default=4.0,
@@ -42,9 +52,12 @@ def add_arguments(p) -> None:
     p.add_argument("--gamma", type=float, default=0.5, help="payback margin γ of the nereus policy")
     p.add_argument("--gammas", default=",".join(f"{g:g}" for g in DEFAULT_GAMMAS),
                    help="γ values of the sweep (comma-separated; empty for none)")
-    p.add_argument("--policies", default="nereus,nereus-paper,static,replan-all,uncalibrated",
-                   help="comma-separated: nereus, nereus-paper (no state-loss risk pricing), static, replan-all, "
-                        "replan-all-paper, uncalibrated, gamma=<g>; opt-in extensions: nereus+grow, nereus+revisit")
+    p.add_argument("--policies", default="nereus,nereus-paper,static,elastic,elastic-oracle,replan-all,uncalibrated",
+                   help="comma-separated: nereus, nereus-paper (the paper's rule: no state-loss risk pricing, H_x = 1 "
+                        "before a signal's first interval), static, elastic (checkpoint/restart onto the best plan "
+                        "when it pays), elastic-oracle (the same, knowing when GPUs leave), replan-all, "
+                        "replan-all-paper, uncalibrated, nereus-h1 (H_x = 1 before the first interval), gamma=<g>; "
+                        "opt-in extensions: nereus+grow, nereus+revisit")
     p.add_argument("--notice", type=float, default=0.0,
                    help="preemption notice in seconds before GPUs leave (AWS spot: 120; default 0: none)")
     p.add_argument("--seed", type=int, default=0, help="seed of noise, congestion and length noise")
@@ -60,6 +73,21 @@ def _parse_growth(text: str) -> tuple[float, float, int]:
         raise ValueError(f"--growth must look like START:END:STEPS (e.g. 500:8000:1000), got {text!r}") from e
 
 
+def _parse_length_scale(text: str) -> tuple[str, float]:
+    from nereus.sim.traces import LENGTH_SCALES
+
+    if text.strip() == "none":
+        return ("none", 1.0)
+    mode, _, tok = text.partition(":")
+    try:
+        tokens = float(tok)
+    except ValueError:
+        tokens = float("nan")
+    if mode not in LENGTH_SCALES[1:] or not tokens > 0:
+        raise ValueError(f"--length-scale must be none, mean:TOKENS or max:TOKENS with TOKENS > 0, got {text!r}")
+    return (mode, tokens)
+
+
 def _policies(args) -> list[str]:
     names = [n.strip() for n in args.policies.split(",") if n.strip()]
     for g in (x.strip() for x in args.gammas.split(",") if x.strip()):
@@ -72,8 +100,8 @@ def _policies(args) -> list[str]:
         if name not in names and float(g) != args.gamma:
             names.append(name)
     if not names:
-        raise ValueError("--policies is empty; valid: nereus, nereus-paper, static, replan-all, replan-all-paper, "
-                         "uncalibrated, gamma=<g>")
+        raise ValueError("--policies is empty; valid: nereus, nereus-paper, static, elastic, elastic-oracle, "
+                         "replan-all, replan-all-paper, uncalibrated, nereus-h1, gamma=<g>")
     for n in names:
         check_policy_name(n)
     return names
@@ -115,12 +143,19 @@ def main(args) -> int:
         raise ValueError(f"--gamma must be in [0, 1], got {args.gamma}")
     if args.jobs is not None and args.jobs < 1:
         raise ValueError(f"--jobs must be >= 1 worker processes, got {args.jobs}")
+    for f in ("prompts_per_step", "samples_per_prompt", "mini_batch"):
+        if getattr(args, f) < 1:
+            raise ValueError(f"--{f.replace('_', '-')} must be a positive integer, got {getattr(args, f)}")
+    if not args.start >= 0:
+        raise ValueError(f"--start must be >= 0 hours into the trace, got {args.start}")
     if not args.notice >= 0:
         raise ValueError(f"--notice must be >= 0 seconds, got {args.notice}")
     scenario = Scenario(model=args.model, algo=args.algo, gpu=args.gpu, nodes=args.nodes,
                         gpus_per_node=args.gpus_per_node, trace=args.trace, length_trace=args.length_trace,
                         growth=_parse_growth(args.growth), hours=args.hours or None, gamma=args.gamma, seed=args.seed,
-                        time_unit=args.time_unit, truth=Truth(notice_s=args.notice))
+                        time_unit=args.time_unit, truth=Truth(notice_s=args.notice), start=args.start,
+                        length_scale=_parse_length_scale(args.length_scale), prompts_per_step=args.prompts_per_step,
+                        samples_per_prompt=args.samples_per_prompt, mini_batch=args.mini_batch)
     names = _policies(args)
     scenario.validate()
     hours = scenario.duration_hours()
@@ -128,7 +163,20 @@ def main(args) -> int:
     console = Console(width=max(Console().width, 150))
     console.print(f"[bold]nereus simulate[/]: {args.model} {args.algo.upper()} on {args.nodes}x{args.gpus_per_node} "
                   f"{args.gpu}; trace {trace.name} ({trace.num_changes} changes, {min(trace.counts)}-"
-                  f"{max(trace.counts)} GPUs) for {hours:.1f} h; lengths {lengths.label}")
+                  f"{max(trace.counts)} GPUs) for {hours:.1f} h"
+                  + (f" from {args.start:g} h" if args.start else "") + f"; lengths {lengths.label}")
+    notes = []
+    if trace.time_note and (args.trace not in SHIPPED_TRACES or args.time_unit):
+        notes.append(f"trace {trace.time_note}")
+    if "scale" in lengths.meta:
+        m = lengths.meta
+        notes.append(f"length trace scaled x{m['scale']:.3g} ({m['scale_mode']} {m['scale_from']:,.0f} -> "
+                     f"{m['scale_tokens']:,.0f} tokens; --length-scale none to replay it unchanged)")
+    if not lengths.synthetic:
+        notes.append(f"length trace has {len(lengths.lengths)} steps; a longer run replays it in a loop "
+                     "(loops per policy below)")
+    for n in notes:
+        console.print(n)
     t0 = time.time()
     with Progress(TextColumn("{task.description:>14}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                   TimeElapsedColumn(), console=console, transient=False) as progress:
@@ -142,6 +190,9 @@ def main(args) -> int:
               for n, r in results.items() if r.restart_causes]
     if causes:
         console.print("restart causes: " + "; ".join(causes))
+    if not lengths.synthetic:
+        n = len(lengths.lengths)
+        console.print("length trace loops: " + ", ".join(f"{k} {r.steps / n:.1f}" for k, r in results.items()))
     rel = ratios(results)
     if rel:
         console.print("nereus throughput / policy: " + ", ".join(f"{n} {r:.2f}x" for n, r in rel.items()))

@@ -15,8 +15,39 @@ calibrates from simulated measurements exactly as from real ones. Hidden ground 
 * **memory**: true peaks are the cost model's prediction times ``memory_factor`` (1.08: allocator
   fragmentation and buffers the model omits); a GPU above its device memory is an OOM, which costs
   half of the step and leaves the plan invalid;
-* **transitions**: take ``transition_factor`` (1.3) times the transition planner's estimate, with
-  10% noise (links rarely reach peak; communicator setup varies);
+* **effects the planner does not model** (so calibration cannot recover the truth exactly, and the
+  payback rule meets model error; sizes in docs/simulate.md):
+
+  - *size-dependent efficiency*: the per-GPU GEMMs, attention and decode kernels of a TP-``t``
+    shard run ``1 + tp_penalty · log2(t)`` times slower than the op-class efficiency says
+    (``tp_penalty`` = 0.06: TP 8 is 18% slower per FLOP). Smaller per-GPU matrices reach a lower
+    fraction of peak; Megatron-LM reports per-GPU throughput falling as the TP degree grows at a
+    fixed model size (Narayanan et al., SC'21, §5.4 and Fig. 13). The size of the effect is an
+    assumption. The planner's calibration is per op class, shared by every TP degree, so it learns
+    an average;
+  - *overlap*: a ``*.train`` model-stage hides ``overlap`` (0.5) of ``min(collective seconds,
+    compute seconds)`` behind compute (PyTorch DDP and FSDP overlap bucketed gradient all-reduce
+    with the backward pass: Li et al., VLDB'20, "PyTorch Distributed", §3.2.3); the planner adds
+    them. The measured op-class seconds are the kernels' own (instrumentation sees the whole
+    collective), so calibration does not see the hidden part;
+  - *congestion* (above) and *transfer-time tails* (below).
+
+* **transitions**: the state movement takes ``transition_factor`` (1.3) times the transition
+  planner's estimate, times log-normal noise with σ = ``transition_noise`` (0.5): the spread of
+  measured / predicted seconds per primitive of the live executor after calibration (0.54–1.85,
+  log-σ ≈ 0.5, docs/runtime.md "Adaptive run"; measured on CPU workers over gloo with 19–57 MB
+  moves, so it stands for the shape of the tail, not for NVLink/InfiniBand magnitudes). Starting a
+  rollout engine takes the controller's assumed ``engine_reinit`` times log-normal noise with σ =
+  ``engine_noise`` (0.35; vLLM engine start 10–30 s for 8B models).
+* **failure detection and teardown**: an *unannounced* loss of a GPU of the running plan is seen
+  only after ``detect_s`` seconds, uniform in (15, 50): Ray's GCS declares a node dead after
+  ``health_check_failure_threshold`` (5) failed probes ``health_check_period_ms`` (3 s) apart, each
+  allowed ``health_check_timeout_ms`` (10 s) (defaults in ``src/ray/common/ray_config_def.h``: 15 s
+  when probes fail fast, 50 s when they time out). A live transition after such a loss first
+  aborts and rebuilds the communicators of the surviving ranks: ``teardown_s`` = 5 s (an
+  assumption: ``ncclCommAbort`` plus re-initialising a few groups; the live executor's communicator
+  setup is 0.26–0.49 s for many groups on 4 CPU workers, docs/live-transition.md, a lower bound).
+  Every policy pays the detection; restarts include teardown in their process restart.
 * **GPU pool**: from an availability trace scaled to the cluster; GPUs ``0 .. n-1`` are available
   when the trace says ``n``, so losses take the highest ids first. A loss that hits a GPU of the
   running plan aborts the step at that moment (its work is lost).
@@ -29,7 +60,7 @@ calibrates from simulated measurements exactly as from real ones. Hidden ground 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -41,7 +72,8 @@ from nereus.planner.plan import Plan
 from nereus.sim.traces import AvailabilityTrace, LengthTrace
 from nereus.spec.job import JobSpec
 
-__all__ = ["TRUE_EFFICIENCY", "Truth", "Congestion", "StepOutcome", "SimulatedCluster", "DriftedTable"]
+__all__ = ["TRUE_EFFICIENCY", "Truth", "Congestion", "StepOutcome", "SimulatedCluster", "DriftedTable",
+           "unmodelled"]
 
 #: hidden per-op-class efficiencies of the simulated hardware (planner defaults: gemm 0.6,
 #: attention 0.45, memory_bound 0.7, *@nvlink 0.6, *@ib 0.75).
@@ -86,7 +118,12 @@ class Truth:
     memory_factor: float = 1.08
     step_noise: float = 0.02
     transition_factor: float = 1.3
-    transition_noise: float = 0.10
+    transition_noise: float = 0.5
+    engine_noise: float = 0.35
+    tp_penalty: float = 0.06
+    overlap: float = 0.5
+    detect_s: tuple[float, float] = (15.0, 50.0)
+    teardown_s: float = 5.0
     congestion_per_hour: float = 1 / 3
     congestion_minutes: tuple[float, float] = (20.0, 60.0)
     congestion_factor: float = 0.4
@@ -96,9 +133,16 @@ class Truth:
         for f in ("memory_factor", "transition_factor", "congestion_factor"):
             if not getattr(self, f) > 0:
                 raise ValueError(f"truth field {f!r} must be > 0, got {getattr(self, f)!r}")
-        for f in ("step_noise", "transition_noise", "congestion_per_hour", "notice_s"):
+        for f in ("step_noise", "transition_noise", "engine_noise", "congestion_per_hour", "notice_s", "tp_penalty",
+                  "teardown_s"):
             if getattr(self, f) < 0:
                 raise ValueError(f"truth field {f!r} must be >= 0, got {getattr(self, f)!r}")
+        if not 0 <= self.overlap <= 1:
+            raise ValueError(f"truth field 'overlap' must be in [0, 1], got {self.overlap!r}")
+        lo, hi = self.detect_s
+        if not 0 <= lo <= hi:
+            raise ValueError(f"truth field 'detect_s' must be (low, high) seconds with 0 <= low <= high, "
+                             f"got {self.detect_s!r}")
 
     def table(self, ib_factor: float = 1.0) -> DriftedTable:
         return DriftedTable(self.efficiency, ib_factor)
@@ -114,6 +158,37 @@ class StepOutcome:
     aborted_by_pool: bool
     response_len: float
     report: StepReport
+    detect_s: float = 0.0
+
+
+#: op classes whose per-GPU kernels slow down on smaller TP shards (``Truth.tp_penalty``)
+COMPUTE_CLASSES = ("gemm", "attention", "memory_bound")
+#: collectives a training model-stage overlaps with compute (``Truth.overlap``); p2p is on the critical path
+OVERLAP_PREFIXES = ("allreduce", "allgather", "reducescatter", "reduce_scatter")
+
+
+def unmodelled(est, tp: int, train: bool, tp_penalty: float, overlap: float):
+    """The "true" seconds and op-class breakdown of one model-stage from the planner-form estimate
+    ``est`` (a :class:`~nereus.planner.plan.StageEstimate` under the true efficiencies), with the
+    effects the planner does not model (module docstring)::
+
+        f       = 1 + tp_penalty · log2(tp)
+        compute = Σ breakdown[c] for c in COMPUTE_CLASSES
+        comm    = Σ collective seconds (``train`` only)
+        time    = est.time + (f − 1) · compute − overlap · min(comm, f · compute)
+
+    Returns ``(time, breakdown)``; the breakdown has the compute classes times ``f`` and the
+    collectives whole (what kernel instrumentation measures).
+    """
+    f = 1.0 + tp_penalty * math.log2(max(1, tp))
+    bd = dict(est.breakdown)
+    compute = sum(v for k, v in bd.items() if k in COMPUTE_CLASSES)
+    for k in COMPUTE_CLASSES:
+        if k in bd:
+            bd[k] *= f
+    comm = sum(v for k, v in bd.items() if k.partition("@")[0] in OVERLAP_PREFIXES) if train else 0.0
+    time = est.time + (f - 1.0) * compute - overlap * min(comm, f * compute)
+    return max(time, 0.0), bd
 
 
 class SimulatedCluster:
@@ -203,7 +278,14 @@ class SimulatedCluster:
             if len(self._cache) > 20000:
                 self._cache.clear()
             cm = CostModel(self.job_at(q), efficiency=self.truth.table(f), headroom=0.0)
-            self._cache[key] = cm.estimate(plan, pool)
+            est = cm.estimate(plan, pool)
+            tp = {c.model_stage: c.tp for c in plan.candidates}
+            ests = {}
+            for ms, e in est.estimates.items():
+                t_ms, bd = unmodelled(e, tp[ms], ms.endswith(".train"), self.truth.tp_penalty, self.truth.overlap)
+                ests[ms] = replace(e, time=t_ms, breakdown=bd)
+            l_step = cm.stage_latency({k: v.time for k, v in ests.items()})
+            self._cache[key] = replace(est, estimates=ests, l_step=l_step)
         return self._cache[key]
 
     # ------------------------------------------------------------------ execution
@@ -230,26 +312,34 @@ class SimulatedCluster:
         # at the notice when the step would not finish before the loss
         lost_at = self.loss_time(plan.gpus_used(), t)
         if lost_at < t + duration:
-            stop = max(t, lost_at - self.truth.notice_s)
-            return self._aborted(step, length, stop - t, stop)
+            if self.truth.notice_s > 0:
+                stop = max(t, lost_at - self.truth.notice_s)
+                return self._aborted(step, length, stop - t, stop)
+            # unannounced: the job notices the loss only after failure detection
+            detect = self.rng.uniform(*self.truth.detect_s)
+            return self._aborted(step, length, lost_at + detect - t, lost_at + detect, detect)
         end = t + duration
         report = StepReport(step=step, response_len=length, pool=self.pool_at(end), step_time=0.0 if oom else duration,
                             op_seconds={} if oom else op_seconds, peak_memory=peak, oom=oom, alive=self.alive_at(end), elapsed_s=end)
         return StepOutcome(duration, not oom, oom, False, length, report)
 
-    def _aborted(self, step, length, duration, t) -> StepOutcome:
+    def _aborted(self, step, length, duration, t, detect_s: float = 0.0) -> StepOutcome:
         return StepOutcome(duration, False, False, True, length,
                            StepReport(step=step, response_len=length, pool=self.pool_at(t), alive=self.alive_at(t),
-                                      elapsed_s=t))
+                                      elapsed_s=t), detect_s)
 
     def transition_time(self, current: Plan, target: Plan, pool, response_len: float) -> float:
-        """True seconds of a live transition: ``transition_factor`` × the transition planner's estimate
-        (the DAG's when ``nereus.transition`` provides it and finds it feasible, else bytes over
-        bandwidth), with log-normal noise."""
+        """True seconds of a live transition (module docstring): the state movement of the transition
+        planner's estimate (the DAG's when ``nereus.transition`` provides it and finds it feasible,
+        else bytes over bandwidth) times ``transition_factor`` and a log-normal tail, plus the rollout
+        engine start with its own noise."""
         job = self.job_at(response_len)
         tgt = target if target.estimates else CostModel(job).estimate(target)
+        engine = engine_reinit(current, tgt)
         est = estimate_transition_cost(job, current, tgt, pool)
-        if not est.feasible or not math.isfinite(est.l_tran):
-            est = bandwidth_estimate(job, current, tgt, pool)
-            est = type(est)(est.l_tran + engine_reinit(current, tgt))
-        return est.l_tran * self.truth.transition_factor * math.exp(self.rng.normal(0, self.truth.transition_noise))
+        if est.feasible and math.isfinite(est.l_tran):
+            move = max(0.0, est.l_tran - engine)
+        else:
+            move = bandwidth_estimate(job, current, tgt, pool).l_tran
+        move *= self.truth.transition_factor * math.exp(self.rng.normal(0, self.truth.transition_noise))
+        return move + engine * math.exp(self.rng.normal(0, self.truth.engine_noise))

@@ -30,6 +30,8 @@ Nereus-type policies talk to the simulator only through :class:`~nereus.controll
 
 from __future__ import annotations
 
+import math
+
 from nereus.controller import (
     Controller,
     ControllerConfig,
@@ -46,9 +48,10 @@ from nereus.planner.plan import Plan
 from nereus.sim.restart import RestartCost
 from nereus.spec.job import JobSpec
 
-__all__ = ["NereusPolicy", "StaticPolicy", "make_policy", "POLICY_NAMES"]
+__all__ = ["NereusPolicy", "StaticPolicy", "ElasticPolicy", "restart_pays", "make_policy", "POLICY_NAMES"]
 
-POLICY_NAMES = ("nereus", "nereus-paper", "static", "replan-all", "replan-all-paper", "uncalibrated")
+POLICY_NAMES = ("nereus", "nereus-paper", "static", "elastic", "elastic-oracle", "replan-all", "replan-all-paper",
+                "uncalibrated", "nereus-h1")
 
 
 def _job_at(job: JobSpec, response_len: float) -> JobSpec:
@@ -129,6 +132,106 @@ class StaticPolicy:
         self.plan = plan
 
 
+def restart_pays(l_cur: float, l_new: float, window_s: float, cost_s: float) -> bool:
+    """Whether restarting onto a plan of step time ``l_new`` beats staying at ``l_cur`` over the next
+    ``window_s`` seconds, when the restart costs ``cost_s`` seconds (checkpoint save + restart).
+
+    Staying makes ``W / L_cur`` steps; restarting ``(W − R) / L_new``. The second is larger iff
+    ``W · (L_cur − L_new) / L_cur > R``.
+    """
+    if not (l_new < l_cur) or not window_s > 0:
+        return False
+    if math.isinf(window_s):
+        return True
+    return window_s * (l_cur - l_new) / l_cur > cost_s
+
+
+class ElasticPolicy(StaticPolicy):
+    """Elastic checkpoint/restart: what users run on spot capacity instead of live transitions.
+
+    SkyPilot managed jobs restart a job from its checkpoint when it is preempted; Bamboo- and
+    Oobleck-style systems also resize when nodes join. This baseline does both with the best plan
+    the *true* costs give (the same oracle cost model as ``static``, so it is an upper bound on
+    what a user's own tuning would pick):
+
+    * **forced**: a GPU of the plan is lost or a step ran out of memory: restart on the best plan for
+      the pool (from a checkpoint saved first when a full copy of the state is alive, as ``static``);
+    * **voluntary**: when the pool changed since the last decision, or every ``checkpoint_every``
+      steps (after the periodic save, when lengths have drifted), take the best plan ``S*`` for the
+      pool and restart onto it iff :func:`restart_pays`: ``W · (L_cur − L_new) / L_cur > R`` with
+      ``R`` = checkpoint save + restart (``nereus.sim.restart``) and ``W`` the seconds the new plan
+      is expected to keep its GPUs:
+
+      - ``elastic``: ``W`` = elapsed run time / (pool losses seen + 1), the mean time between
+        losses with one pseudo-loss (0 at the start, so no voluntary restart before some quiet
+        time has been seen);
+      - ``elastic-oracle``: ``W`` = the true seconds until one of ``S*``'s GPUs leaves (from the
+        trace; the rest of the run when none does).
+
+    Args:
+        future: ``(gpus, t) -> seconds until one of gpus leaves`` (the oracle's view of the trace).
+        restart: restart and checkpoint costs.
+    """
+
+    def __init__(self, name: str, job: JobSpec, true_efficiency: EfficiencyTable, memory_factor: float,
+                 restart: RestartCost | None = None, future=None):
+        super().__init__(name, job, true_efficiency, memory_factor)
+        self.restart = restart or RestartCost()
+        self.future = future
+        self.pool_ref: frozenset | None = None
+        self.losses = 0
+        self.last_eval_step = 0
+
+    def start(self, pool: frozenset, response_len: float) -> Plan:
+        plan = super().start(pool, response_len)
+        self.pool_ref = frozenset(pool)
+        return plan
+
+    def window(self, plan: Plan, t: float) -> float:
+        """``W``: seconds ``plan`` is expected to keep its GPUs (class docstring)."""
+        if self.future is not None:
+            return self.future(plan.gpus_used(), t)
+        return t / (self.losses + 1)
+
+    def restart_cost(self, plan: Plan, pool) -> float:
+        nodes = len(self.job.cluster.nodes_of(pool))
+        return (self.restart.save_s(self.job, len(self.job.cluster.nodes_of(plan.gpus_used())))
+                + self.restart.restart_s(self.job, nodes))
+
+    def observe(self, report: StepReport):
+        pool = frozenset(report.pool)
+        if self.pool_ref is not None and self.pool_ref - pool:
+            self.losses += 1
+        changed = pool != self.pool_ref
+        self.pool_ref = pool
+        if self.plan.gpus_used() - pool or report.oom:
+            self.last_eval_step = report.step
+            return super().observe(report)
+        periodic = report.step + 1 - self.last_eval_step >= self.restart.checkpoint_every
+        if not (changed or periodic) or report.step_time <= 0:
+            return Keep("elastic: no pool change")
+        self.last_eval_step = report.step + 1
+        job = _job_at(self.job, report.response_len)
+        current = self.planner.estimate(job, self.plan, pool)
+        try:
+            best = self.planner.plan(job, pool, None, False)
+        except ValueError:
+            return Keep("elastic: nothing else fits")
+        t = report.elapsed_s or 0.0
+        w = self.window(best, t)
+        cost = self.restart_cost(best, pool)
+        if not restart_pays(current.l_step, best.l_step, w, cost):
+            d = Keep(f"elastic: restart onto {len(best.gpus_used())} GPUs does not pay: W {w:.0f}s x "
+                     f"(L {current.l_step:.1f} -> {best.l_step:.1f}s) / L <= R {cost:.0f}s")
+        else:
+            self.plan = best
+            d = Restart(best, f"elastic: restart onto {len(best.gpus_used())} GPUs pays: W {w:.0f}s x "
+                        f"(L {current.l_step:.1f} -> {best.l_step:.1f}s) / L > R {cost:.0f}s",
+                        checkpoint_first=True, cause="elastic_resize")
+        self.log.append({"step": report.step, "decision": d.to_dict() | {"plan": None}})
+        return d
+
+
 def risk_model(job: JobSpec, restart: RestartCost | None = None) -> RiskModel:
     """The controller's state-loss pricing from the simulator's restart-cost model (whole cluster)."""
     restart = restart or RestartCost()
@@ -137,37 +240,52 @@ def risk_model(job: JobSpec, restart: RestartCost | None = None) -> RiskModel:
 
 
 def make_policy(name: str, job: JobSpec, gamma: float, true_efficiency: EfficiencyTable, memory_factor: float,
-                restart: RestartCost | None = None):
+                restart: RestartCost | None = None, future=None, first_horizon: str = "elapsed"):
     """A policy by name (module docstring): ``nereus``, ``nereus-paper``, ``static``, ``replan-all``,
     ``replan-all-paper``, ``uncalibrated``, ``gamma=<g>``, ``nereus+revisit``, ``nereus+grow``
     (``nereus+risk`` is accepted as another name of ``nereus``). Risk pricing uses ``restart``'s
     costs (:func:`risk_model`).
 
+    ``elastic-oracle`` needs ``future`` (``(gpus, t) -> seconds until one of them leaves``).
+    ``first_horizon`` is the monitor's ``H_x`` at a first crossing for every controller policy not
+    named ``paper`` (``nereus.controller.horizon``); the ``*-paper`` policies keep the paper's 1.
+
     Raises:
         ValueError: unknown name or a γ outside [0, 1].
     """
     risk = risk_model(job, restart)
+
+    def mon(**kw):
+        return Monitor(first_horizon=first_horizon, **kw)
     if name in ("nereus", "nereus+risk"):
-        return NereusPolicy(name, job, ControllerConfig(gamma=gamma, risk=risk))
+        return NereusPolicy(name, job, ControllerConfig(gamma=gamma, risk=risk), mon())
+    if name == "nereus-h1":
+        return NereusPolicy(name, job, ControllerConfig(gamma=gamma, risk=risk), Monitor())
+    if name == "elastic":
+        return ElasticPolicy(name, job, true_efficiency, memory_factor, restart)
+    if name == "elastic-oracle":
+        if future is None:
+            raise ValueError("policy 'elastic-oracle' needs the future pool (the simulator passes it)")
+        return ElasticPolicy(name, job, true_efficiency, memory_factor, restart, future)
     if name == "nereus-paper":
         return NereusPolicy(name, job, ControllerConfig(gamma=gamma))
     if name == "static":
         return StaticPolicy(name, job, true_efficiency, memory_factor)
     if name == "replan-all":
-        return NereusPolicy(name, job, ControllerConfig(gamma=gamma, always_admit=True, risk=risk))
+        return NereusPolicy(name, job, ControllerConfig(gamma=gamma, always_admit=True, risk=risk), mon())
     if name == "replan-all-paper":
         return NereusPolicy(name, job, ControllerConfig(gamma=gamma, always_admit=True))
     if name == "nereus+revisit":
-        return NereusPolicy(name, job, ControllerConfig(gamma=gamma, revisit=True, risk=risk))
+        return NereusPolicy(name, job, ControllerConfig(gamma=gamma, revisit=True, risk=risk), mon())
     if name == "nereus+grow":
-        return NereusPolicy(name, job, ControllerConfig(gamma=gamma, risk=risk), Monitor(grow_horizon=True))
+        return NereusPolicy(name, job, ControllerConfig(gamma=gamma, risk=risk), mon(grow_horizon=True))
     if name == "uncalibrated":
-        return NereusPolicy(name, job, ControllerConfig(gamma=gamma, calibrate=False, risk=risk))
+        return NereusPolicy(name, job, ControllerConfig(gamma=gamma, calibrate=False, risk=risk), mon())
     if name.startswith("gamma="):
         try:
             g = float(name.split("=", 1)[1])
         except ValueError as e:
             raise ValueError(f"policy {name!r}: γ must be a number, e.g. gamma=0.25") from e
-        return NereusPolicy(name, job, ControllerConfig(gamma=g, risk=risk))
+        return NereusPolicy(name, job, ControllerConfig(gamma=g, risk=risk), mon())
     raise ValueError(f"unknown policy {name!r}; valid: {list(POLICY_NAMES)}, nereus+revisit, nereus+grow "
                      "or gamma=<g>")

@@ -128,6 +128,8 @@ def simulate(policy, cluster: SimulatedCluster, hours: float, restart: RestartCo
                 # the transition still reads from GPUs that leave before it ends: their state is lost
                 decision = Restart(decision.plan, "transition did not finish before the preempted GPUs left",
                                    cause="transition_overrun")
+        if isinstance(decision, Transition) and out.detect_s > 0:
+            dt += cluster.truth.teardown_s  # abort and rebuild the communicators of the dead ranks first
         if isinstance(decision, Transition):
             res.transitions += 1
             res.urgent_transitions += int(decision.urgent)

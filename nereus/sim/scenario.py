@@ -31,7 +31,8 @@ from nereus.spec.workload import WorkloadSpec
 __all__ = ["Scenario", "run_scenario", "DEFAULT_POLICIES", "DEFAULT_GAMMAS"]
 
 DEFAULT_GAMMAS = (0.0, 0.25, 1.0)
-DEFAULT_POLICIES = ("nereus", "nereus-paper", "static", "replan-all", "uncalibrated") + tuple(
+DEFAULT_POLICIES = ("nereus", "nereus-paper", "static", "elastic", "elastic-oracle", "replan-all",
+                    "uncalibrated") + tuple(
     f"gamma={g:g}" for g in DEFAULT_GAMMAS)
 
 
@@ -50,6 +51,13 @@ class Scenario:
         time_unit: for two-column count traces (None: guessed).
         truth: hidden costs (:class:`~nereus.sim.cluster.Truth`).
         restart: checkpoint/restart costs.
+        first_horizon: ``H_x`` at a signal's first crossing for the controller policies not named
+            ``paper`` (``elapsed`` or ``one``; ``nereus.controller.horizon``).
+        start: hours into the trace where the run starts (the window is scaled to the cluster).
+        length_scale: ``(mode, tokens)`` for a length trace: ``none``, or scale it so its ``mean``
+            or ``max`` is ``tokens`` (:meth:`~nereus.sim.traces.LengthTrace.normalized`).
+        prompts_per_step, samples_per_prompt, mini_batch: the RL batch (global batch =
+            prompts · samples; ``mini_batch`` must divide it).
     """
 
     model: str = "llama-3.1-8b"
@@ -66,22 +74,31 @@ class Scenario:
     time_unit: str | None = None
     truth: Truth = field(default_factory=Truth)
     restart: RestartCost = field(default_factory=RestartCost)
+    first_horizon: str = "elapsed"
+    start: float = 0.0
+    length_scale: tuple[str, float] = ("max", 8000.0)
+    prompts_per_step: int = 256
+    samples_per_prompt: int = 4
+    mini_batch: int = 256
 
     def job(self) -> JobSpec:
-        w = WorkloadSpec(algorithm=self.algo, response_len=int(self.growth[0]))
+        w = WorkloadSpec(algorithm=self.algo, response_len=int(self.growth[0]), prompts_per_step=self.prompts_per_step,
+                         samples_per_prompt=self.samples_per_prompt, mini_batch_size=self.mini_batch)
         return JobSpec(get_model(self.model), ClusterSpec(get_gpu(self.gpu), self.nodes, self.gpus_per_node), w)
 
     def availability(self) -> AvailabilityTrace:
+        """The trace's window ``[start, start + hours)`` scaled so the window's maximum is the cluster."""
         tr = load_availability(self.trace, self.time_unit)
-        tr = tr.scaled(self.nodes * self.gpus_per_node)
-        return tr.clipped(self.hours) if self.hours else tr
+        tr = tr.window(self.start, self.hours)
+        return tr.scaled(self.nodes * self.gpus_per_node)
 
     def duration_hours(self) -> float:
         return self.hours if self.hours else self.availability().end / 3600.0
 
     def lengths(self) -> LengthTrace:
         if self.length_trace:
-            return load_response_lengths(self.length_trace)
+            mode, tokens = self.length_scale
+            return load_response_lengths(self.length_trace).normalized(mode, tokens)
         start, end, over = self.growth
         return growth_scenario(20000, start=start, end=end, over_steps=int(over), seed=self.seed)
 
@@ -101,8 +118,12 @@ def run_policy(scenario: Scenario, name: str, progress=None) -> RunResult:
     hours = scenario.duration_hours()
     cluster = SimulatedCluster(job, scenario.availability(), scenario.lengths(), scenario.truth,
                                seed=scenario.seed, hours=hours)
+    end = hours * 3600.0
+
+    def future(gpus, t):
+        return max(0.0, min(cluster.loss_time(gpus, t), end) - t)
     policy = make_policy(name, job, scenario.gamma, scenario.truth.table(), scenario.truth.memory_factor,
-                         scenario.restart)
+                         scenario.restart, future=future, first_horizon=scenario.first_horizon)
     return simulate(policy, cluster, hours, scenario.restart, progress=progress)
 
 

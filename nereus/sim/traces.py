@@ -4,8 +4,9 @@ Formats (``../shared/traces/SOURCES.md``):
 
 * **event log** (Bamboo, Oobleck): CSV rows ``time_ms,add|remove,nodeN``; rows may be unsorted.
 * **count series** (Parcae ``p3.csv``, Bamboo ``aws_2020_doc_data``): CSV rows ``t,n``. The time unit
-  differs by source (ms, s or h); pass ``time_unit`` or let :func:`load_availability` guess it from
-  the largest time (>= 1e6 → ms, <= 200 → h, else s) and from a ``_scaled`` file name (h).
+  differs by source (ms, s or h); pass ``time_unit`` or let :func:`infer_time_unit` infer it. The
+  inferred unit is never silent: the trace records it and how it was inferred
+  (``AvailabilityTrace.time_note``), and ``nereus simulate`` prints it.
 * **gcloud polling** (Bamboo ``gcloud/*.txt``): ``YYYY-MM-DD, HH:MM:SS, n``; timestamps may step
   backwards, so rows are sorted and deduplicated.
 * **JSON lines** (SpotServe, Parcae segments): ``[t_ms, "add"|"remove"|"no-op"|"DONE", {"nodes": [...]}]``.
@@ -30,7 +31,7 @@ from importlib import resources
 from pathlib import Path
 
 __all__ = ["AvailabilityTrace", "LengthTrace", "load_availability", "load_response_lengths",
-           "shipped_trace", "SHIPPED_TRACES", "DEFAULT_TRACE"]
+           "shipped_trace", "infer_time_unit", "SHIPPED_TRACES", "DEFAULT_TRACE", "LENGTH_SCALES"]
 
 #: Trace files shipped inside the package (``nereus/data/traces``; licenses in ``SOURCES.md`` there).
 SHIPPED_TRACES = {
@@ -50,6 +51,12 @@ SHIPPED_TRACES = {
 }
 DEFAULT_TRACE = "bamboo-p3"
 TIME_UNITS = {"ms": 1e-3, "s": 1.0, "h": 3600.0}
+#: how :meth:`LengthTrace.normalized` scales a response-length log to the job
+LENGTH_SCALES = ("none", "mean", "max")
+#: a count series whose largest time is at least this is in ms or s (:func:`infer_time_unit`)
+MS_MIN_TIME = 1e6
+#: read as ms, the median gap between rows is at least this many seconds (else the file is in s)
+MS_MIN_GAP_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -74,6 +81,7 @@ class AvailabilityTrace:
     end: float
     unit: str = "instances"
     source: str = ""
+    time_note: str = ""
 
     def __post_init__(self) -> None:
         if not self.times or len(self.times) != len(self.counts):
@@ -114,16 +122,33 @@ class AvailabilityTrace:
             raise ValueError(f"num_gpus must be a positive integer, got {num_gpus!r}")
         top = max(self.counts)
         return _from_points(self.name, [(t, (c * num_gpus) // top) for t, c in zip(self.times, self.counts)],
-                            self.end, unit="gpus", source=self.source)
+                            self.end, unit="gpus", source=self.source, time_note=self.time_note)
 
     def clipped(self, hours: float) -> AvailabilityTrace:
         """The first ``hours`` of the trace."""
-        end = hours * 3600.0
-        pts = [(t, c) for t, c in zip(self.times, self.counts) if t < end]
-        return _from_points(self.name, pts, end, unit=self.unit, source=self.source)
+        return self.window(0.0, hours)
+
+    def window(self, start_h: float = 0.0, hours: float | None = None) -> AvailabilityTrace:
+        """``hours`` of the trace from ``start_h`` hours in, re-based to start at 0 (``hours`` None:
+        to the end). The count at ``start_h`` holds from 0.
+
+        Raises:
+            ValueError: a negative start, a start at or after the trace's end, or ``hours`` <= 0.
+        """
+        if not start_h >= 0:
+            raise ValueError(f"trace start must be >= 0 hours, got {start_h!r}")
+        s0 = start_h * 3600.0
+        if s0 > 0 and s0 >= self.end:
+            raise ValueError(f"trace start {start_h:g} h is at or after the end of trace {self.name!r} "
+                             f"({self.end / 3600:.2f} h); valid: 0 <= start < {self.end / 3600:.2f}")
+        if hours is not None and not hours > 0:
+            raise ValueError(f"trace window must be > 0 hours, got {hours!r}")
+        end = self.end if hours is None else s0 + hours * 3600.0
+        pts = [(0.0, self.count_at(s0))] + [(t - s0, c) for t, c in zip(self.times, self.counts) if s0 < t < end]
+        return _from_points(self.name, pts, end - s0, unit=self.unit, source=self.source, time_note=self.time_note)
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "unit": self.unit, "source": self.source, "end": self.end,
+        return {"name": self.name, "unit": self.unit, "source": self.source, "end": self.end, "time_note": self.time_note,
                 "times": list(self.times), "counts": list(self.counts)}
 
 
@@ -162,9 +187,29 @@ class LengthTrace:
     def label(self) -> str:
         return f"{self.name} (SYNTHETIC)" if self.synthetic else self.name
 
+    def normalized(self, mode: str, tokens: float) -> LengthTrace:
+        """The trace scaled by one factor so that its ``mode`` (``mean`` or ``max``) is ``tokens``;
+        ``none`` returns it unchanged. A log from another model (a 0.5B model's 150-token answers)
+        then keeps its shape (noise, trend) at the job's length scale.
+
+        Raises:
+            ValueError: an unknown mode or ``tokens`` <= 0.
+        """
+        if mode == "none":
+            return self
+        if mode not in LENGTH_SCALES:
+            raise ValueError(f"length scale mode must be one of {', '.join(LENGTH_SCALES)}, got {mode!r}")
+        if not (tokens > 0 and math.isfinite(tokens)):
+            raise ValueError(f"length scale target must be > 0 tokens, got {tokens!r}")
+        ref = max(self.lengths) if mode == "max" else sum(self.lengths) / len(self.lengths)
+        f = tokens / ref
+        return LengthTrace(name=self.name, lengths=tuple(x * f for x in self.lengths), synthetic=self.synthetic,
+                           source=self.source, meta=self.meta | {"scale": f, "scale_mode": mode,
+                                                                 "scale_tokens": tokens, "scale_from": ref})
+
 
 # ---------------------------------------------------------------------------------------------------
-def _from_points(name, points, end, unit="instances", source="") -> AvailabilityTrace:
+def _from_points(name, points, end, unit="instances", source="", time_note="") -> AvailabilityTrace:
     """Collapse (t, n) points (sorted by t; later points at the same t win) into a step function."""
     times: list[float] = []
     counts: list[int] = []
@@ -185,7 +230,7 @@ def _from_points(name, points, end, unit="instances", source="") -> Availability
             keep_t.append(t)
             keep_c.append(c)
     return AvailabilityTrace(name=name, times=tuple(keep_t), counts=tuple(keep_c),
-                             end=max(end - t0, keep_t[-1]), unit=unit, source=source)
+                             end=max(end - t0, keep_t[-1]), unit=unit, source=source, time_note=time_note)
 
 
 def _replay_events(name, events) -> list[tuple[float, int]]:
@@ -238,12 +283,42 @@ def _load_count_csv(path: Path, rows, time_unit) -> list[tuple[float, int]]:
             raise ValueError(f"{path}:{i}: GPU/instance count must be a non-negative integer, got {row[1]!r}")
         pts.append((t, int(n)))
     if time_unit is None:
-        tmax = max(t for t, _ in pts)
-        time_unit = "h" if ("_scaled" in path.name or tmax <= 200) else ("ms" if tmax >= 1e6 else "s")
+        time_unit, why = infer_time_unit([t for t, _ in pts], path.name)
+        note = f"time unit {time_unit} (inferred: {why}; --time-unit to override)"
+    else:
+        note = f"time unit {time_unit} (given)"
     if time_unit not in TIME_UNITS:
         raise ValueError(f"time_unit must be one of {sorted(TIME_UNITS)}, got {time_unit!r}")
     scale = TIME_UNITS[time_unit]
-    return sorted(((t * scale, n) for t, n in pts), key=lambda p: p[0])
+    return sorted(((t * scale, n) for t, n in pts), key=lambda p: p[0]), note
+
+
+def infer_time_unit(times, file_name: str = "") -> tuple[str, str]:
+    """The time unit of a two-column count series, and why (returned, so it can be printed):
+
+    * ``h`` when the file name says ``_scaled`` (Oobleck's rescaled traces) or the largest time is
+      at most 200 (a few days in hours; 200 s or 200 ms would be a trace too short to use);
+    * otherwise ``s`` when the largest time is below ``MS_MIN_TIME`` (1e6: 11.6 days in seconds,
+      17 minutes in ms);
+    * otherwise ``ms`` only if, read as ms, the median gap between distinct times is at least
+      ``MS_MIN_GAP_S`` (10 s; availability is polled or changes seconds to hours apart), else ``s``:
+      a month-long trace in seconds polled every 195 s (largest time 2.7e6) is read as 744 hours,
+      not as 0.74 hours of sub-second changes.
+    """
+    ts = sorted(set(float(t) for t in times))
+    tmax = ts[-1] if ts else 0.0
+    if "_scaled" in file_name:
+        return "h", "file name contains '_scaled'"
+    if tmax <= 200:
+        return "h", f"largest time {tmax:g} <= 200"
+    if tmax < MS_MIN_TIME:
+        return "s", f"largest time {tmax:.3g} < {MS_MIN_TIME:.0e}"
+    gaps = sorted(b - a for a, b in zip(ts, ts[1:]))
+    gap = gaps[len(gaps) // 2] if gaps else 0.0
+    if gap * 1e-3 >= MS_MIN_GAP_S:
+        return "ms", f"largest time {tmax:.3g} >= {MS_MIN_TIME:.0e} and median gap {gap:g} ms >= {MS_MIN_GAP_S:g} s"
+    return "s", (f"largest time {tmax:.3g} >= {MS_MIN_TIME:.0e} but the median gap {gap:g} would be under "
+                 f"{MS_MIN_GAP_S:g} s in ms")
 
 
 def _load_gcloud(path: Path, rows) -> list[tuple[float, int]]:
@@ -318,6 +393,7 @@ def load_availability(path: str | Path, time_unit: str | None = None) -> Availab
     text = _read_text(p)
     stripped = text.lstrip()
     end = 0.0
+    time_note = ""
     if stripped.startswith("{"):
         try:
             doc = json.loads(text)
@@ -326,9 +402,11 @@ def load_availability(path: str | Path, time_unit: str | None = None) -> Availab
         pts = _load_skypilot(p, doc)
         end = pts[-1][0] + doc["metadata"]["gap_seconds"]
         source = "SkyPilot spot-traces (no license stated; not shipped)"
+        time_note = f"ticks of metadata.gap_seconds = {doc['metadata']['gap_seconds']:g} s"
     elif stripped.startswith("["):
         pts, end = _load_jsonl(p, text)
         source = "JSON-lines replay segment (SpotServe / Parcae)"
+        time_note = "time unit ms (JSON-lines format)"
     else:
         rows = [(i, [c.strip() for c in r]) for i, r in enumerate(csv.reader(text.splitlines()), 1)
                 if r and any(c.strip() for c in r)]
@@ -338,11 +416,13 @@ def load_availability(path: str | Path, time_unit: str | None = None) -> Availab
         if len(first) == 3 and first[1] in ("add", "remove"):
             pts = _load_event_csv(p, rows)
             source = "event log time_ms,add|remove,node (Bamboo / Oobleck)"
+            time_note = "time unit ms (event-log format)"
         elif len(first) == 3 and "-" in first[0]:
             pts = _load_gcloud(p, rows)
             source = "GCP preemptible polling (Bamboo gcloud)"
+            time_note = "dates and times of day"
         elif len(first) == 2:
-            pts = _load_count_csv(p, rows, time_unit)
+            pts, time_note = _load_count_csv(p, rows, time_unit)
             source = "count series t,n"
         else:
             raise ValueError(f"{p}:1: unknown trace format: expected 'time_ms,add|remove,node', 't,count', "
@@ -350,7 +430,7 @@ def load_availability(path: str | Path, time_unit: str | None = None) -> Availab
     if not pts:
         raise ValueError(f"trace file {str(p)!r} has no data rows")
     end = max(end, pts[-1][0])
-    return _from_points(p.name, pts, end, source=source)
+    return _from_points(p.name, pts, end, source=source, time_note=time_note)
 
 
 def shipped_trace(name: str) -> AvailabilityTrace:
@@ -365,7 +445,7 @@ def shipped_trace(name: str) -> AvailabilityTrace:
     with resources.as_file(ref) as p:
         tr = load_availability(p)
     return AvailabilityTrace(name=name, times=tr.times, counts=tr.counts, end=tr.end, unit=tr.unit,
-                             source=f"{tr.source}; shipped file {SHIPPED_TRACES[name]}")
+                             source=f"{tr.source}; shipped file {SHIPPED_TRACES[name]}", time_note=tr.time_note)
 
 
 def load_response_lengths(path: str | Path) -> LengthTrace:
