@@ -92,6 +92,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     out.add_argument("--json", action="store_true", help="print the plan (and job) as JSON")
     out.add_argument("--breakdown", action="store_true", help="memory terms and time per op class")
     out.add_argument("--frontier", action="store_true", help="each model-stage's latency-vs-GPUs frontier")
+    # --- integrations (nereus/integrations, docs/integrations.md) ---
+    ig = p.add_argument_group("integrations (docs/integrations.md)")
+    ig.add_argument("--from-verl", nargs="+", metavar=("CONFIG", "KEY=VALUE"), default=None,
+                    help="import a verl trainer config (a YAML file, or ppo_trainer / ppo_megatron_trainer of the "
+                    "installed verl) with Hydra-style overrides: evaluate its layout next to Nereus's best plan")
+    ig.add_argument("--from-openrlhf", metavar="ARGS", default=None,
+                    help="import an OpenRLHF train_ppo_ray argument string (quoted) and evaluate its layout")
+    ig.add_argument("--export", choices=("verl", "openrlhf"), default=None,
+                    help="write the plan as the framework's settings (the closest plan it can express)")
 
 
 def _print_plan(plan, job, breakdown: bool) -> None:
@@ -160,7 +169,122 @@ def _frontier(job, cost, pool_size, multi, as_json):
     return out
 
 
+def _imported(args):
+    """The job and layout of --from-verl / --from-openrlhf; job options (--gpu, --model, lengths) apply."""
+    from dataclasses import replace
+
+    if args.from_verl and args.from_openrlhf:
+        raise ValueError("--from-verl and --from-openrlhf are exclusive: import one configuration")
+    if args.from_verl:
+        from nereus.integrations.verl import import_verl, load_verl_config
+
+        imp = import_verl(load_verl_config(args.from_verl[0], args.from_verl[1:]), model=args.model, gpu=args.gpu)
+    else:
+        from nereus.integrations.openrlhf import import_openrlhf
+
+        imp = import_openrlhf(args.from_openrlhf, model=args.model, gpu=args.gpu)
+    wl = {k: v for k, v in (("prompt_len", args.prompt_len), ("response_len", args.response_len)) if v is not None}
+    if wl:
+        imp.job = imp.job.with_workload(replace(imp.job.workload, **wl))
+    return imp
+
+
+def _print_import(rep: dict, imp) -> None:
+    from nereus.planner.notation import format_candidate
+
+    w = imp.job.workload
+    print(f"imported from {imp.framework}: {imp.job.actor.name} {w.algorithm.upper()} on {imp.job.cluster.num_gpus} x "
+          f"{imp.job.cluster.gpu.name}; prompts {w.prompts_per_step} x {w.samples_per_prompt}, prompt {w.prompt_len}, "
+          f"response {w.response_len} tokens, mini-batch {w.mini_batch_size}")
+    for n in imp.notes:
+        print(f"  note: {n}")
+    print("your layout:")
+    width = max(len(c.model_stage) for c in imp.layout)
+    ev = rep["user"].get("evaluation")
+    for c in imp.layout:
+        extra = ""
+        if ev:
+            m = ev["model_stages"][c.model_stage]
+            extra = f"  {m['time_s']:.2f} s, peak {m['peak_gib']:.1f} GiB" + (f"  OVER: {m['overflow']}" if m["overflow"] else "")
+        print(f"  {c.model_stage:<{width}}  {format_candidate(c, 'GPUs', batch=True)}{extra}")
+    if not imp.expressible:
+        print("not expressible in Nereus's plan space yet, so not evaluated:")
+        for u in imp.unexpressible:
+            print(f"  - {u}")
+    else:
+        print(f"predicted L_step = {ev['l_step']:.2f} s; " + ("fits" if ev["fits"] else "does NOT fit in memory"))
+
+
+def _main_integrations(args) -> int:
+    from nereus.integrations.common import compare
+
+    imp = _imported(args)
+    rep = compare(imp, headroom=args.headroom)
+    best = rep["nereus"]
+    if args.export:
+        if not best["feasible"]:
+            raise ValueError(f"--export: Nereus found no plan for the imported job: {best['reason']}")
+        return _export(args, imp.job, plan_from(best["plan"]))
+    if args.json:
+        print(json.dumps(rep, indent=2, default=str))
+        return 0
+    _print_import(rep, imp)
+    if not best["feasible"]:
+        print(f"Nereus: {best['reason']}")
+        return 1
+    print("Nereus's best plan for the same job:")
+    from nereus.planner.plan import Plan
+
+    _print_plan(Plan.from_dict(best["plan"]), imp.job, args.breakdown)
+    if "speedup" in rep:
+        print(f"predicted speedup of Nereus's plan over yours: {rep['speedup']:.2f}x")
+    return 0
+
+
+def plan_from(d):
+    from nereus.planner.plan import Plan
+
+    return Plan.from_dict(d)
+
+
+def _export(args, job, plan) -> int:
+    from nereus.planner.notation import format_plan
+    from nereus.spec.model import MODEL_PRESETS
+
+    model_path = args.model if args.model and args.model.lower() not in MODEL_PRESETS else None
+    if args.export == "verl":
+        from nereus.integrations.verl import export_verl
+
+        ex = export_verl(job, plan, args.headroom, model_path)
+        settings = ["python3 -m verl.trainer.main_ppo --config-name=ppo_megatron_trainer \\"] + \
+            [f"    {o} \\" for o in ex["overrides"]]
+        settings[-1] = settings[-1][:-2]
+    else:
+        from nereus.integrations.openrlhf import export_openrlhf
+
+        ex = export_openrlhf(job, plan, args.headroom, model_path)
+        settings = [ex["command"]]
+    ev = ex["evaluation"]
+    if args.json:
+        print(json.dumps({k: v for k, v in ex.items() if k not in ("layout", "evaluation")} |
+                         {"evaluation": ev.to_dict(), "job": job.to_dict()}, indent=2, default=str))
+        return 0
+    print(f"Nereus's plan: L_step {plan.l_step:.2f} s")
+    print(f"closest plan {args.export} can express: L_step {ex['l_step']:.2f} s ({ex['slowdown']:.2f}x); {ex['note']}")
+    print(format_plan(ev.plan, unit="GPUs", batch=True, indent="  "))
+    if not ev.fits:
+        print("  does NOT fit: " + "; ".join(f"{k}: {v}" for k, v in ev.overflow.items()))
+    print("what changed:" if ex["changes"] else "what changed: nothing")
+    for ch in ex["changes"]:
+        print(f"  {ch}")
+    print(f"{args.export} settings:")
+    print("\n".join(settings))
+    return 0
+
+
 def main(args) -> int:
+    if getattr(args, "from_verl", None) or getattr(args, "from_openrlhf", None):
+        return _main_integrations(args)
     job = job_from_args(args)
     pool = None
     if args.pool is not None:
@@ -179,6 +303,8 @@ def main(args) -> int:
             print(str(e), file=sys.stderr)
         return 1
     pool_set = pool or job.cluster.all_gpus()
+    if getattr(args, "export", None):
+        return _export(args, job, plan)
     if args.json:
         doc = {"feasible": True, "job": job.to_dict(), "plan": plan.to_dict()}
         if args.frontier:

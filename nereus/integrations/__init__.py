@@ -1,0 +1,2 @@
+"""Import verl / OpenRLHF configurations as Nereus jobs and layouts, export plans to them
+(``docs/integrations.md``)."""
