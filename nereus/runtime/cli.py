@@ -110,6 +110,18 @@ def add_arguments(p) -> None:
                         "changes) here; '' for none")
     p.add_argument("--verbose", action="store_true",
                    help="also print the assumed device model and Ray's own log lines")
+    # your own model and data (docs/runtime.md, "Your own model and data")
+    p.add_argument("--data", default=None, metavar="FILE",
+                   help="prompts and ground truth from a parquet or JSONL file in verl's layout (needs --model DIR "
+                        "with a tokenizer); reward: exact final answer, GSM8K style")
+    p.add_argument("--prompt-key", default="prompt", help="with --data: the prompt field (string or chat messages)")
+    p.add_argument("--answer-key", default="reward_model.ground_truth",
+                   help="with --data: the ground-truth field (dots for nesting)")
+    p.add_argument("--response-len", type=int, default=32, help="with --data: tokens generated per response")
+    p.add_argument("--max-prompt-len", type=int, default=256, help="with --data: longer prompts keep their last "
+                                                                    "tokens")
+    p.add_argument("--save", default=None, metavar="DIR",
+                   help="write the trained actor (and critic, DIR/critic) as Hugging Face directories at the end")
 
 
 def check_args(args) -> None:
@@ -299,7 +311,12 @@ def main(args) -> int:
     from nereus.workflow import workflow_for
 
     spec = get_model(args.model)
-    task_lens = _task_lengths(args.task, args.digits)
+    data_task = _data_task(args, spec) if args.data else None
+    if data_task is not None:  # workers mask the left padding of the dataset's prompts
+        spec = replace(spec, extra={**spec.extra, "pad_id": data_task.tokenizer.pad_id})
+        task_lens = (data_task.prompt_len, data_task.target_len)
+    else:
+        task_lens = _task_lengths(args.task, args.digits)
     w = WorkloadSpec(algorithm=args.algorithm, prompts_per_step=args.prompts, samples_per_prompt=args.samples,
                      prompt_len=task_lens[0], response_len=task_lens[1], mini_batch_size=args.mini_batch,
                      micro_batch_size=args.micro_batch, infer_micro_batch_size=max(args.micro_batch, 1),
@@ -324,7 +341,7 @@ def main(args) -> int:
     from nereus.runtime.driver import RLConfig, RLDriver
     from nereus.runtime.task import DigitTask
 
-    task = DigitTask(args.task, args.digits, seed=args.seed)
+    task = data_task or DigitTask(args.task, args.digits, seed=args.seed)
     cfg = RLConfig(temperature=args.temperature, actor_lr=args.lr, critic_lr=args.lr, kl_coef=args.kl_coef,
                    seed=args.seed, timeout_s=args.timeout)
     if args.adaptive:
@@ -341,8 +358,11 @@ def main(args) -> int:
             print(" ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in m.items()),
                   flush=True)
         meas = driver.measurements()
+        if args.save:
+            _save(driver, args.save)
     finally:
         driver.close()
+    _memory_report(spec, w, plan, args, meas)
     secs = meas.get("stage_seconds", {})
     if secs:
         print("seconds per model-stage (all steps): "
@@ -353,6 +373,47 @@ def main(args) -> int:
         with open(args.json, "w") as f:
             json.dump({"steps": history, "measurements": meas}, f, indent=1)
     return 0
+
+
+def _data_task(args, spec):
+    """The ``--data`` task with the tokenizer of ``--model DIR``.
+
+    Raises:
+        ValueError: naming the option when the model has no directory or a value is out of range.
+    """
+    from nereus.runtime.data import DataTask, HFTokenizer
+
+    if args.adaptive and args.digits_schedule:
+        raise ValueError("--digits-schedule applies to the built-in digit tasks; drop it with --data")
+    if not spec.checkpoint:
+        raise ValueError(f"--data needs --model DIR, a Hugging Face model directory with weights and a tokenizer; "
+                         f"got --model {args.model!r}")
+    return DataTask(args.data, HFTokenizer(spec.checkpoint), response_len=args.response_len,
+                    prompt_key=args.prompt_key, answer_key=args.answer_key, max_prompt_len=args.max_prompt_len,
+                    seed=args.seed)
+
+
+def _save(driver, directory: str) -> None:
+    """Write replica 0 of actor.train (and critic.train) as Hugging Face directories."""
+    for ms, sub in (("actor.train", ""), ("critic.train", "critic")):
+        if ms not in driver.layouts:
+            continue
+        d = os.path.join(directory, sub) if sub else directory
+        lay = driver.layouts[ms]
+        n = sum(driver._get([driver.workers[i].save_hf.remote(ms, d) for i in lay.replica(0)], f"saving {ms}"))
+        print(f"wrote {ms} to {d} ({n / 1e6:.1f} MB)")
+
+
+def _memory_report(spec, w, plan, args, meas) -> None:
+    """Measured vs predicted peak memory per model-stage (``memreport.py``)."""
+    from nereus.cost.model import CostModel
+    from nereus.runtime.adaptive import runtime_job
+    from nereus.runtime.memreport import format_rows, memory_rows
+
+    job = runtime_job(spec, w, args.workers)
+    rows = memory_rows(CostModel(job), plan, meas)
+    meas["memory_vs_predicted"] = rows
+    print(format_rows(rows))
 
 
 def _adaptive(args, spec, w, task, cfg) -> int:
