@@ -44,9 +44,9 @@ from nereus.runtime import durable  # noqa: E402
 from nereus.runtime.adaptive import runtime_job  # noqa: E402
 from nereus.runtime.driver import RLConfig, RLDriver  # noqa: E402
 from nereus.runtime.executor import TransitionExecutor  # noqa: E402
+from nereus.runtime.faults import fault_tolerant_class  # noqa: E402
 from nereus.runtime.pool import WorkerPool, _ray_get  # noqa: E402
 from nereus.runtime.task import DigitTask  # noqa: E402
-from nereus.runtime.worker import ray_worker_class  # noqa: E402
 from nereus.spec.model import MODEL_PRESETS  # noqa: E402
 from nereus.spec.workload import WorkloadSpec  # noqa: E402
 from nereus.transition.estimate import estimate_transition  # noqa: E402
@@ -122,7 +122,7 @@ def _move(d: RLDriver, target: Plan) -> None:
 def _respawn(pool: WorkerPool, i: int) -> None:
     """A fresh worker in slot ``i`` (ids stay stable), after ``i`` left."""
     env = {"env_vars": {"OMP_NUM_THREADS": "1"}}
-    w = ray_worker_class(0).options(runtime_env=env).remote(i, "127.0.0.1", pool.store.port, pool.timeout_s)
+    w = fault_tolerant_class(0).options(runtime_env=env).remote(i, "127.0.0.1", pool.store.port, pool.timeout_s)
     _ray_get([w.ping.remote()], "respawn", 120)
     pool.workers[i] = w
 

@@ -31,6 +31,9 @@ they go.
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 import time
 from dataclasses import replace
 
@@ -42,11 +45,13 @@ from nereus.controller.planning import same_plan
 from nereus.controller.transition_cost import bandwidth_estimate
 from nereus.planner.notation import format_gpus, format_plan
 from nereus.planner.plan import Plan
+from nereus.runtime import durable
 from nereus.runtime.driver import RLConfig, RLDriver
 from nereus.runtime.executor import TransitionExecutor
+from nereus.runtime.faults import WorkerLost
 from nereus.runtime.plans import shared_plan
 from nereus.runtime.pool import WorkerFailure, WorkerPool
-from nereus.runtime.relayout import checkpoint, intact_replica, relayout, train_stages
+from nereus.runtime.relayout import intact_replica, train_stages
 from nereus.runtime.schedules import parse_digits_schedule
 from nereus.runtime.task import DigitTask
 from nereus.spec.hardware import GIB, GPU_PRESETS, ClusterSpec, GPUSpec
@@ -54,6 +59,7 @@ from nereus.spec.job import JobSpec
 from nereus.spec.model import ModelSpec
 from nereus.spec.workload import WorkloadSpec
 from nereus.transition.calibrate import TransitionCalibration
+from nereus.transition.emu import phi
 from nereus.transition.estimate import estimate_transition
 
 __all__ = ["AdaptiveRun", "runtime_job", "cpu_gpu_spec", "measure_matmul_flops", "parse_pool_schedule",
@@ -130,6 +136,16 @@ class AdaptiveRun:
         notice: departures are announced at the boundary before they happen (a spot reclaim
             notice, a scheduler's drain): the controller plans without the leaving workers while
             their state can still be read, then they leave. Without it they vanish at once.
+        checkpoint_dir: durable checkpoints (``durable.py``: every worker writes its own shards with
+            ``torch.distributed.checkpoint``) go here; None: a temporary directory removed at the end.
+        checkpoint_every: steps between durable checkpoints (one is also taken before step 0).
+        hang_timeout_s: seconds a worker may leave a heartbeat unanswered (``faults.py``).
+        faults: ``{step: (point, worker, how)}`` injected faults (tests and ``bench_faults.py``):
+            worker ``worker`` dies (``how="kill"``) or hangs (``"stop"``, SIGSTOP) inside its next
+            call of ``point`` (``faults.FAULT_POINTS``) in step ``step``, the transition after it, or
+            the checkpoint save after it.
+        resume: continue from the durable checkpoint in ``checkpoint_dir`` (its step index, update
+            counter and state, in this run's first plan).
         memory_bytes: per-worker memory budget of the cost model.
         gamma: the controller's payback margin.
         log: a ``print``-like callable for the per-step lines (None: silent).
@@ -138,10 +154,20 @@ class AdaptiveRun:
     def __init__(self, spec: ModelSpec, workload: WorkloadSpec, task: DigitTask, num_workers: int,
                  cfg: RLConfig | None = None, schedule: dict[int, int] | None = None,
                  memory_bytes: int = 2 * GIB, gamma: float = 0.5, log=None, measure: bool = True,
-                 digits: dict[int, int] | None = None, notice: bool = False) -> None:
+                 digits: dict[int, int] | None = None, notice: bool = False, checkpoint_dir: str | None = None,
+                 checkpoint_every: int = 5, hang_timeout_s: float = 10.0, faults: dict | None = None,
+                 resume: bool = False) -> None:
+        if checkpoint_every < 1:
+            raise ValueError(f"checkpoint_every must be >= 1 step, got {checkpoint_every}")
         self.schedule = dict(schedule or {})
         self.digits = dict(digits or {})
         self.notice = bool(notice)
+        self.ckpt_dir, self.ckpt_every, self._own_ckpt = checkpoint_dir, int(checkpoint_every), checkpoint_dir is None
+        self.hang_timeout_s, self.faults, self.resume = float(hang_timeout_s), dict(faults or {}), bool(resume)
+        self.recoveries: list[dict] = []
+        self._announced: set[int] = set()
+        self.final_state: dict | None = None  # with keep_final: the gathered training state at the end
+        self.keep_final = False
         self.calib = TransitionCalibration()
         self.max_workers = num_workers + sum(max(v, 0) for v in self.schedule.values())
         self.num_workers, self.log = num_workers, log or (lambda *a, **k: None)
@@ -151,7 +177,7 @@ class AdaptiveRun:
         self.spec, self.workload, self.task, self.cfg = spec, workload, task, cfg or RLConfig()
         self.gamma, self.last_len = gamma, float(workload.response_len)
         self.events: list[dict] = []
-        self.ckpt: dict | None = None
+        self.ckpt_step = 0
 
     # ------------------------------------------------------------------ plans
     def _legal(self, driver: RLDriver, plan: Plan) -> Plan:
@@ -197,7 +223,7 @@ class AdaptiveRun:
         if own:
             if not ray.is_initialized():
                 ray.init(num_cpus=self.max_workers, include_dashboard=False, log_to_driver=False)
-            pool = WorkerPool(self.num_workers, self.cfg.timeout_s).start()
+            pool = WorkerPool(self.num_workers, self.cfg.timeout_s, self.hang_timeout_s).start()
         alive = frozenset(i for i, w in enumerate(pool.workers) if w is not None)
         plan = self._first_plan(alive)
         driver = RLDriver(self.spec, self.workload, shared_plan(self.workload, alive), self.task,
@@ -211,26 +237,26 @@ class AdaptiveRun:
                               config=ControllerConfig(gamma=self.gamma))
         self.log("plan:\n" + format_plan(plan, indent="  "))
         history: list[dict] = []
-        self.ckpt = checkpoint(driver)
+        self._setup_checkpoints()
         try:
-            for k in range(steps):
-                if k in self.digits:
+            if self.resume:
+                info = durable.restart(driver, self._ckpt_path(), Plan(candidates=tuple(driver.cands.values())))
+                self.log(f"resumed from {self.ckpt_dir} at step {driver.step_index} ({driver.updates} updates)")
+                del info
+            end = driver.step_index + steps
+            self._save(force=True)
+            done: set[int] = set()  # pool and curriculum changes already applied (a restored step re-runs)
+            while driver.step_index < end:
+                k = driver.step_index
+                if k in self.digits and ("digits", k) not in done:
                     self._set_digits(self.digits[k], k)
-                if self.schedule.get(k):
-                    leaving = self._leaving(pool, self.schedule[k]) if self.notice else []
-                    if leaving:  # announced: plan without them while their state can still be read
-                        self.log(f"before step {k}: workers {format_gpus(leaving)} announced to leave")
-                        live = frozenset(i for i, w in enumerate(pool.workers) if w is not None)
-                        rep = StepReport(step=max(k - 1, 0), response_len=self.last_len, pool=live - set(leaving),
-                                         alive=live)
-                        self._apply(self.ctl.observe(rep), k, "pool change")
-                        self._change_pool(pool, self.schedule[k], k)
-                    else:
-                        rep = StepReport(step=max(k - 1, 0), response_len=self.last_len,
-                                         pool=self._change_pool(pool, self.schedule[k], k))
-                        self._apply(self.ctl.observe(rep), k, "pool change")
-                driver.reset_measurements()
-                m = driver.step()
+                    done.add(("digits", k))
+                if self.schedule.get(k) and ("pool", k) not in done:
+                    done.add(("pool", k))
+                    self._pool_change(pool, k)
+                    if driver.step_index != k:  # restored from an earlier checkpoint: re-run from there
+                        continue
+                m = self._step(k)
                 self.last_len = max(m["response_len"], 1.0)
                 m["pool"] = sum(1 for w in driver.workers if w is not None)
                 m["workers_used"] = len(Plan(candidates=tuple(driver.cands.values())).gpus_used())
@@ -238,14 +264,163 @@ class AdaptiveRun:
                 self.log(f"step {k}: reward {m['reward']:.3f}  response {m['response_len']:.1f} tokens  "
                          f"{m['seconds']:.2f}s  updates {driver.updates}  decision: {dec.kind} ({dec.reason})")
                 m["decision"] = self._apply(dec, k, "after step")
-                self.ckpt = checkpoint(driver)  # the safe boundary's in-memory checkpoint
-                m["update_count"] = {n: st["update_count"] for n, st in self.ckpt["states"].items()}
+                m["update_count"] = driver.updates
+                if (k + 1) % self.ckpt_every == 0:
+                    self._save(k=k)
                 history.append(m)
+            if self.keep_final:  # for checks: gathered into the driver once, at the end
+                self.final_state = {n: driver.gather_logical_state(n) for n in train_stages(driver)}
         finally:
             driver.close()
             if own:
                 pool.close()
+            if self._own_ckpt and self.ckpt_dir:
+                shutil.rmtree(self.ckpt_dir, ignore_errors=True)
         return history
+
+    # ------------------------------------------------------------------ checkpoints and faults
+    def _setup_checkpoints(self) -> None:
+        if self.ckpt_dir is None:
+            self.ckpt_dir = tempfile.mkdtemp(prefix="nereus-ckpt-")
+        elif self.resume and not os.path.exists(os.path.join(self.ckpt_dir, "current", "driver.json")):
+            raise ValueError(f"--resume: no checkpoint in {self.ckpt_dir!r} (current/driver.json missing)")
+
+    def _save(self, force: bool = False, k: int = -1) -> None:
+        """A durable checkpoint of every model-stage at this boundary (``durable.save``). A worker
+        lost while saving is recovered from (the checkpoint is then taken at the next boundary; the
+        previous one stays valid since each model-stage's files are replaced only when saved)."""
+        if self.resume and force:
+            return  # the checkpoint we resumed from is this boundary's
+        try:
+            self._inject(k, "checkpoint")
+            self._mark()
+            nxt, cur, old = (os.path.join(self.ckpt_dir, x) for x in ("next", "current", "old"))
+            shutil.rmtree(nxt, ignore_errors=True)
+            info = durable.save(self.driver, nxt)
+        except WorkerLost as e:
+            self._recover(e, k, "checkpoint save")
+            return
+        shutil.rmtree(old, ignore_errors=True)  # swap only once the new checkpoint is complete
+        if os.path.exists(cur):
+            os.replace(cur, old)
+        os.replace(nxt, cur)
+        shutil.rmtree(old, ignore_errors=True)
+        self.ckpt_step = self.driver.step_index
+        self.log(f"  checkpoint: step {self.driver.step_index}, {info['written'] / 1e6:.1f} MB written by the "
+                 f"workers to {self.ckpt_dir} in {info['seconds']:.2f}s")
+
+    def _ckpt_path(self) -> str:
+        """The last complete durable checkpoint (``<checkpoint_dir>/current``)."""
+        return os.path.join(self.ckpt_dir, "current")
+
+    def _mark(self) -> None:
+        """The rollback point of the next step or transition: every worker snapshots its state."""
+        d = self.driver
+        self._bnd = {"plan": Plan(candidates=tuple(d.cands.values())), "step_index": d.step_index,
+                     "updates": d.updates}
+        d._get([w.snapshot.remote() for w in d.workers if w is not None], "snapshot")
+
+    def _inject(self, k: int, phase: str) -> None:
+        """Arm the fault ``faults[k] = (point, worker, how)`` once, just before the ``phase``
+        (``step``, ``transition`` or ``checkpoint``) whose calls contain its point."""
+        f = self.faults.get(k)
+        if not f or len(f) > 3:
+            return
+        point, worker, how = f
+        want = {"transition_run": "transition", "dcp_save": "checkpoint"}.get(point, "step")
+        w = self.driver.workers[worker] if worker < len(self.driver.workers) else None
+        if want != phase or w is None:
+            return
+        self.faults[k] = (point, worker, how, "armed")
+        ray_get = self.driver._get
+        ray_get([w.arm.options(concurrency_group="control").remote(point, how)], "arm a fault")
+        self.log(f"  [fault armed: worker {worker} will be {'stopped (SIGSTOP)' if how == 'stop' else 'killed'} "
+                 f"inside {point} during the {phase} of step {k}]")
+
+    def _step(self, k: int) -> dict:
+        """Step ``k``, re-run from its start after a lost worker (same samples, same counters)."""
+        d = self.driver
+        for _attempt in range(4):
+            self._mark()
+            d.reset_measurements()
+            try:
+                self._inject(k, "step")
+                return d.step()
+            except WorkerLost as e:
+                self._recover(e, k, "step")
+                k = d.step_index  # a restore from the durable checkpoint goes back further
+        raise WorkerFailure(f"step {k}: workers kept failing; gave up after 4 attempts")
+
+    def _recover(self, e: WorkerLost, k: int, when: str) -> None:
+        """Roll back to the boundary, replan on the survivors and move state there live (module
+        docstring of ``faults.py``); a training model-stage with no intact replica restores the last
+        durable checkpoint."""
+        import ray
+
+        d, t0 = self.driver, time.perf_counter()
+        self.log(f"  lost worker(s) {format_gpus(e.lost)} during the {when} of step {k} "
+                 f"({'hung' if e.hung else 'died'}; detected in {e.detect_s:.2f}s): rolling back to the boundary")
+        alive = frozenset(i for i, w in enumerate(d.workers) if w is not None)
+        bplan = self._bnd["plan"]
+        d.set_plan(bplan)
+        d.step_index, d.updates = self._bnd["step_index"], self._bnd["updates"]
+        intact = [x.uid for c in bplan.candidates for x in phi(self.job, c) if set(x.gpus) <= alive]
+        d._get([d.workers[i].restore.remote(intact) for i in sorted(alive)], "rollback")
+        lost_train = [n for n in train_stages(d) if not any(u.startswith(f"{n}#") for u in intact)]
+        usable = alive - self._announced  # workers announced to leave hold state but get none
+        rep = StepReport(step=max(k - 1, 0), response_len=self.last_len, pool=usable, alive=alive)
+        dec = self.ctl.observe(rep)
+        target = None if isinstance(dec, Keep) else dec.plan
+        if target is None or not target.gpus_used() <= usable:
+            # the controller already saw this pool (e.g. a loss during the transition it chose):
+            # plan on the survivors directly, then tell it with resume
+            target = self._first_plan(usable)
+        target = self._legal(d, target)
+        ev = {"step": k, "when": "recovery", "kind": "recovery", "reason": str(e), "lost": e.lost,
+              "detect_s": e.detect_s, "hung": e.hung}
+        est = None
+        if not lost_train:
+            try:
+                est = estimate_transition(self.calib.apply(self.job_at(self.last_len)), bplan, target, alive,
+                                          params=self.calib.params())
+            except ValueError:
+                est = None
+        if est is not None and est.feasible:
+            rep = TransitionExecutor(d).execute(est, target, adopt=False)
+            ev.update(source="live", transition=rep.to_dict(), steps_lost=0)
+            self.log(f"  recovered live on workers {format_gpus(alive)}: {rep.summary()}; step {k} re-runs")
+        else:
+            why = (f"{', '.join(lost_train)} lost every replica" if lost_train else
+                   (est.reason if est is not None else "no live path from the boundary plan"))
+            d._get([d.workers[i].transition_end.remote("") for i in sorted(alive)], "drop units")
+            info = durable.restart(d, self._ckpt_path(), target)
+            lost = self._bnd["step_index"] - d.step_index
+            ev.update(source="checkpoint", steps_lost=lost, seconds=info["seconds"])
+            self.log(f"  {why}: restored the durable checkpoint of step {d.step_index} in {info['seconds']:.2f}s; "
+                     f"steps lost: {lost}")
+        self.ctl.resume(self.planner.estimate(self.job_at(self.last_len), target, alive))
+        ev["recovery_s"] = time.perf_counter() - t0
+        ev["plan"] = format_plan(target)
+        self.events.append(ev)
+        self.recoveries.append(ev)
+        del ray
+
+    def _pool_change(self, pool: WorkerPool, k: int) -> None:
+        leaving = self._leaving(pool, self.schedule[k]) if self.notice else []
+        if leaving:  # announced: plan without them while their state can still be read
+            self.log(f"before step {k}: workers {format_gpus(leaving)} announced to leave")
+            live = frozenset(i for i, w in enumerate(pool.workers) if w is not None)
+            rep = StepReport(step=max(k - 1, 0), response_len=self.last_len, pool=live - set(leaving), alive=live)
+            self._announced = set(leaving)
+            try:
+                self._apply(self.ctl.observe(rep), k, "pool change")
+            finally:
+                self._announced = set()
+            self._change_pool(pool, self.schedule[k], k)
+        else:
+            rep = StepReport(step=max(k - 1, 0), response_len=self.last_len,
+                             pool=self._change_pool(pool, self.schedule[k], k))
+            self._apply(self.ctl.observe(rep), k, "pool change")
 
     def job_at(self, response_len: float) -> JobSpec:
         return self.job.with_workload(self.job.workload.with_response_len(max(1, int(round(response_len)))))
@@ -291,9 +466,11 @@ class AdaptiveRun:
     def _apply(self, dec, k: int, when: str) -> dict:
         """Apply a decision at a safe boundary; returns what happened (also kept in ``events``).
 
-        A ``Transition`` whose state is intact runs live on the workers (``executor.py``): only the
-        shards that must move, moved directly between workers. A ``Restart``, or a transition where a
-        training model-stage lost every replica, rebuilds from the last checkpoint (``relayout.py``).
+        While every training model-stage has an intact replica the change runs live on the workers
+        (``executor.py``): only the shards that must move, moved directly between workers. When a
+        training model-stage lost every replica, or no live DAG exists (e.g. from the time-shared
+        fallback plan), the run restarts from the last durable checkpoint (``durable.py``; taken
+        first when every replica 0 is alive, so nothing is lost then).
         """
         d = self.driver
         ev = {"step": k, "when": when, "kind": dec.kind, "reason": dec.reason}
@@ -309,8 +486,14 @@ class AdaptiveRun:
         if isinstance(dec, Transition) and same_plan(target, current):
             return ev
         intact = all(intact_replica(d, n) is not None for n in train_stages(d))
-        if isinstance(dec, Transition) and intact:
-            report, why = self._live(current, target, alive)
+        if intact:
+            try:
+                report, why = self._live(current, target, alive, k)
+            except WorkerLost as e:  # a worker lost during the transition: roll back, replan, go on
+                self._recover(e, k, "transition")
+                ev.update(source="recovered")
+                self.events.append(ev)
+                return ev
             if report is not None:
                 self.ctl.resume(self.planner.estimate(self.job_at(self.last_len), target, alive))
                 ev.update(source="live", seconds=report.seconds, transition=report.to_dict(),
@@ -322,23 +505,31 @@ class AdaptiveRun:
                 self.log("  plan:\n" + format_plan(target, indent="    "))
                 self.events.append(ev)
                 return ev
-            self.log(f"  no live transition: {why}; rebuilding from the checkpoint")
-        if intact:  # a full copy is alive: checkpoint it now, lose nothing
-            self.ckpt = checkpoint(d)
-        if self.ckpt is None:
-            raise WorkerFailure("restart needed before the first checkpoint (pool change before step 1)")
-        info = relayout(d, target, self.ckpt)
+            self.log(f"  no live transition: {why}; restarting from the durable checkpoint")
+            try:  # a full copy is alive: checkpoint it now and lose nothing, if every replica 0 is here
+                self._save()
+            except ValueError:
+                pass
+        before = d.step_index
+        d._get([w.transition_end.remote("") for w in d.workers if w is not None], "drop units")
+        info = durable.restart(d, self._ckpt_path(), target)
         self.ctl.resume(self.planner.estimate(self.job_at(self.last_len), target, alive))
-        ev.update(info, plan=format_plan(target))
+        ev.update(source="checkpoint", seconds=info["seconds"], steps_lost=before - d.step_index,
+                  plan=format_plan(target))
         if dec.plan is None:
             self.log("  restart: the planner found no plan; time-sharing the live workers")
-        self.log(f"  restart ({when}) from the checkpoint in {info['seconds']:.2f}s, steps lost: {info['steps_lost']}")
+        self.log(f"  restart ({when}) from the durable checkpoint of step {d.step_index} in {info['seconds']:.2f}s, "
+                 f"steps lost: {before - d.step_index}")
         self.log("  plan:\n" + format_plan(target, indent="    "))
         self.events.append(ev)
         return ev
 
-    def _live(self, current: Plan, target: Plan, alive: frozenset):
-        """Plan the transition DAG and execute it live; ``(report, None)`` or ``(None, why not)``."""
+    def _live(self, current: Plan, target: Plan, alive: frozenset, k: int = -1):
+        """Plan the transition DAG and execute it live; ``(report, None)`` or ``(None, why not)``.
+
+        Raises:
+            WorkerLost: a worker died or hung during the transition (the caller recovers).
+        """
         job = self.calib.apply(self.job_at(self.last_len))
         try:
             est = estimate_transition(job, current, target, alive, params=self.calib.params())
@@ -346,6 +537,8 @@ class AdaptiveRun:
             return None, str(e)
         if not est.feasible:
             return None, est.reason
+        self._mark()
+        self._inject(k, "transition")
         report = TransitionExecutor(self.driver).execute(est, target)
         self.calib.observe(report.primitives)
         return report, None

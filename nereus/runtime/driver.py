@@ -217,6 +217,10 @@ class RLDriver:
         self.workers = []
 
     def _get(self, futures, what: str, timeout: float | None = None):
+        """Results of remote calls; with a pool, dead or hung workers are detected (``WorkerLost``)."""
+        pool = getattr(self, "pool", None)
+        if pool is not None and hasattr(pool, "get"):
+            return pool.get(futures, what, timeout or 4 * self.cfg.timeout_s)
         return _ray_get(futures, what, timeout or 4 * self.cfg.timeout_s)
 
     # ------------------------------------------------------------------ model-stage calls

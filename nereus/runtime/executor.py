@@ -181,8 +181,13 @@ class TransitionExecutor:
                 out.append(ms.name)
         return out
 
-    def execute(self, est: TransitionEstimate, target: Plan) -> TransitionReport:
+    def execute(self, est: TransitionEstimate, target: Plan, adopt: bool = True) -> TransitionReport:
         """Move the driver's live state to ``target`` along ``est``'s DAG and schedule.
+
+        Args:
+            adopt: hand the engines of changing model-stages over to units first (the normal case);
+                False when the workers already hold the DAG's initial EMUs as units and no engine
+                (after a rollback, ``faults.py``): every model-stage's engine is then rebuilt.
 
         Raises:
             ScheduleError: the schedule breaks a transition rule (nothing has moved).
@@ -202,11 +207,12 @@ class TransitionExecutor:
         gone = [w for w in need if w >= len(d.workers) or d.workers[w] is None]
         if gone:
             raise ValueError(f"transition needs workers {gone} that are not in the pool")
-        changed = self._changed(dag, target)
+        changed = self._changed(dag, target) if adopt else [ms.name for ms in d.wf.model_stages]
         d.set_plan(target)  # validates the target against the job first (nothing moved yet)
         live = [i for i, w in enumerate(d.workers) if w is not None]
         metas = [UnitMeta.of(e) for e in dag.initial]
-        received = d._get([d.workers[i].transition_begin.remote(changed, metas) for i in live], "transition begin")
+        received = (d._get([d.workers[i].transition_begin.remote(changed, metas) for i in live], "transition begin")
+                    if adopt else [])
         futs: dict[str, list] = {}
         members: dict[str, set] = {}
         preds = dag.preds()

@@ -10,8 +10,6 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from nereus.runtime.worker import ray_worker_class
-
 __all__ = ["WorkerFailure", "WorkerPool"]
 
 
@@ -32,22 +30,55 @@ def _ray_get(futures, what: str, timeout: float):
         raise WorkerFailure(f"{what}: {str(e)[-600:]}") from e
 
 
+def _kill_local(pid: int | None) -> None:
+    """SIGKILL a worker process on this machine at once. ``ray.kill`` first asks the actor to exit,
+    which a stopped (SIGSTOP) or deadlocked process never does, so its sockets would stay open and
+    its peers would wait for their group timeout. Only a process that is still a Ray worker of ours
+    (its command line names the worker class) is signalled."""
+    import os
+    import signal
+
+    if not pid:
+        return
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if b"Worker" not in f.read():
+                return
+        os.kill(pid, signal.SIGKILL)
+    except (OSError, ProcessLookupError):
+        pass  # gone already, or not on this machine
+
+
 class WorkerPool:
     """Ray worker actors (one per device) and the ``TCPStore`` they rendezvous through.
 
     The driver hosts the store; workers connect as clients, so :meth:`add` can grow a running job
     and :meth:`remove` shrink it without any world-wide init.
 
+    Workers are :class:`~nereus.runtime.faults.FaultTolerantWorker` actors: :meth:`get` waits for
+    remote calls while pinging every worker, so a worker that dies or hangs is detected, killed and
+    reported (:class:`~nereus.runtime.faults.WorkerLost`) instead of blocking the job.
+
     Args:
         num_workers: actors to start.
         timeout_s: the timeout of every group the workers build.
+        hang_timeout_s: seconds a worker may leave a heartbeat unanswered before it is declared hung.
+        address: the Ray cluster to attach to (``ray.init(address=...)``); None starts a local one.
+
+    Raises:
+        ValueError: a non-positive count or timeout.
     """
 
-    def __init__(self, num_workers: int, timeout_s: float = 60.0) -> None:
+    def __init__(self, num_workers: int, timeout_s: float = 60.0, hang_timeout_s: float = 10.0,
+                 address: str | None = None) -> None:
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
             raise ValueError(f"num_workers must be a positive integer, got {num_workers!r}")
+        if not hang_timeout_s > 0 or not timeout_s > 0:
+            raise ValueError(f"timeout_s and hang_timeout_s must be > 0 seconds, got {timeout_s}, {hang_timeout_s}")
         self.num_workers, self.timeout_s = num_workers, float(timeout_s)
+        self.hang_timeout_s, self.address = float(hang_timeout_s), address
         self.workers: list = []
+        self.pids: list[int] = []
 
     def start(self) -> WorkerPool:
         import ray
@@ -60,14 +91,28 @@ class WorkerPool:
 
     def add(self, k: int) -> list[int]:
         """Start ``k`` more workers; returns their ids."""
-        cls = ray_worker_class(num_gpus=1 if torch.cuda.is_available() else 0)
+        from nereus.runtime.faults import fault_tolerant_class
+
+        cls = fault_tolerant_class(num_gpus=1 if torch.cuda.is_available() else 0)
         env = {"env_vars": {"OMP_NUM_THREADS": "1"}}
         first = len(self.workers)
         new = [cls.options(runtime_env=env).remote(first + i, "127.0.0.1", self.store.port, self.timeout_s)
                for i in range(k)]
         _ray_get([w.ping.remote() for w in new], "starting workers", 4 * self.timeout_s + 60)
+        self.pids.extend(_ray_get([w.pid.remote() for w in new], "worker pids", 60))
         self.workers.extend(new)
         return list(range(first, first + k))
+
+    def get(self, futures, what: str, timeout_s: float):
+        """Results of ``futures``, watching every worker (``faults.monitored_get``).
+
+        Raises:
+            WorkerLost: a worker died or hung (it is killed and its slot set to None).
+            WorkerFailure: a call failed or ``timeout_s`` passed.
+        """
+        from nereus.runtime.faults import monitored_get
+
+        return monitored_get(self, futures, what, timeout_s, self.hang_timeout_s)
 
     def remove(self, i: int) -> None:
         """Stop worker ``i`` (its slot stays, as None, so ids remain stable)."""
@@ -76,6 +121,7 @@ class WorkerPool:
         if self.workers[i] is not None:
             ray.kill(self.workers[i])
             self.workers[i] = None
+            _kill_local(self.pids[i] if i < len(self.pids) else None)
 
     def close(self) -> None:
         for i in range(len(self.workers)):
