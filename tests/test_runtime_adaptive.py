@@ -90,6 +90,10 @@ def test_relayout_keeps_state_bit_for_bit_and_training_continues(ray_cluster):
 
 @pytest.mark.slow
 def test_adaptive_run_survives_losing_two_workers(ray_cluster):
+    """Workers 2 and 3 vanish without notice before step 2, taking every replica of critic.train:
+    the run restores the durable checkpoint taken before step 0 (on the 2 workers left, time-sharing:
+    PPO's three inference model-stages do not fit 2 workers otherwise), reports 2 steps lost and
+    re-runs them with the same samples."""
     pool = WorkerPool(4, timeout_s=30).start()
     lines: list[str] = []
     run = AdaptiveRun(SPEC, W, TASK, 4, RLConfig(timeout_s=30), parse_pool_schedule("2:-2"),
@@ -98,13 +102,13 @@ def test_adaptive_run_survives_losing_two_workers(ray_cluster):
         hist = run.run(5, pool)
     finally:
         pool.close()
-    assert len(hist) == 5
     assert all(math.isfinite(m["reward"]) for m in hist)
-    kinds = [e["kind"] for e in run.events if e["when"] == "pool change"]
-    assert kinds and kinds[0] in ("transition", "restart"), run.events
+    ev = [e for e in run.events if e["when"] == "pool change"]
+    assert ev and ev[0]["source"] == "checkpoint" and ev[0]["steps_lost"] == 2, run.events
     assert all(g in (0, 1) for c in run.driver.cands.values() for g in c.gpus)
-    counts = [m["update_count"]["actor.train"] for m in hist]
-    assert counts == [2, 4, 6, 8, 10], counts  # increasing, no update repeated or lost
+    assert [m["step"] for m in hist] == [0, 1, 0, 1, 2, 3, 4]
+    assert [m["update_count"] for m in hist] == [2, 4, 2, 4, 6, 8, 10]  # restored, then continued
+    assert hist[2]["reward"] == hist[0]["reward"]  # the same samples and weights as the first time
     assert any("left" in s for s in lines) and any(s.startswith("step 4:") for s in lines)
 
 
@@ -133,7 +137,7 @@ def test_adaptive_run_moves_state_live_off_workers_that_announce_leaving(ray_clu
     assert t["bytes_moved"] == t["predicted_bytes"] and t["driver_bytes"] < 64 * 1024
     assert not any(e["kind"] == "restart" for e in run.events)
     assert all(g in (0, 1, 2) for c in run.driver.cands.values() for g in c.gpus)
-    assert [m["update_count"]["actor.train"] for m in hist] == [2, 4, 6, 8]
+    assert [m["update_count"] for m in hist] == [2, 4, 6, 8]
     assert hist[3]["response_len"] <= TASK.target_len + 1 and run.driver.task.num_digits == 4
     assert run.calib.bandwidth is not None and run.calib.bandwidth > 0  # measured primitives calibrate
 

@@ -3,7 +3,7 @@ is measured against (``benchmarks/bench_live_transition.py``, ``docs/live-transi
 
 A restart into a new layout goes through storage instead of moving shards between workers:
 
-1. :func:`save`: every worker of DP replica 0 of each saved model-stage writes its OWN shards
+1. :func:`save`: every worker of the first intact DP replica of each saved model-stage writes its OWN shards
    (parameters; for a trainable model-stage also Adam's ``exp_avg`` and ``exp_avg_sq``) and the
    counters with ``dcp.save(..., no_dist=True)``; the other replicas hold the same state and write
    nothing. Nothing is gathered: the driver receives byte counts only.
@@ -264,35 +264,48 @@ def saved_stages(directory: str) -> list[str]:
 def save(driver, directory: str, model_stages: list[str] | None = None) -> dict:
     """Save ``model_stages`` (default: all) of a started driver under ``directory`` (module docstring).
 
+    Each model-stage is written by the workers of its first DP replica whose workers are all in the
+    pool. A frozen or derived model-stage with no intact replica is skipped (a restart re-creates it
+    from its initial weights or by the weight sync); a training one makes the save fail.
+
     Returns:
-        ``{"seconds", "written": bytes of every file, "state": state bytes, "per_worker"}``.
+        ``{"seconds", "written": bytes of every file, "state": state bytes, "per_worker", "saved"}``.
 
     Raises:
-        ValueError: an unknown model-stage, or a worker of a saved replica 0 left the pool.
+        ValueError: an unknown model-stage, or a training model-stage without an intact replica.
     """
     t0 = time.perf_counter()
     names = [ms.name for ms in driver.wf.model_stages]
+    trainable = {ms.name for ms in driver.wf.model_stages if ms.trainable}
     stages = list(model_stages) if model_stages is not None else names
     bad = [m for m in stages if m not in names]
     if bad:
         raise ValueError(f"save: unknown model-stages {bad}; the workflow has {names}")
-    writers = sorted({w for m in stages for w in driver.layouts[m].replica(0)})
-    gone = [w for w in writers if driver.workers[w] is None]
-    if gone:
-        raise ValueError(f"save: workers {gone} of a replica 0 left the pool")
+    replica: dict[str, int] = {}
+    for m in stages:
+        lay = driver.layouts[m]
+        d = next((d for d in range(lay.dp) if all(w < len(driver.workers) and driver.workers[w] is not None
+                                                    for w in lay.replica(d))), None)
+        if d is None:
+            if m in trainable:
+                raise ValueError(f"save: every replica of {m} lost a worker; its state cannot be saved")
+            continue
+        replica[m] = d
+    stages = [m for m in stages if m in replica]
+    writers = sorted({w for m in stages for w in driver.layouts[m].replica(replica[m])})
     for m in stages:  # pieces of an earlier save in another layout must not be read back
         shutil.rmtree(os.path.join(directory, m), ignore_errors=True)
     os.makedirs(directory, exist_ok=True)
-    res = driver._get([driver.workers[w].dcp_save.remote(stages, directory) for w in writers], "dcp save")
+    res = driver._get([driver.workers[w].dcp_save.remote(replica, directory) for w in writers], "dcp save")
     meta = {"step_index": driver.step_index, "updates": driver.updates, "model_stages": stages,
             "layouts": {m: {"tp": driver.layouts[m].tp, "pp": driver.layouts[m].pp, "dp": driver.layouts[m].dp,
-                            "workers": list(driver.layouts[m].workers)} for m in stages}}
+                            "workers": list(driver.layouts[m].workers), "replica": replica[m]} for m in stages}}
     path = os.path.join(directory, "driver.json")
     with open(path, "w") as f:
         json.dump(meta, f)
     written = sum(r["written"] for r in res) + os.path.getsize(path)
     return {"seconds": time.perf_counter() - t0, "written": written, "state": sum(r["state"] for r in res),
-            "per_worker": dict(zip(writers, res))}
+            "per_worker": dict(zip(writers, res)), "saved": stages}
 
 
 def restart(driver, directory: str, target) -> dict:
@@ -319,15 +332,17 @@ def restart(driver, directory: str, target) -> dict:
         raise ValueError(f"restart: target uses workers {gone} that are not in the pool")
     old = (driver.cands, driver.layouts, driver.tag)
     driver.set_plan(target)  # validates first: on ValueError nothing has changed
+    trainable = {ms.name for ms in driver.wf.model_stages if ms.trainable}
     moved = [m for m, lay in driver.layouts.items() if m not in stages and lay != old[1][m]]
-    if moved:
+    if any(m in trainable for m in moved):
         driver.cands, driver.layouts, driver.tag = old
         raise ValueError(f"restart: {moved} change layout but were not saved in {directory}")
+    rebuilt = set(stages) | set(moved)  # frozen/derived not saved: from their initial weights, then synced
     live = _live(driver)
-    driver._get([driver.workers[i].destroy.remote(m) for m in stages for i in live], "restart teardown")
+    driver._get([driver.workers[i].destroy.remote(m) for m in rebuilt for i in live], "restart teardown")
     t1 = time.perf_counter()
     for ms in driver.wf.model_stages:
-        if ms.name not in stages:
+        if ms.name not in rebuilt:
             continue
         lay: Layout = driver.layouts[ms.name]
         adam = driver.adam_config(ms.name) if ms.trainable else None
@@ -339,6 +354,8 @@ def restart(driver, directory: str, target) -> dict:
     loaders = sorted({w for m in stages for w in driver.layouts[m].workers})
     res = driver._get([driver.workers[w].dcp_load.remote(stages, directory) for w in loaders], "dcp load")
     driver.step_index, driver.updates = int(meta["step_index"]), int(meta["updates"])
+    if moved:  # derived copies rebuilt from initial weights take the restored training weights
+        driver._sync()
     t3 = time.perf_counter()
     return {"seconds": t3 - t0, "teardown_s": t1 - t0, "build_s": t2 - t1, "load_s": t3 - t2,
             "read": sum(r["read"] for r in res), "loaded": sum(r["loaded"] for r in res),

@@ -330,15 +330,17 @@ class WorkerCore:
         os._exit(1)
 
     # ------------------------------------------------------------------ checkpoint/restart (durable.py)
-    def dcp_save(self, model_stages: list[str], directory: str) -> dict:
-        """Write this worker's shards of ``model_stages`` held in DP replica 0 with DCP, each under
-        ``<directory>/<model_stage>/rank-<worker>`` (``durable.save_engine``); returns byte counts."""
+    def dcp_save(self, model_stages, directory: str) -> dict:
+        """Write this worker's shards of ``model_stages`` with DCP, each under
+        ``<directory>/<model_stage>/rank-<worker>`` (``durable.save_engine``); returns byte counts.
+        ``model_stages`` is a list (DP replica 0 writes) or ``{model_stage: replica}``."""
         from nereus.runtime.durable import save_engine
 
+        replica = model_stages if isinstance(model_stages, dict) else dict.fromkeys(model_stages, 0)
         out = {"written": 0, "state": 0, "seconds": 0.0}
-        for ms in model_stages:
+        for ms, d in replica.items():
             e = self.engines.get(ms)
-            if e is None or e.ctx.d != 0:
+            if e is None or e.ctx.d != d:
                 continue
             with self.meter.stage(ms):
                 r = save_engine(e, os.path.join(directory, ms, f"rank-{self.id}"))
