@@ -93,14 +93,17 @@ def cpu_gpu_spec(memory_bytes: int = 2 * GIB, measure: bool = True) -> GPUSpec:
     return replace(base, peak_flops=flops, memory_bytes=int(memory_bytes), source=src)
 
 
-def runtime_job(spec: ModelSpec, workload: WorkloadSpec, num_workers: int, gpu: GPUSpec | None = None) -> JobSpec:
+def runtime_job(spec: ModelSpec, workload: WorkloadSpec, num_workers: int, gpu: GPUSpec | None = None,
+                num_nodes: int = 1) -> JobSpec:
     """The job as the cost and transition planners see this runtime: ``num_workers`` devices of
     ``gpu`` (default: the ``cpu`` preset) on one node, and the bytes the runtime really holds: fp32
     weights and KV cache (4 B), and for training only Adam's two moments on top (8 B): the fp32
     weights are Adam's master weights, so there is no separate master copy (the GPU default of
     ``WorkloadSpec`` counts bf16 weights plus a 12 B fp32 master and moments)."""
     gpu = gpu or GPU_PRESETS["cpu"]
-    return JobSpec(spec, ClusterSpec(gpu, 1, num_workers),
+    if num_workers % num_nodes:
+        raise ValueError(f"{num_workers} workers do not split evenly over {num_nodes} nodes")
+    return JobSpec(spec, ClusterSpec(gpu, num_nodes, num_workers // num_nodes),
                    replace(workload, param_bytes=4, kv_bytes=4, optimizer_bytes=8))
 
 
@@ -146,6 +149,8 @@ class AdaptiveRun:
             the checkpoint save after it.
         resume: continue from the durable checkpoint in ``checkpoint_dir`` (its step index, update
             counter and state, in this run's first plan).
+        address: attach to this Ray cluster; its nodes become the planner's nodes (workers spread
+            evenly, node by node), so losing a node takes all of its workers.
         memory_bytes: per-worker memory budget of the cost model.
         gamma: the controller's payback margin.
         log: a ``print``-like callable for the per-step lines (None: silent).
@@ -156,7 +161,7 @@ class AdaptiveRun:
                  memory_bytes: int = 2 * GIB, gamma: float = 0.5, log=None, measure: bool = True,
                  digits: dict[int, int] | None = None, notice: bool = False, checkpoint_dir: str | None = None,
                  checkpoint_every: int = 5, hang_timeout_s: float = 10.0, faults: dict | None = None,
-                 resume: bool = False) -> None:
+                 resume: bool = False, address: str | None = None) -> None:
         if checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be >= 1 step, got {checkpoint_every}")
         self.schedule = dict(schedule or {})
@@ -164,6 +169,8 @@ class AdaptiveRun:
         self.notice = bool(notice)
         self.ckpt_dir, self.ckpt_every, self._own_ckpt = checkpoint_dir, int(checkpoint_every), checkpoint_dir is None
         self.hang_timeout_s, self.faults, self.resume = float(hang_timeout_s), dict(faults or {}), bool(resume)
+        self.address = address
+        self.before_step = None  # optional callable(step) run at each boundary before the step (tests)
         self.recoveries: list[dict] = []
         self._announced: set[int] = set()
         self.final_state: dict | None = None  # with keep_final: the gathered training state at the end
@@ -221,9 +228,11 @@ class AdaptiveRun:
             raise ValueError(f"steps must be >= 1, got {steps}")
         own = pool is None
         if own:
-            if not ray.is_initialized():
+            if not ray.is_initialized() and not self.address:
                 ray.init(num_cpus=self.max_workers, include_dashboard=False, log_to_driver=False)
-            pool = WorkerPool(self.num_workers, self.cfg.timeout_s, self.hang_timeout_s).start()
+            pool = WorkerPool(self.num_workers, self.cfg.timeout_s, self.hang_timeout_s, self.address).start()
+        if pool.num_nodes > 1:  # the planner sees the cluster's nodes (a node loss takes all its workers)
+            self.job = runtime_job(self.spec, self.workload, self.max_workers, self.job.cluster.gpu, pool.num_nodes)
         alive = frozenset(i for i, w in enumerate(pool.workers) if w is not None)
         plan = self._first_plan(alive)
         driver = RLDriver(self.spec, self.workload, shared_plan(self.workload, alive), self.task,
@@ -248,6 +257,8 @@ class AdaptiveRun:
             done: set[int] = set()  # pool and curriculum changes already applied (a restored step re-runs)
             while driver.step_index < end:
                 k = driver.step_index
+                if self.before_step is not None:
+                    self.before_step(k)
                 if k in self.digits and ("digits", k) not in done:
                     self._set_digits(self.digits[k], k)
                     done.add(("digits", k))
@@ -314,11 +325,19 @@ class AdaptiveRun:
         return os.path.join(self.ckpt_dir, "current")
 
     def _mark(self) -> None:
-        """The rollback point of the next step or transition: every worker snapshots its state."""
+        """The rollback point of the next step or transition: every worker snapshots its state. A
+        worker found lost here (e.g. its node went away between steps) is recovered from at once:
+        the survivors' snapshots just taken are the rollback point, so no step is redone."""
         d = self.driver
-        self._bnd = {"plan": Plan(candidates=tuple(d.cands.values())), "step_index": d.step_index,
-                     "updates": d.updates}
-        d._get([w.snapshot.remote() for w in d.workers if w is not None], "snapshot")
+        for _attempt in range(4):
+            self._bnd = {"plan": Plan(candidates=tuple(d.cands.values())), "step_index": d.step_index,
+                         "updates": d.updates}
+            try:
+                d._get([w.snapshot.remote() for w in d.workers if w is not None], "snapshot")
+                return
+            except WorkerLost as e:
+                self._recover(e, d.step_index, "boundary")
+        raise WorkerFailure("workers kept failing at a boundary; gave up after 4 attempts")
 
     def _inject(self, k: int, phase: str) -> None:
         """Arm the fault ``faults[k] = (point, worker, how)`` once, just before the ``phase``

@@ -105,6 +105,19 @@ def add_arguments(p) -> None:
                         + " ".join(
                        f"--{k.replace('_', '-')}" + ("" if v is True else f" {v}")
                        for k, v in SCENARIOS["elastic"].items()))
+    p.add_argument("--checkpoint-dir", default=None, metavar="DIR",
+                   help="with --adaptive: durable checkpoints (each worker writes its own shards with "
+                        "torch.distributed.checkpoint) go here; default: a temporary directory removed at the end")
+    p.add_argument("--checkpoint-every", type=int, default=5, metavar="K",
+                   help="with --adaptive: steps between durable checkpoints (one is also taken before the first step)")
+    p.add_argument("--resume", action="store_true",
+                   help="with --adaptive: continue from the checkpoint in --checkpoint-dir (step, counters, state)")
+    p.add_argument("--hang-timeout", type=float, default=10.0,
+                   help="with --adaptive: seconds a worker may leave a heartbeat unanswered before it is "
+                        "declared hung, killed and recovered from")
+    p.add_argument("--address", default=None,
+                   help="with --adaptive: attach to this running Ray cluster (e.g. 10.0.0.1:6379 or 'auto') "
+                        "instead of starting a local one; workers are spread evenly over its nodes")
     p.add_argument("--plot", default="nereus-run.png",
                    help="with --adaptive: write the PNG timeline (step time, pool, response length, plan "
                         "changes) here; '' for none")
@@ -152,6 +165,16 @@ def check_args(args) -> None:
         raise ValueError("--layout has no effect with --adaptive (the controller chooses layouts); drop one")
     if args.pool_schedule:
         check_pool_schedule(args.pool_schedule, args.workers, args.steps)
+    if args.checkpoint_every < 1:
+        raise ValueError(f"--checkpoint-every must be >= 1 step, got {args.checkpoint_every}")
+    if not args.hang_timeout > 0 or args.hang_timeout != args.hang_timeout:
+        raise ValueError(f"--hang-timeout must be > 0 seconds, got {args.hang_timeout}")
+    if not args.adaptive and (args.resume or args.checkpoint_dir or args.address):
+        raise ValueError("--resume, --checkpoint-dir and --address need --adaptive")
+    if args.resume and not args.checkpoint_dir:
+        raise ValueError("--resume needs --checkpoint-dir DIR (the checkpoint to continue from)")
+    if args.resume and not os.path.exists(os.path.join(args.checkpoint_dir, "current", "driver.json")):
+        raise ValueError(f"--resume: no checkpoint in {args.checkpoint_dir!r} (current/driver.json missing)")
     if args.digits_schedule:
         if not args.adaptive:
             raise ValueError("--digits-schedule needs --adaptive")
@@ -422,7 +445,9 @@ def _adaptive(args, spec, w, task, cfg) -> int:
     sched = parse_pool_schedule(args.pool_schedule) if args.pool_schedule else {}
     run = AdaptiveRun(spec, w, task, args.workers, cfg, sched, memory_bytes=int(args.memory_gib * 1024**3),
                       gamma=args.gamma, log=lambda s: print(s, flush=True),
-                      digits=parse_digits_schedule(args.digits_schedule), notice=args.notice)
+                      digits=parse_digits_schedule(args.digits_schedule), notice=args.notice,
+                      checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
+                      hang_timeout_s=args.hang_timeout, resume=args.resume, address=args.address)
     if args.verbose:
         print(f"device model: {run.job.cluster.gpu.source}")
     history = run.run(args.steps)
@@ -459,7 +484,9 @@ def _summary(history: list[dict], run) -> None:
             t.add_row(r["boundary"], r["how"], r["primitives"], _fmt(r["mb"], ".1f"), _fmt(r["predicted_s"], ".2f"),
                       _fmt(r["measured_s"], ".2f"), _fmt(r["seconds"], ".2f"))
         Console(width=130).print(t)
-    live = sum(1 for r in rows if r["how"] == "live")
-    print(f"{len(history)} steps; {live} live transition(s), {len(rows) - live} restart(s) from the checkpoint; "
+    live = sum(1 for r in rows if r["how"].endswith("live"))
+    rec = len(getattr(run, "recoveries", []))
+    print(f"{len(history)} steps; {live} live transition(s), {len(rows) - live} restart(s) from the checkpoint, "
+          f"{rec} recover{'y' if rec == 1 else 'ies'} from lost workers; "
           f"{sum(m['seconds'] for m in history):.1f}s in steps; final reward {history[-1]['reward']:.3f}"
           if history else "no steps run")

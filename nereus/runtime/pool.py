@@ -79,25 +79,63 @@ class WorkerPool:
         self.hang_timeout_s, self.address = float(hang_timeout_s), address
         self.workers: list = []
         self.pids: list[int] = []
+        self.nodes: list[str] = []       # Ray node ids when the cluster has several nodes
+        self.node_of: list[int] = []     # node index of each worker
+        self.per_node = num_workers
+        self.host = "127.0.0.1"
 
     def start(self) -> WorkerPool:
+        """Attach to (``address``) or start Ray, host the store and start the workers.
+
+        On a cluster of several nodes the workers are spread evenly, node by node, so worker ``i``
+        sits on node ``i // workers_per_node`` (the planner's GPU numbering; ``node_of``), and the
+        store listens on the driver's reachable address instead of the loopback.
+
+        Raises:
+            ValueError: ``num_workers`` does not split evenly over the nodes with a CPU (or GPU).
+        """
         import ray
 
         if not ray.is_initialized():
-            ray.init(num_cpus=self.num_workers, include_dashboard=False, log_to_driver=False)
-        self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+            if self.address:
+                ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
+            else:
+                ray.init(num_cpus=self.num_workers, include_dashboard=False, log_to_driver=False)
+        dev = "GPU" if torch.cuda.is_available() else "CPU"
+        nodes = sorted((n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get(dev, 0) >= 1),
+                       key=lambda n: n["NodeID"])
+        self.nodes = [n["NodeID"] for n in nodes] if len(nodes) > 1 else []
+        if self.nodes and self.num_workers % len(self.nodes):
+            raise ValueError(f"{self.num_workers} workers do not split evenly over the cluster's "
+                             f"{len(self.nodes)} nodes; use a multiple of {len(self.nodes)}")
+        self.host = ray.util.get_node_ip_address() if self.nodes or self.address else "127.0.0.1"
+        self.store = dist.TCPStore(self.host, 0, is_master=True, wait_for_workers=False)
+        self.per_node = self.num_workers // len(self.nodes) if self.nodes else self.num_workers
         self.add(self.num_workers)
         return self
 
+    @property
+    def num_nodes(self) -> int:
+        return max(1, len(self.nodes))
+
     def add(self, k: int) -> list[int]:
-        """Start ``k`` more workers; returns their ids."""
+        """Start ``k`` more workers; returns their ids. On several nodes, worker ``i`` is pinned to node
+        ``i // per_node`` (Ray node affinity); workers past the last node go where Ray puts them."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
         from nereus.runtime.faults import fault_tolerant_class
 
         cls = fault_tolerant_class(num_gpus=1 if torch.cuda.is_available() else 0)
         env = {"env_vars": {"OMP_NUM_THREADS": "1"}}
         first = len(self.workers)
-        new = [cls.options(runtime_env=env).remote(first + i, "127.0.0.1", self.store.port, self.timeout_s)
-               for i in range(k)]
+        new = []
+        for i in range(first, first + k):
+            opts: dict = {"runtime_env": env}
+            node = i // self.per_node if self.nodes else 0
+            if self.nodes and node < len(self.nodes):
+                opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(self.nodes[node], soft=False)
+            self.node_of.append(node)
+            new.append(cls.options(**opts).remote(i, self.host, self.store.port, self.timeout_s))
         _ray_get([w.ping.remote() for w in new], "starting workers", 4 * self.timeout_s + 60)
         self.pids.extend(_ray_get([w.pid.remote() for w in new], "worker pids", 60))
         self.workers.extend(new)

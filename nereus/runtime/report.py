@@ -15,7 +15,7 @@ __all__ = ["change_rows", "write_timeline"]
 
 def _at(ev: dict) -> float:
     """Boundary position of an event on the step axis."""
-    return ev["step"] - 0.5 if ev["when"] == "pool change" else ev["step"] + 0.5
+    return ev["step"] - 0.5 if ev["when"] in ("pool change", "recovery") else ev["step"] + 0.5
 
 
 def change_rows(events: list[dict]) -> list[dict]:
@@ -23,19 +23,25 @@ def change_rows(events: list[dict]) -> list[dict]:
     "measured_s", "seconds"}`` (``how``: ``live`` or ``restart``; seconds of the change itself)."""
     rows = []
     for ev in events:
-        when = f"before step {ev['step']}" if ev["when"] == "pool change" else f"after step {ev['step']}"
+        when = {"pool change": f"before step {ev['step']}", "recovery": f"during step {ev['step']}"}.get(
+            ev["when"], f"after step {ev['step']}")
+        if ev.get("source") == "recovered":
+            continue  # interrupted by a lost worker: its recovery is the next row
         t = ev.get("transition")
         if t is not None:
             kinds: dict[str, int] = {}
             for p in t["primitives"]:
                 kinds[p["kind"]] = kinds.get(p["kind"], 0) + 1
             prims = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "none (batch sizes only)"
-            rows.append({"boundary": when, "how": "live", "primitives": prims,
+            how = "recovery, live" if ev["when"] == "recovery" else "live"
+            rows.append({"boundary": when, "how": how, "primitives": prims,
                          "mb": t["bytes_moved"] / 1e6, "predicted_s": t["predicted_l_tran"],
                          "measured_s": t["measured_l_tran"], "seconds": t["seconds"]})
         else:
-            rows.append({"boundary": when, "how": "restart", "primitives": "checkpoint re-shard",
-                         "mb": None, "predicted_s": None, "measured_s": None, "seconds": ev.get("seconds", 0.0)})
+            lost = ev.get("steps_lost", 0)
+            rows.append({"boundary": when, "how": "restart" if ev["when"] != "recovery" else "recovery, restart",
+                         "primitives": f"durable checkpoint, {lost} step(s) lost", "mb": None, "predicted_s": None,
+                         "measured_s": None, "seconds": ev.get("seconds", 0.0)})
     return rows
 
 
@@ -66,6 +72,8 @@ def write_timeline(history: list[dict], events: list[dict], path: str | Path, ti
     axes[2].set_ylabel("response (tokens)")
     axes[2].set_xlabel("RL step")
     for ev in events:
+        if ev.get("source") == "recovered":
+            continue
         live = ev.get("transition") is not None
         x = _at(ev)
         for ax in axes:
