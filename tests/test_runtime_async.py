@@ -167,3 +167,23 @@ def test_staleness_two_bounded_and_transition_at_sync_boundary(pool):
     Pn, n = w.prompts_per_step, w.samples_per_prompt
     assert [(r["prompt"], r["sample"]) for r in d.sample_log] == [(i, s) for i in range(5 * Pn) for s in range(n)]
     assert all(torch.isfinite(t).all() for t in state["params"].values())
+
+
+def test_cli_async_options_checked_before_ray():
+    from nereus.cli import main
+
+    assert main(["run", "--staleness", "2", "--steps", "1"]) == 2  # --staleness needs --async
+    assert main(["run", "--async", "--staleness", "-1", "--steps", "1"]) == 2
+    # generation needs workers of its own: 4 for training + 2 for generation > 4 workers
+    assert main(["run", "--async", "--workers", "4", "--layout", "actor.train=1,1,4", "--steps", "1"]) == 2
+
+
+def test_default_async_layouts_fit_the_batches():
+    from nereus.runtime.async_cli import default_async_layouts
+
+    w = workload("ppo")
+    lay = default_async_layouts(w, 4)
+    assert lay["actor.generate"] == (1, 1, 2) and lay["actor.train"] == (1, 1, 2)
+    lay = default_async_layouts(w, 3)
+    assert lay["actor.generate"] == (1, 1, 1) and lay["actor.train"] == (1, 1, 2)
+    assert async_plan(w, lay, 3)["actor.generate"].gpus == (2,)

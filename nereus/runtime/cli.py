@@ -135,6 +135,10 @@ def add_arguments(p) -> None:
                                                                     "tokens")
     p.add_argument("--save", default=None, metavar="DIR",
                    help="write the trained actor (and critic, DIR/critic) as Hugging Face directories at the end")
+    # asynchronous RL (nereus.runtime.async_cli): --async, --staleness
+    from nereus.runtime.async_cli import add_async_arguments
+
+    add_async_arguments(p)
 
 
 def check_args(args) -> None:
@@ -328,6 +332,10 @@ def main(args) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     apply_scenario(args)
     check_args(args)
+    if args.asynchronous or args.staleness != 1:  # --async: nereus.runtime.async_cli
+        from nereus.runtime.async_cli import main_async
+
+        return main_async(args)
     from nereus.runtime.plans import simple_plan
     from nereus.spec.model import get_model
     from nereus.spec.workload import WorkloadSpec
