@@ -61,6 +61,9 @@ def add_arguments(p) -> None:
     p.add_argument("--notice", type=float, default=0.0,
                    help="preemption notice in seconds before GPUs leave (AWS spot: 120; default 0: none)")
     p.add_argument("--seed", type=int, default=0, help="seed of noise, congestion and length noise")
+    p.add_argument("--async", dest="asynchronous", action="store_true",
+                   help="one-step-off asynchronous RL: generation on GPUs of its own overlaps training, the step "
+                        "is max(generate, infer + train) (what nereus run --async runs)")
     p.add_argument("--jobs", type=int, default=None, help="worker processes (default: CPU count)")
     p.add_argument("--out", default="nereus-sim", help="output directory for JSON logs and PNG timelines")
 
@@ -155,14 +158,15 @@ def main(args) -> int:
                         growth=_parse_growth(args.growth), hours=args.hours or None, gamma=args.gamma, seed=args.seed,
                         time_unit=args.time_unit, truth=Truth(notice_s=args.notice), start=args.start,
                         length_scale=_parse_length_scale(args.length_scale), prompts_per_step=args.prompts_per_step,
-                        samples_per_prompt=args.samples_per_prompt, mini_batch=args.mini_batch)
+                        samples_per_prompt=args.samples_per_prompt, mini_batch=args.mini_batch,
+                        asynchronous=args.asynchronous)
     names = _policies(args)
     scenario.validate()
     hours = scenario.duration_hours()
     trace, lengths = scenario.availability(), scenario.lengths()
     console = Console(width=max(Console().width, 150))
     console.print(f"[bold]nereus simulate[/]: {args.model} {args.algo.upper()} on {args.nodes}x{args.gpus_per_node} "
-                  f"{args.gpu}; trace {trace.name} ({trace.num_changes} changes, {min(trace.counts)}-"
+                  f"{args.gpu}{' (asynchronous)' if args.asynchronous else ''}; trace {trace.name} ({trace.num_changes} changes, {min(trace.counts)}-"
                   f"{max(trace.counts)} GPUs) for {hours:.1f} h"
                   + (f" from {args.start:g} h" if args.start else "") + f"; lengths {lengths.label}")
     notes = []

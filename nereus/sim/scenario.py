@@ -58,6 +58,8 @@ class Scenario:
             or ``max`` is ``tokens`` (:meth:`~nereus.sim.traces.LengthTrace.normalized`).
         prompts_per_step, samples_per_prompt, mini_batch: the RL batch (global batch =
             prompts · samples; ``mini_batch`` must divide it).
+        asynchronous: one-step-off asynchronous RL (generation on GPUs of its own; the step is
+            ``max(generate, infer + train)``).
     """
 
     model: str = "llama-3.1-8b"
@@ -80,10 +82,12 @@ class Scenario:
     prompts_per_step: int = 256
     samples_per_prompt: int = 4
     mini_batch: int = 256
+    asynchronous: bool = False
 
     def job(self) -> JobSpec:
         w = WorkloadSpec(algorithm=self.algo, response_len=int(self.growth[0]), prompts_per_step=self.prompts_per_step,
-                         samples_per_prompt=self.samples_per_prompt, mini_batch_size=self.mini_batch)
+                         samples_per_prompt=self.samples_per_prompt, mini_batch_size=self.mini_batch,
+                         asynchronous=self.asynchronous)
         return JobSpec(get_model(self.model), ClusterSpec(get_gpu(self.gpu), self.nodes, self.gpus_per_node), w)
 
     def availability(self) -> AvailabilityTrace:
