@@ -12,11 +12,16 @@ device below) and applies its decision:
   communicator setup) run on the workers that hold the state, Split/Merge/Extend/Destroy (and
   Offload/Restore/Load where the planner needs them), each printed with its bytes and predicted and
   measured seconds; the measurements calibrate the next estimates (``transition/calibrate.py``);
-* ``Restart(plan)``, or a transition whose DAG is infeasible or whose training state lost every
-  replica: rebuild from the in-memory checkpoint taken at the previous safe boundary
-  (``relayout.checkpoint``; the only path that still re-shards through the driver), on ``plan``, or,
-  when nothing fits (``plan`` None), on a time-shared fallback plan (``plans.shared_plan``) that
-  the controller is told about with ``resume``.
+* ``Restart(plan)``, or a change whose DAG is infeasible or whose training state lost every
+  replica: restore the last durable checkpoint (``durable.py``: each worker writes and reads its own
+  shards with ``torch.distributed.checkpoint``; taken first when a full copy is alive, so nothing is
+  lost then), on ``plan``, or, when nothing fits (``plan`` None), on a time-shared fallback plan
+  (``plans.shared_plan``) that the controller is told about with ``resume``. No state tensor passes
+  through the driver on any path.
+
+Workers that die or hang in the middle of anything are detected and recovered from (``faults.py``):
+roll back to the boundary's per-worker snapshot, replan on the survivors, move state live, re-run the
+step with the same samples.
 
 Curriculum (``--digits-schedule STEP:D``): from step ``STEP`` the task uses ``D``-digit problems, so
 prompts and responses get longer; the controller sees the response length drift.
@@ -94,17 +99,23 @@ def cpu_gpu_spec(memory_bytes: int = 2 * GIB, measure: bool = True) -> GPUSpec:
 
 
 def runtime_job(spec: ModelSpec, workload: WorkloadSpec, num_workers: int, gpu: GPUSpec | None = None,
-                num_nodes: int = 1) -> JobSpec:
+                num_nodes: int = 1, precision: str = "fp32") -> JobSpec:
     """The job as the cost and transition planners see this runtime: ``num_workers`` devices of
-    ``gpu`` (default: the ``cpu`` preset) on one node, and the bytes the runtime really holds: fp32
-    weights and KV cache (4 B), and for training only Adam's two moments on top (8 B): the fp32
-    weights are Adam's master weights, so there is no separate master copy (the GPU default of
-    ``WorkloadSpec`` counts bf16 weights plus a 12 B fp32 master and moments)."""
+    ``gpu`` (default: the ``cpu`` preset) on one node, and the bytes the runtime really holds in
+    ``precision`` (``shards.workload_bytes``): ``fp32``: fp32 weights and KV cache (4 B), and for
+    training only Adam's two moments on top (8 B): the fp32 weights are Adam's master weights, so
+    there is no separate master copy; ``bf16``: bf16 weights and KV cache (2 B) and for training a
+    12 B fp32 master and moments (``WorkloadSpec``'s GPU default). Fp32 gradients (4 B) in both.
+
+    Raises:
+        ValueError: workers not splitting evenly over nodes, or an unknown precision."""
+    from nereus.runtime.shards import workload_bytes
+
     gpu = gpu or GPU_PRESETS["cpu"]
     if num_workers % num_nodes:
         raise ValueError(f"{num_workers} workers do not split evenly over {num_nodes} nodes")
     return JobSpec(spec, ClusterSpec(gpu, num_nodes, num_workers // num_nodes),
-                   replace(workload, param_bytes=4, kv_bytes=4, optimizer_bytes=8))
+                   replace(workload, **workload_bytes(precision)))
 
 
 def parse_pool_schedule(text: str | None) -> dict[int, int]:

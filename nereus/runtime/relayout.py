@@ -19,8 +19,9 @@ continue as if nothing happened. Sharding then gathering is exact: the gathered 
 re-layout equals the state before, bit for bit.
 
 This is NOT the transition executor of DESIGN.md §4.8: every byte goes through the driver, every
-engine is rebuilt, and nothing overlaps. The live ``Split``/``Merge``/``Extend``/``Destroy``
-executor that moves only the shards that change is future work.
+engine is rebuilt, and nothing overlaps. ``nereus run --adaptive`` no longer uses it (live changes go
+through ``executor.py``, restarts through ``durable.py``); it stays as the simplest reference
+re-layout for tests (and :func:`intact_replica`, :func:`train_stages` are shared helpers).
 """
 
 from __future__ import annotations
