@@ -4,6 +4,7 @@ state comes back bit for bit; training continues as without the restart."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import pytest
@@ -141,6 +142,35 @@ def test_restart_in_another_layout_keeps_state_bit_for_bit_and_training_continue
         assert got_after[ms]["position"] == want[ms]["position"]
         for n in want[ms]["params"]:
             assert torch.allclose(got_after[ms]["params"][n], want[ms]["params"][n], atol=1e-5, rtol=1e-4), (ms, n)
+
+
+@pytest.mark.slow
+def test_bf16_restart_saves_and_loads_every_kind_bit_for_bit(pool, tmp_path):
+    """A bf16 run saves bf16 weights, the fp32 master and fp32 moments; a restart in another layout
+    reads them back bit for bit, each kind in its own dtype (2 + 4 + 8 bytes per trained parameter)."""
+    d = RLDriver(SPEC, W, plan(), TASK, 4, dataclasses.replace(CFG, precision="bf16")).start(pool)
+    kinds = KINDS + ("master",)
+    try:
+        d.step()
+        before = _states(d)
+        saved = durable.save(d, str(tmp_path))
+        n_train = {ms: sum(t.numel() for t in before[ms]["params"].values()) for ms in TRAIN}
+        assert saved["state"] >= sum(14 * n for n in n_train.values())
+        target = plan(actor_train=(1, 2, 2, (0, 1, 2, 3)), critic_train=(2, 1, 1, (0, 1)),
+                      actor_generate=(2, 1, 1, (2, 3)))
+        durable.restart(d, str(tmp_path), target)
+        after = _states(d)
+        for ms in TRAIN:
+            for kind in kinds:
+                for n, t in before[ms][kind].items():
+                    assert torch.equal(after[ms][kind][n], t), (ms, kind, n)
+            for k in COUNTERS:
+                assert after[ms][k] == before[ms][k], (ms, k)
+        d.step()
+        st = d.gather_logical_state("actor.train", 1)
+        assert all(torch.equal(w, st["master"][n].to(torch.bfloat16).float()) for n, w in st["params"].items())
+    finally:
+        d.close()
 
 
 @pytest.mark.slow

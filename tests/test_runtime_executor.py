@@ -4,6 +4,7 @@ training continues as if nothing happened (DESIGN.md §4.8)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 
@@ -58,9 +59,9 @@ def _states(d: RLDriver) -> dict:
     return {n: d.gather_logical_state(n) for n in TRAIN}
 
 
-def _assert_equal(a: dict, b: dict, what: str) -> None:
+def _assert_equal(a: dict, b: dict, what: str, kinds=("params", "exp_avg", "exp_avg_sq")) -> None:
     for ms in TRAIN:
-        for kind in ("params", "exp_avg", "exp_avg_sq"):
+        for kind in kinds:
             assert a[ms][kind].keys() == b[ms][kind].keys()
             for n in a[ms][kind]:
                 assert torch.equal(a[ms][kind][n], b[ms][kind][n]), (what, ms, kind, n)
@@ -156,6 +157,39 @@ def test_executor_refuses_a_schedule_that_breaks_the_last_copy_rule_before_movin
         assert d.cands["actor.train"].gpus == (0,)
         _assert_equal(_states(d), before, "refused")
         d.step()
+    finally:
+        d.close()
+
+
+@pytest.mark.slow
+def test_bf16_live_transitions_keep_master_weights_and_moments_bit_for_bit(pool):
+    """Mixed precision (``RLConfig(precision="bf16")``): a training unit holds bf16 weights, the fp32
+    master and fp32 moments; after every transition of :data:`CHAIN` all four kinds gathered equal the
+    state before bit for bit, and the bytes received equal the planner's for a job costed in bf16
+    (2 + 12 bytes per trained parameter, 2 per weight-copy parameter)."""
+    d = RLDriver(SPEC, W, plan(), TASK, 4, dataclasses.replace(CFG, precision="bf16")).start(pool)
+    job = runtime_job(SPEC, W, 4, precision="bf16")
+    try:
+        d.step()
+        for name, target in CHAIN[:3] + CHAIN[-1:]:
+            before = _states(d)
+            assert before["actor.train"]["master"].keys() == before["actor.train"]["params"].keys()
+            est = estimate_transition(job, Plan(candidates=tuple(d.cands.values())), target, frozenset(range(4)))
+            assert est.feasible, est.reason
+            rep = TransitionExecutor(d).execute(est, target)
+            after = _states(d)
+            _assert_equal(after, before, name, kinds=("params", "master", "exp_avg", "exp_avg_sq"))
+            assert rep.bytes_moved == rep.predicted_bytes == est.bytes_moved, (name, rep.summary())
+            for r in rep.primitives:
+                assert r.bytes_received == r.predicted_bytes, (name, r.pid, r.bytes_received, r.predicted_bytes)
+            d.step()
+            st = d.gather_logical_state("actor.train")
+            for n, w in st["params"].items():  # the weights are the master rounded to bf16
+                assert torch.equal(w, st["master"][n].to(torch.bfloat16).float()), (name, n)
+            # the weight sync sent bf16 weights: the rollout copy equals the bf16 training weights
+            g = d.gather_logical_state("actor.generate")["params"]
+            assert all(torch.equal(g[n], st["params"][n]) for n in g), name
+        assert st["update_count"] == 2 * 5
     finally:
         d.close()
 

@@ -10,13 +10,15 @@ import pytest
 from nereus.planner.plan import Candidate, Plan
 from nereus.runtime.adaptive import runtime_job
 from nereus.runtime.layout import param_shapes
-from nereus.runtime.shards import TRAIN_KINDS, WEIGHT_KINDS, MoveSpec, Region, UnitMeta, plan_moves, region
+from nereus.runtime.shards import WEIGHT_KINDS, MoveSpec, Region, UnitMeta, plan_moves, region, train_kinds
 from nereus.spec.model import MODEL_PRESETS
 from nereus.spec.workload import WorkloadSpec
 from nereus.transition.estimate import estimate_transition
 from nereus.transition.schedule import Schedule
 from nereus.transition.verify import ScheduleError, verify_schedule
 
+#: the kinds of an fp32 run's training unit (weights = master, two moments)
+FP32_TRAIN = train_kinds("fp32")
 TINY = MODEL_PRESETS["tiny"]  # h=64, F=128, L=4, 4 heads, 2 KV heads, d=16, V=64, untied
 # TP-split parameters of tiny by hand: per layer q,o 2*64*64, k,v 2*32*64, MLP 3*64*128; embed + lm_head 2*64*64
 SPLIT = 4 * (2 * 64 * 64 + 2 * 32 * 64 + 3 * 64 * 128) + 2 * 64 * 64  # 155,648
@@ -50,7 +52,7 @@ def test_split_tp2_to_tp1_is_an_allgather_v_of_the_missing_halves():
     src = UnitMeta("actor.train#0", "actor.train", 2, 1, (0, 1))
     units = tuple(UnitMeta(f"actor.train#0/s{i}", "actor.train", 1, 1, (g,)) for i, g in enumerate((0, 1)))
     move = MoveSpec("split:actor.train#0", "split", "actor.train", consumes=(src.uid,), produces=units,
-                    sources=(src,), local=(src,), kinds=TRAIN_KINDS)
+                    sources=(src,), local=(src,), kinds=FP32_TRAIN)
     plan = plan_moves(TINY, move)
     # each worker receives the other's half of every split tensor, once per state kind; norms stay
     assert _bytes(plan) == {(0, 1): 3 * SPLIT // 2, (1, 0): 3 * SPLIT // 2}
@@ -72,7 +74,7 @@ def test_merge_of_aligned_units_moves_nothing_and_misaligned_moves_only_the_miss
     units = tuple(UnitMeta(f"u{i}", "actor.train", 1, 1, (g,)) for i, g in enumerate((0, 1)))
     tgt = UnitMeta("t", "actor.train", 1, 2, (0, 1))
     plan = plan_moves(TINY, MoveSpec("merge:t", "merge", "actor.train", consumes=("u0", "u1"), produces=(tgt,),
-                                     sources=units, local=units, kinds=TRAIN_KINDS))
+                                     sources=units, local=units, kinds=FP32_TRAIN))
     assert plan.pairs == {}  # each full copy already holds its pipeline stage
     tp2 = UnitMeta("t2", "actor.train", 2, 1, (0, 1))
     one = UnitMeta("u", "actor.train", 1, 2, (0, 1))

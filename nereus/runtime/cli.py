@@ -84,6 +84,9 @@ def add_arguments(p) -> None:
                    help="layout of one model-stage, e.g. actor.train=2,1,2 (repeatable); default: "
                         "all 1,1,1 below 4 workers, else a different layout per model-stage")
     p.add_argument("--seed", type=int, default=0, help="seed of the task's prompts, sampling and initial weights")
+    p.add_argument("--precision", default=None, choices=["bf16", "fp32"],
+                   help="bf16: bf16 weights and compute with fp32 master weights, gradients and Adam moments "
+                        "(Megatron); fp32: fp32 throughout; default bf16 where CUDA supports it, else fp32")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds before a collective gives up")
     p.add_argument("--json", default=None, help="write per-step metrics and measurements here")
     p.add_argument("--adaptive", action="store_true",
@@ -374,7 +377,7 @@ def main(args) -> int:
 
     task = data_task or DigitTask(args.task, args.digits, seed=args.seed)
     cfg = RLConfig(temperature=args.temperature, actor_lr=args.lr, critic_lr=args.lr, kl_coef=args.kl_coef,
-                   seed=args.seed, timeout_s=args.timeout)
+                   seed=args.seed, timeout_s=args.timeout, precision=args.precision)
     if args.adaptive:
         return _adaptive(args, spec, w, task, cfg)
     driver = RLDriver(spec, w, plan, task, args.workers, cfg)

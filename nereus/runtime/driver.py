@@ -32,17 +32,22 @@ from nereus.runtime.parallel import Layout
 from nereus.runtime.plans import simple_plan
 from nereus.runtime.pool import WorkerFailure, WorkerPool, _ray_get
 from nereus.runtime.rollout import response_mask
+from nereus.runtime.shards import PRECISIONS
 from nereus.runtime.task import DigitTask
 from nereus.spec.model import ModelSpec
 from nereus.spec.workload import WorkloadSpec
 from nereus.workflow import workflow_for
 
-__all__ = ["RLConfig", "RLDriver", "WorkerFailure", "WorkerPool", "simple_plan"]
+__all__ = ["RLConfig", "RLDriver", "WorkerFailure", "WorkerPool", "simple_plan", "default_precision"]
 
 
 @dataclass(frozen=True)
 class RLConfig:
     """RL hyper-parameters of a run.
+
+    ``precision``: ``fp32`` (default) or ``bf16`` (bf16 weights and compute with fp32 master weights,
+    gradients and Adam moments, ``engine.py``), for every engine of the run; None picks
+    :func:`default_precision` (bf16 on a CUDA device that supports it, fp32 on CPU).
 
     Raises:
         ValueError: naming the field when a value is out of range.
@@ -59,8 +64,13 @@ class RLConfig:
     max_new_tokens: int = 0  # 0: the task's target length
     seed: int = 0
     timeout_s: float = 60.0
+    precision: str | None = "fp32"
 
     def __post_init__(self) -> None:
+        if self.precision is None:  # the device's default: bf16 where CUDA supports it, else fp32
+            object.__setattr__(self, "precision", default_precision())
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"rl field 'precision' must be one of {PRECISIONS}, got {self.precision!r}")
         for f in ("temperature", "actor_lr", "critic_lr", "clip", "value_clip", "timeout_s"):
             if not getattr(self, f) > 0:
                 raise ValueError(f"rl field {f!r} must be > 0, got {getattr(self, f)}")
@@ -69,6 +79,12 @@ class RLConfig:
                 raise ValueError(f"rl field {f!r} must be in [0, 1], got {getattr(self, f)}")
         if self.kl_coef < 0 or self.max_new_tokens < 0:
             raise ValueError("rl fields 'kl_coef' and 'max_new_tokens' must be >= 0")
+
+
+def default_precision() -> str:
+    """``bf16`` when this process sees a CUDA device with bf16 support, else ``fp32`` (CPU runs stay
+    fp32: bf16 matmuls there are emulated and slower)."""
+    return "bf16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "fp32"
 
 
 def _seed(*parts) -> int:
@@ -194,14 +210,25 @@ class RLDriver:
 
     def build_engines(self) -> RLDriver:
         """Build every model-stage's engines in the current layouts (frozen ones from their seeds)."""
+        self.publish_precision()
         for ms in self.wf.model_stages:
             lay = self.layouts[ms.name]
             adam = self.adam_config(ms.name) if ms.trainable else None
             self._get([self.workers[i].build.remote(ms.name, self._spec_of(ms.model), lay, self.seed_of(ms.model),
                                                     ms.trainable, adam, self.tag,
-                                                    recompute=self.recompute_of(ms.name)) for i in lay.workers],
+                                                    recompute=self.recompute_of(ms.name),
+                                                    precision=self.cfg.precision) for i in lay.workers],
                       f"building {ms.name}")
         return self
+
+    def publish_precision(self) -> None:
+        """Write the run's precision into the pool's TCPStore (``worker.PRECISION_KEY``), where workers
+        that did not build a model-stage themselves (joiners in a live transition) read it."""
+        store = getattr(getattr(self, "pool", None), "store", None)
+        if store is not None:
+            from nereus.runtime.worker import PRECISION_KEY
+
+            store.set(PRECISION_KEY, self.cfg.precision)
 
     def close(self) -> None:
         """Drop this run's engines (and stop the pool if this driver started it)."""

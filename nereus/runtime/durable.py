@@ -23,7 +23,9 @@ key                                          tensor
 ===========================================  ====================================================
 ``<kind>/<name>/<dim>:<lo>:<hi>``            rows (dim 0) or columns (dim 1) ``[lo, hi)`` of the
                                              full tensor ``<name>`` (Hugging Face Llama name) for
-                                             ``<kind>`` in ``params``, ``exp_avg``, ``exp_avg_sq``;
+                                             ``<kind>`` in ``params`` (the engine's dtype:
+                                             bf16 in a bf16 run), ``master`` (fp32, bf16 runs
+                                             only), ``exp_avg``, ``exp_avg_sq``;
                                              vocab padding rows are not saved
 ``<kind>/<name>/full``                       the whole tensor (replicated: norms, value head)
 ``counters``                                 int64 ``[step, update_count, version,
@@ -82,10 +84,8 @@ def parse_key(key: str) -> tuple[str, str, int | None, int, int]:
 
 
 def _kinds(engine) -> dict[str, dict[str, torch.Tensor]]:
-    out = {"params": engine.model.params}
-    if engine.trainable:
-        out["exp_avg"], out["exp_avg_sq"] = engine.exp_avg, engine.exp_avg_sq
-    return out
+    """Every state kind the engine holds (``Engine.state_tensors``: ``master`` too in a bf16 run)."""
+    return engine.state_tensors()
 
 
 def _dir_bytes(path: str) -> int:
@@ -348,7 +348,8 @@ def restart(driver, directory: str, target) -> dict:
         adam = driver.adam_config(ms.name) if ms.trainable else None
         driver._get([driver.workers[i].build.remote(ms.name, driver._spec_of(ms.model), lay,
                                                     driver.seed_of(ms.model), ms.trainable, adam, driver.tag,
-                                                    recompute=driver.recompute_of(ms.name))
+                                                    recompute=driver.recompute_of(ms.name),
+                                                    precision=driver.cfg.precision)
                      for i in lay.workers], f"restart: building {ms.name}")
     t2 = time.perf_counter()
     loaders = sorted({w for m in stages for w in driver.layouts[m].workers})

@@ -8,6 +8,28 @@ which samples a replica holds: changing dp neither repeats nor skips a sample.
 
 :meth:`Engine.gather_logical_state` reassembles the full unsharded state on every worker of the EMU
 (TP all-gather within each PP rank, then a broadcast per PP rank over the EMU group).
+
+**Precision** (``precision``; Megatron-LM's ``--bf16`` with its ``Float16OptimizerWithFloat16Params``):
+
+========  ======================================================  =========================
+run       held per trained parameter                              bytes
+========  ======================================================  =========================
+``fp32``  fp32 weights (Adam's master weights), fp32 ``exp_avg``   4 + 8
+          and ``exp_avg_sq``; gradients fp32
+``bf16``  bf16 weights (forward, backward, TP/PP collectives in   2 + 4 + 8 (+ 4 transient
+          bf16), fp32 ``master`` weights, fp32 moments; each      fp32 main gradient)
+          micro-batch's bf16 gradient is added into an fp32
+          *main gradient* as soon as autograd has accumulated it
+          (a post-accumulate-grad hook, Megatron's ``main_grad``),
+          so gradient accumulation, the KV-replica / tied-
+          embedding reductions and the DP all-reduce run in fp32;
+          Adam updates the master, which is then rounded (to
+          nearest even) into the bf16 weights
+========  ======================================================  =========================
+
+Forward-only engines of a bf16 run hold bf16 weights only. The bf16 ``params`` are always the
+master rounded to bf16, so a live transition moves all four kinds (``shards.train_kinds``) and
+rebuilds an engine whose next update is bit-identical to the one it would have made in place.
 """
 
 from __future__ import annotations
@@ -23,9 +45,10 @@ from nereus.runtime.layout import names_of_stage, param_shapes, shard, unshard
 from nereus.runtime.model import LlamaShard, vocab_parallel_logprobs
 from nereus.runtime.parallel import ParallelContext
 from nereus.runtime.pipeline import forward_backward, forward_only
+from nereus.runtime.shards import PRECISIONS
 from nereus.spec.model import ModelSpec
 
-__all__ = ["AdamConfig", "Engine", "full_stage_numel", "split_micro"]
+__all__ = ["AdamConfig", "Engine", "full_stage_numel", "split_micro", "PRECISIONS"]
 
 
 @dataclass(frozen=True)
@@ -79,24 +102,43 @@ class Engine:
         recompute: activation recomputation, ``none``, ``selective`` or ``full`` (see ``model.py``).
         state: ``{"tensors": {kind: {name: this rank's shard}}, "counters": {...}}`` to start from
             (a live transition's unit, ``transit.py``) instead of the seed's initial weights.
+        precision: ``fp32`` or ``bf16`` (module docstring); ``bf16`` makes the weights bf16 whatever
+            ``dtype`` says and, when trainable, keeps fp32 ``master`` weights (from ``state``'s
+            ``master`` when given, else the bf16 weights upcast, as Megatron creates them).
+
+    Raises:
+        ValueError: unknown schedule or precision.
     """
 
     def __init__(self, spec: ModelSpec, ctx: ParallelContext, seed: int, meter: Meter, trainable: bool,
                  adam: AdamConfig | None = None, dtype: torch.dtype = torch.float32, device: str = "cpu",
                  full: dict[str, torch.Tensor] | None = None, schedule: str = "1f1b",
-                 recompute: str = "none", state: dict | None = None) -> None:
+                 recompute: str = "none", state: dict | None = None, precision: str = "fp32") -> None:
         if schedule not in ("1f1b", "gpipe"):
             raise ValueError(f"pipeline schedule must be '1f1b' or 'gpipe', got {schedule!r}")
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
         self.spec, self.ctx, self.meter, self.trainable = spec, ctx, meter, trainable
-        self.schedule = schedule
+        self.schedule, self.precision = schedule, precision
+        if precision == "bf16":
+            dtype = torch.bfloat16
         tensors = state["tensors"] if state is not None else {}
         self.model = LlamaShard(spec, ctx, seed, meter, dtype, device, full=full, recompute=recompute,
                                 shards=tensors.get("params"))
         self.adam = adam or AdamConfig()
-        zeros = {n: torch.zeros_like(w) for n, w in self.model.params.items()}
+        zeros = {n: torch.zeros_like(w, dtype=torch.float32) for n, w in self.model.params.items()}
         self.exp_avg = dict(tensors.get("exp_avg", zeros)) if trainable else {}
         self.exp_avg_sq = dict(tensors.get("exp_avg_sq", {n: z.clone() for n, z in zeros.items()})) \
             if trainable else {}
+        # fp32 master weights of a bf16 trainable engine (fp32: the weights themselves are the master)
+        self.master: dict[str, torch.Tensor] = {}
+        self.main_grad: dict[str, torch.Tensor] | None = None  # fp32 gradient accumulators (bf16)
+        if trainable and precision == "bf16":
+            given = tensors.get("master")
+            self.master = {n: (given[n] if given is not None else w.detach().float().clone())
+                           for n, w in self.model.params.items()}
+            for n, w in self.model.params.items():
+                w.register_post_accumulate_grad_hook(self._accumulate_hook(n))
         self.step = 0            # Adam step (replicated)
         self.update_count = 0    # c
         self.version = 0         # model-stage version (bumped by every update or weight sync)
@@ -104,9 +146,51 @@ class Engine:
         self.position = 0        # global mini-batch position of the last completed update
         for k, v in (state or {}).get("counters", {}).items():
             setattr(self, k, int(v))
-        per = 3 if trainable else 1
-        self.meter.set_static(f"params:{id(self)}", per * sum(w.numel() * w.element_size()
-                                                              for w in self.model.params.values()))
+        self.meter.set_static(f"params:{id(self)}", self.state_bytes)
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes of the resident state on this rank: weights, master weights and Adam moments."""
+        return sum(t.numel() * t.element_size() for d in self.state_tensors().values() for t in d.values())
+
+    def state_tensors(self) -> dict[str, dict[str, torch.Tensor]]:
+        """kind → name → this rank's shard, for every kind this engine holds (``shards.train_kinds``
+        of its precision when trainable, ``params`` only otherwise); the tensors themselves, no copy."""
+        out = {"params": {n: w.detach() for n, w in self.model.params.items()}}
+        if self.trainable:
+            if self.precision == "bf16":
+                out["master"] = self.master
+            out["exp_avg"], out["exp_avg_sq"] = self.exp_avg, self.exp_avg_sq
+        return out
+
+    def _accumulate_hook(self, name: str):
+        """Autograd hook on a bf16 parameter: once its ``.grad`` holds a micro-batch's gradient, add it
+        into the fp32 main gradient and drop it (Megatron's ``main_grad`` accumulation)."""
+        def hook(w: torch.Tensor) -> None:
+            if self.main_grad is not None:
+                self.main_grad[name].add_(w.grad)
+                w.grad = None
+        return hook
+
+    def _zero_grad(self) -> None:
+        self.model.zero_grad()
+        if self.master:
+            self.main_grad = {n: torch.zeros_like(m) for n, m in self.master.items()}
+
+    def grads(self) -> dict[str, torch.Tensor]:
+        """name → the gradient the optimizer uses: the fp32 main gradient (bf16) or ``.grad`` (fp32);
+        zeros for a parameter that received none."""
+        if self.main_grad is not None:
+            return self.main_grad
+        return {n: (w.grad if w.grad is not None else torch.zeros_like(w)) for n, w in self.model.params.items()}
+
+    def _reduce_grads(self) -> None:
+        """KV-replica and tied-embedding sums, then the DP all-reduce (all in fp32 under bf16)."""
+        if self.main_grad is not None:
+            self.model.reduce_partial_grads(self.main_grad)
+        else:
+            self.model.reduce_partial_grads()
+        self._dp_reduce_grads()
 
     # ------------------------------------------------------------------ inference
     def forward(self, tokens: torch.Tensor, micro_batch: int) -> torch.Tensor | None:
@@ -161,10 +245,9 @@ class Engine:
                                                        ids[:, 1:].reshape(-1), reduction="sum") / denom
             return lv, {"loss": float(lv.detach())}
 
-        self.model.zero_grad()
+        self._zero_grad()
         mets = forward_backward(self.model, [tokens[s] for s in slices], loss_fn, self.schedule)
-        self.model.reduce_partial_grads()
-        self._dp_reduce_grads()
+        self._reduce_grads()
         return None if mets is None else sum(m["loss"] for m in mets)
 
     def train_step(self, batch: dict[str, torch.Tensor], loss: dict, micro_batch: int, denom: float,
@@ -208,15 +291,15 @@ class Engine:
             return total, {"loss": float(total.detach()), "pg_loss": float(lpol.detach()), "kl": float(kl.detach()),
                            "clipped": float(clipped)}
 
-        self.model.zero_grad()
+        self._zero_grad()
         self.model.local_logits = loss["kind"] != "critic"
         try:
             mets = forward_backward(self.model, [tokens[s] for s in slices], loss_fn, self.schedule)
         finally:
             self.model.local_logits = False
-        self.model.reduce_partial_grads()
-        self._dp_reduce_grads()
+        self._reduce_grads()
         self._adam_step()
+        self.main_grad = None  # the fp32 main gradients are transient (cost model: grad_bytes)
         self.update_count += 1
         self.version += 1
         self.position = position
@@ -228,27 +311,40 @@ class Engine:
         g = self.ctx.dp_group
         if g.size == 1:
             return
-        ws = list(self.model.params.values())
-        flat = torch.cat([(w.grad if w.grad is not None else torch.zeros_like(w)).reshape(-1) for w in ws])
+        grads = self.grads()
+        names = list(self.model.params)
+        flat = torch.cat([grads[n].reshape(-1) for n in names])  # fp32 main gradients under bf16
         g.all_reduce(flat)  # losses are pre-scaled by the mini-batch token count: SUM, not AVG
         off = 0
-        for w in ws:
-            n = w.numel()
-            w.grad = flat[off:off + n].view_as(w).clone()
-            off += n
+        for n in names:
+            k = grads[n].numel()
+            piece = flat[off:off + k].view_as(grads[n]).clone()
+            if self.main_grad is not None:
+                self.main_grad[n] = piece
+            else:
+                self.model.params[n].grad = piece
+            off += k
 
     @torch.no_grad()
     def _adam_step(self) -> None:
+        """Adam on the fp32 master (the weights themselves in fp32); bf16: the weights become the
+        master rounded to bf16."""
         a = self.adam
         self.step += 1
         bc1, bc2 = 1 - a.beta1 ** self.step, 1 - a.beta2 ** self.step
         for n, w in self.model.params.items():
-            if w.grad is None:
-                continue
+            if self.main_grad is not None:
+                grad, target = self.main_grad[n], self.master[n]
+            else:
+                if w.grad is None:
+                    continue
+                grad, target = w.grad, w
             m, v = self.exp_avg[n], self.exp_avg_sq[n]
-            m.mul_(a.beta1).add_(w.grad, alpha=1 - a.beta1)
-            v.mul_(a.beta2).addcmul_(w.grad, w.grad, value=1 - a.beta2)
-            w.addcdiv_(m / bc1, (v / bc2).sqrt_().add_(a.eps), value=-a.lr)
+            m.mul_(a.beta1).add_(grad, alpha=1 - a.beta1)
+            v.mul_(a.beta2).addcmul_(grad, grad, value=1 - a.beta2)
+            target.addcdiv_(m / bc1, (v / bc2).sqrt_().add_(a.eps), value=-a.lr)
+            if target is not w:
+                w.copy_(target)
 
     # ------------------------------------------------------------------ logical state
     def _full_stage(self, tensors: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -268,13 +364,13 @@ class Engine:
 
     def gather_full(self, kind: str = "params", group: Group | None = None,
                     roots: list[int] | None = None) -> dict[str, torch.Tensor]:
-        """Full unsharded ``kind`` (``params``, ``grads``, ``exp_avg``, ``exp_avg_sq``) on every member.
+        """Full unsharded ``kind`` (``params``, ``master``, ``grads``, ``exp_avg``, ``exp_avg_sq``) on
+        every member, as fp32 (bf16 weights upcast exactly).
 
         Default group is the EMU group with root ``(q, 0)`` for PP rank ``q``.
         """
         src = {"params": self.model.params, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq,
-               "grads": {n: (w.grad if w.grad is not None else torch.zeros_like(w))
-                         for n, w in self.model.params.items()}}[kind]
+               "master": self.master or self.model.params, "grads": self.grads()}[kind]
         mine = self._full_stage(src)
         group = group or self.ctx.emu_group
         roots = roots or [self.ctx.emu_rank(q, 0) for q in range(self.ctx.pp)]
@@ -282,8 +378,11 @@ class Engine:
 
     def gather_logical_state(self) -> dict:
         """``{"params", "exp_avg", "exp_avg_sq": {name: full fp32 tensor}, "step", "update_count",
-        "version", "policy_version", "position"}`` on every worker of the EMU (collective)."""
+        "version", "policy_version", "position"}`` on every worker of the EMU (collective); a bf16
+        trainable engine adds ``"master"`` (``params`` are then the bf16 weights, upcast)."""
         out = {"params": self.gather_full("params")}
+        if self.master:
+            out["master"] = self.gather_full("master")
         if self.trainable:
             out["exp_avg"] = self.gather_full("exp_avg")
             out["exp_avg_sq"] = self.gather_full("exp_avg_sq")
@@ -303,6 +402,11 @@ class Engine:
             ValueError: a parameter or moment is missing or has another shape.
         """
         self.load_full(state["params"])
+        if self.master:  # bf16: the master from the state (an fp32 state's weights are its master)
+            src = state.get("master", state["params"])
+            shapes = param_shapes(self.spec)
+            for n, t in self.master.items():
+                t.copy_(shard(src[n], shapes[n][1], self.spec, self.ctx.tp, self.ctx.t).to(t.dtype))
         if self.trainable and "exp_avg" in state:
             shapes = param_shapes(self.spec)
             for key, dst in (("exp_avg", self.exp_avg), ("exp_avg_sq", self.exp_avg_sq)):
@@ -315,7 +419,8 @@ class Engine:
 
     @torch.no_grad()
     def load_full(self, full: dict[str, torch.Tensor]) -> None:
-        """Replace this rank's parameter shards with shards of the full tensors ``full``.
+        """Replace this rank's parameter shards with shards of the full tensors ``full`` (and, in a
+        bf16 trainable engine, its fp32 master: the weights become the master rounded to bf16).
 
         Raises:
             ValueError: a parameter is missing from ``full`` or has another shape (mismatched config).
@@ -327,7 +432,12 @@ class Engine:
                 raise ValueError(f"model {self.spec.name!r}: parameter {n!r} should be {tuple(shapes[n][0])}, "
                                  f"got {got}: the source and destination configs differ")
         for n, w in self.model.params.items():
-            w.copy_(shard(full[n], shapes[n][1], self.spec, self.ctx.tp, self.ctx.t).to(w.dtype))
+            x = shard(full[n], shapes[n][1], self.spec, self.ctx.tp, self.ctx.t)
+            if n in self.master:  # bf16 trainable: the master takes the full values, the weights their rounding
+                self.master[n].copy_(x.float())
+                w.copy_(self.master[n])
+            else:
+                w.copy_(x.to(w.dtype))
 
 
 def broadcast_stages(spec: ModelSpec, pp: int, mine: torch.Tensor | None, my_p: int | None, group: Group,

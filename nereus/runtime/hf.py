@@ -169,7 +169,8 @@ def save_stage(engine, directory: str | os.PathLike) -> int:
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     names = engine.model.names
-    flat = engine._full_stage({n: w.detach() for n, w in engine.model.params.items()})
+    # a bf16 run saves its fp32 master weights (the config says float32)
+    flat = engine._full_stage(engine.master or {n: w.detach() for n, w in engine.model.params.items()})
     if ctx.t != 0:
         return 0
     shapes = param_shapes(spec)

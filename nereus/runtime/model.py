@@ -322,37 +322,46 @@ class LlamaShard:
         for w in self.params.values():
             w.grad = None
 
-    def reduce_partial_grads(self) -> None:
+    def reduce_partial_grads(self, grads: dict[str, torch.Tensor] | None = None) -> None:
         """Complete the gradients that each TP rank holds only partially.
 
         * q/k RMSNorm weights (Qwen3) are replicated but each rank applies them to its own heads only:
           summed over the TP group.
         * k/v projections of a KV head replicated over ranks (tp > KV heads): each replica sees only
           its own query heads: summed over the ranks sharing that head.
+
+        Args:
+            grads: name → gradient (same shape as the shard) reduced in place, e.g. the fp32 main
+                gradients of a bf16 engine; None: the parameters' ``.grad``.
         """
-        for n, w in self.params.items():
-            if w.grad is None:
-                continue
+        own = grads is None
+        if own:
+            grads = {n: w.grad for n, w in self.params.items() if w.grad is not None}
+        for n, g in grads.items():
             if n.endswith(("q_norm.weight", "k_norm.weight")):
-                self.ctx.tp_group.all_reduce(w.grad)
+                self.ctx.tp_group.all_reduce(g)
             elif self.ctx.kv_group is not None and n.endswith(("k_proj.weight", "v_proj.weight", "k_proj.bias",
                                                                "v_proj.bias")):
-                self.ctx.kv_group.all_reduce(w.grad)
-        self.reduce_tied_grads()
+                self.ctx.kv_group.all_reduce(g)
+        self.reduce_tied_grads(grads)
+        if own:
+            for n, g in grads.items():
+                self.params[n].grad = g
 
-    def reduce_tied_grads(self) -> None:
+    def reduce_tied_grads(self, grads: dict[str, torch.Tensor]) -> None:
         """Tied embeddings under PP > 1: the first rank's embedding and the last rank's output-layer copy
         exchange their gradients (same TP rank, emu-group point-to-point) and both take the sum, so
-        the copies stay equal after every update (Megatron's embedding group all-reduce)."""
+        the copies stay equal after every update (Megatron's embedding group all-reduce). ``grads``:
+        name → gradient; the embedding's entry is replaced by the sum."""
         ctx, n = self.ctx, "model.embed_tokens.weight"
         if not tied_copy(self.spec, ctx.pp) or n not in self.params or not (ctx.is_first or ctx.is_last):
             return
         w = self.params[n]
-        g = (w.grad if w.grad is not None else torch.zeros_like(w)).contiguous()
+        g = grads[n].contiguous() if grads.get(n) is not None else torch.zeros_like(w)
         peer = ctx.emu_rank(ctx.pp - 1 if ctx.is_first else 0, ctx.t)
         h = ctx.emu_group.isend(g, peer)
         other = torch.empty_like(g)
         ctx.emu_group.recv(other, peer)
         ctx.emu_group.wait(h)
         # a + b on the first rank, b + a on the last: IEEE addition commutes, so both copies are equal
-        w.grad = g + other
+        grads[n] = g + other

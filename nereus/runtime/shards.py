@@ -17,7 +17,8 @@ vocab   rows ``[t·c, (t+1)·c) ∩ [0, V)`` of dim 0, ``c = ceil(V/tp)``; the s
         ones past ``V`` are zero padding (never moved)
 ======  ==================================================================================
 
-Adam moments share their parameter's region (Adam is elementwise). PP rank ``p`` holds the names
+Adam moments and the fp32 master weights of a bf16 run share their parameter's region (Adam is
+elementwise). PP rank ``p`` holds the names
 :func:`~nereus.runtime.layout.names_of_stage` gives.
 
 **Transfers.** For every produced EMU and every worker of it, in a fixed order (produced EMUs, their
@@ -35,15 +36,62 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
 from nereus.runtime.layout import names_of_stage, padded_vocab, param_shapes
 from nereus.spec.model import ModelSpec
 
 __all__ = ["Region", "UnitMeta", "MoveSpec", "Piece", "MovePlan", "region", "held", "plan_moves",
-           "TRAIN_KINDS", "WEIGHT_KINDS"]
+           "TRAIN_KINDS", "WEIGHT_KINDS", "PRECISIONS", "train_kinds", "kinds_for", "kind_dtype", "workload_bytes"]
 
-#: state kinds of a training EMU (fp32 parameters are Adam's master weights) and of a weight copy
-TRAIN_KINDS = ("params", "exp_avg", "exp_avg_sq")
+#: state kinds a training EMU may hold (``params`` in the engine's dtype; ``master``: the fp32 master
+#: weights of a bf16 run; Adam's fp32 moments) and the kinds of a weight copy. Which of
+#: ``TRAIN_KINDS`` a run's training EMUs really hold depends on its precision (:func:`train_kinds`).
+TRAIN_KINDS = ("params", "master", "exp_avg", "exp_avg_sq")
 WEIGHT_KINDS = ("params",)
+#: run precisions: ``fp32`` (fp32 weights are Adam's master weights) and ``bf16`` (Megatron's mixed
+#: precision: bf16 weights and compute, fp32 master weights, gradients and moments)
+PRECISIONS = ("fp32", "bf16")
+
+
+def train_kinds(precision: str) -> tuple[str, ...]:
+    """The state kinds of a training EMU under ``precision``: ``("params", "exp_avg", "exp_avg_sq")``
+    in fp32 (4 + 8 bytes per parameter), ``("params", "master", "exp_avg", "exp_avg_sq")`` in bf16
+    (2 + 4 + 8 bytes: what ``WorkloadSpec``'s ``param_bytes + optimizer_bytes`` = 2 + 12 counts).
+
+    Raises:
+        ValueError: ``precision`` not in :data:`PRECISIONS`.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    return TRAIN_KINDS if precision == "bf16" else tuple(k for k in TRAIN_KINDS if k != "master")
+
+
+def workload_bytes(precision: str) -> dict[str, int]:
+    """``WorkloadSpec`` byte fields of what a run of ``precision`` holds per parameter / KV element:
+    fp32 ``param_bytes=4, kv_bytes=4, optimizer_bytes=8`` (two moments; the weights are the master),
+    bf16 ``param_bytes=2, kv_bytes=2, optimizer_bytes=12`` (fp32 master and two moments); both keep
+    ``grad_bytes=4`` (fp32 gradients, transient).
+
+    Raises:
+        ValueError: ``precision`` not in :data:`PRECISIONS`.
+    """
+    n = sum(4 for k in train_kinds(precision) if k != "params")
+    p = 2 if precision == "bf16" else 4
+    return {"param_bytes": p, "kv_bytes": p, "optimizer_bytes": n, "grad_bytes": 4}
+
+
+def kinds_for(kinds: tuple[str, ...], precision: str) -> tuple[str, ...]:
+    """``kinds`` (a :class:`MoveSpec`'s) restricted to what a run of ``precision`` holds: the
+    executor names every kind of :data:`TRAIN_KINDS`; an fp32 run has no separate ``master``."""
+    held_kinds = train_kinds(precision)
+    return tuple(k for k in kinds if k in held_kinds or k not in TRAIN_KINDS)
+
+
+def kind_dtype(kind: str, params_dtype):
+    """The dtype a unit holds ``kind`` in: the engine's parameter dtype for ``params``; fp32 for the
+    master weights and Adam moments (whatever the parameter dtype)."""
+    return params_dtype if kind == "params" else torch.float32
 
 
 @dataclass(frozen=True)
@@ -117,7 +165,8 @@ class MoveSpec:
         produces: units created (for an Offload, the host-staged unit).
         sources: units whose pieces may be sent to other workers.
         local: units whose pieces count as already present on their own workers.
-        kinds: state kinds moved (:data:`TRAIN_KINDS` or :data:`WEIGHT_KINDS`).
+        kinds: state kinds moved (:data:`TRAIN_KINDS` or :data:`WEIGHT_KINDS`; a worker drops the
+            kinds its run's precision does not hold, :func:`kinds_for`, before planning).
         storage_seed: a Load from storage re-creates frozen weights from this seed (-1: not one).
         workers: every worker that runs it (sends, receives, frees or produces).
     """

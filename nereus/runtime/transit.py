@@ -6,7 +6,8 @@ A transition on one worker goes through three calls, all sent by the driver's
 :class:`~nereus.runtime.executor.TransitionExecutor` (it never receives a state tensor):
 
 1. :meth:`Transit.adopt`: the engine of every model-stage that changes becomes a *unit*: its
-   parameter shards and Adam moments (the same tensors, no copy), its counters ``(step,
+   parameter shards, Adam moments and, in a bf16 run, fp32 master weights (``Engine.state_tensors``:
+   the same tensors, no copy), its counters ``(step,
    update_count, version, policy_version, position)`` and its EMU metadata, under the EMU's uid
    (``"actor.train#1"``); the engine and its communicators are dropped.
 2. :meth:`Transit.run`: one primitive (a :class:`~nereus.runtime.shards.MoveSpec`). Both ends of
@@ -21,6 +22,11 @@ A transition on one worker goes through three calls, all sent by the driver's
 3. :meth:`Transit.engine_from_unit`: the unit matching a target EMU becomes the engine of the new
    layout (new communicators, the moved tensors as its parameters and moments, counters restored).
 
+Dtypes: ``params`` travel and are assembled in the engine's parameter dtype (bf16 in a bf16 run, so
+the weight sync sends bf16 weights), ``master`` and the moments always in fp32
+(``shards.kind_dtype``); a piece is cast only when source and target dtypes differ (an fp32 train
+engine feeding a bf16 inference copy on CUDA under ``dtype="auto"``).
+
 Each :meth:`run` returns metadata only: seconds (total, communicator setup, transfer), bytes sent
 and received (state pieces, headers, host copies).
 """
@@ -34,7 +40,7 @@ import torch
 
 from nereus.runtime.comm import new_group
 from nereus.runtime.layout import init_full_params, names_of_stage, param_shapes, shard
-from nereus.runtime.shards import MoveSpec, UnitMeta, held, plan_moves
+from nereus.runtime.shards import MoveSpec, UnitMeta, held, kind_dtype, plan_moves
 
 __all__ = ["Unit", "Transit", "COUNTERS"]
 
@@ -76,11 +82,9 @@ class Transit:
 
     # ------------------------------------------------------------------ engines <-> units
     def adopt(self, engine, meta: UnitMeta) -> None:
-        """Take ``engine``'s state as the unit ``meta`` (no copy)."""
-        tensors = {"params": {n: w.detach() for n, w in engine.model.params.items()}}
-        if engine.trainable:
-            tensors["exp_avg"] = dict(engine.exp_avg)
-            tensors["exp_avg_sq"] = dict(engine.exp_avg_sq)
+        """Take ``engine``'s state as the unit ``meta`` (no copy): every kind it holds
+        (``Engine.state_tensors``)."""
+        tensors = {k: dict(d) for k, d in engine.state_tensors().items()}
         self.units[meta.uid] = Unit(meta, tensors, {k: int(getattr(engine, k)) for k in COUNTERS})
 
     def take(self, model_stage: str, tp: int, pp: int, gpus: tuple[int, ...]) -> Unit:
@@ -104,7 +108,7 @@ class Transit:
         Args:
             spec: the model-stage's model shapes.
             group_name: unique prefix of this primitive's communicator.
-            dtype, device: of the produced shards.
+            dtype, device: of the produced shards' ``params`` (other kinds are fp32, ``kind_dtype``).
             readable: more units it may read pieces from (engines that are not changing).
 
         Returns:
@@ -204,8 +208,8 @@ class Transit:
                 u = source(pc.uid)
                 r = _region_of(spec, u.meta, me, pc.name)
                 t = u.tensors[pc.kind][pc.name]
-                parts.append(_piece(t, pc.dim, pc.lo, pc.hi, r.lo).to(dtype).contiguous().reshape(-1)
-                             .view(torch.uint8))
+                parts.append(_piece(t, pc.dim, pc.lo, pc.hi, r.lo).to(kind_dtype(pc.kind, dtype)).contiguous()
+                             .reshape(-1).view(torch.uint8))
                 counters = u.counters
             header = torch.tensor([counters.get(k, 0) for k in COUNTERS], dtype=torch.int64).view(torch.uint8)
             buf = torch.cat([header] + parts)  # header first: every piece stays aligned
@@ -217,7 +221,7 @@ class Transit:
         for (s, d), pieces in sorted(plan.pairs.items()):
             if d != me:
                 continue
-            n = sum(_numel(spec, pc) for pc in pieces) * _itemsize(dtype)
+            n = sum(_numel(spec, pc) * _itemsize(kind_dtype(pc.kind, dtype)) for pc in pieces)
             h = 8 * len(COUNTERS)
             buf = torch.empty(h + n, dtype=torch.uint8)
             group.recv(buf, comm.index(s))
@@ -240,7 +244,8 @@ class Transit:
                 shape = list(shapes[name][0])
                 if want.dim is not None:
                     shape[want.dim] = want.length
-                t = torch.zeros(shape, dtype=dtype, device=device)
+                kdt = kind_dtype(kind, dtype)
+                t = torch.zeros(shape, dtype=kdt, device=device)
                 for src_w, uid, a, b in segs:
                     if src_w is None:
                         u = source(uid)
@@ -251,8 +256,11 @@ class Transit:
                         raw, hdr = recv[src_w]
                         k = (b - a) * _row_numel(shapes[name][0], want.dim) if want.dim is not None else \
                             _full_numel(shapes[name][0])
-                        nb = k * _itemsize(dtype)
-                        piece = raw[cursor[src_w]:cursor[src_w] + nb].view(dtype)
+                        nb = k * _itemsize(kdt)
+                        piece = raw[cursor[src_w]:cursor[src_w] + nb]
+                        if piece.storage_offset() % _itemsize(kdt):  # bf16 pieces before fp32 ones
+                            piece = piece.clone()
+                        piece = piece.view(kdt)
                         piece = piece.view(_piece_shape(shapes[name][0], want.dim, b - a))
                         cursor[src_w] += nb
                         counters = counters or hdr

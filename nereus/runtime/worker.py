@@ -11,6 +11,7 @@ workers are then built on demand (``comm.new_group``), so no world-wide init is 
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 import torch
 
@@ -19,11 +20,15 @@ from nereus.runtime.engine import AdamConfig, Engine
 from nereus.runtime.instrument import Meter
 from nereus.runtime.parallel import Layout, build_context
 from nereus.runtime.rollout import generate
-from nereus.runtime.shards import WEIGHT_KINDS, MoveSpec, UnitMeta
+from nereus.runtime.shards import PRECISIONS, WEIGHT_KINDS, MoveSpec, UnitMeta, kinds_for
 from nereus.runtime.transit import COUNTERS, Transit, Unit
 from nereus.spec.model import ModelSpec
 
-__all__ = ["WorkerCore", "inventory", "ray_worker_class", "resolve_dtype"]
+__all__ = ["WorkerCore", "inventory", "ray_worker_class", "resolve_dtype", "PRECISION_KEY"]
+
+#: TCPStore key under which the driver publishes a run's precision (``RLDriver.publish_precision``):
+#: a worker that builds no engine itself (one that joins for a transition) reads it from there
+PRECISION_KEY = "nereus/precision"
 
 
 def inventory() -> dict:
@@ -56,9 +61,20 @@ def inventory() -> dict:
     return out
 
 
-def resolve_dtype(name: str, trainable: bool, device: str) -> torch.dtype:
-    """The parameter dtype of an engine: fp32 on CPU; bf16 for forward-only model-stages on a device
-    that supports it (``auto``). Raises ValueError for unknown names or bf16 training."""
+def resolve_dtype(name: str, trainable: bool, device: str, precision: str = "fp32") -> torch.dtype:
+    """The parameter dtype of an engine.
+
+    ``precision="bf16"`` (mixed precision, ``engine.py``): bf16 for every engine, trainable ones
+    keeping fp32 master weights; ``name`` is then ignored. ``precision="fp32"``: fp32 on CPU; bf16 for
+    forward-only model-stages on a device that supports it (``auto``).
+
+    Raises:
+        ValueError: an unknown name or precision, or ``bfloat16`` for a trainable stage in an fp32 run.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if precision == "bf16":
+        return torch.bfloat16
     if name == "auto":
         bf16 = device.startswith("cuda") and torch.cuda.is_bf16_supported()
         return torch.bfloat16 if bf16 and not trainable else torch.float32
@@ -66,8 +82,8 @@ def resolve_dtype(name: str, trainable: bool, device: str) -> torch.dtype:
         return torch.float32
     if name == "bfloat16":
         if trainable:
-            raise ValueError("dtype 'bfloat16' is for forward-only model-stages; training keeps fp32 "
-                             "(master) weights")
+            raise ValueError("dtype 'bfloat16' is for forward-only model-stages: training keeps fp32 "
+                             "(master) weights; bf16 training is precision='bf16'")
         return torch.bfloat16
     raise ValueError(f"dtype must be 'auto', 'float32' or 'bfloat16', got {name!r}")
 
@@ -110,13 +126,15 @@ class WorkerCore:
     # ------------------------------------------------------------------ setup
     def build(self, model_stage: str, spec: ModelSpec, layout: Layout, seed: int, trainable: bool,
               adam: AdamConfig | None = None, tag: str = "e0", dtype: str = "auto",
-              schedule: str = "1f1b", recompute: str = "none") -> tuple[int, int, int]:
+              schedule: str = "1f1b", recompute: str = "none", precision: str = "fp32") -> tuple[int, int, int]:
         """Build this worker's engine of ``model_stage`` (collective over the layout's workers).
 
         Args:
-            dtype: ``auto`` (bf16 for forward-only model-stages where the device supports it, else
-                fp32), ``float32`` or ``bfloat16`` (forward-only model-stages only: training keeps
-                fp32 weights, which are also Adam's master weights).
+            dtype: with ``precision="fp32"``: ``auto`` (bf16 for forward-only model-stages where the
+                device supports it, else fp32), ``float32`` or ``bfloat16`` (forward-only model-stages
+                only: training keeps fp32 weights, which are also Adam's master weights).
+            precision: ``fp32`` or ``bf16`` (every engine bf16, trainable ones with fp32 master
+                weights, gradients and moments; ``engine.py``).
             schedule: pipeline schedule of training, ``1f1b`` or ``gpipe``.
             recompute: activation recomputation of training, ``none``, ``selective`` or ``full``.
 
@@ -124,16 +142,32 @@ class WorkerCore:
             this worker's (d, p, t).
 
         Raises:
-            ValueError: invalid layout, or a dtype that is unknown or bf16 for a trainable stage.
+            ValueError: invalid layout, an unknown precision, or a dtype that is unknown or bf16 for a
+                trainable stage of an fp32 run.
         """
-        dt = resolve_dtype(dtype, trainable, self.device)
+        dt = resolve_dtype(dtype, trainable, self.device, precision)
         with self.meter.stage(model_stage):
             ctx = build_context(spec, layout, self.id, self.store, f"{tag}/{model_stage}", self.meter,
                                 self.timeout_s)
             self.engines[model_stage] = Engine(spec, ctx, seed, self.meter, trainable, adam, dt, self.device,
-                                               schedule=schedule, recompute=recompute)
-        self.built[model_stage] = {"dtype": dtype, "schedule": schedule, "recompute": recompute}
+                                               schedule=schedule, recompute=recompute, precision=precision)
+        self.built[model_stage] = {"dtype": dtype, "schedule": schedule, "recompute": recompute,
+                                   "precision": precision}
         return ctx.d, ctx.p, ctx.t
+
+    def precision_of(self, model_stage: str) -> str:
+        """The precision of ``model_stage`` on this worker: the run's as the driver published it
+        (:data:`PRECISION_KEY`), else how this worker built the stage, else ``fp32``."""
+        try:
+            if self.store.check([PRECISION_KEY]):
+                return self.store.get(PRECISION_KEY).decode()
+        except RuntimeError:  # store unreachable: fall back to what this worker knows
+            pass
+        return self.built.get(model_stage, {}).get("precision", "fp32")
+
+    def _dtype_of(self, model_stage: str, trainable: bool) -> torch.dtype:
+        return resolve_dtype(self.built.get(model_stage, {}).get("dtype", "auto"), trainable, self.device,
+                             self.precision_of(model_stage))
 
     def destroy(self, model_stage: str) -> None:
         """Drop this worker's engine of ``model_stage`` (local teardown, no collective)."""
@@ -241,7 +275,7 @@ class WorkerCore:
                 units[src_meta.uid] = Unit(src_meta, {"params": {n: w.detach() for n, w in e.model.params.items()}},
                                            {})
             d_eng = self.engines.get(dst)
-            dtype = resolve_dtype(self.built.get(dst, {}).get("dtype", "auto"), False, self.device)
+            dtype = self._dtype_of(dst, False)
             made = self.transit.exchange(spec, move, units, f"{tag}/sync/{src}->{dst}", dtype, self.device, out,
                                          cache=self.groups)
             if d_eng is not None:
@@ -276,7 +310,8 @@ class WorkerCore:
                        *after) -> dict:
         """Run this worker's part of one primitive (``Transit.run``); ``after`` are the results of
         primitives it must follow that share no worker with it (Ray resolves them first)."""
-        dtype = resolve_dtype(self.built.get(move.model_stage, {}).get("dtype", "auto"), trainable, self.device)
+        dtype = self._dtype_of(move.model_stage, trainable)
+        move = replace(move, kinds=kinds_for(move.kinds, self.precision_of(move.model_stage)))
         live = {}  # a Load may read a train model-stage that is not changing: its engine, as a unit view
         for m in move.sources:
             e = self.engines.get(m.model_stage)
@@ -293,14 +328,16 @@ class WorkerCore:
         d, _, _ = layout.position(self.id)
         unit = self.transit.take(model_stage, layout.tp, layout.pp, layout.replica(d))
         how = self.built.get(model_stage, {})
-        dt = resolve_dtype(how.get("dtype", "auto"), trainable, self.device)
+        precision = self.precision_of(model_stage)
+        dt = self._dtype_of(model_stage, trainable)
         with self.meter.stage(model_stage):
             ctx = build_context(spec, layout, self.id, self.store, f"{tag}/{model_stage}", self.meter,
                                 self.timeout_s)
             self.engines[model_stage] = Engine(spec, ctx, 0, self.meter, trainable, adam, dt, self.device,
                                                schedule=how.get("schedule", "1f1b"), recompute=recompute,
-                                               state={"tensors": unit.tensors, "counters": unit.counters})
-        self.built[model_stage] = {**how, "recompute": recompute}
+                                               state={"tensors": unit.tensors, "counters": unit.counters},
+                                               precision=precision)
+        self.built[model_stage] = {**how, "recompute": recompute, "precision": precision}
         return ctx.d, ctx.p, ctx.t
 
     def transition_end(self, tag: str) -> list[str]:
