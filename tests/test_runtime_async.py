@@ -143,20 +143,38 @@ def test_staleness_one_versions_exactly_one_behind(pool, algo):
 
 @pytest.mark.slow
 def test_staleness_two_bounded_and_transition_at_sync_boundary(pool):
-    """Staleness 2, and a change of layouts (engines rebuilt from the training state) after the sync
-    of step 1 while batches 2 and 3 wait on the driver: no sample skipped or repeated, versions as
-    computed by hand, and the run ends with finite weights."""
-    from nereus.runtime import relayout
+    """Staleness 2, and a live transition (the transition executor, state moved between the workers)
+    after the sync of step 1 while batches 2 and 3 wait on the driver: no sample skipped or repeated,
+    versions as computed by hand, the training state unchanged by the transition, and the run ends
+    with finite weights."""
+    from nereus.planner.plan import Candidate
+    from nereus.runtime.adaptive import runtime_job
+    from nereus.runtime.executor import TransitionExecutor
+    from nereus.transition.estimate import estimate_transition
+
+    def explicit(gen, train):  # concurrent model-stages on disjoint workers (the DAG planner's rule)
+        return Plan(candidates=(Candidate("actor.generate", *gen, gpus=(2, 3)),
+                                Candidate("actor.infer", 1, 1, 1, micro_batch=1, gpus=(0,)),
+                                Candidate("reference.infer", 1, 1, 1, micro_batch=1, gpus=(1,)),
+                                Candidate("actor.train", *train, micro_batch=1, gpus=(0, 1))))
 
     w = workload("grpo")
-    d = AsyncRLDriver(SPEC, w, plan_for(w), TASK, 4, RLConfig(seed=2), staleness=2)
+    d = AsyncRLDriver(SPEC, w, explicit((1, 1, 2), (1, 2, 1)), TASK, 4, RLConfig(seed=2),
+                      staleness=2)
     d.start(pool)
     try:
         hist = [d.step(), d.step()]
         assert sorted(d.queue) == [2, 3] and all(b.ready for b in d.queue.values())
-        # the boundary: a different plan (generation dp 2 -> tp 2; training tp 2) with the same split
-        target = plan_for(w, gen=(2, 1, 1), rest=(2, 1, 1))
-        relayout.relayout(d, target)
+        # the boundary: generation dp 2 -> tp 2 on its workers, training pp 2 -> tp 2 on 0-1
+        target = explicit((2, 1, 1), (2, 1, 1))
+        before = d.gather_logical_state("actor.train")
+        current = Plan(candidates=tuple(d.cands.values()))
+        est = estimate_transition(runtime_job(SPEC, w, 4), current, target, frozenset(range(4)))
+        assert est.feasible, est.reason
+        rep = TransitionExecutor(d).execute(est, target)
+        assert rep.bytes_moved == rep.predicted_bytes > 0 and rep.driver_bytes < 64 * 1024
+        after = d.gather_logical_state("actor.train")
+        assert all(torch.equal(after["params"][k], before["params"][k]) for k in before["params"])
         assert d.asynchronous and d.overlap == []
         hist += [d.step() for _ in range(3)]
         state = d.gather_logical_state("actor.train")

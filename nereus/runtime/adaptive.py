@@ -197,6 +197,10 @@ class AdaptiveRun:
         self.events: list[dict] = []
         self.ckpt_step = 0
 
+    def make_driver(self, spec, workload, plan, task, num_workers, cfg) -> RLDriver:
+        """The RL driver the run steps (subclasses return another, e.g. the asynchronous one)."""
+        return RLDriver(spec, workload, plan, task, num_workers, cfg)
+
     # ------------------------------------------------------------------ plans
     def _legal(self, driver: RLDriver, plan: Plan) -> Plan:
         """``plan`` with each candidate's dp lowered (dropping its last replicas) until the runtime's
@@ -240,14 +244,15 @@ class AdaptiveRun:
         own = pool is None
         if own:
             if not ray.is_initialized() and not self.address:
-                ray.init(num_cpus=self.max_workers, include_dashboard=False, log_to_driver=False)
+                ray.init(address="local", num_cpus=self.max_workers, include_dashboard=False,
+                         log_to_driver=False)
             pool = WorkerPool(self.num_workers, self.cfg.timeout_s, self.hang_timeout_s, self.address).start()
         if pool.num_nodes > 1:  # the planner sees the cluster's nodes (a node loss takes all its workers)
             self.job = runtime_job(self.spec, self.workload, self.max_workers, self.job.cluster.gpu, pool.num_nodes)
         alive = frozenset(i for i, w in enumerate(pool.workers) if w is not None)
         plan = self._first_plan(alive)
-        driver = RLDriver(self.spec, self.workload, shared_plan(self.workload, alive), self.task,
-                          len(pool.workers), self.cfg)
+        driver = self.make_driver(self.spec, self.workload, shared_plan(self.workload, alive), self.task,
+                                  len(pool.workers), self.cfg)
         plan = self._legal(driver, plan)
         driver.set_plan(plan)
         driver.start(pool)

@@ -375,30 +375,15 @@ class AsyncAdaptiveRun(AdaptiveRun):
     sync that ends each step, where nothing is in flight (module docstring); a plan that puts
     generation on shared workers runs synchronous steps (``on_overlap="sync"``), logged.
 
-    ``AdaptiveRun.run`` builds ``RLDriver`` by name; until adaptive.py takes a driver factory (a
-    ``driver_class = RLDriver`` class attribute used at that one call), :meth:`run` swaps the name in
-    that module for the duration of the run.
     """
 
     def __init__(self, spec: ModelSpec, workload: WorkloadSpec, *args, staleness: int = 1, **kw) -> None:
         super().__init__(spec, replace(workload, asynchronous=staleness > 0), *args, **kw)
         self.staleness = staleness
 
-    def run(self, steps: int, pool=None) -> list[dict]:
-        import nereus.runtime.adaptive as adaptive_mod
-
-        st, log = self.staleness, self.log
-
-        def factory(spec, workload, plan, task, num_workers, cfg=None):
-            return _LoggingAsyncDriver(spec, workload, plan, task, num_workers, cfg, staleness=st,
-                                       on_overlap="sync", log=log)
-
-        orig = adaptive_mod.RLDriver
-        adaptive_mod.RLDriver = factory
-        try:
-            return super().run(steps, pool)
-        finally:
-            adaptive_mod.RLDriver = orig
+    def make_driver(self, spec, workload, plan, task, num_workers, cfg):
+        return _LoggingAsyncDriver(spec, workload, plan, task, num_workers, cfg, staleness=self.staleness,
+                                   on_overlap="sync", log=self.log)
 
 
 class _LoggingAsyncDriver(AsyncRLDriver):

@@ -100,7 +100,8 @@ class WorkerPool:
             if self.address:
                 ray.init(address=self.address, include_dashboard=False, log_to_driver=False)
             else:
-                ray.init(num_cpus=self.num_workers, include_dashboard=False, log_to_driver=False)
+                # a new local instance even when another Ray cluster runs on this machine
+                ray.init(address="local", num_cpus=self.num_workers, include_dashboard=False, log_to_driver=False)
         dev = "GPU" if torch.cuda.is_available() else "CPU"
         nodes = sorted((n for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get(dev, 0) >= 1),
                        key=lambda n: n["NodeID"])
