@@ -1,10 +1,10 @@
-"""Replan-time benchmark: full plan search for PPO on Llama-3.1-8B at 16 ... 4096 H100s.
+"""Replan-time benchmark: full plan search for PPO on Llama-3.1-8B (or ``--models``) at 16 ... 4096 H100s.
 
 Prints, per pool size, the median milliseconds of the search alone (``search``: candidates,
 frontier, knapsack + branch and bound) and of ``plan_job`` (search + placement + estimate), the
 candidates enumerated, the frontier size and the knapsacks solved. One CPU process.
 
-    python benchmarks/bench_replan.py [--repeats 5]
+    python benchmarks/bench_replan.py [--repeats 5] [--sizes 256,4096] [--models llama-3.1-8b,llama-3.3-70b,qwen3-32b]
 """
 
 from __future__ import annotations
@@ -22,11 +22,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--sizes", default="16,64,256,1024,4096")
+    ap.add_argument("--models", default="llama-3.1-8b", help="comma-separated model presets")
     args = ap.parse_args()
-    print(f"{'GPUs':>6} {'search ms':>10} {'plan_job ms':>12} {'candidates':>11} {'frontier':>9} "
+    print(f"{'model':>14} {'GPUs':>6} {'search ms':>10} {'plan_job ms':>12} {'candidates':>11} {'frontier':>9} "
           f"{'knapsacks':>10} {'L_step s':>9}")
-    for n in (int(s) for s in args.sizes.split(",")):
-        job = JobSpec(get_model("llama-3.1-8b"), ClusterSpec(get_gpu("h100"), n // 8, 8),
+    for model, n in ((m, int(s)) for m in args.models.split(",") for s in args.sizes.split(",")):
+        job = JobSpec(get_model(model), ClusterSpec(get_gpu("h100"), n // 8, 8),
                       WorkloadSpec(algorithm="ppo", prompt_len=1024, response_len=2048))
         s_ms, p_ms = [], []
         for _ in range(args.repeats):
@@ -37,7 +38,7 @@ def main() -> None:
             t0 = time.perf_counter()
             plan = plan_job(job, cost=CostModel(job))
             p_ms.append((time.perf_counter() - t0) * 1e3)
-        print(f"{n:>6} {statistics.median(s_ms):>10.1f} {statistics.median(p_ms):>12.1f} "
+        print(f"{model:>14} {n:>6} {statistics.median(s_ms):>10.1f} {statistics.median(p_ms):>12.1f} "
               f"{res.candidates_enumerated:>11} {res.frontier_size:>9} {res.knapsacks:>10} {plan.l_step:>9.2f}")
 
 

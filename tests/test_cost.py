@@ -144,3 +144,66 @@ def test_memory_check_uses_headroom_and_coresidency():
                                                + max(eg.transient, et.transient))
     assert not cm.memory_ok(plan)  # 8B training state alone exceeds one 80 GB GPU
     assert math.isfinite(plan.l_step)
+
+
+# --- issue 13 bugs: each reproduction from the public API, with the right value as the test -------
+
+
+def test_estimate_candidate_uses_grad_accum_and_refuses_a_mismatch():
+    # Reproduction: grad_accum 2 and 50 gave the same time. mini 256 over dp 2 x b 2 is a = 64
+    # micro-batches per mini-batch; 4 updates per step (global 1024 / mini 256); critic.train has no
+    # weight-sync term, so time = 4 * (64 * t_last + t_dp + t_opt) with dp=2 on one node.
+    from nereus.cost.latency import dp_sync_time, optimizer_time
+
+    job = _job()
+    cm = CostModel(job)
+    critic = job.model("critic")
+    _, last = microbatch_stage_times("train", critic, job.workload, job.cluster, cm.eff, 1, 1, 2)
+    t_dp = sum(dp_sync_time(critic, job.workload, job.cluster, cm.eff, 1, 1, 2).values())
+    t_opt = optimizer_time(critic, job.workload, job.cluster, cm.eff, 1, 1)
+    want = 4 * (64 * sum(last.values()) + t_dp + t_opt)
+    got = cm.estimate_candidate(Candidate("critic.train", 1, 1, 2, micro_batch=2, grad_accum=64)).time
+    assert got == pytest.approx(want, rel=1e-12)
+    for a in (2, 50):
+        with pytest.raises(ValueError, match=rf"grad_accum={a} gives dp\*micro_batch\*grad_accum = 2\*2\*{a}.*"
+                                             r"valid: grad_accum = mini_batch_size/\(dp\*micro_batch\) = 256/4 = 64"):
+            cm.estimate_candidate(Candidate("critic.train", 1, 1, 2, micro_batch=2, grad_accum=a))
+
+
+def test_dp_times_micro_batch_above_the_mini_batch_is_an_error():
+    # Reproduction: dp 32 x b 4 on a mini-batch of 64 gave 64 // 128 = 0 micro-batches, no error.
+    cm = CostModel(_job(mini_batch_size=64))
+    with pytest.raises(ValueError, match=r"critic.train \(tp1 pp1 dp32 b4\): dp\*micro_batch = 32\*4 = 128 exceeds "
+                                         r"the job's mini_batch_size 64"):
+        cm.estimate_candidate(Candidate("critic.train", 1, 1, 32, micro_batch=4))
+
+
+def test_dp_not_dividing_the_mini_batch_is_an_error():
+    # Reproduction: dp 3, b 4 on 64 ran 5 micro-batches x 4 x 3 = 60 of the 64 sequences.
+    cm = CostModel(_job(mini_batch_size=64))
+    with pytest.raises(ValueError, match=r"dp=3 does not divide the job's mini_batch_size 64 .*drop 1 sequence"):
+        cm.estimate_candidate(Candidate("critic.train", 1, 1, 3, micro_batch=4))
+    with pytest.raises(ValueError, match=r"micro_batch=3 does not divide the 32 sequences per replica"):
+        cm.estimate_candidate(Candidate("critic.train", 1, 1, 2, micro_batch=3))
+    ms = cm.workflow.get("actor.train")  # the array API refuses the same rows
+    with pytest.raises(ValueError, match=r"dp=3 does not divide"):
+        cm.candidate_arrays(ms, [1, 1], [1, 1], [2, 3], micro_batch=[4, 4])
+
+
+def test_full_recompute_does_not_recompute_the_lm_head():
+    # The head GEMM (h x V on the last rank) runs forward + backward = 3 forward-equivalents with
+    # or without full recompute: 2·h·V·tokens·3 FLOPs at the size-scaled GEMM efficiency.
+    wl = WorkloadSpec(prompt_len=1024, response_len=1024)
+    cl = ClusterSpec(get_gpu("h100"), 1, 8)
+    eff = EfficiencyTable()
+    tokens = 2048 * 2
+    size = 2.0 * 4096 * 128256 * tokens  # FLOPs per head GEMM call
+    gpu = cl.gpu
+    head = 3 * size / (gpu.peak_flops * eff.get("gemm") * size / (size + gpu.gemm_half_flops))
+    for rc in ("none", "full"):
+        mid, last = microbatch_stage_times("train", M8, wl, cl, eff, 1, 2, 2, rc)
+        assert last["gemm"] - mid["gemm"] == pytest.approx(head, rel=1e-12)
+    # The layers do pay the extra forward: 4/3 of the no-recompute GEMM time.
+    mid_none, _ = microbatch_stage_times("train", M8, wl, cl, eff, 1, 2, 2, "none")
+    mid_full, _ = microbatch_stage_times("train", M8, wl, cl, eff, 1, 2, 2, "full")
+    assert mid_full["gemm"] == pytest.approx(mid_none["gemm"] * 4 / 3, rel=1e-12)

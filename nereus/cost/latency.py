@@ -2,7 +2,8 @@
 
 Work is counted from shapes and turned into seconds with ``work / (peak · efficiency(op class))``:
 
-* GEMM FLOPs ``2·N_gemm_rank`` per token forward (backward 2x; full recompute adds a forward;
+* GEMM FLOPs ``2·N_gemm_rank`` per token forward (backward 2x; full recompute adds a forward of the
+  transformer layers, not of the LM/value head, which is never checkpointed;
   Megatron/PaLM accounting, cost-model.md §2.1); causal attention ``2·a·d·s/tp`` FLOPs per token per
   layer forward (half of PaLM's ``4·a·d·s`` term, as flash-attention executes it).
 * TP: 2 all-reduces of ``b·s·h`` activations per layer forward, 2 backward (+2 with full recompute)
@@ -164,7 +165,10 @@ def microbatch_stage_times(stage: str, model: ModelSpec, workload: WorkloadSpec,
         p2p = links.time("p2p", 2.0 * tokens * model.hidden_size / tp, 2, span=tp * 2)
         for cls, t in p2p.items():
             _add(body, cls, np.where(pp > 1, t, 0.0) * (2 if stage == "train" else 1))
-    last = _merge(body, _head_pass(model, tp, tokens, mult, cluster, eff))
+    # The head is outside the recomputed layers (Megatron checkpoints transformer layers only), so it
+    # runs forward + backward (3 forward-equivalents) whatever the recompute mode.
+    head_mult = 3 if stage == "train" else 1
+    last = _merge(body, _head_pass(model, tp, tokens, head_mult, cluster, eff))
     return body, last
 
 

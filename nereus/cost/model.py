@@ -9,7 +9,9 @@ per-model-stage estimates, per-GPU peak memory and ``L_step``.
 
 Per model-stage time (one RL step):
 
-* train: ``updates · (m·t_last + (pp-1)·t_mid + t_dp + t_opt)`` with ``m = mini/(dp·b)``;
+* train: ``updates · (m·t_last + (pp-1)·t_mid + t_dp + t_opt)`` with ``m = mini/(dp·b)`` (the
+  candidate's ``grad_accum``); ``dp·b`` must divide the mini-batch and a set ``grad_accum`` must
+  equal ``m``, else a ValueError names the values (no silently dropped sequences, no empty replicas);
 * infer: ``m·t_last + (pp-1)·t_mid`` with ``m = ceil(ceil(B/dp)/b)`` (slowest replica);
 * generate: ``waves · (prefill + response_len · t_decode)``, ``waves = ceil(ceil(R/dp)/c)``.
 
@@ -128,6 +130,7 @@ class CostModel:
         corr = self.memory_correction.get(ms.name, 1.0)
         if ms.stage == "train":
             micro_batch = np.asarray(micro_batch)
+            _check_train_batch(ms, w.mini_batch_size, tp, pp, dp, micro_batch)
             m = w.mini_batch_size // (dp * micro_batch)
             mid, last = lat.microbatch_stage_times("train", model, w, cl, eff, tp, pp, micro_batch, recompute)
             per_mini = _combine(_scale(last, m), {"bubble": (pp - 1) * _sum(mid)},
@@ -182,6 +185,13 @@ class CostModel:
         why = valid_tp(model, cand.tp) or valid_pp(model, cand.pp)
         if why:
             raise ValueError(f"candidate {cand.model_stage} ({cand.short()}): {why}")
+        mini = self.job.workload.mini_batch_size
+        if ms.stage == "train" and cand.grad_accum and cand.dp * max(cand.micro_batch, 1) * cand.grad_accum != mini:
+            b = max(cand.micro_batch, 1)
+            raise ValueError(f"candidate {cand.model_stage} ({cand.short()}): grad_accum={cand.grad_accum} gives "
+                             f"dp*micro_batch*grad_accum = {cand.dp}*{b}*{cand.grad_accum} = "
+                             f"{cand.dp * b * cand.grad_accum}; valid: grad_accum = mini_batch_size/(dp*micro_batch)"
+                             f" = {mini}/{cand.dp * b}" + ("" if mini % (cand.dp * b) else f" = {mini // (cand.dp * b)}"))
         a = self.candidate_arrays(ms, cand.tp, cand.pp, [cand.dp], micro_batch=max(cand.micro_batch, 1),
                                   recompute=cand.recompute, concurrency=max(cand.concurrency, 1),
                                   multi_node=multi_node, breakdown=True)
@@ -233,6 +243,27 @@ class CostModel:
         if not plan.gpu_memory:
             plan = self.estimate(plan)
         return all(v <= self.capacity for v in plan.gpu_memory.values())
+
+
+def _check_train_batch(ms: ModelStage, mini: int, tp, pp, dp, b) -> None:
+    """Raise ValueError naming the first row whose ``dp·b`` does not divide the mini-batch (zero
+    micro-batches when it exceeds it; sequences dropped when it leaves a remainder)."""
+    per = dp * b
+    bad = (per > mini) | (mini % per != 0)
+    if not np.any(bad):
+        return
+    i = int(np.flatnonzero(np.broadcast_to(bad, np.broadcast_shapes(np.shape(bad), np.shape(dp))))[0])
+    row = [int(np.broadcast_to(np.asarray(v), np.shape(dp)).reshape(-1)[i]) for v in (tp, pp, dp, b)]
+    t, p, d, mb = row
+    where = f"candidate {ms.name} (tp{t} pp{p} dp{d} b{mb})"
+    if d * mb > mini:
+        raise ValueError(f"{where}: dp*micro_batch = {d}*{mb} = {d * mb} exceeds the job's mini_batch_size {mini} "
+                         f"(zero micro-batches per replica); valid: dp*micro_batch dividing {mini}")
+    if mini % d:
+        raise ValueError(f"{where}: dp={d} does not divide the job's mini_batch_size {mini} (replicas would get "
+                         f"unequal shares or drop {mini % d} sequence(s)); valid: a dp dividing {mini}")
+    raise ValueError(f"{where}: micro_batch={mb} does not divide the {mini // d} sequences per replica "
+                     f"(mini_batch_size {mini} / dp {d}); valid: a micro_batch dividing {mini // d}")
 
 
 def critical_path(workflow: Workflow, times: dict) -> float:

@@ -20,6 +20,8 @@ The GPU order inside a candidate follows :mod:`nereus.planner.plan` (replica, pp
 
 from __future__ import annotations
 
+import heapq
+
 from nereus.planner.plan import Candidate, Plan
 from nereus.spec.hardware import ClusterSpec
 from nereus.workflow import Workflow
@@ -32,13 +34,26 @@ class PlacementError(ValueError):
 
 
 class _FreeGPUs:
-    """Free GPUs grouped by node, in id order."""
+    """Free GPUs grouped by node, in id order, with the nodes bucketed by their free count.
+
+    Best fit ("the node with the fewest free GPUs that still holds ``need``, lowest id on ties") is a
+    walk over at most ``gpus_per_node`` buckets, each a heap of node ids with lazy deletion (a node's
+    count only falls, so it enters each bucket at most once and a stale entry is one whose node has
+    since left that count). Placing ``R`` replicas on ``N`` nodes costs ``O((R + N) log N)`` instead
+    of the ``O(R·N)`` of scanning every node per replica.
+    """
 
     def __init__(self, gpus, cluster: ClusterSpec):
         self.by_node: dict[int, list[int]] = {}
         for g in sorted(gpus):
             self.by_node.setdefault(cluster.node_of(g), []).append(g)
         self.n = sum(len(v) for v in self.by_node.values())
+        top = max((len(v) for v in self.by_node.values()), default=0)
+        self.buckets: list[list[int]] = [[] for _ in range(top + 1)]
+        for node, v in self.by_node.items():
+            self.buckets[len(v)].append(node)
+        for b in self.buckets:
+            heapq.heapify(b)
 
     def count(self) -> int:
         return self.n
@@ -46,9 +61,32 @@ class _FreeGPUs:
     def _pop(self, node: int, k: int) -> list[int]:
         out, self.by_node[node] = self.by_node[node][:k], self.by_node[node][k:]
         self.n -= len(out)
-        if not self.by_node[node]:
+        left = len(self.by_node[node])
+        if not left:
             del self.by_node[node]
+        else:
+            heapq.heappush(self.buckets[left], node)
         return out
+
+    def _best_fit(self, need: int, avoid: frozenset) -> int | None:
+        """Node with the fewest free GPUs >= ``need`` (lowest id on ties), skipping ``avoid``."""
+        for c in range(max(need, 1), len(self.buckets)):
+            heap, skipped, found = self.buckets[c], [], None
+            while heap:
+                node = heap[0]
+                if len(self.by_node.get(node, ())) != c:
+                    heapq.heappop(heap)  # stale: the node has fewer free GPUs now
+                    continue
+                if node in avoid:
+                    skipped.append(heapq.heappop(heap))
+                    continue
+                found = node
+                break
+            for node in skipped:
+                heapq.heappush(heap, node)
+            if found is not None:
+                return found
+        return None
 
     def take_replica(self, k: int, tp: int, avoid: frozenset = frozenset()) -> list[int] | None:
         """``k`` GPUs for one replica: one node if any holds it (best fit), else TP groups inside
@@ -56,24 +94,18 @@ class _FreeGPUs:
         replica is taken from the other nodes when they hold ``k`` free GPUs."""
         if self.count() < k:
             return None
-        nodes = [n for n in self.by_node if n not in avoid]
-        if sum(len(self.by_node[n]) for n in nodes) < k:
-            nodes = list(self.by_node)
-
-        def best_fit(need: int):
-            fit = [(len(self.by_node[n]), n) for n in nodes if n in self.by_node and len(self.by_node[n]) >= need]
-            return min(fit)[1] if fit else None
-
-        if (n := best_fit(k)) is not None:
+        avoid = frozenset(n for n in avoid if n in self.by_node)
+        if self.n - sum(len(self.by_node[n]) for n in avoid) < k:
+            avoid = frozenset()
+        if (n := self._best_fit(k, avoid)) is not None:
             return self._pop(n, k)
         picked: list[int] = []
-        while len(picked) < k and (n := best_fit(tp)) is not None:
+        while len(picked) < k and (n := self._best_fit(tp, avoid)) is not None:
             picked += self._pop(n, tp)
-        for n in sorted(nodes):
+        for n in sorted(n for n in self.by_node if n not in avoid):
             if len(picked) >= k:
                 break
-            if n in self.by_node:
-                picked += self._pop(n, k - len(picked))
+            picked += self._pop(n, k - len(picked))
         return picked
 
 
