@@ -4,7 +4,7 @@
 (:mod:`nereus.cost.memory`), op-class latencies (:mod:`nereus.cost.latency`) and the current
 :class:`~nereus.cost.efficiency.EfficiencyTable`. Its array API (:meth:`CostModel.candidate_arrays`)
 evaluates one (tp, pp, micro-batch, recompute, concurrency) class for many DP degrees at once; the
-planner uses it. :meth:`CostModel.estimate` fills a placed :class:`~nereus.planner.plan.Plan` with
+planner uses it. :meth:`CostModel.estimate` fills a placed :class:`~nereus.spec.plan.Plan` with
 per-model-stage estimates, per-GPU peak memory and ``L_step``.
 
 Per model-stage time (one RL step):
@@ -36,8 +36,8 @@ from nereus.cost import latency as lat
 from nereus.cost.efficiency import EfficiencyTable
 from nereus.cost.memory import WORKSPACE_BYTES, stage_memory
 from nereus.cost.shapes import valid_pp, valid_tp
-from nereus.planner.plan import Candidate, Plan, StageEstimate
 from nereus.spec.job import JobSpec
+from nereus.spec.plan import Candidate, Plan, StageEstimate
 from nereus.workflow import ModelStage, Workflow, workflow_for
 
 __all__ = ["CostModel", "critical_path"]
