@@ -223,7 +223,7 @@ def monitored_get(pool, futures, what: str, timeout_s: float, hang_timeout_s: fl
             detect = detect if detect is not None else time.perf_counter() - t0
             hung |= set(silent)
             for i in sorted(new - lost):
-                pool.remove(i)  # ray.kill: its sockets close, peers in a collective with it fail now
+                pool.remove(i, force=True)  # its sockets close: peers in a collective with it fail now
             lost |= new
         if time.perf_counter() > deadline:
             break
@@ -244,7 +244,7 @@ def monitored_get(pool, futures, what: str, timeout_s: float, hang_timeout_s: fl
             detect = time.perf_counter() - t0
             hung |= set(silent)
             for i in dead + silent:
-                pool.remove(i)
+                pool.remove(i, force=True)
             lost |= set(dead) | set(silent)
     if lost:
         raise WorkerLost(f"{what}: worker(s) {sorted(lost)} lost ({'hung' if hung else 'died'}); detected after "

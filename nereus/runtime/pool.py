@@ -153,14 +153,16 @@ class WorkerPool:
 
         return monitored_get(self, futures, what, timeout_s, self.hang_timeout_s)
 
-    def remove(self, i: int) -> None:
-        """Stop worker ``i`` (its slot stays, as None, so ids remain stable)."""
+    def remove(self, i: int, force: bool = False) -> None:
+        """Stop worker ``i`` (its slot stays, as None, so ids remain stable). ``force`` also SIGKILLs
+        its process when it runs on this machine (a hung or stopped worker that would not exit)."""
         import ray
 
         if self.workers[i] is not None:
             ray.kill(self.workers[i])
             self.workers[i] = None
-            _kill_local(self.pids[i] if i < len(self.pids) else None)
+            if force:
+                _kill_local(self.pids[i] if i < len(self.pids) else None)
 
     def close(self) -> None:
         for i in range(len(self.workers)):
