@@ -49,10 +49,11 @@ class NereusController:
         job: the job (its response length is replaced by each step's measured one).
         plan: the plan the trainer runs now (placed candidates; ``nereus plan --json`` output).
         config: controller policy knobs (payback margin ``gamma``...).
-        headroom: fraction of GPU memory kept free.
+        headroom: fraction of GPU memory kept free (None: the job's memory_fraction, else 10%).
     """
 
-    def __init__(self, job: JobSpec, plan: Plan, config: ControllerConfig | None = None, headroom: float = 0.1):
+    def __init__(self, job: JobSpec, plan: Plan, config: ControllerConfig | None = None,
+                 headroom: float | None = None):
         self.job = job
         self.planner = CostModelPlanner(headroom=headroom)
         self.controller = Controller(job, self.planner.estimate(job, plan), self.planner, config=config)

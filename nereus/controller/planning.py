@@ -77,14 +77,15 @@ class CostModelPlanner:
     Args:
         efficiency: the shared table (a default one when None); calibration mutates it.
         calibrate: False for the offline (uncalibrated) cost model.
-        headroom: capacity fraction kept free (DESIGN.md §4.2: 10%).
+        headroom: capacity fraction kept free; None: the job's ``memory_fraction`` when set, else 10%.
         plan_fn: ``plan_job``-compatible callable (``plan_job(job, pool=, current=, cost=, **options)``).
         options: passed to ``plan_fn``; ``urgent_options`` override them on the urgent path
             (default :func:`default_urgent_options`: smaller per-replica batches, recompute).
         alpha: EMA weight of the memory correction.
     """
 
-    def __init__(self, efficiency: EfficiencyTable | None = None, calibrate: bool = True, headroom: float = 0.1,
+    def __init__(self, efficiency: EfficiencyTable | None = None, calibrate: bool = True,
+                 headroom: float | None = None,
                  plan_fn=None, options: dict | None = None, urgent_options: dict | None = None,
                  alpha: float = 0.5):
         self.efficiency = efficiency if efficiency is not None else EfficiencyTable()
@@ -97,14 +98,18 @@ class CostModelPlanner:
         self.alpha = alpha
 
     # ------------------------------------------------------------------ cost model
-    def _headroom(self) -> float:
+    def _headroom(self, job: JobSpec | None = None) -> float:
+        from nereus.cost.model import DEFAULT_HEADROOM, default_headroom
+
+        base = self.headroom if self.headroom is not None else (
+            default_headroom(job) if job is not None else DEFAULT_HEADROOM)
         worst = max([1.0, *self.memory_correction.values()])
-        return 1.0 - (1.0 - self.headroom) / worst
+        return 1.0 - (1.0 - base) / worst
 
     def cost(self, job: JobSpec):
         from nereus.cost.model import CostModel
 
-        return CostModel(job, efficiency=self.efficiency, headroom=self._headroom())
+        return CostModel(job, efficiency=self.efficiency, headroom=self._headroom(job))
 
     def estimate(self, job: JobSpec, plan: Plan, pool=None) -> Plan:
         return self.cost(job).estimate(plan, pool)

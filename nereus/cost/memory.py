@@ -18,6 +18,9 @@ All results are bytes on the most loaded GPU of a (tp, pp) replica. Terms:
 * KV cache: ``concurrency · (prompt + response) · kv_bytes_per_token(tp) · layers_on_rank / L``
   (vLLM ``CacheEngine``); prefill activations with vLLM's chunked prefill of 8,192 tokens.
 
+Sequence length: ``prompt_len + response_len_max`` when the workload sets it (a micro-batch may hold
+the longest responses; vLLM's KV cache must hold them), else the mean; time stays at the mean.
+
 Resident bytes stay on the GPU between stages (weights, and optimizer state for training);
 transient bytes exist only while the model-stage runs (gradients, activations, logits, KV cache).
 A constant per-GPU ``WORKSPACE_BYTES`` (CUDA context 0.3-0.6 GiB, NCCL buffers, cuBLAS workspace,
@@ -88,7 +91,7 @@ def stage_memory(stage: str, model: ModelSpec, workload: WorkloadSpec, tp, pp, *
     tp, pp = np.asarray(tp), np.asarray(pp)
     params = params_rank(model, tp, pp)
     layers = model.num_layers // pp
-    s = workload.seq_len
+    s = workload.memory_seq_len  # the response length memory is sized for (max or a percentile)
     out = {"weights": params * workload.param_bytes, "optimizer": 0.0, "gradients": 0.0,
            "activations": 0.0, "logits": 0.0, "kv_cache": 0.0}
     if stage == "train":

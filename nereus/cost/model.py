@@ -22,7 +22,9 @@ of the next step overlaps inference and training, ``max(t_generate, t_infer + t_
 
 Per-GPU peak memory: ``workspace + Σ resident of every model-stage on the GPU + the largest
 transient among them`` (stages share GPUs one after another; idle model-stages stay resident).
-A plan is feasible when every GPU's peak fits ``(1 - headroom) · capacity``.
+A plan is feasible when every GPU's peak fits ``(1 - headroom) · capacity``, with ``1 - headroom`` the
+workload's ``memory_fraction`` when set (vLLM's ``gpu_memory_utilization``), else 0.9. Memory terms
+use the workload's ``response_len_max`` when set (:mod:`nereus.cost.memory`), times its mean.
 """
 
 from __future__ import annotations
@@ -40,7 +42,10 @@ from nereus.spec.job import JobSpec
 from nereus.spec.plan import Candidate, Plan, StageEstimate
 from nereus.workflow import ModelStage, Workflow, workflow_for
 
-__all__ = ["CostModel", "critical_path"]
+__all__ = ["CostModel", "critical_path", "default_headroom", "DEFAULT_HEADROOM"]
+
+#: fraction of device memory kept free when neither the caller nor the job sets one
+DEFAULT_HEADROOM = 0.1
 
 
 def _sum(d: dict):
@@ -68,7 +73,8 @@ class CostModel:
             calibration updates take effect at once.
         memory_correction: model-stage name → multiplier on its predicted bytes (calibrated from
             measured peaks; DESIGN.md §4.3).
-        headroom: fraction of capacity kept free (default 10%).
+        headroom: fraction of capacity kept free; None: ``1 - workload.memory_fraction`` when the job
+            sets it, else :data:`DEFAULT_HEADROOM` (10%).
         workspace: bytes per GPU for CUDA context, NCCL buffers, cuBLAS workspace.
         workflow: the model-stages to plan (defaults to the algorithm's workflow).
 
@@ -77,8 +83,10 @@ class CostModel:
     """
 
     def __init__(self, job: JobSpec, efficiency: EfficiencyTable | None = None,
-                 memory_correction: dict | None = None, headroom: float = 0.1,
+                 memory_correction: dict | None = None, headroom: float | None = None,
                  workspace: float = WORKSPACE_BYTES, workflow: Workflow | None = None):
+        if headroom is None:
+            headroom = default_headroom(job)
         if not 0 <= headroom < 1:
             raise ValueError(f"headroom must be in [0, 1), got {headroom!r}")
         self.job = job
@@ -243,6 +251,12 @@ class CostModel:
         if not plan.gpu_memory:
             plan = self.estimate(plan)
         return all(v <= self.capacity for v in plan.gpu_memory.values())
+
+
+def default_headroom(job: JobSpec) -> float:
+    """Headroom of ``job``: ``1 - workload.memory_fraction`` when set, else :data:`DEFAULT_HEADROOM`."""
+    f = job.workload.memory_fraction
+    return DEFAULT_HEADROOM if f is None else 1.0 - float(f)
 
 
 def _check_train_batch(ms: ModelStage, mini: int, tp, pp, dp, b) -> None:

@@ -37,7 +37,16 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--nodes", type=int, default=None, help="nodes in the cluster [2]")
     g.add_argument("--gpus-per-node", type=int, default=None, help="GPUs per node [8]")
     g.add_argument("--prompt-len", type=int, default=None, help="prompt tokens [1024]")
-    g.add_argument("--response-len", type=int, default=None, help="response tokens (mean) [2048]")
+    g.add_argument("--response-len", type=int, default=None, help="response tokens (mean; time uses it) [2048]")
+    g.add_argument("--response-len-max", type=int, default=None, help="response tokens memory is sized for "
+                   "(the longest a micro-batch or KV cache holds; >= --response-len) [the mean]")
+    g.add_argument("--response-lens", metavar="FILE", default=None, help="per-sample response lengths (one "
+                   "integer per line, or a CSV with a response_length column): the mean sets --response-len "
+                   "(unless given), the --response-len-percentile sets --response-len-max")
+    g.add_argument("--response-len-percentile", type=float, default=None, metavar="P",
+                   help="percentile (0-100] of --response-lens that memory is sized for [100: the maximum]")
+    g.add_argument("--memory-fraction", type=float, default=None, help="share of each GPU's memory a plan may "
+                   "use, in (0, 1] (vLLM's gpu_memory_utilization) [0.9: 10%% headroom]")
     g.add_argument("--prompts-per-step", type=int, default=None, help="prompts per RL step [256]")
     g.add_argument("--samples-per-prompt", type=int, default=None, help="responses per prompt [4]")
     g.add_argument("--mini-batch", type=int, default=None, help="sequences per optimizer update [256]")
@@ -69,6 +78,7 @@ def job_from_args(args) -> JobSpec:
         v = getattr(args, opt, None)
         if v is not None:
             wl[field] = v
+    _length_options(args, wl)
     if getattr(args, "no_reward_model", False):
         wl["reward_model"] = False
     if getattr(args, "asynchronous", False):
@@ -76,6 +86,30 @@ def job_from_args(args) -> JobSpec:
     if wl["algorithm"] != "grpo" and args.samples_per_prompt is None and not base:
         wl["samples_per_prompt"] = 4
     return JobSpec(actor=model, cluster=ClusterSpec(gpu, nodes, gpn), workload=WorkloadSpec(**wl))
+
+
+def _length_options(args, wl: dict) -> None:
+    """--response-len-max, --response-lens / --response-len-percentile and --memory-fraction into
+    the workload fields ``response_len_max``, ``response_len`` and ``memory_fraction``."""
+    from nereus.spec.workload import read_response_lengths, response_len_stats
+
+    lens, pct = getattr(args, "response_lens", None), getattr(args, "response_len_percentile", None)
+    rmax = getattr(args, "response_len_max", None)
+    if pct is not None and lens is None:
+        raise ValueError(f"--response-len-percentile={pct:g} needs --response-lens FILE (the distribution it "
+                         "is taken from); for a fixed length give --response-len-max")
+    if lens is not None:
+        if rmax is not None:
+            raise ValueError(f"--response-len-max={rmax} and --response-lens are exclusive: give a length or a "
+                             "distribution and a percentile")
+        mean, rmax = response_len_stats(read_response_lengths(lens), 100.0 if pct is None else pct)
+        if getattr(args, "response_len", None) is None:
+            wl["response_len"] = mean
+        rmax = max(rmax, wl["response_len"])
+    if rmax is not None:
+        wl["response_len_max"] = rmax
+    if getattr(args, "memory_fraction", None) is not None:
+        wl["memory_fraction"] = args.memory_fraction
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -87,7 +121,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     o = p.add_argument_group("planning")
     o.add_argument("--pool", type=int, default=None, help="GPUs available (P_gpu), taken node by node "
                    "from GPU 0; default: the whole cluster")
-    o.add_argument("--headroom", type=float, default=0.1, help="fraction of GPU memory kept free")
+    o.add_argument("--headroom", type=float, default=None, help="fraction of GPU memory kept free, in [0, 1) "
+                   "(exclusive with --memory-fraction, which is 1 - headroom and travels with the job) [0.1]")
     out = p.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print the plan (and job) as JSON")
     out.add_argument("--breakdown", action="store_true", help="memory terms and time per op class")
@@ -112,7 +147,8 @@ def _print_plan(plan, job, breakdown: bool) -> None:
     con.print(f"[bold]{job.actor.name}[/] {w.algorithm.upper()} on {job.cluster.num_gpus} x "
               f"{job.cluster.gpu.name} ({job.cluster.num_nodes} node(s) x {job.cluster.gpus_per_node}); "
               f"prompts {w.prompts_per_step} x {w.samples_per_prompt}, prompt {w.prompt_len}, response "
-              f"{w.response_len} tokens")
+              f"{w.response_len} tokens" + (f" (memory sized at {w.response_len_max})"
+                                            if w.response_len_max is not None else ""))
     t = Table(show_lines=False)
     for col in ("model-stage", "tp", "pp", "dp", "batch", "GPUs", "time (s)", "peak GiB"):
         t.add_column(col, justify="right" if col not in ("model-stage", "GPUs", "batch") else "left")
@@ -139,7 +175,15 @@ def _print_plan(plan, job, breakdown: bool) -> None:
         con.print(b)
     con.print(f"L_step = [bold]{plan.l_step:.2f} s[/]   throughput = [bold]{plan.throughput:,.0f}[/] "
               f"response tokens/s   max GPU memory = {max(plan.gpu_memory.values()) / GIB:.1f} of "
-              f"{plan.capacity / GIB:.1f} GiB allowed (device memory less headroom)")
+              f"{plan.capacity / GIB:.1f} GiB allowed ({_allowed(job, plan)})")
+
+
+def _allowed(job, plan) -> str:
+    dev = job.cluster.gpu.memory_bytes
+    f = job.workload.memory_fraction
+    if f is not None and abs(plan.capacity - f * dev) < 1.0:
+        return f"memory fraction {f:g} of {dev / GIB:.1f} GiB"
+    return "device memory less headroom"
 
 
 def _frontier(job, cost, pool_size, multi, as_json):
@@ -292,6 +336,9 @@ def main(args) -> int:
             raise ValueError(f"--pool={args.pool} must be between 1 and the cluster's "
                              f"{job.cluster.num_gpus} GPUs")
         pool = frozenset(range(args.pool))
+    if args.headroom is not None and getattr(args, "memory_fraction", None) is not None:
+        raise ValueError(f"--headroom={args.headroom:g} and --memory-fraction={args.memory_fraction:g} are "
+                         "exclusive (memory fraction = 1 - headroom); give one")
     cost = CostModel(job, headroom=args.headroom)
     try:
         plan = plan_job(job, pool=pool, cost=cost)

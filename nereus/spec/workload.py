@@ -9,16 +9,27 @@ Batch terms (the field's usual meaning, as in Megatron-LM and verl):
 * updates per step: ``ppo_epochs · global_batch / mini_batch_size``.
 
 ReMax adds one greedy rollout per prompt during generation (its baseline), not to training.
+
+Lengths: time is taken at the mean ``response_len``; memory at ``response_len_max`` when set (the
+longest response a micro-batch or a KV cache must hold: the maximum, or a percentile of a length
+distribution, :func:`response_len_stats`), else at the mean. ``memory_fraction`` is the share of
+each GPU's memory a plan may use (vLLM's ``gpu_memory_utilization``); unset, the cost model keeps
+10% free.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
-__all__ = ["WorkloadSpec", "ALGORITHMS", "RECOMPUTE_MODES"]
+__all__ = ["WorkloadSpec", "ALGORITHMS", "RECOMPUTE_MODES", "OPTIONAL_FIELDS", "read_response_lengths",
+           "response_len_stats"]
 
 ALGORITHMS = ("ppo", "grpo", "remax")
 RECOMPUTE_MODES = ("none", "selective", "full", "auto")
+#: fields left out of :meth:`WorkloadSpec.to_dict` while unset (None)
+OPTIONAL_FIELDS = ("response_len_max", "memory_fraction")
 
 
 @dataclass(frozen=True)
@@ -42,6 +53,9 @@ class WorkloadSpec:
             main gradients as Megatron keeps them).
         optimizer_bytes: Adam state per parameter (fp32 master, exp_avg, exp_avg_sq = 12).
         kv_bytes: bytes per KV-cache element (bf16 = 2).
+        response_len_max: response tokens memory is sized for (>= ``response_len``); None: the mean.
+        memory_fraction: share of each GPU's memory a plan may use, in (0, 1] (vLLM's
+            ``gpu_memory_utilization``); None: the cost model's default headroom (10%).
 
     Raises:
         ValueError: at construction, naming the field, the value and what would be valid.
@@ -63,6 +77,8 @@ class WorkloadSpec:
     grad_bytes: int = 4
     optimizer_bytes: int = 12
     kv_bytes: int = 2
+    response_len_max: int | None = None
+    memory_fraction: float | None = None
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
@@ -84,6 +100,14 @@ class WorkloadSpec:
             raise ValueError(
                 f"workload field 'mini_batch_size'={self.mini_batch_size} must divide the global batch "
                 f"prompts_per_step*samples_per_prompt={self.global_batch}")
+        m = self.response_len_max
+        if m is not None and (isinstance(m, bool) or not isinstance(m, int) or m < self.response_len):
+            raise ValueError(f"workload field 'response_len_max' must be an integer >= response_len "
+                             f"({self.response_len}) or null, got {m!r}")
+        f = self.memory_fraction
+        if f is not None and (isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= 1):
+            raise ValueError(f"workload field 'memory_fraction' must be a number in (0, 1] (the share of each "
+                             f"GPU's memory a plan may use) or null, got {f!r}")
         if self.algorithm == "grpo" and self.samples_per_prompt < 2:
             raise ValueError("workload field 'samples_per_prompt' must be >= 2 for GRPO "
                              "(group-normalized advantages need a group)")
@@ -105,16 +129,30 @@ class WorkloadSpec:
         return self.prompt_len + self.response_len
 
     @property
+    def memory_response_len(self) -> int:
+        """Response tokens memory is sized for: ``response_len_max`` when set, else the mean."""
+        return self.response_len_max if self.response_len_max is not None else self.response_len
+
+    @property
+    def memory_seq_len(self) -> int:
+        """Prompt plus the response tokens memory is sized for."""
+        return self.prompt_len + self.memory_response_len
+
+    @property
     def updates_per_step(self) -> int:
         """Optimizer updates per RL step."""
         return self.ppo_epochs * self.global_batch // self.mini_batch_size
 
     def with_response_len(self, response_len: int) -> WorkloadSpec:
-        """A copy with another response length (the drifting signal)."""
-        return replace(self, response_len=int(response_len))
+        """A copy with another (mean) response length (the drifting signal); a set
+        ``response_len_max`` is raised to it if the mean grows past it."""
+        r = int(response_len)
+        m = None if self.response_len_max is None else max(self.response_len_max, r)
+        return replace(self, response_len=r, response_len_max=m)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The fields as a mapping; unset optional fields (:data:`OPTIONAL_FIELDS`) are left out."""
+        return {k: v for k, v in asdict(self).items() if not (k in OPTIONAL_FIELDS and v is None)}
 
     @classmethod
     def from_dict(cls, d) -> WorkloadSpec:
@@ -130,3 +168,57 @@ class WorkloadSpec:
         if unknown:
             raise ValueError(f"unknown workload field(s) {unknown}; valid: {sorted(known)}")
         return cls(**d)
+
+
+def read_response_lengths(path: str | Path) -> list[int]:
+    """Per-sample response lengths (tokens) from a file: one integer per line, or a CSV whose header
+    has a ``response_length`` (or ``response_len``) column. Blank lines and ``#`` comments are skipped.
+
+    Raises:
+        ValueError: missing file, no lengths, or a value that is not an integer >= 1 (file and line named).
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"response-length file {str(p)!r} does not exist")
+    try:
+        lines = p.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"response-length file {str(p)!r} cannot be read as text: {e}") from e
+    col, out = None, []
+    for i, raw in enumerate(lines, 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        cells = [c.strip() for c in line.split(",")]
+        if col is None and not out and not cells[0].lstrip("-").isdigit():
+            names = [c.lower() for c in cells]
+            col = next((names.index(n) for n in ("response_length", "response_len") if n in names), None)
+            if col is None:
+                raise ValueError(f"response-length file {str(p)!r} line {i}: header {line!r} has no "
+                                 "'response_length' column (or give one integer per line)")
+            continue
+        v = cells[col if col is not None else 0] if len(cells) > (col or 0) else ""
+        if not v.isdigit() or int(v) < 1:
+            raise ValueError(f"response-length file {str(p)!r} line {i}: response length {v!r} must be an "
+                             "integer >= 1")
+        out.append(int(v))
+    if not out:
+        raise ValueError(f"response-length file {str(p)!r} holds no response lengths")
+    return out
+
+
+def response_len_stats(lengths, percentile: float = 100.0) -> tuple[int, int]:
+    """``(mean rounded to the nearest token, nearest-rank percentile)`` of response lengths: the
+    ``ceil(p/100 · n)``-th smallest (``p = 100``: the maximum).
+
+    Raises:
+        ValueError: no lengths or a percentile outside (0, 100].
+    """
+    xs = sorted(int(x) for x in lengths)
+    if not xs:
+        raise ValueError("response lengths: need at least one length")
+    if isinstance(percentile, bool) or not 0 < percentile <= 100:
+        raise ValueError(f"response-length percentile must be in (0, 100], got {percentile!r}")
+    rank = max(1, math.ceil(percentile / 100.0 * len(xs)))
+    mean = int(math.floor(sum(xs) / len(xs) + 0.5))
+    return mean, max(xs[rank - 1], mean)
