@@ -5,8 +5,9 @@ An import (:class:`Imported`) is a Nereus job plus the user's own layout as plac
 per model-stage, with the GPUs the framework puts it on) and the list of settings Nereus's plan
 space cannot express yet (:class:`Unexpressible`: colocation of model-stages of one stage on the
 same GPUs, FSDP / ZeRO sharding, offload, context parallelism...). A layout with no such setting is
-evaluated by the cost model (:func:`evaluate_layout`); one with any is not evaluated: the report
-names each setting instead of guessing.
+evaluated by the cost model (:func:`evaluate_layout`, which lives in :mod:`nereus.planner.whatif`
+and also serves ``nereus plan --layout``); one with any is not evaluated: the report names each
+setting instead of guessing.
 
 Exports evaluate layouts in which model-stages of one stage share GPUs (verl runs every role on
 one resource pool): such model-stages run one after another, so a stage takes, on its busiest GPU,
@@ -21,11 +22,12 @@ from dataclasses import dataclass, field
 
 from nereus.cost.memory import stage_memory
 from nereus.cost.model import CostModel
-from nereus.planner.plan import Candidate, Plan
+from nereus.planner.plan import Candidate
+from nereus.planner.whatif import LayoutEval, evaluate_layout, shared_stages
 from nereus.spec.job import JobSpec
-from nereus.workflow import ModelStage, workflow_for
+from nereus.workflow import workflow_for
 
-__all__ = ["Unexpressible", "Imported", "LayoutEval", "evaluate_layout", "compare", "layout_key",
+__all__ = ["Unexpressible", "Imported", "LayoutEval", "evaluate_layout", "shared_stages", "compare", "layout_key",
            "generation_concurrency", "memory_fraction_for", "GIB"]
 
 GIB = 1024**3
@@ -104,98 +106,7 @@ def memory_fraction_for(job: JobSpec, tp: int, concurrency: int) -> float:
     return min(0.99, int(frac * 100 + 0.999999) / 100 + 0.01)
 
 
-@dataclass
-class LayoutEval:
-    """Predicted cost of a layout.
-
-    Attributes:
-        plan: the estimated plan (per-model-stage estimates, per-GPU memory).
-        l_step: predicted seconds per RL step (model-stages sharing GPUs in a stage run one after
-            another).
-        stage_times: stage -> seconds.
-        fits: every GPU within ``capacity`` (device memory less headroom).
-        overflow: model-stage -> text naming the GPU, the bytes over and the largest terms.
-        shared: stages whose model-stages share GPUs.
-    """
-
-    plan: Plan
-    l_step: float
-    stage_times: dict
-    fits: bool
-    overflow: dict
-    shared: list
-
-    def to_dict(self) -> dict:
-        p = self.plan
-        return {"l_step": self.l_step, "fits": self.fits, "stage_times": self.stage_times,
-                "capacity_gib": p.capacity / GIB, "shared_stages": self.shared,
-                "model_stages": {c.model_stage: {
-                    "tp": c.tp, "pp": c.pp, "dp": c.dp, "micro_batch": c.micro_batch, "grad_accum": c.grad_accum,
-                    "recompute": c.recompute, "concurrency": c.concurrency, "gpus": list(c.gpus),
-                    "time_s": p.estimates[c.model_stage].time, "peak_gib": p.peak_memory[c.model_stage] / GIB,
-                    "memory_gib": {k: v / GIB for k, v in p.estimates[c.model_stage].memory.items() if v > 0},
-                    "overflow": self.overflow.get(c.model_stage)} for c in p.candidates}}
-
-
-def shared_stages(cands) -> list[str]:
-    """Stages in which two model-stages use a common GPU."""
-    out = []
-    by_stage: dict = {}
-    for c in cands:
-        by_stage.setdefault(ModelStage.parse(c.model_stage).stage, []).append(c)
-    for st, cs in by_stage.items():
-        seen: set = set()
-        for c in cs:
-            if seen & set(c.gpus):
-                out.append(st)
-                break
-            seen |= set(c.gpus)
-    return out
-
-
-def evaluate_layout(job: JobSpec, cands, headroom: float = 0.1, cost: CostModel | None = None) -> LayoutEval:
-    """Step time and per-GPU memory of placed candidates (module docstring).
-
-    Raises:
-        ValueError: a candidate the model cannot shard (named by the cost model).
-    """
-    cost = cost or CostModel(job, headroom=headroom)
-    plan = cost.estimate(Plan(candidates=tuple(cands)))
-    per_stage: dict = {}
-    for c in plan.candidates:
-        st = ModelStage.parse(c.model_stage).stage
-        per_gpu = per_stage.setdefault(st, {})
-        for g in c.gpus:
-            per_gpu[g] = per_gpu.get(g, 0.0) + plan.estimates[c.model_stage].time
-    stage_times = {st: max(v.values()) if v else 0.0 for st, v in per_stage.items()}
-    if job.workload.asynchronous:
-        l_step = max(stage_times.get("generate", 0.0), stage_times.get("infer", 0.0) + stage_times.get("train", 0.0))
-    else:
-        l_step = sum(stage_times.values())
-    overflow = {}
-    for c in plan.candidates:
-        worst = max(c.gpus, key=lambda g: plan.gpu_memory[g])
-        over = plan.gpu_memory[worst] - plan.capacity
-        if over <= 0:
-            continue
-        own = plan.estimates[c.model_stage].memory
-        terms = sorted(((k, v) for k, v in own.items() if v > 0), key=lambda kv: -kv[1])
-        others = [o for o in plan.candidates if o is not c and worst in o.gpus]
-        co = sum(plan.estimates[o.model_stage].resident for o in others)
-        overflow[c.model_stage] = (
-            f"GPU {worst} needs {plan.gpu_memory[worst] / GIB:.1f} GiB, {over / GIB:.1f} GiB over the "
-            f"{plan.capacity / GIB:.1f} GiB allowed; largest own terms "
-            + ", ".join(f"{k} {v / GIB:.1f} GiB" for k, v in terms[:3])
-            + (f"; co-resident {', '.join(o.model_stage for o in others)} {co / GIB:.1f} GiB" if others else "")
-            + f"; workspace {cost.workspace / GIB:.1f} GiB")
-    plan = Plan(candidates=plan.candidates, estimates=plan.estimates, l_step=l_step, peak_memory=plan.peak_memory,
-                gpu_memory=plan.gpu_memory, capacity=plan.capacity,
-                throughput=job.workload.global_batch * job.workload.response_len / l_step if l_step > 0 else 0.0)
-    return LayoutEval(plan=plan, l_step=l_step, stage_times=stage_times, fits=not overflow, overflow=overflow,
-                      shared=shared_stages(plan.candidates))
-
-
-def compare(imp: Imported, headroom: float = 0.1, pool=None) -> dict:
+def compare(imp: Imported, headroom: float | None = None, pool=None) -> dict:
     """The user's layout (evaluated, or the settings that are not expressible yet) next to Nereus's best
     plan for the same job and the predicted speedup. JSON-ready."""
     from nereus.planner.search import NoFeasiblePlan, plan_job

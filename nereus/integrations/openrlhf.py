@@ -300,7 +300,7 @@ def _counts(tp: int, n: int, gpn: int) -> list[int]:
     return sorted(out)
 
 
-def closest_openrlhf_layout(job: JobSpec, headroom: float = 0.1) -> tuple[Candidate, ...]:
+def closest_openrlhf_layout(job: JobSpec, headroom: float | None = None) -> tuple[Candidate, ...]:
     """The fastest layout OpenRLHF can express without colocation and ZeRO (module docstring):
     GPU counts per group (powers of two times TP inside a node, whole nodes beyond), one DeepSpeed
     TP, one training and one inference micro-batch, activation checkpointing on or off, vLLM
@@ -421,7 +421,7 @@ def openrlhf_args(job: JobSpec, cands, model_path: str | None = None) -> list[st
     return out
 
 
-def export_openrlhf(job: JobSpec, best: Plan, headroom: float = 0.1, model_path: str | None = None) -> dict:
+def export_openrlhf(job: JobSpec, best: Plan, headroom: float | None = None, model_path: str | None = None) -> dict:
     """Nereus's plan ``best`` as OpenRLHF arguments: the closest expressible layout, what changed and
     both predicted step times."""
     cands = closest_openrlhf_layout(job, headroom)

@@ -407,7 +407,7 @@ def _pareto(items):
     return kept
 
 
-def closest_verl_layout(job: JobSpec, headroom: float = 0.1) -> tuple[Candidate, ...]:
+def closest_verl_layout(job: JobSpec, headroom: float | None = None) -> tuple[Candidate, ...]:
     """The fastest layout verl can express for ``job`` on its whole cluster (module docstring).
 
     Groups: actor (train and infer share TP/PP; verl computes old log-probs with the training
@@ -549,7 +549,7 @@ def _changes(best: Plan, cands) -> list[str]:
     return out
 
 
-def export_verl(job: JobSpec, best: Plan, headroom: float = 0.1, model_path: str | None = None) -> dict:
+def export_verl(job: JobSpec, best: Plan, headroom: float | None = None, model_path: str | None = None) -> dict:
     """Nereus's plan ``best`` as verl overrides: the closest layout verl can express, what changed,
     and both predicted step times. JSON-ready."""
     cands = closest_verl_layout(job, headroom)

@@ -121,6 +121,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     o = p.add_argument_group("planning")
     o.add_argument("--pool", type=int, default=None, help="GPUs available (P_gpu), taken node by node "
                    "from GPU 0; default: the whole cluster")
+    o.add_argument("--layout", nargs="+", action="extend", default=None, metavar="MS=TP,PP,DP",
+                   help="what-if of your own layout: MODEL_STAGE=TP,PP,DP[,b=B][,rc=none|selective|full][,c=C] per "
+                   "model-stage (e.g. actor.train=2,2,2 actor.generate=4,1,4,c=128); those left out take Nereus's "
+                   "plan. Prints its time, per-GPU peak memory with its terms, fits or which term overflows by how "
+                   "much, next to the best plan and the speedup")
     o.add_argument("--headroom", type=float, default=None, help="fraction of GPU memory kept free, in [0, 1) "
                    "(exclusive with --memory-fraction, which is 1 - headroom and travels with the job) [0.1]")
     out = p.add_argument_group("output")
@@ -233,9 +238,45 @@ def _imported(args):
     return imp
 
 
-def _print_import(rep: dict, imp) -> None:
-    from nereus.planner.notation import format_candidate
+def _print_layout_eval(evd: dict, cands, from_nereus=()) -> None:
+    """Per model-stage: layout, time, peak GiB, own memory terms and any overflow; then L_step."""
+    width = max(len(c.model_stage) for c in cands)
+    for c in cands:
+        m = evd["model_stages"][c.model_stage]
+        terms = ", ".join(f"{k} {v:.1f}" for k, v in sorted(m["memory_gib"].items(), key=lambda kv: -kv[1]))
+        tag = "  (from Nereus's plan)" if c.model_stage in from_nereus else ""
+        print(f"  {c.model_stage:<{width}}  {format_candidate(c, 'GPUs', batch=True)}  {m['time_s']:.2f} s, peak "
+              f"{m['peak_gib']:.1f} GiB [{terms}]{tag}" + (f"\n  {'':<{width}}  OVER: {m['overflow']}"
+                                                         if m["overflow"] else ""))
+    fits = "fits" if evd["fits"] else "does NOT fit in memory"
+    print(f"predicted L_step = {evd['l_step']:.2f} s; {fits} ({evd['capacity_gib']:.1f} GiB allowed per GPU)")
 
+
+def _main_layout(args, job, cost, pool, best) -> int:
+    """--layout: the user's layout evaluated next to Nereus's best plan (nereus.planner.whatif)."""
+    from nereus.planner.whatif import whatif
+
+    rep, ev = whatif(job, args.layout, cost=cost, pool=pool, best=best)
+    if args.json:
+        doc = {"feasible": rep["nereus"]["feasible"], "job": job.to_dict(), "layout": rep["layout"]}
+        doc |= {"plan": rep["nereus"]["plan"]} if best is not None else {"reason": rep["nereus"]["reason"]}
+        if "speedup" in rep:
+            doc["speedup"] = rep["speedup"]
+        print(json.dumps(doc, indent=2))
+        return 0
+    print("your layout (--layout):")
+    _print_layout_eval(rep["layout"], ev.plan.candidates, rep["layout"]["from_nereus"])
+    if best is None:
+        print(f"Nereus: {rep['nereus']['reason']}")
+        return 0
+    print("Nereus's best plan for the same job:")
+    _print_plan(best, job, args.breakdown)
+    if "speedup" in rep:
+        print(f"predicted speedup of Nereus's plan over yours: {rep['speedup']:.2f}x")
+    return 0
+
+
+def _print_import(rep: dict, imp) -> None:
     w = imp.job.workload
     print(f"imported from {imp.framework}: {imp.job.actor.name} {w.algorithm.upper()} on {imp.job.cluster.num_gpus} x "
           f"{imp.job.cluster.gpu.name}; prompts {w.prompts_per_step} x {w.samples_per_prompt}, prompt {w.prompt_len}, "
@@ -243,20 +284,16 @@ def _print_import(rep: dict, imp) -> None:
     for n in imp.notes:
         print(f"  note: {n}")
     print("your layout:")
-    width = max(len(c.model_stage) for c in imp.layout)
     ev = rep["user"].get("evaluation")
+    if ev:
+        _print_layout_eval(ev, imp.layout)
+        return
+    width = max(len(c.model_stage) for c in imp.layout)
     for c in imp.layout:
-        extra = ""
-        if ev:
-            m = ev["model_stages"][c.model_stage]
-            extra = f"  {m['time_s']:.2f} s, peak {m['peak_gib']:.1f} GiB" + (f"  OVER: {m['overflow']}" if m["overflow"] else "")
-        print(f"  {c.model_stage:<{width}}  {format_candidate(c, 'GPUs', batch=True)}{extra}")
-    if not imp.expressible:
-        print("not expressible in Nereus's plan space yet, so not evaluated:")
-        for u in imp.unexpressible:
-            print(f"  - {u}")
-    else:
-        print(f"predicted L_step = {ev['l_step']:.2f} s; " + ("fits" if ev["fits"] else "does NOT fit in memory"))
+        print(f"  {c.model_stage:<{width}}  {format_candidate(c, 'GPUs', batch=True)}")
+    print("not expressible in Nereus's plan space yet, so not evaluated:")
+    for u in imp.unexpressible:
+        print(f"  - {u}")
 
 
 def _main_integrations(args) -> int:
@@ -327,6 +364,9 @@ def _export(args, job, plan) -> int:
 
 
 def main(args) -> int:
+    if getattr(args, "layout", None) and (getattr(args, "from_verl", None) or getattr(args, "from_openrlhf", None)):
+        raise ValueError("--layout and --from-verl/--from-openrlhf are exclusive: an import evaluates the "
+                         "framework's own layout")
     if getattr(args, "from_verl", None) or getattr(args, "from_openrlhf", None):
         return _main_integrations(args)
     job = job_from_args(args)
@@ -343,6 +383,8 @@ def main(args) -> int:
     try:
         plan = plan_job(job, pool=pool, cost=cost)
     except NoFeasiblePlan as e:
+        if args.layout:
+            return _main_layout(args, job, cost, pool, None)
         if args.json:
             print(json.dumps({"feasible": False, "reason": str(e), "diagnosis": e.diagnosis,
                               "job": job.to_dict()}, indent=2))
@@ -350,6 +392,11 @@ def main(args) -> int:
             print(str(e), file=sys.stderr)
         return 1
     pool_set = pool or job.cluster.all_gpus()
+    if args.layout:
+        if getattr(args, "export", None) or args.frontier:
+            raise ValueError("--layout evaluates your layout next to the best plan; it does not combine with "
+                             "--export or --frontier")
+        return _main_layout(args, job, cost, pool, plan)
     if getattr(args, "export", None):
         return _export(args, job, plan)
     if args.json:
