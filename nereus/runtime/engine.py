@@ -453,7 +453,7 @@ def broadcast_stages(spec: ModelSpec, pp: int, mine: torch.Tensor | None, my_p: 
             buf = mine.contiguous()
             assert my_p == q
         else:
-            buf = torch.empty(full_stage_numel(spec, pp, q))
+            buf = torch.empty(full_stage_numel(spec, pp, q), device=group.device)  # NCCL: on the device
         group.broadcast(buf, roots[q])
         off = 0
         for n in names_of_stage(spec, pp, q):

@@ -359,9 +359,7 @@ class LlamaShard:
         w = self.params[n]
         g = grads[n].contiguous() if grads.get(n) is not None else torch.zeros_like(w)
         peer = ctx.emu_rank(ctx.pp - 1 if ctx.is_first else 0, ctx.t)
-        h = ctx.emu_group.isend(g, peer)
         other = torch.empty_like(g)
-        ctx.emu_group.recv(other, peer)
-        ctx.emu_group.wait(h)
+        ctx.emu_group.sendrecv(g, other, peer)  # gloo: isend, recv, wait; NCCL: ordered by rank
         # a + b on the first rank, b + a on the last: IEEE addition commutes, so both copies are equal
         grads[n] = g + other

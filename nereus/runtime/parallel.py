@@ -104,11 +104,12 @@ class ParallelContext:
 
 
 def build_context(spec: ModelSpec, layout: Layout, me: int, store: dist.Store, name: str, meter: Meter,
-                  timeout_s: float = DEFAULT_TIMEOUT_S) -> ParallelContext:
+                  timeout_s: float = DEFAULT_TIMEOUT_S, device: str | None = None) -> ParallelContext:
     """Build this worker's groups for ``layout``; every worker of the layout must call it.
 
     Args:
         name: unique prefix of this model-stage's groups (e.g. ``"e0/actor.train"``).
+        device: the worker's device; a CUDA device gives NCCL groups (``comm.backend_for``).
 
     Raises:
         ValueError: invalid layout for ``spec`` or ``me`` not in the layout.
@@ -120,16 +121,16 @@ def build_context(spec: ModelSpec, layout: Layout, me: int, store: dist.Store, n
     L = layout
     # Build in one fixed order on every worker (tp, emu, dp, kv) so rendezvous never cross-wait.
     tp_g = new_group(store, f"{name}/tp/d{d}p{p}", tuple(L.worker(d, p, i) for i in range(L.tp)), me,
-                     meter, timeout_s)
-    emu_g = new_group(store, f"{name}/emu/d{d}", L.replica(d), me, meter, timeout_s)
+                     meter, timeout_s, device)
+    emu_g = new_group(store, f"{name}/emu/d{d}", L.replica(d), me, meter, timeout_s, device)
     dp_g = new_group(store, f"{name}/dp/p{p}t{t}", tuple(L.worker(i, p, t) for i in range(L.dp)), me,
-                     meter, timeout_s)
+                     meter, timeout_s, device)
     kv_g = None
     g = spec.num_kv_heads
     if L.tp > g:
         r = L.tp // g
         j = t // r
         kv_g = new_group(store, f"{name}/kv/d{d}p{p}j{j}", tuple(L.worker(d, p, j * r + i) for i in range(r)),
-                         me, meter, timeout_s)
+                         me, meter, timeout_s, device)
     return ParallelContext(layout=L, me=me, d=d, p=p, t=t, tp_group=tp_g, emu_group=emu_g, dp_group=dp_g,
                            kv_group=kv_g)

@@ -193,12 +193,12 @@ class Transit:
             group = (cache or {}).get(group_name)
             if group is None:
                 t0 = time.perf_counter()
-                group = new_group(self.store, group_name, comm, me, self.meter, self.timeout_s)
+                group = new_group(self.store, group_name, comm, me, self.meter, self.timeout_s, device)
                 out["setup_s"] = time.perf_counter() - t0
                 if cache is not None:
                     cache[group_name] = group
         t1 = time.perf_counter()
-        handles = []
+        handles, outgoing = [], {}
         # sends: one contiguous buffer per receiver (pieces, then the counters header)
         for (s, d), pieces in sorted(plan.pairs.items()):
             if s != me:
@@ -212,24 +212,35 @@ class Transit:
                              .reshape(-1).view(torch.uint8))
                 counters = u.counters
             header = torch.tensor([counters.get(k, 0) for k in COUNTERS], dtype=torch.int64).view(torch.uint8)
-            buf = torch.cat([header] + parts)  # header first: every piece stays aligned
+            buf = torch.cat([header.to(parts[0].device)] + parts)  # header first: every piece stays aligned
             out["sent"] += buf.numel() - header.numel()
             out["header_bytes"] += header.numel()
-            handles.append(group.isend(buf, comm.index(d)))
+            if group.direct:  # NCCL: sent below, pair by pair in one global order
+                outgoing[d] = buf
+            else:
+                handles.append(group.isend(buf, comm.index(d)))
         # receives, in sender order
         recv: dict[int, tuple[torch.Tensor, dict]] = {}
+        h = 8 * len(COUNTERS)
+        incoming: dict[int, torch.Tensor] = {}
         for (s, d), pieces in sorted(plan.pairs.items()):
             if d != me:
                 continue
             n = sum(_numel(spec, pc) * _itemsize(kind_dtype(pc.kind, dtype)) for pc in pieces)
-            h = 8 * len(COUNTERS)
-            buf = torch.empty(h + n, dtype=torch.uint8)
-            group.recv(buf, comm.index(s))
-            hdr = buf[:h].view(torch.int64).tolist()
-            recv[s] = (buf[h:], dict(zip(COUNTERS, hdr)))
+            incoming[s] = torch.empty(h + n, dtype=torch.uint8, device=group.device)
+            if not group.direct:
+                group.recv(incoming[s], comm.index(s))
             out["recv"] += n
-        for h in handles:
-            group.wait(h)
+        if group is not None and group.direct:
+            # NCCL shares one stream per pair: every worker visits the pairs in the same global order
+            # and exchanges both directions of a pair with the lower rank sending first
+            for a, b in sorted({tuple(sorted(p)) for p in plan.pairs if me in p}):
+                peer = b if a == me else a
+                group.sendrecv(outgoing.get(peer), incoming.get(peer), comm.index(peer))
+        for s, buf in incoming.items():
+            recv[s] = (buf[h:], dict(zip(COUNTERS, buf[:h].view(torch.int64).tolist())))
+        for hd in handles:
+            group.wait(hd)
         out["transfer_s"] = time.perf_counter() - t1
         # assemble every produced shard on this worker
         shapes = param_shapes(spec)

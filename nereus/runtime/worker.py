@@ -24,7 +24,7 @@ from nereus.runtime.shards import PRECISIONS, WEIGHT_KINDS, MoveSpec, UnitMeta, 
 from nereus.runtime.transit import COUNTERS, Transit, Unit
 from nereus.spec.model import ModelSpec
 
-__all__ = ["WorkerCore", "inventory", "ray_worker_class", "resolve_dtype", "PRECISION_KEY"]
+__all__ = ["WorkerCore", "inventory", "ray_worker_class", "resolve_dtype", "PRECISION_KEY", "select_device"]
 
 #: TCPStore key under which the driver publishes a run's precision (``RLDriver.publish_precision``):
 #: a worker that builds no engine itself (one that joins for a transition) reads it from there
@@ -59,6 +59,35 @@ def inventory() -> dict:
     except ImportError:
         pass
     return out
+
+
+def select_device(worker_id: int, cuda_count: int | None = None, ray_gpu_ids: list | None = None,
+                  visible: str | None = None) -> str:
+    """This worker's one device: ``cpu`` without CUDA; else ``cuda:<i>``.
+
+    Under Ray (``ray_gpu_ids``: ``ray.get_gpu_ids()`` of an actor with ``num_gpus=1``) the assigned
+    GPU's position in ``visible`` (``CUDA_VISIBLE_DEVICES``, which Ray sets to the assigned ids, so
+    usually ``cuda:0``), or the id itself when ``visible`` does not list it; without Ray (local
+    processes) worker ``i`` takes ``cuda:<i mod cuda_count>``. Arguments left None are read from
+    torch, Ray and the environment.
+    """
+    if cuda_count is None:
+        cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if cuda_count == 0:
+        return "cpu"
+    if ray_gpu_ids is None:
+        try:
+            import ray
+
+            ray_gpu_ids = ray.get_gpu_ids() if ray.is_initialized() else []
+        except Exception:  # not in a Ray worker
+            ray_gpu_ids = []
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES") if visible is None else visible
+    if ray_gpu_ids:
+        gid = str(ray_gpu_ids[0])
+        listed = [v.strip() for v in (visible or "").split(",") if v.strip()]
+        return f"cuda:{listed.index(gid) if gid in listed else int(float(gid)) % cuda_count}"
+    return f"cuda:{worker_id % cuda_count}"
 
 
 def resolve_dtype(name: str, trainable: bool, device: str, precision: str = "fp32") -> torch.dtype:
@@ -110,7 +139,9 @@ class WorkerCore:
         self.meter = Meter()
         self.engines: dict[str, Engine] = {}
         self.groups: dict[str, object] = {}
-        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = select_device(self.id)  # one CUDA device per worker (Ray's assigned GPU)
+        if self.device.startswith("cuda"):
+            torch.cuda.set_device(torch.device(self.device))  # NCCL groups bind the current device
         self.transit = Transit(self.id, self.store, self.meter, self.timeout_s)
         self.built: dict[str, dict] = {}  # model-stage → how its engine was built (dtype, schedule, recompute)
 
@@ -148,7 +179,7 @@ class WorkerCore:
         dt = resolve_dtype(dtype, trainable, self.device, precision)
         with self.meter.stage(model_stage):
             ctx = build_context(spec, layout, self.id, self.store, f"{tag}/{model_stage}", self.meter,
-                                self.timeout_s)
+                                self.timeout_s, self.device)
             self.engines[model_stage] = Engine(spec, ctx, seed, self.meter, trainable, adam, dt, self.device,
                                                schedule=schedule, recompute=recompute, precision=precision)
         self.built[model_stage] = {"dtype": dtype, "schedule": schedule, "recompute": recompute,
@@ -332,7 +363,7 @@ class WorkerCore:
         dt = self._dtype_of(model_stage, trainable)
         with self.meter.stage(model_stage):
             ctx = build_context(spec, layout, self.id, self.store, f"{tag}/{model_stage}", self.meter,
-                                self.timeout_s)
+                                self.timeout_s, self.device)
             self.engines[model_stage] = Engine(spec, ctx, 0, self.meter, trainable, adam, dt, self.device,
                                                schedule=how.get("schedule", "1f1b"), recompute=recompute,
                                                state={"tensors": unit.tensors, "counters": unit.counters},
