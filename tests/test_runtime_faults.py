@@ -37,10 +37,11 @@ def ray_cluster():
         ray.shutdown()
 
 
-def _run(faults=None, schedule=None, steps=STEPS, workers=4, **kw):
+def _run(faults=None, schedule=None, steps=STEPS, workers=4, precision="fp32", **kw):
     pool = WorkerPool(workers, timeout_s=15, hang_timeout_s=3).start()
     lines: list[str] = []
-    run = AdaptiveRun(SPEC, W, TASK, workers, RLConfig(actor_lr=1e-2, critic_lr=1e-2, timeout_s=15),
+    cfg = RLConfig(actor_lr=1e-2, critic_lr=1e-2, timeout_s=15, precision=precision)
+    run = AdaptiveRun(SPEC, W, TASK, workers, cfg,
                       schedule=parse_pool_schedule(schedule), notice=True, hang_timeout_s=3, faults=faults,
                       log=lines.append, measure=False, **kw)
     run.keep_final = True
@@ -108,3 +109,16 @@ def test_resume_continues_a_run_killed_as_a_whole(reference, tmp_path):
     assert any(s.startswith("resumed from") for s in lines)
     _same_weights(run.final_state, reference)
 
+
+
+@pytest.mark.slow
+def test_bf16_run_recovers_with_its_fp32_master_weights(ray_cluster):
+    """Mixed precision: the rollback point and the live recovery carry the fp32 master weights too,
+    so a bf16 run killed mid-step ends at the bf16 fault-free run's weights and master weights."""
+    ref = _run(precision="bf16")[0].final_state
+    run, hist, _ = _run(faults={1: ("train_fields", 3, "kill")}, precision="bf16")
+    assert [m["update_count"] for m in hist] == [2, 4, 6, 8] and run.recoveries[0]["source"] == "live"
+    for ms in ref:
+        for kind in ("params", "master"):
+            for n, t in ref[ms][kind].items():
+                assert torch.allclose(run.final_state[ms][kind][n].float(), t.float(), atol=1e-5, rtol=1e-3), (ms, kind, n)

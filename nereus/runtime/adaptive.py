@@ -102,14 +102,14 @@ def runtime_job(spec: ModelSpec, workload: WorkloadSpec, num_workers: int, gpu: 
                 num_nodes: int = 1, precision: str = "fp32") -> JobSpec:
     """The job as the cost and transition planners see this runtime: ``num_workers`` devices of
     ``gpu`` (default: the ``cpu`` preset) on one node, and the bytes the runtime really holds in
-    ``precision`` (``shards.workload_bytes``): ``fp32``: fp32 weights and KV cache (4 B), and for
+    ``precision`` (``precision.workload_bytes``): ``fp32``: fp32 weights and KV cache (4 B), and for
     training only Adam's two moments on top (8 B): the fp32 weights are Adam's master weights, so
     there is no separate master copy; ``bf16``: bf16 weights and KV cache (2 B) and for training a
     12 B fp32 master and moments (``WorkloadSpec``'s GPU default). Fp32 gradients (4 B) in both.
 
     Raises:
         ValueError: workers not splitting evenly over nodes, or an unknown precision."""
-    from nereus.runtime.shards import workload_bytes
+    from nereus.runtime.precision import workload_bytes
 
     gpu = gpu or GPU_PRESETS["cpu"]
     if num_workers % num_nodes:
@@ -190,9 +190,9 @@ class AdaptiveRun:
         self.max_workers = num_workers + sum(max(v, 0) for v in self.schedule.values())
         self.num_workers, self.log = num_workers, log or (lambda *a, **k: None)
         gpu = cpu_gpu_spec(memory_bytes, measure)
-        self.job = runtime_job(spec, workload, self.max_workers, gpu)
-        self.planner = CostModelPlanner()
         self.spec, self.workload, self.task, self.cfg = spec, workload, task, cfg or RLConfig()
+        self.job = runtime_job(spec, workload, self.max_workers, gpu, precision=self.cfg.precision)
+        self.planner = CostModelPlanner()
         self.gamma, self.last_len = gamma, float(workload.response_len)
         self.events: list[dict] = []
         self.ckpt_step = 0
@@ -248,7 +248,8 @@ class AdaptiveRun:
                          log_to_driver=False)
             pool = WorkerPool(self.num_workers, self.cfg.timeout_s, self.hang_timeout_s, self.address).start()
         if pool.num_nodes > 1:  # the planner sees the cluster's nodes (a node loss takes all its workers)
-            self.job = runtime_job(self.spec, self.workload, self.max_workers, self.job.cluster.gpu, pool.num_nodes)
+            self.job = runtime_job(self.spec, self.workload, self.max_workers, self.job.cluster.gpu, pool.num_nodes,
+                                   precision=self.cfg.precision)
         alive = frozenset(i for i, w in enumerate(pool.workers) if w is not None)
         plan = self._first_plan(alive)
         driver = self.make_driver(self.spec, self.workload, shared_plan(self.workload, alive), self.task,

@@ -240,7 +240,7 @@ def _breakdown(est, names) -> str:
     return "; ".join(parts)
 
 
-def check_memory(spec, w, workers: int, memory_gib: float, plan=None) -> None:
+def check_memory(spec, w, workers: int, memory_gib: float, plan=None, precision: str = "fp32") -> None:
     """The cost model's memory check against the per-worker budget, before Ray starts.
 
     With ``plan`` (fixed layouts): every worker's predicted peak (resident state of every
@@ -253,13 +253,13 @@ def check_memory(spec, w, workers: int, memory_gib: float, plan=None) -> None:
     """
     from nereus.cost.model import CostModel
     from nereus.planner.search import NoFeasiblePlan, plan_job
+    from nereus.runtime.precision import workload_bytes
     from nereus.spec.hardware import GPU_PRESETS, ClusterSpec
     from nereus.spec.job import JobSpec
 
     gpu = replace(GPU_PRESETS["cpu"], memory_bytes=int(memory_gib * 2**30))
-    # the bytes the runtime holds (fp32 weights and KV cache; Adam's two moments), as
-    # nereus.runtime.adaptive.runtime_job counts them
-    job = JobSpec(spec, ClusterSpec(gpu, 1, workers), replace(w, param_bytes=4, kv_bytes=4, optimizer_bytes=8))
+    # the bytes the runtime holds in this precision, as nereus.runtime.adaptive.runtime_job counts them
+    job = JobSpec(spec, ClusterSpec(gpu, 1, workers), replace(w, **workload_bytes(precision)))
     cost = CostModel(job)
     budget = f"{cost.capacity / 2**30:.2f} GiB allowed per worker (--memory-gib {memory_gib:g} less " \
              f"{cost.headroom:.0%} headroom)"
@@ -368,7 +368,7 @@ def main(args) -> int:
         layouts.update(given)
         _check_layouts(spec, layouts)
         plan = simple_plan(w, layouts, args.workers, micro_batch=args.micro_batch)
-    check_memory(spec, w, args.workers + _joining(args), args.memory_gib, plan)
+    check_memory(spec, w, args.workers + _joining(args), args.memory_gib, plan, args.precision or "fp32")
     if not args.verbose:
         _quiet_ray()
 
@@ -444,7 +444,7 @@ def _memory_report(spec, w, plan, args, meas) -> None:
     from nereus.runtime.adaptive import runtime_job
     from nereus.runtime.memreport import format_rows, memory_rows
 
-    job = runtime_job(spec, w, args.workers)
+    job = runtime_job(spec, w, args.workers, precision=args.precision or "fp32")
     rows = memory_rows(CostModel(job), plan, meas)
     meas["memory_vs_predicted"] = rows
     print(format_rows(rows))

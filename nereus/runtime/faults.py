@@ -76,13 +76,9 @@ class FaultTolerantWorker(WorkerCore):
         for ms, e in self.engines.items():
             lay, d = e.ctx.layout, e.ctx.d
             meta = UnitMeta(f"{ms}#{d}", ms, lay.tp, lay.pp, tuple(lay.replica(d)))
-            tensors = {"params": {n: w.detach() for n, w in e.model.params.items()}}
-            if e.trainable:
-                tensors["exp_avg"] = e.exp_avg
-                tensors["exp_avg_sq"] = e.exp_avg_sq
-            snap[ms] = Unit(meta, _clone_tensors(tensors), {k: int(getattr(e, k)) for k in
-                                                            ("step", "update_count", "version", "policy_version",
-                                                             "position")})
+            counters = {k: int(getattr(e, k)) for k in ("step", "update_count", "version", "policy_version",
+                                                        "position")}
+            snap[ms] = Unit(meta, _clone_tensors(e.state_tensors()), counters)  # every kind, bf16's master too
         self.snap = snap
         return sorted(u.meta.uid for u in snap.values())
 
