@@ -20,7 +20,9 @@ Algorithm (exact for this model):
    if the slowest model-stage gets faster);
 3. over stages: branch and bound over resident levels ``(β_s)`` with ``τ = usable - Σ β_s``, visiting
    combinations in order of their memory-free lower bound and stopping when the bound reaches the
-   best plan found; results per (stage, β, τ-class) are cached.
+   best plan found; results per (stage, β, τ-class) are cached, and so is each frontier's
+   staircase per (its own resident and transient levels at or below β and τ, budget), which
+   model-stages sharing a frontier (``actor.infer`` and ``reference.infer``) share.
 
 Then :func:`nereus.planner.placement.place` assigns GPU ids, preferring the current plan's GPUs.
 """
@@ -107,9 +109,12 @@ def minmax_knapsack(stairs: list[tuple[np.ndarray, np.ndarray]], budget: int):
     Returns ``(best_max_time, positions)`` or ``(inf, None)`` when even the smallest choices exceed
     the budget.
     """
-    ns = [s[0].tolist() for s in stairs]
-    ts = [s[1].tolist() for s in stairs]
-    pos = [0] * len(stairs)
+    return _minmax_lists([s[0].tolist() for s in stairs], [s[1].tolist() for s in stairs], budget)
+
+
+def _minmax_lists(ns: list[list], ts: list[list], budget: int):
+    """:func:`minmax_knapsack` on staircases given as Python lists."""
+    pos = [0] * len(ns)
     used = sum(n[0] for n in ns)
     if used > budget:
         return math.inf, None
@@ -138,30 +143,51 @@ class _Stage:
         self.x_levels = np.unique(np.concatenate([s.x for s in sets])) if sets else np.zeros(0)
         self.cache: dict = {}
         self.calls = 0
+        # Model-stages with the same frontier (actor.infer and reference.infer; critic.infer and
+        # reward.infer) share its arrays. Each frontier's staircase under (β, τ, budget) depends only on
+        # how many of its own resident and transient levels lie at or below β and τ, so it is cached
+        # under those counts and shared by every (β, τ) that selects the same rows.
+        self._own = [(id(st.t), np.unique(st.r), np.unique(st.x)) for st in sets]
+        self._stairs: dict = {}
 
-    def solve(self, beta: float, tau: float, budget: int | None = None):
-        """(time, rows) of the best assignment with resident ≤ beta, transient ≤ tau."""
+    def solve(self, beta: float, tau: float, budget: int | None = None, keys: tuple[int, int] | None = None):
+        """(time, rows) of the best assignment with resident ≤ beta, transient ≤ tau.
+
+        ``keys``: the cache key ``(beta_key, tau_key)`` (the counts of resident and transient levels
+        at or below ``beta`` and ``tau``) when the caller has computed it for many calls at once."""
         budget = self.budget if budget is None else budget
-        tau_key = int(np.searchsorted(self.x_levels, tau, side="right"))
-        beta_key = int(np.searchsorted(self.r_levels, beta, side="right"))
-        key = (beta_key, tau_key, budget)
+        if keys is None:
+            keys = (int(np.searchsorted(self.r_levels, beta, side="right")),
+                    int(np.searchsorted(self.x_levels, tau, side="right")))
+        key = (keys[0], keys[1], budget)
         if key in self.cache:
             return self.cache[key]
         self.calls += 1
-        stairs, idxs = [], []
-        for s in self.sets:  # frontier rows are sorted by (n, t): the staircase is a running minimum
-            ok = np.nonzero((s.r <= beta) & (s.x <= tau) & (s.n <= budget))[0]
-            if ok.size == 0:
+        ns, ts, idxs = [], [], []
+        for s, (ident, own_r, own_x) in zip(self.sets, self._own):
+            skey = (ident, int(own_r.searchsorted(beta, side="right")), int(own_x.searchsorted(tau, side="right")),
+                    budget)
+            stair = self._stairs.get(skey)
+            if stair is None:
+                # frontier rows are sorted by (n, t): the staircase is a running minimum
+                ok = np.nonzero((s.r <= beta) & (s.x <= tau) & (s.n <= budget))[0]
+                if ok.size == 0:
+                    stair = ()
+                else:
+                    t = s.t[ok]
+                    keep = np.ones(ok.size, dtype=bool)
+                    keep[1:] = t[1:] < np.minimum.accumulate(t)[:-1]
+                    st = ok[keep]
+                    stair = (st.tolist(), s.n[st].tolist(), s.t[st].tolist())
+                self._stairs[skey] = stair
+            if not stair:
                 self.cache[key] = (math.inf, None)
                 return self.cache[key]
-            t = s.t[ok]
-            keep = np.ones(ok.size, dtype=bool)
-            keep[1:] = t[1:] < np.minimum.accumulate(t)[:-1]
-            st = ok[keep]
-            stairs.append((s.n[st], s.t[st]))
-            idxs.append(st)
-        best, pos = minmax_knapsack(stairs, budget)
-        res = (best, None if pos is None else [int(ix[p]) for ix, p in zip(idxs, pos)])
+            idxs.append(stair[0])
+            ns.append(stair[1])
+            ts.append(stair[2])
+        best, pos = _minmax_lists(ns, ts, budget)
+        res = (best, None if pos is None else [ix[p] for ix, p in zip(idxs, pos)])
         self.cache[key] = res
         return res
 
@@ -230,22 +256,29 @@ def _search_sync(stages: list[_Stage], usable: float):
     ok = (rsum <= usable) & np.isfinite(lb)
     order = np.nonzero(ok)[0][np.argsort(lb[ok], kind="stable")]
     best = None
-    for k in order:  # lazily, in order of the lower bound
-        lbk = float(lb[k])
-        if best is not None and lbk >= best[0] * (1 - 1e-12):
-            break
-        rsum_k, idx = float(rsum[k]), idx_all[k]
-        tau = usable - rsum_k
-        total, rows = 0.0, {}
-        for i, j in enumerate(idx):
-            t, r = stages[i].solve(float(levels[i][int(j)]), tau)
-            if r is None:
-                total = math.inf
-                break
-            total += t
-            rows[stages[i].name] = r
-        if total < (best[0] if best else math.inf):
-            best = (total, rows)
+    chunk = 256
+    for start in range(0, len(order), chunk):  # lazily, in order of the lower bound
+        ks = order[start:start + chunk]
+        taus = usable - rsum[ks]
+        # cache keys of the chunk at once: level index + 1 (levels are unique and sorted) and the
+        # count of transient levels at or below tau
+        bkeys = [(idx_all[ks, i] + 1).tolist() for i in range(len(stages))]
+        tkeys = [np.searchsorted(s.x_levels, taus, side="right").tolist() for s in stages]
+        lbs_c, taus_l, idx_c = lb[ks].tolist(), taus.tolist(), idx_all[ks].tolist()
+        for c in range(len(ks)):
+            if best is not None and lbs_c[c] >= best[0] * (1 - 1e-12):
+                return best
+            tau = taus_l[c]
+            total, rows = 0.0, {}
+            for i, j in enumerate(idx_c[c]):
+                t, r = stages[i].solve(float(levels[i][j]), tau, keys=(bkeys[i][c], tkeys[i][c]))
+                if r is None:
+                    total = math.inf
+                    break
+                total += t
+                rows[stages[i].name] = r
+            if total < (best[0] if best else math.inf):
+                best = (total, rows)
     return best
 
 
