@@ -57,7 +57,7 @@ from nereus.runtime.faults import WorkerLost
 from nereus.runtime.plans import shared_plan
 from nereus.runtime.pool import WorkerFailure, WorkerPool
 from nereus.runtime.relayout import intact_replica, train_stages
-from nereus.runtime.schedules import parse_digits_schedule
+from nereus.runtime.schedules import parse_digits_schedule, parse_pool_schedule
 from nereus.runtime.task import DigitTask
 from nereus.spec.hardware import GIB, GPU_PRESETS, ClusterSpec, GPUSpec
 from nereus.spec.job import JobSpec
@@ -116,25 +116,6 @@ def runtime_job(spec: ModelSpec, workload: WorkloadSpec, num_workers: int, gpu: 
         raise ValueError(f"{num_workers} workers do not split evenly over {num_nodes} nodes")
     return JobSpec(spec, ClusterSpec(gpu, num_nodes, num_workers // num_nodes),
                    replace(workload, **workload_bytes(precision)))
-
-
-def parse_pool_schedule(text: str | None) -> dict[int, int]:
-    """``"3:-2,6:+1"`` → ``{3: -2, 6: 1}`` (step → workers joining (+) or leaving (-) before it).
-
-    Raises:
-        ValueError: an item not of the form ``STEP:±N`` or a negative step.
-    """
-    out: dict[int, int] = {}
-    for item in filter(None, (x.strip() for x in (text or "").split(","))):
-        step, _, n = item.partition(":")
-        try:
-            k, dn = int(step), int(n)
-        except ValueError:
-            raise ValueError(f"--pool-schedule item {item!r} must look like 3:-2 or 5:+1") from None
-        if k < 0:
-            raise ValueError(f"--pool-schedule item {item!r}: step must be >= 0")
-        out[k] = out.get(k, 0) + dn
-    return out
 
 
 class AdaptiveRun:

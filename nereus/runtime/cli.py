@@ -17,7 +17,7 @@ import os
 from dataclasses import replace
 
 from nereus.planner.notation import format_plan
-from nereus.runtime.schedules import parse_digits_schedule
+from nereus.runtime.schedules import parse_digits_schedule, parse_schedule_items
 
 __all__ = ["add_arguments", "main", "DEFAULT_LAYOUTS", "check_args", "check_pool_schedule", "check_memory"]
 
@@ -189,29 +189,6 @@ def check_args(args) -> None:
         if bad:
             raise ValueError(f"--digits-schedule: step {bad[0]} never runs (--steps {args.steps} runs steps "
                              f"0..{args.steps - 1})")
-
-
-def parse_schedule_items(text: str) -> list[tuple[str, int, int]]:
-    """``"3:-2,6:+1"`` → ``[("3:-2", 3, -2), ("6:+1", 6, 1)]``.
-
-    Raises:
-        ValueError: an item not of the form ``STEP:±N`` or a negative step.
-    """
-    out = []
-    for item in filter(None, (x.strip() for x in text.split(","))):
-        step, _, n = item.partition(":")
-        try:
-            k, dn = int(step), int(n)
-        except ValueError:
-            raise ValueError(f"--pool-schedule item {item!r} must look like 3:-2 or 5:+1") from None
-        if k < 0:
-            raise ValueError(f"--pool-schedule item {item!r}: step must be >= 0")
-        if dn == 0:
-            raise ValueError(f"--pool-schedule item {item!r}: N must be non-zero (-N leave, +N join)")
-        out.append((item, k, dn))
-    if not out:
-        raise ValueError(f"--pool-schedule {text!r} lists no change; use e.g. 3:-2")
-    return out
 
 
 def check_pool_schedule(text: str, workers: int, steps: int) -> None:
