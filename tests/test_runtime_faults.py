@@ -122,3 +122,21 @@ def test_bf16_run_recovers_with_its_fp32_master_weights(ray_cluster):
         for kind in ("params", "master"):
             for n, t in ref[ms][kind].items():
                 assert torch.allclose(run.final_state[ms][kind][n].float(), t.float(), atol=1e-5, rtol=1e-3), (ms, kind, n)
+
+
+@pytest.mark.slow
+def test_announced_departure_onto_a_time_shared_plan_excludes_the_leaver(ray_cluster):
+    """PPO on 3 workers, one announced to leave before step 1: no plan fits 2 workers, so the run
+    restarts (nothing lost: a checkpoint is taken first) on the time-shared fallback over the two
+    that stay, never the leaver, and goes on."""
+    pool = WorkerPool(3, timeout_s=15, hang_timeout_s=3).start()
+    run = AdaptiveRun(SPEC, W, TASK, 3, RLConfig(timeout_s=15), schedule=parse_pool_schedule("1:-1"), notice=True,
+                      hang_timeout_s=3, measure=False)
+    try:
+        hist = run.run(3, pool)
+    finally:
+        pool.close()
+    assert [m["update_count"] for m in hist] == [2, 4, 6]
+    ev = [e for e in run.events if e["when"] == "pool change"]
+    assert ev and ev[0]["source"] == "checkpoint" and ev[0]["steps_lost"] == 0, run.events
+    assert all(g in (0, 1) for c in run.driver.cands.values() for g in c.gpus)

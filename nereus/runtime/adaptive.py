@@ -433,7 +433,7 @@ class AdaptiveRun:
                 self._apply(self.ctl.observe(rep), k, "pool change")
             finally:
                 self._announced = set()
-            self._change_pool(pool, self.schedule[k], k)
+            self._change_pool(pool, self.schedule[k], k, gone=leaving)  # the announced ones, not others
         else:
             rep = StepReport(step=max(k - 1, 0), response_len=self.last_len,
                              pool=self._change_pool(pool, self.schedule[k], k))
@@ -468,9 +468,12 @@ class AdaptiveRun:
         live = sorted(i for i, w in enumerate(pool.workers) if w is not None)
         return live[delta:] if -delta < len(live) else live[1:]
 
-    def _change_pool(self, pool: WorkerPool, delta: int, k: int) -> frozenset:
+    def _change_pool(self, pool: WorkerPool, delta: int, k: int, gone: list[int] | None = None) -> frozenset:
+        """Apply a scheduled change: ``gone`` (default: the highest-numbered live workers) leave, or
+        ``delta`` new workers join; returns the live ids."""
         if delta < 0:
-            gone = self._leaving(pool, delta)
+            gone = [i for i in (gone if gone is not None else self._leaving(pool, delta))
+                    if pool.workers[i] is not None]  # an announced leaver may have died already
             for i in gone:
                 pool.remove(i)
             self.log(f"before step {k}: workers {format_gpus(gone)} left")
@@ -497,7 +500,8 @@ class AdaptiveRun:
             return ev
         current = Plan(candidates=tuple(d.cands.values()))
         alive = frozenset(i for i, w in enumerate(d.workers) if w is not None)
-        target = dec.plan if dec.plan is not None else shared_plan(self.workload, alive,
+        usable = alive - self._announced  # a worker announced to leave gets no state
+        target = dec.plan if dec.plan is not None else shared_plan(self.workload, usable,
                                                                    self.workload.micro_batch_size)
         target = self._legal(d, target)
         if isinstance(dec, Transition) and same_plan(target, current):

@@ -89,6 +89,7 @@ class FaultTolerantWorker(WorkerCore):
         Returns:
             uids of the units now held.
         """
+        self._cancelled = False
         for ms in list(self.engines):
             self.destroy(ms)
         self.groups.clear()
@@ -114,7 +115,15 @@ class FaultTolerantWorker(WorkerCore):
             raise ValueError(f"fault 'how' must be 'kill' or 'stop', got {how!r}")
         self._armed = (method, how, int(skip))
 
+    def cancel(self) -> None:
+        """Refuse every queued call until the next :meth:`restore` (sent in the ``control`` group
+        when a peer is lost, so calls queued behind a failed one do not each wait for a
+        communicator timeout on the lost peer)."""
+        self._cancelled = True
+
     def _trip(self, method: str) -> None:
+        if getattr(self, "_cancelled", False):
+            raise WorkerFailure(f"worker {self.id}: {method} cancelled: a peer was lost; awaiting recovery")
         armed = getattr(self, "_armed", None)
         if not armed or armed[0] != method:
             return
@@ -150,6 +159,14 @@ class FaultTolerantWorker(WorkerCore):
     def transition_run(self, *a, **k):
         self._trip("transition_run")
         return super().transition_run(*a, **k)
+
+    def build(self, *a, **k):
+        self._trip("build")
+        return super().build(*a, **k)
+
+    def transition_finish(self, *a, **k):
+        self._trip("transition_finish")
+        return super().transition_finish(*a, **k)
 
     def dcp_save(self, *a, **k):
         self._trip("dcp_save")
@@ -221,6 +238,9 @@ def monitored_get(pool, futures, what: str, timeout_s: float, hang_timeout_s: fl
             for i in sorted(new - lost):
                 pool.remove(i, force=True)  # its sockets close: peers in a collective with it fail now
             lost |= new
+            for w in pool.workers:  # calls queued behind a failed one give up at once
+                if w is not None:
+                    w.cancel.options(concurrency_group="control").remote()
         if time.perf_counter() > deadline:
             break
     errors = []
@@ -242,6 +262,9 @@ def monitored_get(pool, futures, what: str, timeout_s: float, hang_timeout_s: fl
             for i in dead + silent:
                 pool.remove(i, force=True)
             lost |= set(dead) | set(silent)
+            for w in pool.workers:
+                if w is not None:
+                    w.cancel.options(concurrency_group="control").remote()
     if lost:
         raise WorkerLost(f"{what}: worker(s) {sorted(lost)} lost ({'hung' if hung else 'died'}); detected after "
                          f"{detect or 0.0:.2f}s", sorted(lost), detect or 0.0, sorted(hung))
