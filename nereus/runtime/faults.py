@@ -204,6 +204,15 @@ def probe(workers: list, timeout_s: float) -> tuple[list[int], list[int]]:
     return sorted(dead), sorted(silent)
 
 
+def _cancel_all(pool, timeout_s: float) -> None:
+    """Cancel the survivors' queued calls and wait for every acknowledgement, so no cancel can land
+    after the rollback that clears it."""
+    import ray
+
+    refs = [w.cancel.options(concurrency_group="control").remote() for w in pool.workers if w is not None]
+    ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+
+
 def monitored_get(pool, futures, what: str, timeout_s: float, hang_timeout_s: float, poll_s: float = 1.0):
     """``ray.get(futures)`` that detects dead and hung workers (module docstring).
 
@@ -238,9 +247,7 @@ def monitored_get(pool, futures, what: str, timeout_s: float, hang_timeout_s: fl
             for i in sorted(new - lost):
                 pool.remove(i, force=True)  # its sockets close: peers in a collective with it fail now
             lost |= new
-            for w in pool.workers:  # calls queued behind a failed one give up at once
-                if w is not None:
-                    w.cancel.options(concurrency_group="control").remote()
+            _cancel_all(pool, hang_timeout_s)  # calls queued behind a failed one give up at once
         if time.perf_counter() > deadline:
             break
     errors = []
@@ -262,9 +269,7 @@ def monitored_get(pool, futures, what: str, timeout_s: float, hang_timeout_s: fl
             for i in dead + silent:
                 pool.remove(i, force=True)
             lost |= set(dead) | set(silent)
-            for w in pool.workers:
-                if w is not None:
-                    w.cancel.options(concurrency_group="control").remote()
+            _cancel_all(pool, hang_timeout_s)
     if lost:
         raise WorkerLost(f"{what}: worker(s) {sorted(lost)} lost ({'hung' if hung else 'died'}); detected after "
                          f"{detect or 0.0:.2f}s", sorted(lost), detect or 0.0, sorted(hung))
