@@ -349,8 +349,7 @@ class AdaptiveRun:
         if want != phase or w is None:
             return
         self.faults[k] = (point, worker, how, "armed")
-        ray_get = self.driver._get
-        ray_get([w.arm.options(concurrency_group="control").remote(point, how)], "arm a fault")
+        self.driver._get([w.arm.options(concurrency_group="control").remote(point, how)], "arm a fault")
         self.log(f"  [fault armed: worker {worker} will be {'stopped (SIGSTOP)' if how == 'stop' else 'killed'} "
                  f"inside {point} during the {phase} of step {k}]")
 
@@ -372,8 +371,6 @@ class AdaptiveRun:
         """Roll back to the boundary, replan on the survivors and move state there live (module
         docstring of ``faults.py``); a training model-stage with no intact replica restores the last
         durable checkpoint."""
-        import ray
-
         d, t0 = self.driver, time.perf_counter()
         self.log(f"  lost worker(s) {format_gpus(e.lost)} during the {when} of step {k} "
                  f"({'hung' if e.hung else 'died'}; detected in {e.detect_s:.2f}s): rolling back to the boundary")
@@ -420,7 +417,6 @@ class AdaptiveRun:
         ev["plan"] = format_plan(target)
         self.events.append(ev)
         self.recoveries.append(ev)
-        del ray
 
     def _pool_change(self, pool: WorkerPool, k: int) -> None:
         leaving = self._leaving(pool, self.schedule[k]) if self.notice else []
