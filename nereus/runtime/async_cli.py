@@ -143,25 +143,7 @@ def main_async(args) -> int:
 
 
 def _adaptive_async(args, spec, w, task, cfg) -> int:
-    from nereus.runtime.adaptive import parse_pool_schedule
     from nereus.runtime.async_driver import AsyncAdaptiveRun
-    from nereus.runtime.cli import _summary
-    from nereus.runtime.schedules import parse_digits_schedule
+    from nereus.runtime.cli import _adaptive
 
-    sched = parse_pool_schedule(args.pool_schedule) if args.pool_schedule else {}
-    run = AsyncAdaptiveRun(spec, w, task, args.workers, cfg, sched, memory_bytes=int(args.memory_gib * 1024**3),
-                           gamma=args.gamma, log=lambda s: print(s, flush=True),
-                           digits=parse_digits_schedule(args.digits_schedule), notice=args.notice,
-                           checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
-                           hang_timeout_s=args.hang_timeout, resume=args.resume, address=args.address,
-                           staleness=args.staleness)
-    history = run.run(args.steps)
-    _summary(history, run)
-    if args.plot and history:
-        from nereus.runtime.report import write_timeline
-
-        print(f"wrote {write_timeline(history, run.events, args.plot)}")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"steps": history, "events": run.events}, f, indent=1, default=str)
-    return 0
+    return _adaptive(args, spec, w, task, cfg, run_class=AsyncAdaptiveRun, staleness=args.staleness)

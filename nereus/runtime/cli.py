@@ -427,15 +427,17 @@ def _memory_report(spec, w, plan, args, meas) -> None:
     print(format_rows(rows))
 
 
-def _adaptive(args, spec, w, task, cfg) -> int:
+def _adaptive(args, spec, w, task, cfg, run_class=None, **extra) -> int:
+    """Run the adaptive loop (``run_class``: :class:`AdaptiveRun` or a subclass such as the
+    asynchronous one, which passes its own ``extra`` options), then its summary, plot and JSON."""
     from nereus.runtime.adaptive import AdaptiveRun, parse_pool_schedule
 
     sched = parse_pool_schedule(args.pool_schedule) if args.pool_schedule else {}
-    run = AdaptiveRun(spec, w, task, args.workers, cfg, sched, memory_bytes=int(args.memory_gib * 1024**3),
-                      gamma=args.gamma, log=lambda s: print(s, flush=True),
-                      digits=parse_digits_schedule(args.digits_schedule), notice=args.notice,
-                      checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
-                      hang_timeout_s=args.hang_timeout, resume=args.resume, address=args.address)
+    run = (run_class or AdaptiveRun)(
+        spec, w, task, args.workers, cfg, sched, memory_bytes=int(args.memory_gib * 1024**3), gamma=args.gamma,
+        log=lambda s: print(s, flush=True), digits=parse_digits_schedule(args.digits_schedule), notice=args.notice,
+        checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
+        hang_timeout_s=args.hang_timeout, resume=args.resume, address=args.address, **extra)
     if args.verbose:
         print(f"device model: {run.job.cluster.gpu.source}")
     history = run.run(args.steps)
