@@ -12,7 +12,9 @@ data-centre GPUs: the form suggested in cost-model.md §3 after Calculon's H100 
 
 Defaults (conservative, cost-model.md §5 "achievable fractions"): GEMM 0.6, attention 0.45,
 HBM-bound 0.7, NVLink/xGMI collectives 0.6 (Calculon NVLink 0.6; 8xA100 sendrecv 65% of peak),
-NIC collectives 0.75 (Calculon IB 0.9, lowered for contention), anything unseen 0.5.
+NIC collectives 0.75 (Calculon IB 0.9, lowered for contention), host-device copies over PCIe 0.8
+(pinned ``cudaMemcpyAsync`` reaches 25-26 GB/s of Gen4's 32, as CUDA's ``bandwidthTest`` sample
+reports), anything unseen 0.5.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ DEFAULT_EFFICIENCY: dict[str, float] = {
     "attention": 0.45,
     "memory_bound": 0.7,
 }
-_LINK_DEFAULT = {"nvlink": 0.6, "xgmi": 0.6, "ib": 0.75, "slingshot": 0.75}
+_LINK_DEFAULT = {"nvlink": 0.6, "xgmi": 0.6, "ib": 0.75, "slingshot": 0.75, "pcie": 0.8}
 UNSEEN_DEFAULT = 0.5
 
 

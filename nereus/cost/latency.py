@@ -13,7 +13,10 @@ Work is counted from shapes and turned into seconds with ``work / (peak · effic
   2021; the unbalanced form used by Alpa and Metis), reported as ``m·t_max`` of work plus a
   ``bubble`` term.
 * DP: ring all-reduce of the gradients of the most loaded GPU once per optimizer step, over the NIC
-  when the replicas span nodes; no overlap with backward is assumed (conservative).
+  when the replicas span nodes; ZeRO stages replace it with reduce-scatter and all-gather
+  (:func:`dp_sync_time`); with the framework's ``overlap_grad_reduce`` the cost model hides it
+  behind backward (``max(0, T_dp - T_bwd)``), otherwise it is fully exposed.
+* Offload of idle state over PCIe (:func:`offload_times`).
 * Optimizer step: HBM-bound, 36 bytes per parameter read or written (bf16 weight, fp32 grad, master,
   exp_avg, exp_avg_sq).
 * Generation: prefill is compute-bound; each decode step reads the replica's weights and the KV cache
@@ -37,13 +40,13 @@ import numpy as np
 from nereus.cost.collectives import allgather_time, allreduce_time, broadcast_time, p2p_time
 from nereus.cost.efficiency import EfficiencyTable
 from nereus.cost.memory import RC_FULL, RC_NONE, RC_SELECTIVE, recompute_code
-from nereus.cost.shapes import kv_bytes_per_token_rank, params_rank
+from nereus.cost.shapes import kv_bytes_per_token_rank, max_layers_rank, params_rank
 from nereus.spec.hardware import ClusterSpec
 from nereus.spec.model import ModelSpec
 from nereus.spec.workload import WorkloadSpec
 
 __all__ = ["LinkModel", "microbatch_stage_times", "decode_step_times", "prefill_stage_times",
-           "dp_sync_time", "optimizer_time", "weight_sync_times", "gemm_rank_params"]
+           "dp_sync_time", "optimizer_time", "offload_times", "weight_sync_times", "gemm_rank_params"]
 
 OPT_BYTES_PER_PARAM = 36
 
@@ -76,7 +79,7 @@ class LinkModel:
             b = bw * self.eff.get(cls)
             if kind == "allreduce":
                 t = allreduce_time(size, n, b, alpha)
-            elif kind == "allgather":
+            elif kind in ("allgather", "reducescatter"):
                 t = allgather_time(size, n, b, alpha)
             elif kind == "broadcast":
                 t = broadcast_time(size, n, b, alpha)
@@ -120,8 +123,8 @@ def _scale(d: dict, k) -> dict:
 
 
 def _layers(model: ModelSpec, pp):
-    """Layers per pipeline rank (pp divides the layers in the plan space)."""
-    return model.num_layers // np.asarray(pp)
+    """Layers on the most loaded pipeline rank (``ceil(L/pp)``; the slowest rank sets the pace)."""
+    return max_layers_rank(model, pp)
 
 
 def _layer_pass(model, tp, tokens, ctx_len, layers, mult, cluster, eff, links, n_ar) -> dict:
@@ -143,9 +146,30 @@ def _head_pass(model, tp, tokens, mult, cluster, eff) -> dict:
     return {"gemm": _gemm_time(flops, mult, cluster.gpu, eff)}
 
 
+def _overlap_tp(parts: dict) -> dict:
+    """TP collectives overlapped with the GEMMs of the same pass (Megatron ``tp_comm_overlap``):
+    exposed ``max(0, T_tp - T_gemm)``, each TP class scaled down by the same factor."""
+    tp_classes = [k for k in parts if k.startswith(("allreduce@", "allgather@"))]
+    if not tp_classes:
+        return parts
+    total = sum(np.asarray(parts[k], dtype=float) for k in tp_classes)
+    gemm = np.asarray(parts.get("gemm", 0.0), dtype=float)
+    keep = np.where(total > 0, np.maximum(total - gemm, 0.0) / np.where(total > 0, total, 1.0), 0.0)
+    return {k: (v * keep if k in tp_classes else v) for k, v in parts.items()}
+
+
 def microbatch_stage_times(stage: str, model: ModelSpec, workload: WorkloadSpec, cluster: ClusterSpec,
-                           eff: EfficiencyTable, tp, pp, micro_batch, recompute="none") -> tuple[dict, dict]:
-    """(mid, last) per-micro-batch stage times by op class for ``train`` or ``infer``."""
+                           eff: EfficiencyTable, tp, pp, micro_batch, recompute="none", vpp=1, sp=False,
+                           overlap_tp=False) -> tuple[dict, dict]:
+    """(mid, last) per-micro-batch stage times by op class for ``train`` or ``infer``.
+
+    ``vpp`` (interleaved pipeline, array allowed) multiplies the point-to-point traffic by ``v``
+    (Narayanan et al. 2021 §2.2); ``sp`` (sequence parallelism) keeps the TP volume (all-gather +
+    reduce-scatter instead of all-reduce, cost-model.md §2.5); ``overlap_tp`` hides TP collectives
+    behind the pass's GEMMs (:func:`_overlap_tp`). Selective recompute re-runs each layer's
+    attention block in backward: its QKV projection, the core attention, and with SP the all-gather
+    of its input (:func:`nereus.cost.memory.activation_bytes_per_layer` says what it saves).
+    """
     links = LinkModel(cluster, eff)
     tp, pp = np.asarray(tp), np.asarray(pp)
     s = workload.seq_len
@@ -159,12 +183,23 @@ def microbatch_stage_times(stage: str, model: ModelSpec, workload: WorkloadSpec,
         rc, mult, n_ar = RC_NONE, 1, 2
     body = _layer_pass(model, tp, tokens, s, layers, mult, cluster, eff, links, n_ar)
     if stage == "train" and np.any(rc == RC_SELECTIVE):
-        extra = np.where(rc == RC_SELECTIVE, 2.0 * model.q_dim / tp * s * tokens * layers, 0.0)
+        sel = rc == RC_SELECTIVE
+        extra = np.where(sel, 2.0 * model.q_dim / tp * s * tokens * layers, 0.0)
         _add(body, "attention", extra / (cluster.gpu.peak_flops * eff.get("attention")))
+        kv_rep = np.maximum(tp // model.num_kv_heads, 1)
+        qkv = model.hidden_size * (model.q_dim + 2 * model.kv_dim * kv_rep) / tp
+        gflops = np.where(sel, 2.0 * qkv * tokens * layers, 0.0)
+        _add(body, "gemm", np.where(sel, _gemm_time(gflops, 3 * layers, cluster.gpu, eff), 0.0))
+        if sp:
+            for cls, t in links.time("allgather", 2.0 * tokens * model.hidden_size, tp).items():
+                _add(body, cls, np.where(sel & (tp > 1), t * layers, 0.0))
     if np.any(pp > 1):
         p2p = links.time("p2p", 2.0 * tokens * model.hidden_size / tp, 2, span=tp * 2)
+        chunks = np.asarray(vpp) if stage == "train" else 1
         for cls, t in p2p.items():
-            _add(body, cls, np.where(pp > 1, t, 0.0) * (2 if stage == "train" else 1))
+            _add(body, cls, np.where(pp > 1, t, 0.0) * (2 if stage == "train" else 1) * chunks)
+    if overlap_tp:
+        body = _overlap_tp(body)
     # The head is outside the recomputed layers (Megatron checkpoints transformer layers only), so it
     # runs forward + backward (3 forward-equivalents) whatever the recompute mode.
     head_mult = 3 if stage == "train" else 1
@@ -212,17 +247,62 @@ def decode_step_times(model, workload, cluster, eff, tp, pp, seqs) -> dict:
     return out
 
 
-def dp_sync_time(model, workload, cluster, eff, tp, pp, dp) -> dict:
-    """Gradient all-reduce over ``dp`` replicas (arrays allowed) for one optimizer step."""
+def dp_sync_time(model, workload, cluster, eff, tp, pp, dp, zero=0, micro_batches=1, reduce_bytes=None) -> dict:
+    """DP communication for one optimizer step over ``dp`` replicas (arrays allowed), by op class,
+    before any overlap with backward (cost-model.md §2.3, §2.7; Rajbhandari et al. SC'20):
+
+    * ZeRO-0: all-reduce of the gradients ``G = params_rank · reduce_bytes``;
+    * ZeRO-1 (Megatron's distributed optimizer): reduce-scatter of ``G`` and all-gather of the
+      updated bf16 weights ``W`` (same volume as the all-reduce when ``reduce_bytes`` equals the
+      weight bytes);
+    * ZeRO-2: a reduce-scatter of ``G`` per micro-batch (gradients are kept sharded, so each
+      micro-batch's gradients are reduced as they are produced) and one all-gather of ``W``;
+    * ZeRO-3 / FSDP: per micro-batch, all-gather ``W`` for forward and again for backward and
+      reduce-scatter ``G`` (1.5x the ZeRO-1 volume per micro-batch).
+
+    ``reduce_bytes``: bytes per gradient element on the wire (default ``workload.grad_bytes``).
+    """
     links = LinkModel(cluster, eff)
     tp, pp, dp = np.asarray(tp), np.asarray(pp), np.asarray(dp)
-    size = params_rank(model, tp, pp) * workload.grad_bytes
-    return links.time("allreduce", size, dp, span=tp * pp * dp)
+    zero, m = np.asarray(zero), np.asarray(micro_batches)
+    rb = workload.grad_bytes if reduce_bytes is None else reduce_bytes
+    params = params_rank(model, tp, pp)
+    g, w = params * rb, params * workload.param_bytes
+    span = tp * pp * dp
+    out = {k: np.where(zero == 0, v, 0.0) for k, v in links.time("allreduce", g, dp, span=span).items()}
+    rs = links.time("reducescatter", g, dp, span=span)
+    ag = links.time("allgather", w, dp, span=span)
+    for k, v in rs.items():
+        _add(out, k, np.where(zero == 0, 0.0, v * np.where(zero >= 2, m, 1)))
+    for k, v in ag.items():
+        _add(out, k, np.where(zero == 0, 0.0, v * np.where(zero >= 3, 2 * m, 1)))
+    return out
 
 
-def optimizer_time(model, workload, cluster, eff, tp, pp):
-    """HBM-bound Adam step: 36 bytes read or written per parameter on the most loaded GPU."""
-    return params_rank(model, tp, pp) * OPT_BYTES_PER_PARAM / (cluster.gpu.hbm_bandwidth * eff.get("memory_bound"))
+def optimizer_time(model, workload, cluster, eff, tp, pp, dp=1, zero=0):
+    """HBM-bound Adam step: 36 bytes read or written per parameter on the most loaded GPU; with
+    ZeRO >= 1 each rank updates only its ``1/dp`` shard."""
+    shard = np.where(np.asarray(zero) >= 1, np.asarray(dp), 1)
+    return params_rank(model, tp, pp) * OPT_BYTES_PER_PARAM / shard / (cluster.gpu.hbm_bandwidth * eff.get("memory_bound"))
+
+
+def offload_times(state_bytes, offload, cluster, eff, *, frozen: bool, derived_sync=None) -> dict:
+    """Per-step seconds of an idle-state mode (codes of :data:`nereus.cost.memory.OFFLOAD_CODES`):
+    ``host`` copies ``state_bytes`` (weights and optimizer state per GPU) to host memory after the
+    model-stage runs and back before it runs next (``2·S / B_host``); ``drop`` frees them and
+    reloads: a frozen model from its host copy (``S / B_host``), a derived copy (the actor's
+    generation or inference weights, the critic's inference weights) by a weight sync
+    (``derived_sync``, op-class dict; none for ``actor.generate``, whose sync is charged anyway).
+    ``B_host`` is the GPU's PCIe ``host_bandwidth`` times the efficiency of op class
+    ``offload@pcie``."""
+    code = np.asarray(offload)
+    bw = cluster.gpu.host_bandwidth * eff.get("offload@pcie")
+    ways = np.where(code == 1, 2.0, np.where(code == 2, 1.0 if frozen else 0.0, 0.0))
+    out = {"offload@pcie": ways * np.asarray(state_bytes, dtype=float) / bw}
+    if derived_sync and not frozen:
+        for k, v in derived_sync.items():
+            _add(out, k, np.where(code == 2, v, 0.0))
+    return out
 
 
 def weight_sync_times(model, workload, cluster, eff, tp, pp, side: str, multi_node: bool) -> dict:

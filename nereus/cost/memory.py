@@ -4,15 +4,20 @@ All results are bytes on the most loaded GPU of a (tp, pp) replica. Terms:
 
 * weights ``params·param_bytes``; optimizer ``params·optimizer_bytes`` (Adam: fp32 master,
   exp_avg, exp_avg_sq = 12 B); gradients ``params·grad_bytes`` (Megatron keeps fp32 main grads);
-  ``params`` from :func:`nereus.cost.shapes.max_params_per_gpu`; no ZeRO sharding across DP
-  (DESIGN.md §4.2: DP replicas are whole EMUs).
+  ``params`` from :func:`nereus.cost.shapes.max_params_per_gpu`. ZeRO across the DP group
+  (Rajbhandari et al. SC'20; cost-model.md §2.3): stage 1 divides the optimizer state by ``dp``
+  (Megatron's distributed optimizer: ``6 + 12/dp`` bytes per parameter with fp32 main gradients),
+  stage 2 also the gradients, stage 3 (FSDP FULL_SHARD) also the weights plus two gathered layers.
 * activations per layer and micro-batch, Llama adaptation of Korthikanti et al. 2022 Table 2
-  (cost-model.md §2.2; flash-attention, no dropout, TP without sequence parallelism):
+  (cost-model.md §2.2; flash-attention, no dropout):
   ``s·b·(8h + (4h + 4h·g/a + 6F)/t)`` bytes (norm inputs, QKV and MLP inputs replicated; Q, K, V,
-  attention output, gate/up/down inputs sharded). Llama-3.1-8B at t=1: 34·s·b·h, the reference's
-  figure. Full recompute keeps only each layer's input ``2·s·b·h`` plus one layer's working set.
-  Selective recompute saves the s² attention core, which flash-attention never stores, so its
-  memory equals no recompute. 1F1B keeps ``min(pp, m)`` micro-batches in flight on the first rank.
+  attention output, gate/up/down inputs sharded); with sequence parallelism the replicated part is
+  divided by ``t`` too (``s·b·(12h + 4h·g/a + 6F)/t``, the table's ``34·s·b·h/t`` for GPT).
+  Llama-3.1-8B at t=1: 34·s·b·h, the reference's figure. Full recompute keeps only each layer's
+  input ``2·s·b·h`` (``/t`` with SP) plus one layer's working set. Selective recompute re-runs the
+  attention block and keeps only its input: ``s·b·(6h + 6F/t)`` (flash-attention stores no s²
+  term, so the attention block's projections are what there is to save). 1F1B keeps ``min(pp, m)``
+  micro-batches in flight on the first rank, ``1 + (p-1)/(p·v)`` times more when interleaved.
 * logits and cross-entropy on the last pipeline rank: ``4·s·b·(h + V)/t`` (Megatron
   ``theoretical_memory_usage.py``); a value head keeps ``4·s·b·h/t``.
 * KV cache: ``concurrency · (prompt + response) · kv_bytes_per_token(tp) · layers_on_rank / L``
@@ -22,7 +27,8 @@ Sequence length: ``prompt_len + response_len_max`` when the workload sets it (a 
 the longest responses; vLLM's KV cache must hold them), else the mean; time stays at the mean.
 
 Resident bytes stay on the GPU between stages (weights, and optimizer state for training);
-transient bytes exist only while the model-stage runs (gradients, activations, logits, KV cache).
+transient bytes exist only while the model-stage runs (gradients, activations, logits, KV cache,
+and the weights and optimizer state of a model-stage whose idle state is offloaded or dropped).
 A constant per-GPU ``WORKSPACE_BYTES`` (CUDA context 0.3-0.6 GiB, NCCL buffers, cuBLAS workspace,
 allocator slack; cost-model.md §2.8) is added once per GPU by the plan-level check.
 """
@@ -31,17 +37,19 @@ from __future__ import annotations
 
 import numpy as np
 
-from nereus.cost.shapes import kv_bytes_per_token_rank, params_rank
+from nereus.cost.shapes import kv_bytes_per_token_rank, layer_params_rank, max_layers_rank, params_rank
 from nereus.spec.model import ModelSpec
 from nereus.spec.workload import WorkloadSpec
 
 __all__ = ["WORKSPACE_BYTES", "PREFILL_CHUNK_TOKENS", "activation_bytes_per_layer", "stage_memory",
-           "recompute_code", "RC_NONE", "RC_SELECTIVE", "RC_FULL"]
+           "recompute_code", "offload_code", "RC_NONE", "RC_SELECTIVE", "RC_FULL", "OFFLOAD_CODES"]
 
 GIB = 1024**3
 WORKSPACE_BYTES = 1.5 * GIB
 PREFILL_CHUNK_TOKENS = 8192
 RC_NONE, RC_SELECTIVE, RC_FULL = 0, 1, 2
+#: idle-state modes of a model-stage by code (:mod:`nereus.spec.framework`)
+OFFLOAD_CODES = ("none", "host", "drop")
 _RC = {"none": RC_NONE, "selective": RC_SELECTIVE, "full": RC_FULL}
 
 
@@ -58,11 +66,37 @@ def recompute_code(recompute):
     return np.asarray(recompute)
 
 
-def activation_bytes_per_layer(model: ModelSpec, tokens, tp: int):
-    """Stored activation bytes of one layer for ``tokens = s·b`` tokens on one TP rank."""
+def offload_code(offload):
+    """``none``/``host``/``drop`` (or an array of codes) as integer codes of :data:`OFFLOAD_CODES`.
+
+    Raises:
+        ValueError: unknown mode.
+    """
+    if isinstance(offload, str):
+        if offload not in OFFLOAD_CODES:
+            raise ValueError(f"offload must be one of {list(OFFLOAD_CODES)}, got {offload!r}")
+        return OFFLOAD_CODES.index(offload)
+    return np.asarray(offload)
+
+
+def activation_bytes_per_layer(model: ModelSpec, tokens, tp, sp=False, selective=False):
+    """Stored activation bytes of one layer for ``tokens = s·b`` tokens on one TP rank, elementwise.
+
+    Replicated over TP: the two norm inputs and the QKV and MLP inputs, ``8h`` bytes per token (``/tp``
+    with sequence parallelism). Sharded: Q, attention output ``4h``, K and V ``4h·g/a``, the MLP's
+    gate/up/down inputs ``6F``. Selective recompute re-runs the attention block (norm, QKV projection,
+    core attention) in backward and keeps only its input, dropping the QKV input, Q, K, V and the
+    attention output: ``6h`` replicated and ``6F`` sharded remain (Llama adaptation of Korthikanti et
+    al. 2022 Table 2; cost-model.md §2.2).
+    """
     h, f = model.hidden_size, model.intermediate_size
     ga = model.num_kv_heads / model.num_attention_heads
-    return tokens * (8 * h + (4 * h + 4 * h * ga + 6 * f) / tp)
+    sel = np.asarray(selective, dtype=bool)
+    rep = np.where(sel, 6.0 * h, 8.0 * h)
+    sharded = np.where(sel, 6.0 * f, 4 * h + 4 * h * ga + 6.0 * f)
+    tp = np.asarray(tp)
+    rep = np.where(np.asarray(sp, dtype=bool) & (tp > 1), rep / tp, rep)
+    return tokens * (rep + sharded / tp)
 
 
 def _logits_bytes(model: ModelSpec, tokens, tp: int):
@@ -72,14 +106,26 @@ def _logits_bytes(model: ModelSpec, tokens, tp: int):
 
 
 def stage_memory(stage: str, model: ModelSpec, workload: WorkloadSpec, tp, pp, *,
-                 micro_batch=1, recompute="none", inflight=1, concurrency=0) -> dict:
+                 micro_batch=1, recompute="none", inflight=1, concurrency=0, dp=1, zero=0, offload=0,
+                 vpp=1, sp=False) -> dict:
     """Bytes per GPU by term for one replica of a ``generate``, ``infer`` or ``train`` model-stage.
 
     Elementwise over arrays: ``tp``, ``pp``, ``micro_batch``, ``recompute`` (a mode or an array of
-    codes, see :func:`recompute_code`), ``inflight`` (train: micro-batches in
-    flight, ``min(pp, m)``) and ``concurrency`` (generate) may be arrays of one shape. Each term is
-    taken on its most loaded pipeline rank (the first holds the most activations, the last the
-    logits; the larger of the two is kept).
+    codes, see :func:`recompute_code`), ``inflight`` (train: micro-batches in flight, ``min(pp, m)``),
+    ``concurrency`` (generate), ``dp``, ``zero`` (ZeRO stage 0-3, train), ``offload`` (codes of
+    :data:`OFFLOAD_CODES`) and ``vpp`` (interleaving) may be arrays of one shape; ``sp`` (sequence
+    parallelism) is a flag. Each term is taken on its most loaded pipeline rank (the first holds the
+    most activations, the last the logits; the larger of the two is kept).
+
+    Terms (cost-model.md §2.2-2.3):
+
+    * ZeRO over ``dp``: stage >= 1 divides the optimizer state, >= 2 also the gradients, 3 also the
+      weights, which then need two gathered layers in flight (forward and backward prefetch,
+      llm-analysis's ``unsharded_layer x (fwd_prefetch + bwd_prefetch)``).
+    * Interleaved 1F1B keeps ``1 + (p-1)/(p·v)`` times the first rank's activations (Korthikanti
+      et al. 2022 §4.2.3).
+    * Offload ``host`` or ``drop``: the weights and optimizer state are not resident between runs;
+      they are transient, on the GPU only while the model-stage runs.
 
     Returns:
         dict with ``weights, optimizer, gradients, activations, logits, kv_cache`` and the sums
@@ -90,20 +136,26 @@ def stage_memory(stage: str, model: ModelSpec, workload: WorkloadSpec, tp, pp, *
     """
     tp, pp = np.asarray(tp), np.asarray(pp)
     params = params_rank(model, tp, pp)
-    layers = model.num_layers // pp
+    layers = max_layers_rank(model, pp)
     s = workload.memory_seq_len  # the response length memory is sized for (max or a percentile)
     out = {"weights": params * workload.param_bytes, "optimizer": 0.0, "gradients": 0.0,
            "activations": 0.0, "logits": 0.0, "kv_cache": 0.0}
     if stage == "train":
         rc = recompute_code(recompute)
-        out["optimizer"] = params * workload.optimizer_bytes
-        out["gradients"] = params * workload.grad_bytes
+        zero, dp = np.asarray(zero), np.asarray(dp)
+        out["optimizer"] = params * workload.optimizer_bytes / np.where(zero >= 1, dp, 1)
+        out["gradients"] = params * workload.grad_bytes / np.where(zero >= 2, dp, 1)
+        out["weights"] = np.where(zero >= 3, params * workload.param_bytes / dp
+                                  + 2.0 * layer_params_rank(model, tp) * workload.param_bytes,
+                                  params * workload.param_bytes)
         tokens = s * np.asarray(micro_batch)
-        per_layer = activation_bytes_per_layer(model, tokens, tp)
-        inputs_only = 2.0 * tokens * model.hidden_size * layers
+        per_layer = activation_bytes_per_layer(model, tokens, tp, sp, rc == RC_SELECTIVE)
+        inputs_only = 2.0 * tokens * model.hidden_size * layers / np.where(sp & (tp > 1), tp, 1)
         full = rc == RC_FULL
-        first = np.where(full, inputs_only * np.asarray(inflight) + per_layer,
-                         per_layer * layers * np.asarray(inflight))
+        vpp = np.asarray(vpp)
+        interleave = np.where(vpp > 1, 1.0 + (pp - 1) / (pp * np.maximum(vpp, 1)), 1.0)
+        first = np.where(full, inputs_only * np.asarray(inflight) * interleave + per_layer,
+                         per_layer * layers * np.asarray(inflight) * interleave)
         logits = _logits_bytes(model, tokens, tp)
         last = np.where(full, inputs_only + per_layer, per_layer * layers) + logits
         # pp = 1: one rank holds both; pp > 1: the larger of the first and the last rank.
@@ -111,7 +163,7 @@ def stage_memory(stage: str, model: ModelSpec, workload: WorkloadSpec, tp, pp, *
         out["logits"] = np.where(pp > 1, 0.0, logits)
     elif stage == "infer":
         tokens = s * np.asarray(micro_batch)
-        out["activations"] = 2 * activation_bytes_per_layer(model, tokens, tp)
+        out["activations"] = 2 * activation_bytes_per_layer(model, tokens, tp, sp)
         out["logits"] = (6.0 * tokens * model.vocab_size / tp) if model.head == "lm" else 4.0 * tokens
     elif stage == "generate":
         c = np.asarray(concurrency)
@@ -121,6 +173,11 @@ def stage_memory(stage: str, model: ModelSpec, workload: WorkloadSpec, tp, pp, *
         out["logits"] = 6.0 * c * model.vocab_size / tp
     else:
         raise ValueError(f"stage must be 'generate', 'infer' or 'train', got {stage!r}")
-    out["resident"] = out["weights"] + out["optimizer"]
-    out["transient"] = out["gradients"] + out["activations"] + out["logits"] + out["kv_cache"]
+    state = out["weights"] + out["optimizer"]
+    moved = np.asarray(offload) > 0
+    out["resident"] = np.where(moved, 0.0, state)
+    out["transient"] = (out["gradients"] + out["activations"] + out["logits"] + out["kv_cache"]
+                        + np.where(moved, state, 0.0))
+    if np.ndim(out["resident"]) == 0:
+        out["resident"], out["transient"] = float(out["resident"]), float(out["transient"])
     return out

@@ -36,16 +36,34 @@ import numpy as np
 
 from nereus.cost import latency as lat
 from nereus.cost.efficiency import EfficiencyTable
-from nereus.cost.memory import WORKSPACE_BYTES, stage_memory
+from nereus.cost.memory import WORKSPACE_BYTES, offload_code, stage_memory
 from nereus.cost.shapes import valid_pp, valid_tp
 from nereus.spec.job import JobSpec
 from nereus.spec.plan import Candidate, Plan, StageEstimate
 from nereus.workflow import ModelStage, Workflow, workflow_for
 
-__all__ = ["CostModel", "critical_path", "default_headroom", "DEFAULT_HEADROOM"]
+__all__ = ["CostModel", "critical_path", "stage_groups", "check_candidate", "default_headroom",
+           "DEFAULT_HEADROOM", "FROZEN_MODELS"]
 
 #: fraction of device memory kept free when neither the caller nor the job sets one
 DEFAULT_HEADROOM = 0.1
+#: models whose weights never change during the run (reloadable from a host copy)
+FROZEN_MODELS = ("reference", "reward")
+_COMPUTE_CLASSES = ("gemm", "attention", "memory_bound")
+
+
+def _overlap_dp(comm: dict, last: dict, zero, m) -> dict:
+    """DP communication overlapped with backward (cost-model.md §2.7, ``T_comp + max(0, T_dp -
+    T_bwd)``): ZeRO-0/1 reduce during the last micro-batch's backward (2/3 of its compute, Megatron's
+    bucketed ``overlap_grad_reduce``); ZeRO-2/3 communicate per micro-batch, prefetched behind
+    every micro-batch's forward and backward (FSDP's prefetch)."""
+    if not comm:
+        return comm
+    compute = sum(np.asarray(last.get(k, 0.0), dtype=float) for k in _COMPUTE_CLASSES)
+    window = np.where(np.asarray(zero) >= 2, np.asarray(m) * compute, compute * 2.0 / 3.0)
+    total = sum(np.asarray(v, dtype=float) for v in comm.values())
+    keep = np.where(total > 0, np.maximum(total - window, 0.0) / np.where(total > 0, total, 1.0), 0.0)
+    return {k: v * keep for k, v in comm.items()}
 
 
 def _sum(d: dict):
@@ -118,12 +136,15 @@ class CostModel:
 
     # ------------------------------------------------------------------ arrays
     def candidate_arrays(self, ms: ModelStage, tp, pp, dp, *, micro_batch=1, recompute="none",
-                         concurrency=0, multi_node: bool = False, breakdown: bool = False) -> dict:
+                         concurrency=0, zero=0, offload=0, vpp=1, multi_node: bool = False,
+                         breakdown: bool = False) -> dict:
         """Time and memory of candidates of ``ms``, elementwise over arrays.
 
-        ``tp``, ``pp``, ``dp``, ``micro_batch``, ``recompute`` (mode or codes) and ``concurrency`` may
-        be scalars or arrays of one shape; the caller guarantees valid degrees (see
-        :func:`nereus.cost.shapes.valid_tp`).
+        ``tp``, ``pp``, ``dp``, ``micro_batch``, ``recompute`` (mode or codes), ``concurrency``,
+        ``zero`` (ZeRO stage, train), ``offload`` (mode or codes of
+        :data:`nereus.cost.memory.OFFLOAD_CODES`) and ``vpp`` (interleaving, train) may be scalars or
+        arrays of one shape; the caller guarantees valid values (see :func:`check_candidate`). The
+        job's framework flags (sequence parallelism, overlaps, reduce dtype) apply to every row.
 
         Returns:
             dict with ``time`` (seconds per step), ``resident`` and ``transient`` (bytes per GPU),
@@ -136,26 +157,37 @@ class CostModel:
         tp = np.broadcast_to(np.asarray(tp, dtype=np.int64), dp.shape)
         pp = np.broadcast_to(np.asarray(pp, dtype=np.int64), dp.shape)
         corr = self.memory_correction.get(ms.name, 1.0)
+        fw = self.job.framework
+        off = offload_code(offload)
         if ms.stage == "train":
             micro_batch = np.asarray(micro_batch)
             _check_train_batch(ms, w.mini_batch_size, tp, pp, dp, micro_batch)
             m = w.mini_batch_size // (dp * micro_batch)
-            mid, last = lat.microbatch_stage_times("train", model, w, cl, eff, tp, pp, micro_batch, recompute)
-            per_mini = _combine(_scale(last, m), {"bubble": (pp - 1) * _sum(mid)},
-                                lat.dp_sync_time(model, w, cl, eff, tp, pp, dp),
-                                {"memory_bound": lat.optimizer_time(model, w, cl, eff, tp, pp)})
+            zero, vpp = np.asarray(zero), np.asarray(vpp)
+            mid, last = lat.microbatch_stage_times("train", model, w, cl, eff, tp, pp, micro_batch, recompute,
+                                                   vpp=vpp, sp=fw.sequence_parallel, overlap_tp=fw.overlap_tp_comm)
+            comm = lat.dp_sync_time(model, w, cl, eff, tp, pp, dp, zero=zero, micro_batches=m,
+                                    reduce_bytes=fw.grad_reduce_bytes)
+            if fw.overlap_grad_reduce:
+                comm = _overlap_dp(comm, last, zero, m)
+            per_mini = _combine(_scale(last, m), {"bubble": (pp - 1) * _sum(mid) / np.maximum(vpp, 1)}, comm,
+                                {"memory_bound": lat.optimizer_time(model, w, cl, eff, tp, pp, dp, zero)})
             parts = _scale(per_mini, w.updates_per_step)
             if ms.model == "actor":
                 parts = _combine(parts, lat.weight_sync_times(model, w, cl, eff, tp, pp, "send", multi_node))
+            off = np.where(off == 2, 1, off)  # training state cannot be dropped; treat as host offload
             mem = stage_memory("train", model, w, tp, pp, micro_batch=micro_batch, recompute=recompute,
-                               inflight=np.minimum(pp, m))
+                               inflight=np.minimum(pp, m), dp=dp, zero=zero, offload=off, vpp=vpp,
+                               sp=fw.sequence_parallel)
         elif ms.stage == "infer":
             micro_batch = np.asarray(micro_batch)
             seqs = -(-w.global_batch // dp)
             m = -(-seqs // micro_batch)
-            mid, last = lat.microbatch_stage_times("infer", model, w, cl, eff, tp, pp, micro_batch)
+            mid, last = lat.microbatch_stage_times("infer", model, w, cl, eff, tp, pp, micro_batch,
+                                                   sp=fw.sequence_parallel, overlap_tp=fw.overlap_tp_comm)
             parts = _combine(_scale(last, m), {"bubble": (pp - 1) * _sum(mid)})
-            mem = stage_memory("infer", model, w, tp, pp, micro_batch=micro_batch)
+            mem = stage_memory("infer", model, w, tp, pp, micro_batch=micro_batch, offload=off,
+                               sp=fw.sequence_parallel)
         elif ms.stage == "generate":
             seqs = -(-w.rollouts_per_step // dp)
             c = np.minimum(concurrency, seqs)
@@ -167,9 +199,16 @@ class CostModel:
             parts = _scale(_combine(prefill, decode), waves)
             if ms.model == "actor":
                 parts = _combine(parts, lat.weight_sync_times(model, w, cl, eff, tp, pp, "recv", multi_node))
-            mem = stage_memory("generate", model, w, tp, pp, concurrency=c)
+            mem = stage_memory("generate", model, w, tp, pp, concurrency=c, offload=off)
         else:  # pragma: no cover - ModelStage validates stages
             raise ValueError(ms.stage)
+        if np.any(off > 0):
+            frozen = ms.model in FROZEN_MODELS
+            sync = None
+            if not frozen and ms.stage == "infer":
+                sync = lat.weight_sync_times(model, w, cl, eff, tp, pp, "recv", multi_node)
+            parts = _combine(parts, lat.offload_times(mem["weights"] + mem["optimizer"], off, cl, eff,
+                                                      frozen=frozen, derived_sync=sync))
 
         def rows(v):
             return np.broadcast_to(np.asarray(v, dtype=float), dp.shape)
@@ -186,22 +225,13 @@ class CostModel:
 
         Raises:
             KeyError: the candidate names a model-stage outside this job's workflow.
-            ValueError: tp or pp cannot shard the model (e.g. tp not dividing the heads).
+            ValueError: the candidate is invalid for its model-stage (:func:`check_candidate`).
         """
         ms = self.workflow.get(cand.model_stage)
-        model = self.model_of(ms)
-        why = valid_tp(model, cand.tp) or valid_pp(model, cand.pp)
-        if why:
-            raise ValueError(f"candidate {cand.model_stage} ({cand.short()}): {why}")
-        mini = self.job.workload.mini_batch_size
-        if ms.stage == "train" and cand.grad_accum and cand.dp * max(cand.micro_batch, 1) * cand.grad_accum != mini:
-            b = max(cand.micro_batch, 1)
-            raise ValueError(f"candidate {cand.model_stage} ({cand.short()}): grad_accum={cand.grad_accum} gives "
-                             f"dp*micro_batch*grad_accum = {cand.dp}*{b}*{cand.grad_accum} = "
-                             f"{cand.dp * b * cand.grad_accum}; valid: grad_accum = mini_batch_size/(dp*micro_batch)"
-                             f" = {mini}/{cand.dp * b}" + ("" if mini % (cand.dp * b) else f" = {mini // (cand.dp * b)}"))
+        check_candidate(self.job, ms, cand)
         a = self.candidate_arrays(ms, cand.tp, cand.pp, [cand.dp], micro_batch=max(cand.micro_batch, 1),
                                   recompute=cand.recompute, concurrency=max(cand.concurrency, 1),
+                                  zero=cand.zero, offload=cand.offload, vpp=cand.vpp,
                                   multi_node=multi_node, breakdown=True)
         corr = self.memory_correction.get(ms.name, 1.0)
         memory = {k: float(np.asarray(v).reshape(-1)[0]) * corr for k, v in a["memory"].items()
@@ -230,7 +260,8 @@ class CostModel:
         pool = frozenset(pool) if pool is not None else plan.gpus_used()
         multi = self.job.cluster.spans_nodes(pool) if pool else False
         ests = {c.model_stage: self.estimate_candidate(c, multi) for c in plan.candidates}
-        l_step = critical_path(self.workflow, {k: v.time for k, v in ests.items()})
+        l_step = critical_path(self.workflow, {k: v.time for k, v in ests.items()},
+                               groups=stage_groups(plan, self.workflow))
         gpu_res: dict = {}
         gpu_tr: dict = {}
         for c in plan.candidates:
@@ -251,6 +282,64 @@ class CostModel:
         if not plan.gpu_memory:
             plan = self.estimate(plan)
         return all(v <= self.capacity for v in plan.gpu_memory.values())
+
+
+def check_candidate(job: JobSpec, ms: ModelStage, cand: Candidate) -> None:
+    """Raise ValueError naming the field when ``cand`` cannot run ``ms`` of ``job``.
+
+    Checked: tp/pp shard the model (pp may leave a remainder when the framework allows uneven
+    stages), ``grad_accum`` matches the mini-batch, ZeRO only for training, ``drop`` never for
+    training state, interleaving only for training with ``pp > 1``, ``pp·vpp`` dividing the layers and
+    the micro-batches per replica a multiple of ``pp`` (Megatron's interleaved-schedule rule).
+    Whether the framework supports a feature is not checked here (the what-if reports it).
+    """
+    model = job.model(ms.model)
+    where = f"candidate {cand.model_stage} ({cand.short()})"
+    why = valid_tp(model, cand.tp) or valid_pp(model, cand.pp, uneven=job.framework.uneven_pp)
+    if why:
+        raise ValueError(f"{where}: {why}")
+    mini = job.workload.mini_batch_size
+    b = max(cand.micro_batch, 1)
+    if ms.stage == "train" and cand.grad_accum and cand.dp * b * cand.grad_accum != mini:
+        raise ValueError(f"{where}: grad_accum={cand.grad_accum} gives "
+                         f"dp*micro_batch*grad_accum = {cand.dp}*{b}*{cand.grad_accum} = "
+                         f"{cand.dp * b * cand.grad_accum}; valid: grad_accum = mini_batch_size/(dp*micro_batch)"
+                         f" = {mini}/{cand.dp * b}" + ("" if mini % (cand.dp * b) else f" = {mini // (cand.dp * b)}"))
+    if cand.zero and ms.stage != "train":
+        raise ValueError(f"{where}: zero={cand.zero} applies to training model-stages only; valid: zero=0")
+    if cand.offload == "drop" and ms.stage == "train":
+        raise ValueError(f"{where}: offload='drop' would lose training state; valid: 'none' or 'host'")
+    if cand.vpp > 1:
+        if ms.stage != "train" or cand.pp == 1:
+            raise ValueError(f"{where}: vpp={cand.vpp} (interleaved pipeline) needs a training model-stage "
+                             f"with pp > 1; valid: vpp=1")
+        if model.num_layers % (cand.pp * cand.vpp):
+            raise ValueError(f"{where}: pp*vpp = {cand.pp * cand.vpp} does not divide num_hidden_layers="
+                             f"{model.num_layers}; valid: vpp dividing {model.num_layers}/pp")
+        m = mini // (cand.dp * b) if mini % (cand.dp * b) == 0 else 0
+        if m % cand.pp:
+            raise ValueError(f"{where}: the interleaved schedule needs the {m} micro-batch(es) per replica to be a "
+                             f"multiple of pp={cand.pp} (Megatron); valid: vpp=1 or a micro-batch count "
+                             f"divisible by pp")
+
+
+def stage_groups(plan: Plan, workflow: Workflow) -> list[tuple[str, ...]]:
+    """Model-stages that run one after another: per stage, the connected groups of model-stages
+    whose GPU sets intersect (colocated, verl's hybrid engine); a model-stage sharing no GPU with
+    another of its stage is a group of its own. Model-stages without GPUs are groups of their own."""
+    out: list[tuple[str, ...]] = []
+    for st in workflow.stages:
+        names = [m.name for m in workflow.in_stage(st) if m.name in plan]
+        g = nx.Graph()
+        g.add_nodes_from(names)
+        sets = {n: set(plan[n].gpus) for n in names}
+        for i, a in enumerate(names):
+            for bname in names[i + 1:]:
+                if sets[a] & sets[bname]:
+                    g.add_edge(a, bname)
+        for comp in nx.connected_components(g):
+            out.append(tuple(n for n in names if n in comp))
+    return out
 
 
 def default_headroom(job: JobSpec) -> float:
@@ -280,22 +369,33 @@ def _check_train_batch(ms: ModelStage, mini: int, tp, pp, dp, b) -> None:
                      f"(mini_batch_size {mini} / dp {d}); valid: a micro_batch dividing {mini // d}")
 
 
-def critical_path(workflow: Workflow, times: dict) -> float:
+def critical_path(workflow: Workflow, times: dict, groups=None) -> float:
     """Longest path through the execution-overlap graph of one step, in seconds.
 
-    Nodes are model-stages weighted by their time; edges are the workflow's data dependencies
-    (every model-stage of a stage feeds every one of the next). In asynchronous mode generation of
-    the next step does not wait for this step's training, so it is only bounded below by its own time.
+    Nodes are model-stages weighted by their time, or, when ``groups`` is given (see
+    :func:`stage_groups`), groups of colocated model-stages weighted by the sum of their times
+    (they run one after another on shared GPUs); edges are the workflow's data dependencies (every
+    model-stage of a stage feeds every one of the next). In asynchronous mode generation of the next
+    step does not wait for this step's training, so it is only bounded below by its own time.
     """
+    node_of = {}
+    for grp in groups or ():
+        for n in grp:
+            node_of[n] = tuple(grp)
     g = nx.DiGraph()
     for ms in workflow.model_stages:
         if ms.name in times:
-            g.add_node(ms.name, w=float(times[ms.name]))
+            node = node_of.get(ms.name, (ms.name,))
+            if node not in g:
+                g.add_node(node, w=0.0)
+            g.nodes[node]["w"] += float(times[ms.name])
     for u, v in workflow.dependencies():
         if workflow.asynchronous and u.stage == "generate":
             continue
-        if u.name in g and v.name in g:
-            g.add_edge(u.name, v.name)
+        if u.name in times and v.name in times:
+            a, b = node_of.get(u.name, (u.name,)), node_of.get(v.name, (v.name,))
+            if a != b:
+                g.add_edge(a, b)
     best: dict = {}
     for n in nx.topological_sort(g):
         best[n] = g.nodes[n]["w"] + max((best[p] for p in g.predecessors(n)), default=0.0)

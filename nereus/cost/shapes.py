@@ -18,7 +18,7 @@ import numpy as np
 
 from nereus.spec.model import ModelSpec
 
-__all__ = ["replicated_per_layer", "layers_of_rank", "params_on_rank", "max_params_per_gpu", "params_rank", "kv_bytes_per_token_rank",
+__all__ = ["replicated_per_layer", "layers_of_rank", "max_layers_rank", "layer_params_rank", "params_on_rank", "max_params_per_gpu", "params_rank", "kv_bytes_per_token_rank",
            "valid_tp", "valid_pp"]
 
 
@@ -55,13 +55,31 @@ def valid_tp(model: ModelSpec, tp: int) -> str | None:
     return None
 
 
-def valid_pp(model: ModelSpec, pp: int) -> str | None:
-    """Why ``pp`` cannot split ``model``, or None when it can (pp must divide the layers)."""
+def valid_pp(model: ModelSpec, pp: int, uneven: bool = False) -> str | None:
+    """Why ``pp`` cannot split ``model``, or None when it can.
+
+    PP must divide the layers unless ``uneven`` (the framework allows unequal layer counts, e.g.
+    Megatron's ``decoder_first_pipeline_num_layers``; the earliest ranks then take one layer more,
+    :func:`layers_of_rank`)."""
     if pp < 1 or pp > model.num_layers:
         return f"pp={pp} must be between 1 and num_hidden_layers={model.num_layers}"
-    if model.num_layers % pp:
-        return f"pp={pp} does not divide num_hidden_layers={model.num_layers}"
+    if model.num_layers % pp and not uneven:
+        return (f"pp={pp} does not divide num_hidden_layers={model.num_layers} (the job's framework does not "
+                f"allow uneven pipeline stages)")
     return None
+
+
+def max_layers_rank(model: ModelSpec, pp):
+    """Layers on the most loaded pipeline rank, ``ceil(L/pp)``, elementwise."""
+    return -(-model.num_layers // np.asarray(pp))
+
+
+def layer_params_rank(model: ModelSpec, tp):
+    """Parameters of one transformer layer on one TP rank, elementwise (ZeRO-3 gathers layer by layer)."""
+    tp = np.asarray(tp)
+    if tp.ndim == 0:
+        return _layer_params_per_tp_rank(model, int(tp))
+    return np.vectorize(lambda t: _layer_params_per_tp_rank(model, int(t)), otypes=[float])(tp)
 
 
 def replicated_per_layer(model: ModelSpec) -> int:
@@ -121,8 +139,8 @@ def params_rank(model: ModelSpec, tp, pp):
 
 
 def kv_bytes_per_token_rank(model: ModelSpec, kv_bytes: int, tp, pp):
-    """KV-cache bytes per token on one GPU: ``2·(L/pp)·max(g/tp, 1)·d·bytes`` (KV heads replicated
-    when tp > g)."""
+    """KV-cache bytes per token on one GPU: ``2·ceil(L/pp)·max(g/tp, 1)·d·bytes`` (KV heads replicated
+    when tp > g; the most loaded rank when pp does not divide the layers)."""
     tp = np.asarray(tp)
     kv_heads = np.maximum(model.num_kv_heads // tp, 1)
-    return 2 * (model.num_layers // np.asarray(pp)) * kv_heads * model.head_dim * kv_bytes
+    return 2 * max_layers_rank(model, pp) * kv_heads * model.head_dim * kv_bytes

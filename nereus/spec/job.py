@@ -14,6 +14,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nereus.spec.framework import FrameworkSpec
 from nereus.spec.hardware import ClusterSpec
 from nereus.spec.model import ModelSpec, get_model
 from nereus.spec.workload import WorkloadSpec
@@ -22,7 +23,7 @@ __all__ = ["JobSpec"]
 
 MODEL_ROLES = ("actor", "critic", "reference", "reward")
 #: sections of a job document (``docs/files.md``)
-JOB_SECTIONS = ("model", "cluster", "workload")
+JOB_SECTIONS = ("model", "cluster", "workload", "framework")
 
 
 @dataclass(frozen=True)
@@ -34,14 +35,20 @@ class JobSpec:
         cluster: nodes x GPUs and their links.
         workload: algorithm, batches, lengths.
         models: optional overrides per role (``critic``, ``reference``, ``reward``).
+        framework: what the user's framework supports (ZeRO, SP, interleaving, offload,
+            colocation; :mod:`nereus.spec.framework`); default ``nereus``, what the Nereus
+            runtime executes.
     """
 
     actor: ModelSpec
     cluster: ClusterSpec
     workload: WorkloadSpec
     models: dict = field(default_factory=dict, compare=False)
+    framework: FrameworkSpec = field(default_factory=FrameworkSpec)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.framework, FrameworkSpec):
+            raise ValueError(f"job field 'framework' must be a FrameworkSpec, got {self.framework!r}")
         unknown = sorted(set(self.models) - set(MODEL_ROLES))
         if unknown:
             raise ValueError(f"unknown model role(s) {unknown}; valid roles: {list(MODEL_ROLES)}")
@@ -61,14 +68,22 @@ class JobSpec:
         return self.actor.value_head()
 
     def with_workload(self, workload: WorkloadSpec) -> JobSpec:
-        return JobSpec(actor=self.actor, cluster=self.cluster, workload=workload, models=self.models)
+        return JobSpec(actor=self.actor, cluster=self.cluster, workload=workload, models=self.models,
+                       framework=self.framework)
+
+    def with_framework(self, framework: FrameworkSpec) -> JobSpec:
+        return JobSpec(actor=self.actor, cluster=self.cluster, workload=self.workload, models=self.models,
+                       framework=framework)
 
     def to_dict(self) -> dict:
-        return {
+        d = {
             "model": self.actor.to_hf_config() | {"name": self.actor.name},
             "cluster": self.cluster.to_dict(),
             "workload": self.workload.to_dict(),
         }
+        if self.framework != FrameworkSpec():
+            d["framework"] = self.framework.to_dict()
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> JobSpec:
@@ -102,7 +117,8 @@ class JobSpec:
             raise ValueError(f"job section 'model' must be a preset name or a mapping of config.json fields, "
                              f"got {m!r}")
         return cls(actor=actor, cluster=ClusterSpec.from_dict(d["cluster"]),
-                   workload=WorkloadSpec.from_dict(d.get("workload", {})))
+                   workload=WorkloadSpec.from_dict(d.get("workload", {})),
+                   framework=FrameworkSpec.from_dict(d.get("framework", "nereus")))
 
     @classmethod
     def from_file(cls, path: str | Path) -> JobSpec:

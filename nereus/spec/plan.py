@@ -36,10 +36,16 @@ class Candidate:
             mini-batch. 0 when not training.
         recompute: ``none``, ``selective`` or ``full`` (train); ``none`` otherwise.
         concurrency: generation only: most sequences one replica decodes at once (KV-cache bound).
+        zero: ZeRO stage of a training model-stage across its DP group (0: none; 1: optimizer
+            sharded; 2: and gradients; 3: and parameters, FSDP FULL_SHARD); 0 otherwise.
+        offload: what the model-stage's state does while it is idle: ``none`` (resident),
+            ``host`` (offloaded to host memory and reloaded) or ``drop`` (freed and reloaded).
+        vpp: interleaved pipeline: model chunks per pipeline rank (``v``; 1 = plain 1F1B).
         gpus: the GPU set ``R`` in the order above; empty before placement.
 
     Raises:
-        ValueError: degrees not positive or a GPU set of the wrong size or with repeats.
+        ValueError: degrees not positive, an unknown zero/offload value, or a GPU set of the wrong
+            size or with repeats.
     """
 
     model_stage: str
@@ -50,13 +56,21 @@ class Candidate:
     grad_accum: int = 0
     recompute: str = "none"
     concurrency: int = 0
+    zero: int = 0
+    offload: str = "none"
+    vpp: int = 1
     gpus: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        for f in ("tp", "pp", "dp"):
+        for f in ("tp", "pp", "dp", "vpp"):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise ValueError(f"candidate {self.model_stage}: {f} must be a positive integer, got {v!r}")
+        if self.zero not in (0, 1, 2, 3) or isinstance(self.zero, bool):
+            raise ValueError(f"candidate {self.model_stage}: zero must be 0, 1, 2 or 3, got {self.zero!r}")
+        if self.offload not in ("none", "host", "drop"):
+            raise ValueError(f"candidate {self.model_stage}: offload must be 'none', 'host' or 'drop', "
+                             f"got {self.offload!r}")
         if self.gpus:
             if len(self.gpus) != self.num_gpus:
                 raise ValueError(f"candidate {self.model_stage}: GPU set has {len(self.gpus)} ids, "
@@ -87,10 +101,10 @@ class Candidate:
     def key(self) -> tuple:
         """Identity without the GPU set."""
         return (self.model_stage, self.tp, self.pp, self.dp, self.micro_batch, self.grad_accum,
-                self.recompute, self.concurrency)
+                self.recompute, self.concurrency, self.zero, self.offload, self.vpp)
 
     def short(self) -> str:
-        """Degrees and batch choices, ``tp2 pp1 dp2 b4 rc:full`` (with GPUs:
+        """Degrees and batch choices, ``tp2 pp1 dp2 b4 rc:full z1 off:host v2`` (with GPUs:
         :func:`nereus.planner.notation.format_candidate`)."""
         s = f"tp{self.tp} pp{self.pp} dp{self.dp}"
         if self.micro_batch:
@@ -99,6 +113,12 @@ class Candidate:
             s += f" c{self.concurrency}"
         if self.recompute != "none":
             s += f" rc:{self.recompute}"
+        if self.zero:
+            s += f" z{self.zero}"
+        if self.offload != "none":
+            s += f" off:{self.offload}"
+        if self.vpp > 1:
+            s += f" v{self.vpp}"
         return s
 
 
@@ -232,7 +252,7 @@ class Plan:
                    throughput=float(d.get("throughput", 0.0)), capacity=float(d.get("capacity", 0.0)))
 
 
-_CANDIDATE_INTS = ("tp", "pp", "dp", "micro_batch", "grad_accum", "concurrency")
+_CANDIDATE_INTS = ("tp", "pp", "dp", "micro_batch", "grad_accum", "concurrency", "zero", "vpp")
 
 
 def _candidate_from_dict(c) -> Candidate:
@@ -257,6 +277,9 @@ def _candidate_from_dict(c) -> Candidate:
     if rc not in ("none", "selective", "full"):
         raise ValueError(f"plan candidate {ms}: field 'recompute' must be 'none', 'selective' or 'full', "
                          f"got {rc!r}")
+    off = c.get("offload", "none")
+    if off not in ("none", "host", "drop"):
+        raise ValueError(f"plan candidate {ms}: field 'offload' must be 'none', 'host' or 'drop', got {off!r}")
     gpus = c.get("gpus", [])
     if not isinstance(gpus, (list, tuple)) or not all(isinstance(g, int) and not isinstance(g, bool)
                                                        for g in gpus):

@@ -1,0 +1,197 @@
+"""What the user's training/serving framework can do: the options the planner may choose among.
+
+A :class:`FrameworkSpec` is a flag set of the job. Each feature either is a flag that applies
+whenever it helps (it never makes a plan slower or larger, so it is not searched) or a dimension
+of the search (the planner picks per model-stage among the values the framework allows):
+
+=========================  =========  ============================================================
+feature                    kind       cost-model consequence (``nereus.cost``)
+=========================  =========  ============================================================
+``zero_stages``            searched   ZeRO-1 shards the optimizer over DP, ZeRO-2 also gradients,
+                                      ZeRO-3/FSDP also parameters (Rajbhandari et al. SC'20; the
+                                      Megatron distributed optimizer is ZeRO-1); reduce-scatter /
+                                      all-gather instead of the all-reduce, per micro-batch for
+                                      ZeRO-2/3 (cost-model.md §2.3, §2.7)
+``sequence_parallel``      flag       Megatron SP with TP > 1: the replicated activations
+                                      (norm and projection inputs) are sharded over TP; the TP
+                                      all-reduce becomes reduce-scatter + all-gather of the same
+                                      volume (Korthikanti et al. 2022 Table 2)
+``max_virtual_stages``     searched   interleaved 1F1B with ``v`` model chunks per pipeline rank:
+                                      bubble ``/v``, point-to-point ``x v``, first-rank activations
+                                      ``x (1 + (p-1)/(p·v))`` (Narayanan et al. 2021 §2.2)
+``overlap_grad_reduce``    flag       the DP gradient reduce (and ZeRO gathers) overlap with
+                                      backward: exposed ``max(0, T_dp - T_bwd)`` (cost-model.md
+                                      §2.7, the DDP/ZeRO overlap form)
+``overlap_tp_comm``        flag       TP collectives overlap with the layer's GEMMs: exposed
+                                      ``max(0, T_tp - T_gemm)`` (Megatron ``tp_comm_overlap``)
+``grad_reduce_bytes``      flag       bytes per gradient element on the wire (2: bf16 reduce, as
+                                      Megatron-Core's default ``grad_reduce_in_fp32=False``; 4: fp32)
+``offload``                searched   what an idle model-stage does between its runs: ``none`` keeps
+                                      weights (and optimizer state) resident, ``host`` offloads them
+                                      to host memory and reloads (PCIe both ways), ``drop`` frees
+                                      them and reloads (frozen: from a host copy, one way; the
+                                      actor's derived copies: re-synced from actor.train). verl's
+                                      ``param_offload``/``optimizer_offload`` and vLLM sleep mode.
+``colocate``               searched   model-stages of one stage may run one after another on the same
+                                      GPUs (verl's hybrid engine) instead of concurrently on disjoint
+                                      GPUs: ``never``, ``auto`` (the search picks per stage) or
+                                      ``always``
+``model_parallel_train``   flag       whether training may use TP/PP (verl's FSDP and OpenRLHF's
+                                      DeepSpeed backends train with DP/ZeRO only)
+``uneven_pp``              flag       pipeline ranks may hold unequal layer counts (Megatron
+                                      ``decoder_first/last_pipeline_num_layers``); otherwise PP must
+                                      divide the layers
+=========================  =========  ============================================================
+
+Presets (:data:`FRAMEWORK_PRESETS`), each with its source:
+
+* ``nereus``: what the Nereus runtime executes (``nereus run``): no ZeRO, no SP, no interleaving, no
+  offload, concurrent model-stages on disjoint GPUs. The default, so a default plan is one Nereus
+  can run and transition.
+* ``megatron``: Megatron-LM / Megatron-Core (verl's and NeMo-RL's Megatron backends): distributed
+  optimizer (ZeRO-1), SP, interleaving, overlapped grad reduce in bf16, param/optimizer offload
+  (verl ``actor.megatron.param_offload``), colocation (verl hybrid engine).
+* ``fsdp``: verl's FSDP/FSDP2 backend: FULL_SHARD (ZeRO-3) or SHARD_GRAD_OP-like ZeRO-2, fp32
+  reduce (verl ``mixed_precision.reduce_dtype=fp32``), overlapped, param/optimizer offload,
+  colocation, no TP/PP for training.
+* ``deepspeed``: OpenRLHF's DeepSpeed backend: ZeRO 0-3 (``--zero_stage``), overlapped reduce in
+  bf16, Adam offload (``--adam_offload``), colocation (``--colocate_all_models``), vLLM sleep
+  (``--vllm_enable_sleep``), no TP/PP for training.
+* ``generic``: every feature (the widest space).
+
+Raises: every constructor validates its fields (ValueError naming the field, the value and what
+is valid).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+__all__ = ["FrameworkSpec", "FRAMEWORK_PRESETS", "get_framework", "OFFLOAD_MODES", "COLOCATE_MODES",
+           "ZERO_STAGES"]
+
+OFFLOAD_MODES = ("none", "host", "drop")
+COLOCATE_MODES = ("never", "auto", "always")
+ZERO_STAGES = (0, 1, 2, 3)
+
+
+@dataclass(frozen=True)
+class FrameworkSpec:
+    """Features the user's framework supports (see the module docstring for each one's meaning).
+
+    Attributes:
+        name: preset name or ``custom``.
+        zero_stages: ZeRO stages training may use (subset of 0-3, searched).
+        sequence_parallel: Megatron sequence parallelism whenever TP > 1.
+        max_virtual_stages: largest interleaving degree ``v`` (1: plain 1F1B).
+        overlap_grad_reduce: DP/ZeRO communication overlapped with backward.
+        overlap_tp_comm: TP collectives overlapped with GEMMs.
+        grad_reduce_bytes: bytes per gradient element reduced across DP; None: the workload's
+            ``grad_bytes`` (fp32 main gradients reduced as stored).
+        offload: idle-state modes model-stages may use (subset of ``none, host, drop``, searched).
+        colocate: ``never``, ``auto`` or ``always`` (model-stages of one stage sharing GPUs in turn).
+        model_parallel_train: whether training may use TP > 1 or PP > 1.
+        uneven_pp: PP degrees that do not divide the layers are allowed (the first ranks hold one
+            layer more).
+
+    Raises:
+        ValueError: a field outside its valid values.
+    """
+
+    name: str = "nereus"
+    zero_stages: tuple = (0,)
+    sequence_parallel: bool = False
+    max_virtual_stages: int = 1
+    overlap_grad_reduce: bool = False
+    overlap_tp_comm: bool = False
+    grad_reduce_bytes: int | None = None
+    offload: tuple = ("none",)
+    colocate: str = "never"
+    model_parallel_train: bool = True
+    uneven_pp: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "zero_stages", tuple(self.zero_stages))
+        object.__setattr__(self, "offload", tuple(self.offload))
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"framework field 'name' must be a non-empty string, got {self.name!r}")
+        if not self.zero_stages or any(z not in ZERO_STAGES or isinstance(z, bool) for z in self.zero_stages):
+            raise ValueError(f"framework field 'zero_stages' must be a non-empty subset of {list(ZERO_STAGES)}, "
+                             f"got {list(self.zero_stages)!r}")
+        if not self.offload or any(o not in OFFLOAD_MODES for o in self.offload):
+            raise ValueError(f"framework field 'offload' must be a non-empty subset of {list(OFFLOAD_MODES)}, "
+                             f"got {list(self.offload)!r}")
+        if self.colocate not in COLOCATE_MODES:
+            raise ValueError(f"framework field 'colocate' must be one of {list(COLOCATE_MODES)}, "
+                             f"got {self.colocate!r}")
+        v = self.max_virtual_stages
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"framework field 'max_virtual_stages' must be an integer >= 1, got {v!r}")
+        g = self.grad_reduce_bytes
+        if g is not None and (isinstance(g, bool) or g not in (2, 4)):
+            raise ValueError(f"framework field 'grad_reduce_bytes' must be 2 (bf16), 4 (fp32) or null, got {g!r}")
+        for f in ("sequence_parallel", "overlap_grad_reduce", "overlap_tp_comm", "model_parallel_train",
+                  "uneven_pp"):
+            if not isinstance(getattr(self, f), bool):
+                raise ValueError(f"framework field {f!r} must be true or false, got {getattr(self, f)!r}")
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["zero_stages"] = list(self.zero_stages)
+        d["offload"] = list(self.offload)
+        return d
+
+    @classmethod
+    def from_dict(cls, d) -> FrameworkSpec:
+        """From a preset name or a mapping (``{"preset": "megatron", ...overrides}`` or all fields).
+
+        Raises:
+            ValueError: unknown preset or field, or an invalid value.
+        """
+        if isinstance(d, str):
+            return get_framework(d)
+        if not isinstance(d, dict):
+            raise ValueError(f"job section 'framework' must be a preset name {sorted(FRAMEWORK_PRESETS)} or a "
+                             f"mapping of framework fields, got {d!r}")
+        d = dict(d)
+        base = get_framework(d.pop("preset")) if "preset" in d else cls()
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(str(k) for k in set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown framework field(s) {unknown}; valid: ['preset'] + {sorted(known)}")
+        for k in ("zero_stages", "offload"):
+            if k in d and not isinstance(d[k], (list, tuple)):
+                raise ValueError(f"framework field {k!r} must be a list, got {d[k]!r}")
+        if "name" not in d and d:
+            d["name"] = "custom" if base.name == "nereus" else f"{base.name}+custom"
+        return replace(base, **d)
+
+    def allows_offload(self) -> bool:
+        return any(o != "none" for o in self.offload)
+
+
+FRAMEWORK_PRESETS: dict[str, FrameworkSpec] = {
+    "nereus": FrameworkSpec(),
+    "megatron": FrameworkSpec(name="megatron", zero_stages=(0, 1), sequence_parallel=True, max_virtual_stages=4,
+                              overlap_grad_reduce=True, grad_reduce_bytes=2, offload=("none", "host", "drop"),
+                              colocate="auto", uneven_pp=True),
+    "fsdp": FrameworkSpec(name="fsdp", zero_stages=(2, 3), overlap_grad_reduce=True, grad_reduce_bytes=4,
+                          offload=("none", "host", "drop"), colocate="auto", model_parallel_train=False),
+    "deepspeed": FrameworkSpec(name="deepspeed", zero_stages=(0, 1, 2, 3), overlap_grad_reduce=True,
+                               grad_reduce_bytes=2, offload=("none", "host", "drop"), colocate="auto",
+                               model_parallel_train=False),
+    "generic": FrameworkSpec(name="generic", zero_stages=(0, 1, 2, 3), sequence_parallel=True, max_virtual_stages=4,
+                             overlap_grad_reduce=True, overlap_tp_comm=True, grad_reduce_bytes=2,
+                             offload=("none", "host", "drop"), colocate="auto", uneven_pp=True),
+}
+
+
+def get_framework(name: str) -> FrameworkSpec:
+    """Preset by name.
+
+    Raises:
+        ValueError: unknown name (the valid ones are listed).
+    """
+    if name not in FRAMEWORK_PRESETS:
+        raise ValueError(f"unknown framework {name!r}; valid: {sorted(FRAMEWORK_PRESETS)}")
+    return FRAMEWORK_PRESETS[name]
