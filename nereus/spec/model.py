@@ -423,6 +423,11 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
                          num_attention_heads=64, num_kv_heads=8, head_dim=128, vocab_size=151936,
                          qk_norm=True, rope_theta=1000000.0, max_position_embeddings=40960,
                          rms_norm_eps=1e-6),
+    # Qwen2.5-0.5B(-Instruct) config.json: q/k/v biases, tied embeddings, 14 query / 2 KV heads.
+    "qwen2.5-0.5b": _preset("qwen2.5-0.5b", hidden_size=896, intermediate_size=4864, num_layers=24,
+                            num_attention_heads=14, num_kv_heads=2, head_dim=64, vocab_size=151936,
+                            qkv_bias=True, tie_word_embeddings=True, rope_theta=1000000.0,
+                            max_position_embeddings=32768, rms_norm_eps=1e-6),
     # A tiny Llama for CPU runs: 4 layers so PP up to 4, 4 query / 2 KV heads so TP up to 4
     # (KV heads replicated at TP=4), vocabulary sized for the built-in task's tokenizer.
     "tiny": _preset("tiny", hidden_size=64, intermediate_size=128, num_layers=4, num_attention_heads=4,

@@ -1,0 +1,213 @@
+"""Framework features in the cost model, each term checked against a hand computation:
+ZeRO stages, offload/drop, sequence parallelism, interleaving, overlap, selective recompute,
+gradient reduce dtype, colocation groups and uneven pipeline stages (cost-model.md §2.2-2.7)."""
+
+import pytest
+
+from nereus.cost.efficiency import EfficiencyTable
+from nereus.cost.memory import activation_bytes_per_layer, stage_memory
+from nereus.cost.model import CostModel
+from nereus.cost.shapes import max_params_per_gpu
+from nereus.planner.plan import Candidate, Plan
+from nereus.spec import ClusterSpec, JobSpec, WorkloadSpec, get_gpu, get_model
+from nereus.spec.framework import FrameworkSpec, get_framework
+
+GIB = 2**30
+M8 = get_model("llama-3.1-8b")
+H, F, L = 4096, 14336, 32
+
+
+def _job(fw: FrameworkSpec | None = None, **wl) -> JobSpec:
+    return JobSpec(M8, ClusterSpec(get_gpu("h100"), 4, 8), WorkloadSpec(**wl), framework=fw or FrameworkSpec())
+
+
+def _cm(fw=None, **wl) -> CostModel:
+    return CostModel(_job(fw, **wl))
+
+
+# ---------------------------------------------------------------- ZeRO memory
+def test_zero_stages_memory_per_parameter():
+    wl = WorkloadSpec(prompt_len=1024, response_len=3072, micro_batch_size=1, mini_batch_size=256)
+    n = M8.num_params
+    state = {}
+    for z in (0, 1, 2, 3):
+        m = stage_memory("train", M8, wl, 1, 1, micro_batch=1, dp=8, zero=z)
+        state[z] = m["weights"] + m["gradients"] + m["optimizer"]
+    assert state[0] == 18 * n                               # 2 + 4 + 12
+    assert state[1] == pytest.approx((6 + 12 / 8) * n)      # Megatron distributed optimizer: 6 + 12/n
+    assert state[1] / GIB == pytest.approx(56.1, abs=0.05)  # cost-model.md §2.3 worked figure
+    assert state[2] == pytest.approx((2 + 16 / 8) * n)
+    # ZeRO-3: everything sharded plus two gathered layers of bf16 weights (forward + backward prefetch)
+    q_o = 2 * H * 4096
+    k_v = 2 * H * 1024
+    mlp = 3 * H * F
+    layer = q_o + k_v + mlp + 2 * H
+    assert state[3] == pytest.approx(18 * n / 8 + 2 * layer * 2)
+
+
+def test_zero_needs_dp_to_shard():
+    wl = WorkloadSpec()
+    a = stage_memory("train", M8, wl, 1, 1, dp=1, zero=1)
+    b = stage_memory("train", M8, wl, 1, 1, dp=1, zero=0)
+    assert a["optimizer"] == b["optimizer"]
+
+
+# ---------------------------------------------------------------- activations: SP, selective, interleaving
+def test_sequence_parallel_shards_the_replicated_activations():
+    # Llama adaptation of Korthikanti Table 2: TP + SP -> (12h + 4h·g/a + 6F)/t per token
+    per_tok = (12 * H + 4 * H * 8 / 32 + 6 * F) / 8
+    assert activation_bytes_per_layer(M8, 4096, 8, sp=True) == pytest.approx(4096 * per_tok)
+    # without SP the 8h part stays whole
+    assert activation_bytes_per_layer(M8, 4096, 8) == pytest.approx(4096 * (8 * H + (4 * H + H + 6 * F) / 8))
+    # SP with t = 1 changes nothing
+    assert activation_bytes_per_layer(M8, 4096, 1, sp=True) == activation_bytes_per_layer(M8, 4096, 1)
+
+
+def test_selective_recompute_keeps_only_the_attention_block_input():
+    # 6h replicated (attention-block input, MLP norm input, MLP input) + 6F sharded
+    assert activation_bytes_per_layer(M8, 4096, 1, selective=True) == 4096 * (6 * H + 6 * F)
+    assert activation_bytes_per_layer(M8, 4096, 4, selective=True) == 4096 * (6 * H + 6 * F / 4)
+    wl = WorkloadSpec(prompt_len=1024, response_len=3072)
+    sel = stage_memory("train", M8, wl, 1, 1, micro_batch=1, recompute="selective")
+    none = stage_memory("train", M8, wl, 1, 1, micro_batch=1, recompute="none")
+    saved = L * 4096 * (2 * H + 4 * H + H)  # QKV input, Q + attention output, K + V (g/a = 1/4)
+    assert none["activations"] - sel["activations"] == pytest.approx(saved)
+
+
+def test_interleaving_scales_first_rank_activations():
+    wl = WorkloadSpec(prompt_len=1024, response_len=3072)
+    p, v = 4, 2
+    base = stage_memory("train", M8, wl, 1, p, micro_batch=1, inflight=p)
+    inter = stage_memory("train", M8, wl, 1, p, micro_batch=1, inflight=p, vpp=v)
+    first = activation_bytes_per_layer(M8, 4096, 1) * (L // p) * p
+    assert base["activations"] == pytest.approx(first)
+    assert inter["activations"] == pytest.approx(first * (1 + (p - 1) / (p * v)))
+
+
+# ---------------------------------------------------------------- offload
+def test_offload_moves_state_out_of_resident_and_charges_pcie():
+    cm = _cm(get_framework("generic"))
+    a = cm.estimate_candidate(Candidate("actor.train", 1, 1, 8, micro_batch=1, grad_accum=32))
+    b = cm.estimate_candidate(Candidate("actor.train", 1, 1, 8, micro_batch=1, grad_accum=32, offload="host"))
+    state = a.memory["weights"] + a.memory["optimizer"]
+    assert b.resident == 0.0
+    assert b.transient == pytest.approx(a.transient + state)
+    # both ways over PCIe Gen5 (64 GB/s) at the default 0.8 efficiency
+    assert b.breakdown["offload@pcie"] == pytest.approx(2 * state / (64e9 * 0.8))
+    assert b.time - a.time == pytest.approx(2 * state / (64e9 * 0.8))
+
+
+def test_drop_reloads_frozen_one_way_and_derived_generation_for_free():
+    cm = _cm(get_framework("generic"))
+    ref = cm.estimate_candidate(Candidate("reference.infer", 1, 1, 8, micro_batch=8))
+    ref_drop = cm.estimate_candidate(Candidate("reference.infer", 1, 1, 8, micro_batch=8, offload="drop"))
+    assert ref_drop.time - ref.time == pytest.approx(ref.memory["weights"] / (64e9 * 0.8))
+    gen = cm.estimate_candidate(Candidate("actor.generate", 1, 1, 8, concurrency=64))
+    gen_drop = cm.estimate_candidate(Candidate("actor.generate", 1, 1, 8, concurrency=64, offload="drop"))
+    assert gen_drop.time == pytest.approx(gen.time)  # re-synced by the weight sync it pays anyway
+    assert gen_drop.resident == 0.0
+
+
+def test_drop_is_refused_for_training_state():
+    with pytest.raises(ValueError, match="offload='drop' would lose training state"):
+        _cm().estimate_candidate(Candidate("actor.train", 1, 1, 8, micro_batch=1, grad_accum=32, offload="drop"))
+
+
+# ---------------------------------------------------------------- DP communication and overlap
+def test_dp_communication_by_zero_stage_and_reduce_dtype():
+    base = dict(zero_stages=(0, 1, 2, 3))
+    eff = EfficiencyTable()
+    n = max_params_per_gpu(M8, 1, 1)
+    nic = 50e9 * eff.get("allreduce@ib")
+    dp = 32  # 4 nodes: the group crosses the NIC
+
+    def comm(fw, z, b=1):
+        cm = CostModel(_job(fw), eff)
+        e = cm.estimate_candidate(Candidate("actor.train", 1, 1, dp, micro_batch=b, grad_accum=256 // (dp * b),
+                                            zero=z))
+        return sum(v for k, v in e.breakdown.items() if k.endswith("@ib") and not k.startswith("broadcast"))
+
+    steps = WorkloadSpec().updates_per_step
+    frac = (dp - 1) / dp
+    alpha = get_gpu("h100").scaleout_latency
+    lg = 5  # ceil(log2 32)
+    ar4 = 2 * lg * alpha + 2 * frac * 4 * n / nic
+    assert comm(FrameworkSpec(**base), 0) == pytest.approx(steps * ar4)
+    ar2 = 2 * lg * alpha + 2 * frac * 2 * n / nic
+    assert comm(FrameworkSpec(**base, grad_reduce_bytes=2), 0) == pytest.approx(steps * ar2)
+    half = lg * alpha + frac * 2 * n / nic  # one reduce-scatter or all-gather of 2n bytes
+    assert comm(FrameworkSpec(**base, grad_reduce_bytes=2), 1) == pytest.approx(steps * 2 * half)
+    m = 256 // dp
+    assert comm(FrameworkSpec(**base, grad_reduce_bytes=2), 2) == pytest.approx(steps * (m + 1) * half)
+    assert comm(FrameworkSpec(**base, grad_reduce_bytes=2), 3) == pytest.approx(steps * 3 * m * half)
+
+
+def test_overlapped_grad_reduce_hides_behind_last_backward():
+    eff = EfficiencyTable()
+    plain = CostModel(_job(FrameworkSpec(grad_reduce_bytes=2)), eff)
+    over = CostModel(_job(FrameworkSpec(grad_reduce_bytes=2, overlap_grad_reduce=True)), eff)
+    c = Candidate("actor.train", 1, 1, 32, micro_batch=1, grad_accum=8)
+    a, b = plain.estimate_candidate(c), over.estimate_candidate(c)
+    steps = WorkloadSpec().updates_per_step
+    dp_a = sum(v for k, v in a.breakdown.items() if k.startswith("allreduce@ib")) / steps
+    compute_mb = (a.breakdown["gemm"] + a.breakdown["attention"]) / steps / 8  # one micro-batch, last rank
+    exposed = max(0.0, dp_a - 2 / 3 * compute_mb)
+    dp_b = sum(v for k, v in b.breakdown.items() if k.startswith("allreduce@ib")) / steps
+    assert dp_b == pytest.approx(exposed, rel=1e-9, abs=1e-12)
+
+
+# ---------------------------------------------------------------- pipeline interleaving time
+def test_interleaving_divides_the_bubble_and_multiplies_p2p():
+    cm = _cm(get_framework("megatron"))
+    c1 = Candidate("actor.train", 1, 4, 8, micro_batch=1, grad_accum=32)
+    c2 = Candidate("actor.train", 1, 4, 8, micro_batch=1, grad_accum=32, vpp=2)
+    a, b = cm.estimate_candidate(c1), cm.estimate_candidate(c2)
+    assert b.breakdown["bubble"] == pytest.approx(a.breakdown["bubble"] / 2, rel=0.05)
+    assert b.breakdown["p2p@nvlink"] == pytest.approx(2 * a.breakdown["p2p@nvlink"], rel=1e-9)
+
+
+def test_interleaving_rules():
+    cm = _cm(get_framework("megatron"))
+    with pytest.raises(ValueError, match="does not divide num_hidden_layers"):
+        cm.estimate_candidate(Candidate("actor.train", 1, 4, 8, micro_batch=1, grad_accum=32, vpp=3))
+    with pytest.raises(ValueError, match="multiple of pp"):
+        cm.estimate_candidate(Candidate("actor.train", 1, 4, 64, micro_batch=2, grad_accum=2, vpp=2))
+    with pytest.raises(ValueError, match="needs a training model-stage"):
+        cm.estimate_candidate(Candidate("actor.infer", 1, 4, 8, micro_batch=1, vpp=2))
+    with pytest.raises(ValueError, match="applies to training"):
+        cm.estimate_candidate(Candidate("actor.infer", 1, 1, 8, micro_batch=1, zero=1))
+
+
+# ---------------------------------------------------------------- uneven pipeline stages
+def test_uneven_pp_needs_the_framework_and_sizes_the_most_loaded_rank():
+    with pytest.raises(ValueError, match="does not divide num_hidden_layers"):
+        _cm().estimate_candidate(Candidate("actor.infer", 1, 3, 1, micro_batch=1))
+    cm = _cm(FrameworkSpec(uneven_pp=True))
+    e = cm.estimate_candidate(Candidate("actor.infer", 1, 3, 1, micro_batch=1))
+    wl = WorkloadSpec()
+    # the most loaded rank holds ceil(32/3) = 11 layers: activations of 2 layers in flight (inference)
+    assert e.memory["activations"] == pytest.approx(2 * activation_bytes_per_layer(M8, wl.memory_seq_len, 1))
+    e4 = cm.estimate_candidate(Candidate("actor.generate", 1, 3, 1, concurrency=8))
+    kv_tok = 2 * 11 * 8 * 128 * 2
+    assert e4.memory["kv_cache"] == pytest.approx(8 * wl.memory_seq_len * kv_tok)
+
+
+# ---------------------------------------------------------------- colocation
+def test_colocated_model_stages_of_one_stage_add_their_times():
+    job = _job(get_framework("generic"), algorithm="grpo", reward_model=False)
+    cm = CostModel(job)
+    gpus = tuple(range(8))
+    cands = [Candidate("actor.generate", 1, 1, 8, concurrency=64, gpus=gpus),
+             Candidate("actor.infer", 1, 1, 8, micro_batch=8, gpus=gpus),
+             Candidate("reference.infer", 1, 1, 8, micro_batch=8, gpus=gpus),
+             Candidate("actor.train", 1, 1, 8, micro_batch=1, grad_accum=32, gpus=gpus)]
+    colo = cm.estimate(Plan(tuple(cands)))
+    t = {k: v.time for k, v in colo.estimates.items()}
+    assert colo.l_step == pytest.approx(t["actor.generate"] + t["actor.infer"] + t["reference.infer"]
+                                        + t["actor.train"])
+    # disjoint GPUs for the reference: the infer stage takes the longer of the two
+    cands[2] = Candidate("reference.infer", 1, 1, 8, micro_batch=8, gpus=tuple(range(8, 16)))
+    apart = cm.estimate(Plan(tuple(cands)))
+    t = {k: v.time for k, v in apart.estimates.items()}  # the pool now spans 2 nodes (weight sync on the NIC)
+    assert apart.l_step == pytest.approx(t["actor.generate"] + max(t["actor.infer"], t["reference.infer"])
+                                         + t["actor.train"])
