@@ -105,7 +105,7 @@ def test_cli_layout_table_and_json(capsys):
     ("actor.train=1,1,3", ["dp=3 does not divide the job's mini_batch_size 256"]),
     ("actor.train=1,1,2,b=3", ["b=3 does not divide the 128 sequences per replica"]),
     ("actor.train=1,1,x", ["degree dp = 'x' must be an integer >= 1"]),
-    ("actor.generate=1,1,2,b=2", ["option(s) ['b'] do not apply to a generate model-stage", "valid: ['c']"]),
+    ("actor.generate=1,1,2,b=2", ["option(s) ['b'] do not apply to a generate model-stage", "valid: ['c', 'off']"]),
     ("actor.train=1,1,2,rc=some", ["rc = 'some' must be one of"]),
     ("actor.train=8,4,1 critic.train=8,4,1", ["stage 'train' needs 64 GPUs", "the pool has 16"]),
 ])

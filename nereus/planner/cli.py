@@ -19,6 +19,7 @@ from nereus.planner.notation import format_candidate, format_gpus
 from nereus.planner.plan import Candidate
 from nereus.planner.search import NoFeasiblePlan, plan_job, search
 from nereus.spec import ClusterSpec, JobSpec, WorkloadSpec, get_gpu, get_model
+from nereus.spec.framework import FRAMEWORK_PRESETS, FrameworkSpec, get_framework
 from nereus.spec.workload import ALGORITHMS, RECOMPUTE_MODES
 
 GIB = 1024**3
@@ -55,6 +56,12 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--recompute", choices=RECOMPUTE_MODES, default=None,
                    help="activation recomputation for training [auto]")
     g.add_argument("--no-reward-model", action="store_true", help="rule-based reward, no reward.infer")
+    g.add_argument("--framework", default=None, choices=sorted(FRAMEWORK_PRESETS),
+                   help="what your training framework supports, which sets the plan space: nereus (what `nereus "
+                   "run` executes: no ZeRO, offload or colocation), megatron (distributed optimizer, sequence "
+                   "parallel, interleaving, offload, colocation), fsdp (verl FSDP: ZeRO-2/3, offload, colocation, "
+                   "no TP/PP training), deepspeed (OpenRLHF: ZeRO 0-3, Adam offload, colocation), generic (all); "
+                   "docs/planner.md [the job file's, else nereus]")
     g.add_argument("--async", dest="asynchronous", action="store_true",
                    help="one-step-off asynchronous RL (generation overlaps training)")
 
@@ -85,7 +92,9 @@ def job_from_args(args) -> JobSpec:
         wl["asynchronous"] = True
     if wl["algorithm"] != "grpo" and args.samples_per_prompt is None and not base:
         wl["samples_per_prompt"] = 4
-    return JobSpec(actor=model, cluster=ClusterSpec(gpu, nodes, gpn), workload=WorkloadSpec(**wl))
+    fw = get_framework(args.framework) if getattr(args, "framework", None) else (base.framework if base else
+                                                                                 FrameworkSpec())
+    return JobSpec(actor=model, cluster=ClusterSpec(gpu, nodes, gpn), workload=WorkloadSpec(**wl), framework=fw)
 
 
 def _length_options(args, wl: dict) -> None:

@@ -3,7 +3,9 @@
 A candidate prints as its degrees then its GPU set in compact ranges (``0-3,8-11``); batch choices
 follow in brackets when asked for (``b2 a64``: micro-batch and gradient-accumulation steps of a
 training model-stage, ``c256``: generation concurrency per replica, ``rc:full``: activation
-recomputation). ``unit`` names what the ids count: ``GPUs`` in plans of GPU clusters, ``workers``
+recomputation). Framework choices always follow the degrees when set: ``z1`` (ZeRO stage),
+``v2`` (virtual pipeline stages), ``off:host`` / ``off:drop`` (idle state offloaded to host memory or
+dropped and reloaded). ``unit`` names what the ids count: ``GPUs`` in plans of GPU clusters, ``workers``
 for the CPU worker processes of ``nereus run``. A plan prints one model-stage per line.
 """
 
@@ -51,6 +53,12 @@ def format_candidate(c, unit: str = "workers", batch: bool = False) -> str:
     unplaced candidate (no GPUs) prints without the ``on ...`` part.
     """
     s = f"tp{c.tp} pp{c.pp} dp{c.dp}"
+    if getattr(c, "zero", 0):
+        s += f" z{c.zero}"
+    if getattr(c, "vpp", 1) > 1:
+        s += f" v{c.vpp}"
+    if getattr(c, "offload", "none") != "none":
+        s += f" off:{c.offload}"
     if batch:
         b = format_batch(c)
         if b:

@@ -3,8 +3,8 @@
 ``nereus plan --layout actor.train=2,2,2 actor.generate=4,1,4,c=128 ...`` and the verl / OpenRLHF
 imports (:mod:`nereus.integrations`) share this code:
 
-* :func:`parse_layout` reads ``MODEL_STAGE=TP,PP,DP[,b=B][,rc=none|selective|full][,c=C]`` specs into
-  candidates; what a spec leaves out is filled the way the frameworks do it: a training micro-batch
+* :func:`parse_layout` reads ``MODEL_STAGE=TP,PP,DP[,b=B][,rc=...][,c=C][,z=Z][,off=O][,v=V]`` specs
+  (``z`` ZeRO stage, ``off`` idle-state offload, ``v`` virtual pipeline stages) into candidates; what a spec leaves out is filled the way the frameworks do it: a training micro-batch
   is the largest ``b <= micro_batch_size`` dividing the per-replica mini-batch (``a = mini/(dp·b)``),
   recompute is the workload's (``auto``: none when it fits on its own, else full), an inference
   micro-batch is ``min(infer_micro_batch_size, ceil(B/dp))``, a generation concurrency the most
@@ -15,18 +15,20 @@ imports (:mod:`nereus.integrations`) share this code:
   stage run one after another), per-GPU peak memory (workspace + resident state of every
   model-stage on the GPU + the largest transient), and, for each model-stage whose fullest GPU is
   over the allowed bytes, by how much and its largest terms.
-* :func:`whatif` places a parsed layout (model-stages of a stage on disjoint GPUs, as the search
-  does) and puts its evaluation next to the best plan with the predicted speedup.
+* :func:`whatif` places a parsed layout (model-stages of a stage on disjoint GPUs; with a framework
+  that colocates, ``always`` or, under ``auto``, when they do not fit side by side, on one shared
+  GPU set from the start of the pool, run one after another) and puts its evaluation next to the
+  best plan with the predicted speedup.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from nereus.cost.model import CostModel
+from nereus.cost.model import CostModel, check_candidate
 from nereus.cost.shapes import valid_pp, valid_tp
 from nereus.spec.job import JobSpec
 from nereus.spec.plan import Candidate, Plan
@@ -35,8 +37,12 @@ from nereus.workflow import ModelStage
 __all__ = ["LayoutEval", "evaluate_layout", "shared_stages", "parse_layout", "whatif", "LAYOUT_SYNTAX"]
 
 GIB = 1024**3
-LAYOUT_SYNTAX = "MODEL_STAGE=TP,PP,DP[,b=B][,rc=none|selective|full][,c=C], e.g. actor.train=2,2,2,b=2"
+LAYOUT_SYNTAX = ("MODEL_STAGE=TP,PP,DP[,b=B][,rc=none|selective|full][,c=C][,z=ZERO][,off=none|host|drop][,v=V], "
+                 "e.g. actor.train=2,2,2,b=2,z=1")
 _RECOMPUTE = ("none", "selective", "full")
+_OFFLOAD = ("none", "host", "drop")
+_OPTIONS = {"b": "micro-batch", "rc": "recompute", "c": "generation concurrency", "z": "ZeRO stage 0-3",
+            "off": "idle-state offload none|host|drop", "v": "virtual pipeline stages"}
 
 
 @dataclass
@@ -68,7 +74,8 @@ class LayoutEval:
                 "capacity_gib": p.capacity / GIB, "shared_stages": self.shared,
                 "model_stages": {c.model_stage: {
                     "tp": c.tp, "pp": c.pp, "dp": c.dp, "micro_batch": c.micro_batch, "grad_accum": c.grad_accum,
-                    "recompute": c.recompute, "concurrency": c.concurrency, "gpus": list(c.gpus),
+                    "recompute": c.recompute, "concurrency": c.concurrency, "zero": c.zero, "offload": c.offload,
+                    "vpp": c.vpp, "gpus": list(c.gpus),
                     "time_s": p.estimates[c.model_stage].time, "peak_gib": p.peak_memory[c.model_stage] / GIB,
                     "memory_gib": {k: v / GIB for k, v in p.estimates[c.model_stage].memory.items() if v > 0},
                     "overflow": self.overflow.get(c.model_stage),
@@ -156,13 +163,21 @@ def _split(spec: str, names: list[str]) -> tuple[str, tuple[int, int, int], dict
     opts: dict = {}
     for x in parts[3:]:
         k, v = (y.strip() for y in x.split("=", 1))
-        if k not in ("b", "rc", "c") or k in opts:
-            raise ValueError(f"--layout {spec!r}: option {k!r} is unknown or repeated; valid: b (micro-batch), "
-                             f"rc (recompute), c (generation concurrency)")
+        if k not in _OPTIONS or k in opts:
+            raise ValueError(f"--layout {spec!r}: option {k!r} is unknown or repeated; valid: "
+                             + ", ".join(f"{o} ({d})" for o, d in _OPTIONS.items()))
         if k == "rc":
             if v not in _RECOMPUTE:
                 raise ValueError(f"--layout {spec!r}: rc = {v!r} must be one of {list(_RECOMPUTE)}")
             opts[k] = v
+        elif k == "off":
+            if v not in _OFFLOAD:
+                raise ValueError(f"--layout {spec!r}: off = {v!r} must be one of {list(_OFFLOAD)}")
+            opts[k] = v
+        elif k == "z":
+            if v not in ("0", "1", "2", "3"):
+                raise ValueError(f"--layout {spec!r}: z = {v!r} must be a ZeRO stage 0, 1, 2 or 3")
+            opts[k] = int(v)
         else:
             opts[k] = _int(spec, k, "option", v)
     return name, (tp, pp, dp), opts
@@ -174,17 +189,34 @@ def _fits_alone(cost: CostModel, cand: Candidate) -> bool:
 
 def _fill(cost: CostModel, spec: str, ms: ModelStage, degrees, opts) -> Candidate:
     """A candidate of ``ms`` with the given degrees; batch choices from ``opts`` or the defaults."""
-    w = cost.job.workload
     tp, pp, dp = degrees
     model = cost.model_of(ms)
-    why = valid_tp(model, tp) or valid_pp(model, pp)
+    why = valid_tp(model, tp) or valid_pp(model, pp, uneven=cost.job.framework.uneven_pp)
     if why:
         raise ValueError(f"--layout {spec!r}: {why}")
-    valid = {"train": ("b", "rc"), "infer": ("b",), "generate": ("c",)}[ms.stage]
+    valid = {"train": ("b", "rc", "z", "off", "v"), "infer": ("b", "off"), "generate": ("c", "off")}[ms.stage]
     bad = [k for k in opts if k not in valid]
     if bad:
         raise ValueError(f"--layout {spec!r}: option(s) {bad} do not apply to a {ms.stage} model-stage; "
                          f"valid: {list(valid)}")
+    extra = {"offload": opts.get("off", "none")}
+    if ms.stage == "train":
+        extra |= {"zero": opts.get("z", 0), "vpp": opts.get("v", 1)}
+    return _checked(cost, spec, ms, _fill_batches(cost, spec, ms, degrees, opts, extra))
+
+
+def _checked(cost: CostModel, spec: str, ms: ModelStage, cand: Candidate) -> Candidate:
+    """``cand`` when the cost model accepts it; else ValueError naming the spec."""
+    try:
+        check_candidate(cost.job, ms, cand)
+    except ValueError as e:
+        raise ValueError(f"--layout {spec!r}: {e}") from e
+    return cand
+
+
+def _fill_batches(cost: CostModel, spec: str, ms: ModelStage, degrees, opts, extra) -> Candidate:
+    w = cost.job.workload
+    tp, pp, dp = degrees
     name = ms.name
     if ms.stage == "train":
         mini = w.mini_batch_size
@@ -196,17 +228,16 @@ def _fill(cost: CostModel, spec: str, ms: ModelStage, degrees, opts) -> Candidat
         if per % b:
             raise ValueError(f"--layout {spec!r}: b={b} does not divide the {per} sequences per replica "
                              f"(mini_batch_size {mini} / dp {dp}); valid: a micro-batch dividing {per}")
-        base = Candidate(name, tp, pp, dp, micro_batch=b, grad_accum=per // b)
+        base = Candidate(name, tp, pp, dp, micro_batch=b, grad_accum=per // b, **extra)
         if "rc" in opts or w.recompute != "auto":
-            return Candidate(name, tp, pp, dp, micro_batch=b, grad_accum=per // b,
-                             recompute=opts.get("rc", w.recompute))
-        return base if _fits_alone(cost, base) else Candidate(name, tp, pp, dp, micro_batch=b, grad_accum=per // b,
-                                                              recompute="full")
+            return replace(base, recompute=opts.get("rc", w.recompute))
+        _checked(cost, spec, ms, base)
+        return base if _fits_alone(cost, base) else replace(base, recompute="full")
     if ms.stage == "infer":
         b = opts.get("b") or min(w.infer_micro_batch_size, -(-w.global_batch // dp))
-        return Candidate(name, tp, pp, dp, micro_batch=b)
+        return Candidate(name, tp, pp, dp, micro_batch=b, **extra)
     # no c: 0 marks "as many as fit once placed" (whatif sizes it next to the co-resident state)
-    return Candidate(name, tp, pp, dp, concurrency=opts.get("c", 0))
+    return Candidate(name, tp, pp, dp, concurrency=opts.get("c", 0), **extra)
 
 
 def _size_concurrency(cost: CostModel, placed: list[Candidate]) -> list[Candidate]:
@@ -214,8 +245,7 @@ def _size_concurrency(cost: CostModel, placed: list[Candidate]) -> list[Candidat
     cache and working set fit on every one of their GPUs next to the workspace and the resident state
     of every model-stage there (vLLM fills what its memory fraction leaves); at least 1."""
     est = {c.model_stage: cost.estimate_candidate(c if c.concurrency or ModelStage.parse(c.model_stage).stage
-                                                  != "generate" else Candidate(c.model_stage, c.tp, c.pp, c.dp,
-                                                                               concurrency=1))
+                                                  != "generate" else replace(c, concurrency=1))
            for c in placed}
     resident: dict = {}
     for c in placed:
@@ -230,10 +260,10 @@ def _size_concurrency(cost: CostModel, placed: list[Candidate]) -> list[Candidat
         room = min(cost.capacity - cost.workspace - resident[g] for g in c.gpus)
         seqs = -(-cost.job.workload.rollouts_per_step // c.dp)
         cs = np.arange(1, seqs + 1)
-        a = cost.candidate_arrays(ms, c.tp, c.pp, np.full(cs.shape, c.dp), concurrency=cs)
+        a = cost.candidate_arrays(ms, c.tp, c.pp, np.full(cs.shape, c.dp), concurrency=cs,
+                                  offload=_OFFLOAD.index(c.offload))
         ok = np.nonzero(np.asarray(a["transient"]) <= room)[0]
-        out.append(Candidate(c.model_stage, c.tp, c.pp, c.dp, concurrency=int(cs[ok[-1]]) if ok.size else 1,
-                             gpus=c.gpus))
+        out.append(replace(c, concurrency=int(cs[ok[-1]]) if ok.size else 1))
     return out
 
 
@@ -286,16 +316,30 @@ def whatif(job: JobSpec, specs, cost: CostModel | None = None, pool=None,
     if best is not None:
         out["nereus"] = {"feasible": True, "plan": best.to_dict(), "l_step": best.l_step}
     cands, from_best = parse_layout(cost, specs, best)
+    colocate = job.framework.colocate
+    shared: set = set()
     for st in cost.workflow.stages:
-        need = sum(c.num_gpus for c in cands if ModelStage.parse(c.model_stage).stage == st)
+        members = [c for c in cands if ModelStage.parse(c.model_stage).stage == st]
+        need = sum(c.num_gpus for c in members)
+        big = max((c.num_gpus for c in members), default=0)
+        if len(members) > 1 and (colocate == "always" or (colocate == "auto" and need > len(pool))):
+            shared.add(st)
+            need = big
         if need > len(pool):
-            names = [f"{c.model_stage} ({c.num_gpus})" for c in cands if ModelStage.parse(c.model_stage).stage == st]
-            raise ValueError(f"--layout: stage {st!r} needs {need} GPUs ({', '.join(names)}; model-stages of a stage "
-                             f"run on disjoint GPUs), the pool has {len(pool)}")
+            names = [f"{c.model_stage} ({c.num_gpus})" for c in members]
+            how = ("colocated model-stages share GPUs, so the largest counts" if st in shared else
+                   "model-stages of a stage run on disjoint GPUs" + ("" if colocate != "never" else
+                                                                     "; the job's framework does not colocate"))
+            raise ValueError(f"--layout: stage {st!r} needs {need} GPUs ({', '.join(names)}; {how}), "
+                             f"the pool has {len(pool)}")
     try:
-        placed = place(list(cands), pool, job.cluster, cost.workflow)
+        placed = place([c for c in cands if ModelStage.parse(c.model_stage).stage not in shared], pool,
+                       job.cluster, cost.workflow)
     except PlacementError as e:
         raise ValueError(f"--layout: {e}") from e
+    order = sorted(pool)
+    placed += [c.with_gpus(order[:c.num_gpus]) for c in cands if ModelStage.parse(c.model_stage).stage in shared]
+    placed.sort(key=lambda c: [m.name for m in cost.workflow.model_stages].index(c.model_stage))
     ev = evaluate_layout(job, _size_concurrency(cost, placed), cost=cost)
     out["layout"] = ev.to_dict() | {"from_nereus": from_best}
     if best is not None and ev.fits and math.isfinite(ev.l_step) and best.l_step > 0:
