@@ -115,3 +115,25 @@ def test_cli_layout_errors_are_one_line(capsys, layout, words):
     assert rc == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     for w in words:
         assert w in err, (w, err)
+
+
+def test_whatif_colocates_under_a_colocating_framework_and_adds_the_times():
+    from nereus.cost.model import CostModel
+    from nereus.planner.whatif import whatif
+    from nereus.spec import ClusterSpec, JobSpec, WorkloadSpec, get_gpu, get_model
+    from nereus.spec.framework import get_framework
+
+    job = JobSpec(get_model("qwen2.5-0.5b"), ClusterSpec(get_gpu("h100"), 1, 1),
+                  WorkloadSpec(prompts_per_step=64, mini_batch_size=64, prompt_len=512, response_len=512),
+                  framework=get_framework("fsdp"))
+    specs = ["actor.train=1,1,1,off=host", "critic.train=1,1,1,off=host", "actor.generate=1,1,1,c=64,off=drop",
+             "actor.infer=1,1,1,off=drop", "reference.infer=1,1,1,off=drop", "critic.infer=1,1,1,off=drop",
+             "reward.infer=1,1,1,off=drop"]
+    out, ev = whatif(job, specs)
+    assert all(c.gpus == (0,) for c in ev.plan.candidates)
+    cm = CostModel(job)
+    total = sum(cm.estimate_candidate(c).time for c in ev.plan.candidates)
+    assert ev.l_step == pytest.approx(total)  # one GPU: every model-stage runs in turn
+    assert ev.fits
+    # with every state resident the same layout needs the sum of all weights and optimizer states at once
+    assert out["layout"]["model_stages"]["actor.train"]["offload"] == "host"
