@@ -18,6 +18,7 @@ from nereus.planner.candidates import latency_frontier
 from nereus.planner.notation import format_candidate, format_gpus
 from nereus.planner.plan import Candidate
 from nereus.planner.search import NoFeasiblePlan, plan_job, search
+from nereus.planner.whatif import shared_stages
 from nereus.spec import ClusterSpec, JobSpec, WorkloadSpec, get_gpu, get_model
 from nereus.spec.framework import FRAMEWORK_PRESETS, FrameworkSpec, get_framework
 from nereus.spec.workload import ALGORITHMS, RECOMPUTE_MODES
@@ -162,10 +163,14 @@ def _print_plan(plan, job, breakdown: bool) -> None:
               f"{job.cluster.gpu.name} ({job.cluster.num_nodes} node(s) x {job.cluster.gpus_per_node}); "
               f"prompts {w.prompts_per_step} x {w.samples_per_prompt}, prompt {w.prompt_len}, response "
               f"{w.response_len} tokens" + (f" (memory sized at {w.response_len_max})"
-                                            if w.response_len_max is not None else ""))
+                                            if w.response_len_max is not None else "")
+              + (f"; framework {job.framework.name}" if job.framework.name != "nereus" else ""))
     t = Table(show_lines=False)
-    for col in ("model-stage", "tp", "pp", "dp", "batch", "GPUs", "time (s)", "peak GiB"):
-        t.add_column(col, justify="right" if col not in ("model-stage", "GPUs", "batch") else "left")
+    opts = any(c.zero or c.vpp > 1 or c.offload != "none" for c in plan.candidates)
+    cols = ("model-stage", "tp", "pp", "dp", "batch") + (("options",) if opts else ()) + ("GPUs", "time (s)",
+                                                                                         "peak GiB")
+    for col in cols:
+        t.add_column(col, justify="right" if col not in ("model-stage", "GPUs", "batch", "options") else "left")
     for c in plan.candidates:
         e = plan.estimates[c.model_stage]
         batch = f"c={c.concurrency}" if c.concurrency else f"b={c.micro_batch}"
@@ -173,9 +178,14 @@ def _print_plan(plan, job, breakdown: bool) -> None:
             batch += f" a={c.grad_accum}"
         if c.recompute != "none":
             batch += f" rc={c.recompute}"
-        t.add_row(c.model_stage, str(c.tp), str(c.pp), str(c.dp), batch, format_gpus(c.gpus),
+        extra = [" ".join(x for x in (f"zero={c.zero}" if c.zero else "", f"vpp={c.vpp}" if c.vpp > 1 else "",
+                                      f"offload={c.offload}" if c.offload != "none" else "") if x)] if opts else []
+        t.add_row(c.model_stage, str(c.tp), str(c.pp), str(c.dp), batch, *extra, format_gpus(c.gpus),
                   f"{e.time:.2f}", f"{plan.peak_memory[c.model_stage] / GIB:.1f}")
     con.print(t)
+    shared = shared_stages(plan.candidates)
+    if shared:
+        con.print(f"colocated (model-stages share GPUs and run one after another): {', '.join(shared)}")
     if breakdown:
         b = Table(title="breakdown (own bytes per GPU; seconds per op class)")
         b.add_column("model-stage")
