@@ -1,0 +1,51 @@
+"""FrameworkSpec: presets, job-file round trip, and one clear error per malformed field."""
+
+import json
+
+import pytest
+
+from nereus.spec import JobSpec
+from nereus.spec.framework import FRAMEWORK_PRESETS, FrameworkSpec, get_framework
+
+BASE = {"model": "tiny", "cluster": {"gpu": "h100", "num_nodes": 1, "gpus_per_node": 8}}
+
+
+def test_default_is_what_the_runtime_executes():
+    fw = JobSpec.from_dict(BASE).framework
+    assert fw == FrameworkSpec() == get_framework("nereus")
+    assert fw.zero_stages == (0,) and fw.offload == ("none",) and fw.colocate == "never"
+    assert "framework" not in JobSpec.from_dict(BASE).to_dict()  # default job files stay unchanged
+
+
+@pytest.mark.parametrize("name", sorted(FRAMEWORK_PRESETS))
+def test_presets_round_trip_through_a_job_file(name, tmp_path):
+    job = JobSpec.from_dict(BASE | {"framework": name})
+    assert job.framework == get_framework(name)
+    p = tmp_path / "job.json"
+    p.write_text(json.dumps(job.to_dict()))
+    assert JobSpec.from_file(p).framework == job.framework
+
+
+def test_preset_with_overrides():
+    fw = FrameworkSpec.from_dict({"preset": "fsdp", "offload": ["none"], "colocate": "always"})
+    assert fw.zero_stages == (2, 3) and fw.offload == ("none",) and fw.colocate == "always"
+    assert fw.name == "fsdp+custom"
+
+
+@pytest.mark.parametrize("doc, words", [
+    ("megatronn", ["unknown framework 'megatronn'", "valid:"]),
+    ({"zero_stages": [4]}, ["'zero_stages'", "subset of [0, 1, 2, 3]", "[4]"]),
+    ({"zero_stages": 1}, ["'zero_stages' must be a list"]),
+    ({"offload": ["disk"]}, ["'offload'", "['none', 'host', 'drop']"]),
+    ({"colocate": "yes"}, ["'colocate'", "['never', 'auto', 'always']"]),
+    ({"max_virtual_stages": 0}, ["'max_virtual_stages'", ">= 1", "0"]),
+    ({"grad_reduce_bytes": 3}, ["'grad_reduce_bytes'", "2 (bf16), 4 (fp32)"]),
+    ({"sequence_parallel": "true"}, ["'sequence_parallel' must be true or false"]),
+    ({"zero": [1]}, ["unknown framework field(s) ['zero']"]),
+    (5, ["job section 'framework' must be a preset name"]),
+])
+def test_bad_framework_fields_are_named(doc, words):
+    with pytest.raises(ValueError) as e:
+        JobSpec.from_dict(BASE | {"framework": doc})
+    for w in words:
+        assert w in str(e.value), (w, str(e.value))
