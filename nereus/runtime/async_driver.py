@@ -40,10 +40,8 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from nereus.planner.plan import Candidate, Plan
-from nereus.runtime import algorithms as alg
 from nereus.runtime.adaptive import AdaptiveRun
 from nereus.runtime.driver import RLConfig, RLDriver, _largest_divisor, _seed
-from nereus.runtime.rollout import response_mask
 from nereus.spec.model import ModelSpec
 from nereus.spec.workload import WorkloadSpec
 
@@ -305,39 +303,10 @@ class AsyncRLDriver(RLDriver):
 
     def _train_on(self, gb: GenBatch) -> dict:
         """Inference, advantages and training of step ``k`` on ``gb`` (as :meth:`RLDriver.step`)."""
-        w, cfg, alg_name = self.workload, self.cfg, self.workload.algorithm
-        k, n = self.step_index, w.samples_per_prompt
-        prompts, idx, rep, rep_idx, resp, task = gb.prompts, gb.idx, gb.rep, gb.rep_idx, gb.resp, gb.task
-        P = prompts.shape[1]
-        tokens = torch.cat([rep, resp], 1)
-        mask = response_mask(resp, task.tokenizer.eos_id)
-        task_reward = task.rewards(rep_idx, resp)
-        pend_rm = self._submit_scores(tokens, P)
-        pend_old = self._submit("actor.infer", "logprobs", [tokens], P, self._infer_mb("actor.infer"),
-                                cfg.temperature)
-        pend_ref = self._submit("reference.infer", "logprobs", [tokens], P, self._infer_mb("reference.infer"),
-                                cfg.temperature)
-        pend_val = (self._submit("critic.infer", "values", [tokens], P, self._infer_mb("critic.infer"))
-                    if alg_name == "ppo" else None)
-        scores = self._scores_for(task, pend_rm, rep_idx, tokens, mask, P)
-        old_logp = torch.cat(self._collect(pend_old))
-        ref_logp = torch.cat(self._collect(pend_ref))
-        batch = {"tokens": tokens, "mask": mask, "old_logp": old_logp, "ref_logp": ref_logp}
-        kl_in_loss = 0.0
-        if alg_name == "ppo":
-            values = torch.cat(self._collect(pend_val))
-            r = alg.token_rewards(scores, old_logp, ref_logp, mask, cfg.kl_coef)
-            adv, ret = alg.gae(r, values, mask, cfg.gamma, cfg.lam)
-            batch.update(adv=alg.masked_whiten(adv, mask), old_values=values, returns=ret)
-        elif alg_name == "grpo":
-            batch["adv"] = alg.grpo_advantages(scores, n, mask)
-            kl_in_loss = cfg.kl_coef
-        else:
-            g_tok = torch.cat([prompts, gb.g_resp], 1)
-            g_scores = self._scores_for(task, self._submit_scores(g_tok, P), idx, g_tok,
-                                        response_mask(gb.g_resp, task.tokenizer.eos_id), P)
-            r = alg.token_rewards(scores, old_logp, ref_logp, mask, cfg.kl_coef)
-            batch["adv"] = alg.remax_advantages(r, g_scores.repeat_interleave(n), mask)
+        k, n = self.step_index, self.workload.samples_per_prompt
+        batch, kl_in_loss, metrics = self.experience(gb.prompts, gb.idx, gb.rep, gb.rep_idx, gb.resp, gb.task,
+                                                     lambda: gb.g_resp)
+        P, mask, old_logp = gb.prompts.shape[1], batch["mask"], batch["old_logp"]
         lag = k - gb.version
         iw = {}
         if lag > 0:  # off-policy: truncated importance weight against the generating policy
@@ -349,23 +318,15 @@ class AsyncRLDriver(RLDriver):
             m = mask.sum()
             iw = {"is_weight_mean": float(wgt.sum() / m), "is_weight_max": float((ratio * mask).max()),
                   "behaviour_kl": float(((gb.behav_logp - old_logp) * mask).sum() / m)}
-        metrics = {"step": k, "reward": float(task_reward.mean()), "score": float(scores.mean()),
-                   "response_len": float(mask.sum(1).mean()),
-                   "kl": float(((old_logp - ref_logp) * mask).sum() / mask.sum())}
         train_pv = self.updates
         metrics.update(self._train(batch, P, kl_in_loss))
         metrics.update(gen_version=gb.version, gen_policy_version=gb.policy_version, train_version=k,
                        staleness=lag, **iw)
-        for s, i in enumerate(rep_idx):
+        for s, i in enumerate(gb.rep_idx):
             self.sample_log.append({"step": k, "prompt": i, "sample": s % n, "gen_version": gb.version,
                                     "gen_policy_version": gb.policy_version, "train_version": k,
                                     "train_policy_version": train_pv})
         return metrics
-
-    def _scores_for(self, task, pending, indices, tokens, mask, P):
-        if pending is not None:
-            return self._scores(pending, indices, tokens, mask, P)
-        return task.rewards(indices, tokens[:, P:])
 
 
 # ---------------------------------------------------------------------- with --adaptive

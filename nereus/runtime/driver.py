@@ -299,29 +299,58 @@ class RLDriver:
                                 self._infer_mb("reward.infer", tokens.shape[0]))
         return None
 
-    def _scores(self, pending, indices: list[int], tokens: torch.Tensor, mask: torch.Tensor, P: int) -> torch.Tensor:
-        """Reward-model scores (value at the last response token) or, without one, the task's rule."""
+    def _scores(self, pending, indices: list[int], tokens: torch.Tensor, mask: torch.Tensor, P: int,
+                task=None) -> torch.Tensor:
+        """Reward-model scores (value at the last response token) or, without one, the rule of
+        ``task`` (default: the driver's)."""
         if pending is not None:
             v = torch.cat(self._collect(pending))
             last = mask.sum(1).long() - 1
             return v[torch.arange(v.shape[0]), last].detach()
-        return self.task.rewards(indices, tokens[:, P:])
+        return (task or self.task).rewards(indices, tokens[:, P:])
 
     # ------------------------------------------------------------------ one step
     def step(self) -> dict:
         """One synchronous RL step; returns its metrics (rewards, losses, KL, seconds)."""
-        w, cfg, alg_name = self.workload, self.cfg, self.workload.algorithm
+        w, cfg = self.workload, self.cfg
         t0 = time.perf_counter()
         n, Pn = w.samples_per_prompt, w.prompts_per_step
         prompts, idx = self.task.prompts(self.step_index * Pn, Pn)
-        P = prompts.shape[1]
         rep = prompts.repeat_interleave(n, 0)
         rep_idx = [i for i in idx for _ in range(n)]
         seeds = [_seed(cfg.seed, i, j, "sample") for i in idx for j in range(n)]
         resp = self._generate(rep, seeds, greedy=False)
+        batch, kl_in_loss, metrics = self.experience(
+            prompts, idx, rep, rep_idx, resp, self.task,
+            lambda: self._generate(prompts, [0] * Pn, greedy=True))
+        metrics.update(self._train(batch, prompts.shape[1], kl_in_loss))
+        self._sync()
+        self.step_index += 1
+        metrics["seconds"] = time.perf_counter() - t0
+        return metrics
+
+    def experience(self, prompts: torch.Tensor, idx: list[int], rep: torch.Tensor, rep_idx: list[int],
+                   resp: torch.Tensor, task, greedy_responses) -> tuple[dict, float, dict]:
+        """The inference stage, rewards and advantages of one batch of rollouts (shared by the
+        synchronous and the asynchronous driver).
+
+        Args:
+            prompts: [P_n, P] prompt tokens; ``rep``: [P_n·n, P] each repeated ``n`` times, with their
+                dataset indices ``idx`` / ``rep_idx``; ``resp``: [P_n·n, R] sampled responses.
+            task: the task whose rule rewards and tokenizer the batch was generated with.
+            greedy_responses: ReMax only, a callable giving the [P_n, R] greedy responses (the
+                baseline); called after the inference stage.
+
+        Returns:
+            ``(batch, kl_in_loss, metrics)``: the training batch (tokens, mask, old_logp, ref_logp, adv,
+            and PPO's old_values and returns), the KL coefficient the loss carries (GRPO), and the
+            step's reward, score, response length and KL.
+        """
+        cfg, alg_name, n = self.cfg, self.workload.algorithm, self.workload.samples_per_prompt
+        P = prompts.shape[1]
         tokens = torch.cat([rep, resp], 1)
-        mask = response_mask(resp, self.task.tokenizer.eos_id)
-        task_reward = self.task.rewards(rep_idx, resp)
+        mask = response_mask(resp, task.tokenizer.eos_id)
+        task_reward = task.rewards(rep_idx, resp)
         # the inference stage: its model-stages are submitted together and run concurrently
         pend_rm = self._submit_scores(tokens, P)
         pend_old = self._submit("actor.infer", "logprobs", [tokens], P, self._infer_mb("actor.infer"),
@@ -330,7 +359,7 @@ class RLDriver:
                                 cfg.temperature)
         pend_val = (self._submit("critic.infer", "values", [tokens], P, self._infer_mb("critic.infer"))
                     if alg_name == "ppo" else None)
-        scores = self._scores(pend_rm, rep_idx, tokens, mask, P)
+        scores = self._scores(pend_rm, rep_idx, tokens, mask, P, task)
         old_logp = torch.cat(self._collect(pend_old))
         ref_logp = torch.cat(self._collect(pend_ref))
         batch = {"tokens": tokens, "mask": mask, "old_logp": old_logp, "ref_logp": ref_logp}
@@ -344,20 +373,16 @@ class RLDriver:
             batch["adv"] = alg.grpo_advantages(scores, n, mask)
             kl_in_loss = cfg.kl_coef
         else:  # remax: greedy rollout per prompt is the baseline
-            g_resp = self._generate(prompts, [0] * Pn, greedy=True)
+            g_resp = greedy_responses()
             g_tok = torch.cat([prompts, g_resp], 1)
             g_scores = self._scores(self._submit_scores(g_tok, P), idx, g_tok,
-                                    response_mask(g_resp, self.task.tokenizer.eos_id), P)
+                                    response_mask(g_resp, task.tokenizer.eos_id), P, task)
             r = alg.token_rewards(scores, old_logp, ref_logp, mask, cfg.kl_coef)
             batch["adv"] = alg.remax_advantages(r, g_scores.repeat_interleave(n), mask)
         metrics = {"step": self.step_index, "reward": float(task_reward.mean()), "score": float(scores.mean()),
                    "response_len": float(mask.sum(1).mean()),
                    "kl": float(((old_logp - ref_logp) * mask).sum() / mask.sum())}
-        metrics.update(self._train(batch, P, kl_in_loss))
-        self._sync()
-        self.step_index += 1
-        metrics["seconds"] = time.perf_counter() - t0
-        return metrics
+        return batch, kl_in_loss, metrics
 
     def _train(self, batch: dict, P: int, kl_in_loss: float) -> dict:
         w, cfg = self.workload, self.cfg
