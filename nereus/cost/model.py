@@ -241,11 +241,17 @@ class CostModel:
                              memory=memory, resident=float(a["resident"][0]), transient=float(a["transient"][0]))
 
     # ------------------------------------------------------------------ plans
-    def stage_latency(self, times: dict) -> float:
-        """``L_step`` from model-stage times (closed form of :func:`critical_path`)."""
-        per_stage = {}
+    def stage_latency(self, times: dict, groups=None) -> float:
+        """``L_step`` from model-stage times (closed form of :func:`critical_path`); ``groups`` (see
+        :func:`stage_groups`) are colocated model-stages whose times add."""
+        group_of = {n: tuple(g) for g in (groups or ()) for n in g}
+        totals: dict = {}
         for name, t in times.items():
-            st = ModelStage.parse(name).stage
+            key = group_of.get(name, (name,))
+            totals[key] = totals.get(key, 0.0) + t
+        per_stage = {}
+        for key, t in totals.items():
+            st = ModelStage.parse(key[0]).stage
             per_stage[st] = max(per_stage.get(st, 0.0), t)
         if self.workflow.asynchronous:
             return max(per_stage.get("generate", 0.0), per_stage.get("infer", 0.0) + per_stage.get("train", 0.0))

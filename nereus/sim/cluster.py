@@ -67,7 +67,7 @@ import numpy as np
 from nereus.controller.monitor import StepReport
 from nereus.controller.transition_cost import bandwidth_estimate, engine_reinit, estimate_transition_cost
 from nereus.cost.efficiency import EfficiencyTable
-from nereus.cost.model import CostModel
+from nereus.cost.model import CostModel, stage_groups
 from nereus.planner.plan import Plan
 from nereus.sim.traces import AvailabilityTrace, LengthTrace
 from nereus.spec.job import JobSpec
@@ -284,7 +284,7 @@ class SimulatedCluster:
             for ms, e in est.estimates.items():
                 t_ms, bd = unmodelled(e, tp[ms], ms.endswith(".train"), self.truth.tp_penalty, self.truth.overlap)
                 ests[ms] = replace(e, time=t_ms, breakdown=bd)
-            l_step = cm.stage_latency({k: v.time for k, v in ests.items()})
+            l_step = cm.stage_latency({k: v.time for k, v in ests.items()}, stage_groups(plan, cm.workflow))
             self._cache[key] = replace(est, estimates=ests, l_step=l_step)
         return self._cache[key]
 

@@ -23,6 +23,7 @@ from nereus.sim.traces import (
     load_availability,
     load_response_lengths,
 )
+from nereus.spec.framework import get_framework
 from nereus.spec.hardware import ClusterSpec, get_gpu
 from nereus.spec.job import JobSpec
 from nereus.spec.model import get_model
@@ -60,6 +61,8 @@ class Scenario:
             prompts · samples; ``mini_batch`` must divide it).
         asynchronous: one-step-off asynchronous RL (generation on GPUs of its own; the step is
             ``max(generate, infer + train)``).
+        framework: preset name of what the training framework supports (the plan space;
+            :mod:`nereus.spec.framework`).
     """
 
     model: str = "llama-3.1-8b"
@@ -83,12 +86,14 @@ class Scenario:
     samples_per_prompt: int = 4
     mini_batch: int = 256
     asynchronous: bool = False
+    framework: str = "nereus"
 
     def job(self) -> JobSpec:
         w = WorkloadSpec(algorithm=self.algo, response_len=int(self.growth[0]), prompts_per_step=self.prompts_per_step,
                          samples_per_prompt=self.samples_per_prompt, mini_batch_size=self.mini_batch,
                          asynchronous=self.asynchronous)
-        return JobSpec(get_model(self.model), ClusterSpec(get_gpu(self.gpu), self.nodes, self.gpus_per_node), w)
+        return JobSpec(get_model(self.model), ClusterSpec(get_gpu(self.gpu), self.nodes, self.gpus_per_node), w,
+                       framework=get_framework(self.framework))
 
     def availability(self) -> AvailabilityTrace:
         """The trace's window ``[start, start + hours)`` scaled so the window's maximum is the cluster."""
