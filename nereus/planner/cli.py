@@ -178,11 +178,14 @@ def _print_plan(plan, job, breakdown: bool) -> None:
             batch += f" a={c.grad_accum}"
         if c.recompute != "none":
             batch += f" rc={c.recompute}"
-        extra = [" ".join(x for x in (f"zero={c.zero}" if c.zero else "", f"vpp={c.vpp}" if c.vpp > 1 else "",
-                                      f"offload={c.offload}" if c.offload != "none" else "") if x)] if opts else []
+        extra = [" ".join(x for x in (f"z{c.zero}" if c.zero else "", f"v{c.vpp}" if c.vpp > 1 else "",
+                                      f"off:{c.offload}" if c.offload != "none" else "") if x)] if opts else []
         t.add_row(c.model_stage, str(c.tp), str(c.pp), str(c.dp), batch, *extra, format_gpus(c.gpus),
                   f"{e.time:.2f}", f"{plan.peak_memory[c.model_stage] / GIB:.1f}")
     con.print(t)
+    if opts:
+        con.print("options: zN = ZeRO stage N, vN = N interleaved pipeline chunks per rank, off:host / off:drop = idle "
+                  "state offloaded to host memory / dropped and reloaded")
     shared = shared_stages(plan.candidates)
     if shared:
         con.print(f"colocated (model-stages share GPUs and run one after another): {', '.join(shared)}")
