@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass
 
 from nereus.spec.hardware import ClusterSpec
 from nereus.spec.model import ModelSpec
-from nereus.transition.emu import EMU, resident_bytes
+from nereus.transition.emu import EMU, held_bytes
 from nereus.transition.primitives import HOST_ID, STORAGE, Primitive
 
 __all__ = ["CostParams", "duration", "ports", "min_bytes"]
@@ -165,23 +165,23 @@ def min_bytes(initial: tuple[EMU, ...], target: tuple[EMU, ...], models: dict[st
     """Bytes any transition from ``initial`` to ``target`` must move, a lower bound.
 
     Every target shard must end on its GPU; whatever part of it is not already there (in the current
-    EMU of the same model-stage on that GPU, :func:`~nereus.transition.emu.resident_bytes`) has to
-    arrive over a link at least once.
+    EMU of the same model-stage on that GPU, :func:`~nereus.transition.emu.held_bytes`, ZeRO slices
+    included) has to arrive over a link at least once. Host copies (``Candidate.offload == "host"``)
+    need and hold no GPU bytes and count 0 here.
 
     Args:
-        models: model-stage → (model shapes, state bytes per parameter).
+        models: model-stage → (model shapes, state bytes per parameter: an int or
+            ``(weights, optimizer)``, :func:`~nereus.transition.emu.state_parts`).
     """
-    here: dict[tuple[str, int], EMU] = {(e.model_stage, g): e for e in initial for g in e.gpus}
+    here: dict[tuple[str, int], EMU] = {(e.model_stage, g): e for e in initial if not e.host for g in e.gpus}
     total = 0
     for e in target:
         model, bpp = models[e.model_stage]
         for g in e.gpus:
             need = e.bytes_on(g)
+            if not need:
+                continue
             src = here.get((e.model_stage, g))
-            res = 0
-            if src is not None:
-                ps, ts = src.position(g)
-                p, t = e.position(g)
-                res = resident_bytes(model, bpp, (src.tp, src.pp, ps, ts), (e.tp, e.pp, p, t))
+            res = 0 if src is None else held_bytes(model, bpp, src, g, e, g)
             total += max(0, need - res)
     return total

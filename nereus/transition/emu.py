@@ -24,8 +24,9 @@ from nereus.cost.shapes import _layer_params_per_tp_rank, layers_of_rank, params
 from nereus.spec.job import JobSpec
 from nereus.spec.model import ModelSpec
 
-__all__ = ["EMU", "state_bytes_per_param", "model_of", "stage_of", "shard_bytes", "phi", "t_sub",
-           "sub_units", "aligned_gpus", "resident_bytes", "STAGE_ORDER"]
+__all__ = ["EMU", "state_bytes_per_param", "state_parts", "model_of", "stage_of", "shard_bytes",
+           "zero_shard_bytes", "phi", "t_sub", "sub_units", "aligned_gpus", "resident_bytes", "held_bytes",
+           "parts_of", "STAGE_ORDER"]
 
 #: Stage tie-break order of the global DAG (paper §6.1): generation → inference → training.
 STAGE_ORDER = {"generate": 0, "infer": 1, "train": 2}
@@ -62,28 +63,91 @@ def state_bytes_per_param(job: JobSpec, model_stage: str) -> int:
     return w.param_bytes + (w.optimizer_bytes if stage_of(model_stage) == "train" else 0)
 
 
+def state_parts(job: JobSpec, model_stage: str) -> tuple[int, int]:
+    """``(weight bytes, optimizer bytes)`` per parameter of a model-stage's transition state.
+
+    ``(workload.param_bytes, workload.optimizer_bytes)`` for training, ``(param_bytes, 0)`` otherwise;
+    their sum is :func:`state_bytes_per_param`. ZeRO shards the two parts differently (stage 1-2 the
+    optimizer only, stage 3 both), so sharded EMUs need them apart.
+    """
+    w = job.workload
+    return (w.param_bytes, w.optimizer_bytes if stage_of(model_stage) == "train" else 0)
+
+
+def parts_of(bytes_per_param) -> tuple[int, int, int]:
+    """``(total, weights, optimizer)`` bytes per parameter from an int (all weights-like, i.e. never
+    sharded apart) or a ``(weights, optimizer)`` pair (:func:`state_parts`).
+
+    Raises:
+        ValueError: a pair with a negative entry.
+    """
+    if isinstance(bytes_per_param, tuple):
+        pb, ob = bytes_per_param
+        if pb < 0 or ob < 0:
+            raise ValueError(f"bytes per parameter must be >= 0, got {bytes_per_param}")
+        return pb + ob, pb, ob
+    return bytes_per_param, bytes_per_param, 0
+
+
 @functools.lru_cache(maxsize=4096)
 def shard_bytes(model: ModelSpec, tp: int, pp: int, bytes_per_param: int) -> tuple[int, ...]:
     """Bytes on one GPU at each pipeline rank of a ``(tp, pp)`` replica, rounded up; shape ``[pp]``."""
     return tuple(math.ceil(params_on_rank(model, tp, pp, p) * bytes_per_param) for p in range(pp))
 
 
+@functools.lru_cache(maxsize=4096)
+def zero_shard_bytes(model: ModelSpec, tp: int, pp: int, param_bytes: int, optimizer_bytes: int, zero: int,
+                     z: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Bytes per GPU of a ZeRO group of degree ``z`` at each pipeline rank, and the sharded bytes.
+
+    With ``tot = ceil(params·(pb + ob))`` (the unsharded shard, :func:`shard_bytes`), ``rep`` the
+    replicated part (``ceil(params·pb)`` for ZeRO-1/2, 0 for ZeRO-3) and ``shd = tot - rep`` the part
+    split over the group: a GPU holds ``rep + ceil(shd / z)`` (``nereus.cost.memory``: stage >= 1
+    optimizer ``/dp``, 3 weights ``/dp``; gradients are empty at a step boundary, so ZeRO-2 holds
+    what ZeRO-1 holds). ``z = 1`` gives :func:`shard_bytes` exactly.
+
+    Returns:
+        ``(per_gpu, sharded)``, both shape ``[pp]``; ``sharded[p]`` is ``shd`` (whole group).
+    """
+    per, shd = [], []
+    for p in range(pp):
+        params = params_on_rank(model, tp, pp, p)
+        tot = math.ceil(params * (param_bytes + optimizer_bytes))
+        rep = math.ceil(params * param_bytes) if zero < 3 else 0
+        if z == 1 or zero == 0:
+            rep = tot
+        per.append(rep + -(-(tot - rep) // z))
+        shd.append(tot - rep)
+    return tuple(per), tuple(shd)
+
+
 @dataclass(frozen=True)
 class EMU:
-    """One replica of one model-stage (paper §5).
+    """One replica of one model-stage (paper §5), or one ZeRO-sharded DP group (ours).
 
     Attributes:
         uid: unique name, e.g. ``"actor.train#1"`` (current), ``"actor.train#1/s2"`` (split output),
             ``"actor.train*0/1"`` (target slot), ``"actor.train*0"`` (target).
         model_stage: e.g. ``"actor.train"``.
         tp, pp: the layout ``T``.
-        gpus: ``tp*pp`` GPU ids, ``gpus[p*tp + t]``.
+        gpus: ``tp*pp*z`` GPU ids, ``gpus[(r*pp + p)*tp + t]`` (sharding rank ``r``).
         shard_bytes: bytes per GPU at each pipeline rank, shape ``[pp]``.
-        host: a copy staged in host memory (an Offload's output): it keeps the layout and GPU ids
-            it came from (its shards sit in those GPUs' hosts) but holds no GPU memory and owns no GPU.
+        host: a copy staged in host memory (an Offload's output, or a model-stage whose idle state
+            is offloaded, ``Candidate.offload == "host"``): it keeps the layout and GPU ids it came
+            from (its shards sit in those GPUs' hosts) but holds no GPU memory and owns no GPU.
+        z: sharding degree: the ZeRO group spans ``z`` DP ranks, each holding ``1/z`` of the sharded
+            part of every ``(p, t)`` shard (1: an ordinary replica).
+        zero: ZeRO stage of the group (1-2: optimizer state sharded, 3: weights too); 0 when ``z == 1``.
+        sharded: bytes of the sharded part of one whole ``(p, t)`` shard at each pipeline rank, shape
+            ``[pp]`` (``()`` when ``z == 1``); a GPU holds ``shard_bytes[p] - ceil(sharded[p]/z)``
+            replicated bytes plus its ``1/z`` slice (:func:`zero_shard_bytes`).
+
+    Sharding ranks own contiguous slices of the sharded buffer (Megatron's distributed optimizer and
+    DeepSpeed/FSDP partition a flat buffer the same way): rank ``r`` holds ``[r/z, (r+1)/z)``.
 
     Raises:
-        ValueError: wrong GPU count, repeated GPUs or a ``shard_bytes`` of the wrong length.
+        ValueError: wrong GPU count, repeated GPUs, a ``shard_bytes`` of the wrong length, or a
+            ``z``/``zero``/``sharded`` that do not agree.
     """
 
     uid: str
@@ -93,18 +157,28 @@ class EMU:
     gpus: tuple[int, ...]
     shard_bytes: tuple[int, ...]
     host: bool = False
+    z: int = 1
+    zero: int = 0
+    sharded: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
-        if len(self.gpus) != self.tp * self.pp:
-            raise ValueError(f"EMU {self.uid}: gpus has {len(self.gpus)} ids, tp*pp = {self.tp * self.pp}")
+        if self.z < 1 or (self.z == 1) != (self.zero == 0) or self.zero not in (0, 1, 2, 3):
+            raise ValueError(f"EMU {self.uid}: z={self.z} and zero={self.zero} disagree (a ZeRO group has "
+                             "z > 1 and zero in 1..3; a replica z = 1, zero = 0)")
+        if len(self.gpus) != self.tp * self.pp * self.z:
+            raise ValueError(f"EMU {self.uid}: gpus has {len(self.gpus)} ids, tp*pp*z = {self.tp * self.pp * self.z}")
         if len(set(self.gpus)) != len(self.gpus):
             raise ValueError(f"EMU {self.uid}: gpus repeat an id: {self.gpus}")
         if len(self.shard_bytes) != self.pp:
             raise ValueError(f"EMU {self.uid}: shard_bytes has {len(self.shard_bytes)} entries, pp = {self.pp}")
+        if len(self.sharded) != (self.pp if self.z > 1 else 0):
+            raise ValueError(f"EMU {self.uid}: sharded has {len(self.sharded)} entries, needs "
+                             f"{self.pp if self.z > 1 else 0}")
 
     @property
-    def layout(self) -> tuple[int, int]:
-        return (self.tp, self.pp)
+    def layout(self) -> tuple[int, ...]:
+        """``(tp, pp)`` for a replica; ``(tp, pp, z, zero)`` for a ZeRO group."""
+        return (self.tp, self.pp) if self.z == 1 else (self.tp, self.pp, self.z, self.zero)
 
     @property
     def stage(self) -> str:
@@ -116,84 +190,157 @@ class EMU:
 
     def position(self, gpu: int) -> tuple[int, int]:
         """``(p, t)`` of ``gpu`` in this EMU."""
-        return divmod(self._index[gpu], self.tp)
+        return divmod(self._index[gpu] % (self.tp * self.pp), self.tp)
 
-    def gpu_at(self, p: int, t: int) -> int:
-        return self.gpus[p * self.tp + t]
+    def rank(self, gpu: int) -> int:
+        """Sharding rank ``r`` of ``gpu`` (0 in a replica)."""
+        return self._index[gpu] // (self.tp * self.pp)
+
+    def gpu_at(self, p: int, t: int, r: int = 0) -> int:
+        return self.gpus[(r * self.pp + p) * self.tp + t]
+
+    def block(self, r: int) -> tuple[int, ...]:
+        """The ``tp*pp`` GPUs of sharding rank ``r`` (one DP replica's GPUs), plan order."""
+        k = self.tp * self.pp
+        return self.gpus[r * k:(r + 1) * k]
+
+    def shard_on(self, gpu: int) -> int:
+        """Bytes of this EMU's shard on ``gpu`` wherever it is kept (GPU or host memory); 0 off it."""
+        i = self._index.get(gpu)
+        return 0 if i is None else self.shard_bytes[(i % (self.tp * self.pp)) // self.tp]
 
     def bytes_on(self, gpu: int) -> int:
         """State bytes this EMU keeps on ``gpu`` (0 when not on it, or staged in host memory)."""
-        if self.host:
-            return 0
-        i = self._index.get(gpu)
-        return 0 if i is None else self.shard_bytes[i // self.tp]
+        return 0 if self.host else self.shard_on(gpu)
 
     @property
     def total_bytes(self) -> int:
-        """Bytes over all GPUs (one full copy plus replicated norms/KV heads)."""
-        return self.tp * sum(self.shard_bytes)
+        """Bytes over all GPUs (one full copy plus replicated norms/KV heads, and for a ZeRO group the
+        replicated part ``z`` times)."""
+        return self.tp * self.z * sum(self.shard_bytes)
 
     def signature(self) -> tuple:
         """Identity without the uid: what 'ends in exactly the target EMUs' compares."""
-        return (self.model_stage, self.tp, self.pp, self.gpus)
+        base = (self.model_stage, self.tp, self.pp, self.gpus)
+        return base if self.z == 1 else base + (self.z, self.zero)
 
     def to_dict(self) -> dict:
-        return {"uid": self.uid, "model_stage": self.model_stage, "tp": self.tp, "pp": self.pp,
-                "gpus": list(self.gpus), "shard_bytes": list(self.shard_bytes)}
+        d = {"uid": self.uid, "model_stage": self.model_stage, "tp": self.tp, "pp": self.pp,
+             "gpus": list(self.gpus), "shard_bytes": list(self.shard_bytes)}
+        if self.z > 1:
+            d |= {"z": self.z, "zero": self.zero, "sharded": list(self.sharded)}
+        if self.host:
+            d["host"] = True
+        return d
 
 
 def phi(job: JobSpec, candidate, prefix: str = "#") -> tuple[EMU, ...]:
-    """``Φ(π)``: the EMUs of a candidate (one per DP replica), uids ``f"{model_stage}{prefix}{d}"``.
+    """``Φ(π)``: the EMUs of a candidate at a step boundary, uids ``f"{model_stage}{prefix}{d}"``.
+
+    * ``zero == 0`` (or ``dp == 1``): one EMU per DP replica, a full copy each (paper §5).
+    * a training candidate with ``zero >= 1`` and ``dp > 1``: ONE EMU, the ZeRO group, layout
+      ``(tp, pp, z = dp)`` on all its GPUs in the plan order (replica ``d`` is sharding rank ``d``),
+      bytes per GPU :func:`zero_shard_bytes` (ours, issue 13).
+    * ``offload == "host"``: the same EMUs with ``host=True`` (the idle state sits in host memory:
+      no GPU bytes, no GPU owned); ``offload == "drop"``: none (the state is re-created at the
+      model-stage's next run, from storage or its ``*.train``).
 
     Raises:
-        ValueError: the candidate has no GPU set (not placed).
+        ValueError: the candidate has no GPU set (not placed), or ``zero`` on a model-stage that
+            does not train.
     """
     if not candidate.gpus:
         raise ValueError(f"candidate {candidate.model_stage}: gpus is empty; Φ needs a placed candidate")
+    zero = getattr(candidate, "zero", 0)
+    offload = getattr(candidate, "offload", "none")
+    if zero and stage_of(candidate.model_stage) != "train":
+        raise ValueError(f"candidate {candidate.model_stage}: zero={zero} applies to training model-stages only")
+    if offload == "drop":
+        return ()
+    host = offload == "host"
     model = model_of(job, candidate.model_stage)
+    if zero and candidate.dp > 1:
+        pb, ob = state_parts(job, candidate.model_stage)
+        per, shd = zero_shard_bytes(model, candidate.tp, candidate.pp, pb, ob, zero, candidate.dp)
+        return (EMU(f"{candidate.model_stage}{prefix}0", candidate.model_stage, candidate.tp, candidate.pp,
+                    tuple(candidate.gpus), per, host=host, z=candidate.dp, zero=zero, sharded=shd),)
     sb = shard_bytes(model, candidate.tp, candidate.pp, state_bytes_per_param(job, candidate.model_stage))
     return tuple(EMU(f"{candidate.model_stage}{prefix}{d}", candidate.model_stage, candidate.tp,
-                     candidate.pp, candidate.replica_gpus(d), sb) for d in range(candidate.dp))
+                     candidate.pp, candidate.replica_gpus(d), sb, host=host) for d in range(candidate.dp))
 
 
-def t_sub(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
-    """Largest layout both ``a`` and ``b`` split into: ``(gcd(tp, tp*), gcd(pp, pp*))`` (paper §6.1)."""
-    return (math.gcd(a[0], b[0]), math.gcd(a[1], b[1]))
+def t_sub(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    """Largest layout both ``a`` and ``b`` split into: ``(gcd(tp, tp*), gcd(pp, pp*))`` (paper §6.1).
+
+    Layouts are :attr:`EMU.layout` tuples. Along the sharding dimension (ours) the common layout is
+    ``(tp, pp, gcd(z, z*), zero)`` only when both are ZeRO groups of one stage with the same
+    ``(tp, pp)``: a ZeRO slice is a slice of one ``(tp, pp)`` shard's flat buffer, so slices of
+    different TP/PP layouts (or stages) are not nested and the common layout is unsharded (``z = 1``).
+    """
+    tp, pp = math.gcd(a[0], b[0]), math.gcd(a[1], b[1])
+    if len(a) > 2 and len(b) > 2 and a[:2] == b[:2] and a[3] == b[3]:
+        z = math.gcd(a[2], b[2])
+        if z > 1:
+            return (tp, pp, z, a[3])
+    return (tp, pp)
 
 
-def _check_divides(layout: tuple[int, int], sub: tuple[int, int]) -> tuple[int, int]:
-    tp, pp = layout
-    tps, pps = sub
-    if tps <= 0 or pps <= 0 or tp % tps or pp % pps:
-        raise ValueError(f"T_sub={sub} must divide the layout {layout} (tp'|tp and pp'|pp)")
-    return tp // tps, pp // pps
+def _check_divides(layout: tuple[int, ...], sub: tuple[int, ...]) -> tuple[int, int, int]:
+    tp, pp = layout[:2]
+    tps, pps = sub[:2]
+    z = layout[2] if len(layout) > 2 else 1
+    zs = sub[2] if len(sub) > 2 else 1
+    if tps <= 0 or pps <= 0 or tp % tps or pp % pps or zs <= 0 or z % zs:
+        raise ValueError(f"T_sub={sub} must divide the layout {layout} (tp'|tp, pp'|pp, z'|z)")
+    if zs > 1 and (sub[:2] != layout[:2] or sub[3] != layout[3]):
+        raise ValueError(f"T_sub={sub}: a sharded sub-layout needs the layout's tp, pp and ZeRO stage ({layout})")
+    return tp // tps, pp // pps, z // zs
 
 
-def sub_units(emu: EMU, sub: tuple[int, int], model: ModelSpec, bytes_per_param: int,
+def sub_units(emu: EMU, sub: tuple[int, ...], model: ModelSpec, bytes_per_param,
               prefix: str = "/s") -> tuple[EMU, ...]:
     """The ``k`` units of layout ``sub`` that a Split of ``emu`` yields (or a Merge into it consumes).
 
-    Unit ``(i, j)`` is named ``f"{emu.uid}{prefix}{j*a + i}"``; see the module docstring for placement.
+    With ``a = tp/tp'``, ``b = pp/pp'``, ``c = z/z'``, unit ``(i, j, l)`` is named
+    ``f"{emu.uid}{prefix}{(l*b + j)*a + i}"`` and holds sub-rank ``(r', q, t')`` on the GPU at
+    ``(r, p, t) = (r'*c + l, q*b + j, t'*a + i)`` (module docstring; along the sharding dimension the
+    same strided rule: unit ``l`` takes ranks ``l, l+c, ...``, and the all-gather group of a GPU is
+    the ``c`` consecutive ranks whose slices form its new slice). ``bytes_per_param`` is an int or
+    ``(weights, optimizer)`` (needed when ``sub`` is sharded, :func:`state_parts`).
 
     Raises:
-        ValueError: ``sub`` does not divide the EMU's layout.
+        ValueError: ``sub`` does not divide the EMU's layout, or a sharded ``sub`` with an int
+            ``bytes_per_param``.
     """
-    a, b = _check_divides(emu.layout, sub)
-    tps, pps = sub
-    sb = shard_bytes(model, tps, pps, bytes_per_param)
+    a, b, c = _check_divides(emu.layout, sub)
+    tps, pps = sub[:2]
+    zs = sub[2] if len(sub) > 2 else 1
+    total, pb, ob = parts_of(bytes_per_param)
+    kw: dict = {}
+    if zs > 1:
+        if not isinstance(bytes_per_param, tuple):
+            raise ValueError(f"sub_units of {emu.uid} into {sub}: a sharded layout needs (weights, optimizer) "
+                             "bytes per parameter")
+        sb, shd = zero_shard_bytes(model, tps, pps, pb, ob, sub[3], zs)
+        kw = {"z": zs, "zero": sub[3], "sharded": shd}
+    else:
+        sb = shard_bytes(model, tps, pps, total)
     out = []
-    for j in range(b):
-        for i in range(a):
-            gpus = tuple(emu.gpu_at(q * b + j, t * a + i) for q in range(pps) for t in range(tps))
-            out.append(EMU(f"{emu.uid}{prefix}{j * a + i}", emu.model_stage, tps, pps, gpus, sb))
+    for m in range(c):
+        for j in range(b):
+            for i in range(a):
+                gpus = tuple(emu.gpu_at(q * b + j, t * a + i, r * c + m)
+                             for r in range(zs) for q in range(pps) for t in range(tps))
+                out.append(EMU(f"{emu.uid}{prefix}{(m * b + j) * a + i}", emu.model_stage, tps, pps, gpus, sb, **kw))
     return tuple(out)
 
 
-def aligned_gpus(units: list[EMU] | tuple[EMU, ...], layout: tuple[int, int]) -> tuple[int, ...]:
+def aligned_gpus(units: list[EMU] | tuple[EMU, ...], layout: tuple[int, ...]) -> tuple[int, ...]:
     """GPU order of the EMU of ``layout`` that merges ``units`` without copying any shard.
 
-    ``units[j*a + i]`` takes the place of sub-unit ``(i, j)`` (the inverse of :func:`sub_units`).
-    Placement can use it to make Merge free (paper §6.3, "shards already resident are not copied").
+    ``units[(l*b + j)*a + i]`` takes the place of sub-unit ``(i, j, l)`` (the inverse of
+    :func:`sub_units`). Placement can use it to make Merge free (paper §6.3, "shards already
+    resident are not copied").
 
     Raises:
         ValueError: wrong number of units or units of different layouts.
@@ -201,18 +348,22 @@ def aligned_gpus(units: list[EMU] | tuple[EMU, ...], layout: tuple[int, int]) ->
     if not units:
         raise ValueError("aligned_gpus needs at least one unit")
     sub = units[0].layout
-    a, b = _check_divides(layout, sub)
-    if len(units) != a * b or any(u.layout != sub for u in units):
-        raise ValueError(f"merging into {layout} needs {a * b} units of layout {sub}, got "
+    a, b, c = _check_divides(layout, sub)
+    if len(units) != a * b * c or any(u.layout != sub for u in units):
+        raise ValueError(f"merging into {layout} needs {a * b * c} units of layout {sub}, got "
                          f"{[u.layout for u in units]}")
-    tp, pp = layout
-    out = [0] * (tp * pp)
-    for j in range(b):
-        for i in range(a):
-            u = units[j * a + i]
-            for q in range(sub[1]):
-                for t in range(sub[0]):
-                    out[(q * b + j) * tp + t * a + i] = u.gpu_at(q, t)
+    tp, pp = layout[:2]
+    z = layout[2] if len(layout) > 2 else 1
+    zs = sub[2] if len(sub) > 2 else 1
+    out = [0] * (tp * pp * z)
+    for m in range(c):
+        for j in range(b):
+            for i in range(a):
+                u = units[(m * b + j) * a + i]
+                for r in range(zs):
+                    for q in range(sub[1]):
+                        for t in range(sub[0]):
+                            out[((r * c + m) * pp + q * b + j) * tp + t * a + i] = u.gpu_at(q, t, r)
     return tuple(out)
 
 
@@ -254,3 +405,62 @@ def resident_bytes(model: ModelSpec, bytes_per_param: int, src: tuple[int, int, 
             n += vocab_rows * h * f
     need = math.ceil(params_on_rank(model, tpd, ppd, pd) * bytes_per_param)
     return min(round(n * bytes_per_param), need)
+
+
+def _sharded(e: EMU, part: str) -> bool:
+    """Whether ``part`` (``"w"`` weights, ``"o"`` optimizer state) is split over ``e``'s group."""
+    return e.z > 1 and (e.zero >= 3 if part == "w" else e.zero >= 1)
+
+
+def held_bytes(model: ModelSpec, bytes_per_param, src: EMU, src_gpu: int, dst: EMU, dst_gpu: int) -> int:
+    """Bytes of ``dst``'s shard on ``dst_gpu`` already present in ``src``'s shard on ``src_gpu``.
+
+    Two replicas (``z = 1``): :func:`resident_bytes` (unchanged). With a ZeRO group on either side
+    the weights and the optimizer state (``bytes_per_param = (weights, optimizer)``,
+    :func:`state_parts`) count apart: the TP/PP overlap ``f`` of the two shards
+    (:func:`resident_bytes` per parameter, 1 at the same position) times, per part,
+
+    * ``src`` holds the part whole: 1 (``dst`` needs all of it or its slice of it);
+    * ``src`` holds a slice, ``dst`` the whole part: ``1/z_src`` when ``src``'s ``(p, t)`` shard lies
+      inside ``dst``'s (the same position, or a larger ``dst`` shard: unsharding), else 0;
+    * both hold slices: the overlap of ``[r/z, (r+1)/z)`` and ``[r*/z*, (r*+1)/z*)`` relative to
+      the ``dst`` slice, at the same ``(tp, pp, p, t)``;
+    * a slice at another TP/PP layout: 0 (the flat buffers differ; errs towards moving more).
+
+    Rounded down, and ``dst``'s full bytes when the fraction is 1.
+    """
+    ps, ts = src.position(src_gpu)
+    pd, td = dst.position(dst_gpu)
+    total, pb, ob = parts_of(bytes_per_param)
+    if src.z == 1 and dst.z == 1:
+        return resident_bytes(model, total, (src.tp, src.pp, ps, ts), (dst.tp, dst.pp, pd, td))
+    need = dst.shard_on(dst_gpu)
+    same = (src.tp, src.pp, ps, ts) == (dst.tp, dst.pp, pd, td)
+    inside = same  # src's whole (p, t) shard lies inside dst's (then so does any slice of it)
+    if same:
+        f = 1.0
+    else:
+        common = resident_bytes(model, 1, (src.tp, src.pp, ps, ts), (dst.tp, dst.pp, pd, td))
+        f = min(1.0, common / max(params_on_rank(model, dst.tp, dst.pp, pd), 1))
+        inside = common >= params_on_rank(model, src.tp, src.pp, ps) - 1
+    rs, rd = src.rank(src_gpu), dst.rank(dst_gpu)
+    num = den = 0.0
+    for part, bpp in (("w", pb), ("o", ob)):
+        if bpp == 0:
+            continue
+        sd, ss = _sharded(dst, part), _sharded(src, part)
+        weight = bpp / (dst.z if sd else 1)
+        if not ss:
+            fz = 1.0
+        elif not sd:
+            fz = 1.0 / src.z if inside else 0.0
+        elif not same:
+            fz = 0.0
+        else:
+            lo = max(rs / src.z, rd / dst.z)
+            hi = min((rs + 1) / src.z, (rd + 1) / dst.z)
+            fz = max(0.0, hi - lo) * dst.z
+        num += weight * f * fz
+        den += weight
+    frac = num / den if den else 1.0
+    return need if frac >= 1.0 - 1e-12 else min(need, math.floor(frac * need))

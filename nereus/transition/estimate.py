@@ -8,14 +8,14 @@ milliseconds for 16-64 GPUs.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from nereus.planner.plan import Plan
 from nereus.spec.job import JobSpec
 from nereus.transition.cost import CostParams, duration, min_bytes, ports
-from nereus.transition.emu import model_of, phi, stage_of, state_bytes_per_param
+from nereus.transition.emu import model_of, phi, stage_of, state_parts
 from nereus.transition.global_dag import GlobalDAG, plan_global
-from nereus.transition.local_dag import Infeasible, build_local_dag
+from nereus.transition.local_dag import Infeasible, align_group, build_local_dag
 from nereus.transition.primitives import STORAGE
 from nereus.transition.schedule import Schedule, critical_path_length
 from nereus.workflow import workflow_for
@@ -102,6 +102,13 @@ def _check_plans(job: JobSpec, current: Plan, target: Plan) -> None:
             bad = [g for g in c.gpus if not 0 <= g < n]
             if bad:
                 raise ValueError(f"{name} plan: {c.model_stage} uses GPU ids {bad[:4]}; valid 0..{n - 1}")
+            if c.zero and stage_of(c.model_stage) != "train":
+                raise ValueError(f"{name} plan: {c.model_stage} has zero={c.zero}; ZeRO applies to training only")
+            if c.offload == "drop" and stage_of(c.model_stage) == "train":
+                raise ValueError(f"{name} plan: {c.model_stage} has offload='drop', which would lose its "
+                                 "training state; valid: 'none' or 'host'")
+            if c.offload != "none":
+                continue  # idle state off the GPUs: it owns no GPU at a step boundary (colocation)
             for g in c.gpus:
                 k = (stage_of(c.model_stage), g)
                 if k in owner:
@@ -141,7 +148,8 @@ def _held_bytes(initial: list, model_stage: str) -> int:
     return sum(x.bytes_on(g) for x in initial if x.model_stage == model_stage for g in x.gpus)
 
 
-def _droppable(job: JobSpec, e: Infeasible, node: dict, initial: list, lost: list, names: set) -> list[str]:
+def _droppable(job: JobSpec, e: Infeasible, node: dict, initial: list, lost: list, names: set,
+               idle: set = frozenset()) -> list[str]:
     """Frozen/derived model-stages whose current EMUs block the DAG, cheapest to reload first.
 
     On a circular wait: the model-stages on the cycle. On a memory block: for each blocked primitive,
@@ -158,9 +166,10 @@ def _droppable(job: JobSpec, e: Infeasible, node: dict, initial: list, lost: lis
             if p not in node:
                 continue
             need = {g for g, h in node[p].mem_hi.items() if h > 0}
-            cands |= {x.model_stage for x in initial if need & set(x.gpus) and x.model_stage != node[p].model_stage}
+            cands |= {x.model_stage for x in initial
+                      if not x.host and need & set(x.gpus) and x.model_stage != node[p].model_stage}
     out = []
-    for ms in cands - set(lost):
+    for ms in cands - set(lost) - set(idle):
         src = reload_source(job, ms, names)
         if src is not None and src not in lost:
             out.append((src == STORAGE, _held_bytes(initial, ms), ms))
@@ -207,25 +216,43 @@ def plan_dag(job: JobSpec, current: Plan, target: Plan, pool: frozenset[int] | N
         raise Infeasible(f"target plan uses GPUs {outside[:6]} outside the pool of {len(pool)} GPUs")
     initial, final = [], []
     lost = []
+    idle: set[str] = set()  # model-stages whose idle state is off the GPUs in either plan
     for c in current.candidates:
         ms = c.model_stage
+        t = target[ms]
+        if c.offload != "none" or t.offload != "none":
+            idle.add(ms)
         cur = tuple(e for e in phi(job, c) if set(e.gpus) <= pool)
-        if not cur:
+        if not cur and c.offload != "drop":
             lost.append(ms)
+        tgt = phi(job, t, prefix="*")
+        if not cur and all(e.host for e in tgt):
+            tgt = ()  # no state to move: the model-stage's next run re-creates it and offloads it
         initial += cur
-        final += phi(job, target[ms], prefix="*")
+        final += align_group(cur, tgt)
     names = set(current.model_stages)
     reload_from: dict = {}
-    for ms in sorted(lost, key=lambda m: (not m.endswith(".train"), m)):  # unique state first
+    have = {e.model_stage for e in initial}
+    need = {e.model_stage for e in final if not e.host}
+    reload = lost + sorted(ms for ms in names - have - set(lost) if ms in need)  # dropped idle state
+    for ms in sorted(reload, key=lambda m: (not m.endswith(".train"), m)):  # unique state first
+        if ms not in need:
+            continue
         src = reload_source(job, ms, names)
         if src is None or src in lost:
             why = ("its training state is unique" if ms.endswith(".train") else
                    f"its weights derive from {ms.partition('.')[0]}.train, "
                    + ("which lost every replica too" if src in lost else "which is not in the plan"))
-            raise Infeasible(f"{ms}: every replica lost GPUs outside the pool and {why}; restore from a checkpoint")
+            where = "every replica lost GPUs outside the pool" if ms in lost else "its idle state was dropped"
+            raise Infeasible(f"{ms}: {where} and {why}; restore from a checkpoint")
         tgt0 = next(e for e in final if e.model_stage == ms)
-        reload_from[ms] = src if src == STORAGE else _pick_train_emu(
-            [e for e in initial if e.model_stage == src], tgt0, job.cluster)
+        train = [e for e in initial if e.model_stage == src and not e.host]
+        if src != STORAGE and not train:
+            train = [e for e in final if e.model_stage == src and not e.host]
+            if not train:
+                raise Infeasible(f"{ms}: its weights derive from {src}, which holds no GPU copy before or "
+                                 "after the transition to sync from")
+        reload_from[ms] = src if src == STORAGE else _pick_train_emu(train, tgt0, job.cluster)
     gpus = {g for e in initial + final for g in e.gpus}
     cap = capacities(job, gpus, reserved_bytes)
     used: dict[int, int] = {}
@@ -259,18 +286,21 @@ def plan_dag(job: JobSpec, current: Plan, target: Plan, pool: frozenset[int] | N
             ms = c.model_stage
             locals_.append(build_local_dag(
                 ms, tuple(e for e in initial if e.model_stage == ms), tuple(e for e in final if e.model_stage == ms),
-                model_of(job, ms), state_bytes_per_param(job, ms), job.cluster, relocate=ms in relocate,
+                model_of(job, ms), state_parts(job, ms), job.cluster, relocate=ms in relocate,
                 reload_from=reload_from.get(ms), staged=ms in staged))
         dur = {n.pid: duration(n, job.cluster, params) for ld in locals_ for n in ld.nodes}
         prt = {n.pid: ports(n, job.cluster) for ld in locals_ for n in ld.nodes}
         try:
             dag, sched = plan_global(locals_, tuple(initial), tuple(final), cap, dur, prt, order)
-            return dag, sched, dur
+            models = {c.model_stage: (model_of(job, c.model_stage), state_parts(job, c.model_stage))
+                      for c in current.candidates}
+            return replace(dag, models=models), sched, dur
         except Infeasible as e:
             first = first or e
             # an in-place Split did not fit: copy that replica to free target GPUs and split there
             node = {n.pid: n for ld in locals_ for n in ld.nodes}
-            splits = set() if e.cycle else {node[p].model_stage for p in e.blocked if p.startswith("split:")}
+            splits = set() if e.cycle else {node[p].model_stage for p in e.blocked
+                                            if p.startswith("split:") and node[p].model_stage not in idle}
             more = splits - relocate
             if more:
                 relocate |= more
@@ -281,11 +311,11 @@ def plan_dag(job: JobSpec, current: Plan, target: Plan, pool: frozenset[int] | N
                 staged |= more
                 continue
             # still blocked: drop the frozen/derived copies in the way and reload them at the end
-            drop = [ms for ms in _droppable(job, e, node, initial, lost, names) if ms not in dropped][:1]
+            drop = [ms for ms in _droppable(job, e, node, initial, lost, names, idle) if ms not in dropped][:1]
             if not drop:
                 # nothing to drop (e.g. two training model-stages swapping GPUs): stage one of the
                 # model-stages in the way through host memory, the smallest first
-                stage_ms = _stageable(e, node, initial, staged | set(reload_from))
+                stage_ms = _stageable(e, node, initial, staged | set(reload_from) | idle)
                 if not stage_ms:
                     raise give_up(e) from None
                 staged.add(stage_ms)
@@ -317,7 +347,7 @@ def estimate_transition(job: JobSpec, current: Plan, target: Plan, pool: frozens
     Raises:
         ValueError: malformed input (see :func:`plan_dag`).
     """
-    models = {c.model_stage: (model_of(job, c.model_stage), state_bytes_per_param(job, c.model_stage))
+    models = {c.model_stage: (model_of(job, c.model_stage), state_parts(job, c.model_stage))
               for c in current.candidates}
     try:
         dag, sched, dur = plan_dag(job, current, target, pool, reserved_bytes, params, order)
@@ -326,10 +356,16 @@ def estimate_transition(job: JobSpec, current: Plan, target: Plan, pool: frozens
     reloads = {n.model_stage: n.source for n in dag.nodes if n.kind == "load"}
     alive = {e.model_stage for e in dag.initial}
     reason = "ok"
-    staged = sorted(n.model_stage for n in dag.nodes if n.kind == "offload")
+    to_host = {c.model_stage for c in target.candidates if c.offload == "host"}
+    staged = sorted(n.model_stage for n in dag.nodes if n.kind == "offload" and n.model_stage not in to_host)
     if staged:
         reason += "; staged through host memory (no GPU-resident path fits): " + ", ".join(staged)
-    for what, group in (("every replica lost", [m for m in sorted(reloads) if m not in alive]),
+    idle = sorted(ms for ms in to_host if any(n.model_stage == ms for n in dag.nodes))
+    if idle:
+        reason += "; idle state moved to or re-cut in host memory (offload='host'): " + ", ".join(idle)
+    was_dropped = {c.model_stage for c in current.candidates if c.offload == "drop"}
+    for what, group in (("every replica lost", [m for m in sorted(reloads) if m not in alive | was_dropped]),
+                        ("idle state dropped", [m for m in sorted(reloads) if m in was_dropped]),
                         ("dropped to make room", [m for m in sorted(reloads) if m in alive])):
         if group:
             reason += f"; {what}, reloaded by Load: " + ", ".join(

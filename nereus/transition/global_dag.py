@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import graphlib
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from nereus.transition.emu import EMU, stage_of
 from nereus.transition.local_dag import Infeasible, LocalDAG
@@ -70,6 +70,9 @@ class GlobalDAG:
         target: EMUs after it.
         capacity: GPU → usable bytes (capacity minus headroom minus reserved bytes).
         local: the local DAGs it was built from.
+        models: model-stage → ``(ModelSpec, (weights, optimizer) bytes per parameter)``, what
+            ``verify`` needs to check that every produced shard is held or received (set by
+            ``estimate.plan_dag``; empty: ``verify`` uses a model-free upper bound).
     """
 
     nodes: tuple[Primitive, ...]
@@ -78,6 +81,7 @@ class GlobalDAG:
     target: tuple[EMU, ...]
     capacity: dict
     local: tuple[LocalDAG, ...] = ()
+    models: dict = field(default_factory=dict, compare=False, repr=False)
 
     def node(self, pid: str) -> Primitive:
         for n in self.nodes:
@@ -114,7 +118,9 @@ class GlobalDAG:
 def _released(n: Primitive) -> tuple[int, ...]:
     """GPUs a primitive gives up: a Destroy's or Offload's, and those of a Split's units it does not
     materialize (``split(keep=...)``)."""
-    if n.kind in ("destroy", "offload"):
+    if n.kind == "destroy":  # a host copy's Destroy frees no GPU
+        return tuple(g for g in n.gpus if n.mem_net.get(g, 0) < 0)
+    if n.kind == "offload":
         return n.gpus
     if n.kind == "split":
         kept = {g for e in n.produces for g in e.gpus}

@@ -37,14 +37,24 @@ exists. Resource ordering between model-stages is added by the global DAG.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from nereus.spec.hardware import ClusterSpec
 from nereus.spec.model import ModelSpec
 from nereus.transition.emu import EMU, aligned_gpus, sub_units, t_sub
-from nereus.transition.primitives import Primitive, destroy, extend, load, merge, split, stage
+from nereus.transition.primitives import (
+    Primitive,
+    destroy,
+    extend,
+    load,
+    merge,
+    reshard,
+    split,
+    stage,
+    unstage,
+)
 
-__all__ = ["LocalDAG", "build_local_dag", "Infeasible"]
+__all__ = ["LocalDAG", "build_local_dag", "Infeasible", "align_group"]
 
 
 class Infeasible(Exception):
@@ -68,7 +78,8 @@ class LocalDAG:
 
     Attributes:
         model_stage: the model-stage.
-        t_sub: the largest common layout used.
+        t_sub: the largest common layout used (``(tp, pp)``, or ``(tp, pp, z, zero)`` along a ZeRO
+            group's sharding dimension).
         nodes: primitives in the default order Split → Destroy → Extend → Merge.
         edges: ``(pid_before, pid_after)`` pairs.
         kept: uids of units kept in place (not moved).
@@ -100,15 +111,115 @@ def _pick_source(slot: EMU, units: list[EMU], uses: dict, cluster: ClusterSpec |
     return best
 
 
+def align_group(current: tuple[EMU, ...], target: tuple[EMU, ...]) -> tuple[EMU, ...]:
+    """``target`` with its ZeRO group's DP ranks ordered to keep the most state in place (ours).
+
+    The DP ranks of a ZeRO group are interchangeable at a step boundary (which rank owns which slice
+    and which micro-batches is a convention), so the transition may choose the order; the DAG's
+    target EMU records it. A target DP block that is a block of a current group of the same
+    ``(tp, pp)`` (rank ``r`` of ``z``, slice ``[r/z, (r+1)/z)``) takes the free target rank whose
+    slice overlaps its own most (ties: the lowest), in order of ``r``; the other blocks take the
+    remaining ranks in plan order. Shrinking ``z = 4 → 2`` onto ranks 0 and 2 keeps them as target
+    ranks 0 and 1 (a Split unit, nothing but the leaving ranks' slices moves); growing ``2 → 4``
+    puts the old ranks at target ranks 0 and 2 (the current group is one unit of the target).
+    Replicas and host copies are returned unchanged.
+    """
+    if len(target) != 1 or target[0].z == 1 or target[0].host:
+        return target
+    t = target[0]
+    held = {}
+    for e in current:
+        if (e.tp, e.pp) == (t.tp, t.pp) and e.z > 1 and not e.host:
+            for r in range(e.z):
+                held[e.block(r)] = (r, e.z)
+    blocks = [t.block(r) for r in range(t.z)]
+    if not any(b in held for b in blocks):
+        return target
+    free = list(range(t.z))
+    rank_of: dict[tuple[int, ...], int] = {}
+    for blk in sorted((b for b in blocks if b in held), key=lambda b: held[b][0]):
+        r, z = held[blk]
+
+        def overlap(q: int, r: int = r, z: int = z) -> float:
+            return max(0.0, min((r + 1) / z, (q + 1) / t.z) - max(r / z, q / t.z))
+        q = max(free, key=lambda q: (overlap(q), -q))
+        free.remove(q)
+        rank_of[blk] = q
+    for blk in blocks:
+        if blk not in rank_of:
+            rank_of[blk] = free.pop(0)
+    order = sorted(blocks, key=rank_of.__getitem__)
+    return (replace(t, gpus=tuple(g for b in order for g in b)),)
+
+
+def _sub_layouts(common: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """Divisors of a common layout, largest first (ties: larger TP): along TP/PP as in the paper,
+    and along the sharding dimension only at the full ``(tp, pp)`` (:func:`~nereus.transition.emu.t_sub`)."""
+    subs: list[tuple[int, ...]] = [(t, p) for t in _divisors(common[0]) for p in _divisors(common[1])]
+    if len(common) > 2:
+        subs += [(common[0], common[1], z, common[3]) for z in _divisors(common[2]) if z > 1]
+
+    def size(s: tuple[int, ...]) -> int:
+        return s[0] * s[1] * (s[2] if len(s) > 2 else 1)
+    return sorted(subs, key=lambda s: (-size(s), -s[0]))
+
+
+def _idle_dag(model_stage: str, current: tuple[EMU, ...], target: tuple[EMU, ...]) -> LocalDAG | None:
+    """The local DAG when the state is or goes idle off the GPUs (``Candidate.offload``), else None.
+
+    * target empty (``drop``): Destroy every current EMU (frozen or derived state only);
+    * current in host memory: nothing when the target is the same host copy, else one Restore
+      (:func:`~nereus.transition.primitives.unstage`) onto the target GPUs or into the target's host
+      layout;
+    * current on GPUs, target in host memory: Offload (:func:`~nereus.transition.primitives.stage`)
+      then the Restore into the target's host layout.
+    """
+    if not target:
+        if model_stage.endswith(".train"):
+            raise ValueError(f"{model_stage}: training state cannot be dropped (offload='drop')")
+        nodes = tuple(destroy(e) for e in current)
+        return LocalDAG(model_stage, current[0].layout if current else (), nodes, (), ())
+    cur_host = bool(current) and all(e.host for e in current)
+    tgt_host = all(e.host for e in target)
+    if cur_host:
+        if tgt_host and sorted(e.signature() for e in current) == sorted(e.signature() for e in target):
+            return LocalDAG(model_stage, target[0].layout, (), (), tuple(e.uid for e in current))
+        r = unstage(current, target)
+        return LocalDAG(model_stage, target[0].layout, (r,), (), ())
+    if current and tgt_host:
+        off, _ = stage(current, target)
+        r = unstage(off.produces, target)
+        return LocalDAG(model_stage, target[0].layout, (off, r), ((off.pid, r.pid),), ())
+    return None
+
+
+def _direct(model_stage: str, current: tuple[EMU, ...], target: tuple[EMU, ...], model: ModelSpec,
+            bytes_per_param) -> LocalDAG | None:
+    """One :func:`~nereus.transition.primitives.reshard` when a ZeRO group stays at its ``(tp, pp)``
+    and keeps only DP blocks it had (shrinks, changes stage or re-orders), else None."""
+    if len(current) != 1 or len(target) != 1:
+        return None
+    c, t = current[0], target[0]
+    if max(c.z, t.z) == 1 or (c.tp, c.pp) != (t.tp, t.pp) or c.signature() == t.signature():
+        return None
+    mine = {c.block(r) for r in range(c.z)}
+    if any(t.block(r) not in mine for r in range(t.z)):
+        return None
+    r = reshard(c, t, model, bytes_per_param)
+    return LocalDAG(model_stage, t.layout, (r,), (), ())
+
+
 def build_local_dag(model_stage: str, current: tuple[EMU, ...], target: tuple[EMU, ...], model: ModelSpec,
-                    bytes_per_param: int, cluster: ClusterSpec | None = None,
+                    bytes_per_param, cluster: ClusterSpec | None = None,
                     relocate: bool = False, reload_from: EMU | str | None = None,
                     staged: bool = False) -> LocalDAG:
     """The local DAG of ``model_stage`` from its current to its target EMUs.
 
     Args:
         current, target: EMUs of this model-stage (one layout each, ``Φ(π)`` and ``Φ(π*)``).
-        model, bytes_per_param: shapes and state bytes per parameter of the model-stage.
+        model, bytes_per_param: shapes and state bytes per parameter of the model-stage, an int or
+            ``(weights, optimizer)`` (:func:`~nereus.transition.emu.state_parts`; needed for ZeRO
+            groups).
         cluster: used to prefer same-node Extend sources; optional.
         relocate: instead of splitting a replica in place (which needs room for the larger shards
             on its own GPUs), Extend it onto free target slots arranged by ``aligned_gpus`` and
@@ -119,12 +230,26 @@ def build_local_dag(model_stage: str, current: tuple[EMU, ...], target: tuple[EM
         staged: move the model-stage through host memory, :func:`~nereus.transition.primitives.stage`'s
             Offload then Restore (used when no GPU-resident path fits; training state included).
 
+    Idle state (``Candidate.offload``, ours): an empty ``target`` (``drop``) destroys every current
+    EMU; host-memory EMUs on either side are moved by Offload/Restore (:func:`_idle_dag`). A ZeRO
+    group that keeps its ``(tp, pp)`` and only DP blocks it had is re-cut in place by one
+    :func:`~nereus.transition.primitives.reshard`.
+
     Raises:
         ValueError: empty EMU lists (``current`` may be empty only with ``reload_from``), mixed
-            layouts or EMUs of another model-stage.
+            layouts, EMUs of another model-stage, or a ``*.train`` target that drops its state.
         Infeasible: no current unit is disjoint from a slot that must be filled by Extend; or no
             current unit of a ``*.train`` model-stage (its unique state is lost).
     """
+    for e in current + target:
+        if e.model_stage != model_stage:
+            raise ValueError(f"{model_stage}: EMU {e.uid} belongs to {e.model_stage}")
+    if not current and not target:
+        return LocalDAG(model_stage, (), (), (), ())
+    reload = reload_from is not None and target and not all(e.host for e in target)
+    idle = None if reload else _idle_dag(model_stage, current, target)
+    if idle is not None:
+        return idle
     if target and reload_from is not None:
         return _build_reload(model_stage, target, reload_from, current, model, bytes_per_param)
     if staged and current and target:
@@ -134,14 +259,12 @@ def build_local_dag(model_stage: str, current: tuple[EMU, ...], target: tuple[EM
         raise Infeasible(f"{model_stage}: every replica lost; its training state is unique; restore from a checkpoint")
     if not current or not target:
         raise ValueError(f"{model_stage}: needs current and target EMUs, got {len(current)} and {len(target)}")
-    for e in current + target:
-        if e.model_stage != model_stage:
-            raise ValueError(f"{model_stage}: EMU {e.uid} belongs to {e.model_stage}")
     if len({e.layout for e in current}) != 1 or len({e.layout for e in target}) != 1:
         raise ValueError(f"{model_stage}: EMUs of one model-stage share one layout")
-    common = t_sub(current[0].layout, target[0].layout)
-    subs = sorted(((t, p) for t in _divisors(common[0]) for p in _divisors(common[1])),
-                  key=lambda s: (-s[0] * s[1], -s[0]))
+    direct = _direct(model_stage, current, target, model, bytes_per_param)
+    if direct is not None:
+        return direct
+    subs = _sub_layouts(t_sub(current[0].layout, target[0].layout))
     for i, sub in enumerate(subs):
         try:
             return _build(model_stage, current, target, sub, model, bytes_per_param, cluster, relocate)
@@ -154,7 +277,7 @@ def build_local_dag(model_stage: str, current: tuple[EMU, ...], target: tuple[EM
 
 def _build_reload(model_stage: str, target: tuple[EMU, ...], source: EMU | str,
                   current: tuple[EMU, ...] = (), model: ModelSpec | None = None,
-                  bytes_per_param: int = 0) -> LocalDAG:
+                  bytes_per_param=0) -> LocalDAG:
     """Destroy ``current``, Load the first target EMU, then Extend copies in a binary tree (see the
     module docstring). A train EMU source that is a target EMU (uid with ``*``) is synced from after
     the train model-stage's transition (``load(..., read=False)``)."""
@@ -183,8 +306,8 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def _build(model_stage: str, current: tuple[EMU, ...], target: tuple[EMU, ...], sub: tuple[int, int],
-           model: ModelSpec, bytes_per_param: int, cluster: ClusterSpec | None,
+def _build(model_stage: str, current: tuple[EMU, ...], target: tuple[EMU, ...], sub: tuple[int, ...],
+           model: ModelSpec, bytes_per_param, cluster: ClusterSpec | None,
            relocate: bool = False) -> LocalDAG:
     slots = {e.uid: (sub_units(e, sub, model, bytes_per_param, prefix="/") if e.layout != sub else (e,))
              for e in target}
@@ -212,7 +335,7 @@ def _build(model_stage: str, current: tuple[EMU, ...], target: tuple[EMU, ...], 
             if any(frozenset(u.gpus) in slot_sets for u in pieces[e.uid]) or len(free) < k:
                 continue  # keeps a unit in place, or no room: split in place
             chosen, free = free[:k], free[k:]
-            copy = EMU(f"{e.uid}>", model_stage, e.tp, e.pp, aligned_gpus(chosen, e.layout), e.shard_bytes)
+            copy = replace(e, uid=f"{e.uid}>", gpus=aligned_gpus(chosen, e.layout))
             x = extend(e, copy)
             nodes.append(x)
             readers.setdefault(e.uid, []).append(x.pid)

@@ -20,13 +20,13 @@ Pre-conditions: every EMU in ``reads`` and ``consumes`` exists; a primitive's ``
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from nereus.spec.model import ModelSpec
-from nereus.transition.emu import EMU, STAGE_ORDER, resident_bytes, sub_units
+from nereus.transition.emu import EMU, STAGE_ORDER, held_bytes, sub_units
 
-__all__ = ["Primitive", "split", "merge", "extend", "destroy", "load", "stage", "TransitionState", "apply", "KINDS",
-           "priority", "STORAGE", "HOST", "HOST_ID"]
+__all__ = ["Primitive", "split", "merge", "extend", "destroy", "load", "stage", "reshard", "unstage",
+           "TransitionState", "apply", "KINDS", "priority", "STORAGE", "HOST", "HOST_ID"]
 
 KINDS = ("split", "destroy", "extend", "load", "merge", "offload", "restore")
 
@@ -61,6 +61,8 @@ class Primitive:
         num_comms: communicators it creates (cost of setup).
         source: a Load's source, :data:`STORAGE` or the uid of the train EMU it syncs from;
             :data:`HOST` for an Offload or Restore ("" else).
+        recv: GPU → bytes of the produced shards that arrive on it over links (Split, Merge,
+            Extend; empty for the others), what ``verify`` checks the produced state against.
     """
 
     pid: str
@@ -79,6 +81,7 @@ class Primitive:
     num_comms: int = 0
     source: str = ""
     home: tuple[int, ...] = ()
+    recv: dict = field(default_factory=dict)
 
     @property
     def stage(self) -> str:
@@ -102,13 +105,15 @@ def priority(p: Primitive) -> tuple:
     return (0 if p.kind == "destroy" else 1, STAGE_ORDER[p.stage], KINDS.index(p.kind), p.pid)
 
 
-def split(emu: EMU, sub: tuple[int, int], model: ModelSpec, bytes_per_param: int,
+def split(emu: EMU, sub: tuple[int, ...], model: ModelSpec, bytes_per_param,
           keep: frozenset[str] | set[str] | None = None) -> Primitive:
     """``Split(EMU, T_sub) → {EMU_1..EMU_k}`` on the same GPUs (paper §5.2a).
 
     Each GPU goes from ``1/(tp*pp)`` of the state to ``1/(tp'*pp')`` by a position-wise all-gather
     inside its ``a x b`` block (``a = tp/tp'``, ``b = pp/pp'``) and keeps its source shard until the
-    all-gather ends, so ``mem_hi = new shard`` and ``mem_net = new - old``.
+    all-gather ends, so ``mem_hi = new shard`` and ``mem_net = new - old``. Along the sharding
+    dimension of a ZeRO group (``c = z/z'``, ours) the block also spans ``c`` consecutive sharding
+    ranks, whose slices together form the new ``1/z'`` slice (``z' = 1``: every unit a replica).
 
     With ``keep`` (uids of the units to produce), only those units are materialized: a GPU of a unit
     that would be destroyed right after only sends its shard to its block and then frees it
@@ -119,41 +124,93 @@ def split(emu: EMU, sub: tuple[int, int], model: ModelSpec, bytes_per_param: int
     Raises:
         ValueError: ``sub`` does not divide the layout or equals it, or ``keep`` names no unit.
     """
-    if sub == emu.layout:
+    if tuple(sub) == emu.layout:
         raise ValueError(f"Split of {emu.uid}: T_sub={sub} equals its layout; nothing to split")
     units = sub_units(emu, sub, model, bytes_per_param)
     if keep is not None:
         units = tuple(u for u in units if u.uid in keep)
         if not units:
             raise ValueError(f"Split of {emu.uid}: keep={sorted(keep)} names none of its units")
-    kept_gpus = {g for u in units for g in u.gpus}
+    unit_of = {g: u for u in units for g in u.gpus}
     a, b = emu.tp // sub[0], emu.pp // sub[1]
-    hi, net, groups, moved = {}, {}, [], 0
+    c = emu.z // (sub[2] if len(sub) > 2 else 1)
+    hi, net, groups, moved, recv = {}, {}, [], 0, {}
     for g in emu.gpus:
-        if g in kept_gpus:
-            new = units[0].shard_bytes[emu.position(g)[0] // b]
+        if g in unit_of:
+            new = unit_of[g].bytes_on(g)
             hi[g] = new
             net[g] = new - emu.bytes_on(g)
             moved += net[g]
+            if net[g] > 0:
+                recv[g] = net[g]
         else:
             hi[g] = 0
             net[g] = -emu.bytes_on(g)
-    for pq in range(sub[1]):
-        for tq in range(sub[0]):
-            block = tuple(emu.gpu_at(pq * b + j, tq * a + i) for j in range(b) for i in range(a))
-            groups.append((block, max(max(net[g], 0) for g in block)))
+    zs = emu.z // c
+    for rq in range(zs):
+        for pq in range(sub[1]):
+            for tq in range(sub[0]):
+                block = tuple(emu.gpu_at(pq * b + j, tq * a + i, rq * c + m)
+                              for m in range(c) for j in range(b) for i in range(a))
+                groups.append((block, max(max(net[g], 0) for g in block)))
     return Primitive(pid=f"split:{emu.uid}", kind="split", model_stage=emu.model_stage,
                      consumes=(emu.uid,), produces=units, gpus=emu.gpus, mem_hi=hi, mem_net=net,
                      groups=tuple(groups), bytes_moved=moved,
-                     num_comms=len(groups) + len(units))
+                     num_comms=len(groups) + len(units), recv=recv)
+
+
+def reshard(emu: EMU, target: EMU, model: ModelSpec, bytes_per_param) -> Primitive:
+    """One ZeRO group (or replica) re-cut into ``target`` on its own GPUs or a subset (ours).
+
+    For a model-stage whose current and target EMU have the same ``(tp, pp)`` and the target's
+    DP blocks are a subset of the current's (a ZeRO group shrinking ``z → z* < z``, or changing
+    stage, e.g. ZeRO-1 → ZeRO-3): every target GPU receives the part of its new shard it does not
+    hold (:func:`~nereus.transition.emu.held_bytes`) from the ranks that hold it, and GPUs that leave
+    send their slices and free them. It is a Split that keeps one unit (the target) when the target
+    has fewer GPUs, and a one-unit Merge (paper §6.3: "a Merge that only permutes shards") when it
+    has the same GPUs; ``kind`` says which. ``mem_hi`` on a target GPU is its new shard (old kept
+    until the exchange ends), ``mem_net = new - old``; leaving GPUs ``mem_hi = 0``, ``mem_net = -old``.
+    Cost: one all-to-all group of all of ``emu``'s GPUs, receiving the largest per-GPU amount.
+
+    Raises:
+        ValueError: different model-stage or ``(tp, pp)``, or target blocks that are not blocks of
+            ``emu`` (a GPU in the target that ``emu`` does not have).
+    """
+    if emu.model_stage != target.model_stage or (emu.tp, emu.pp) != (target.tp, target.pp):
+        raise ValueError(f"reshard {emu.uid} → {target.uid}: needs one model-stage and one (tp, pp)")
+    mine = {emu.block(r) for r in range(emu.z)}
+    if any(target.block(r) not in mine for r in range(target.z)):
+        raise ValueError(f"reshard {emu.uid} → {target.uid}: every target DP block must be one of the EMU's")
+    hi, net, recv, moved = {}, {}, {}, 0
+    tg = set(target.gpus)
+    for g in emu.gpus:
+        old = emu.bytes_on(g)
+        if g in tg:
+            new = target.bytes_on(g)
+            miss = max(0, new - held_bytes(model, bytes_per_param, emu, g, target, g))
+            hi[g] = new if len(tg) < len(emu.gpus) else max(miss, new - old, 0)
+            net[g] = new - old
+            if miss:
+                recv[g] = miss
+                moved += miss
+        else:
+            hi[g], net[g] = 0, -old
+    kind = "split" if len(tg) < len(emu.gpus) else "merge"
+    groups = ((emu.gpus, max(recv.values())),) if moved else ()
+    pid = f"split:{emu.uid}" if kind == "split" else f"merge:{target.uid}"
+    return Primitive(pid=pid, kind=kind, model_stage=emu.model_stage, consumes=(emu.uid,), produces=(target,),
+                     gpus=emu.gpus, mem_hi=hi, mem_net=net, groups=groups, bytes_moved=moved,
+                     num_comms=1 + (1 if moved else 0), recv=recv)
 
 
 def merge(units: list[EMU] | tuple[EMU, ...], target: EMU, model: ModelSpec,
-          bytes_per_param: int) -> Primitive:
+          bytes_per_param) -> Primitive:
     """``Merge({EMU_1..EMU_k}, T) → EMU'`` on the union of the units' GPUs (paper §5.2b).
 
     Every target GPU receives the part of its target shard it does not already hold
-    (:func:`resident_bytes`); with units placed by :func:`aligned_gpus` nothing moves. A single unit
+    (:func:`~nereus.transition.emu.held_bytes`); with units placed by :func:`aligned_gpus` nothing
+    moves. Into a ZeRO group (ours): units of its ``(tp, pp)`` and a smaller ``z'``, or unsharded
+    units of any layout; each GPU keeps its slice and drops the rest. A single unit
     (``k = 1``) on the target GPUs in another rank order is a Merge that only permutes shards.
 
     Raises:
@@ -180,9 +237,7 @@ def merge(units: list[EMU] | tuple[EMU, ...], target: EMU, model: ModelSpec,
     recv = {}
     for g in target.gpus:
         u = owner[g]
-        p, t = target.position(g)
-        ps, ts = u.position(g)
-        res = resident_bytes(model, bytes_per_param, (u.tp, u.pp, ps, ts), (target.tp, target.pp, p, t))
+        res = held_bytes(model, bytes_per_param, u, g, target, g)
         need = target.bytes_on(g)
         missing = max(0, need - res)
         recv[g] = missing
@@ -193,7 +248,7 @@ def merge(units: list[EMU] | tuple[EMU, ...], target: EMU, model: ModelSpec,
     return Primitive(pid=f"merge:{target.uid}", kind="merge", model_stage=target.model_stage,
                      consumes=tuple(u.uid for u in units), produces=(target,), gpus=target.gpus,
                      mem_hi=hi, mem_net=net, groups=groups, bytes_moved=moved,
-                     num_comms=1 + (1 if moved else 0))
+                     num_comms=1 + (1 if moved else 0), recv={g: b for g, b in recv.items() if b})
 
 
 def extend(src: EMU, dst: EMU) -> Primitive:
@@ -217,7 +272,8 @@ def extend(src: EMU, dst: EMU) -> Primitive:
     return Primitive(pid=f"extend:{dst.uid}", kind="extend", model_stage=src.model_stage,
                      reads=(src.uid,), produces=(dst,), gpus=src.gpus + dst.gpus, acquires=dst.gpus,
                      mem_hi=dict(mem), mem_net=dict(mem), pairs=pairs,
-                     bytes_moved=sum(b for _, _, b in pairs), num_comms=len(pairs) + 1)
+                     bytes_moved=sum(b for _, _, b in pairs), num_comms=len(pairs) + 1,
+                     recv={d: b for _, d, b in pairs if b})
 
 
 def destroy(emu: EMU) -> Primitive:
@@ -227,7 +283,7 @@ def destroy(emu: EMU) -> Primitive:
 
 
 def load(dst: EMU, source: EMU | str, read: bool = True, model: ModelSpec | None = None,
-         bytes_per_param: int = 0) -> Primitive:
+         bytes_per_param=0) -> Primitive:
     """``Load(EMU, source) → EMU``: re-create a replica whose model-stage lost every replica, or
     whose copies were dropped to make room (``estimate.plan_dag``; ours).
 
@@ -276,11 +332,8 @@ def load(dst: EMU, source: EMU | str, read: bool = True, model: ModelSpec | None
         if d not in source.gpus:
             pairs.append((source.gpus[i % n], d, mem[d]))
             moved += mem[d]
-        elif model is not None and bytes_per_param > 0:  # receives what the train shard here lacks
-            ps, ts = source.position(d)
-            p, t = dst.position(d)
-            miss = max(0, mem[d] - resident_bytes(model, bytes_per_param, (source.tp, source.pp, ps, ts),
-                                                  (dst.tp, dst.pp, p, t)))
+        elif model is not None and bytes_per_param:  # receives what the train shard here lacks
+            miss = max(0, mem[d] - held_bytes(model, bytes_per_param, source, d, dst, d))
             if miss:
                 j = source.gpus.index(d)
                 pairs.append((source.gpus[(j + 1) % n], d, miss))
@@ -331,7 +384,7 @@ def stage(current: tuple[EMU, ...], target: tuple[EMU, ...]) -> tuple[Primitive,
         if e.model_stage != ms:
             raise ValueError(f"Stage of {ms}: EMU {e.uid} belongs to {e.model_stage}")
     src = current[0]
-    staged = EMU(f"{ms}@host", ms, src.tp, src.pp, src.gpus, src.shard_bytes, host=True)
+    staged = replace(src, uid=f"{ms}@host", host=True)
     old: dict[int, int] = {}
     new: dict[int, int] = {}
     for e in current:
@@ -350,6 +403,44 @@ def stage(current: tuple[EMU, ...], target: tuple[EMU, ...]) -> tuple[Primitive,
                         produces=tuple(target), gpus=tuple(new), acquires=tuple(new), mem_hi=dict(new),
                         mem_net=dict(new), pairs=back, bytes_moved=sum(new.values()), source=HOST, home=src.gpus)
     return offload, restore
+
+
+def unstage(staged: tuple[EMU, ...], target: tuple[EMU, ...]) -> Primitive:
+    """``Restore({E@host}) → {E*}``: write the target EMUs from host copies (ours).
+
+    For a model-stage whose idle state is offloaded (``Candidate.offload == "host"``, so Φ gives
+    host EMUs): the target shards are cut from the host copy ``staged[0]`` (as :func:`stage`'s
+    Restore does) and every host EMU in ``staged`` is consumed.
+
+    * target EMUs on GPUs (offload ``none``): host → device, ``mem_hi = mem_net = new`` on the
+      target GPUs, which it acquires;
+    * target host EMUs (offload ``host`` with another layout or GPU set): the host copy is re-cut
+      into the target's layout in the host memory of the target GPUs' nodes; no GPU memory, no GPU
+      acquired; each target GPU's share is a pair ``(HOST_ID, gpu, bytes)`` timed like a Restore
+      (host memory bandwidth on the home nodes, ``min(host, NIC)`` to another node).
+
+    Raises:
+        ValueError: empty lists, EMUs of more than one model-stage, or a ``staged`` EMU that is not
+            in host memory.
+    """
+    if not staged or not target:
+        raise ValueError(f"Restore needs host and target EMUs, got {len(staged)} and {len(target)}")
+    ms = staged[0].model_stage
+    for e in staged + target:
+        if e.model_stage != ms:
+            raise ValueError(f"Restore of {ms}: EMU {e.uid} belongs to {e.model_stage}")
+    if not all(e.host for e in staged):
+        raise ValueError(f"Restore of {ms}: {[e.uid for e in staged if not e.host]} are not in host memory")
+    new: dict[int, int] = {}
+    for e in target:
+        for g in e.gpus:
+            new[g] = new.get(g, 0) + e.shard_on(g)
+    on_gpu = {g: b for g, b in new.items() if not all(e.host for e in target if g in e.gpus)}
+    back = tuple((HOST_ID, g, b) for g, b in new.items())
+    return Primitive(pid=f"restore:{ms}", kind="restore", model_stage=ms, consumes=tuple(e.uid for e in staged),
+                     produces=tuple(target), gpus=tuple(new), acquires=tuple(on_gpu), mem_hi=dict(on_gpu),
+                     mem_net=dict(on_gpu), pairs=back, bytes_moved=sum(new.values()), source=HOST,
+                     home=staged[0].gpus)
 
 
 @dataclass

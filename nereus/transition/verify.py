@@ -7,7 +7,13 @@ state, with the schedule's times, and refuses it when any of the transition's sa
   edges), and its ``reads``/``consumes`` EMUs exist when it starts; no running primitive loses an
   EMU it reads;
 * last copy: a model-stage that the DAG does not reload (no ``Load`` of it) keeps at least one full
-  copy at every instant (a host-staged copy counts);
+  copy at every instant (a host-staged copy counts; a ZeRO group, whose ranks hold one slice each,
+  is one full copy); a frozen or derived model-stage whose target drops its idle state
+  (``offload="drop"``: no target EMU) may end with none;
+* sharded state (every byte accounted): every shard a Split, Merge or Extend produces on a GPU is
+  either held there already by an EMU the primitive consumes or reads (``emu.held_bytes``: for a
+  ZeRO group, the rank's own slice) or received (``Primitive.recv``); so no primitive frees the last
+  copy of a slice (an optimizer shard of a leaving rank) that its output claims to hold;
 * memory: on every GPU, the state held plus the peak (``mem_hi``) of every running primitive stays
   within ``dag.capacity``;
 * ownership: no acquisition of a GPU owned by a concurrent model-stage (``primitives.check_pre``);
@@ -18,13 +24,16 @@ Pure: no runtime import.
 
 from __future__ import annotations
 
+from nereus.transition.emu import held_bytes
 from nereus.transition.global_dag import GlobalDAG
-from nereus.transition.primitives import TransitionState, check_pre
+from nereus.transition.primitives import Primitive, TransitionState, check_pre
 from nereus.transition.schedule import Schedule
 
 __all__ = ["ScheduleError", "verify_schedule", "execution_order"]
 
 _EPS = 1e-9
+#: bytes a produced shard may lack per GPU (rounding of ``ceil`` shard sizes against held overlaps)
+_SLACK = 16
 
 
 class ScheduleError(ValueError):
@@ -37,12 +46,49 @@ def execution_order(dag: GlobalDAG, schedule: Schedule) -> list[str]:
     return sorted(idx, key=lambda p: (schedule.start[p], schedule.end[p], idx[p]))
 
 
+def _received(p: Primitive, g: int) -> int:
+    if p.recv:
+        return p.recv.get(g, 0)
+    # a primitive built without ``recv``: what its pairs bring, or at most its group's receive size
+    return sum(b for _, d, b in p.pairs if d == g) + max((b for gs, b in p.groups if g in gs), default=0)
+
+
+def check_supply(dag: GlobalDAG, p: Primitive, emus: dict) -> str | None:
+    """Why a Split, Merge or Extend would produce a shard that is neither held nor received, or None.
+
+    ``emus``: uid → EMU alive when ``p`` starts. With ``dag.models`` the held part is exact
+    (:func:`~nereus.transition.emu.held_bytes`); without, it is bounded by the bytes the inputs keep
+    on the GPU.
+    """
+    if p.kind not in ("split", "merge", "extend"):
+        return None
+    inputs = [emus[u] for u in p.reads + p.consumes if u in emus]
+    spec = dag.models.get(p.model_stage)
+    for e in p.produces:
+        for g in e.gpus:
+            need = e.bytes_on(g)
+            if not need:
+                continue
+            on_g = [x for x in inputs if g in x.gpus and not x.host]
+            if spec is not None:
+                held = max((held_bytes(spec[0], spec[1], x, g, e, g) for x in on_g), default=0)
+            else:
+                held = min(need, sum(x.bytes_on(g) for x in on_g))
+            short = need - held - _received(p, g)
+            if short > _SLACK:
+                return (f"{p.pid}: GPU {g} would hold {need:,} B of {e.uid} but keeps {held:,} B and receives "
+                        f"{_received(p, g):,} B; {short:,} B of {e.model_stage}'s state (e.g. a leaving rank's "
+                        "optimizer shard) would be freed without a copy (last-copy rule, sharded state)")
+    return None
+
+
 def verify_schedule(dag: GlobalDAG, schedule: Schedule) -> list[str]:
     """Replay ``schedule`` on ``dag`` and return its execution order (module docstring).
 
     Raises:
         ScheduleError: a missing or unknown primitive, a start before a predecessor's end, an EMU
-            read or consumed that does not exist, a model-stage left with no copy, a GPU over its
+            read or consumed that does not exist, a model-stage left with no copy, a produced shard
+            neither held nor received (:func:`check_supply`), a GPU over its
             capacity, a concurrent owner, or an end state other than the target.
     """
     pids = {p.pid for p in dag.nodes}
@@ -55,6 +101,9 @@ def verify_schedule(dag: GlobalDAG, schedule: Schedule) -> list[str]:
             raise ScheduleError(f"{b} starts at {schedule.start[b]:.3f}s before its {kind} predecessor {a} "
                                 f"ends at {schedule.end[a]:.3f}s")
     reloaded = {p.model_stage for p in dag.nodes if p.kind == "load"}
+    # frozen/derived state whose target is dropped (no target EMU): it survives in storage/its *.train
+    reloaded |= {e.model_stage for e in dag.initial if not e.model_stage.endswith(".train")} - {
+        e.model_stage for e in dag.target}
     state = TransitionState.of(dag.initial)
     events = []  # (time, 0 end / 1 start, pid): ends first at equal times, releasing before acquiring
     for p in pids:
@@ -65,7 +114,7 @@ def verify_schedule(dag: GlobalDAG, schedule: Schedule) -> list[str]:
     for t, is_start, pid in events:
         p = node[pid]
         if is_start:
-            why = check_pre(state, p)
+            why = check_pre(state, p) or check_supply(dag, p, state.emus)
             if why:
                 raise ScheduleError(f"at {t:.3f}s: {why}")
             running.add(pid)
