@@ -29,6 +29,17 @@ The same shape serves *drop and reload*: a frozen or derived model-stage whose c
 another model-stage (their memory, or a circular wait) is rebuilt as Destroy of every current EMU
 (no edges: its state survives in storage or the train model-stage) plus the Load and Extends.
 
+ZeRO groups (ours, issue 13): a training model-stage with ``zero >= 1`` is one EMU of layout
+``(tp, pp, z, zero)`` (:func:`~nereus.transition.emu.phi`). ``T_sub`` keeps a sharding degree
+``gcd(z, z*)`` only between groups of one ``(tp, pp)`` and stage; otherwise the common layout is
+unsharded, so a group changing TP/PP is split into replicas (its ranks all-gather their slices) and
+the target group is merged from replicas (each rank keeps its slice). A group that keeps its
+``(tp, pp)`` and some DP blocks (``z`` grows or shrinks, the stage changes) is re-cut by one
+:func:`~nereus.transition.primitives.reshard` instead; :func:`align_group` first orders the target's
+DP ranks so that staying ranks keep the most of their slices.
+Idle state (``Candidate.offload``): host copies move by ``Offload``/``Restore``
+(:func:`~nereus.transition.primitives.unstage`), a dropped target is Destroyed (:func:`_idle_dag`).
+
 Edges are state dependencies only: a primitive follows the primitives that produce what it reads or
 consumes; a Destroy or Merge follows every Extend reading the unit (buffer lifetime) and, when the model-stage
 keeps no unit in place (so the unit may be its last replica), the first Extend, so a full copy always
@@ -195,15 +206,16 @@ def _idle_dag(model_stage: str, current: tuple[EMU, ...], target: tuple[EMU, ...
 
 def _direct(model_stage: str, current: tuple[EMU, ...], target: tuple[EMU, ...], model: ModelSpec,
             bytes_per_param) -> LocalDAG | None:
-    """One :func:`~nereus.transition.primitives.reshard` when a ZeRO group stays at its ``(tp, pp)``
-    and keeps only DP blocks it had (shrinks, changes stage or re-orders), else None."""
+    """One :func:`~nereus.transition.primitives.reshard` when one current EMU and one target EMU, a
+    ZeRO group on at least one side, share ``(tp, pp)`` and some DP block (the group shrinks, grows,
+    changes stage or moves part of its ranks), else None."""
     if len(current) != 1 or len(target) != 1:
         return None
     c, t = current[0], target[0]
     if max(c.z, t.z) == 1 or (c.tp, c.pp) != (t.tp, t.pp) or c.signature() == t.signature():
         return None
     mine = {c.block(r) for r in range(c.z)}
-    if any(t.block(r) not in mine for r in range(t.z)):
+    if not any(t.block(r) in mine for r in range(t.z)):
         return None
     r = reshard(c, t, model, bytes_per_param)
     return LocalDAG(model_stage, t.layout, (r,), (), ())
@@ -232,8 +244,8 @@ def build_local_dag(model_stage: str, current: tuple[EMU, ...], target: tuple[EM
 
     Idle state (``Candidate.offload``, ours): an empty ``target`` (``drop``) destroys every current
     EMU; host-memory EMUs on either side are moved by Offload/Restore (:func:`_idle_dag`). A ZeRO
-    group that keeps its ``(tp, pp)`` and only DP blocks it had is re-cut in place by one
-    :func:`~nereus.transition.primitives.reshard`.
+    group that keeps its ``(tp, pp)`` and some of its DP blocks is re-cut by one
+    :func:`~nereus.transition.primitives.reshard` (:func:`_direct`).
 
     Raises:
         ValueError: empty EMU lists (``current`` may be empty only with ``reload_from``), mixed

@@ -160,47 +160,57 @@ def split(emu: EMU, sub: tuple[int, ...], model: ModelSpec, bytes_per_param,
 
 
 def reshard(emu: EMU, target: EMU, model: ModelSpec, bytes_per_param) -> Primitive:
-    """One ZeRO group (or replica) re-cut into ``target`` on its own GPUs or a subset (ours).
+    """One ZeRO group (or replica) re-cut into ``target`` along the sharding dimension (ours).
 
-    For a model-stage whose current and target EMU have the same ``(tp, pp)`` and the target's
-    DP blocks are a subset of the current's (a ZeRO group shrinking ``z → z* < z``, or changing
-    stage, e.g. ZeRO-1 → ZeRO-3): every target GPU receives the part of its new shard it does not
-    hold (:func:`~nereus.transition.emu.held_bytes`) from the ranks that hold it, and GPUs that leave
-    send their slices and free them. It is a Split that keeps one unit (the target) when the target
-    has fewer GPUs, and a one-unit Merge (paper §6.3: "a Merge that only permutes shards") when it
-    has the same GPUs; ``kind`` says which. ``mem_hi`` on a target GPU is its new shard (old kept
-    until the exchange ends), ``mem_net = new - old``; leaving GPUs ``mem_hi = 0``, ``mem_net = -old``.
-    Cost: one all-to-all group of all of ``emu``'s GPUs, receiving the largest per-GPU amount.
+    For a model-stage whose current and target EMU have the same ``(tp, pp)`` and share DP blocks
+    (a ZeRO group growing or shrinking ``z``, changing stage, e.g. ZeRO-1 → ZeRO-3, or a replica
+    becoming a group): every target GPU receives the part of its new shard it does not hold
+    (:func:`~nereus.transition.emu.held_bytes`) from the ranks that hold it, and GPUs that leave send
+    their slices and free them. Two of the paper's primitives along the sharding dimension:
+
+    * ``kind="split"`` when the target's GPUs are a strict subset (``z → z* < z``: fewer holders,
+      each gathers more, as a Split that keeps one unit, ``split(keep=...)``); ``mem_hi = new`` on a
+      kept GPU (its old slice is kept until the exchange ends), ``mem_net = new - old``;
+    * ``kind="merge"`` otherwise: the same GPUs (a one-unit Merge that re-cuts slices, paper §6.3)
+      or new ones too (``z → z* > z``): the Merge of the group with the copies an Extend would put on
+      the new DP blocks, fused so that a new rank receives only its own slice and the replicated
+      part (weights for ZeRO-1/2), not a whole copy that the Merge would then cut; it acquires the
+      new GPUs (``mem_hi = mem_net = new`` there) and a staying GPU has ``mem_hi =
+      max(received, new - old, 0)``, ``mem_net = new - old``.
+
+    Leaving GPUs: ``mem_hi = 0``, ``mem_net = -old``. Cost: one all-to-all group of every GPU
+    involved, receiving the largest per-GPU amount (``cost.duration``).
 
     Raises:
-        ValueError: different model-stage or ``(tp, pp)``, or target blocks that are not blocks of
-            ``emu`` (a GPU in the target that ``emu`` does not have).
+        ValueError: different model-stage or ``(tp, pp)``, or no DP block in common.
     """
     if emu.model_stage != target.model_stage or (emu.tp, emu.pp) != (target.tp, target.pp):
         raise ValueError(f"reshard {emu.uid} → {target.uid}: needs one model-stage and one (tp, pp)")
     mine = {emu.block(r) for r in range(emu.z)}
-    if any(target.block(r) not in mine for r in range(target.z)):
-        raise ValueError(f"reshard {emu.uid} → {target.uid}: every target DP block must be one of the EMU's")
+    if not any(target.block(r) in mine for r in range(target.z)):
+        raise ValueError(f"reshard {emu.uid} → {target.uid}: no DP block in common (use Extend)")
+    tg, cg = set(target.gpus), set(emu.gpus)
+    shrink = tg < cg
     hi, net, recv, moved = {}, {}, {}, 0
-    tg = set(target.gpus)
-    for g in emu.gpus:
+    for g in emu.gpus + tuple(g for g in target.gpus if g not in cg):
         old = emu.bytes_on(g)
         if g in tg:
             new = target.bytes_on(g)
-            miss = max(0, new - held_bytes(model, bytes_per_param, emu, g, target, g))
-            hi[g] = new if len(tg) < len(emu.gpus) else max(miss, new - old, 0)
+            miss = max(0, new - held_bytes(model, bytes_per_param, emu, g, target, g)) if g in cg else new
+            hi[g] = new if shrink or g not in cg else max(miss, new - old, 0)
             net[g] = new - old
             if miss:
                 recv[g] = miss
                 moved += miss
         else:
             hi[g], net[g] = 0, -old
-    kind = "split" if len(tg) < len(emu.gpus) else "merge"
-    groups = ((emu.gpus, max(recv.values())),) if moved else ()
+    kind = "split" if shrink else "merge"
+    gpus = tuple(hi)
+    groups = ((gpus, max(recv.values())),) if moved else ()
     pid = f"split:{emu.uid}" if kind == "split" else f"merge:{target.uid}"
     return Primitive(pid=pid, kind=kind, model_stage=emu.model_stage, consumes=(emu.uid,), produces=(target,),
-                     gpus=emu.gpus, mem_hi=hi, mem_net=net, groups=groups, bytes_moved=moved,
-                     num_comms=1 + (1 if moved else 0), recv=recv)
+                     gpus=gpus, acquires=tuple(g for g in target.gpus if g not in cg), mem_hi=hi, mem_net=net,
+                     groups=groups, bytes_moved=moved, num_comms=1 + (1 if moved else 0), recv=recv)
 
 
 def merge(units: list[EMU] | tuple[EMU, ...], target: EMU, model: ModelSpec,
