@@ -1,11 +1,13 @@
 """OpenRLHF import/export against OpenRLHF's own train_ppo_ray parser (read from the installed package
 source; `pip install --no-deps openrlhf`: its GPU-only dependencies do not install on CPU), README-style
-jobs checked by hand, expressible layouts evaluated, round trip."""
+jobs checked by hand (colocation, ZeRO stages, offload flags), step times recomputed from the cost
+model's per-candidate estimates, settings still refused named, round trips."""
 
 import shlex
 
 import pytest
 
+from nereus.cost.memory import WORKSPACE_BYTES
 from nereus.cost.model import CostModel
 from nereus.integrations.common import compare, layout_key
 from nereus.integrations.openrlhf import argument_names, export_openrlhf, import_openrlhf, openrlhf_source
@@ -48,10 +50,86 @@ def test_readme_example_job_and_unexpressible_settings():
     assert (by["actor.generate"].tp, by["actor.generate"].dp) == (2, 4)
     assert (by["actor.train"].dp, by["actor.train"].micro_batch, by["actor.train"].grad_accum) == (8, 1, 16)
     assert by["actor.train"].recompute == "full"
-    assert [u.key for u in imp.unexpressible] == ["--ds.zero_stage", "--train.dynamic_batch_enable",
-                                                  "--train.colocate_all"]
+    # --ds.zero_stage 3, --ds.enable_sleep (DeepSpeed states offloaded between phases), --vllm.enable_sleep
+    assert [(by[k].zero, by[k].offload) for k in ("actor.train", "critic.train")] == [(3, "host")] * 2
+    assert by["actor.generate"].offload == "host" and all(c.gpus == tuple(range(8)) for c in imp.layout)
+    # only the token-budget micro-batches stay outside the cost model
+    assert [u.key for u in imp.unexpressible] == ["--train.dynamic_batch_enable"]
     rep = compare(imp)
     assert rep["user"]["expressible"] is False and "evaluation" not in rep["user"] and "speedup" not in rep
+
+
+COLOCATED = ("--actor.num_nodes 1 --actor.num_gpus_per_node 8 --critic.num_nodes 1 --critic.num_gpus_per_node 8 "
+             "--ref.num_nodes 1 --ref.num_gpus_per_node 8 --reward.num_nodes 1 --reward.num_gpus_per_node 8 "
+             "--vllm.num_engines 4 --vllm.tensor_parallel_size 2 --vllm.gpu_memory_utilization 0.4 "
+             "--train.colocate_all --ds.zero_stage 3 --ds.adam_offload --vllm.enable_sleep --ref.offload "
+             "--reward.offload --train.batch_size 128 --train.micro_batch_size 4 --rollout.batch_size 128 "
+             "--rollout.n_samples_per_prompt 4 --rollout.micro_batch_size 8 --data.max_len 3072 "
+             "--rollout.max_new_tokens 2048 --reward.model_name_or_path rm --actor.gradient_checkpointing_enable")
+
+
+def test_colocate_all_zero3_adam_offload_by_hand():
+    imp = import_openrlhf(COLOCATED, model="llama-3.1-8b")
+    assert imp.expressible, imp.unexpressible
+    fw = imp.job.framework
+    assert (fw.name, fw.zero_stages, fw.grad_reduce_bytes, fw.overlap_grad_reduce) == \
+        ("openrlhf-deepspeed", (0, 1, 2, 3), 2, False)
+    by = {c.model_stage: c for c in imp.layout}
+    # every model and the 4 x TP2 vLLM engines on the actor's GPUs 0-7
+    assert imp.job.cluster.num_gpus == 8 and all(c.gpus == tuple(range(8)) for c in imp.layout)
+    # ZeRO-3 and Adam offload on both trained models: DP 8, 128 / (8 x 4) = 4 accumulation steps
+    for k in ("actor.train", "critic.train"):
+        assert (by[k].dp, by[k].micro_batch, by[k].grad_accum, by[k].zero, by[k].offload) == (8, 4, 4, 3, "host")
+    assert [by[k].offload for k in ("reference.infer", "reward.infer", "actor.generate", "actor.infer")] == \
+        ["host", "host", "host", "none"]
+    cost = CostModel(imp.job)
+    est = {c.model_stage: cost.estimate_candidate(c, False) for c in imp.layout}
+    ev = compare(imp)["user"]["evaluation"]
+    # all on the same GPUs, so every stage is the sum of its model-stages' times
+    assert ev["stage_times"]["infer"] == pytest.approx(sum(est[k].time for k in (
+        "actor.infer", "critic.infer", "reference.infer", "reward.infer")), rel=1e-9)
+    assert ev["stage_times"]["train"] == pytest.approx(est["actor.train"].time + est["critic.train"].time, rel=1e-9)
+    assert ev["l_step"] == pytest.approx(sum(e.time for e in est.values()), rel=1e-9)
+    # per-GPU peak: workspace + resident of every model-stage (offloaded ones: none) + the largest transient
+    assert est["actor.train"].resident == 0 and est["reference.infer"].resident == 0
+    peak = WORKSPACE_BYTES + sum(e.resident for e in est.values()) + max(e.transient for e in est.values())
+    assert ev["model_stages"]["actor.generate"]["peak_gib"] * 2**30 == pytest.approx(peak, rel=1e-9)
+    assert any("--ds.adam_offload" in n for n in imp.notes) and any("zero_stage 3" in n for n in imp.notes)
+
+
+def test_partial_colocation_shares_pairs_of_groups():
+    args = COLOCATED.replace("--train.colocate_all", "--train.colocate_actor_ref --train.colocate_critic_reward")
+    imp = import_openrlhf(args, model="llama-3.1-8b")
+    by = {c.model_stage: c for c in imp.layout}
+    # actor and reference on 0-7, critic and reward on 8-15, vLLM engines on 16-23 (sleep needs colocate_all)
+    assert by["reference.infer"].gpus == by["actor.train"].gpus == tuple(range(8))
+    assert by["reward.infer"].gpus == by["critic.train"].gpus == tuple(range(8, 16))
+    assert by["actor.generate"].gpus == tuple(range(16, 24)) and by["actor.generate"].offload == "none"
+    cost = CostModel(imp.job)
+    t = {c.model_stage: cost.estimate_candidate(c, True).time for c in imp.layout}
+    ev = compare(imp)["user"]["evaluation"]
+    assert ev["stage_times"]["infer"] == pytest.approx(max(t["actor.infer"] + t["reference.infer"],
+                                                           t["critic.infer"] + t["reward.infer"]), rel=1e-9)
+    assert ev["l_step"] == pytest.approx(t["actor.generate"] + ev["stage_times"]["infer"]
+                                         + max(t["actor.train"], t["critic.train"]), rel=1e-9)
+
+
+@pytest.mark.parametrize("extra,key", [("--ds.ring_attn_size 2", "--ds.ring_attn_size"),
+                                       ("--train.dynamic_batch_enable", "--train.dynamic_batch_enable"),
+                                       ("--ds.zpg 2", "--ds.zpg")])
+def test_settings_still_refused_are_named(extra, key):
+    imp = import_openrlhf(COLOCATED + " " + extra, model="llama-3.1-8b")
+    assert [u.key for u in imp.unexpressible] == [key]
+    assert "evaluation" not in compare(imp)["user"]
+
+
+def test_colocation_group_sizes_are_checked():
+    bad = COLOCATED.replace("--vllm.num_engines 4", "--vllm.num_engines 2")
+    with pytest.raises(ValueError, match="--vllm.num_engines 2 x --vllm.tensor_parallel_size 2 must equal"):
+        import_openrlhf(bad, model="llama-3.1-8b")
+    bad = COLOCATED.replace("--ref.num_gpus_per_node 8", "--ref.num_gpus_per_node 4")
+    with pytest.raises(ValueError, match="--ref.num_nodes x --ref.num_gpus_per_node = 4 GPUs must equal"):
+        import_openrlhf(bad, model="llama-3.1-8b")
 
 
 def test_expressible_layout_is_evaluated_by_hand():
@@ -82,19 +160,26 @@ def test_expressible_layout_is_evaluated_by_hand():
         assert rep["speedup"] == pytest.approx(want / rep["nereus"]["l_step"])
 
 
-def test_export_keys_are_openrlhf_options_and_round_trip():
+@pytest.mark.parametrize("algo,nodes,reward", [("grpo", 4, False), ("ppo", 2, True), ("ppo", 4, False)])
+def test_export_keys_are_openrlhf_options_and_round_trip(algo, nodes, reward):
     names = argument_names()
     assert "--vllm.num_engines" in names and "--actor.num_gpus_per_node" in names
-    job = JobSpec(get_model("llama-3.1-8b"), ClusterSpec(get_gpu("h100"), 4, 8),
-                  WorkloadSpec(algorithm="grpo", prompts_per_step=128, samples_per_prompt=8, mini_batch_size=256,
-                               prompt_len=1024, response_len=1024, reward_model=False))
+    job = JobSpec(get_model("llama-3.1-8b"), ClusterSpec(get_gpu("h100"), nodes, 8),
+                  WorkloadSpec(algorithm=algo, prompts_per_step=128, samples_per_prompt=8, mini_batch_size=256,
+                               prompt_len=1024, response_len=1024, reward_model=reward))
     ex = export_openrlhf(job, plan_job(job))
     used = {t for t in ex["args"] if t.startswith("--")}
     assert used <= names, used - names
     back = import_openrlhf(shlex.join(ex["args"]), model="llama-3.1-8b")
     assert layout_key(back.layout) == layout_key(ex["layout"]) and back.expressible
-    assert back.job.workload == job.workload
-    assert ex["evaluation"].fits and ex["l_step"] >= plan_job(job).l_step * 0.999
+    assert back.job.workload == job.workload and back.job.framework.to_dict() == ex["framework_spec"]
+    assert ex["evaluation"].fits
+    assert compare(back)["user"]["evaluation"]["l_step"] == pytest.approx(ex["l_step"], rel=1e-9)
+    # the layout uses what OpenRLHF says it uses: colocation, ZeRO stage, offload flags
+    by = {c.model_stage: c for c in ex["layout"]}
+    assert ("--train.colocate_all" in used) == bool(set(by["actor.generate"].gpus) & set(by["actor.train"].gpus))
+    assert ex["args"][ex["args"].index("--ds.zero_stage") + 1] == str(by["actor.train"].zero)
+    assert ("--ds.adam_offload" in used) == (by["actor.train"].offload == "host")
 
 
 def test_bad_estimator_names_key_and_valid():

@@ -1,14 +1,16 @@
 """verl import/export: jobs in the style of verl's example scripts (Qwen2.5-0.5B/7B, GRPO and PPO,
-FSDP and Megatron), exported overrides composed by Hydra over verl's own config in struct mode,
-round trip, and the predicted time of the exported layout recomputed by hand."""
+FSDP and Megatron, hybrid engine, offload, distributed optimizer, interleaving), exported overrides
+composed by Hydra over verl's own configs in struct mode, round trips, settings still refused named
+by key, and predicted step times recomputed by hand from the cost model's per-candidate estimates."""
 
 import json
 
 import pytest
 
+from nereus.cost.memory import WORKSPACE_BYTES
 from nereus.cost.model import CostModel
-from nereus.integrations.common import evaluate_layout, layout_key
-from nereus.integrations.verl import export_verl, import_verl, load_verl_config, verl_config_dir
+from nereus.integrations.common import compare, evaluate_layout, layout_key
+from nereus.integrations.verl import export_verl, import_verl, load_verl_config, verl_config_dir, verl_job
 from nereus.planner.search import plan_job
 
 pytestmark = pytest.mark.skipif(verl_config_dir() is None, reason="verl not installed (pip install -e '.[test]')")
@@ -47,6 +49,85 @@ def grpo_megatron_7b(path):
             "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16", "trainer.n_gpus_per_node=8", "trainer.nnodes=2"]
 
 
+def fsdp_offload_05b(path, extra=()):
+    # examples/grpo_trainer/run_qwen2_5-0.5b style with the actor's FSDP state offloaded (1 node x 8 GPUs)
+    return ["algorithm.adv_estimator=grpo", "data.train_batch_size=256", "data.max_prompt_length=512",
+            "data.max_response_length=1024", f"actor_rollout_ref.model.path={path}",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=64", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+            "actor_rollout_ref.actor.fsdp_config.param_offload=True",
+            "actor_rollout_ref.actor.fsdp_config.optimizer_offload=True",
+            "actor_rollout_ref.ref.fsdp_config.param_offload=True",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
+            "actor_rollout_ref.rollout.tensor_model_parallel_size=1", "actor_rollout_ref.rollout.n=4",
+            "actor_rollout_ref.rollout.gpu_memory_utilization=0.5",
+            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16", "trainer.n_gpus_per_node=8",
+            "trainer.nnodes=1", *extra]
+
+
+def test_import_fsdp_offload_hybrid_engine_by_hand(qwen):
+    imp = import_verl(load_verl_config("ppo_trainer", fsdp_offload_05b(qwen["0.5b"])))
+    assert imp.expressible, imp.unexpressible
+    fw = imp.job.framework
+    # FSDP: ZeRO-2/3 only, no TP/PP for training, fp32 reduce (verl's default mixed precision), hybrid engine
+    assert (fw.name, fw.zero_stages, fw.model_parallel_train, fw.grad_reduce_bytes, fw.colocate) == \
+        ("verl-fsdp", (2, 3), False, 4, "always")
+    by = {c.model_stage: c for c in imp.layout}
+    a = by["actor.train"]
+    # mini-batch 64 prompts x 4 = 256 sequences over DP 8 with micro-batch 8: 4 accumulation steps;
+    # reshard_after_forward (default true) = FULL_SHARD = ZeRO-3; param + optimizer offload = host
+    assert (a.tp, a.pp, a.dp, a.micro_batch, a.grad_accum, a.zero, a.offload) == (1, 1, 8, 8, 4, 3, "host")
+    assert (by["actor.infer"].offload, by["reference.infer"].offload) == ("host", "host")
+    g = by["actor.generate"]  # free_cache_engine (default true): vLLM sleeps, weights dropped and re-synced
+    assert (g.tp, g.dp, g.offload, g.concurrency) == (1, 8, "drop", 128)  # 256 x 4 rollouts / 8 engines
+    assert all(c.gpus == tuple(range(8)) for c in imp.layout)  # hybrid engine: one pool, overlapping sets
+    cost = CostModel(imp.job)
+    est = {c.model_stage: cost.estimate_candidate(c, False) for c in imp.layout}
+    # every model-stage shares the 8 GPUs, so each stage is the sum of its model-stages' times
+    want = est["actor.generate"].time + est["actor.infer"].time + est["reference.infer"].time + est["actor.train"].time
+    ev = compare(imp)["user"]["evaluation"]
+    assert ev["l_step"] == pytest.approx(want, rel=1e-9)
+    assert ev["stage_times"]["infer"] == pytest.approx(est["actor.infer"].time + est["reference.infer"].time)
+    # offloaded state is transient: nothing stays resident, the GPU peak is the largest model-stage's own
+    assert all(e.resident == 0 for k, e in est.items()), {k: e.resident for k, e in est.items()}
+    peak = WORKSPACE_BYTES + max(e.transient for e in est.values())
+    assert ev["model_stages"]["actor.train"]["peak_gib"] * 2**30 == pytest.approx(peak, rel=1e-9)
+    # ZeRO-2 when the parameters stay gathered after forward (SHARD_GRAD_OP)
+    imp2 = import_verl(load_verl_config("ppo_trainer", fsdp_offload_05b(
+        qwen["0.5b"], ["actor_rollout_ref.actor.fsdp_config.reshard_after_forward=False"])))
+    assert {c.model_stage: c for c in imp2.layout}["actor.train"].zero == 2
+
+
+def test_import_ppo_fsdp_qwen05b(qwen):
+    # examples/ppo_trainer/run_qwen2.5-0.5b style (FSDP, 1 node x 8 GPUs), critic state offloaded
+    ov = ["algorithm.adv_estimator=gae", "data.train_batch_size=256", "data.max_prompt_length=512",
+          "data.max_response_length=512", f"actor_rollout_ref.model.path={qwen['0.5b']}",
+          "actor_rollout_ref.actor.ppo_mini_batch_size=64", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+          "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+          "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+          "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8", f"critic.model.path={qwen['0.5b']}",
+          "critic.ppo_micro_batch_size_per_gpu=8", "critic.fsdp.param_offload=True", "critic.fsdp.optimizer_offload=True",
+          "trainer.n_gpus_per_node=8", "trainer.nnodes=1"]
+    imp = import_verl(load_verl_config("ppo_trainer", ov))
+    w = imp.job.workload
+    assert (w.algorithm, w.prompts_per_step, w.samples_per_prompt, w.mini_batch_size) == ("ppo", 256, 1, 64)
+    by = {c.model_stage: c for c in imp.layout}
+    # FSDP: DP over all 8 GPUs; mini-batch 64 / (8 x 4) = 2 accumulation steps; ZeRO-3 (FULL_SHARD)
+    assert (by["actor.train"].tp, by["actor.train"].dp, by["actor.train"].grad_accum, by["actor.train"].zero) == \
+        (1, 8, 2, 3)
+    assert (by["critic.train"].micro_batch, by["critic.train"].grad_accum, by["critic.train"].zero) == (8, 1, 3)
+    assert by["actor.train"].recompute == "full"  # enable_gradient_checkpointing defaults to true
+    # the critic's engine offloads (critic.fsdp.*), the actor's does not; the forward-only ref always does
+    assert [by[k].offload for k in ("critic.train", "critic.infer", "actor.train", "actor.infer", "reference.infer")] \
+        == ["host", "host", "none", "none", "host"]
+    assert imp.expressible, imp.unexpressible
+    cost = CostModel(imp.job)
+    t = {c.model_stage: cost.estimate_candidate(c, False).time for c in imp.layout}
+    ev = compare(imp)["user"]["evaluation"]
+    # PPO on one pool: three infer model-stages and two train model-stages each add up
+    assert ev["stage_times"]["infer"] == pytest.approx(t["actor.infer"] + t["critic.infer"] + t["reference.infer"])
+    assert ev["l_step"] == pytest.approx(sum(t.values()), rel=1e-9)
+
+
 def test_import_grpo_megatron_qwen7b(qwen):
     imp = import_verl(load_verl_config("ppo_megatron_trainer", grpo_megatron_7b(qwen["7b"])))
     w = imp.job.workload
@@ -55,39 +136,69 @@ def test_import_grpo_megatron_qwen7b(qwen):
     assert (w.prompt_len, w.response_len, w.reward_model, imp.job.cluster.num_gpus) == (1024, 1024, False, 16)
     assert imp.job.actor.hidden_size == 3584 and imp.job.actor.num_layers == 28
     by = {c.model_stage: c for c in imp.layout}
-    # actor: tp2 pp2 -> dp 16/4 = 4; micro-batch 4 -> grad accumulation 1280 / (4*4) = 80
+    # actor: tp2 pp2 -> dp 16/4 = 4; micro-batch 4 -> grad accumulation 1280 / (4*4) = 80;
+    # verl's default use_distributed_optimizer=True is ZeRO-1
     assert (by["actor.train"].tp, by["actor.train"].pp, by["actor.train"].dp) == (2, 2, 4)
-    assert (by["actor.train"].micro_batch, by["actor.train"].grad_accum) == (4, 80)
+    assert (by["actor.train"].micro_batch, by["actor.train"].grad_accum, by["actor.train"].zero) == (4, 80, 1)
     assert (by["actor.infer"].tp, by["actor.infer"].pp, by["actor.infer"].micro_batch) == (2, 2, 16)
     # the reference follows the actor's Megatron degrees (verl's interpolation)
     assert (by["reference.infer"].tp, by["reference.infer"].pp) == (2, 2)
-    assert (by["actor.generate"].tp, by["actor.generate"].dp) == (2, 8)
+    assert (by["actor.generate"].tp, by["actor.generate"].dp, by["actor.generate"].offload) == (2, 8, "drop")
     assert all(c.gpus == tuple(range(16)) for c in imp.layout)
-    keys = [u.key for u in imp.unexpressible]
-    assert keys == ["trainer.n_gpus_per_node", "actor_rollout_ref.actor.megatron.use_distributed_optimizer"]
-    assert "actor.infer, reference.infer" in str(imp.unexpressible[0])
+    assert all(c.offload == "none" for c in imp.layout if c.model_stage != "actor.generate")
+    fw = imp.job.framework  # verl's Megatron defaults: SP on, no DDP overlap, fp32 gradient reduce
+    assert (fw.name, fw.sequence_parallel, fw.overlap_grad_reduce, fw.grad_reduce_bytes) == \
+        ("verl-megatron", True, False, 4)
+    assert imp.expressible
+    assert any("actor.infer shares actor.train's engine" in n for n in imp.notes)
 
 
-def test_import_ppo_fsdp_qwen05b(qwen):
-    # examples/ppo_trainer/run_qwen2.5-0.5b style (FSDP, 1 node x 8 GPUs)
-    ov = ["algorithm.adv_estimator=gae", "data.train_batch_size=256", "data.max_prompt_length=512",
-          "data.max_response_length=512", f"actor_rollout_ref.model.path={qwen['0.5b']}",
-          "actor_rollout_ref.actor.ppo_mini_batch_size=64", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
-          "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
-          "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
-          "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8", f"critic.model.path={qwen['0.5b']}",
-          "critic.ppo_micro_batch_size_per_gpu=8", "trainer.n_gpus_per_node=8", "trainer.nnodes=1"]
-    imp = import_verl(load_verl_config("ppo_trainer", ov))
-    w = imp.job.workload
-    assert (w.algorithm, w.prompts_per_step, w.samples_per_prompt, w.mini_batch_size) == ("ppo", 256, 1, 64)
+def test_import_megatron_offload_interleaving_and_flags(qwen):
+    ov = grpo_megatron_7b(qwen["7b"]) + [
+        "actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size=2",
+        "actor_rollout_ref.actor.megatron.param_offload=True", "actor_rollout_ref.actor.megatron.optimizer_offload=True",
+        "actor_rollout_ref.actor.megatron.sequence_parallel=False", "actor_rollout_ref.ref.megatron.sequence_parallel=False",
+        "+actor_rollout_ref.actor.megatron.override_ddp_config.overlap_grad_reduce=True",
+        "actor_rollout_ref.rollout.free_cache_engine=False"]
+    imp = import_verl(load_verl_config("ppo_megatron_trainer", ov))
+    assert imp.expressible, imp.unexpressible
     by = {c.model_stage: c for c in imp.layout}
-    # FSDP: DP over all 8 GPUs; mini-batch 64 / (8 x 4) = 2 accumulation steps
-    assert (by["actor.train"].tp, by["actor.train"].dp, by["actor.train"].grad_accum) == (1, 8, 2)
-    assert (by["critic.train"].micro_batch, by["critic.train"].grad_accum) == (8, 1)
-    assert by["actor.train"].recompute == "full"  # enable_gradient_checkpointing defaults to true
-    keys = [u.key for u in imp.unexpressible]
-    assert "actor_rollout_ref.actor.strategy" in keys and "critic.strategy" in keys
-    assert "critic.infer, reference.infer" in str(imp.unexpressible[0])  # PPO: three infer stages share GPUs
+    a = by["actor.train"]
+    assert (a.vpp, a.zero, a.offload) == (2, 1, "host")
+    # the ref's param_offload interpolates the actor's; interleaving is a training schedule
+    assert (by["reference.infer"].offload, by["reference.infer"].vpp, by["actor.infer"].offload) == ("host", 1, "host")
+    assert by["actor.generate"].offload == "none"
+    fw = imp.job.framework
+    assert (fw.sequence_parallel, fw.overlap_grad_reduce) == (False, True)
+    # 28 layers over pp 2 x vpp 3 do not split: named with the key
+    bad = ov[:-7] + ["actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size=3"]
+    with pytest.raises(ValueError, match="virtual_pipeline_model_parallel_size=3"):
+        import_verl(load_verl_config("ppo_megatron_trainer", bad))
+
+
+@pytest.mark.parametrize("config,extra,key", [
+    ("ppo_megatron_trainer", ["actor_rollout_ref.actor.megatron.context_parallel_size=2"],
+     "actor_rollout_ref.actor.megatron.context_parallel_size"),
+    ("ppo_megatron_trainer", ["actor_rollout_ref.actor.megatron.param_offload=True"],
+     "actor_rollout_ref.actor.megatron.param_offload"),
+    ("ppo_megatron_trainer", ["actor_rollout_ref.actor.use_dynamic_bsz=True"], "actor_rollout_ref.actor.use_dynamic_bsz"),
+    ("ppo_megatron_trainer", ["actor_rollout_ref.rollout.data_parallel_size=2"],
+     "actor_rollout_ref.rollout.data_parallel_size"),
+    ("ppo_trainer", ["actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size=2"],
+     "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size"),
+    ("ppo_trainer", ["actor_rollout_ref.actor.fsdp_config.fsdp_size=4"], "actor_rollout_ref.actor.fsdp_config.fsdp_size"),
+    ("ppo_trainer", ["actor_rollout_ref.actor.fsdp_config.offload_policy=True"],
+     "actor_rollout_ref.actor.fsdp_config.offload_policy"),
+    ("ppo_trainer", ["actor_rollout_ref.actor.fsdp_config.param_offload=False"],
+     "actor_rollout_ref.actor.fsdp_config.optimizer_offload"),
+])
+def test_settings_still_refused_are_named(qwen, config, extra, key):
+    base = grpo_megatron_7b(qwen["7b"]) if config == "ppo_megatron_trainer" else fsdp_offload_05b(qwen["0.5b"])
+    imp = import_verl(load_verl_config(config, base + extra))
+    assert key in [u.key for u in imp.unexpressible]
+    rep = compare(imp)
+    assert rep["user"]["expressible"] is False and "evaluation" not in rep["user"]
+    assert key in [u["key"] for u in rep["user"]["not_expressible"]]
 
 
 def test_errors_name_key_value_and_valid(qwen):
@@ -106,43 +217,60 @@ def test_errors_name_key_value_and_valid(qwen):
         import_verl(cfg)
 
 
-@pytest.mark.parametrize("algo", ["grpo", "ppo"])
-def test_export_composes_in_struct_mode_and_round_trips(qwen, algo):
-    from omegaconf import OmegaConf
+def _check_keys(config: str, overrides: list[str]) -> None:
+    """Every override is a key of verl's generated full config (OmegaConf struct mode; ``+`` adds one
+    inside a free-form section) and Hydra composes the config with it."""
+    from omegaconf import OmegaConf, open_dict
 
+    full = OmegaConf.load(verl_config_dir() / f"_generated_{config}.yaml")
+    OmegaConf.set_struct(full, True)
+    for o in overrides:
+        k, _, v = o.partition("=")
+        if k.startswith("+"):
+            parent = OmegaConf.select(full, k[1:].rsplit(".", 1)[0])
+            assert parent is not None, o  # the section exists; the key is new inside it
+            with open_dict(full):
+                OmegaConf.update(full, k[1:], v, force_add=True)
+        else:
+            OmegaConf.update(full, k, v)  # raises on a key verl does not define
+
+
+@pytest.mark.parametrize("algo,backend", [("grpo", "megatron"), ("ppo", "megatron"), ("grpo", "fsdp"), ("ppo", "fsdp")])
+def test_export_composes_in_struct_mode_and_round_trips(qwen, algo, backend):
     ov = grpo_megatron_7b(qwen["7b"]) + ([f"critic.model.path={qwen['7b']}", "critic.ppo_micro_batch_size_per_gpu=4",
                                           "algorithm.adv_estimator=gae"] if algo == "ppo" else [])
     imp = import_verl(load_verl_config("ppo_megatron_trainer", ov))
     best = plan_job(imp.job)
-    ex = export_verl(imp.job, best, model_path=qwen["7b"])
-    # Hydra composes verl's own trainer config with every exported override (struct: unknown keys fail)
-    cfg = load_verl_config("ppo_megatron_trainer", ex["overrides"])
-    # and OmegaConf in struct mode over verl's generated full config
-    full = OmegaConf.load(verl_config_dir() / "_generated_ppo_megatron_trainer.yaml")
-    OmegaConf.set_struct(full, True)
-    for o in ex["overrides"]:
-        k, _, v = o.partition("=")
-        OmegaConf.update(full, k, v)  # raises on a key verl does not define
+    ex = export_verl(imp.job, best, model_path=qwen["7b"], backends=(backend,))
+    assert ex["config_name"] == {"megatron": "ppo_megatron_trainer", "fsdp": "ppo_trainer"}[backend]
+    _check_keys(ex["config_name"], ex["overrides"])
+    # Hydra composes verl's own trainer config with every exported override, and each value lands
+    cfg = load_verl_config(ex["config_name"], ex["overrides"])
     for o in ex["overrides"]:
         k, _, v = o.partition("=")
         node = cfg
-        for part in k.split("."):
+        for part in k.lstrip("+").split("."):
             node = node[part]
         assert str(node).lower() in (v.lower(), "none" if v == "null" else v.lower()), o
     back = import_verl(cfg)
-    assert layout_key(back.layout) == layout_key(ex["layout"])  # round trip
+    assert back.expressible, back.unexpressible
+    assert layout_key(back.layout) == layout_key(ex["layout"])  # round trip, zero/offload/vpp included
     assert back.job.workload == imp.job.workload
-    assert [u.key for u in back.unexpressible] == ["trainer.n_gpus_per_node"]  # only the colocation remains
+    assert back.job.framework.to_dict() == ex["framework_spec"]
+    ev = compare(back)["user"]["evaluation"]
+    assert ev["l_step"] == pytest.approx(ex["l_step"], rel=1e-9) and ev["fits"]
 
 
-def test_export_time_is_the_serial_sum_on_shared_gpus(qwen):
+def test_export_picks_the_faster_backend_and_time_is_the_serial_sum(qwen):
     imp = import_verl(load_verl_config("ppo_megatron_trainer", grpo_megatron_7b(qwen["7b"])))
     ex = export_verl(imp.job, plan_job(imp.job))
-    cost = CostModel(imp.job)
+    per = {b: export_verl(imp.job, plan_job(imp.job), backends=(b,))["l_step"] for b in ("megatron", "fsdp")}
+    assert ex["l_step"] == pytest.approx(min(per.values())) and ex["backend"] == min(per, key=per.get)
+    cost = CostModel(verl_job(imp.job, ex["backend"]))
     t = {c.model_stage: cost.estimate_candidate(c, True).time for c in ex["layout"]}
     # every model-stage runs on all 16 GPUs: each stage takes the sum of its model-stages' times
     want = t["actor.generate"] + (t["actor.infer"] + t["reference.infer"]) + t["actor.train"]
     assert ex["l_step"] == pytest.approx(want, rel=1e-9)
     assert ex["evaluation"].fits
-    ev = evaluate_layout(imp.job, ex["layout"])
+    ev = evaluate_layout(verl_job(imp.job, ex["backend"]), ex["layout"])
     assert ev.shared == ["infer"]

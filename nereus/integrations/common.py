@@ -1,24 +1,28 @@
 """What the verl and OpenRLHF integrations share: an imported configuration, layout evaluation, the
 comparison with Nereus's best plan, and the search for the closest plan a framework can express.
 
-An import (:class:`Imported`) is a Nereus job plus the user's own layout as placed candidates (one
-per model-stage, with the GPUs the framework puts it on) and the list of settings Nereus's plan
-space cannot express yet (:class:`Unexpressible`: colocation of model-stages of one stage on the
-same GPUs, FSDP / ZeRO sharding, offload, context parallelism...). A layout with no such setting is
-evaluated by the cost model (:func:`evaluate_layout`, which lives in :mod:`nereus.planner.whatif`
-and also serves ``nereus plan --layout``); one with any is not evaluated: the report names each
-setting instead of guessing.
+An import (:class:`Imported`) is a Nereus job (with the framework's features as its
+:class:`~nereus.spec.framework.FrameworkSpec`) plus the user's own layout as placed candidates (one
+per model-stage, with the GPUs the framework puts it on, ZeRO stage, idle-state offload and
+interleaving) and the list of settings the cost model cannot express (:class:`Unexpressible`:
+context / Ulysses parallelism, token-budget micro-batches, MoE, asynchronous trainer modes...). A
+layout with no such setting is evaluated by the cost model (:func:`evaluate_layout`, which lives in
+:mod:`nereus.planner.whatif` and also serves ``nereus plan --layout``); one with any is not
+evaluated: the report names each setting instead of guessing.
 
-Exports evaluate layouts in which model-stages of one stage share GPUs (verl runs every role on
-one resource pool): such model-stages run one after another, so a stage takes, on its busiest GPU,
-the sum of the times of the model-stages placed there (:func:`evaluate_layout` with
-``allow_shared=True``). Per-GPU memory is the cost model's: workspace, the resident state of every
-model-stage on the GPU, and the largest transient among them.
+Model-stages of one stage whose GPU sets intersect (verl's hybrid engine, OpenRLHF's colocation
+flags) run one after another: a stage takes, on its busiest GPU, the sum of the times of the
+model-stages placed there. Per-GPU memory is the cost model's: workspace, the resident state of every
+model-stage on the GPU, and the largest transient among them (offloaded or dropped state is
+transient). :func:`best_colocated` picks, for exports, one option per group of model-stages that all
+share the same GPUs.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from nereus.cost.memory import stage_memory
 from nereus.cost.model import CostModel
@@ -28,14 +32,14 @@ from nereus.spec.job import JobSpec
 from nereus.workflow import workflow_for
 
 __all__ = ["Unexpressible", "Imported", "LayoutEval", "evaluate_layout", "shared_stages", "compare", "layout_key",
-           "generation_concurrency", "memory_fraction_for", "GIB"]
+           "generation_concurrency", "memory_fraction_for", "best_colocated", "pareto", "GIB"]
 
 GIB = 1024**3
 
 
 @dataclass(frozen=True)
 class Unexpressible:
-    """A setting of the user's configuration that Nereus's plan space cannot express yet."""
+    """A setting of the user's configuration that the cost model cannot express."""
 
     key: str
     value: object
@@ -75,9 +79,15 @@ class Imported:
 
 
 def layout_key(cands) -> list[tuple]:
-    """Comparable layout: per model-stage (name, tp, pp, dp, b, a, recompute, concurrency, GPUs)."""
-    return sorted((c.model_stage, c.tp, c.pp, c.dp, c.micro_batch, c.grad_accum, c.recompute, c.concurrency,
-                   tuple(sorted(c.gpus))) for c in cands)
+    """Comparable layout: per model-stage (name, tp, pp, dp, b, a, recompute, concurrency, zero, offload,
+    vpp, GPUs)."""
+    return sorted(c.key() + (tuple(sorted(c.gpus)),) for c in cands)
+
+
+def candidate_dict(c: Candidate) -> dict:
+    return {"model_stage": c.model_stage, "tp": c.tp, "pp": c.pp, "dp": c.dp, "micro_batch": c.micro_batch,
+            "grad_accum": c.grad_accum, "recompute": c.recompute, "concurrency": c.concurrency, "zero": c.zero,
+            "offload": c.offload, "vpp": c.vpp, "gpus": list(c.gpus)}
 
 
 def _gen_memory(job: JobSpec, tp: int, concurrency: int) -> tuple[float, float]:
@@ -114,10 +124,7 @@ def compare(imp: Imported, headroom: float | None = None, pool=None) -> dict:
     out: dict = {"framework": imp.framework, "job": imp.job.to_dict(), "read": imp.read, "notes": imp.notes,
                  "user": {"expressible": imp.expressible,
                           "not_expressible": [u.to_dict() for u in imp.unexpressible],
-                          "layout": [{"model_stage": c.model_stage, "tp": c.tp, "pp": c.pp, "dp": c.dp,
-                                      "micro_batch": c.micro_batch, "grad_accum": c.grad_accum,
-                                      "recompute": c.recompute, "concurrency": c.concurrency,
-                                      "gpus": list(c.gpus)} for c in imp.layout]}}
+                          "layout": [candidate_dict(c) for c in imp.layout]}}
     user = None
     if imp.expressible:
         user = evaluate_layout(imp.job, imp.layout, headroom)
@@ -130,6 +137,72 @@ def compare(imp: Imported, headroom: float | None = None, pool=None) -> dict:
     except NoFeasiblePlan as e:
         out["nereus"] = {"feasible": False, "reason": str(e)}
     return out
+
+
+def pareto(items):
+    """Keep the ``(time, resident, transient, payload)`` items no other beats on all three."""
+    items = sorted(items, key=lambda x: (x[0], x[1], x[2]))
+    kept: list = []
+    for it in items:
+        if not any(k[0] <= it[0] and k[1] <= it[1] and k[2] <= it[2] for k in kept):
+            kept.append(it)
+    return kept
+
+
+def _front(t, r, choice):
+    """Rows of (time, resident) no other row beats on both (ties: the first)."""
+    order = np.lexsort((t, r))
+    t, r, choice = t[order], r[order], choice[order]
+    before = np.concatenate([[np.inf], np.minimum.accumulate(t)[:-1]])
+    keep = t < before
+    return t[keep], r[keep], choice[keep]
+
+
+def best_colocated(groups, usable: float):
+    """One option per group, all on the same GPUs, with the least total time that fits.
+
+    ``groups``: lists of ``(time, resident, transient, payload)`` options (a group's model-stages run
+    one after another on every GPU of the pool). A choice fits when ``Σ resident + max transient <=
+    usable`` (the cost model's per-GPU peak less the workspace). Exact: for each transient bound ``X``
+    among the options', every group keeps its options with transient ``<= X``, the groups' (time,
+    resident) Pareto fronts are merged pairwise and the fastest with ``Σ resident <= usable - X`` is
+    kept; the best over all ``X`` is the optimum (at the optimum's own largest transient the bound is
+    exact, at any other it is conservative).
+
+    Returns:
+        ``(total time, [payload per group])`` or None when nothing fits.
+    """
+    if not groups or any(not g for g in groups):
+        return None
+    arrs = [(np.array([o[0] for o in g], dtype=float), np.array([o[1] for o in g], dtype=float),
+             np.array([o[2] for o in g], dtype=float)) for g in groups]
+    bounds = np.unique(np.concatenate([a[2] for a in arrs]))
+    best = None
+    for x in bounds[bounds <= usable]:
+        budget = usable - x
+        t = r = choice = None
+        for gt, gr, gx in arrs:
+            ok = np.nonzero((gx <= x) & (gr <= budget))[0]
+            if not ok.size:
+                t = None
+                break
+            if t is None:
+                t, r, choice = _front(gt[ok], gr[ok], ok[:, None])
+                continue
+            tt = (t[:, None] + gt[ok][None, :]).reshape(-1)
+            rr = (r[:, None] + gr[ok][None, :]).reshape(-1)
+            cc = np.concatenate([np.repeat(choice, len(ok), axis=0), np.tile(ok, len(t))[:, None]], axis=1)
+            fit = rr <= budget
+            if not fit.any():
+                t = None
+                break
+            t, r, choice = _front(tt[fit], rr[fit], cc[fit])
+        if t is None:
+            continue
+        i = int(np.argmin(t))
+        if best is None or t[i] < best[0]:
+            best = (float(t[i]), [groups[g][int(k)][3] for g, k in enumerate(choice[i])])
+    return best
 
 
 def check_workflow(job: JobSpec, cands, framework: str) -> None:

@@ -27,6 +27,7 @@ import importlib.metadata
 import itertools
 import os
 import shlex
+from dataclasses import replace
 from pathlib import Path
 
 from nereus.cost.model import CostModel
@@ -34,13 +35,16 @@ from nereus.cost.shapes import valid_tp
 from nereus.integrations.common import (
     Imported,
     Unexpressible,
+    best_colocated,
     evaluate_layout,
     generation_concurrency,
     memory_fraction_for,
+    pareto,
 )
 from nereus.integrations.verl import _changes
 from nereus.planner.plan import Candidate, Plan
 from nereus.spec import ClusterSpec, JobSpec, WorkloadSpec, get_gpu, get_model
+from nereus.spec.framework import FrameworkSpec, get_framework
 from nereus.workflow import workflow_for
 
 __all__ = ["openrlhf_source", "openrlhf_parser", "argument_names", "import_openrlhf", "export_openrlhf",
@@ -102,6 +106,8 @@ _DEFAULTS = {
     "vllm.num_engines": None, "vllm.tensor_parallel_size": 1, "vllm.gpu_memory_utilization": 0.95,
     "train.colocate_all": False, "train.colocate_actor_ref": False, "train.colocate_critic_reward": False,
     "ds.zero_stage": 2, "ds.tensor_parallel_size": 1, "ds.ring_attn_size": 1, "ds.adam_offload": False,
+    "ds.zpg": 1, "ds.enable_sleep": False, "vllm.enable_sleep": False, "ds.overlap_comm": False,
+    "ds.grad_accum_dtype": None,
     "ref.offload": False, "reward.offload": False, "train.dynamic_batch_enable": False, "train.async_enable": False,
     "rollout.batch_size": 1024, "rollout.n_samples_per_prompt": 1, "rollout.micro_batch_size": 1,
     "train.batch_size": 128, "train.micro_batch_size": 1, "train.max_epochs": 1, "data.max_len": 2048,
@@ -159,8 +165,22 @@ def parse_args(args) -> tuple[dict, list[str]]:
                  "(pip install --no-deps openrlhf to check them with its own parser)"]
 
 
+def openrlhf_framework(a_get, tp: int) -> FrameworkSpec:
+    """The job's framework for OpenRLHF's DeepSpeed backend: the ``deepspeed`` preset with
+    ``--ds.overlap_comm`` and the reduce dtype (``--ds.grad_accum_dtype fp32``: 4 bytes, else bf16), TP
+    for training only when ``--ds.tensor_parallel_size`` > 1 (DeepSpeed AutoTP; no pipeline)."""
+    red = str(a_get("ds.grad_accum_dtype") or "bf16").lower()
+    return replace(get_framework("deepspeed"), name="openrlhf-deepspeed", overlap_grad_reduce=bool(a_get("ds.overlap_comm")),
+                   grad_reduce_bytes=4 if red in ("fp32", "float32") else 2, model_parallel_train=tp > 1)
+
+
 def import_openrlhf(args, model=None, gpu=None) -> Imported:
     """Read an OpenRLHF ``train_ppo_ray`` argument string as a job and the user's layout.
+
+    The job's framework is :func:`openrlhf_framework`; the layout puts each model on its GPU group
+    (colocated groups share GPU ids: ``--train.colocate_all``, ``--train.colocate_actor_ref``,
+    ``--train.colocate_critic_reward``), with the ZeRO stage of the training model-stages and the
+    offload flags as idle-state offload (docs/integrations.md).
 
     Raises:
         ValueError: unknown or contradictory options, named with the value and what is valid.
@@ -194,25 +214,36 @@ def import_openrlhf(args, model=None, gpu=None) -> Imported:
         raise ValueError(f"OpenRLHF arguments --data.max_len {max_len} must exceed --rollout.max_new_tokens {resp} "
                          "(prompt + response)")
     reward = bool(g("reward.model_name_or_path")) and not g("reward.remote_url") and not g("train.agent_func_path")
+    asynchronous = bool(g("train.async_enable"))
     wl = WorkloadSpec(algorithm=algo, prompts_per_step=g("rollout.batch_size"),
                       samples_per_prompt=g("rollout.n_samples_per_prompt"), prompt_len=max_len - resp,
                       response_len=resp, mini_batch_size=g("train.batch_size"), ppo_epochs=g("train.max_epochs"),
-                      reward_model=reward, asynchronous=bool(g("train.async_enable")))
+                      reward_model=reward, asynchronous=asynchronous)
     notes.append("--data.max_len minus --rollout.max_new_tokens is used as the prompt length and "
                  "--rollout.max_new_tokens as the response length (maxima; --prompt-len/--response-len override)")
-    for k, why in (("ds.adam_offload", "offload to host memory"), ("ref.offload", "offload to host memory"),
-                   ("reward.offload", "offload to host memory")):
-        if g(k):
-            un.append(Unexpressible(f"--{k}", True, f"{why} is not in Nereus's plan space yet"))
     z = g("ds.zero_stage")
-    if z and z > 0:
-        un.append(Unexpressible("--ds.zero_stage", z, f"ZeRO stage {z} shards "
-                                + {1: "optimizer state", 2: "optimizer state and gradients",
-                                   3: "weights, gradients and optimizer state"}.get(z, "state")
-                                + " across data-parallel ranks; Nereus's plan space has no ZeRO yet (--ds.zero_stage 0 is)"))
+    if z not in (0, 1, 2, 3):
+        raise ValueError(f"OpenRLHF argument --ds.zero_stage {z}: valid 0, 1, 2, 3")
+    if (g("ds.zpg") or 1) > 1:
+        un.append(Unexpressible("--ds.zpg", a["ds.zpg"], "ZeRO++ hierarchical partitioning (a secondary weight "
+                                "shard per group) is not in the cost model"))
+    adam, ds_sleep = bool(g("ds.adam_offload")), bool(g("ds.enable_sleep"))
+    train_off = "host" if adam or ds_sleep else "none"
+    if adam:
+        notes.append("--ds.adam_offload: modelled as offload 'host' of the training model-stages (weights and "
+                     "optimizer state copied to host memory and back each step); DeepSpeed keeps the optimizer "
+                     "state and its step on the CPU, which the cost model does not time")
+    if ds_sleep:
+        notes.append("--ds.enable_sleep: the DeepSpeed states are offloaded between training phases, offload "
+                     "'host' of the training model-stages (the bf16 weights stay on the GPU in OpenRLHF; the cost "
+                     "model moves them too)")
+    if z == 3:
+        notes.append("--ds.zero_stage 3 also shards the weights of OpenRLHF's inference passes (log-probs, values, "
+                     "reference, reward); the cost model shards training model-stages only, so the inference "
+                     "model-stages' weights are counted whole on each GPU (an upper bound on their memory)")
     if (g("ds.ring_attn_size") or 1) > 1:
         un.append(Unexpressible("--ds.ring_attn_size", a["ds.ring_attn_size"], "ring attention (context "
-                                "parallelism) is not in Nereus's plan space yet"))
+                                "parallelism) is not in the cost model"))
     if g("train.dynamic_batch_enable"):
         un.append(Unexpressible("--train.dynamic_batch_enable", True, "token-budget micro-batches are not in "
                                 "Nereus's plan space; it plans fixed micro-batches (--train.micro_batch_size)"))
@@ -234,13 +265,27 @@ def import_openrlhf(args, model=None, gpu=None) -> Imported:
     roles = ["actor"] + (["critic"] if algo == "ppo" else []) + ["ref"] + (["reward"] if reward else [])
     gpn = max(g(f"{r}.num_gpus_per_node") for r in roles)
     colocate_all, col_ar, col_cr = g("train.colocate_all"), g("train.colocate_actor_ref"), g("train.colocate_critic_reward")
-    for k, v, what in (("train.colocate_all", colocate_all, "every model and the vLLM engines"),
-                       ("train.colocate_actor_ref", col_ar, "actor and reference"),
-                       ("train.colocate_critic_reward", col_cr, "critic and reward model")):
-        if v:
-            un.append(Unexpressible(f"--{k}", True, f"{what} share GPUs (colocation is not in Nereus's plan space "
-                                    "yet; model-stages of one stage get disjoint GPUs)"))
-    start = {}
+    # OpenRLHF's own checks (train_ppo_ray.py): colocated groups have the same GPU count
+    for r in roles[1:]:
+        if (colocate_all or (r == "ref" and col_ar)) and size(r) != size("actor"):
+            flag = "--train.colocate_all" if colocate_all else "--train.colocate_actor_ref"
+            raise ValueError(f"OpenRLHF arguments {flag}: --{r}.num_nodes x --{r}.num_gpus_per_node = {size(r)} GPUs "
+                             f"must equal the actor's {size('actor')} (the colocated groups share its GPUs)")
+    if col_cr and not colocate_all and "critic" in roles and "reward" in roles and size("reward") != size("critic"):
+        raise ValueError(f"OpenRLHF arguments --train.colocate_critic_reward: --reward.num_nodes x "
+                         f"--reward.num_gpus_per_node = {size('reward')} GPUs must equal the critic's {size('critic')}")
+    gen_shared = colocate_all and not asynchronous
+    if gen_shared and engines * gtp != size("actor"):
+        raise ValueError(f"OpenRLHF arguments --train.colocate_all: --vllm.num_engines {engines} x "
+                         f"--vllm.tensor_parallel_size {gtp} must equal the actor's {size('actor')} GPUs")
+    vllm_sleep = bool(g("vllm.enable_sleep")) and gen_shared  # OpenRLHF turns it off otherwise
+    if g("vllm.enable_sleep") and not gen_shared:
+        notes.append("--vllm.enable_sleep: OpenRLHF turns it off without --train.colocate_all (and it refuses it "
+                     "with --train.async_enable)")
+    if vllm_sleep:
+        notes.append("--vllm.enable_sleep: vLLM sleeps at level 1 between rollouts (weights to host memory and back, "
+                     "KV cache freed): offload 'host' of actor.generate")
+    start: dict = {}
     nxt = 0
     for r in roles:
         if start and (colocate_all or (r == "ref" and col_ar) or (r == "reward" and col_cr and "critic" in start)):
@@ -248,16 +293,19 @@ def import_openrlhf(args, model=None, gpu=None) -> Imported:
             continue
         start[r] = nxt
         nxt += size(r)
-    gen_start = 0 if colocate_all else nxt
+    gen_start = 0 if gen_shared else nxt
     total = max(nxt, gen_start + engines * gtp)
     nodes = -(-total // gpn)
     gpu = gpu or "h100"
     if gpu == "h100":
         notes.append("OpenRLHF's arguments do not name the GPU: h100 assumed (--gpu)")
-    job = JobSpec(actor=actor, cluster=ClusterSpec(get_gpu(gpu) if isinstance(gpu, str) else gpu, nodes, gpn), workload=wl)
+    fw = openrlhf_framework(g, tp)
+    job = JobSpec(actor=actor, cluster=ClusterSpec(get_gpu(gpu) if isinstance(gpu, str) else gpu, nodes, gpn),
+                  workload=wl, framework=fw)
     b, bi = g("train.micro_batch_size"), g("rollout.micro_batch_size")
     rc = "full" if g("actor.gradient_checkpointing_enable") else "none"
     mb = wl.mini_batch_size
+    off = {"ref": "host" if g("ref.offload") else "none", "reward": "host" if g("reward.offload") else "none"}
     cands = []
     for r in roles:
         n = size(r)
@@ -267,22 +315,26 @@ def import_openrlhf(args, model=None, gpu=None) -> Imported:
                              f"multiple of --ds.tensor_parallel_size {tp}")
         dp = n // tp
         name = {"ref": "reference", "reward": "reward"}.get(r, r)
-        cands.append(Candidate(f"{name}.infer", tp, 1, dp, micro_batch=bi, gpus=gpus))
+        cands.append(Candidate(f"{name}.infer", tp, 1, dp, micro_batch=bi, offload=off.get(r, "none"), gpus=gpus))
         if r in ("actor", "critic"):
             if mb % (dp * b):
                 raise ValueError(f"OpenRLHF arguments --train.batch_size {mb} must be a multiple of DP {dp} "
                                  f"({r} GPUs / --ds.tensor_parallel_size) x --train.micro_batch_size {b}")
             cands.append(Candidate(f"{name}.train", tp, 1, dp, micro_batch=b, grad_accum=mb // (dp * b),
-                                   recompute=rc, gpus=gpus))
+                                   recompute=rc, zero=z, offload=train_off, gpus=gpus))
     conc = generation_concurrency(job, gtp, float(g("vllm.gpu_memory_utilization")))
     if conc < 1:
         raise ValueError(f"OpenRLHF argument --vllm.gpu_memory_utilization {a['vllm.gpu_memory_utilization']}: "
                          f"too small to hold the weights at --vllm.tensor_parallel_size {gtp}")
     per = -(-wl.rollouts_per_step // engines)
     cands.append(Candidate("actor.generate", gtp, 1, engines, concurrency=min(conc, per),
+                           offload="host" if vllm_sleep else "none",
                            gpus=tuple(range(gen_start, gen_start + engines * gtp))))
     if rc == "full" and algo == "ppo":
         notes.append("--actor.gradient_checkpointing_enable is applied to the critic too")
+    if colocate_all or col_ar or col_cr:
+        notes.append("colocated groups share GPU ids: their model-stages of one stage run one after another "
+                     "(times add); idle ones keep their resident state unless offloaded")
     order = {m.name: i for i, m in enumerate(workflow_for(wl).model_stages)}
     cands.sort(key=lambda x: order[x.model_stage])
     return Imported("openrlhf", job, tuple(cands), un, read, notes)
@@ -300,31 +352,37 @@ def _counts(tp: int, n: int, gpn: int) -> list[int]:
     return sorted(out)
 
 
-def closest_openrlhf_layout(job: JobSpec, headroom: float | None = None) -> tuple[Candidate, ...]:
-    """The fastest layout OpenRLHF can express without colocation and ZeRO (module docstring):
-    GPU counts per group (powers of two times TP inside a node, whole nodes beyond), one DeepSpeed
-    TP, one training and one inference micro-batch, activation checkpointing on or off, vLLM
-    engines x TP with the largest concurrency that fits.
+def openrlhf_job(job: JobSpec) -> JobSpec:
+    """``job`` with the framework OpenRLHF runs it with: the imported one when the job came from
+    OpenRLHF, else the DeepSpeed defaults (no ``--ds.overlap_comm``, bf16 reduce, AutoTP allowed)."""
+    if job.framework.name == "openrlhf-deepspeed":
+        return job.with_framework(replace(job.framework, model_parallel_train=True))
+    return job.with_framework(replace(get_framework("deepspeed"), name="openrlhf-deepspeed", overlap_grad_reduce=False,
+                                      grad_reduce_bytes=2, model_parallel_train=True))
 
-    Raises:
-        ValueError: nothing expressible fits the cluster.
-    """
-    cost = CostModel(job, headroom=headroom)
+
+#: (ZeRO stage, training idle state) pairs OpenRLHF expresses: --ds.zero_stage, --ds.adam_offload (ZeRO >= 1)
+_ZERO_OFFLOAD = ((0, "none"), (1, "none"), (2, "none"), (3, "none"), (1, "host"), (2, "host"), (3, "host"))
+
+
+def _train_pair(r, tp, dp, b, rc, z, off, mb, bi, gpus=()):
+    cs = [Candidate(f"{r}.infer", tp, 1, dp, micro_batch=bi, gpus=gpus)]
+    if r in ("actor", "critic"):
+        cs.append(Candidate(f"{r}.train", tp, 1, dp, micro_batch=b, grad_accum=mb // (dp * b), recompute=rc,
+                            zero=z, offload=off, gpus=gpus))
+    return cs
+
+
+def _disjoint(job: JobSpec, cost: CostModel, est) -> tuple | None:
+    """Fastest layout with a GPU group per model (no colocation): GPU counts per group (powers of two
+    times TP inside a node, whole nodes beyond), one DeepSpeed TP, ZeRO stage and Adam offload, one
+    training and one inference micro-batch, checkpointing on or off, vLLM engines x TP."""
     w = job.workload
     N, gpn = job.cluster.num_gpus, job.cluster.gpus_per_node
-    multi = job.cluster.num_nodes > 1
     wf = {m.name for m in workflow_for(w).model_stages}
     roles = [r for r in ("actor", "critic", "reference", "reward") if f"{r}.infer" in wf]
     cap = cost.capacity - cost.workspace
     mb = w.mini_batch_size
-    est_cache: dict = {}
-
-    def est(c):
-        k = c.key()
-        if k not in est_cache:
-            est_cache[k] = cost.estimate_candidate(c, multi)
-        return est_cache[k]
-
     gens = []
     for gtp in (t for t in (1, 2, 4, 8) if t <= gpn and not valid_tp(job.actor, t)):
         for e in range(1, N // gtp + 1):
@@ -343,35 +401,33 @@ def closest_openrlhf_layout(job: JobSpec, headroom: float | None = None) -> tupl
             if b > w.micro_batch_size:
                 break
             for rc in ("none", "full"):
-                opts = {}
-                for r in roles:
-                    lst = []
-                    for n in _counts(tp, N, gpn):
-                        dp = n // tp
-                        cs = [Candidate(f"{r}.infer", tp, 1, dp, micro_batch=w.infer_micro_batch_size)]
-                        if f"{r}.train" in wf:
-                            if mb % (dp * b):
+                for z, off in _ZERO_OFFLOAD:
+                    opts = {}
+                    for r in roles:
+                        lst = []
+                        for n in _counts(tp, N, gpn):
+                            dp = n // tp
+                            if f"{r}.train" in wf and mb % (dp * b):
                                 continue
-                            cs.append(Candidate(f"{r}.train", tp, 1, dp, micro_batch=b, grad_accum=mb // (dp * b),
-                                                recompute=rc))
-                        es = [est(x) for x in cs]
-                        if sum(x.resident for x in es) + max(x.transient for x in es) > cap:
-                            continue
-                        lst.append((n, es[0].time, es[1].time if len(es) > 1 else 0.0, cs))
-                    opts[r] = lst
-                if any(not v for v in opts.values()):
-                    continue
-                for gen in gens:
-                    for combo in itertools.product(*(opts[r] for r in roles)):
-                        used = gen[1] + sum(x[0] for x in combo)
-                        if used > N:
-                            continue
-                        ti, tt = max(x[1] for x in combo), max(x[2] for x in combo)
-                        lst_ = max(gen[0], ti + tt) if w.asynchronous else gen[0] + ti + tt
-                        if best is None or lst_ < best[0]:
-                            best = (lst_, gen, combo)
+                            cs = _train_pair(r, tp, dp, b, rc, z, off, mb, w.infer_micro_batch_size)
+                            es = [est(x) for x in cs]
+                            if sum(x.resident for x in es) + max(x.transient for x in es) > cap:
+                                continue
+                            lst.append((n, es[0].time, es[1].time if len(es) > 1 else 0.0, cs))
+                        opts[r] = lst
+                    if any(not v for v in opts.values()):
+                        continue
+                    for gen in gens:
+                        for combo in itertools.product(*(opts[r] for r in roles)):
+                            used = gen[1] + sum(x[0] for x in combo)
+                            if used > N:
+                                continue
+                            ti, tt = max(x[1] for x in combo), max(x[2] for x in combo)
+                            lst_ = max(gen[0], ti + tt) if w.asynchronous else gen[0] + ti + tt
+                            if best is None or lst_ < best[0]:
+                                best = (lst_, gen, combo)
     if best is None:
-        raise ValueError(f"no layout OpenRLHF can express without colocation and ZeRO fits {N} GPUs")
+        return None
     _, gen, combo = best
     cands, nxt = [], 0
     for (n, _, _, cs) in combo:
@@ -380,13 +436,83 @@ def closest_openrlhf_layout(job: JobSpec, headroom: float | None = None) -> tupl
         nxt += n
     g = gen[2]
     cands.append(g.with_gpus(range(nxt, nxt + g.num_gpus)))
-    order = {m.name: i for i, m in enumerate(workflow_for(w).model_stages)}
+    return best[0], cands
+
+
+def _colocated(job: JobSpec, cost: CostModel, est) -> tuple | None:
+    """Fastest ``--train.colocate_all`` layout (synchronous jobs): every model and the vLLM engines on
+    all N GPUs, run one after another; per choice of the shared options (DeepSpeed TP, ZeRO stage, Adam
+    offload, micro-batches, checkpointing), :func:`best_colocated` picks the reference's and reward's
+    ``--*.offload``, and the engines' TP, concurrency and ``--vllm.enable_sleep``."""
+    w = job.workload
+    if w.asynchronous:
+        return None
+    N, gpn = job.cluster.num_gpus, job.cluster.gpus_per_node
+    gpus = tuple(range(N))
+    wf = {m.name for m in workflow_for(w).model_stages}
+    mb, bi = w.mini_batch_size, w.infer_micro_batch_size
+
+    def opt(cs):
+        es = [est(x) for x in cs]
+        return (sum(e.time for e in es), sum(e.resident for e in es), max(e.transient for e in es), tuple(cs))
+
+    gen = []
+    for gtp in (t for t in (1, 2, 4, 8) if t <= gpn and N % t == 0 and not valid_tp(job.actor, t)):
+        per = -(-w.rollouts_per_step // (N // gtp))
+        for c in sorted({min(per, 2 ** k) for k in range(0, 11)}):
+            for o in ("none", "host"):
+                gen.append(opt([Candidate("actor.generate", gtp, 1, N // gtp, concurrency=c, offload=o, gpus=gpus)]))
+    gen = pareto(gen)
+    best = None
+    for tp in (t for t in (1, 2, 4, 8) if t <= gpn and N % t == 0 and not valid_tp(job.actor, t)):
+        dp = N // tp
+        frozen = [pareto([opt([Candidate(f"{r}.infer", tp, 1, dp, micro_batch=bi, offload=o, gpus=gpus)])
+                          for o in ("none", "host")]) for r in ("reference", "reward") if f"{r}.infer" in wf]
+        for b in (1, 2, 4, 8, 16):
+            if b > w.micro_batch_size or mb % (dp * b):
+                continue
+            for rc in ("none", "full"):
+                for z, off in _ZERO_OFFLOAD:
+                    trained = [[opt(_train_pair(r, tp, dp, b, rc, z, off, mb, bi, gpus))]
+                               for r in ("actor", "critic") if f"{r}.train" in wf]
+                    got = best_colocated(trained + frozen + [gen], cost.usable)
+                    if got is not None and (best is None or got[0] < best[0]):
+                        best = (got[0], [c for g in got[1] for c in g])
+    return best
+
+
+def closest_openrlhf_layout(job: JobSpec, headroom: float | None = None) -> tuple[Candidate, ...]:
+    """The fastest layout OpenRLHF can express (module docstring): one GPU group per model
+    (:func:`_disjoint`) or every model on all GPUs with ``--train.colocate_all``
+    (:func:`_colocated`), with a ZeRO stage and Adam offload for the training model-stages; ``job``
+    should carry OpenRLHF's framework (:func:`openrlhf_job`).
+
+    Raises:
+        ValueError: nothing expressible fits the cluster.
+    """
+    cost = CostModel(job, headroom=headroom)
+    multi = job.cluster.num_nodes > 1
+    cache: dict = {}
+
+    def est(c):
+        k = c.key()
+        if k not in cache:
+            cache[k] = cost.estimate_candidate(c, multi)
+        return cache[k]
+
+    found = [x for x in (_disjoint(job, cost, est), _colocated(job, cost, est)) if x is not None]
+    if not found:
+        raise ValueError(f"no layout OpenRLHF can express fits {job.cluster.num_gpus} GPUs (separate GPU groups or "
+                         "--train.colocate_all, any --ds.zero_stage, with or without offload)")
+    cands = min(found, key=lambda x: x[0])[1]
+    order = {m.name: i for i, m in enumerate(workflow_for(job.workload).model_stages)}
     return tuple(sorted(cands, key=lambda x: order[x.model_stage]))
 
 
 def openrlhf_args(job: JobSpec, cands, model_path: str | None = None) -> list[str]:
-    """OpenRLHF ``train_ppo_ray`` arguments (tokens) for an OpenRLHF-expressible layout."""
-    w = job.workload
+    """OpenRLHF ``train_ppo_ray`` arguments (tokens) for an OpenRLHF-expressible layout; the framework
+    flags (``--ds.overlap_comm``, ``--ds.grad_accum_dtype``) are ``job.framework``'s."""
+    w, fw = job.workload, job.framework
     by = {c.model_stage: c for c in cands}
     gpn = job.cluster.gpus_per_node
     est = {"ppo": "gae", "grpo": "group_norm"}.get(w.algorithm)
@@ -402,14 +528,28 @@ def openrlhf_args(job: JobSpec, cands, model_path: str | None = None) -> list[st
         n = c.num_gpus
         out += [f"--{role}.num_nodes", str(max(1, n // gpn)), f"--{role}.num_gpus_per_node", str(min(n, gpn))]
     a, g = by["actor.train"], by["actor.generate"]
+    colocated = set(g.gpus) & set(a.gpus)
     out += ["--vllm.num_engines", str(g.dp), "--vllm.tensor_parallel_size", str(g.tp),
             "--vllm.gpu_memory_utilization", str(memory_fraction_for(job, g.tp, g.concurrency)),
-            "--ds.zero_stage", "0", "--ds.tensor_parallel_size", str(a.tp),
+            "--ds.zero_stage", str(a.zero), "--ds.tensor_parallel_size", str(a.tp),
             "--train.micro_batch_size", str(a.micro_batch), "--train.batch_size", str(w.mini_batch_size),
             "--rollout.micro_batch_size", str(by["actor.infer"].micro_batch),
             "--rollout.batch_size", str(w.prompts_per_step), "--rollout.n_samples_per_prompt", str(w.samples_per_prompt),
             "--data.max_len", str(w.prompt_len + w.response_len), "--rollout.max_new_tokens", str(w.response_len),
             "--train.max_epochs", str(w.ppo_epochs)]
+    if colocated:
+        out.append("--train.colocate_all")
+    if g.offload != "none":
+        out.append("--vllm.enable_sleep")
+    if a.offload == "host":
+        out.append("--ds.adam_offload")
+    for role, name in (("ref", "reference"), ("reward", "reward")):
+        if name + ".infer" in by and by[name + ".infer"].offload == "host":
+            out.append(f"--{role}.offload")
+    if fw.overlap_grad_reduce:
+        out.append("--ds.overlap_comm")
+    if fw.grad_reduce_bytes == 4:
+        out += ["--ds.grad_accum_dtype", "fp32"]
     if a.recompute != "none":
         out.append("--actor.gradient_checkpointing_enable")
     if w.reward_model:
@@ -423,13 +563,21 @@ def openrlhf_args(job: JobSpec, cands, model_path: str | None = None) -> list[st
 
 def export_openrlhf(job: JobSpec, best: Plan, headroom: float | None = None, model_path: str | None = None) -> dict:
     """Nereus's plan ``best`` as OpenRLHF arguments: the closest expressible layout, what changed and
-    both predicted step times."""
-    cands = closest_openrlhf_layout(job, headroom)
-    ev = evaluate_layout(job, cands, headroom)
-    args = openrlhf_args(job, cands, model_path)
+    both predicted step times; ``framework_spec`` is the framework the prediction used."""
+    ojob = openrlhf_job(job)
+    cands = closest_openrlhf_layout(ojob, headroom)
+    ev = evaluate_layout(ojob, cands, headroom)
+    args = openrlhf_args(ojob, cands, model_path)
+    shared = "--train.colocate_all" in args
     return {"framework": "openrlhf", "args": args, "command": "python3 -m openrlhf.cli.train_ppo_ray " + shlex.join(args),
-            "layout": list(cands), "evaluation": ev, "nereus_l_step": best.l_step, "l_step": ev.l_step,
-            "changes": _changes(best, cands),
-            "note": ("OpenRLHF gives each model its own GPU group (actor, critic, reference, reward, vLLM engines) "
-                     "with DeepSpeed (ZeRO stage 0 here, so Nereus's memory model applies) and no pipeline"),
+            "layout": list(cands), "evaluation": ev, "framework_spec": ojob.framework.to_dict(),
+            "nereus_l_step": best.l_step, "l_step": ev.l_step, "changes": _changes(best, cands),
+            "note": ("OpenRLHF runs every model and the vLLM engines on the same GPUs (--train.colocate_all), one "
+                     "after another" if shared else "OpenRLHF gives each model its own GPU group (actor, critic, "
+                     "reference, reward, vLLM engines)")
+            + f", DeepSpeed ZeRO stage {_zero_of(cands)} and no pipeline",
             "slowdown": ev.l_step / best.l_step if best.l_step > 0 else float("nan")}
+
+
+def _zero_of(cands) -> int:
+    return next((c.zero for c in cands if c.model_stage == "actor.train"), 0)

@@ -8,30 +8,35 @@ Keys (verl 0.9 names; docs/integrations.md lists every key read, and why the res
   ``actor_rollout_ref.actor.ppo_epochs``, ``reward.reward_model.enable`` (or the legacy
   ``reward_model.enable``), ``trainer.nnodes`` x ``trainer.n_gpus_per_node``; the model from
   ``actor_rollout_ref.model.path`` (its ``config.json``) unless ``--model`` names one.
-* layout: verl's hybrid engine runs every role on one resource pool of all N GPUs, one after another:
-  ``actor.train`` and ``actor.infer`` with the actor's Megatron TP/PP
-  (``actor_rollout_ref.actor.megatron.{tensor,pipeline}_model_parallel_size``), ``reference.infer``
-  with ``actor_rollout_ref.ref.megatron.*``, the critic with ``critic.megatron.*``, generation with
-  ``actor_rollout_ref.rollout.tensor_model_parallel_size`` and a concurrency from
-  ``gpu_memory_utilization`` and ``max_num_seqs``; DP = N / (TP·PP); micro-batches from the
+* framework (:func:`verl_framework`): the ``megatron`` preset with the actor's
+  ``sequence_parallel``, ``override_ddp_config`` overlap and reduce dtype, or the ``fsdp`` preset with
+  its ``mixed_precision.reduce_dtype``; colocation ``always`` (the hybrid engine).
+* layout: verl's hybrid engine runs every role on one resource pool of all N GPUs, one after another
+  (every candidate's GPU set is the whole pool): ``actor.train`` and ``actor.infer`` with the actor's
+  engine (Megatron TP/PP/VPP, distributed optimizer = ZeRO-1; FSDP: DP over all N,
+  ``reshard_after_forward`` = ZeRO-3 else ZeRO-2), ``param_offload`` + ``optimizer_offload`` =
+  offload ``host``; ``reference.infer`` with the ref engine, the critic with ``critic.*``; generation
+  with ``actor_rollout_ref.rollout.tensor_model_parallel_size``, a concurrency from
+  ``gpu_memory_utilization`` and ``max_num_seqs``, and offload ``drop`` under ``free_cache_engine``
+  (vLLM sleep mode, weights re-synced from the actor); micro-batches from the
   ``*micro_batch_size_per_gpu`` keys.
 
-Not expressible yet (named in the report, never approximated): colocation (several model-stages of
-one stage on the same GPUs, which the hybrid engine always does), ``strategy`` fsdp/fsdp2, Megatron's
-distributed optimizer, offload, context/sequence parallel sizes > 1, dynamic batch sizes, a
-standalone rollout pool and the asynchronous v1 trainer modes.
+Still refused (named in the report, never approximated): context / Ulysses parallel sizes > 1,
+hybrid FSDP sharding (``fsdp_size``), only one of ``param_offload`` / ``optimizer_offload`` on a
+training engine, FSDP2 ``offload_policy``, activation offload, MoE expert parallelism, dynamic batch
+sizes, in-engine rollout DP/PP, a standalone rollout pool and the asynchronous v1 trainer modes.
 
 Export (:func:`export_verl`): the fastest layout verl can express (every model-stage on all N GPUs,
-per-role TP/PP, Megatron without the distributed optimizer, so that Nereus's memory model applies),
-as overrides of verl's ``ppo_megatron_trainer`` config; predicted with model-stages of one stage run
-one after another on the shared GPUs.
+per-role engines with ZeRO, offload and interleaving, vLLM sleep), searched over verl's Megatron
+backend (``ppo_megatron_trainer``) and its FSDP backend (``ppo_trainer``), as overrides of the chosen
+config; predicted with the model-stages of a stage run one after another on the shared GPUs.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import itertools
 import math
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import yaml
@@ -41,23 +46,22 @@ from nereus.cost.shapes import valid_pp, valid_tp
 from nereus.integrations.common import (
     Imported,
     Unexpressible,
+    best_colocated,
     evaluate_layout,
     generation_concurrency,
     memory_fraction_for,
+    pareto,
 )
 from nereus.planner.plan import Candidate, Plan
 from nereus.spec import ClusterSpec, JobSpec, WorkloadSpec, get_gpu, get_model
+from nereus.spec.framework import FrameworkSpec, get_framework
 from nereus.workflow import workflow_for
 
-__all__ = ["verl_config_dir", "load_verl_config", "import_verl", "export_verl", "ADV_ESTIMATORS"]
+__all__ = ["verl_config_dir", "load_verl_config", "import_verl", "export_verl", "verl_framework", "ADV_ESTIMATORS"]
 
 #: verl's ``algorithm.adv_estimator`` values Nereus models, and the algorithm each one is.
 ADV_ESTIMATORS = {"gae": "ppo", "grpo": "grpo", "remax": "remax"}
 _MISSING = object()
-COLOCATION = ("verl's hybrid engine puts every role on the one resource pool of trainer.nnodes x "
-              "trainer.n_gpus_per_node GPUs, so {names} run one after another on the same GPUs; Nereus's plan "
-              "space gives the model-stages of one stage disjoint GPUs (colocation is not expressible yet)")
-
 
 def verl_config_dir() -> Path | None:
     """``verl/trainer/config`` of the installed verl package, or None when verl is not installed."""
@@ -189,18 +193,84 @@ def _model(c: _Cfg, model, key: str):
                      f"path) for the model")
 
 
-def _degrees(c: _Cfg, prefix: str, role: str, n: int, out: list, model) -> tuple[int, int]:
-    """(tp, pp) of a Megatron role; records the settings outside the plan space."""
-    strategy = c.get(f"{prefix}.strategy", "fsdp")
-    if strategy in ("fsdp", "fsdp2"):
-        out.append(Unexpressible(f"{prefix}.strategy", strategy, f"FSDP shards the {role}'s weights, gradients and "
-                                 "optimizer state across data-parallel ranks; Nereus's plan space has no "
-                                 "FSDP/ZeRO sharding yet"))
-        sp = c.get(f"{prefix}.fsdp_config.ulysses_sequence_parallel_size", 1)
-        if sp and sp > 1:
-            out.append(Unexpressible(f"{prefix}.fsdp_config.ulysses_sequence_parallel_size", sp,
-                                     "sequence parallelism is not in Nereus's plan space yet"))
-        return 1, 1
+#: verl's roles with training engines: (config prefix, model section, Nereus model name)
+_ROLES = {"actor": ("actor_rollout_ref.actor", "actor_rollout_ref.model", "actor"),
+          "ref": ("actor_rollout_ref.ref", "actor_rollout_ref.model", "reference"),
+          "critic": ("critic", "critic.model", "critic")}
+_FSDP = ("fsdp", "fsdp2")
+_BOTH = ("Nereus's idle-state offload moves a model-stage's weights and optimizer state together "
+         "(offload='host'); set param_offload and optimizer_offload both true or both false")
+
+
+@dataclass
+class _Engine:
+    """What Nereus reads of one verl engine (actor, ref or critic)."""
+
+    strategy: str
+    tp: int = 1
+    pp: int = 1
+    vpp: int = 1
+    zero: int = 0
+    offload: str = "none"  # the training model-stage's idle state (weights + optimizer)
+    param_offload: bool = False  # the engine's weights between phases (its inference model-stage)
+    sp: bool = False
+    overlap: bool = False
+    reduce_bytes: int = 4
+    keys: dict = field(default_factory=dict)  # feature -> the verl key that set it
+
+
+def _fsdp_section(c: _Cfg, role: str) -> str:
+    prefix = _ROLES[role][0]
+    if role == "critic":
+        return "critic.fsdp" if isinstance(c.d.get("critic", {}).get("fsdp"), dict) else "critic.model.fsdp_config"
+    return f"{prefix}.fsdp_config"
+
+
+def _engine(c: _Cfg, role: str, n: int, out: list, notes: list, model, strategy: str) -> _Engine:
+    """The parallel layout and memory features of a verl role's engine; records the settings the cost
+    model cannot express in ``out``."""
+    prefix, model_prefix, _ = _ROLES[role]
+    train = role != "ref"
+    if strategy in _FSDP:
+        sec = _fsdp_section(c, role)
+        e = _Engine(strategy, overlap=True)
+        for k in (f"{prefix}.ulysses_sequence_parallel_size", f"{sec}.ulysses_sequence_parallel_size"):
+            v = c.get(k, 1)
+            if v and v > 1:
+                out.append(Unexpressible(k, v, "Ulysses sequence parallelism (attention heads split across GPUs "
+                                         "of a data-parallel group) is not in the cost model"))
+        size = c.get(f"{sec}.fsdp_size", -1)
+        if size not in (None, -1, 0, n):
+            out.append(Unexpressible(f"{sec}.fsdp_size", size, f"hybrid sharding (shard over groups of {size}, "
+                                     f"replicate across them); Nereus's ZeRO shards over the whole data-parallel "
+                                     f"group of {n} GPUs"))
+        reshard = c.get(f"{sec}.reshard_after_forward", True)
+        e.zero = 3 if reshard else 2
+        e.keys["zero"] = f"{sec}.reshard_after_forward"
+        mp = c.get(f"{sec}.mixed_precision", None) or {}
+        red = str(mp.get("reduce_dtype", "fp32")) if isinstance(mp, dict) else "fp32"
+        e.reduce_bytes = 4 if red in ("fp32", "float32") else 2
+        po = bool(c.get(f"{sec}.param_offload", False))
+        oo = bool(c.get(f"{sec}.optimizer_offload", False))
+        if not train:
+            # verl wraps a forward-only FSDP engine with CPU offload whatever param_offload says
+            e.param_offload = True
+            e.offload = "host"
+            notes.append(f"{prefix}: verl keeps a forward-only FSDP model's parameters in host memory (CPU "
+                         "offload); Nereus models it as offload 'host' of whole weights (inference model-stages "
+                         "are not ZeRO-sharded in the cost model), an upper bound on its memory and reload time")
+            return e
+        if c.get(f"{sec}.offload_policy", False):
+            out.append(Unexpressible(f"{sec}.offload_policy", True, "FSDP2's CPUOffloadPolicy keeps parameters, "
+                                     "gradients and optimizer state in host memory and steps the optimizer on the "
+                                     "CPU; the cost model has no CPU optimizer step"))
+        if c.get(f"{model_prefix}.enable_activation_offload", False):
+            out.append(Unexpressible(f"{model_prefix}.enable_activation_offload", True, "activation offload to "
+                                     "host memory is not in the cost model"))
+        e.param_offload = po
+        e.offload = _train_offload(po, oo, sec, out)
+        e.keys["offload"] = f"{sec}.param_offload"
+        return e
     if strategy != "megatron":
         raise ValueError(f"verl key {prefix}.strategy={strategy!r}: valid fsdp, fsdp2, megatron")
     m = f"{prefix}.megatron"
@@ -212,23 +282,59 @@ def _degrees(c: _Cfg, prefix: str, role: str, n: int, out: list, model) -> tuple
     if n % (tp * pp):
         raise ValueError(f"verl keys {m}.tensor_model_parallel_size={tp} x pipeline_model_parallel_size={pp} must "
                          f"divide the {n} GPUs of trainer.nnodes x trainer.n_gpus_per_node")
-    for k, why in (("use_distributed_optimizer", "the distributed optimizer shards optimizer state across DP (ZeRO-1); "
-                    "Nereus's memory model keeps full optimizer state per replica (no ZeRO yet)"),
-                   ("param_offload", "offload to host memory is not in Nereus's plan space yet"),
-                   ("optimizer_offload", "offload to host memory is not in Nereus's plan space yet"),
-                   ("grad_offload", "offload to host memory is not in Nereus's plan space yet")):
-        v = c.get(f"{m}.{k}", False)
-        if v:
-            out.append(Unexpressible(f"{m}.{k}", v, why))
-    for k in ("context_parallel_size",):
+    e = _Engine("megatron", tp=tp, pp=pp)
+    for k, why in (("context_parallel_size", "context parallelism (sequence split across GPUs) is not in the "
+                    "cost model"),
+                   ("expert_model_parallel_size", "expert parallelism (MoE) is not in the cost model; Nereus "
+                    "models dense transformers")):
         v = c.get(f"{m}.{k}", 1)
         if v and v > 1:
-            out.append(Unexpressible(f"{m}.{k}", v, "context parallelism is not in Nereus's plan space yet"))
+            out.append(Unexpressible(f"{m}.{k}", v, why))
+    if c.get(f"{m}.dynamic_context_parallel", False):
+        out.append(Unexpressible(f"{m}.dynamic_context_parallel", True, "dynamic context parallelism is not in "
+                                 "the cost model"))
     v = c.get(f"{m}.virtual_pipeline_model_parallel_size", None)
-    if v:
-        out.append(Unexpressible(f"{m}.virtual_pipeline_model_parallel_size", v,
-                                 "interleaved (virtual) pipeline stages are not in Nereus's plan space yet"))
-    return tp, pp
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+        raise ValueError(f"verl key {m}.virtual_pipeline_model_parallel_size={v!r}: must be null or an integer >= 1")
+    e.vpp = (v or 1) if train else 1
+    if v and v > 1 and not train:
+        notes.append(f"{m}.virtual_pipeline_model_parallel_size={v}: interleaving is modelled for training; "
+                     "the reference's forward passes use the plain pipeline schedule")
+    e.sp = bool(c.get(f"{m}.sequence_parallel", False))
+    po = bool(c.get(f"{m}.param_offload", False))
+    e.param_offload = po
+    if train:
+        if c.get(f"{m}.use_megatron_fsdp", False):
+            e.zero = 3
+            e.keys["zero"] = f"{m}.use_megatron_fsdp"
+        elif c.get(f"{m}.use_distributed_optimizer", False):
+            e.zero = 1
+            e.keys["zero"] = f"{m}.use_distributed_optimizer"
+        e.offload = _train_offload(po, bool(c.get(f"{m}.optimizer_offload", False)), m, out)
+        e.keys["offload"] = f"{m}.param_offload"
+        if c.get(f"{m}.grad_offload", False):
+            notes.append(f"{m}.grad_offload: gradients are transient in Nereus's memory model already (freed "
+                         "between training phases)")
+        e.overlap = bool(c.get(f"{m}.override_ddp_config.overlap_grad_reduce", False))
+        fp32 = c.get(f"{m}.override_ddp_config.grad_reduce_in_fp32", None)
+        if fp32 is None:  # verl: fp32 unless a precision-aware optimizer keeps low-precision main grads
+            low = c.get(f"{prefix}.optim.use_precision_aware_optimizer", False) and \
+                str(c.get(f"{prefix}.optim.main_grads_dtype", "fp32")) not in ("fp32", "float32")
+            fp32 = not low
+        e.reduce_bytes = 4 if fp32 else 2
+    else:
+        e.offload = "host" if po else "none"
+    return e
+
+
+def _train_offload(po: bool, oo: bool, sec: str, out: list) -> str:
+    if po and oo:
+        return "host"
+    if po or oo:
+        key = f"{sec}.param_offload" if po else f"{sec}.optimizer_offload"
+        out.append(Unexpressible(key, True, _BOTH))
+        return "host"
+    return "none"
 
 
 def _recompute(c: _Cfg, prefix: str, strategy: str, model_prefix: str) -> str:
@@ -243,8 +349,44 @@ def _recompute(c: _Cfg, prefix: str, strategy: str, model_prefix: str) -> str:
     return "full" if c.get(f"{model_prefix}.enable_gradient_checkpointing", False) else "none"
 
 
+def verl_framework(engines: dict, colocate: str = "always") -> FrameworkSpec:
+    """The job's framework for verl engines: the ``megatron`` preset with the actor's sequence
+    parallelism, DDP overlap and reduce dtype (verl's defaults: SP on, no overlap, fp32 reduce), or
+    the ``fsdp`` preset with its reduce dtype; verl's hybrid engine colocates every role."""
+    a = engines["actor"]
+    if a.strategy == "megatron":
+        base = get_framework("megatron")
+        return replace(base, name="verl-megatron", sequence_parallel=_job_sp(engines), overlap_grad_reduce=a.overlap,
+                       grad_reduce_bytes=a.reduce_bytes, colocate=colocate, uneven_pp=False,
+                       max_virtual_stages=max(base.max_virtual_stages, a.vpp))
+    return replace(get_framework("fsdp"), name="verl-fsdp", grad_reduce_bytes=a.reduce_bytes, colocate=colocate)
+
+
+def _job_sp(engines: dict) -> bool:
+    """Sequence parallelism is one flag of the job: the first Megatron engine with TP > 1 sets it."""
+    for r in ("actor", "critic", "ref"):
+        e = engines.get(r)
+        if e is not None and e.strategy == "megatron" and e.tp > 1:
+            return e.sp
+    return engines["actor"].sp
+
+
+def _checked(job: JobSpec, cand: Candidate, keys: str) -> Candidate:
+    from nereus.cost.model import check_candidate
+
+    try:
+        check_candidate(job, workflow_for(job.workload).get(cand.model_stage), cand)
+    except ValueError as e:
+        raise ValueError(f"verl keys {keys}: {e}") from e
+    return cand
+
+
 def import_verl(cfg: dict, model=None, gpu=None) -> Imported:
     """Read a verl configuration (a dict from :func:`load_verl_config`) as a job and the user's layout.
+
+    The job's framework is :func:`verl_framework` of the engines; the layout puts every role on the
+    one resource pool (the hybrid engine: overlapping GPU sets, run one after another), with ZeRO
+    stages, idle-state offload and interleaving read from the engines (docs/integrations.md).
 
     Args:
         model: a preset name, config.json path or ModelSpec overriding ``actor_rollout_ref.model.path``.
@@ -282,7 +424,6 @@ def import_verl(cfg: dict, model=None, gpu=None) -> Imported:
         notes.append("verl's config does not name the GPU: h100 assumed (--gpu)")
         gpu = "h100"
     gpu_spec = get_gpu(gpu) if isinstance(gpu, str) else gpu
-    job = JobSpec(actor=actor_model, cluster=ClusterSpec(gpu_spec, nodes, gpn), workload=wl)
     if c.get(f"{arr}.hybrid_engine", True) is False:
         un.append(Unexpressible(f"{arr}.hybrid_engine", False, "a standalone rollout pool (separate_async "
                                 "trainer) is not imported yet"))
@@ -293,17 +434,27 @@ def import_verl(cfg: dict, model=None, gpu=None) -> Imported:
     if (c.get(f"{arr}.rollout.nnodes", 0) or 0) > 0:
         un.append(Unexpressible(f"{arr}.rollout.nnodes", c.get(f"{arr}.rollout.nnodes"),
                                 "a standalone rollout pool is not imported yet"))
+    astrat = c.get(f"{arr}.actor.strategy", "fsdp")
+    engines = {"actor": _engine(c, "actor", n, un, notes, actor_model, astrat)}
+    engines["ref"] = _engine(c, "ref", n, un, notes, actor_model, c.get(f"{arr}.ref.strategy", astrat))
+    if algo == "ppo":
+        engines["critic"] = _engine(c, "critic", n, un, notes, actor_model, c.get("critic.strategy", "fsdp"))
+    own_reward_pool = reward and bool(c.get("reward.reward_model.enable_resource_pool", False))
+    fw = verl_framework(engines, "auto" if own_reward_pool else "always")
+    _framework_conflicts(engines, fw, un)
+    job = JobSpec(actor=actor_model, cluster=ClusterSpec(gpu_spec, nodes, gpn), workload=wl, framework=fw)
     gpus = tuple(range(n))
     cands: list[Candidate] = []
     mb = wl.mini_batch_size
 
-    def train_cand(name, prefix, tp, pp, bkey, model_prefix):
-        strategy = c.get(f"{prefix}.strategy", "fsdp")
+    def train_cand(name, role, bkey):
+        prefix, model_prefix, _ = _ROLES[role]
+        e = engines[role]
         if c.get(f"{prefix}.use_dynamic_bsz", False):
             un.append(Unexpressible(f"{prefix}.use_dynamic_bsz", True, "token-budget micro-batches "
                                     "(ppo_max_token_len_per_gpu) are not in Nereus's plan space; it plans fixed "
                                     "micro-batches"))
-        dp = n // (tp * pp)
+        dp = n // (e.tp * e.pp)
         b = c.int(bkey, None)
         if b is None:
             if not c.get(f"{prefix}.use_dynamic_bsz", False):
@@ -312,32 +463,35 @@ def import_verl(cfg: dict, model=None, gpu=None) -> Imported:
         if mb % dp or (mb // dp) % b:
             raise ValueError(f"verl key {bkey}={b}: the mini-batch {mb} sequences ({arr}.actor.ppo_mini_batch_size="
                              f"{mini_prompts} x rollout.n={samples}) over DP={dp} must be a multiple of it")
-        rc = _recompute(c, prefix, strategy, model_prefix)
-        return Candidate(name, tp, pp, dp, micro_batch=b, grad_accum=mb // (dp * b), recompute=rc, gpus=gpus)
+        rc = _recompute(c, prefix, e.strategy, model_prefix)
+        cand = Candidate(name, e.tp, e.pp, dp, micro_batch=b, grad_accum=mb // (dp * b), recompute=rc, zero=e.zero,
+                         offload=e.offload, vpp=e.vpp, gpus=gpus)
+        keys = (f"{bkey}={b}" + (f", {prefix}.megatron.virtual_pipeline_model_parallel_size={e.vpp}"
+                                 if e.vpp > 1 else ""))
+        return _checked(job, cand, keys)
 
-    def infer_cand(name, tp, pp, bkey, default=None):
+    def infer_cand(name, role, bkey, default=None):
+        e = engines[role]
         b = c.int(bkey, default) if default is None else (c.get(bkey, None) or default)
         if b is None:
             raise ValueError(f"verl key {bkey}=None: set the per-GPU micro-batch of {name} (an integer >= 1)")
-        return Candidate(name, tp, pp, n // (tp * pp), micro_batch=int(b), gpus=gpus)
+        return Candidate(name, e.tp, e.pp, n // (e.tp * e.pp), micro_batch=int(b),
+                         offload="host" if e.param_offload else "none", gpus=gpus)
 
-    atp, app = _degrees(c, f"{arr}.actor", "actor", n, un, actor_model)
-    cands.append(train_cand("actor.train", f"{arr}.actor", atp, app, f"{arr}.actor.ppo_micro_batch_size_per_gpu",
-                            f"{arr}.model"))
-    cands.append(infer_cand("actor.infer", atp, app, f"{arr}.rollout.log_prob_micro_batch_size_per_gpu"))
-    rtp, rpp = _degrees(c, f"{arr}.ref", "reference", n, [], actor_model) \
-        if c.get(f"{arr}.ref.strategy", c.get(f"{arr}.actor.strategy", "fsdp")) == "megatron" else (atp, app)
-    cands.append(infer_cand("reference.infer", rtp, rpp, f"{arr}.ref.log_prob_micro_batch_size_per_gpu"))
+    cands.append(train_cand("actor.train", "actor", f"{arr}.actor.ppo_micro_batch_size_per_gpu"))
+    # verl computes old log-probs with the actor's training engine: the actor's degrees and param offload
+    cands.append(infer_cand("actor.infer", "actor", f"{arr}.rollout.log_prob_micro_batch_size_per_gpu"))
+    cands.append(infer_cand("reference.infer", "ref", f"{arr}.ref.log_prob_micro_batch_size_per_gpu"))
     gtp = c.int(f"{arr}.rollout.tensor_model_parallel_size", 1)
     why = valid_tp(actor_model, gtp)
     if why or n % gtp:
         raise ValueError(f"verl key {arr}.rollout.tensor_model_parallel_size={gtp}: "
                          f"{why or f'must divide the {n} GPUs'}")
-    for k in ("data_parallel_size", "pipeline_model_parallel_size"):
+    for k in ("data_parallel_size", "pipeline_model_parallel_size", "expert_parallel_size"):
         v = c.get(f"{arr}.rollout.{k}", 1)
         if v and v > 1:
             un.append(Unexpressible(f"{arr}.rollout.{k}", v, "Nereus's generation replicas are TP groups "
-                                    "(rollout DP is N / TP); in-engine DP/PP is not in its plan space"))
+                                    "(rollout DP is N / TP); in-engine DP/PP/EP is not in its plan space"))
     frac = c.get(f"{arr}.rollout.gpu_memory_utilization", 0.5)
     max_seqs = c.int(f"{arr}.rollout.max_num_seqs", 256)
     conc = generation_concurrency(job, gtp, float(frac), max_seqs)
@@ -345,36 +499,58 @@ def import_verl(cfg: dict, model=None, gpu=None) -> Imported:
         raise ValueError(f"verl key {arr}.rollout.gpu_memory_utilization={frac}: too small to hold the "
                          f"{actor_model.name} weights at rollout TP {gtp} on {gpu_spec.name}")
     per_replica = -(-wl.rollouts_per_step // (n // gtp))
-    cands.append(Candidate("actor.generate", gtp, 1, n // gtp, concurrency=min(conc, per_replica), gpus=gpus))
+    sleep = bool(c.get(f"{arr}.rollout.free_cache_engine", False))
+    cands.append(Candidate("actor.generate", gtp, 1, n // gtp, concurrency=min(conc, per_replica),
+                           offload="drop" if sleep else "none", gpus=gpus))
     if algo == "ppo":
         cm = c.get("critic.model.path", None)
-        ctp, cpp = _degrees(c, "critic", "critic", n, un, actor_model)
-        cands.append(train_cand("critic.train", "critic", ctp, cpp, "critic.ppo_micro_batch_size_per_gpu",
-                                "critic.model"))
-        cands.append(infer_cand("critic.infer", ctp, cpp, "critic.ppo_micro_batch_size_per_gpu"))
+        cands.append(train_cand("critic.train", "critic", "critic.ppo_micro_batch_size_per_gpu"))
+        cands.append(infer_cand("critic.infer", "critic", "critic.ppo_micro_batch_size_per_gpu"))
         if cm and cm != c.get(f"{arr}.model.path", None):
             notes.append("critic.model.path differs from the actor's: Nereus uses the actor's shapes with a value head")
     if reward:
         wtp = c.get("reward.reward_model.rollout.tensor_model_parallel_size", None) or 1
         wgpus = gpus
-        if c.get("reward.reward_model.enable_resource_pool", False):
+        if own_reward_pool:
             wn = c.int("reward.reward_model.nnodes", 1) * c.int("reward.reward_model.n_gpus_per_node", 1)
             wgpus = tuple(range(n, n + wn))
-            job = JobSpec(actor=actor_model, cluster=ClusterSpec(gpu_spec, -(-(n + wn) // gpn), gpn), workload=wl)
+            job = JobSpec(actor=actor_model, cluster=ClusterSpec(gpu_spec, -(-(n + wn) // gpn), gpn), workload=wl,
+                          framework=fw)
+        wsleep = bool(c.get("reward.reward_model.rollout.free_cache_engine", False))
         cands.append(Candidate("reward.infer", wtp, 1, len(wgpus) // wtp, micro_batch=wl.infer_micro_batch_size,
-                               gpus=wgpus))
+                               offload="host" if wsleep else "none", gpus=wgpus))
         notes.append(f"reward.infer micro-batch: verl serves the reward model with an inference engine; "
                      f"Nereus's default {wl.infer_micro_batch_size} is used")
-    names = sorted(m.name for m in workflow_for(wl).model_stages if m.stage == "infer")
-    if n and len(names) > 1:
-        un.insert(0, Unexpressible("trainer.n_gpus_per_node", gpn, COLOCATION.format(names=", ".join(names))))
+    for role, name in (("actor", "actor.infer"), ("critic", "critic.infer")):
+        e = engines.get(role)
+        if e is not None and not e.param_offload:
+            notes.append(f"{name} shares {role}.train's engine in verl; the cost model counts its weights as a "
+                         f"second resident copy on the shared GPUs (an upper bound on their memory)")
     order = {m.name: i for i, m in enumerate(workflow_for(wl).model_stages)}
     cands.sort(key=lambda x: order[x.model_stage])
     read = {k: v for k, v in c.read.items()}
     return Imported("verl", job, tuple(cands), un, read, notes)
 
 
+def _framework_conflicts(engines: dict, fw: FrameworkSpec, un: list) -> None:
+    """Sequence parallelism, DP overlap and reduce dtype are flags of the whole job: an engine that
+    sets them otherwise than the actor (where they matter) is named."""
+    for role in ("ref", "critic"):
+        e = engines.get(role)
+        if e is None:
+            continue
+        prefix = _ROLES[role][0]
+        if e.strategy == "megatron" and e.tp > 1 and e.sp != fw.sequence_parallel:
+            un.append(Unexpressible(f"{prefix}.megatron.sequence_parallel", e.sp, "sequence parallelism is one "
+                                    f"flag of the job in the cost model; the actor's is {fw.sequence_parallel}"))
+        if role == "critic" and (e.overlap != fw.overlap_grad_reduce or e.reduce_bytes != fw.grad_reduce_bytes):
+            un.append(Unexpressible("critic.strategy", e.strategy, "the critic's gradient reduce (overlap, dtype) "
+                                    "differs from the actor's; the cost model has one per job"))
 # ---------------------------------------------------------------------------------------- export
+#: verl's backends: the trainer config each one's overrides apply to
+CONFIG_NAMES = {"megatron": "ppo_megatron_trainer", "fsdp": "ppo_trainer"}
+
+
 def _pow2_upto(k: int):
     v = 1
     while v <= k:
@@ -382,111 +558,177 @@ def _pow2_upto(k: int):
         v *= 2
 
 
-def _train_options(job, cost, name, n, tp, pp, bmax):
-    dp = n // (tp * pp)
-    mb = job.workload.mini_batch_size
-    if mb % dp:
-        return []
-    out = []
-    for b in _pow2_upto(min(bmax, mb // dp)):
-        if (mb // dp) % b:
-            continue
-        for rc in ("none", "selective", "full"):
-            out.append(Candidate(name, tp, pp, dp, micro_batch=b, grad_accum=mb // (dp * b), recompute=rc,
-                                 gpus=tuple(range(n))))
-    return out
+def verl_job(job: JobSpec, backend: str) -> JobSpec:
+    """``job`` with the framework flags verl's ``backend`` runs with: the imported ones when the job
+    came from the same verl backend, else verl's defaults (Megatron: SP on, no DDP overlap, fp32
+    reduce; FSDP: fp32 reduce, overlapped), colocation ``always`` (the hybrid engine)."""
+    fw = job.framework
+    if backend == "megatron":
+        if fw.name == "verl-megatron":
+            return job.with_framework(replace(fw, colocate="always"))
+        return job.with_framework(replace(get_framework("megatron"), name="verl-megatron", sequence_parallel=True,
+                                          overlap_grad_reduce=False, grad_reduce_bytes=4, colocate="always",
+                                          uneven_pp=False))
+    # the export writes no mixed_precision section: verl reduces in fp32
+    return job.with_framework(replace(get_framework("fsdp"), name="verl-fsdp", grad_reduce_bytes=4, colocate="always"))
 
 
-def _pareto(items):
-    """Keep (time, resident, transient, payload) items no other beats on all three."""
-    items = sorted(items, key=lambda x: (x[0], x[1], x[2]))
-    kept = []
-    for it in items:
-        if not any(k[0] <= it[0] and k[1] <= it[1] and k[2] <= it[2] for k in kept):
-            kept.append(it)
-    return kept
+class _Search:
+    """Options of every verl role on the whole pool, each group Pareto-pruned (time, resident,
+    transient), combined by :func:`best_colocated`."""
+
+    def __init__(self, job: JobSpec, backend: str, headroom):
+        self.job, self.backend = job, backend
+        self.cost = CostModel(job, headroom=headroom)
+        self.n = job.cluster.num_gpus
+        self.gpus = tuple(range(self.n))
+        self.multi = job.cluster.num_nodes > 1
+        self._est: dict = {}
+
+    def est(self, c: Candidate):
+        k = c.key()
+        if k not in self._est:
+            self._est[k] = self.cost.estimate_candidate(c, self.multi)
+        return self._est[k]
+
+    def valid(self, c: Candidate) -> bool:
+        from nereus.cost.model import check_candidate
+
+        try:
+            check_candidate(self.job, self.cost.workflow.get(c.model_stage), c)
+        except ValueError:
+            return False
+        return True
+
+    def group(self, options) -> list:
+        items = []
+        for cs in options:
+            es = [self.est(x) for x in cs]
+            items.append((sum(e.time for e in es), sum(e.resident for e in es), max(e.transient for e in es),
+                          tuple(cs)))
+        return pareto(items)
+
+    def layouts(self):
+        model, n = self.job.actor, self.n
+        if self.backend == "fsdp":
+            return [(1, 1)]
+        return [(tp, pp) for tp in _pow2_upto(n) for pp in _pow2_upto(n // tp)
+                if not (valid_tp(model, tp) or valid_pp(model, pp)) and n % (tp * pp) == 0]
+
+    def train_options(self, name: str, tp: int, pp: int):
+        w, fw = self.job.workload, self.job.framework
+        dp = self.n // (tp * pp)
+        mb = w.mini_batch_size
+        if mb % dp:
+            return []
+        if self.backend == "fsdp":
+            zeros, rcs, vpps = ((2, 3) if dp > 1 else (3,)), ("none", "full"), (1,)
+        else:
+            zeros, rcs = ((0, 1) if dp > 1 else (0,)), ("none", "selective", "full")
+            per_rank = self.job.actor.num_layers // pp
+            vpps = (1,) + tuple(v for v in range(2, fw.max_virtual_stages + 1) if pp > 1 and per_rank % v == 0)
+        out = []
+        for b in _pow2_upto(min(w.micro_batch_size, mb // dp)):
+            if (mb // dp) % b:
+                continue
+            for rc in rcs:
+                for z in zeros:
+                    for off in ("none", "host"):
+                        for v in vpps:
+                            c = Candidate(name, tp, pp, dp, micro_batch=b, grad_accum=mb // (dp * b), recompute=rc,
+                                          zero=z, offload=off, vpp=v, gpus=self.gpus)
+                            if self.valid(c):
+                                out.append(c)
+        return out
+
+    def groups(self):
+        w, n, gpus, model = self.job.workload, self.n, self.gpus, self.job.actor
+        wf = {m.name for m in workflow_for(w).model_stages}
+        layouts = self.layouts()
+        bi = w.infer_micro_batch_size
+        out = []
+        opts = []
+        for tp, pp in layouts:
+            for tr in self.train_options("actor.train", tp, pp):
+                for b in sorted({tr.micro_batch, bi}):  # verl: rollout.log_prob_micro_batch_size_per_gpu
+                    opts.append((tr, Candidate("actor.infer", tp, pp, tr.dp, micro_batch=b, offload=tr.offload,
+                                               gpus=gpus)))
+        out.append(self.group(opts))
+        ref_offload = ("host",) if self.backend == "fsdp" else ("none", "host")  # FSDP: forward-only CPU offload
+        out.append(self.group([(Candidate("reference.infer", tp, pp, n // (tp * pp), micro_batch=b, offload=o,
+                                          gpus=gpus),)
+                               for tp, pp in layouts for b in sorted({1, bi}) for o in ref_offload]))
+        if "critic.train" in wf:
+            opts = []
+            for tp, pp in layouts:
+                for tr in self.train_options("critic.train", tp, pp):
+                    opts.append((tr, Candidate("critic.infer", tp, pp, tr.dp, micro_batch=tr.micro_batch,
+                                               offload=tr.offload, gpus=gpus)))
+            out.append(self.group(opts))
+        gen = []
+        for tp in _pow2_upto(n):
+            if valid_tp(model, tp) or n % tp:
+                continue
+            per = -(-w.rollouts_per_step // (n // tp))
+            for c in sorted({min(per, 2 ** k) for k in range(0, 11)}):
+                for o in ("none", "drop"):
+                    gen.append((Candidate("actor.generate", tp, 1, n // tp, concurrency=c, offload=o, gpus=gpus),))
+        out.append(self.group(gen))
+        if "reward.infer" in wf:
+            out.append(self.group([(Candidate("reward.infer", tp, 1, n // tp, micro_batch=bi, offload=o, gpus=gpus),)
+                                   for tp in _pow2_upto(n) if not valid_tp(model, tp) and n % tp == 0
+                                   for o in ("none", "host")]))
+        return out
+
+    def best(self):
+        groups = self.groups()
+        if any(not g for g in groups):
+            return None, groups
+        return best_colocated(groups, self.cost.usable), groups
 
 
-def closest_verl_layout(job: JobSpec, headroom: float | None = None) -> tuple[Candidate, ...]:
-    """The fastest layout verl can express for ``job`` on its whole cluster (module docstring).
+def closest_verl_layout(job: JobSpec, headroom: float | None = None,
+                        backends=("megatron", "fsdp")) -> tuple[str, JobSpec, tuple[Candidate, ...]]:
+    """The fastest layout verl can express for ``job`` on its whole cluster (module docstring), over
+    ``backends``: ``(backend, the job with that backend's framework, candidates)``.
 
-    Groups: actor (train and infer share TP/PP; verl computes old log-probs with the training
-    engine), reference, critic (train and infer share TP/PP and micro-batch), rollout (TP and
-    concurrency), reward (inference-engine TP). Exhaustive over the groups' Pareto-optimal options.
+    Groups: actor (train and infer share the engine: TP/PP, param offload), reference, critic (train
+    and infer share the engine and micro-batch), rollout (TP, concurrency, sleep), reward (inference
+    engine TP, sleep). Megatron: TP/PP, distributed optimizer (ZeRO-1), VPP, recompute none /
+    selective / full; FSDP: DP over all GPUs, ZeRO-2/3, gradient checkpointing. Offload ``host``
+    (param + optimizer offload) or none per engine; exact over the groups' Pareto-optimal options.
 
     Raises:
         ValueError: nothing verl can express fits (names the smallest per-GPU need).
     """
-    cost = CostModel(job, headroom=headroom)
-    w = job.workload
-    n = job.cluster.num_gpus
-    model = job.actor
-    wf = {m.name for m in workflow_for(w).model_stages}
-    layouts = [(tp, pp) for tp in _pow2_upto(n) for pp in _pow2_upto(n // tp)
-               if not (valid_tp(model, tp) or valid_pp(model, pp)) and n % (tp * pp) == 0]
-
-    def est(c):
-        e = cost.estimate_candidate(c, job.cluster.num_nodes > 1)
-        return e
-
-    groups = []  # each: list of (time by stage dict, resident, transient, candidates)
-
-    def add_group(options):
-        items = []
-        for cs in options:
-            es = [est(x) for x in cs]
-            t = sum(e.time for e in es)
-            items.append((t, sum(e.resident for e in es), max(e.transient for e in es), tuple(cs)))
-        groups.append(_pareto(items))
-
-    bmax = w.micro_batch_size
-    opts = []
-    for tp, pp in layouts:
-        for tr in _train_options(job, cost, "actor.train", n, tp, pp, bmax):
-            for bi in sorted({tr.micro_batch, w.infer_micro_batch_size}):
-                opts.append((tr, Candidate("actor.infer", tp, pp, n // (tp * pp), micro_batch=bi, gpus=tr.gpus)))
-    add_group(opts)
-    add_group([(Candidate("reference.infer", tp, pp, n // (tp * pp), micro_batch=b, gpus=tuple(range(n))),)
-               for tp, pp in layouts for b in sorted({1, w.infer_micro_batch_size})])
-    if "critic.train" in wf:
-        opts = []
-        for tp, pp in layouts:
-            for tr in _train_options(job, cost, "critic.train", n, tp, pp, bmax):
-                opts.append((tr, Candidate("critic.infer", tp, pp, tr.dp, micro_batch=tr.micro_batch, gpus=tr.gpus)))
-        add_group(opts)
-    gen = []
-    for tp in _pow2_upto(n):
-        if valid_tp(model, tp) or n % tp:
-            continue
-        per = -(-w.rollouts_per_step // (n // tp))
-        for c in sorted({min(per, 2 ** k) for k in range(0, 11)}):
-            gen.append((Candidate("actor.generate", tp, 1, n // tp, concurrency=c, gpus=tuple(range(n))),))
-    add_group(gen)
-    if "reward.infer" in wf:
-        add_group([(Candidate("reward.infer", tp, 1, n // tp, micro_batch=w.infer_micro_batch_size,
-                              gpus=tuple(range(n))),) for tp in _pow2_upto(n) if not valid_tp(model, tp) and n % tp == 0])
-    usable = cost.usable
-    best = None
-    for combo in itertools.product(*groups):
-        r = sum(g[1] for g in combo)
-        x = max(g[2] for g in combo)
-        if r + x > usable:
-            continue
-        t = sum(g[0] for g in combo)
-        if best is None or t < best[0]:
-            best = (t, combo)
-    if best is None:
-        need = sum(min(g[1] + g[2] for g in grp) for grp in groups) / 1024**3
-        raise ValueError(f"no layout verl can express fits: every model-stage on all {n} GPUs needs at least "
-                         f"{need:.1f} GiB per GPU, {usable / 1024**3:.1f} GiB usable")
-    cands = [c for g in best[1] for c in g[3]]
-    order = {m.name: i for i, m in enumerate(workflow_for(w).model_stages)}
-    return tuple(sorted(cands, key=lambda x: order[x.model_stage]))
+    found = []
+    need = []
+    for backend in backends:
+        vjob = verl_job(job, backend)
+        s = _Search(vjob, backend, headroom)
+        best, groups = s.best()
+        if best is not None:
+            found.append((best[0], backend, vjob, [c for g in best[1] for c in g]))
+        elif groups and all(groups):
+            need.append((sum(min(x[1] + x[2] for x in g) for g in groups) / 1024**3, backend, s.cost.usable))
+    if not found:
+        msg = "; ".join(f"{b}: at least {gib:.1f} GiB per GPU, {u / 1024**3:.1f} GiB usable" for gib, b, u in need)
+        raise ValueError(f"no layout verl can express fits: every model-stage on all {job.cluster.num_gpus} GPUs "
+                         f"({msg or 'the mini-batch does not split over the GPUs'})")
+    _, backend, vjob, cands = min(found, key=lambda x: x[0])
+    order = {m.name: i for i, m in enumerate(workflow_for(job.workload).model_stages)}
+    return backend, vjob, tuple(sorted(cands, key=lambda x: order[x.model_stage]))
 
 
-def verl_overrides(job: JobSpec, cands, model_path: str | None = None) -> list[str]:
-    """``key=value`` overrides of verl's ``ppo_megatron_trainer`` config for a verl-expressible layout."""
-    w = job.workload
+def _tf(v: bool) -> str:
+    return "True" if v else "False"
+
+
+def verl_overrides(job: JobSpec, cands, model_path: str | None = None, backend: str = "megatron") -> list[str]:
+    """``key=value`` overrides of verl's ``ppo_megatron_trainer`` (``backend="megatron"``) or
+    ``ppo_trainer`` (``"fsdp"``) config for a verl-expressible layout on the whole pool; the
+    framework flags (SP, DDP overlap, reduce dtype) are ``job.framework``'s."""
+    w, fw = job.workload, job.framework
     by = {c.model_stage: c for c in cands}
     if w.mini_batch_size % w.samples_per_prompt:
         raise ValueError(f"workload mini_batch_size={w.mini_batch_size} is not a multiple of samples_per_prompt="
@@ -502,33 +744,58 @@ def verl_overrides(job: JobSpec, cands, model_path: str | None = None) -> list[s
           f"{arr}.actor.ppo_epochs={w.ppo_epochs}"]
     if model_path:
         ov.append(f"{arr}.model.path={model_path}")
+        if "critic.train" in by:
+            ov.append(f"critic.model.path={model_path}")
 
     def megatron(prefix, c, train):
-        out = [f"{prefix}.strategy=megatron", f"{prefix}.megatron.tensor_model_parallel_size={c.tp}",
-               f"{prefix}.megatron.pipeline_model_parallel_size={c.pp}"]
+        m = f"{prefix}.megatron"
+        out = [f"{prefix}.strategy=megatron", f"{m}.tensor_model_parallel_size={c.tp}",
+               f"{m}.pipeline_model_parallel_size={c.pp}", f"{m}.sequence_parallel={_tf(fw.sequence_parallel)}",
+               f"{m}.param_offload={_tf(c.offload == 'host')}"]
         if train:
-            out += [f"{prefix}.megatron.use_distributed_optimizer=False",
+            out += [f"{m}.optimizer_offload={_tf(c.offload == 'host')}",
+                    f"{m}.use_distributed_optimizer={_tf(c.zero >= 1)}",
+                    f"{m}.virtual_pipeline_model_parallel_size={c.vpp if c.vpp > 1 else 'null'}",
                     f"{prefix}.ppo_micro_batch_size_per_gpu={c.micro_batch}"]
             rc = {"none": "null", "selective": "selective", "full": "full"}[c.recompute]
-            out.append(f"{prefix}.megatron.override_transformer_config.recompute_granularity={rc}")
+            out.append(f"{m}.override_transformer_config.recompute_granularity={rc}")
             if c.recompute == "full":
-                out += [f"{prefix}.megatron.override_transformer_config.recompute_method=uniform",
-                        f"{prefix}.megatron.override_transformer_config.recompute_num_layers=1"]
+                out += [f"{m}.override_transformer_config.recompute_method=uniform",
+                        f"{m}.override_transformer_config.recompute_num_layers=1"]
+            if fw.overlap_grad_reduce:
+                out.append(f"+{m}.override_ddp_config.overlap_grad_reduce=True")
+            if fw.grad_reduce_bytes == 2:
+                out.append(f"+{m}.override_ddp_config.grad_reduce_in_fp32=False")
         return out
 
-    ov += megatron(f"{arr}.actor", a, True)
+    def fsdp(prefix, sec, model_prefix, c):
+        return [f"{prefix}.strategy=fsdp", f"{sec}.reshard_after_forward={_tf(c.zero == 3)}",
+                f"{sec}.param_offload={_tf(c.offload == 'host')}", f"{sec}.optimizer_offload={_tf(c.offload == 'host')}",
+                f"{prefix}.ppo_micro_batch_size_per_gpu={c.micro_batch}",
+                f"{model_prefix}.enable_gradient_checkpointing={_tf(c.recompute == 'full')}"]
+
+    if backend == "megatron":
+        ov += megatron(f"{arr}.actor", a, True)
+    else:
+        ov += fsdp(f"{arr}.actor", f"{arr}.actor.fsdp_config", f"{arr}.model", a)
     ov += [f"{arr}.actor.use_dynamic_bsz=False",
            f"{arr}.rollout.log_prob_micro_batch_size_per_gpu={by['actor.infer'].micro_batch}"]
     r = by["reference.infer"]
-    ov += megatron(f"{arr}.ref", r, False) + [f"{arr}.ref.log_prob_micro_batch_size_per_gpu={r.micro_batch}"]
+    if backend == "megatron":
+        ov += megatron(f"{arr}.ref", r, False)
+    ov += [f"{arr}.ref.log_prob_micro_batch_size_per_gpu={r.micro_batch}"]
     ov += [f"{arr}.rollout.tensor_model_parallel_size={g.tp}",
            f"{arr}.rollout.gpu_memory_utilization={memory_fraction_for(job, g.tp, g.concurrency)}",
-           f"{arr}.rollout.max_num_seqs={g.concurrency}"]
+           f"{arr}.rollout.max_num_seqs={g.concurrency}",
+           f"{arr}.rollout.free_cache_engine={_tf(g.offload == 'drop')}"]
     if "critic.train" in by:
-        ov += megatron("critic", by["critic.train"], True)
+        ct = by["critic.train"]
+        ov += megatron("critic", ct, True) if backend == "megatron" else fsdp("critic", "critic.fsdp", "critic.model", ct)
     if "reward.infer" in by:
+        rw = by["reward.infer"]
         ov += ["reward.reward_model.enable=True",
-               f"reward.reward_model.rollout.tensor_model_parallel_size={by['reward.infer'].tp}"]
+               f"reward.reward_model.rollout.tensor_model_parallel_size={rw.tp}",
+               f"reward.reward_model.rollout.free_cache_engine={_tf(rw.offload == 'host')}"]
     return ov
 
 
@@ -540,7 +807,8 @@ def _changes(best: Plan, cands) -> list[str]:
         if c is None:
             continue
         diffs = [f"{k} {getattr(b, k)} -> {getattr(c, k)}" for k in
-                 ("tp", "pp", "dp", "micro_batch", "grad_accum", "recompute", "concurrency") if getattr(b, k) != getattr(c, k)]
+                 ("tp", "pp", "dp", "micro_batch", "grad_accum", "recompute", "concurrency", "zero", "offload", "vpp")
+                 if getattr(b, k) != getattr(c, k)]
         if sorted(b.gpus) != sorted(c.gpus):
             from nereus.planner.notation import format_gpus
             diffs.append(f"GPUs {format_gpus(b.gpus)} -> {format_gpus(c.gpus)}")
@@ -549,15 +817,19 @@ def _changes(best: Plan, cands) -> list[str]:
     return out
 
 
-def export_verl(job: JobSpec, best: Plan, headroom: float | None = None, model_path: str | None = None) -> dict:
-    """Nereus's plan ``best`` as verl overrides: the closest layout verl can express, what changed,
-    and both predicted step times. JSON-ready."""
-    cands = closest_verl_layout(job, headroom)
-    ev = evaluate_layout(job, cands, headroom)
-    return {"framework": "verl", "config_name": "ppo_megatron_trainer",
-            "overrides": verl_overrides(job, cands, model_path),
-            "layout": [c for c in cands], "evaluation": ev, "nereus_l_step": best.l_step,
+def export_verl(job: JobSpec, best: Plan, headroom: float | None = None, model_path: str | None = None,
+                backends=("megatron", "fsdp")) -> dict:
+    """Nereus's plan ``best`` as verl overrides: the closest layout verl can express (over
+    ``backends``), what changed, and both predicted step times. JSON-ready but for ``layout`` and
+    ``evaluation``; ``framework_spec`` is the framework the prediction used (:func:`verl_job`)."""
+    backend, vjob, cands = closest_verl_layout(job, headroom, backends)
+    ev = evaluate_layout(vjob, cands, headroom)
+    what = ("Megatron engines (distributed optimizer = ZeRO-1)" if backend == "megatron" else
+            "FSDP engines (reshard_after_forward = ZeRO-3, else ZeRO-2)")
+    return {"framework": "verl", "backend": backend, "config_name": CONFIG_NAMES[backend],
+            "overrides": verl_overrides(vjob, cands, model_path, backend),
+            "layout": list(cands), "evaluation": ev, "framework_spec": vjob.framework.to_dict(), "nereus_l_step": best.l_step,
             "l_step": ev.l_step, "changes": _changes(best, cands),
-            "note": ("verl runs every model-stage on all GPUs of one resource pool (hybrid engine), one after "
-                     "another; predicted with model-stages that share GPUs in a stage run in sequence"),
+            "note": (f"verl runs every model-stage on all GPUs of one resource pool (hybrid engine), one after "
+                     f"another; {what}; predicted with the model-stages of a stage summed on the shared GPUs"),
             "slowdown": ev.l_step / best.l_step if best.l_step > 0 else math.nan}
