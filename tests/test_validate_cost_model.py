@@ -24,7 +24,8 @@ V = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = V  # dataclasses look their module up there
 _spec.loader.exec_module(V)
 
-SOURCES = {"llm-foundry-h100", "llm-foundry-a100", "nemo-megatron-h100-fp8", "nemo-automodel-h100-bf16"}
+SOURCES = {"llm-foundry-h100", "llm-foundry-a100", "nemo-megatron-h100-fp8", "nemo-automodel-h100-bf16",
+           "nemo-launcher-a100-bf16"}
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +37,7 @@ def rows():
 def result(rows):
     # a subset keeps the test quick: a few rows of every source (the fits run on them)
     keep = [r for r in rows if r.id in ("F019", "F030", "F033", "F039", "F073", "F080", "F087", "F095",
-                                        "N01", "N03", "N06", "N09", "A01")]
+                                        "N01", "N03", "N06", "N09", "A01", "L01", "L11")]
     return V.evaluate(keep)
 
 
@@ -64,6 +65,9 @@ def test_conversions_by_hand(rows):
     assert by["F019"].iter_time_s == pytest.approx(2048 * 2048 / 66523, rel=1e-4)
     # AutoModel Llama3 70B: the published step time
     assert by["A01"].iter_time_s == 18.9
+    # NeMo-Megatron-Launcher GPT-3 175B on 128 nodes: 2048 x 2048 tokens / 109684 tokens/s
+    assert by["L11"].iter_time_s == pytest.approx(2048 * 2048 / 109684, rel=1e-4)
+    assert (by["L11"].tp, by["L11"].pp, by["L11"].dp, by["L11"].grad_accum) == (4, 8, 32, 64)
     # the MPT configs carry the published parameter counts (plus MPT's learned position embedding)
     m = V.model_spec("mpt-7b")
     assert m.num_params + 2048 * 4096 == pytest.approx(6658859008, rel=5e-4)

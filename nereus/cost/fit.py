@@ -140,7 +140,8 @@ def _check_options(prior_sigma: float, eff_bounds, weights, n: int,
 
 def _solve(predict_scaled: Callable[[np.ndarray], np.ndarray], groups: list[str], group_classes: dict,
            base: EfficiencyTable, measured: np.ndarray, w: np.ndarray, prior_sigma: float,
-           lo: float, hi: float, noise_sigma: float = NOISE_SIGMA) -> tuple[np.ndarray, bool, str]:
+           lo: float, hi: float, noise_sigma: float = NOISE_SIGMA, start=None,
+           max_nfev: int | None = None) -> tuple[np.ndarray, bool, str]:
     """Least squares over ``x = log s`` per group; returns (x, success, message)."""
     if not groups:
         return np.zeros(0), True, "no op-class group to fit"
@@ -158,7 +159,8 @@ def _solve(predict_scaled: Callable[[np.ndarray], np.ndarray], groups: list[str]
         # compromise box around the base (no scaling possible in that group beyond it)
         bad = np.flatnonzero(lb > ub)
         lb[bad] = ub[bad] = np.minimum(0.0, ub[bad])
-    x0 = np.clip(np.zeros(len(groups)), lb, ub)
+    x0 = np.zeros(len(groups)) if start is None else np.asarray(start, dtype=float)
+    x0 = np.clip(x0, lb, ub)
     sw = np.sqrt(w) / noise_sigma
     lm = np.log(measured)
 
@@ -178,7 +180,8 @@ def _solve(predict_scaled: Callable[[np.ndarray], np.ndarray], groups: list[str]
         return resid(x)
 
     r = least_squares(resid_free, x0[free], bounds=(lb[free], ub[free]), method="trf", x_scale=1.0,
-                      ftol=1e-10, xtol=1e-10, gtol=1e-10, diff_step=1e-6)
+                      ftol=1e-9, xtol=1e-9, gtol=1e-9, diff_step=1e-6,
+                      max_nfev=max_nfev if max_nfev is not None else 40 * (int(free.sum()) + 1))
     x = x0.copy()
     x[free] = r.x
     return x, bool(r.success), str(r.message)
@@ -281,13 +284,18 @@ def fit_scales(breakdowns: Sequence[Mapping[str, float]], measured: Sequence[flo
 def fit_table(predict: Callable[[EfficiencyTable], Sequence[float]], classes: Sequence[str],
               measured: Sequence[float], *, base: EfficiencyTable | None = None,
               prior_sigma: float = PRIOR_SIGMA, noise_sigma: float = NOISE_SIGMA,
-              eff_bounds: tuple = EFF_BOUNDS, weights: Sequence[float] | None = None) -> FitResult:
+              eff_bounds: tuple = EFF_BOUNDS, weights: Sequence[float] | None = None,
+              start: Mapping[str, float] | None = None, max_nfev: int | None = None) -> FitResult:
     """Like :func:`fit_scales`, but re-evaluates ``predict(table)`` (seconds per measurement) for each
     trial table, so cost models whose terms are not additive (overlaps, ``max``) are fitted exactly.
 
     Args:
         predict: maps an :class:`EfficiencyTable` to the predicted totals, one per measurement.
         classes: the op classes to calibrate (grouped with :func:`group_of`; others are ignored).
+        start: optional group → scale to start from (e.g. :attr:`FitResult.scales` of a quick
+            :func:`fit_scales`); default 1 for every group.
+        max_nfev: cap on the solver's function evaluations (default ``40·(groups + 1)``); a fit that
+            reaches it reports ``success=False`` with the solver's message.
 
     Raises:
         ValueError: as :func:`fit_scales`; also when ``predict`` returns the wrong number of values
@@ -323,6 +331,7 @@ def fit_table(predict: Callable[[EfficiencyTable], Sequence[float]], classes: Se
     if bad.size:
         raise ValueError(f"predicted[{int(bad[0])}]={float(p0[bad[0]])!r} at the base table must be finite and > 0")
     before = np.log(p0) - np.log(m)
-    x, ok, msg = _solve(pred, groups, group_classes, base, m, w, prior_sigma, lo, hi, noise_sigma)
+    x_start = None if start is None else [math.log(float(start.get(g, 1.0))) for g in groups]
+    x, ok, msg = _solve(pred, groups, group_classes, base, m, w, prior_sigma, lo, hi, noise_sigma, x_start, max_nfev)
     after = np.log(pred(x)) - np.log(m)
     return _result(base, groups, group_classes, x, before, after, lo, hi, ok, msg)
