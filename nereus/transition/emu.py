@@ -417,14 +417,15 @@ def held_bytes(model: ModelSpec, bytes_per_param, src: EMU, src_gpu: int, dst: E
 
     Two replicas (``z = 1``): :func:`resident_bytes` (unchanged). With a ZeRO group on either side
     the weights and the optimizer state (``bytes_per_param = (weights, optimizer)``,
-    :func:`state_parts`) count apart: the TP/PP overlap ``f`` of the two shards
-    (:func:`resident_bytes` per parameter, 1 at the same position) times, per part,
+    :func:`state_parts`) count apart; the fraction of a ``dst`` part present is
 
-    * ``src`` holds the part whole: 1 (``dst`` needs all of it or its slice of it);
-    * ``src`` holds a slice, ``dst`` the whole part: ``1/z_src`` when ``src``'s ``(p, t)`` shard lies
-      inside ``dst``'s (the same position, or a larger ``dst`` shard: unsharding), else 0;
+    * ``src`` holds the part whole: the TP/PP overlap ``f`` of the two shards (:func:`resident_bytes`
+      per parameter, 1 at the same position), ``dst`` needing all of it or its slice;
+    * ``src`` holds a slice, ``dst`` the whole part: the slice, ``params_src / (z_src·params_dst)``
+      of it, when ``src``'s ``(p, t)`` shard lies inside ``dst``'s (its layers and TP slice, the
+      embedding and head ranks; the same position or a larger ``dst`` shard, i.e. unsharding), else 0;
     * both hold slices: the overlap of ``[r/z, (r+1)/z)`` and ``[r*/z*, (r*+1)/z*)`` relative to
-      the ``dst`` slice, at the same ``(tp, pp, p, t)``;
+      the ``dst`` slice at the same ``(tp, pp, p, t)``;
     * a slice at another TP/PP layout: 0 (the flat buffers differ; errs towards moving more).
 
     Rounded down, and ``dst``'s full bytes when the fraction is 1.
@@ -436,13 +437,16 @@ def held_bytes(model: ModelSpec, bytes_per_param, src: EMU, src_gpu: int, dst: E
         return resident_bytes(model, total, (src.tp, src.pp, ps, ts), (dst.tp, dst.pp, pd, td))
     need = dst.shard_on(dst_gpu)
     same = (src.tp, src.pp, ps, ts) == (dst.tp, dst.pp, pd, td)
-    inside = same  # src's whole (p, t) shard lies inside dst's (then so does any slice of it)
     if same:
-        f = 1.0
+        f, inside = 1.0, 1.0
     else:
-        common = resident_bytes(model, 1, (src.tp, src.pp, ps, ts), (dst.tp, dst.pp, pd, td))
-        f = min(1.0, common / max(params_on_rank(model, dst.tp, dst.pp, pd), 1))
-        inside = common >= params_on_rank(model, src.tp, src.pp, ps) - 1
+        params = params_on_rank(model, dst.tp, dst.pp, pd)
+        f = min(1.0, resident_bytes(model, 1, (src.tp, src.pp, ps, ts), (dst.tp, dst.pp, pd, td)) / max(params, 1))
+        # src's whole (p, t) shard lies inside dst's (then so does any slice of it): its share of dst
+        ls, ld = layers_of_rank(model.num_layers, src.pp, ps), layers_of_rank(model.num_layers, dst.pp, pd)
+        nested = (ld.start <= ls.start and ls.stop <= ld.stop and _tp_overlap((td, dst.tp), (ts, src.tp)) >= 1 - 1e-12
+                  and (ps != 0 or pd == 0) and (ps != src.pp - 1 or pd == dst.pp - 1))
+        inside = min(1.0, params_on_rank(model, src.tp, src.pp, ps) / max(params, 1)) if nested else 0.0
     rs, rd = src.rank(src_gpu), dst.rank(dst_gpu)
     num = den = 0.0
     for part, bpp in (("w", pb), ("o", ob)):
@@ -451,16 +455,16 @@ def held_bytes(model: ModelSpec, bytes_per_param, src: EMU, src_gpu: int, dst: E
         sd, ss = _sharded(dst, part), _sharded(src, part)
         weight = bpp / (dst.z if sd else 1)
         if not ss:
-            fz = 1.0
+            cov = max(f, inside)  # a nested src shard counts whole (replicated KV heads included)
         elif not sd:
-            fz = 1.0 / src.z if inside else 0.0
+            cov = inside / src.z
         elif not same:
-            fz = 0.0
+            cov = 0.0
         else:
             lo = max(rs / src.z, rd / dst.z)
             hi = min((rs + 1) / src.z, (rd + 1) / dst.z)
-            fz = max(0.0, hi - lo) * dst.z
-        num += weight * f * fz
+            cov = max(0.0, hi - lo) * dst.z
+        num += weight * cov
         den += weight
     frac = num / den if den else 1.0
     return need if frac >= 1.0 - 1e-12 else min(need, math.floor(frac * need))

@@ -116,13 +116,13 @@ class GlobalDAG:
 
 
 def _released(n: Primitive) -> tuple[int, ...]:
-    """GPUs a primitive gives up: a Destroy's or Offload's, and those of a Split's units it does not
-    materialize (``split(keep=...)``)."""
+    """GPUs a primitive gives up: a Destroy's or Offload's, those of a Split's units it does not
+    materialize (``split(keep=...)``), and those a ZeRO group's re-cut leaves (``reshard``)."""
     if n.kind == "destroy":  # a host copy's Destroy frees no GPU
         return tuple(g for g in n.gpus if n.mem_net.get(g, 0) < 0)
     if n.kind == "offload":
         return n.gpus
-    if n.kind == "split":
+    if n.kind in ("split", "merge"):  # a Merge re-cutting a ZeRO group may leave some of its GPUs
         kept = {g for e in n.produces for g in e.gpus}
         return tuple(g for g in n.gpus if g not in kept)
     return ()

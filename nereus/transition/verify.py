@@ -56,9 +56,10 @@ def _received(p: Primitive, g: int) -> int:
 def check_supply(dag: GlobalDAG, p: Primitive, emus: dict) -> str | None:
     """Why a Split, Merge or Extend would produce a shard that is neither held nor received, or None.
 
-    ``emus``: uid → EMU alive when ``p`` starts. With ``dag.models`` the held part is exact
-    (:func:`~nereus.transition.emu.held_bytes`); without, it is bounded by the bytes the inputs keep
-    on the GPU.
+    ``emus``: uid → EMU alive when ``p`` starts. Where a ZeRO group is involved and ``dag.models``
+    is set, the held part is :func:`~nereus.transition.emu.held_bytes` (a rank holds its own slice
+    only); otherwise (replicas: nothing is sharded, and ``resident_bytes`` undercounts replicated KV
+    heads) it is bounded by the bytes the inputs keep on the GPU.
     """
     if p.kind not in ("split", "merge", "extend"):
         return None
@@ -70,7 +71,7 @@ def check_supply(dag: GlobalDAG, p: Primitive, emus: dict) -> str | None:
             if not need:
                 continue
             on_g = [x for x in inputs if g in x.gpus and not x.host]
-            if spec is not None:
+            if spec is not None and (e.z > 1 or any(x.z > 1 for x in on_g)):
                 held = max((held_bytes(spec[0], spec[1], x, g, e, g) for x in on_g), default=0)
             else:
                 held = min(need, sum(x.bytes_on(g) for x in on_g))
