@@ -186,3 +186,14 @@ def test_bad_estimator_names_key_and_valid():
     with pytest.raises(ValueError, match=r"--algo.advantage.estimator 'rloo'.*gae \(PPO\)"):
         import_openrlhf("--algo.advantage.estimator rloo --rollout.n_samples_per_prompt 4 "
                         "--rollout.max_new_tokens 512", model="tiny")
+
+
+def test_without_the_package_the_keys_read_give_the_same_layout(monkeypatch):
+    import nereus.integrations.openrlhf as o
+
+    with_parser = import_openrlhf(COLOCATED + " --algo.kl.init_coef 0", model="llama-3.1-8b")
+    monkeypatch.setattr(o, "openrlhf_parser", lambda source=None: None)
+    without = import_openrlhf(COLOCATED + " --algo.kl.init_coef 0", model="llama-3.1-8b")
+    assert without.layout == with_parser.layout and without.job == with_parser.job
+    assert without.job.framework == with_parser.job.framework
+    assert any("init_coef 0" in n for n in without.notes) and any("not installed" in n for n in without.notes)

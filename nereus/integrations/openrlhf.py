@@ -107,7 +107,7 @@ _DEFAULTS = {
     "train.colocate_all": False, "train.colocate_actor_ref": False, "train.colocate_critic_reward": False,
     "ds.zero_stage": 2, "ds.tensor_parallel_size": 1, "ds.ring_attn_size": 1, "ds.adam_offload": False,
     "ds.zpg": 1, "ds.enable_sleep": False, "vllm.enable_sleep": False, "ds.overlap_comm": False,
-    "ds.grad_accum_dtype": None,
+    "ds.grad_accum_dtype": None, "algo.kl.init_coef": 0.01,
     "ref.offload": False, "reward.offload": False, "train.dynamic_batch_enable": False, "train.async_enable": False,
     "rollout.batch_size": 1024, "rollout.n_samples_per_prompt": 1, "rollout.micro_batch_size": 1,
     "train.batch_size": 128, "train.micro_batch_size": 1, "train.max_epochs": 1, "data.max_len": 2048,
@@ -156,9 +156,12 @@ def parse_args(args) -> tuple[dict, list[str]]:
             v = vals[0] if vals else None
             d = _DEFAULTS[key]
             try:
-                out[key] = int(v) if key != "vllm.gpu_memory_utilization" and (isinstance(d, int) or
-                                                                              key in ("vllm.num_engines", "rollout.max_new_tokens")) else (
-                    float(v) if key == "vllm.gpu_memory_utilization" else v)
+                if isinstance(d, float):
+                    out[key] = float(v)
+                elif isinstance(d, int) or key in ("vllm.num_engines", "rollout.max_new_tokens"):
+                    out[key] = int(v)
+                else:
+                    out[key] = v
             except (TypeError, ValueError) as e:
                 raise ValueError(f"OpenRLHF argument --{key} {v!r}: must be a number") from e
     return out, ["OpenRLHF is not installed: option names other than the ones Nereus reads were not checked "
@@ -221,6 +224,10 @@ def import_openrlhf(args, model=None, gpu=None) -> Imported:
                       reward_model=reward, asynchronous=asynchronous)
     notes.append("--data.max_len minus --rollout.max_new_tokens is used as the prompt length and "
                  "--rollout.max_new_tokens as the response length (maxima; --prompt-len/--response-len override)")
+    if not g("algo.kl.init_coef"):
+        notes.append("--algo.kl.init_coef 0: OpenRLHF creates no reference model, but Nereus's workflows always "
+                     "include reference.infer (the predicted step is longer by its time, the memory higher by its "
+                     "state)")
     z = g("ds.zero_stage")
     if z not in (0, 1, 2, 3):
         raise ValueError(f"OpenRLHF argument --ds.zero_stage {z}: valid 0, 1, 2, 3")

@@ -28,15 +28,16 @@ sizes, in-engine rollout DP/PP, a standalone rollout pool and the asynchronous v
 
 Export (:func:`export_verl`): the fastest layout verl can express (every model-stage on all N GPUs,
 per-role engines with ZeRO, offload and interleaving, vLLM sleep), searched over verl's Megatron
-backend (``ppo_megatron_trainer``) and its FSDP backend (``ppo_trainer``), as overrides of the chosen
-config; predicted with the model-stages of a stage run one after another on the shared GPUs.
+backend (``ppo_megatron_trainer``, the default) and, when asked, its FSDP backend (``ppo_trainer``),
+as overrides of the chosen config; predicted with the model-stages of a stage run one after another
+on the shared GPUs.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
@@ -216,7 +217,6 @@ class _Engine:
     sp: bool = False
     overlap: bool = False
     reduce_bytes: int = 4
-    keys: dict = field(default_factory=dict)  # feature -> the verl key that set it
 
 
 def _fsdp_section(c: _Cfg, role: str) -> str:
@@ -246,7 +246,6 @@ def _engine(c: _Cfg, role: str, n: int, out: list, notes: list, model, strategy:
                                      f"group of {n} GPUs"))
         reshard = c.get(f"{sec}.reshard_after_forward", True)
         e.zero = 3 if reshard else 2
-        e.keys["zero"] = f"{sec}.reshard_after_forward"
         mp = c.get(f"{sec}.mixed_precision", None) or {}
         red = str(mp.get("reduce_dtype", "fp32")) if isinstance(mp, dict) else "fp32"
         e.reduce_bytes = 4 if red in ("fp32", "float32") else 2
@@ -269,7 +268,6 @@ def _engine(c: _Cfg, role: str, n: int, out: list, notes: list, model, strategy:
                                      "host memory is not in the cost model"))
         e.param_offload = po
         e.offload = _train_offload(po, oo, sec, out)
-        e.keys["offload"] = f"{sec}.param_offload"
         return e
     if strategy != "megatron":
         raise ValueError(f"verl key {prefix}.strategy={strategy!r}: valid fsdp, fsdp2, megatron")
@@ -306,12 +304,9 @@ def _engine(c: _Cfg, role: str, n: int, out: list, notes: list, model, strategy:
     if train:
         if c.get(f"{m}.use_megatron_fsdp", False):
             e.zero = 3
-            e.keys["zero"] = f"{m}.use_megatron_fsdp"
         elif c.get(f"{m}.use_distributed_optimizer", False):
             e.zero = 1
-            e.keys["zero"] = f"{m}.use_distributed_optimizer"
         e.offload = _train_offload(po, bool(c.get(f"{m}.optimizer_offload", False)), m, out)
-        e.keys["offload"] = f"{m}.param_offload"
         if c.get(f"{m}.grad_offload", False):
             notes.append(f"{m}.grad_offload: gradients are transient in Nereus's memory model already (freed "
                          "between training phases)")
@@ -434,6 +429,10 @@ def import_verl(cfg: dict, model=None, gpu=None) -> Imported:
     if (c.get(f"{arr}.rollout.nnodes", 0) or 0) > 0:
         un.append(Unexpressible(f"{arr}.rollout.nnodes", c.get(f"{arr}.rollout.nnodes"),
                                 "a standalone rollout pool is not imported yet"))
+    if not (c.get(f"{arr}.actor.use_kl_loss", False) or c.get("algorithm.use_kl_in_reward", False)):
+        notes.append(f"{arr}.actor.use_kl_loss and algorithm.use_kl_in_reward are false: verl runs no reference "
+                     "model, but Nereus's workflows always include reference.infer (the predicted step is longer "
+                     "by its time, the memory higher by its state)")
     astrat = c.get(f"{arr}.actor.strategy", "fsdp")
     engines = {"actor": _engine(c, "actor", n, un, notes, actor_model, astrat)}
     engines["ref"] = _engine(c, "ref", n, un, notes, actor_model, c.get(f"{arr}.ref.strategy", astrat))
@@ -549,6 +548,8 @@ def _framework_conflicts(engines: dict, fw: FrameworkSpec, un: list) -> None:
 # ---------------------------------------------------------------------------------------- export
 #: verl's backends: the trainer config each one's overrides apply to
 CONFIG_NAMES = {"megatron": "ppo_megatron_trainer", "fsdp": "ppo_trainer"}
+#: backends an export searches by default (``nereus plan --export verl`` prints ppo_megatron_trainer)
+DEFAULT_BACKENDS = ("megatron",)
 
 
 def _pow2_upto(k: int):
@@ -688,7 +689,7 @@ class _Search:
 
 
 def closest_verl_layout(job: JobSpec, headroom: float | None = None,
-                        backends=("megatron", "fsdp")) -> tuple[str, JobSpec, tuple[Candidate, ...]]:
+                        backends=DEFAULT_BACKENDS) -> tuple[str, JobSpec, tuple[Candidate, ...]]:
     """The fastest layout verl can express for ``job`` on its whole cluster (module docstring), over
     ``backends``: ``(backend, the job with that backend's framework, candidates)``.
 
@@ -818,9 +819,11 @@ def _changes(best: Plan, cands) -> list[str]:
 
 
 def export_verl(job: JobSpec, best: Plan, headroom: float | None = None, model_path: str | None = None,
-                backends=("megatron", "fsdp")) -> dict:
+                backends=DEFAULT_BACKENDS) -> dict:
     """Nereus's plan ``best`` as verl overrides: the closest layout verl can express (over
-    ``backends``), what changed, and both predicted step times. JSON-ready but for ``layout`` and
+    ``backends``: ``("megatron", "fsdp")`` searches both and ``config_name`` says which config the
+    overrides apply to; the default is Megatron only, the config ``nereus plan --export verl``
+    prints), what changed, and both predicted step times. JSON-ready but for ``layout`` and
     ``evaluation``; ``framework_spec`` is the framework the prediction used (:func:`verl_job`)."""
     backend, vjob, cands = closest_verl_layout(job, headroom, backends)
     ev = evaluate_layout(vjob, cands, headroom)
