@@ -508,6 +508,32 @@ def report(res: dict) -> str:
     return "\n".join(out)
 
 
+def markdown(res: dict) -> str:
+    """The figures as the Markdown tables of docs/planner.md ("Validation against published
+    measurements")."""
+    def cell(st):
+        return "-" if not st["n"] else f"{st['median']:.1f}% / {st['mean']:.1f}% ({st['n']})"
+
+    b = res["before"]
+    out = ["| source | rows | before: median / mean APE |", "|---|---:|---|"]
+    for s, st in b["by_source"].items():
+        out.append(f"| `{s}` | {st['n']} | {cell(st)} |")
+    out.append(f"| all | {b['overall']['n']} | {cell(b['overall'])} |")
+    out.append(f"| all bf16 | {b['overall_bf16']['n']} | {cell(b['overall_bf16'])} |")
+    out += ["", "| fitted on | fitted scales (gemm, attention, NVLink, NIC) | in-sample | held out: all | "
+                "held out: bf16 | held out: same GPU type |", "|---|---|---|---|---|---|"]
+    for s, d in res["loso"].items():
+        sc = d["scales"]
+        scs = ", ".join(f"{sc.get(g, 1.0):.2f}" for g in ("gemm", "attention", "comm@nvlink", "comm@ib"))
+        flag = " (NIC at bound)" if any(c.endswith("@ib") for c in d["at_bound"]) else ""
+        out.append(f"| `{s}` ({d['fit_rows']}) | {scs}{flag} | {cell(d['in_sample'])} | {cell(d['held_out'])} | "
+                   f"{cell(d['held_out_bf16'])} | {cell(d['held_out_same_gpu'])} |")
+    out += ["", "| model | rows | Spearman, time | Spearman, time per token |", "|---|---:|---:|---:|"]
+    for m, d in res["spearman"].items():
+        out.append(f"| {m} | {d['n']} | {d['time']:.2f} | {d['time_per_token']:.2f} |")
+    return "\n".join(out)
+
+
 def plot(res: dict, path: str | Path) -> None:
     """Log-log predicted vs measured (left: default efficiencies; right: each row predicted with the
     fit on the largest other source), one colour per source."""
@@ -561,6 +587,7 @@ def main(argv=None) -> int:
     ap.add_argument("--csv", default=str(DEFAULT_CSV), help="measurements CSV (default: %(default)s)")
     ap.add_argument("--out", default=str(DEFAULT_PNG), help="PNG path (default: %(default)s)")
     ap.add_argument("--json", default=None, help="also write the full result as JSON here")
+    ap.add_argument("--markdown", action="store_true", help="also print the tables of docs/planner.md")
     ap.add_argument("--prior-sigma", type=float, default=0.5, help="prior width of the calibration (log units)")
     ap.add_argument("--fit", choices=("breakdowns", "table"), default="table",
                     help="calibration: 'breakdowns' = fit_scales on the predicted op-class breakdowns only "
@@ -572,6 +599,8 @@ def main(argv=None) -> int:
     res = evaluate(rows, prior_sigma=a.prior_sigma, method=a.fit)
     print(f"{len(rows)} rows from {len(res['sources'])} sources ({a.csv})")
     print(report(res))
+    if a.markdown:
+        print("\n" + markdown(res))
     plot(res, a.out)
     print(f"\nPNG: {a.out}")
     if a.json:
