@@ -111,6 +111,14 @@ def test_a_zero1_group_growing_dp_2_to_4_sends_new_ranks_weights_and_their_slice
     assert n.mem_net == {0: -(OPT // 4), 1: -(OPT // 4), 2: W + OPT // 4, 3: W + OPT // 4}
 
 
+def test_replicas_growing_into_a_larger_zero_group_merge_first():
+    """ZeRO-0 dp 2 (0, 1) → ZeRO-1 dp 4 (0-3): the two replicas first merge into a ZeRO-1 dp 2 group
+    (each keeps its half, nothing moves), which then grows as in (b): 2·W + OPT/2 in all."""
+    est = estimate(train(1, 1, 2, 0, (0, 1)), train(1, 1, 4, 1, range(4)))
+    assert [n.kind for n in est.dag.nodes] == ["merge", "merge"] and est.dag.nodes[0].bytes_moved == 0
+    assert est.bytes_moved == est.min_bytes == 2 * W + OPT // 2
+
+
 def test_switching_zero1_on_at_the_same_dp_moves_nothing_and_frees_half():
     """(c) ZeRO-0 dp 2 → ZeRO-1 dp 2 on the same GPUs: each rank keeps its half of the optimizer
     state (a Merge of the two replicas) and frees the other half; no byte moves."""

@@ -52,7 +52,7 @@ from dataclasses import dataclass, replace
 
 from nereus.spec.hardware import ClusterSpec
 from nereus.spec.model import ModelSpec
-from nereus.transition.emu import EMU, aligned_gpus, sub_units, t_sub
+from nereus.transition.emu import EMU, aligned_gpus, sub_units, t_sub, zero_shard_bytes
 from nereus.transition.primitives import (
     Primitive,
     destroy,
@@ -132,8 +132,9 @@ def align_group(current: tuple[EMU, ...], target: tuple[EMU, ...]) -> tuple[EMU,
     slice overlaps its own most (ties: the lowest), in order of ``r``; the other blocks take the
     remaining ranks in plan order. Shrinking ``z = 4 → 2`` onto ranks 0 and 2 keeps them as target
     ranks 0 and 1 (a Split unit, nothing but the leaving ranks' slices moves); growing ``2 → 4``
-    puts the old ranks at target ranks 0 and 2 (the current group is one unit of the target).
-    Replicas and host copies are returned unchanged.
+    puts the old ranks at target ranks 0 and 2. ``n`` replicas growing into a larger group count as
+    the group of degree ``n`` they first merge into (:func:`_grow_from_replicas`). Replica targets
+    and host copies are returned unchanged.
     """
     if len(target) != 1 or target[0].z == 1 or target[0].host:
         return target
@@ -144,6 +145,9 @@ def align_group(current: tuple[EMU, ...], target: tuple[EMU, ...]) -> tuple[EMU,
             for r in range(e.z):
                 held[e.block(r)] = (r, e.z)
     blocks = [t.block(r) for r in range(t.z)]
+    reps = [e for e in current if e.z == 1 and not e.host and (e.tp, e.pp) == (t.tp, t.pp)]
+    if 1 < len(reps) == len(current) < t.z and all(e.gpus in blocks for e in reps):
+        held = {e.gpus: (i, len(reps)) for i, e in enumerate(reps)}  # merged into a group first
     if not any(b in held for b in blocks):
         return target
     free = list(range(t.z))
@@ -209,6 +213,8 @@ def _direct(model_stage: str, current: tuple[EMU, ...], target: tuple[EMU, ...],
     """One :func:`~nereus.transition.primitives.reshard` when one current EMU and one target EMU, a
     ZeRO group on at least one side, share ``(tp, pp)`` and some DP block (the group shrinks, grows,
     changes stage or moves part of its ranks), else None."""
+    if len(target) == 1 and len(current) > 1 and target[0].z > 1 and isinstance(bytes_per_param, tuple):
+        return _grow_from_replicas(model_stage, current, target[0], model, bytes_per_param)
     if len(current) != 1 or len(target) != 1:
         return None
     c, t = current[0], target[0]
@@ -219,6 +225,25 @@ def _direct(model_stage: str, current: tuple[EMU, ...], target: tuple[EMU, ...],
         return None
     r = reshard(c, t, model, bytes_per_param)
     return LocalDAG(model_stage, t.layout, (r,), (), ())
+
+
+def _grow_from_replicas(model_stage: str, current: tuple[EMU, ...], t: EMU, model: ModelSpec,
+                        bytes_per_param: tuple[int, int]) -> LocalDAG | None:
+    """``n > 1`` replicas of ``t``'s ``(tp, pp)`` whose blocks are all DP blocks of the larger ZeRO
+    group ``t``: Merge them into a group of degree ``n`` on their own GPUs (each keeps its slice,
+    nothing moves), then grow it with :func:`~nereus.transition.primitives.reshard` (new ranks
+    receive the replicated part and their slice only). None when that shape does not apply."""
+    blocks = {t.block(r) for r in range(t.z)}
+    if any(e.z != 1 or (e.tp, e.pp) != (t.tp, t.pp) or e.gpus not in blocks for e in current) \
+            or len(current) >= t.z:
+        return None
+    pb, ob = bytes_per_param
+    per, shd = zero_shard_bytes(model, t.tp, t.pp, pb, ob, t.zero, len(current))
+    mid = EMU(f"{model_stage}#z", model_stage, t.tp, t.pp, tuple(g for e in current for g in e.gpus), per,
+              z=len(current), zero=t.zero, sharded=shd)
+    m = merge(current, mid, model, bytes_per_param)
+    r = reshard(mid, t, model, bytes_per_param)
+    return LocalDAG(model_stage, mid.layout, (m, r), ((m.pid, r.pid),), ())
 
 
 def build_local_dag(model_stage: str, current: tuple[EMU, ...], target: tuple[EMU, ...], model: ModelSpec,
