@@ -315,6 +315,21 @@ def predict(r: Row, eff: EfficiencyTable | None = None, caps: dict | None = None
     return Prediction(e.time, dict(e.breakdown), cm.workspace + e.resident + e.transient, dict(e.memory))
 
 
+#: what a refused row drops (CP stays folded into DP so the row keeps its GPU count)
+ALL_FEATURES = frozenset(NEUTRAL) - {"cp"}
+
+
+def usable_drop(r: Row, caps: dict) -> tuple[frozenset, str | None]:
+    """Features to leave out so that the installed cost model accepts row ``r``: none, or (when it
+    refuses the row with its features, e.g. an API change) all of them, with the refusal's message."""
+    try:
+        predict(r, caps=caps)
+        return frozenset(), None
+    except (ValueError, TypeError) as e:
+        predict(r, caps=caps, drop=ALL_FEATURES)  # still failing: let it raise, the row is unusable
+        return ALL_FEATURES, f"{type(e).__name__}: {e}"
+
+
 def unmodelled(r: Row, caps: dict | None = None, base: Prediction | None = None) -> list[str]:
     """Features row ``r`` uses that the installed cost model does not represent: not accepted, or
     accepted with no effect on its time and memory (compared with the neutral value)."""
@@ -386,7 +401,12 @@ def evaluate(rows: list[Row], *, prior_sigma: float = 0.5, fit_min_rows: int = 1
     """
     caps = capabilities()
     default = EfficiencyTable()
-    preds = [predict(r, default, caps) for r in rows]
+    drops, refused = {}, {}
+    for r in rows:
+        drops[r.id], why = usable_drop(r, caps)
+        if why:
+            refused[r.id] = why
+    preds = [predict(r, default, caps, drops[r.id]) for r in rows]
     meas = np.array([r.iter_time_s for r in rows])
     t_pred = np.array([p.time for p in preds])
     errs = ape(t_pred, meas)
@@ -402,7 +422,9 @@ def evaluate(rows: list[Row], *, prior_sigma: float = 0.5, fit_min_rows: int = 1
                         "measured_s": float(r.iter_time_s), "predicted_s": float(p.time), "ape": float(e),
                         "breakdown": {k: float(v) for k, v in p.breakdown.items()},
                         "predicted_memory_gib": p.memory / GIB, "measured_memory_gib": r.memory_gib,
-                        "memory_ape": mem_err, "not_modelled": unmodelled(r, caps, p)})
+                        "memory_ape": mem_err,
+                        "not_modelled": (["all features (refused: " + refused[r.id] + ")"] if r.id in refused
+                                         else unmodelled(r, caps, p))})
 
     def by_source(e, mask=None):
         out = {}
@@ -431,11 +453,11 @@ def evaluate(rows: list[Row], *, prior_sigma: float = 0.5, fit_min_rows: int = 1
         if method == "table":
             # polish on the real model (overlaps make the breakdown non-additive), from the quick fit
             def pred_fit(table, fit_rows=fit_rows):
-                return [predict(r, table, caps).time for r in fit_rows]
+                return [predict(r, table, caps, drops[r.id]).time for r in fit_rows]
 
             res = fit_table(pred_fit, classes, meas_fit, base=default, prior_sigma=prior_sigma,
                             start=res.scales, max_nfev=12 * (len(res.scales) + 1))
-        t_after = np.array([predict(r, res.table, caps).time for r in rows])
+        t_after = np.array([predict(r, res.table, caps, drops[r.id]).time for r in rows])
         e_after = ape(t_after, meas)
         other = np.array([r.source != s for r in rows])
         fit_gpus = {r.gpu for r in fit_rows}

@@ -162,3 +162,17 @@ def test_bad_rows_are_named(tmp_path):
         with pytest.raises(ValueError) as e:
             V.load_rows(p)
         assert needle in str(e.value) and first["id"] in str(e.value)
+
+
+def test_a_row_the_model_refuses_is_evaluated_without_its_features(rows):
+    import dataclasses
+
+    r = next(x for x in rows if x.id == "N02")  # Llama-2-13B, pp 4, vp 10
+    bad = dataclasses.replace(r, vpp=3)  # 40 layers do not split into 4 x 3 chunks
+    caps = V.capabilities()
+    drop, why = V.usable_drop(bad, caps)
+    if caps["vpp"]:
+        assert drop == V.ALL_FEATURES and "ValueError" in why
+    p = V.predict(bad, caps=caps, drop=drop)
+    assert p.time > 0
+    assert V.usable_drop(r, caps) == (frozenset(), None)
