@@ -442,6 +442,8 @@ def evaluate(rows: list[Row], *, prior_sigma: float = 0.5, fit_min_rows: int = 1
     classes = sorted({c for p in preds for c in p.breakdown if c != "bubble"})
     loso = {}
     held_preds: dict = {}
+    pooled: list = []
+    pooled_bf16: list = []
     for s in sources:
         fit_idx = [i for i, r in enumerate(rows) if r.source == s]
         if len(fit_idx) < fit_min_rows:
@@ -463,6 +465,8 @@ def evaluate(rows: list[Row], *, prior_sigma: float = 0.5, fit_min_rows: int = 1
         fit_gpus = {r.gpu for r in fit_rows}
         same_gpu = np.array([r.gpu in fit_gpus for r in rows])
         held_preds[s] = t_after
+        pooled += list(e_after[other])
+        pooled_bf16 += list(e_after[other & bf16])
         loso[s] = {"fit_rows": len(fit_idx), "scales": res.scales, "converged": res.success,
                    "efficiencies": res.efficiencies, "at_bound": list(res.at_bound),
                    "in_sample": _stats(e_after[~other]),
@@ -480,7 +484,9 @@ def evaluate(rows: list[Row], *, prior_sigma: float = 0.5, fit_min_rows: int = 1
             continue
         spear[mname] = {"n": len(idx), "time": spearman(t_pred[idx], meas[idx]),
                         "time_per_token": spearman(t_pred[idx] / tokens[idx], meas[idx] / tokens[idx])}
-    return {"capabilities": caps, "rows": per_row, "before": before, "loso": loso, "spearman": spear,
+    loso_pooled = {"all": _stats(pooled), "bf16": _stats(pooled_bf16)}
+    return {"capabilities": caps, "rows": per_row, "before": before, "loso": loso, "loso_pooled": loso_pooled,
+            "spearman": spear,
             "sources": sources, "held_predictions": {k: v.tolist() for k, v in held_preds.items()}}
 
 
@@ -522,6 +528,10 @@ def report(res: dict) -> str:
         out.append(f"   {'held out, all':25s} {_fmt(d['held_out'])}")
         out.append(f"   {'held out, bf16 rows':25s} {_fmt(d['held_out_bf16'])}")
         out.append(f"   {'held out, same GPU (' + '/'.join(d['gpus']) + ')':25s} {_fmt(d['held_out_same_gpu'])}")
+    lp = res["loso_pooled"]
+    out.append(f"{'pooled over the fits (each row under every fit but its own source)':70s}")
+    out.append(f"   {'held out, all':25s} {_fmt(lp['all'])}")
+    out.append(f"   {'held out, bf16 rows':25s} {_fmt(lp['bf16'])}")
     out.append("")
     out.append("Spearman rank correlation, predicted vs measured, across the rows of one model")
     out.append(f"{'model':16s} {'rows':>4s} {'time':>6s} {'time/token':>10s}")
@@ -550,6 +560,8 @@ def markdown(res: dict) -> str:
         flag = " (NIC at bound)" if any(c.endswith("@ib") for c in d["at_bound"]) else ""
         out.append(f"| `{s}` ({d['fit_rows']}) | {scs}{flag} | {cell(d['in_sample'])} | {cell(d['held_out'])} | "
                    f"{cell(d['held_out_bf16'])} | {cell(d['held_out_same_gpu'])} |")
+    lp = res["loso_pooled"]
+    out.append(f"| pooled over the fits | | | {cell(lp['all'])} | {cell(lp['bf16'])} | |")
     out += ["", "| model | rows | Spearman, time | Spearman, time per token |", "|---|---:|---:|---:|"]
     for m, d in res["spearman"].items():
         out.append(f"| {m} | {d['n']} | {d['time']:.2f} | {d['time_per_token']:.2f} |")

@@ -122,6 +122,10 @@ def test_report_structure(result, tmp_path):
         assert set(d["held_out_by_source"]) == SOURCES - {s}
         assert all(0 < v for v in d["scales"].values())
         assert all(e <= 0.95 + 1e-9 for e in d["efficiencies"].values())  # never at the 1.5 cap
+    # pooled: every row counted once per fit on another source
+    n = len(result["rows"])
+    counts = {s: sum(1 for x in result["rows"] if x["source"] == s) for s in SOURCES}
+    assert result["loso_pooled"]["all"]["n"] == sum(n - c for c in counts.values())
     # rows whose CP the model lacks say so; rank correlations are in [-1, 1]
     a01 = next(x for x in result["rows"] if x["id"] == "A01")
     if not result["capabilities"]["cp"]:
