@@ -1,16 +1,31 @@
 """Candidate enumeration and the latency-vs-GPUs frontier per model-stage (DESIGN.md §4.4 steps 1-2).
 
-The plan space of one model-stage:
+The plan space of one model-stage (the job's framework, :mod:`nereus.spec.framework`, gates the
+features it names):
 
-* TP: powers of two that divide the query heads and the MLP width and divide, or are a multiple of,
+* TP: every degree that divides the query heads and the MLP width and divides, or is a multiple of,
   the KV heads (KV heads are then replicated); at most ``max(gpus_per_node, 8)`` so TP stays inside
   a node when nodes are large enough (groups that cross nodes pay the NIC in the cost model);
-* PP: powers of two dividing the layers;
-* DP: training needs ``dp·b·a = mini_batch`` (b a power of two up to the workload's micro-batch);
-  inference and generation take any DP, and among DP degrees that give the same per-replica load
-  (``ceil(B/dp)``) only the smallest is kept, since the others add GPUs for no speed;
-* generation picks a concurrency (KV-cache budget) per replica from powers of two;
-* training picks recompute ``none`` or ``full`` when the workload says ``auto``.
+* PP: every degree dividing the layers, or every degree up to the layer count when the framework
+  allows uneven stages (``uneven_pp``);
+* training without ``model_parallel_train`` (verl FSDP, OpenRLHF DeepSpeed): TP = PP = 1;
+* DP: training needs ``dp·b·a = mini_batch``, with ``b`` any divisor of the per-replica batch
+  ``mini/dp`` up to the workload's micro-batch; inference and generation take any DP, and among DP
+  degrees that give the same per-replica load (``ceil(B/dp)``) only the smallest is kept, since the
+  others add GPUs for no speed;
+* inference micro-batch ``b`` up to the workload's: only the smallest ``b`` of each micro-batch count
+  ``ceil(seqs/b)`` is kept (same count, smaller ``b``: no more time, no more memory);
+* generation concurrency ``c``: any integer, reduced exactly to the smallest ``c`` of each wave count
+  ``ceil(seqs/c)``: at a fixed wave count a larger ``c`` decodes a larger batch per step (no less
+  time: the cost model's per-step time is non-decreasing in the batch, checked by
+  ``tests/test_planner_space.py``) and holds a larger KV cache (more transient memory, same
+  resident), so it is dominated in every plan: the search stays exact over all integer
+  concurrencies with ``O(√seqs)`` rows per replica size instead of ``seqs``;
+* training: recompute ``none`` or ``full`` when the workload says ``auto``; ZeRO stage ``z`` from the
+  framework's ``zero_stages`` (``z > 0`` only with ``dp > 1``; ``dp = 1`` is ZeRO-0 whatever the
+  stages, the same state); interleaving ``v`` in ``2..max_virtual_stages`` when ``pp > 1``, ``pp·v``
+  divides the layers and the micro-batches per replica are a multiple of ``pp`` (Megatron's rule);
+* idle state (``offload``): every mode the framework allows, ``drop`` never for training.
 
 Candidates are held as NumPy columns (:class:`CandidateSet`) and evaluated by one elementwise call
 of the cost model per model-stage. The frontier keeps candidates that fit memory on their own and
@@ -21,6 +36,7 @@ memory filters settle dominance across classes.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,14 +46,22 @@ from nereus.cost.shapes import valid_pp, valid_tp
 from nereus.planner.plan import Candidate
 from nereus.workflow import ModelStage
 
-__all__ = ["CandidateSet", "enumerate_candidates", "frontier", "latency_frontier"]
+__all__ = ["CandidateSet", "enumerate_candidates", "frontier", "latency_frontier", "RECOMPUTE_CODES",
+           "OFFLOAD_CODES", "COLUMNS"]
 
 RECOMPUTE_CODES = ("none", "selective", "full")
+OFFLOAD_CODES = ("none", "host", "drop")
+#: every column of a :class:`CandidateSet`, in order
+COLUMNS = ("tp", "pp", "dp", "b", "rc", "c", "n", "t", "r", "x", "z", "o", "v")
+_INT_COLS = ("tp", "pp", "dp", "b", "rc", "c", "z", "o", "v")
 
 
 @dataclass
 class CandidateSet:
-    """Columns of candidates of one model-stage (all arrays of equal length)."""
+    """Columns of candidates of one model-stage (all arrays of equal length).
+
+    ``z`` (ZeRO stage), ``o`` (index into :data:`OFFLOAD_CODES`) and ``v`` (virtual pipeline stages)
+    default to 0, 0 and 1 when not given."""
 
     model_stage: str
     tp: np.ndarray
@@ -50,12 +74,24 @@ class CandidateSet:
     t: np.ndarray  # seconds per step
     r: np.ndarray  # resident bytes per GPU
     x: np.ndarray  # transient bytes per GPU
+    z: np.ndarray | None = None  # ZeRO stage
+    o: np.ndarray | None = None  # index into OFFLOAD_CODES
+    v: np.ndarray | None = None  # virtual pipeline stages per rank
+
+    def __post_init__(self) -> None:
+        k = self.n.shape[0]
+        if self.z is None:
+            self.z = np.zeros(k, dtype=np.int64)
+        if self.o is None:
+            self.o = np.zeros(k, dtype=np.int64)
+        if self.v is None:
+            self.v = np.ones(k, dtype=np.int64)
 
     def __len__(self) -> int:
         return int(self.n.shape[0])
 
     def take(self, idx) -> CandidateSet:
-        f = {k: getattr(self, k)[idx] for k in ("tp", "pp", "dp", "b", "rc", "c", "n", "t", "r", "x")}
+        f = {k: getattr(self, k)[idx] for k in COLUMNS}
         return CandidateSet(self.model_stage, **f)
 
     def candidate(self, i: int, mini_batch: int) -> Candidate:
@@ -66,15 +102,8 @@ class CandidateSet:
                          micro_batch=b if stage != "generate" else 0,
                          grad_accum=mini_batch // (dp * b) if stage == "train" else 0,
                          recompute=RECOMPUTE_CODES[int(self.rc[i])],
-                         concurrency=int(self.c[i]) if stage == "generate" else 0)
-
-
-def _pow2_upto(n: int) -> list[int]:
-    out, v = [], 1
-    while v <= n:
-        out.append(v)
-        v *= 2
-    return out
+                         concurrency=int(self.c[i]) if stage == "generate" else 0,
+                         zero=int(self.z[i]), offload=OFFLOAD_CODES[int(self.o[i])], vpp=int(self.v[i]))
 
 
 def _distinct_load_dps(total: int, max_dp: int) -> np.ndarray:
@@ -88,6 +117,60 @@ def _distinct_load_dps(total: int, max_dp: int) -> np.ndarray:
     return dps[keep]
 
 
+def _per_count(seqs: np.ndarray, cap: int | None = None):
+    """Pairs ``(i, v)``: for each ``seqs[i]``, the smallest ``v`` of every distinct count
+    ``ceil(seqs[i]/v)`` with ``v`` in ``1..min(seqs[i], cap)``, i.e. ``v = ceil(seqs[i]/w)`` for
+    every count ``w`` (``O(√seqs)`` values); ``i`` ascending, ``v`` descending within an ``i``."""
+    seqs = np.asarray(seqs, dtype=np.int64)
+    if seqs.size == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    top = int(seqs.max())
+    w = np.arange(1, top + 1)
+    v = -(-seqs[:, None] // w[None, :])  # ceil(s/w), non-increasing in w
+    ok = w[None, :] <= seqs[:, None]
+    ok[:, 1:] &= v[:, 1:] != v[:, :-1]
+    if cap is not None:
+        ok &= v <= cap
+    ii, jj = np.nonzero(ok)
+    return ii.astype(np.int64), v[ii, jj]
+
+
+def _cost_api(cost: CostModel) -> dict:
+    """Which keyword arguments the cost model's array API and ``valid_pp`` accept."""
+    p = inspect.signature(cost.candidate_arrays).parameters
+    return {"zero": "zero" in p, "offload": "offload" in p, "vpp": "vpp" in p,
+            "uneven": "uneven" in inspect.signature(valid_pp).parameters}
+
+
+def _layouts(cost: CostModel, ms: ModelStage, num_gpus: int) -> list[tuple[int, int]]:
+    """(tp, pp) pairs of ``ms`` within ``num_gpus`` GPUs (see the module docstring)."""
+    job = cost.job
+    fw = job.framework
+    model = cost.model_of(ms)
+    uneven = bool(fw.uneven_pp and _cost_api(cost)["uneven"])
+    tp_cap = max(job.cluster.gpus_per_node, 8)
+    tps = [t for t in range(1, min(tp_cap, num_gpus) + 1) if valid_tp(model, t) is None]
+    pps = [p for p in range(1, min(model.num_layers, num_gpus) + 1)
+           if (valid_pp(model, p, uneven=True) if uneven else valid_pp(model, p)) is None]
+    if ms.stage == "train" and not fw.model_parallel_train:
+        tps, pps = [1], [1]
+    return [(t, p) for t in tps for p in pps if t * p <= num_gpus]
+
+
+def _expand(layouts, tdp: np.ndarray, cols: dict, num_gpus: int) -> dict:
+    """Rows ``(tp, pp) x template rows with dp ≤ num_gpus/(tp·pp)``; ``tdp`` sorted ascending."""
+    tl = np.array([t for t, _ in layouts], dtype=np.int64)
+    pl = np.array([p for _, p in layouts], dtype=np.int64)
+    ks = np.searchsorted(tdp, num_gpus // (tl * pl), side="right")
+    tot = int(ks.sum())
+    starts = np.cumsum(ks) - ks
+    idx = np.arange(tot) - np.repeat(starts, ks)
+    out = {"tp": np.repeat(tl, ks), "pp": np.repeat(pl, ks), "dp": tdp[idx]}
+    for k, v in cols.items():
+        out[k] = v[idx]
+    return out
+
+
 def enumerate_candidates(cost: CostModel, ms: ModelStage, num_gpus: int, multi_node: bool,
                          recompute_modes: tuple[str, ...] | None = None,
                          min_micro_batch: int = 1, min_train_replicas: int = 1) -> CandidateSet:
@@ -97,61 +180,83 @@ def enumerate_candidates(cost: CostModel, ms: ModelStage, num_gpus: int, multi_n
     """
     job = cost.job
     w = job.workload
+    fw = job.framework
+    api = _cost_api(cost)
     model = cost.model_of(ms)
-    tp_cap = max(job.cluster.gpus_per_node, 8)
-    tps = [t for t in _pow2_upto(min(tp_cap, num_gpus)) if valid_tp(model, t) is None]
-    pps = [p for p in _pow2_upto(min(model.num_layers, num_gpus)) if valid_pp(model, p) is None]
+    train = ms.stage == "train"
+    layouts = _layouts(cost, ms, num_gpus)
     if recompute_modes is None:
         recompute_modes = ("none", "full") if w.recompute == "auto" else (w.recompute,)
-    rc_codes = [RECOMPUTE_CODES.index(r) for r in recompute_modes]
-    parts: dict = {k: [] for k in ("tp", "pp", "dp", "b", "rc", "c")}
-
-    def add(tp, pp, dps, b, rc, c):
-        k = dps.shape[0]
-        parts["tp"].append(np.full(k, tp, dtype=np.int64))
-        parts["pp"].append(np.full(k, pp, dtype=np.int64))
-        parts["dp"].append(dps.astype(np.int64))
-        for name, v in (("b", b), ("rc", rc), ("c", c)):
-            parts[name].append(np.full(k, v, dtype=np.int64) if np.ndim(v) == 0 else np.asarray(v, dtype=np.int64))
-
-    for tp in tps:
-        for pp in pps:
-            max_dp = num_gpus // (tp * pp)
-            if max_dp < 1:
-                continue
-            if ms.stage == "train":
-                pairs = [(b, d) for b in _pow2_upto(w.micro_batch_size)
-                         if not (b < min_micro_batch and b < w.micro_batch_size) and w.mini_batch_size % b == 0
-                         for d in range(min_train_replicas, min(max_dp, w.mini_batch_size // b) + 1)
-                         if (w.mini_batch_size // b) % d == 0]
-                if not pairs:
-                    continue
-                bs, dps = (np.array(v, dtype=np.int64) for v in zip(*pairs))
-                for rc in rc_codes:
-                    add(tp, pp, dps, bs, rc, 0)
-            elif ms.stage == "infer":
-                dps_all = _distinct_load_dps(w.global_batch, max_dp)
-                seqs = -(-w.global_batch // dps_all)
-                b2, d2 = np.meshgrid(np.array(_pow2_upto(w.infer_micro_batch_size)), dps_all, indexing="ij")
-                ok = (b2 == 1) | (b2 <= seqs[None, :])
-                if ok.any():
-                    add(tp, pp, d2[ok], b2[ok], 0, 0)
-            else:  # generate: every (dp, concurrency) pair
-                dps = _distinct_load_dps(w.rollouts_per_step, max_dp)
-                seqs = -(-w.rollouts_per_step // dps)
-                d2, c2 = np.meshgrid(dps, np.array(_pow2_upto(2 * w.rollouts_per_step)), indexing="ij")
-                s2 = np.broadcast_to(seqs[:, None], d2.shape)
-                ok = (c2 <= s2) | ((c2 // 2) < s2)  # c == the least power of two >= seqs stays
-                if ok.any():
-                    add(tp, pp, d2[ok], 1, 0, np.minimum(c2[ok], s2[ok]))
-    if not parts["dp"]:
-        empty = np.zeros(0, dtype=np.int64)
+    rc_codes = [RECOMPUTE_CODES.index(r) for r in recompute_modes] if train else [0]
+    offloads = [0]
+    if api["offload"]:
+        offloads = sorted({OFFLOAD_CODES.index(o) for o in fw.offload if not (train and o == "drop")})
+    zeros = sorted(set(fw.zero_stages) - {0}) if (api["zero"] and train) else []
+    max_v = fw.max_virtual_stages if (api["vpp"] and train) else 1
+    i64 = np.int64
+    if not layouts:
+        rows = None
+    elif train:
+        mini = w.mini_batch_size
+        bmax = w.micro_batch_size
+        bs = [b for b in range(1, bmax + 1) if not (b < min_micro_batch and b < bmax) and mini % b == 0]
+        pairs = sorted((d, b) for b in bs for d in range(min_train_replicas, min(num_gpus, mini // b) + 1)
+                       if (mini // b) % d == 0)
+        if pairs:
+            tdp = np.array([d for d, _ in pairs], dtype=i64)
+            rows = _expand(layouts, tdp, {"b": np.array([b for _, b in pairs], dtype=i64)}, num_gpus)
+            m = mini // (rows["dp"] * rows["b"])
+            # ZeRO: stage 0 always (one replica shards nothing), the framework's stages with dp > 1
+            # unless it lacks stage 0, then dp = 1 only keeps stage 0
+            blocks = []
+            z0 = np.ones(m.shape, bool) if 0 in fw.zero_stages or not api["zero"] else rows["dp"] == 1
+            blocks.append((z0, 0, 1))
+            for z in zeros:
+                blocks.append((rows["dp"] > 1, z, 1))
+            if max_v > 1:
+                L = model.num_layers
+                for v in range(2, max_v + 1):
+                    ok_v = (rows["pp"] > 1) & (L % (rows["pp"] * v) == 0) & (m % rows["pp"] == 0)
+                    if not ok_v.any():
+                        continue
+                    blocks.append((ok_v & z0, 0, v))
+                    for z in zeros:
+                        blocks.append((ok_v & (rows["dp"] > 1), z, v))
+            sel = [np.nonzero(mask)[0] for mask, _, _ in blocks]
+            idx = np.concatenate(sel)
+            zc = np.concatenate([np.full(s.size, z, dtype=i64) for s, (_, z, _) in zip(sel, blocks)])
+            vc = np.concatenate([np.full(s.size, v, dtype=i64) for s, (_, _, v) in zip(sel, blocks)])
+            rows = {k: v[idx] for k, v in rows.items()} | {"z": zc, "v": vc}
+        else:
+            rows = None
+    elif ms.stage == "infer":
+        dps = _distinct_load_dps(w.global_batch, num_gpus)
+        ii, bb = _per_count(-(-w.global_batch // dps), w.infer_micro_batch_size)
+        rows = _expand(layouts, dps[ii], {"b": bb}, num_gpus) if ii.size else None
+    else:  # generate: every (dp, concurrency) pair, concurrency reduced per wave count
+        dps = _distinct_load_dps(w.rollouts_per_step, num_gpus)
+        ii, cc = _per_count(-(-w.rollouts_per_step // dps))
+        rows = _expand(layouts, dps[ii], {"c": cc}, num_gpus) if ii.size else None
+    if rows is None or rows["dp"].size == 0:
+        empty = np.zeros(0, dtype=i64)
         return CandidateSet(ms.name, *([empty] * 7), np.zeros(0), np.zeros(0), np.zeros(0))
-    cols = {k: np.concatenate(v) for k, v in parts.items()}
+    k = rows["dp"].size
+    for col, default in (("b", 1), ("c", 0), ("z", 0), ("v", 1)):
+        if col not in rows:
+            rows[col] = np.full(k, default, dtype=i64)
+    # recompute and offload modes multiply the rows
+    reps = [(rc, o) for o in offloads for rc in rc_codes]
+    cols = {c: np.tile(rows[c], len(reps)) for c in ("tp", "pp", "dp", "b", "c", "z", "v")}
+    cols["rc"] = np.repeat(np.array([rc for rc, _ in reps], dtype=i64), k)
+    cols["o"] = np.repeat(np.array([o for _, o in reps], dtype=i64), k)
+    kw = {}
+    for name, col in (("zero", "z"), ("offload", "o"), ("vpp", "v")):
+        if api[name]:
+            kw[name] = cols[col]
     a = cost.candidate_arrays(ms, cols["tp"], cols["pp"], cols["dp"], micro_batch=cols["b"],
-                              recompute=cols["rc"], concurrency=cols["c"], multi_node=multi_node)
-    return CandidateSet(ms.name, n=cols["tp"] * cols["pp"] * cols["dp"], t=np.array(a["time"]),
-                        r=np.array(a["resident"]), x=np.array(a["transient"]), **cols)
+                              recompute=cols["rc"], concurrency=cols["c"], multi_node=multi_node, **kw)
+    return CandidateSet(ms.name, n=cols["tp"] * cols["pp"] * cols["dp"], t=np.array(a["time"], dtype=float),
+                        r=np.array(a["resident"], dtype=float), x=np.array(a["transient"], dtype=float), **cols)
 
 
 def frontier(cs: CandidateSet, usable: float) -> CandidateSet:
@@ -177,7 +282,6 @@ def frontier(cs: CandidateSet, usable: float) -> CandidateSet:
     keep[1:] = shifted[1:] < prev_min[:-1]
     cs = cs.take(order[keep])
     return cs.take(np.lexsort((cs.t, cs.n)))
-    return cs
 
 
 def latency_frontier(cs: CandidateSet) -> CandidateSet:

@@ -5,6 +5,11 @@ Rules, in order:
 1. Model-stages of one stage get disjoint GPUs; every stage fills the pool from the same end
    (aligned, the layout the search's memory bound assumes). In asynchronous mode generation takes
    GPUs from the other end so that it never shares GPUs with inference or training.
+   A *colocated* stage (named in ``colocated``, or one whose model-stages need more GPUs together
+   than the pool has) places each of its model-stages on its own from the same free GPUs, so their
+   GPU sets overlap from the same start and they run one after another (verl's hybrid engine;
+   :func:`nereus.cost.model.stage_groups`). The per-GPU memory bound of the search holds for any
+   such placement: a GPU hosts at most one replica of each model-stage.
 2. Keep the current plan's GPUs: a model-stage whose layout (tp, pp) is unchanged keeps the replicas
    it has whose GPUs are all still in the pool and free (as many as the new DP needs); this turns
    a DP change into Extend/Destroy of replicas and makes the transition cheaper.
@@ -152,13 +157,22 @@ def _place_stage(cands: list[Candidate], free: list[int], cluster: ClusterSpec,
     return [out[c.model_stage] for c in cands]
 
 
+def _place_colocated(cands: list[Candidate], free: list[int], cluster: ClusterSpec,
+                     current: Plan | None, spread: frozenset) -> list[Candidate]:
+    """Each model-stage placed alone on ``free`` (same start, overlapping GPU sets)."""
+    return [_place_stage([c], free, cluster, current, spread)[0] for c in cands]
+
+
 def place(cands: list[Candidate], pool, cluster: ClusterSpec, workflow: Workflow,
-          current: Plan | None = None, spread: frozenset = frozenset()) -> list[Candidate]:
+          current: Plan | None = None, spread: frozenset = frozenset(),
+          colocated: frozenset = frozenset()) -> list[Candidate]:
     """GPU sets for ``cands`` (one per model-stage, in workflow order) from ``pool``; the
-    model-stages in ``spread`` get their replicas on distinct nodes where possible (rule 5).
+    model-stages in ``spread`` get their replicas on distinct nodes where possible (rule 5); the
+    stages in ``colocated`` share GPUs (rule 1; so does a stage whose model-stages need more GPUs
+    together than the pool has).
 
     Raises:
-        PlacementError: a stage needs more GPUs than the pool has.
+        PlacementError: one model-stage needs more GPUs than the pool has.
     """
     pool_sorted = sorted(pool)
     by_name = {c.model_stage: c for c in cands}
@@ -176,6 +190,8 @@ def place(cands: list[Candidate], pool, cluster: ClusterSpec, workflow: Workflow
             continue
         members = [by_name[m.name] for m in workflow.in_stage(stage) if m.name in by_name]
         free = [g for g in pool_sorted if g not in gen_gpus]
-        for c in _place_stage(members, free, cluster, current, spread):
+        share = stage in colocated or sum(c.num_gpus for c in members) > len(free)
+        fn = _place_colocated if share and len(members) > 1 else _place_stage
+        for c in fn(members, free, cluster, current, spread):
             placed[c.model_stage] = c
     return [placed[c.model_stage] for c in cands]

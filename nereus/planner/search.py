@@ -29,13 +29,14 @@ Then :func:`nereus.planner.placement.place` assigns GPU ids, preferring the curr
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from nereus.cost.model import CostModel
-from nereus.planner.candidates import CandidateSet, enumerate_candidates, frontier
+from nereus.planner.candidates import COLUMNS, CandidateSet, enumerate_candidates, frontier
 from nereus.planner.plan import Plan
 from nereus.spec.job import JobSpec
 
@@ -43,7 +44,8 @@ __all__ = ["NoFeasiblePlan", "SearchResult", "plan_job", "search", "SearchOption
 
 GIB = 1024**3
 LB_POINTS = 12
-_FIELDS = ("tp", "pp", "dp", "b", "rc", "c", "n", "t", "r", "x")
+#: route every search through the transient-bound search (tests compare the two algorithms)
+_ALWAYS_TAU = False
 
 
 class NoFeasiblePlan(ValueError):
@@ -90,6 +92,7 @@ class SearchResult:
     candidates_enumerated: int = 0
     frontier_size: int = 0
     knapsacks: int = 0
+    modes: dict = field(default_factory=dict)  # stage -> 'disjoint' | 'colocated'
 
 
 def _staircase(n, t):
@@ -192,6 +195,16 @@ class _Stage:
         return res
 
 
+def _stage_modes(cost: CostModel, stage: str) -> tuple[str, ...]:
+    """Placement modes the framework allows for ``stage``: ``disjoint`` (concurrent model-stages on
+    disjoint GPUs) and/or ``colocated`` (one after another on shared GPUs)."""
+    k = len(cost.workflow.in_stage(stage))
+    mode = cost.job.framework.colocate
+    if k < 2 or mode == "never":
+        return ("disjoint",)
+    return ("colocated",) if mode == "always" else ("disjoint", "colocated")
+
+
 def search(cost: CostModel, pool_size: int, multi_node: bool,
            options: SearchOptions | None = None) -> SearchResult:
     """Exact search of the plan space on ``pool_size`` GPUs; see the module docstring.
@@ -206,36 +219,322 @@ def search(cost: CostModel, pool_size: int, multi_node: bool,
     total = 0
     for ms in wf.model_stages:
         # Model-stages with the same shapes and stage cost the same (actor.infer and reference.infer);
-        # the actor's train and generate stages differ by their side of the weight sync.
+        # the actor's train and generate stages differ by their side of the weight sync, and frozen
+        # models (reference, reward) differ from the others when idle state may be dropped.
         key = (cost.model_of(ms), ms.stage, ms.model == "actor" and ms.stage != "infer",
-               cost.memory_correction.get(ms.name, 1.0))
+               cost.memory_correction.get(ms.name, 1.0), _frozen(ms.model, cost))
         if key not in memo:
             cs = enumerate_candidates(cost, ms, pool_size, multi_node, options.recompute_modes,
                                       options.min_micro_batch, options.min_train_replicas)
             memo[key] = (cs, frontier(cs, usable))
         cs, fr = memo[key]
         total += len(cs)
-        sets_all[ms.name] = CandidateSet(ms.name, *(getattr(cs, f) for f in _FIELDS))
-        fronts[ms.name] = CandidateSet(ms.name, *(getattr(fr, f) for f in _FIELDS))
+        sets_all[ms.name] = CandidateSet(ms.name, **{f: getattr(cs, f) for f in COLUMNS})
+        fronts[ms.name] = CandidateSet(ms.name, **{f: getattr(fr, f) for f in COLUMNS})
     empty = [m for m, f in fronts.items() if len(f) == 0]
     if empty:
         raise NoFeasiblePlan(_diagnose_alone(cost, sets_all, empty, pool_size),
                              {"model_stages": empty, "kind": "alone"})
-    stages = {s: _Stage(s, [fronts[m.name] for m in wf.in_stage(s)], pool_size) for s in wf.stages}
-    if wf.asynchronous and "generate" in stages:
-        best = _search_async(stages, usable, pool_size)
+    modes = {s: _stage_modes(cost, s) for s in wf.stages}
+    asyn = wf.asynchronous and "generate" in wf.stages
+    shared: dict = {}
+    if not _ALWAYS_TAU and all(m == ("disjoint",) for s, m in modes.items()):
+        stages = {s: _Stage(s, [fronts[m.name] for m in wf.in_stage(s)], pool_size) for s in wf.stages}
+        if asyn:
+            best = _search_async(stages, usable, pool_size)
+        else:
+            best = _search_sync(list(stages.values()), usable)
+        knap = sum(s.calls for s in stages.values())
+        if best is not None:
+            best = (best[0], best[1], {s: "disjoint" for s in wf.stages})
     else:
-        best = _search_sync(list(stages.values()), usable)
+        groups = {s: _Group(s, [_member(shared, fronts[m.name]) for m in wf.in_stage(s)], modes[s])
+                  for s in wf.stages}
+        if asyn:
+            best = _tau_async(groups, usable, pool_size)
+        else:
+            best = _tau_search(list(groups.values()), usable, pool_size)
+        knap = sum(g.calls for g in groups.values())
     if best is None:
         raise NoFeasiblePlan(_diagnose_joint(cost, fronts, pool_size), {"kind": "joint"})
-    l_step, choice_rows = best
+    l_step, choice_rows, chosen_modes = best
     choice = {}
     for st_name, rows in choice_rows.items():
         for m, row in zip(wf.in_stage(st_name), rows):
-            choice[m.name] = (fronts[m.name], row)
+            choice[m.name] = (fronts[m.name], int(row))
     return SearchResult(choice=choice, l_step=l_step, frontiers=fronts, candidates_enumerated=total,
-                        frontier_size=sum(len(f) for f in fronts.values()),
-                        knapsacks=sum(s.calls for s in stages.values()))
+                        frontier_size=sum(len(f) for f in fronts.values()), knapsacks=knap,
+                        modes=dict(chosen_modes))
+
+
+def _frozen(model: str, cost: CostModel) -> bool:
+    from nereus.cost.model import FROZEN_MODELS
+
+    return model in FROZEN_MODELS and "drop" in cost.job.framework.offload
+
+
+# ---------------------------------------------------------------------------------------------
+# Search over the transient bound τ (any mix of disjoint and colocated stages)
+
+
+def _pareto(R: np.ndarray, T: np.ndarray, *tie) -> np.ndarray:
+    """Indices of the (R ascending, T strictly descending) staircase of points (R, T); among equal
+    (R, T) the first by ``tie`` keys wins."""
+    if R.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    order = np.lexsort(tuple(reversed(tie)) + (T, R)) if tie else np.lexsort((T, R))
+    t = T[order]
+    keep = np.ones(order.size, dtype=bool)
+    keep[1:] = t[1:] < np.minimum.accumulate(t)[:-1]
+    return order[keep]
+
+
+class _Member:
+    """One model-stage's frontier with its cached (resident, time) staircases."""
+
+    def __init__(self, fs: CandidateSet):
+        self.fs = fs
+        self.rt = np.lexsort((fs.t, fs.r))  # rows by resident, then time
+        self.xs = np.unique(fs.x)
+        self.cache: dict = {}
+
+    def stair(self, tau: float, budget: int) -> np.ndarray:
+        """Rows (resident ascending, time strictly descending) with transient ≤ tau, GPUs ≤ budget."""
+        key = (int(self.xs.searchsorted(tau, side="right")), budget)
+        hit = self.cache.get(key)
+        if hit is None:
+            fs, o = self.fs, self.rt
+            rows = o[(fs.x[o] <= tau) & (fs.n[o] <= budget)]
+            if rows.size:
+                t = fs.t[rows]
+                keep = np.ones(rows.size, dtype=bool)
+                keep[1:] = t[1:] < np.minimum.accumulate(t)[:-1]
+                rows = rows[keep]
+            hit = self.cache[key] = rows
+        return hit
+
+    def rows(self, tau: float, budget: int) -> np.ndarray:
+        """Rows with transient ≤ tau and GPUs ≤ budget, in the frontier's (GPUs, time) order."""
+        key = ("nt", int(self.xs.searchsorted(tau, side="right")), budget)
+        hit = self.cache.get(key)
+        if hit is None:
+            fs = self.fs
+            hit = self.cache[key] = np.nonzero((fs.x <= tau) & (fs.n <= budget))[0]
+        return hit
+
+
+def _member(shared: dict, fs: CandidateSet) -> _Member:
+    """Model-stages with the same frontier (actor.infer and reference.infer) share one member."""
+    k = id(fs.t)
+    if k not in shared:
+        shared[k] = _Member(fs)
+    return shared[k]
+
+
+class _Group:
+    """One stage under the τ search: its (resident, time) staircase at a transient bound, over the
+    placement modes the framework allows (disjoint: min-max knapsack per resident level; colocated:
+    Pareto sums of the members' staircases)."""
+
+    def __init__(self, name: str, members: list[_Member], modes: tuple[str, ...]):
+        self.name, self.members, self.modes = name, members, modes
+        self.cache: dict = {}
+        self.calls = 0
+
+    def stair(self, tau: float, budget: int, cap: float):
+        """``(R, T, X, rows, mode)`` arrays of the stage's staircase: R resident bound of the stage
+        (max or sum), T time, X largest transient, rows the members' frontier rows, mode 0/1."""
+        key = (tuple(int(m.xs.searchsorted(tau, side="right")) for m in self.members), budget)
+        hit = self.cache.get(key)
+        if hit is not None:
+            return hit
+        parts = []
+        k = len(self.members)
+        stairs = [m.stair(tau, budget) for m in self.members]
+        if any(s.size == 0 for s in stairs):
+            hit = self.cache[key] = None
+            return None
+        if k == 1 or "colocated" in self.modes:
+            f0 = self.members[0].fs
+            R, T, X = f0.r[stairs[0]], f0.t[stairs[0]], f0.x[stairs[0]]
+            rows = stairs[0][:, None]
+            for m, st in zip(self.members[1:], stairs[1:]):
+                fs = m.fs
+                R2 = (R[:, None] + fs.r[st][None, :]).reshape(-1)
+                T2 = (T[:, None] + fs.t[st][None, :]).reshape(-1)
+                X2 = np.maximum(X[:, None], fs.x[st][None, :]).reshape(-1)
+                ia = np.repeat(np.arange(R.size), st.size)
+                ib = np.tile(np.arange(st.size), R.size)
+                ok = np.nonzero(R2 <= cap)[0]
+                keep = ok[_pareto(R2[ok], T2[ok], X2[ok])]
+                R, T, X = R2[keep], T2[keep], X2[keep]
+                rows = np.concatenate([rows[ia[keep]], st[ib[keep]][:, None]], axis=1)
+            parts.append((R, T, X, rows, np.full(R.size, 1 if k > 1 else 0, dtype=np.int64)))
+        if k > 1 and "disjoint" in self.modes:
+            fss = [m.fs for m in self.members]
+            allrows = [m.rows(tau, budget) for m in self.members]
+            levels = np.unique(np.concatenate([fs.r[st] for fs, st in zip(fss, allrows)]))
+            levels = levels[levels <= cap]
+            Rl, Tl, Xl, rl = [], [], [], []
+            for beta in levels.tolist():
+                self.calls += 1
+                ns, ts, idxs = [], [], []
+                for fs, st in zip(fss, allrows):
+                    o = st[fs.r[st] <= beta]  # frontier rows are sorted by (GPUs, time)
+                    if o.size == 0:
+                        break
+                    # (GPUs, time) staircase of the rows under beta
+                    t = fs.t[o]
+                    keep = np.ones(o.size, dtype=bool)
+                    keep[1:] = t[1:] < np.minimum.accumulate(t)[:-1]
+                    o = o[keep]
+                    idxs.append(o)
+                    ns.append(fs.n[o].tolist())
+                    ts.append(fs.t[o].tolist())
+                else:
+                    best, pos = _minmax_lists(ns, ts, budget)
+                    if pos is None:
+                        continue
+                    rr = [int(ix[p]) for ix, p in zip(idxs, pos)]
+                    Rl.append(max(float(fs.r[r]) for fs, r in zip(fss, rr)))
+                    Tl.append(best)
+                    Xl.append(max(float(fs.x[r]) for fs, r in zip(fss, rr)))
+                    rl.append(rr)
+            if Rl:
+                parts.append((np.array(Rl), np.array(Tl), np.array(Xl), np.array(rl, dtype=np.int64),
+                              np.zeros(len(Rl), dtype=np.int64)))
+        if not parts:
+            hit = self.cache[key] = None
+            return None
+        R, T, X, rows, mode = (np.concatenate([p[i] for p in parts]) for i in range(5))
+        if R.size == 0:
+            hit = self.cache[key] = None
+            return None
+        keep = _pareto(R, T, mode, X)  # ties: disjoint first, then the smaller transient
+        hit = self.cache[key] = (R[keep], T[keep], X[keep], rows[keep], mode[keep])
+        return hit
+
+
+def _convolve(stairs: list, budget_bytes: float):
+    """min Σ T over one entry per staircase with Σ R ≤ budget_bytes: ``(value, entries)`` or
+    ``(inf, None)``. Pareto sums stage by stage; the last staircase by lookup."""
+    mins = [float(s[0][0]) for s in stairs]  # R ascending: the first entry has the least resident
+    if sum(mins) > budget_bytes:
+        return math.inf, None
+    R, T = stairs[0][0], stairs[0][1]
+    picks = [np.arange(R.size)[:, None]]
+    back = np.arange(R.size)[:, None]
+    for i, s in enumerate(stairs[1:-1], start=1):
+        cap = budget_bytes - sum(mins[i + 1:])
+        R2 = (R[:, None] + s[0][None, :]).reshape(-1)
+        T2 = (T[:, None] + s[1][None, :]).reshape(-1)
+        ia = np.repeat(np.arange(R.size), s[0].size)
+        ib = np.tile(np.arange(s[0].size), R.size)
+        ok = np.nonzero(R2 <= cap)[0]
+        keep = ok[_pareto(R2[ok], T2[ok])]
+        R, T = R2[keep], T2[keep]
+        back = np.concatenate([back[ia[keep]], ib[keep][:, None]], axis=1)
+    del picks
+    if len(stairs) == 1:
+        ok = R <= budget_bytes
+        if not ok.any():
+            return math.inf, None
+        j = int(np.argmin(np.where(ok, T, np.inf)))
+        return float(T[j]), [int(back[j, 0])]
+    last = stairs[-1]
+    j = np.searchsorted(last[0], budget_bytes - R, side="right") - 1
+    ok = j >= 0
+    if not ok.any():
+        return math.inf, None
+    tot = np.where(ok, T + last[1][np.maximum(j, 0)], np.inf)
+    a = int(np.argmin(tot))
+    return float(tot[a]), [int(v) for v in back[a]] + [int(j[a])]
+
+
+def _tau_search(groups: list[_Group], usable: float, pool: int, bound: float = math.inf):
+    """Exact best plan of the stages in ``groups`` run one after another on ``pool`` GPUs (see the
+    module docstring): ``(l_step, {stage: rows}, {stage: mode})`` or None."""
+    members = {id(m): m for g in groups for m in g.members}.values()
+    xs, lo = [], 0.0
+    for m in members:
+        ok = m.fs.n <= pool
+        if not ok.any():
+            return None
+        lo = max(lo, float(m.fs.x[ok].min()))
+        xs.append(m.fs.x[ok])
+    levels = np.unique(np.concatenate(xs))
+    levels = levels[(levels >= lo) & (levels <= usable)]
+    if levels.size == 0:
+        return None
+    best = None
+    best_val = bound
+
+    top = usable - float(levels[0])  # staircases are cached for the widest resident budget
+
+    def evaluate(a: int, b: int):
+        tau, cap = float(levels[b]), usable - float(levels[a])
+        stairs = []
+        for g in groups:
+            st = g.stair(tau, pool, top)
+            if st is None:
+                return math.inf, None
+            stairs.append(st)
+        val, ent = _convolve(stairs, cap)
+        return val, (None if ent is None else (stairs, ent))
+
+    heap = []
+    v, sol = evaluate(0, levels.size - 1)
+    if sol is not None:
+        heap.append((v, 0, levels.size - 1, sol))
+    while heap:
+        v, a, b, (stairs, ent) = heapq.heappop(heap)
+        if v >= best_val * (1 - 1e-12):
+            break
+        R = sum(float(st[0][e]) for st, e in zip(stairs, ent))
+        X = max(float(st[2][e]) for st, e in zip(stairs, ent))
+        if R + X <= usable * (1 + 1e-12):
+            best_val = v
+            best = (v, {g.name: [int(r) for r in st[3][e]] for g, st, e in zip(groups, stairs, ent)},
+                    {g.name: ("colocated" if st[4][e] else "disjoint") for g, st, e in zip(groups, stairs, ent)})
+            continue
+        k = int(np.searchsorted(levels, X, side="left"))
+        for ca, cb in ((a, k - 1), (k, b)):
+            if ca > cb:
+                continue
+            cv, csol = evaluate(ca, cb)
+            if csol is not None and cv < best_val * (1 - 1e-12):
+                heapq.heappush(heap, (cv, ca, cb, csol))
+    return best
+
+
+def _tau_async(groups: dict, usable: float, pool_size: int):
+    """Generation on its own GPUs; the other stages share the rest (τ search per budget)."""
+    gen = groups["generate"]
+    rest = [g for n, g in groups.items() if n != "generate"]
+    m = gen.members[0]
+    g = m.fs
+    ok = np.nonzero((g.r + g.x) <= usable)[0]
+    if ok.size == 0:
+        return None
+    stair = ok[_staircase(g.n[ok], g.t[ok])]
+    best = None
+    for row in stair:
+        left = pool_size - int(g.n[row])
+        if left < 1:
+            break
+        if best is not None and float(g.t[row]) >= best[0]:
+            continue
+        sub = _tau_search(rest, usable, left, best[0] if best else math.inf) if rest else (0.0, {}, {})
+        if sub is None:
+            continue
+        val = max(float(g.t[row]), sub[0])
+        if best is None or val < best[0]:
+            rows = dict(sub[1])
+            rows["generate"] = [int(row)]
+            modes = dict(sub[2])
+            modes["generate"] = "disjoint"
+            best = (val, rows, modes)
+    return best
 
 
 def _search_sync(stages: list[_Stage], usable: float):
@@ -334,26 +633,61 @@ def _diagnose_alone(cost: CostModel, sets: dict, names: list[str], pool: int) ->
     return "\n".join(lines)
 
 
+def _missing_features(cost: CostModel) -> list[str]:
+    """Memory-saving features the job's framework lacks (for the infeasibility message)."""
+    fw = cost.job.framework
+    out = []
+    if fw.colocate == "never" and any(len(cost.workflow.in_stage(s)) > 1 for s in cost.workflow.stages):
+        out.append("colocation (model-stages of a stage taking turns on the same GPUs)")
+    if not fw.allows_offload():
+        out.append("offload of idle weights and optimizer state")
+    if not any(z > 0 for z in fw.zero_stages):
+        out.append("ZeRO/FSDP sharding of optimizer state")
+    return out
+
+
+def _suggestion(cost: CostModel) -> str:
+    missing = _missing_features(cost)
+    if not missing:
+        return ""
+    from nereus.spec.framework import FRAMEWORK_PRESETS
+
+    have = [n for n, f in FRAMEWORK_PRESETS.items() if f.colocate != "never" and f.allows_offload()
+            and any(z > 0 for z in f.zero_stages)]
+    return (f"; the job's framework ({cost.job.framework.name}) has no {', no '.join(missing)}: a framework "
+            f"with them ({', '.join(have)}; `--framework`) may fit")
+
+
 def _diagnose_joint(cost: CostModel, fronts: dict, pool: int) -> str:
+    """Why no plan fits when every model-stage fits alone: GPUs (the smallest layouts of a stage
+    need more GPUs together than the pool has, in every placement mode the framework allows) or
+    memory (the pool has the GPUs, but co-resident state overflows)."""
     wf = cost.workflow
-    need_gpus = max(sum(int(fronts[m.name].n.min()) for m in wf.in_stage(s)) for s in wf.stages)
+
+    def stage_gpus(s):
+        ns = [int(fronts[m.name].n.min()) for m in wf.in_stage(s)]
+        modes = _stage_modes(cost, s)
+        return min(sum(ns) if "disjoint" in modes else math.inf, max(ns) if "colocated" in modes else math.inf)
+
+    need_gpus = max(stage_gpus(s) for s in wf.stages)
     rmin = sum(max(float(fronts[m.name].r.min()) for m in wf.in_stage(s)) for s in wf.stages)
     xmin = max(float(f.x.min()) for f in fronts.values())
     over = (rmin + xmin - cost.usable) / GIB
+    tip = _suggestion(cost)
     if need_gpus <= pool:  # enough GPUs for the smallest layouts: memory is what does not fit
         total = sum(float((f.r * f.n).min()) for f in fronts.values())
-        return (f"no plan fits on {pool} GPU(s), and memory is the cause: the smallest layouts of each stage "
-                f"need {need_gpus} GPU(s), which the pool has, but each GPU must also hold the resident "
-                f"weights and optimizer state of every model-stage placed on it (at least {total / GIB:.1f} GiB "
-                f"over all model-stages, {total / pool / GIB:.1f} GiB per GPU on average, plus up to "
-                f"{xmin / GIB:.1f} GiB of activations or KV cache while one runs) and no placement keeps every "
-                f"GPU within {cost.usable / GIB:.1f} GiB usable; use more GPUs or GPUs with more memory")
+        return (f"no plan fits on {pool} GPU(s), and memory is the cause, not the GPU count: the smallest layouts "
+                f"of each stage need {need_gpus} GPU(s), which the pool has, but each GPU must also hold the "
+                f"resident weights and optimizer state of every model-stage placed on it (at least "
+                f"{total / GIB:.1f} GiB over all model-stages, {total / pool / GIB:.1f} GiB per GPU on average, "
+                f"plus up to {xmin / GIB:.1f} GiB of activations or KV cache while one runs) and no placement keeps "
+                f"every GPU within {cost.usable / GIB:.1f} GiB usable; use more GPUs or GPUs with more memory{tip}")
     msg = (f"no plan fits on {pool} GPU(s): every model-stage fits alone, but together they need at least "
            f"{need_gpus} GPU(s) in one stage")
     if over > 0:
         msg += (f", and co-resident state needs at least {(rmin + xmin) / GIB:.1f} GiB per GPU "
                 f"({over:.1f} GiB over; resident weights/optimizer {rmin / GIB:.1f} GiB dominate)")
-    return msg
+    return msg + tip
 
 
 def plan_job(job: JobSpec, pool=None, current: Plan | None = None, cost: CostModel | None = None,
@@ -381,6 +715,7 @@ def plan_job(job: JobSpec, pool=None, current: Plan | None = None, cost: CostMod
     cands = [fs.candidate(row, mb) for fs, row in (res.choice[m.name] for m in cost.workflow.model_stages)]
     spread = frozenset(m.name for m in cost.workflow.model_stages
                        if m.stage == "train") if options is not None and options.min_train_replicas > 1 else frozenset()
-    placed = place(cands, pool, job.cluster, cost.workflow, current, spread=spread)
+    colocated = frozenset(s for s, m in res.modes.items() if m == "colocated")
+    placed = place(cands, pool, job.cluster, cost.workflow, current, spread=spread, colocated=colocated)
     plan = cost.estimate(Plan(candidates=tuple(placed)), pool)
     return plan
