@@ -1,7 +1,9 @@
-"""The fault benchmark's quick sample (``benchmarks/bench_faults.py --quick``), in-process: about six
+"""The fault benchmark (``benchmarks/bench_faults.py``), in-process. Its quick sample: about six
 workers killed or hung (SIGSTOP) in a step, a transition and a checkpoint save of a PPO run on Ray
-CPU workers; every fault is survived, no run hangs, and the run ends at the weights of a fault-free
-run with the same samples wherever no step was lost."""
+CPU workers; every fault is survived, no run hangs, and the run ends at the weights of its replay
+(the fault-free run of the same samples on the same per-step plans). And its check itself: a PPO run
+recovered onto other layouts ends bit for bit at its replay, while the fault-free run on the
+reference's own layouts drifts past fp32 tolerance (issue 11)."""
 
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ def _bench():
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_quick_fault_sample_survives_every_fault_and_ends_at_the_fault_free_weights():
+def test_quick_fault_sample_survives_every_fault_and_ends_at_the_weights_of_its_replay():
     pytest.importorskip("ray")
     out = _bench().run_benchmark(quick=True, seed=0)
     s = out["summary"]
@@ -37,7 +39,42 @@ def test_quick_fault_sample_survives_every_fault_and_ends_at_the_fault_free_weig
     assert s["faults_survived"] == s["faults_injected"], s
     assert s["steps_lost_full_copy_max"] == 0 and s["steps_lost_bound_violations"] == 0, s
     assert s["detect_s_max"] < 15, s  # heartbeats, well before any communicator timeout
-    for r in out["runs"]:
+    for r in out["runs"]:  # steps lost to a checkpoint restore re-run with the same samples
         assert r["completed"]
-        if all(ev["steps_lost"] == 0 for ev in r["recoveries"]):
-            assert r["weights_equal"], (r["max_abs_diff"], r["log"][-20:])
+        assert r["weights_equal"], (r["max_abs_diff"], r["replay_error"], r["log"][-20:])
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray")
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=16, include_dashboard=False, log_to_driver=False)
+    yield
+    if started:
+        ray.shutdown()
+
+
+@pytest.mark.timeout(400)
+def test_a_ppo_run_recovered_onto_other_layouts_ends_bit_for_bit_at_its_replay(ray_cluster):
+    # issue 11: PPO runs ended 7e-4 to 3e-3 away from the fault-free run of the same workload. The
+    # recoveries were exact; the reference was wrong: after a fault the steps run on other layouts
+    # (here actor.train dp=2 becomes one replica of pp=2), which sum the same gradients in another
+    # fp32 order, and Adam (eps 1e-8, lr 1e-2) grows those last bits past the tolerance within eight
+    # steps. The benchmark now checks each run against its replay: the fault-free run of the same
+    # samples on the plan each step last ran on (here after a live recovery at step 0 and a
+    # durable-checkpoint restore at step 4). About 100 s on 2 cores (three runs, three pools).
+    bench = _bench()
+    faults = [bench.Fault(step=0, point="sync_weights", how="kill"),
+              bench.Fault(step=4, point="train_fields", how="kill")]
+    spec = bench.RunSpec("ppo", 4, 8, "", 2, faults)
+    ref = bench.reference_run(spec, 0, 240)
+    assert ref["final_state"] is not None, ref["error"]
+    r = bench.check_run(spec, ref, 3, 240)
+    assert r["completed"], (r["error"], r["log"][-20:])
+    assert [f["state"] for f in r["faults"]] == ["fired", "fired"], r["faults"]
+    assert {ev["source"] for ev in r["recoveries"]} == {"live", "checkpoint"}, r["recoveries"]
+    assert not r["layouts_as_reference"]  # steps ran on other layouts than the fault-free run's
+    assert r["weights_equal"] and r["max_abs_diff"] == 0.0, (r["max_abs_diff"], r["replay_error"])
+    # what the benchmark compared with before: the same samples, other sums, drifted past fp32 tolerance
+    assert not r["reference_equal"] and r["layout_drift"] > bench.ATOL, r["layout_drift"]
