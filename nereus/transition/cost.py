@@ -166,7 +166,10 @@ def min_bytes(initial: tuple[EMU, ...], target: tuple[EMU, ...], models: dict[st
 
     Every target shard must end on its GPU; whatever part of it is not already there (in the current
     EMU of the same model-stage on that GPU, :func:`~nereus.transition.emu.held_bytes`, ZeRO slices
-    included) has to arrive over a link at least once. Host copies (``Candidate.offload == "host"``)
+    included; a slice of another TP/PP layout counts as much of it as could lie in the target shard,
+    so the bound holds whatever the flat-buffer order) has to arrive over a link at least once. A
+    frozen or derived model-stage with no current EMU at all is re-created by a Load, whose weight
+    sync copies locally what its ``*.train`` EMU on the GPU holds: that part counts as there too. Host copies (``Candidate.offload == "host"``)
     need and hold no GPU bytes and count 0 here.
 
     Args:
@@ -174,6 +177,7 @@ def min_bytes(initial: tuple[EMU, ...], target: tuple[EMU, ...], models: dict[st
             ``(weights, optimizer)``, :func:`~nereus.transition.emu.state_parts`).
     """
     here: dict[tuple[str, int], EMU] = {(e.model_stage, g): e for e in initial if not e.host for g in e.gpus}
+    own = {e.model_stage for e in initial}
     total = 0
     for e in target:
         model, bpp = models[e.model_stage]
@@ -182,6 +186,10 @@ def min_bytes(initial: tuple[EMU, ...], target: tuple[EMU, ...], models: dict[st
             if not need:
                 continue
             src = here.get((e.model_stage, g))
-            res = 0 if src is None else held_bytes(model, bpp, src, g, e, g)
+            if src is None and e.model_stage not in own and not e.model_stage.endswith(".train"):
+                # re-created by a Load (no replica of its own left): a weight sync copies what the
+                # model's *.train EMU holds on this GPU locally (primitives.load)
+                src = here.get((e.model_stage.partition(".")[0] + ".train", g))
+            res = 0 if src is None else held_bytes(model, bpp, src, g, e, g, optimistic=True)
             total += max(0, need - res)
     return total

@@ -412,7 +412,8 @@ def _sharded(e: EMU, part: str) -> bool:
     return e.z > 1 and (e.zero >= 3 if part == "w" else e.zero >= 1)
 
 
-def held_bytes(model: ModelSpec, bytes_per_param, src: EMU, src_gpu: int, dst: EMU, dst_gpu: int) -> int:
+def held_bytes(model: ModelSpec, bytes_per_param, src: EMU, src_gpu: int, dst: EMU, dst_gpu: int,
+               optimistic: bool = False) -> int:
     """Bytes of ``dst``'s shard on ``dst_gpu`` already present in ``src``'s shard on ``src_gpu``.
 
     Two replicas (``z = 1``): :func:`resident_bytes` (unchanged). With a ZeRO group on either side
@@ -426,9 +427,13 @@ def held_bytes(model: ModelSpec, bytes_per_param, src: EMU, src_gpu: int, dst: E
       embedding and head ranks; the same position or a larger ``dst`` shard, i.e. unsharding), else 0;
     * both hold slices: the overlap of ``[r/z, (r+1)/z)`` and ``[r*/z*, (r*+1)/z*)`` relative to
       the ``dst`` slice at the same ``(tp, pp, p, t)``;
-    * a slice at another TP/PP layout: 0 (the flat buffers differ; errs towards moving more).
+    * a slice at another TP/PP layout: 0 (the flat buffers differ; errs towards moving more), or
+      with ``optimistic`` (for the lower bound ``cost.min_bytes``) as much as could lie in ``dst``'s
+      part, ``min(slice, TP/PP overlap)``.
 
-    Rounded down, and ``dst``'s full bytes when the fraction is 1.
+    When ``src``'s shard lies inside ``dst``'s and ``dst`` shards nothing, everything ``src`` holds
+    there is needed: ``min(dst bytes, src bytes)`` exactly. Otherwise rounded to the nearest byte,
+    and ``dst``'s full bytes when the fraction is 1.
     """
     ps, ts = src.position(src_gpu)
     pd, td = dst.position(dst_gpu)
@@ -447,6 +452,8 @@ def held_bytes(model: ModelSpec, bytes_per_param, src: EMU, src_gpu: int, dst: E
         nested = (ld.start <= ls.start and ls.stop <= ld.stop and _tp_overlap((td, dst.tp), (ts, src.tp)) >= 1 - 1e-12
                   and (ps != 0 or pd == 0) and (ps != src.pp - 1 or pd == dst.pp - 1))
         inside = min(1.0, params_on_rank(model, src.tp, src.pp, ps) / max(params, 1)) if nested else 0.0
+    if inside and not (_sharded(dst, "w") or _sharded(dst, "o")):  # unsharding: all src holds is needed
+        return min(need, src.shard_on(src_gpu))
     rs, rd = src.rank(src_gpu), dst.rank(dst_gpu)
     num = den = 0.0
     for part, bpp in (("w", pb), ("o", ob)):
@@ -456,10 +463,14 @@ def held_bytes(model: ModelSpec, bytes_per_param, src: EMU, src_gpu: int, dst: E
         weight = bpp / (dst.z if sd else 1)
         if not ss:
             cov = max(f, inside)  # a nested src shard counts whole (replicated KV heads included)
-        elif not sd:
+        elif not sd and inside:
             cov = inside / src.z
         elif not same:
             cov = 0.0
+            if optimistic:  # the slice could be all inside dst's part, up to their TP/PP overlap
+                pd_ = params_on_rank(model, dst.tp, dst.pp, pd)
+                ps_ = params_on_rank(model, src.tp, src.pp, ps)
+                cov = min(1.0, min(ps_ / src.z, f * pd_) / max(pd_ / (dst.z if sd else 1), 1e-300))
         else:
             lo = max(rs / src.z, rd / dst.z)
             hi = min((rs + 1) / src.z, (rd + 1) / dst.z)
@@ -467,4 +478,4 @@ def held_bytes(model: ModelSpec, bytes_per_param, src: EMU, src_gpu: int, dst: E
         num += weight * cov
         den += weight
     frac = num / den if den else 1.0
-    return need if frac >= 1.0 - 1e-12 else min(need, math.floor(frac * need))
+    return need if frac >= 1.0 - 1e-12 else min(need, round(frac * need))
