@@ -438,8 +438,36 @@ def evaluate(rows: list[Row], *, prior_sigma: float = 0.5, fit_min_rows: int = 1
     before = {"by_source": by_source(errs), "overall": _stats(errs), "overall_bf16": _stats(errs[bf16]),
               "memory": _stats([x["memory_ape"] for x in mem_rows])}
 
-    # leave-one-source-out: fit on one source, test on every other
     classes = sorted({c for p in preds for c in p.breakdown if c != "bubble"})
+
+    def calibrate(fit_idx):
+        """fit_scales on the predicted breakdowns, then (method "table") polished on the real model,
+        whose overlaps make the breakdown non-additive."""
+        fit_rows = [rows[i] for i in fit_idx]
+        meas_fit = [r.iter_time_s for r in fit_rows]
+        res = fit_scales([preds[i].breakdown for i in fit_idx], meas_fit, base=default, prior_sigma=prior_sigma)
+        if method == "table":
+            def pred_fit(table):
+                return [predict(r, table, caps, drops[r.id]).time for r in fit_rows]
+
+            res = fit_table(pred_fit, classes, meas_fit, base=default, prior_sigma=prior_sigma,
+                            start=res.scales, max_nfev=12 * (len(res.scales) + 1))
+        return res
+
+    # the floor: one calibration on all bf16 rows (and per GPU type), judged in-sample; what remains is
+    # structure the op-class efficiencies cannot absorb
+    floor = {}
+    for label, sel in (("all bf16", lambda r: r.precision == "bf16"),
+                       *((f"bf16 {g}", (lambda r, g=g: r.precision == "bf16" and r.gpu == g))
+                         for g in sorted({r.gpu for r in rows}))):
+        idx = [i for i, r in enumerate(rows) if sel(r)]
+        if not idx:
+            continue
+        res = calibrate(idx)
+        e_fit = ape([predict(rows[i], res.table, caps, drops[rows[i].id]).time for i in idx], meas[idx])
+        floor[label] = {"in_sample": _stats(e_fit), "before": _stats(errs[idx]), "scales": res.scales}
+
+    # leave-one-source-out: fit on one source, test on every other
     loso = {}
     held_preds: dict = {}
     pooled: list = []
@@ -449,16 +477,7 @@ def evaluate(rows: list[Row], *, prior_sigma: float = 0.5, fit_min_rows: int = 1
         if len(fit_idx) < fit_min_rows:
             continue
         fit_rows = [rows[i] for i in fit_idx]
-
-        meas_fit = [r.iter_time_s for r in fit_rows]
-        res = fit_scales([preds[i].breakdown for i in fit_idx], meas_fit, base=default, prior_sigma=prior_sigma)
-        if method == "table":
-            # polish on the real model (overlaps make the breakdown non-additive), from the quick fit
-            def pred_fit(table, fit_rows=fit_rows):
-                return [predict(r, table, caps, drops[r.id]).time for r in fit_rows]
-
-            res = fit_table(pred_fit, classes, meas_fit, base=default, prior_sigma=prior_sigma,
-                            start=res.scales, max_nfev=12 * (len(res.scales) + 1))
+        res = calibrate(fit_idx)
         t_after = np.array([predict(r, res.table, caps, drops[r.id]).time for r in rows])
         e_after = ape(t_after, meas)
         other = np.array([r.source != s for r in rows])
@@ -486,6 +505,7 @@ def evaluate(rows: list[Row], *, prior_sigma: float = 0.5, fit_min_rows: int = 1
                         "time_per_token": spearman(t_pred[idx] / tokens[idx], meas[idx] / tokens[idx])}
     loso_pooled = {"all": _stats(pooled), "bf16": _stats(pooled_bf16)}
     return {"capabilities": caps, "rows": per_row, "before": before, "loso": loso, "loso_pooled": loso_pooled,
+            "floor": floor,
             "spearman": spear,
             "sources": sources, "held_predictions": {k: v.tolist() for k, v in held_preds.items()}}
 
@@ -533,6 +553,11 @@ def report(res: dict) -> str:
     out.append(f"   {'held out, all':25s} {_fmt(lp['all'])}")
     out.append(f"   {'held out, bf16 rows':25s} {_fmt(lp['bf16'])}")
     out.append("")
+    out.append("Floor: one calibration on all rows of a group, error in-sample (what calibration cannot absorb)")
+    for k, d in res["floor"].items():
+        sc = ", ".join(f"{g} x{v:.2f}" for g, v in sorted(d["scales"].items()))
+        out.append(f"   {k:25s} {_fmt(d['in_sample'])}   (before {d['before']['median']:.1f}%; {sc})")
+    out.append("")
     out.append("Spearman rank correlation, predicted vs measured, across the rows of one model")
     out.append(f"{'model':16s} {'rows':>4s} {'time':>6s} {'time/token':>10s}")
     for m, d in res["spearman"].items():
@@ -562,6 +587,9 @@ def markdown(res: dict) -> str:
                    f"{cell(d['held_out_bf16'])} | {cell(d['held_out_same_gpu'])} |")
     lp = res["loso_pooled"]
     out.append(f"| pooled over the fits | | | {cell(lp['all'])} | {cell(lp['bf16'])} | |")
+    out += ["", "| calibrated on all rows of | rows | before | after, in-sample |", "|---|---:|---|---|"]
+    for k, d in res["floor"].items():
+        out.append(f"| {k} | {d['in_sample']['n']} | {cell(d['before'])} | {cell(d['in_sample'])} |")
     out += ["", "| model | rows | Spearman, time | Spearman, time per token |", "|---|---:|---:|---:|"]
     for m, d in res["spearman"].items():
         out.append(f"| {m} | {d['n']} | {d['time']:.2f} | {d['time_per_token']:.2f} |")

@@ -122,6 +122,9 @@ def test_report_structure(result, tmp_path):
         assert set(d["held_out_by_source"]) == SOURCES - {s}
         assert all(0 < v for v in d["scales"].values())
         assert all(e <= 0.95 + 1e-9 for e in d["efficiencies"].values())  # never at the 1.5 cap
+    # the floor: one calibration over all bf16 rows (and per GPU type), judged in-sample
+    assert "all bf16" in result["floor"]
+    assert result["floor"]["all bf16"]["in_sample"]["n"] == sum(x["precision"] == "bf16" for x in result["rows"])
     # pooled: every row counted once per fit on another source
     n = len(result["rows"])
     counts = {s: sum(1 for x in result["rows"] if x["source"] == s) for s in SOURCES}
