@@ -274,3 +274,42 @@ def test_export_picks_the_faster_backend_and_time_is_the_serial_sum(qwen):
     assert ex["evaluation"].fits
     ev = evaluate_layout(verl_job(imp.job, ex["backend"]), ex["layout"])
     assert ev.shared == ["infer"]
+
+
+def test_verl_expressible_names_what_verl_cannot_run(qwen):
+    from dataclasses import replace
+
+    from nereus.integrations.verl import verl_expressible
+
+    imp = import_verl(load_verl_config("ppo_megatron_trainer", grpo_megatron_7b(qwen["7b"])))
+    assert verl_expressible(imp.job, imp.layout, "megatron") is None  # the user's own layout
+    by = {c.model_stage: c for c in imp.layout}
+    bad = [replace(c, tp=1, pp=1, dp=16) if c.model_stage == "actor.infer" else c for c in imp.layout]
+    assert "actor.infer does not run on actor.train's engine" in verl_expressible(imp.job, bad, "megatron")
+    bad = [replace(c, offload="drop") if c.model_stage == "reference.infer" else c for c in imp.layout]
+    assert "reference.infer has offload 'drop'" in verl_expressible(imp.job, bad, "megatron")
+    bad = [replace(c, dp=2, gpus=tuple(range(8))) if c.model_stage == "reference.infer" else c for c in imp.layout]
+    assert "not on all 16 GPUs" in verl_expressible(imp.job, bad, "megatron")
+    assert "FSDP engines are data-parallel" in verl_expressible(imp.job, imp.layout, "fsdp")
+    assert by["actor.train"].zero == 1
+
+
+def test_export_takes_the_planners_plan_when_verl_runs_it_and_it_is_faster(qwen, monkeypatch):
+    from dataclasses import replace
+
+    import nereus.integrations.verl as v
+    from nereus.planner.plan import Plan
+
+    imp = import_verl(load_verl_config("ppo_megatron_trainer", grpo_megatron_7b(qwen["7b"])))
+    user = Plan(candidates=imp.layout, l_step=1.0)
+    real = v.closest_verl_layout
+
+    def slower(job, headroom=None, backends=("megatron",)):  # the grid's layout made slow on purpose
+        b, j, cands = real(job, headroom, backends)
+        return b, j, tuple(replace(c, concurrency=1) if c.model_stage == "actor.generate" else c for c in cands)
+
+    monkeypatch.setattr(v, "closest_verl_layout", slower)
+    ex = v.export_verl(imp.job, user, model_path=qwen["7b"])
+    assert layout_key(ex["layout"]) == layout_key(imp.layout) and ex["changes"] == []
+    back = import_verl(load_verl_config(ex["config_name"], ex["overrides"]))
+    assert layout_key(back.layout) == layout_key(imp.layout)

@@ -818,15 +818,61 @@ def _changes(best: Plan, cands) -> list[str]:
     return out
 
 
+def verl_expressible(job: JobSpec, cands, backend: str) -> str | None:
+    """Why placed candidates are not a layout verl's ``backend`` runs with the hybrid engine, or None:
+    every model-stage on the whole pool; ``actor.infer`` on the actor's engine (its TP/PP, its offload)
+    and ``critic.infer`` on the critic's (also its micro-batch); training offload ``none``/``host``,
+    ZeRO 0/1 (Megatron) or 2/3 with TP = PP = 1 and recompute none/full (FSDP); the reference
+    ``none``/``host`` (FSDP: ``host``); generation ``none``/``drop`` and the reward engine
+    ``none``/``host``, both without PP; interleaving for training only."""
+    pool = tuple(range(job.cluster.num_gpus))
+    by = {c.model_stage: c for c in cands}
+    for c in cands:
+        if tuple(sorted(c.gpus)) != pool:
+            return f"{c.model_stage} is not on all {len(pool)} GPUs (verl's one resource pool)"
+        if c.model_stage in ("actor.generate", "reward.infer") and c.pp > 1:
+            return f"{c.model_stage} has pp={c.pp} (verl's inference engines are TP groups)"
+        if backend == "fsdp" and c.model_stage not in ("actor.generate", "reward.infer") and c.tp * c.pp > 1:
+            return f"{c.model_stage} has tp={c.tp} pp={c.pp} (FSDP engines are data-parallel)"
+    allowed = {"actor.generate": ("none", "drop"), "reward.infer": ("none", "host"),
+               "reference.infer": ("host",) if backend == "fsdp" else ("none", "host")}
+    for name, c in by.items():
+        if c.offload not in allowed.get(name, ("none", "host")):
+            return f"{name} has offload {c.offload!r} (verl: {', '.join(allowed.get(name, ('none', 'host')))})"
+    for role in ("actor", "critic"):
+        t, i = by.get(f"{role}.train"), by.get(f"{role}.infer")
+        if t is None:
+            continue
+        if (i.tp, i.pp, i.offload) != (t.tp, t.pp, t.offload) or (role == "critic" and i.micro_batch != t.micro_batch):
+            return f"{role}.infer does not run on {role}.train's engine (its TP/PP, offload{', micro-batch' if role == 'critic' else ''})"
+        zeros = (0, 1) if backend == "megatron" else (2, 3)
+        if t.zero not in zeros:
+            return f"{role}.train has zero={t.zero} (verl {backend}: {zeros})"
+        if backend == "fsdp" and (t.recompute == "selective" or t.vpp > 1):
+            return f"{role}.train has recompute {t.recompute!r} / vpp {t.vpp} (FSDP: gradient checkpointing only)"
+    return None
+
+
 def export_verl(job: JobSpec, best: Plan, headroom: float | None = None, model_path: str | None = None,
                 backends=DEFAULT_BACKENDS) -> dict:
     """Nereus's plan ``best`` as verl overrides: the closest layout verl can express (over
     ``backends``: ``("megatron", "fsdp")`` searches both and ``config_name`` says which config the
     overrides apply to; the default is Megatron only, the config ``nereus plan --export verl``
-    prints), what changed, and both predicted step times. JSON-ready but for ``layout`` and
-    ``evaluation``; ``framework_spec`` is the framework the prediction used (:func:`verl_job`)."""
+    prints), what changed, and both predicted step times. When ``best`` itself is a layout a backend
+    runs (:func:`verl_expressible`) under that backend's framework and is faster, it is exported as is
+    (the planner searches micro-batches and concurrencies the export's grid does not). JSON-ready but
+    for ``layout`` and ``evaluation``; ``framework_spec`` is the framework the prediction used
+    (:func:`verl_job`)."""
     backend, vjob, cands = closest_verl_layout(job, headroom, backends)
     ev = evaluate_layout(vjob, cands, headroom)
+    for b in backends:
+        bjob = verl_job(job, b)
+        if bjob.framework != job.framework or verl_expressible(bjob, best.candidates, b) is not None:
+            continue
+        mine = tuple(c.with_gpus(range(job.cluster.num_gpus)) for c in best.candidates)
+        e2 = evaluate_layout(bjob, mine, headroom)
+        if e2.fits and e2.l_step < ev.l_step:
+            backend, vjob, cands, ev = b, bjob, mine, e2
     what = ("Megatron engines (distributed optimizer = ZeRO-1)" if backend == "megatron" else
             "FSDP engines (reshard_after_forward = ZeRO-3, else ZeRO-2)")
     return {"framework": "verl", "backend": backend, "config_name": CONFIG_NAMES[backend],
