@@ -388,3 +388,24 @@ def test_cli_prints_zero_and_dropped_plans(tmp_path, capsys):
     assert "off:drop on GPUs 4  T_sub (1, 1): destroy x1" in out
     assert main(["transition", "--from", str(tmp_path / "b.json"), "--to", str(tmp_path / "a.json")]) == 0
     assert "off:drop on GPUs 4 -> tp1 pp1 dp1 on GPUs 4" in capsys.readouterr().out
+
+
+def test_colocated_training_model_stages_share_gpus_when_the_framework_colocates():
+    """Under a framework that colocates model-stages of one stage (megatron: verl's hybrid engine),
+    actor.train and critic.train may both keep resident state on GPUs 0-1 (they run in turn): no
+    ownership edges, memory alone orders the primitives. The actor's ZeRO-1 group grows 2 → 4 (2·W
+    + OPT/2) while the critic's moves to GPUs 2-3 (one Extend of the group, 2·(W_c + O_c/2), with
+    the value head: P_c = P - 64·64 + 65 = 152,193 parameters). The default framework (nereus)
+    refuses two resident training model-stages on one GPU."""
+    from nereus.spec.framework import get_framework
+    job = JobSpec(TINY, ClusterSpec(H100, 2, 8), WorkloadSpec(), framework=get_framework("megatron"))
+    cur = plan(train(1, 1, 2, 1, (0, 1)), train(1, 1, 2, 1, (0, 1), ms="critic.train"))
+    tgt = plan(train(1, 1, 4, 1, range(4)), train(1, 1, 2, 1, (2, 3), ms="critic.train"))
+    est = estimate_transition(job, cur, tgt)
+    assert est.feasible and est.dag.exclusive is False, est.reason
+    assert not [e for e in est.dag.edges if e[2] == "ownership"]
+    verify_schedule(est.dag, est.schedule)
+    pc = P - 64 * 64 + 65
+    assert est.bytes_moved == (2 * W + OPT // 2) + 2 * (2 * pc + 12 * pc // 2)
+    with pytest.raises(ValueError, match="concurrent model-stages"):
+        estimate_transition(JOB, cur, tgt)

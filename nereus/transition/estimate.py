@@ -107,8 +107,8 @@ def _check_plans(job: JobSpec, current: Plan, target: Plan) -> None:
             if c.offload == "drop" and stage_of(c.model_stage) == "train":
                 raise ValueError(f"{name} plan: {c.model_stage} has offload='drop', which would lose its "
                                  "training state; valid: 'none' or 'host'")
-            if c.offload != "none":
-                continue  # idle state off the GPUs: it owns no GPU at a step boundary (colocation)
+            if c.offload != "none" or job.framework.colocate != "never":
+                continue  # colocated, or idle state off the GPUs: it owns no GPU at a step boundary
             for g in c.gpus:
                 k = (stage_of(c.model_stage), g)
                 if k in owner:
@@ -195,7 +195,10 @@ def plan_dag(job: JobSpec, current: Plan, target: Plan, pool: frozenset[int] | N
 
     Raises:
         ValueError: plans with different model-stages, unplaced candidates, GPU ids outside the
-            cluster or concurrent model-stages sharing a GPU.
+            cluster, concurrent model-stages sharing a GPU (allowed when the job's framework
+            colocates model-stages, ``FrameworkSpec.colocate`` not ``never``, or when all but one
+            of them keep their idle state off the GPUs, ``offload`` ``host``/``drop``), ``zero`` on a
+            model-stage that does not train, or ``offload="drop"`` on one that does.
         Infeasible: the target uses GPUs outside the pool, a model-stage with unique state lost
             every replica (``*.train``, or a derived copy whose train model-stage is not in the
             plans), the current state already exceeds a GPU's usable memory, or no safe order
@@ -291,7 +294,8 @@ def plan_dag(job: JobSpec, current: Plan, target: Plan, pool: frozenset[int] | N
         dur = {n.pid: duration(n, job.cluster, params) for ld in locals_ for n in ld.nodes}
         prt = {n.pid: ports(n, job.cluster) for ld in locals_ for n in ld.nodes}
         try:
-            dag, sched = plan_global(locals_, tuple(initial), tuple(final), cap, dur, prt, order)
+            dag, sched = plan_global(locals_, tuple(initial), tuple(final), cap, dur, prt, order,
+                                     exclusive=job.framework.colocate == "never")
             models = {c.model_stage: (model_of(job, c.model_stage), state_parts(job, c.model_stage))
                       for c in current.candidates}
             return replace(dag, models=models), sched, dur

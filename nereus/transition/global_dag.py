@@ -73,6 +73,9 @@ class GlobalDAG:
         models: model-stage → ``(ModelSpec, (weights, optimizer) bytes per parameter)``, what
             ``verify`` needs to check that every produced shard is held or received (set by
             ``estimate.plan_dag``; empty: ``verify`` uses a model-free upper bound).
+        exclusive: concurrent model-stages (one stage) may not share a GPU (ownership edges, the
+            paper's rule); False when the job's framework colocates model-stages of one stage
+            (``FrameworkSpec.colocate`` not ``never``): only memory orders them then.
     """
 
     nodes: tuple[Primitive, ...]
@@ -82,6 +85,7 @@ class GlobalDAG:
     capacity: dict
     local: tuple[LocalDAG, ...] = ()
     models: dict = field(default_factory=dict, compare=False, repr=False)
+    exclusive: bool = True
 
     def node(self, pid: str) -> Primitive:
         for n in self.nodes:
@@ -225,7 +229,7 @@ def _resource_edges(sched: Schedule, nodes: dict[str, Primitive], preds: dict[st
 def plan_global(locals_: list[LocalDAG], initial: tuple[EMU, ...], target: tuple[EMU, ...],
                 capacity: dict[int, int], dur: dict[str, float] | None = None,
                 ports: dict[str, frozenset] | None = None,
-                order: str = "critical") -> tuple[GlobalDAG, Schedule]:
+                order: str = "critical", exclusive: bool = True) -> tuple[GlobalDAG, Schedule]:
     """Join local DAGs into one DAG that is safe in every execution it allows, and schedule it.
 
     Args:
@@ -234,6 +238,8 @@ def plan_global(locals_: list[LocalDAG], initial: tuple[EMU, ...], target: tuple
         capacity: GPU → usable bytes, for every GPU any EMU or primitive touches.
         dur: seconds per pid (1 s each when None); ports: link ports per pid (none when None).
         order: ``"stage"`` (the paper's priority) or ``"critical"`` (see the module docstring).
+        exclusive: add ownership edges (concurrent model-stages never share a GPU); False for a
+            job whose framework colocates model-stages of one stage (:attr:`GlobalDAG.exclusive`).
 
     Returns:
         The DAG (nodes in start order) and its greedy schedule (its makespan is ``L_tran``).
@@ -248,7 +254,7 @@ def plan_global(locals_: list[LocalDAG], initial: tuple[EMU, ...], target: tuple
     dur = dur if dur is not None else {p: 1.0 for p in nodes}
     ports = ports if ports is not None else {p: frozenset() for p in nodes}
     edges = [(a, b, "state") for ld in locals_ for a, b in ld.edges] + _read_edges(locals_)
-    edges += _ownership_edges(locals_)
+    edges += _ownership_edges(locals_) if exclusive else []
     preds: dict[str, set[str]] = {p: set() for p in nodes}
     for a, b, _ in edges:
         preds[b].add(a)
@@ -299,7 +305,7 @@ def plan_global(locals_: list[LocalDAG], initial: tuple[EMU, ...], target: tuple
     seq = sorted(nodes, key=lambda p: (best.start[p], best.end[p], p))
     dag = GlobalDAG(nodes=tuple(nodes[p] for p in seq), edges=tuple(dict.fromkeys(edges + res)),
                     initial=tuple(initial), target=tuple(target), capacity=dict(capacity),
-                    local=tuple(locals_))
+                    local=tuple(locals_), exclusive=exclusive)
     return dag, best
 
 

@@ -16,7 +16,8 @@ state, with the schedule's times, and refuses it when any of the transition's sa
   copy of a slice (an optimizer shard of a leaving rank) that its output claims to hold;
 * memory: on every GPU, the state held plus the peak (``mem_hi``) of every running primitive stays
   within ``dag.capacity``;
-* ownership: no acquisition of a GPU owned by a concurrent model-stage (``primitives.check_pre``);
+* ownership: no acquisition of a GPU owned by a concurrent model-stage (``primitives.check_pre``),
+  unless the job colocates model-stages of one stage (``dag.exclusive`` False);
 * result: the EMUs at the end are exactly the target (by model-stage, layout and GPUs).
 
 Pure: no runtime import.
@@ -115,7 +116,7 @@ def verify_schedule(dag: GlobalDAG, schedule: Schedule) -> list[str]:
     for t, is_start, pid in events:
         p = node[pid]
         if is_start:
-            why = check_pre(state, p) or check_supply(dag, p, state.emus)
+            why = check_pre(state, p, dag.exclusive) or check_supply(dag, p, state.emus)
             if why:
                 raise ScheduleError(f"at {t:.3f}s: {why}")
             running.add(pid)
