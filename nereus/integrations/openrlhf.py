@@ -7,15 +7,23 @@ its GPU-only dependencies need not be installed) and runs the statements of its 
 that build the ``argparse`` parser, nothing else. Without the package, the keys Nereus reads are
 parsed and every other ``--key`` is accepted unchecked (said in the notes).
 
-Layout as OpenRLHF runs it without colocation flags: disjoint GPU groups, placed here in this
-order on consecutive GPU ids: actor (``actor.infer`` and ``actor.train``), critic (``critic.infer``
-and ``critic.train``), reference, reward, then the vLLM engines (``actor.generate``, one replica per
-engine of ``--vllm.tensor_parallel_size`` GPUs). DeepSpeed models use ``--ds.tensor_parallel_size``
-and no pipeline; DP = group GPUs / TP.
+Layout as OpenRLHF runs it: GPU groups placed in this order on consecutive GPU ids: actor
+(``actor.infer`` and ``actor.train``), critic (``critic.infer`` and ``critic.train``), reference, reward,
+then the vLLM engines (``actor.generate``, one replica per engine of ``--vllm.tensor_parallel_size``
+GPUs); ``--train.colocate_all`` puts every group (and the engines, unless asynchronous) on the
+actor's GPUs, ``--train.colocate_actor_ref`` the reference on the actor's, and
+``--train.colocate_critic_reward`` the reward model on the critic's: model-stages of one stage on
+shared GPUs run one after another. DeepSpeed models use ``--ds.tensor_parallel_size`` and no
+pipeline; DP = group GPUs / TP. ``--ds.zero_stage`` is the training model-stages' ``zero``;
+``--ds.adam_offload`` / ``--ds.enable_sleep`` their ``offload='host'``; ``--ref.offload``,
+``--reward.offload`` and ``--vllm.enable_sleep`` (level 1, with colocate_all) ``host`` for theirs. The
+job's framework is :func:`openrlhf_framework`.
 
-Not expressible yet (named, never approximated): ``--ds.zero_stage`` > 0 (ZeRO sharding; OpenRLHF's
-default is 2), the colocation flags, offload flags, ``--ds.ring_attn_size`` > 1, dynamic batches and
-generation without vLLM.
+Still refused (named, never approximated): ``--ds.ring_attn_size`` > 1, ``--ds.zpg`` > 1, dynamic
+batches and generation without vLLM.
+
+Export (:func:`export_openrlhf`): the faster of disjoint groups and ``--train.colocate_all``, with
+a ZeRO stage and Adam offload (:func:`closest_openrlhf_layout`).
 """
 
 from __future__ import annotations
