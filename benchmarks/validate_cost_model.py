@@ -7,9 +7,11 @@ Reads ``benchmarks/data/published_measurements.csv`` (sources and conversions in
 * median and mean absolute percentage error (APE) of predicted vs measured iteration time (and memory
   where a row publishes it), with the default efficiencies (**before** calibration);
 * **after** calibration fitted on one source and tested on the others (leave-one-source-out): the
-  efficiencies are fitted with :func:`nereus.cost.fit.fit_table` on the measured totals of one
-  source (one scale per op-class group, prior towards the defaults, bounds inside the caps), then
-  every row of the other sources is predicted with the fitted table;
+  efficiencies are fitted on the measured totals of one source (one scale per op-class group, prior
+  towards the defaults, bounds inside the caps; :func:`nereus.cost.fit.fit_scales` on the predicted
+  breakdowns, then polished with :func:`nereus.cost.fit.fit_table` on the real model), then every
+  row of the other sources is predicted with the fitted table; also pooled over all the fits, and
+  the *floor*: one fit over all bf16 rows (and per GPU type) judged in-sample;
 * the Spearman rank correlation of predicted vs measured times across the rows (layouts, batch
   and sequence settings) of one model, and of the time per token (which removes the size of the
   workload and leaves the layout and shape effects);
@@ -32,10 +34,11 @@ optimizer step over the global batch, i.e. the ``train`` model-stage time of one
   FLOPs per GPU; the KV all-gather of CP is not charged). FP8 is not modelled (bf16 peak).
 * Every feature a row uses is checked: passed to the model, and the estimate compared with the
   neutral value. A feature the installed model does not accept, or accepts with no effect on time
-  and memory, is listed as not modelled for that row.
+  and memory, is listed as not modelled for that row. A row the model refuses with its features
+  (e.g. after an API change) is evaluated without them and says why.
 
-Run: ``python benchmarks/validate_cost_model.py [--csv PATH] [--out PNG] [--json PATH]``; takes a
-few seconds on a CPU.
+Run: ``python benchmarks/validate_cost_model.py [--csv PATH] [--out PNG] [--json PATH] [--markdown]``;
+takes 10-30 s on a CPU.
 """
 
 from __future__ import annotations
