@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from nereus.cost.shapes import params_on_rank
 from nereus.planner.plan import Candidate, Plan
+from nereus.spec.framework import get_framework
 from nereus.spec.hardware import ClusterSpec, GPUSpec, get_gpu
 from nereus.spec.job import JobSpec
 from nereus.spec.model import get_model
@@ -323,7 +324,8 @@ def _asap(dag, rng: random.Random) -> Schedule:
 @given(seed=st.integers(0, 2**31 - 1))
 def test_random_zero_and_offload_transitions_keep_every_byte(seed):
     """Random plan pairs of the tiny model on 2 nodes x 8 GPUs, training with ZeRO 0-3 and idle
-    state resident, in host memory or dropped: every feasible estimate passes ``verify_schedule``
+    state resident, in host memory or dropped, model-stages of one stage on disjoint GPUs or (30%,
+    a colocating framework) on any: every feasible estimate passes ``verify_schedule``
     in the greedy schedule and in random as-soon-as-possible executions (last copy at every instant,
     every produced shard held or received, memory, ownership, end state = target), each target
     GPU ends holding exactly the bytes its ZeRO stage gives it, and the bytes moved are at least
@@ -333,7 +335,9 @@ def test_random_zero_and_offload_transitions_keep_every_byte(seed):
     mem = rng.choice((0.0025, 0.004, 0.006, 80.0))
     gpu = GPUSpec(name="g", peak_flops=1e15, memory_bytes=int(mem * 2**30), hbm_bandwidth=3e12,
                   scaleup_bandwidth=450e9, scaleout_bandwidth=50e9)
-    job = JobSpec(TINY, ClusterSpec(gpu, 2, 8), WorkloadSpec())
+    coloc = rng.random() < 0.3  # a framework that colocates model-stages of one stage
+    job = JobSpec(TINY, ClusterSpec(gpu, 2, 8), WorkloadSpec(),
+                  framework=get_framework("megatron" if coloc else "nereus"))
     gpus = list(range(16))
     names = ["actor.train", "critic.train", "reference.infer"][:rng.randint(1, 3)]
     cur, tgt = [], []
@@ -341,8 +345,8 @@ def test_random_zero_and_offload_transitions_keep_every_byte(seed):
     ft: dict[str, set[int]] = {}
     for ms in names:
         stage = ms.partition(".")[2]
-        c = _random_candidate(rng, ms, gpus, fc.setdefault(stage, set(gpus)))
-        t = _random_candidate(rng, ms, gpus, ft.setdefault(stage, set(gpus)), prev=c)
+        c = _random_candidate(rng, ms, gpus, set(gpus) if coloc else fc.setdefault(stage, set(gpus)))
+        t = _random_candidate(rng, ms, gpus, set(gpus) if coloc else ft.setdefault(stage, set(gpus)), prev=c)
         if c is None or t is None:
             return
         cur.append(c)
@@ -397,7 +401,6 @@ def test_colocated_training_model_stages_share_gpus_when_the_framework_colocates
     + OPT/2) while the critic's moves to GPUs 2-3 (one Extend of the group, 2·(W_c + O_c/2), with
     the value head: P_c = P - 64·64 + 65 = 152,193 parameters). The default framework (nereus)
     refuses two resident training model-stages on one GPU."""
-    from nereus.spec.framework import get_framework
     job = JobSpec(TINY, ClusterSpec(H100, 2, 8), WorkloadSpec(), framework=get_framework("megatron"))
     cur = plan(train(1, 1, 2, 1, (0, 1)), train(1, 1, 2, 1, (0, 1), ms="critic.train"))
     tgt = plan(train(1, 1, 4, 1, range(4)), train(1, 1, 2, 1, (2, 3), ms="critic.train"))

@@ -108,8 +108,12 @@ def verify_schedule(dag: GlobalDAG, schedule: Schedule) -> list[str]:
         e.model_stage for e in dag.target}
     state = TransitionState.of(dag.initial)
     events = []  # (time, 0 end / 1 start, pid): ends first at equal times, releasing before acquiring
+    preds = dag.preds()
     for p in pids:
-        events.append((schedule.start[p], 1, p))
+        # a start that float rounding puts a hair before a predecessor's end (checked above within
+        # _EPS) happens at that end
+        start = max([schedule.start[p], *(schedule.end[a] for a in preds[p])])
+        events.append((start, 1, p))
         events.append((schedule.end[p], 0, p))
     events.sort(key=lambda e: (e[0], e[1], e[2]))
     running: set[str] = set()
