@@ -132,7 +132,7 @@ def test_tau_search_equals_level_search_without_colocation(seed, monkeypatch):
         ref = math.inf
     import nereus.planner.search as S
 
-    monkeypatch.setattr(S, "_ALWAYS_TAU", True)
+    monkeypatch.setattr(S, "_LEVEL_SEARCH", True)
     try:
         got = search(CostModel(job, workflow=wf), pool, multi).l_step
     except NoFeasiblePlan:

@@ -120,18 +120,25 @@ def _distinct_load_dps(total: int, max_dp: int) -> np.ndarray:
 def _per_count(seqs: np.ndarray, cap: int | None = None):
     """Pairs ``(i, v)``: for each ``seqs[i]``, the smallest ``v`` of every distinct count
     ``ceil(seqs[i]/v)`` with ``v`` in ``1..min(seqs[i], cap)``, i.e. ``v = ceil(seqs[i]/w)`` for
-    every count ``w`` (``O(√seqs)`` values); ``i`` ascending, ``v`` descending within an ``i``."""
+    every count ``w``; ``i`` ascending, ``v`` ascending within an ``i``.
+
+    Those values are ``ceil(s/w)`` for ``w ≤ √s`` and, below ``√s + 1``, every ``v`` with
+    ``v = ceil(s/ceil(s/v))`` (``O(√s)`` values, found without scanning ``1..s``)."""
     seqs = np.asarray(seqs, dtype=np.int64)
     if seqs.size == 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    top = int(seqs.max())
-    w = np.arange(1, top + 1)
-    v = -(-seqs[:, None] // w[None, :])  # ceil(s/w), non-increasing in w
-    ok = w[None, :] <= seqs[:, None]
-    ok[:, 1:] &= v[:, 1:] != v[:, :-1]
+    k = int(np.sqrt(int(seqs.max()))) + 2
+    w = np.arange(1, k + 1)
+    s = seqs[:, None]
+    v = np.concatenate([-(-s // w[None, :]), np.broadcast_to(w[None, :], (seqs.size, k))], axis=1)
+    ok = (v <= s) & (v == -(-s // (-(-s // np.maximum(v, 1)))))
     if cap is not None:
         ok &= v <= cap
-    ii, jj = np.nonzero(ok)
+    v = np.where(ok, v, np.iinfo(np.int64).max)
+    v.sort(axis=1)
+    keep = v != np.iinfo(np.int64).max
+    keep[:, 1:] &= v[:, 1:] != v[:, :-1]
+    ii, jj = np.nonzero(keep)
     return ii.astype(np.int64), v[ii, jj]
 
 
@@ -264,24 +271,27 @@ def frontier(cs: CandidateSet, usable: float) -> CandidateSet:
     their memory class (same resident and transient bytes): within a class a candidate with no
     fewer GPUs and no less time is dominated. Across classes dominance is left to the search's
     memory filters. The result is sorted by GPUs, then time."""
-    fits = (cs.r + cs.x) <= usable
-    cs = cs.take(np.nonzero(fits)[0])
-    if len(cs) <= 1:
-        return cs
-    # 2-D staircase per exact memory class (r, x), via a segmented running minimum over rows sorted
-    # by class, then GPUs, then time. Rows come back sorted by (n, t), which the search relies on.
-    order = np.lexsort((cs.t, cs.n, cs.x, cs.r))
-    r, x, t = cs.r[order], cs.x[order], cs.t[order]
-    new_group = np.ones(len(order), dtype=bool)
-    new_group[1:] = (r[1:] != r[:-1]) | (x[1:] != x[:-1])
-    gid = np.cumsum(new_group)
-    span = float(t.max() - t.min()) + 1.0
-    shifted = t - gid * span * 2.0
-    prev_min = np.minimum.accumulate(shifted)
-    keep = np.ones(len(order), dtype=bool)
-    keep[1:] = shifted[1:] < prev_min[:-1]
-    cs = cs.take(order[keep])
-    return cs.take(np.lexsort((cs.t, cs.n)))
+    idx = np.flatnonzero((cs.r + cs.x) <= usable)
+    if idx.size <= 1:
+        return cs.take(idx)
+    r, x, n, t = cs.r[idx], cs.x[idx], cs.n[idx], cs.t[idx]
+    # 2-D staircase per exact memory class (r, x): rows sorted by class, then GPUs, then time (one
+    # integer key for class and GPUs), then a segmented running minimum of time.
+    _, ri = np.unique(r, return_inverse=True)
+    _, xi = np.unique(x, return_inverse=True)
+    cls = ri.astype(np.int64) * (int(xi.max()) + 1) + xi
+    key = cls * (int(n.max()) + 1) + n
+    order = np.lexsort((t, key))
+    c, ts = cls[order], t[order]
+    new_group = np.ones(order.size, dtype=bool)
+    new_group[1:] = c[1:] != c[:-1]
+    span = float(ts.max() - ts.min()) + 1.0
+    shifted = ts - np.cumsum(new_group) * span * 2.0
+    keep = np.ones(order.size, dtype=bool)
+    keep[1:] = shifted[1:] < np.minimum.accumulate(shifted)[:-1]
+    sel = order[keep]
+    sel = sel[np.lexsort((t[sel], n[sel]))]
+    return cs.take(idx[sel])
 
 
 def latency_frontier(cs: CandidateSet) -> CandidateSet:

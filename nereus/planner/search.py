@@ -1,30 +1,57 @@
 """Plan search: the fastest feasible plan for a job on a GPU pool (DESIGN.md §4.4, paper Eq. 1).
 
-The search model (shared exactly with :mod:`nereus.planner.exhaustive`):
+The search model (shared exactly with :mod:`nereus.planner.exhaustive`). Each stage takes one
+placement mode among those the job's framework allows (``framework.colocate``: ``never`` →
+disjoint; ``always`` → colocated for stages with two or more model-stages; ``auto`` → either, the
+search picks per stage):
 
-* model-stages of a stage run concurrently on disjoint GPUs: ``Σ GPUs ≤ |P_gpu|`` per stage;
+* *disjoint*: the stage's model-stages run concurrently on disjoint GPUs, ``Σ GPUs ≤ |P_gpu|``;
+  stage time ``T_s = max_M t_M``, per-GPU resident bound ``R_s = max_M r_M``;
+* *colocated*: they run one after another on GPU sets taken from the same start of the pool (verl's
+  hybrid engine), each ``GPUs_M ≤ |P_gpu|``; ``T_s = Σ_M t_M``, ``R_s = Σ_M r_M`` (a GPU may host
+  one replica of each). With the same rows, disjoint is never worse, so colocation only pays when
+  the stage's model-stages do not fit the pool side by side (placement colocates exactly then,
+  or always under ``always``);
+* in both, ``X_s = max_M x_M``; an idle model-stage's offloaded or dropped state counts as
+  resident 0 and as transient while it runs (its candidate rows say so, :mod:`nereus.cost`);
 * stages share GPUs one after another; every stage places its model-stages from the same end of the
-  pool ("aligned"), so a GPU may host one model-stage of every stage and the per-GPU bound is
-  ``workspace + Σ_stage R_s + max_stage X_s ≤ (1-headroom)·capacity`` with ``R_s`` the largest
-  resident and ``X_s`` the largest transient bytes among the stage's model-stages (an upper bound on
-  every GPU's peak for any placement, so the placed plan always fits);
-* ``L_step = Σ_stage max_M t_M`` (synchronous) or ``max(t_gen, t_inf + t_train)`` (asynchronous,
+  pool ("aligned"), so the per-GPU bound is ``workspace + Σ_stage R_s + max_stage X_s ≤
+  (1-headroom)·capacity``: an upper bound on every GPU's peak for any placement in which a GPU
+  hosts at most one replica of each model-stage and disjoint stages do not share GPUs inside the
+  stage, so the placed plan always fits;
+* ``L_step = Σ_stage T_s`` (synchronous) or ``max(T_gen, T_inf + T_train)`` (asynchronous,
   generation on GPUs of its own).
 
 Algorithm (exact for this model):
 
-1. per model-stage: candidates → frontier (the (GPUs, time) staircase of each memory class);
-2. per stage and memory filter (resident ≤ β, transient ≤ τ): a min-max knapsack over the stage's
-   model-stages under the GPU budget, solved exactly by repeatedly giving more GPUs to the slowest
-   model-stage along its frontier ("dynamic programming" over the staircase; the max can only drop
-   if the slowest model-stage gets faster);
-3. over stages: branch and bound over resident levels ``(β_s)`` with ``τ = usable - Σ β_s``, visiting
-   combinations in order of their memory-free lower bound and stopping when the bound reaches the
-   best plan found; results per (stage, β, τ-class) are cached, and so is each frontier's
-   staircase per (its own resident and transient levels at or below β and τ, budget), which
-   model-stages sharing a frontier (``actor.infer`` and ``reference.infer``) share.
+1. per model-stage: candidates → frontier (the (GPUs, time) staircase of each memory class;
+   :mod:`nereus.planner.candidates` says why the reduced concurrency and micro-batch sets are exact);
+2. per stage, at a transient bound τ, its *staircase*: the least stage time for every resident
+   bound, over its modes. Disjoint: at each resident level β (a resident value of the stage's
+   rows) a min-max knapsack over the model-stages under the GPU budget, exactly the least ``T``
+   among the staircase times with ``Σ_M N_M(T) ≤ budget`` (``N_M(T)``: fewest GPUs of M at time
+   ≤ T under β, τ), solved for all levels at once; colocated: Pareto sums of the model-stages'
+   (resident, time) staircases under τ (GPUs only need to fit the pool). A model-stage alone is
+   its own staircase;
+3. over τ: the plan's largest transient ``X`` is one of the rows' transient values (levels
+   ``x_1 < … < x_K``). For an interval of levels ``[x_a, x_b]`` the relaxation "transient ≤ x_b,
+   Σ_s R_s ≤ usable - x_a" (a min-plus convolution of the stage staircases) bounds every plan whose
+   ``X`` lies in the interval from below, and its minimizer, when it also satisfies
+   ``Σ R + X ≤ usable``, is the best such plan. Best-first branch and bound over intervals: an
+   infeasible minimizer (``X = x_k``, ``a < k``) splits the interval into ``[x_a, x_{k-1}]`` (its
+   transient is too large there) and ``[x_k, x_b]`` (its resident is too large there), so every
+   split cuts the minimizer off; the search stops when the smallest open bound reaches the best
+   plan found. Every level lies in some interval, so no plan is lost. Staircases are cached per
+   (each model-stage's count of its own transient levels ≤ τ, budget), shared by model-stages with
+   one frontier (``actor.infer`` and ``reference.infer``). Asynchronous jobs run this per GPU budget
+   left by each generation row of its (GPUs, time) staircase.
 
-Then :func:`nereus.planner.placement.place` assigns GPU ids, preferring the current plan's GPUs.
+A second exact algorithm for all-disjoint jobs, a branch and bound over resident levels ``(β_s)``
+with ``τ = usable - Σ β_s`` (the search before colocation), stays for cross-checks
+(``_LEVEL_SEARCH``).
+
+Then :func:`nereus.planner.placement.place` assigns GPU ids, preferring the current plan's GPUs;
+the plan records nothing about modes: colocation is visible as overlapping GPU sets in a stage.
 """
 
 from __future__ import annotations
@@ -44,8 +71,9 @@ __all__ = ["NoFeasiblePlan", "SearchResult", "plan_job", "search", "SearchOption
 
 GIB = 1024**3
 LB_POINTS = 12
-#: route every search through the transient-bound search (tests compare the two algorithms)
-_ALWAYS_TAU = False
+#: use the resident-level branch and bound for all-disjoint jobs instead of the transient-bound
+#: search (a second exact algorithm; tests compare the two)
+_LEVEL_SEARCH = False
 
 
 class NoFeasiblePlan(ValueError):
@@ -238,7 +266,7 @@ def search(cost: CostModel, pool_size: int, multi_node: bool,
     modes = {s: _stage_modes(cost, s) for s in wf.stages}
     asyn = wf.asynchronous and "generate" in wf.stages
     shared: dict = {}
-    if not _ALWAYS_TAU and all(m == ("disjoint",) for s, m in modes.items()):
+    if _LEVEL_SEARCH and all(m == ("disjoint",) for s, m in modes.items()):
         stages = {s: _Stage(s, [fronts[m.name] for m in wf.in_stage(s)], pool_size) for s in wf.stages}
         if asyn:
             best = _search_async(stages, usable, pool_size)
@@ -331,6 +359,50 @@ def _member(shared: dict, fs: CandidateSet) -> _Member:
     return shared[k]
 
 
+def _minmax_levels(members: list, budget: int):
+    """The min-max knapsack of one disjoint stage at every resident level at once.
+
+    ``members``: per distinct frontier ``(level ids, rows, frontier, multiplicity)``, the rows of
+    each level's (GPUs, time) staircase (level-major; GPUs ascending, time descending within a
+    level). At level ``j`` the best stage time is the least ``T`` among the members' staircase
+    times with ``Σ_i mult_i · N_i(T) ≤ budget``, ``N_i(T)`` the fewest GPUs of member ``i`` at time
+    ``≤ T`` (the min-max knapsack's optimum; every member then takes that fewest-GPU row).
+    Times are compared through their ranks (exact integer keys).
+
+    Returns ``(levels, times, [rows per member])`` for the levels with a solution, or None."""
+    tall = np.concatenate([fs.t[rows] for _, rows, fs, _ in members])
+    if tall.size == 0:
+        return None
+    uniq, inv = np.unique(tall, return_inverse=True)
+    K = int(uniq.size)
+    keys, ranks, off = [], [], 0
+    for jj, rows, _, _ in members:
+        rk = inv[off:off + rows.size]
+        off += rows.size
+        ranks.append(rk)
+        keys.append(jj.astype(np.int64) * (K + 1) + (K - rk))  # ascending within each level
+    cj = np.concatenate([m[0] for m in members]).astype(np.int64)
+    cr = np.concatenate(ranks)
+    qkey = cj * (K + 1) + (K - cr)
+    need = np.zeros(cj.size)
+    for (jj, rows, fs, w), key in zip(members, keys):
+        pos = np.searchsorted(key, qkey, side="left")  # first row of the level with time ≤ T
+        pc = np.minimum(pos, key.size - 1)
+        ok = (pos < key.size) & (jj[pc] == cj)
+        need += np.where(ok, fs.n[rows[pc]] * w, np.inf)
+    feas = np.nonzero(need <= budget)[0]
+    if feas.size == 0:
+        return None
+    order = feas[np.lexsort((cr[feas], cj[feas]))]
+    first = np.ones(order.size, dtype=bool)
+    first[1:] = cj[order[1:]] != cj[order[:-1]]
+    best = order[first]  # per level, the feasible candidate with the least time
+    lv, rk = cj[best], cr[best]
+    q = lv * (K + 1) + (K - rk)
+    chosen = [rows[np.searchsorted(key, q, side="left")] for (_, rows, _, _), key in zip(members, keys)]
+    return lv, uniq[rk], chosen
+
+
 class _Group:
     """One stage under the τ search: its (resident, time) staircase at a transient bound, over the
     placement modes the framework allows (disjoint: min-max knapsack per resident level; colocated:
@@ -375,34 +447,32 @@ class _Group:
             allrows = [m.rows(tau, budget) for m in self.members]
             levels = np.unique(np.concatenate([fs.r[st] for fs, st in zip(fss, allrows)]))
             levels = levels[levels <= cap]
-            Rl, Tl, Xl, rl = [], [], [], []
-            for beta in levels.tolist():
-                self.calls += 1
-                ns, ts, idxs = [], [], []
-                for fs, st in zip(fss, allrows):
-                    o = st[fs.r[st] <= beta]  # frontier rows are sorted by (GPUs, time)
-                    if o.size == 0:
-                        break
-                    # (GPUs, time) staircase of the rows under beta
-                    t = fs.t[o]
-                    keep = np.ones(o.size, dtype=bool)
-                    keep[1:] = t[1:] < np.minimum.accumulate(t)[:-1]
-                    o = o[keep]
-                    idxs.append(o)
-                    ns.append(fs.n[o].tolist())
-                    ts.append(fs.t[o].tolist())
-                else:
-                    best, pos = _minmax_lists(ns, ts, budget)
-                    if pos is None:
-                        continue
-                    rr = [int(ix[p]) for ix, p in zip(idxs, pos)]
-                    Rl.append(max(float(fs.r[r]) for fs, r in zip(fss, rr)))
-                    Tl.append(best)
-                    Xl.append(max(float(fs.x[r]) for fs, r in zip(fss, rr)))
-                    rl.append(rr)
-            if Rl:
-                parts.append((np.array(Rl), np.array(Tl), np.array(Xl), np.array(rl, dtype=np.int64),
-                              np.zeros(len(Rl), dtype=np.int64)))
+            L = levels.size
+            # every member's (GPUs, time) staircase under every resident level at once: rows in
+            # (GPUs, time) order, masked by resident ≤ level, running minimum of time per level
+            per: dict = {}
+            mult: dict = {}
+            for m, fs, o in zip(self.members, fss, allrows):
+                mult[id(m)] = mult.get(id(m), 0) + 1
+                if id(m) in per:
+                    continue
+                # rows x levels (the running minimum runs down the rows: contiguous, fast)
+                t = np.where(fs.r[o][:, None] <= levels[None, :], fs.t[o][:, None], np.inf)
+                keep = np.isfinite(t)
+                if o.size > 1:
+                    keep[1:] &= t[1:] < np.minimum.accumulate(t, axis=0)[:-1]
+                jj, qq = np.nonzero(keep.T)  # level-major; within a level GPUs ascending, time descending
+                per[id(m)] = (jj, o[qq])
+            self.calls += L
+            uids = list(per)
+            fs_of = {id(m): m.fs for m in self.members}
+            got = _minmax_levels([(per[u][0], per[u][1], fs_of[u], mult[u]) for u in uids], budget)
+            if got is not None:
+                lv, T = got[0], got[1]
+                rows = np.stack([got[2][uids.index(id(m))] for m in self.members], axis=1)
+                R = np.max(np.stack([fs.r[rows[:, i]] for i, fs in enumerate(fss)], axis=1), axis=1)
+                X = np.max(np.stack([fs.x[rows[:, i]] for i, fs in enumerate(fss)], axis=1), axis=1)
+                parts.append((R, T, X, rows, np.zeros(lv.size, dtype=np.int64)))
         if not parts:
             hit = self.cache[key] = None
             return None
