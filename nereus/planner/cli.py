@@ -358,8 +358,10 @@ def _export(args, job, plan) -> int:
     if args.export == "verl":
         from nereus.integrations.verl import export_verl
 
-        ex = export_verl(job, plan, args.headroom, model_path)
-        settings = ["python3 -m verl.trainer.main_ppo --config-name=ppo_megatron_trainer \\"] + \
+        # an FSDP job (imported from verl's FSDP backend, or --framework fsdp) may also export to FSDP
+        backends = ("megatron", "fsdp") if "fsdp" in job.framework.name else ("megatron",)
+        ex = export_verl(job, plan, args.headroom, model_path, backends=backends)
+        settings = [f"python3 -m verl.trainer.main_ppo --config-name={ex['config_name']} \\"] + \
             [f"    {o} \\" for o in ex["overrides"]]
         settings[-1] = settings[-1][:-2]
     else:
