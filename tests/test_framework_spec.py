@@ -49,3 +49,15 @@ def test_bad_framework_fields_are_named(doc, words):
         JobSpec.from_dict(BASE | {"framework": doc})
     for w in words:
         assert w in str(e.value), (w, str(e.value))
+
+
+def test_offload_modes_per_model_stage():
+    fw = FrameworkSpec.from_dict({"preset": "megatron", "drop_model_stages": ["actor.generate"]})
+    assert fw.offload_modes("actor.generate") == ("none", "host", "drop")
+    assert fw.offload_modes("reference.infer") == ("none", "host")   # not listed
+    assert fw.offload_modes("actor.train") == ("none", "host")       # training state is never dropped
+    assert get_framework("generic").offload_modes("reference.infer") == ("none", "host", "drop")
+    assert get_framework("nereus").offload_modes("actor.generate") == ("none",)
+    assert FrameworkSpec.from_dict(fw.to_dict()) == fw
+    with pytest.raises(ValueError, match="'drop_model_stages'"):
+        FrameworkSpec(drop_model_stages=("actor.train",))

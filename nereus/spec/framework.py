@@ -93,6 +93,9 @@ class FrameworkSpec:
         model_parallel_train: whether training may use TP > 1 or PP > 1.
         uneven_pp: PP degrees that do not divide the layers are allowed (the first ranks hold one
             layer more).
+        drop_model_stages: the model-stages that may use ``drop`` when ``offload`` allows it (None:
+            every non-training model-stage; verl, for example, frees only the rollout engine's
+            weights, so its frameworks list ``("actor.generate",)``).
 
     Raises:
         ValueError: a field outside its valid values.
@@ -109,8 +112,15 @@ class FrameworkSpec:
     colocate: str = "never"
     model_parallel_train: bool = True
     uneven_pp: bool = False
+    drop_model_stages: tuple | None = None
 
     def __post_init__(self) -> None:
+        if self.drop_model_stages is not None:
+            if isinstance(self.drop_model_stages, str) or not all(
+                    isinstance(m, str) and "." in m and not m.endswith(".train") for m in self.drop_model_stages):
+                raise ValueError(f"framework field 'drop_model_stages' must be a list of non-training model-stage "
+                                 f"names such as 'actor.generate', or null, got {self.drop_model_stages!r}")
+            object.__setattr__(self, "drop_model_stages", tuple(self.drop_model_stages))
         object.__setattr__(self, "zero_stages", tuple(self.zero_stages))
         object.__setattr__(self, "offload", tuple(self.offload))
         if not isinstance(self.name, str) or not self.name:
@@ -139,6 +149,8 @@ class FrameworkSpec:
         d = asdict(self)
         d["zero_stages"] = list(self.zero_stages)
         d["offload"] = list(self.offload)
+        if self.drop_model_stages is not None:
+            d["drop_model_stages"] = list(self.drop_model_stages)
         return d
 
     @classmethod
@@ -159,7 +171,7 @@ class FrameworkSpec:
         unknown = sorted(str(k) for k in set(d) - known)
         if unknown:
             raise ValueError(f"unknown framework field(s) {unknown}; valid: ['preset'] + {sorted(known)}")
-        for k in ("zero_stages", "offload"):
+        for k in ("zero_stages", "offload") + (("drop_model_stages",) if d.get("drop_model_stages") is not None else ()):
             if k in d and not isinstance(d[k], (list, tuple)):
                 raise ValueError(f"framework field {k!r} must be a list, got {d[k]!r}")
         if "name" not in d and d:
@@ -168,6 +180,14 @@ class FrameworkSpec:
 
     def allows_offload(self) -> bool:
         return any(o != "none" for o in self.offload)
+
+    def offload_modes(self, model_stage: str) -> tuple[str, ...]:
+        """Idle-state modes ``model_stage`` may use: the framework's ``offload`` less ``drop`` for
+        training model-stages (their state is the run's only copy) and for model-stages outside
+        ``drop_model_stages``."""
+        train = model_stage.endswith(".train")
+        return tuple(o for o in self.offload if o != "drop" or (
+            not train and (self.drop_model_stages is None or model_stage in self.drop_model_stages)))
 
 
 FRAMEWORK_PRESETS: dict[str, FrameworkSpec] = {
