@@ -182,7 +182,8 @@ def openrlhf_framework(a_get, tp: int) -> FrameworkSpec:
     for training only when ``--ds.tensor_parallel_size`` > 1 (DeepSpeed AutoTP; no pipeline)."""
     red = str(a_get("ds.grad_accum_dtype") or "bf16").lower()
     return replace(get_framework("deepspeed"), name="openrlhf-deepspeed", overlap_grad_reduce=bool(a_get("ds.overlap_comm")),
-                   grad_reduce_bytes=4 if red in ("fp32", "float32") else 2, model_parallel_train=tp > 1)
+                   grad_reduce_bytes=4 if red in ("fp32", "float32") else 2, model_parallel_train=tp > 1,
+                   drop_model_stages=())  # OpenRLHF's sleep (level 1) and offloads copy state out and back
 
 
 def import_openrlhf(args, model=None, gpu=None) -> Imported:
@@ -373,7 +374,7 @@ def openrlhf_job(job: JobSpec) -> JobSpec:
     if job.framework.name == "openrlhf-deepspeed":
         return job.with_framework(replace(job.framework, model_parallel_train=True))
     return job.with_framework(replace(get_framework("deepspeed"), name="openrlhf-deepspeed", overlap_grad_reduce=False,
-                                      grad_reduce_bytes=2, model_parallel_train=True))
+                                      grad_reduce_bytes=2, model_parallel_train=True, drop_model_stages=()))
 
 
 #: (ZeRO stage, training idle state) pairs OpenRLHF expresses: --ds.zero_stage, --ds.adam_offload (ZeRO >= 1)

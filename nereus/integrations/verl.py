@@ -62,6 +62,8 @@ __all__ = ["verl_config_dir", "load_verl_config", "import_verl", "export_verl", 
 
 #: verl's ``algorithm.adv_estimator`` values Nereus models, and the algorithm each one is.
 ADV_ESTIMATORS = {"gae": "ppo", "grpo": "grpo", "remax": "remax"}
+#: the only model-stage verl frees and reloads (the rollout engine's sleep, level 2, re-synced weights)
+VERL_DROP = ("actor.generate",)
 _MISSING = object()
 
 def verl_config_dir() -> Path | None:
@@ -353,8 +355,9 @@ def verl_framework(engines: dict, colocate: str = "always") -> FrameworkSpec:
         base = get_framework("megatron")
         return replace(base, name="verl-megatron", sequence_parallel=_job_sp(engines), overlap_grad_reduce=a.overlap,
                        grad_reduce_bytes=a.reduce_bytes, colocate=colocate, uneven_pp=False,
-                       max_virtual_stages=max(base.max_virtual_stages, a.vpp))
-    return replace(get_framework("fsdp"), name="verl-fsdp", grad_reduce_bytes=a.reduce_bytes, colocate=colocate)
+                       max_virtual_stages=max(base.max_virtual_stages, a.vpp), drop_model_stages=VERL_DROP)
+    return replace(get_framework("fsdp"), name="verl-fsdp", grad_reduce_bytes=a.reduce_bytes, colocate=colocate,
+                   drop_model_stages=VERL_DROP)
 
 
 def _job_sp(engines: dict) -> bool:
@@ -569,9 +572,10 @@ def verl_job(job: JobSpec, backend: str) -> JobSpec:
             return job.with_framework(replace(fw, colocate="always"))
         return job.with_framework(replace(get_framework("megatron"), name="verl-megatron", sequence_parallel=True,
                                           overlap_grad_reduce=False, grad_reduce_bytes=4, colocate="always",
-                                          uneven_pp=False))
+                                          uneven_pp=False, drop_model_stages=VERL_DROP))
     # the export writes no mixed_precision section: verl reduces in fp32
-    return job.with_framework(replace(get_framework("fsdp"), name="verl-fsdp", grad_reduce_bytes=4, colocate="always"))
+    return job.with_framework(replace(get_framework("fsdp"), name="verl-fsdp", grad_reduce_bytes=4, colocate="always",
+                                      drop_model_stages=VERL_DROP))
 
 
 class _Search:
