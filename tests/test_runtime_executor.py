@@ -125,11 +125,15 @@ def test_live_transitions_keep_state_move_planned_bytes_and_training_continues(p
         got = _states(d)
     finally:
         d.close()
-    for ms in TRAIN:  # same samples, same updates up to fp32 reduction order
+    # same samples, same updates up to fp32 reduction order, which Adam amplifies where its second
+    # moment is tiny (rarely seen embedding rows): 1% of one step's size (lr) bounds the drift, a
+    # different sample or update would move parameters by O(lr)
+    atol = 1e-2 * CFG.actor_lr
+    for ms in TRAIN:
         assert got[ms]["update_count"] == want[ms]["update_count"] == 2 * steps
         assert got[ms]["position"] == want[ms]["position"]
         for n in want[ms]["params"]:
-            assert torch.allclose(got[ms]["params"][n], want[ms]["params"][n], atol=1e-5, rtol=1e-4), (ms, n)
+            assert torch.allclose(got[ms]["params"][n], want[ms]["params"][n], atol=atol, rtol=1e-4), (ms, n)
             assert torch.allclose(got[ms]["exp_avg"][n], want[ms]["exp_avg"][n], atol=1e-6, rtol=1e-3), (ms, n)
 
 

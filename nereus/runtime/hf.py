@@ -10,7 +10,8 @@ Tensors are cast to the engine's dtype (a bf16 checkpoint becomes fp32 master we
 embedding's output layer is ``model.embed_tokens.weight``; a value head (critic, reward model) reads
 ``score.weight``/``score.bias`` when the checkpoint has them (a ``*ForTokenClassification`` model with
 one label, as :func:`save_stage` writes) and otherwise starts from ``N(0, 0.02)`` and zero bias drawn
-from the seed (the backbone still comes from the checkpoint, as verl initialises its critic).
+from the seed (``layout.init_param``, as a random-initialized model's head; the backbone still comes
+from the checkpoint, as verl initialises its critic).
 
 Saving (:func:`save_stage`): collective over one replica's TP group of each PP rank: the stage's
 shards are all-gathered within the TP group, and TP rank 0 of PP rank ``p`` writes
@@ -28,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from nereus.runtime.layout import names_of_stage, param_shapes, tied_copy
+from nereus.runtime.layout import init_param, names_of_stage, param_shapes, tied_copy
 from nereus.runtime.shards import region
 from nereus.spec.model import ModelSpec
 
@@ -70,12 +71,6 @@ def checkpoint_index(directory: str | os.PathLike) -> dict[str, str]:
     return out
 
 
-def _value_head_init(spec: ModelSpec, seed: int, name: str) -> torch.Tensor:
-    g = torch.Generator().manual_seed(int(seed))
-    w = torch.randn((1, spec.hidden_size), generator=g) * 0.02
-    return w if name == "score.weight" else torch.zeros(1)
-
-
 def read_shards(spec: ModelSpec, pp: int, p: int, tp: int, t: int, dtype: torch.dtype = torch.float32,
                 device: str = "cpu", seed: int = 0, names: list[str] | None = None) -> dict[str, torch.Tensor]:
     """This rank's shards of ``spec.checkpoint``: name → tensor in the layout's shard shape.
@@ -107,7 +102,7 @@ def read_shards(spec: ModelSpec, pp: int, p: int, tp: int, t: int, dtype: torch.
                 key = "model.embed_tokens.weight"
             if key not in where:
                 if n.startswith("score."):
-                    out[n] = _value_head_init(spec, seed, n).to(device, dtype)
+                    out[n] = init_param(spec, seed, n, dtype=dtype).to(device)
                     continue
                 raise ValueError(f"checkpoint {spec.checkpoint!r} lacks tensor {key!r} that model {spec.name!r} "
                                  f"needs (config and weights disagree)")

@@ -26,13 +26,15 @@ layout); the engine sums the two copies' gradients, so they stay equal. Adam sta
 
 from __future__ import annotations
 
+import hashlib
+
 import torch
 
 from nereus.cost.shapes import layers_of_rank, valid_tp
 from nereus.spec.model import ModelSpec
 
 __all__ = ["validate_layout", "tied_copy", "param_shapes", "rule_of", "names_of_stage", "shard", "unshard",
-           "init_full_params", "padded_vocab"]
+           "init_full_params", "init_param", "init_shard_params", "shard_range", "padded_vocab", "INIT_TILE"]
 
 
 def validate_layout(spec: ModelSpec, tp: int, pp: int) -> None:
@@ -164,19 +166,150 @@ def unshard(shards: list[torch.Tensor], rule: str, spec: ModelSpec) -> torch.Ten
     raise ValueError(f"unknown TP rule {rule!r}")
 
 
-def init_full_params(spec: ModelSpec, seed: int, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
-    """Deterministic full (unsharded) initial parameters: N(0, 0.02) matrices, unit norms, zero bias.
+#: rows × columns of one initialization tile (1-D tensors are read as ``[n, 1]``); part of the
+#: definition of the initial values, so changing it changes every random-initialized model
+INIT_TILE = (64, 64)
+_M32 = 0xFFFFFFFF
 
-    Every rank draws the same full tensors from ``seed`` and keeps its shard, so any layout starts
-    from the same logical state (fine for the small models the runtime tests on).
-    """
-    g = torch.Generator().manual_seed(int(seed))
-    out = {}
+
+def _fmix32(h: int) -> int:
+    """MurmurHash3's 32-bit finalizer: a bijection of ``0..2**32-1``."""
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & _M32
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & _M32
+    return h ^ (h >> 16)
+
+
+def _tiles(shape: tuple[int, ...]) -> tuple[int, int, int, int]:
+    """``(rows, cols, tile rows, tile cols)`` of a parameter's tiling (1-D read as ``[n, 1]``)."""
+    r, c = (shape[0], 1) if len(shape) == 1 else shape
+    return r, c, -(-r // INIT_TILE[0]), -(-c // INIT_TILE[1])
+
+
+def _tile_offsets(spec: ModelSpec) -> dict[str, int]:
+    """Index of each parameter's first tile when all tiles are counted in :func:`param_shapes` order."""
+    out, k = {}, 0
     for name, (shape, _rule) in param_shapes(spec).items():
-        if name.endswith("norm.weight"):
-            out[name] = torch.ones(shape, dtype=dtype)
-        elif name == "score.bias":
-            out[name] = torch.zeros(shape, dtype=dtype)
-        else:
-            out[name] = (torch.randn(shape, generator=g) * 0.02).to(dtype)
+        out[name] = k
+        _r, _c, nr, nc = _tiles(shape)
+        k += nr * nc
     return out
+
+
+def _random(name: str) -> bool:
+    return not (name.endswith("norm.weight") or name == "score.bias")
+
+
+def init_param(spec: ModelSpec, seed: int, name: str, rows: tuple[int, int] | None = None,
+               cols: tuple[int, int] | None = None, dtype: torch.dtype = torch.float32,
+               stats: dict | None = None, _offsets: dict[str, int] | None = None) -> torch.Tensor:
+    """Rows ``[rows)`` and columns ``[cols)`` of logical parameter ``name``'s initial value, computed
+    without the rest of the tensor.
+
+    Values: RMSNorm weights 1, the value head's bias 0, every other tensor ``N(0, 0.02)``. A random tensor
+    is cut into :data:`INIT_TILE` tiles (edge tiles clipped to the tensor); tile ``k`` (counted over
+    the whole model in :func:`param_shapes` order, row-major within a tensor) is
+    ``0.02 * randn(tile shape)`` from a ``torch.Generator`` seeded with ``fmix32((h(seed) + k) mod 2**32)``,
+    ``h`` a hash of ``seed``. The tile seeds of one model are distinct (``fmix32`` is a bijection), and a
+    slice draws only the tiles it overlaps, so a value depends on ``(spec, seed, name, position)``
+    alone: every layout sees the same logical model. Actor and critic variants of one spec share the
+    backbone values (their extra tensors come last).
+
+    Args:
+        rows, cols: half-open ranges along dims 0 and 1 (None: all); ``cols`` only for 2-D tensors.
+        dtype: of the result (drawn in fp32, then cast).
+        stats: when given, ``stats["generated"]`` grows by the number of elements drawn.
+
+    Returns:
+        a tensor of shape ``[rows[1]-rows[0], cols[1]-cols[0]]`` (``[rows[1]-rows[0]]`` for 1-D).
+
+    Raises:
+        KeyError: ``name`` is not a parameter of ``spec``.
+        ValueError: a range outside the tensor, or ``cols`` for a 1-D tensor.
+    """
+    shape = tuple(param_shapes(spec)[name][0])
+    R, C, _nr, nc = _tiles(shape)
+    if cols is not None and len(shape) == 1:
+        raise ValueError(f"parameter {name!r} is 1-D: no column range")
+    r0, r1 = rows if rows is not None else (0, R)
+    c0, c1 = cols if cols is not None else (0, C)
+    if not (0 <= r0 <= r1 <= R and 0 <= c0 <= c1 <= C):
+        raise ValueError(f"range rows {r0}:{r1}, cols {c0}:{c1} outside parameter {name!r} of shape {shape}")
+    out_shape = (r1 - r0,) if len(shape) == 1 else (r1 - r0, c1 - c0)
+    if not _random(name):
+        return (torch.ones if name.endswith("norm.weight") else torch.zeros)(out_shape, dtype=dtype)
+    out = torch.empty((r1 - r0, c1 - c0), dtype=dtype)
+    first = (_offsets or _tile_offsets(spec))[name]
+    base = int.from_bytes(hashlib.blake2b(str(int(seed)).encode(), digest_size=4).digest(), "little")
+    tr, tc = INIT_TILE
+    for i in range(r0 // tr, -(-r1 // tr)):
+        for j in range(c0 // tc, -(-c1 // tc)):
+            g = torch.Generator().manual_seed(_fmix32((base + first + i * nc + j) & _M32))
+            lo_r, lo_c = i * tr, j * tc
+            tile = torch.randn((min(tr, R - lo_r), min(tc, C - lo_c)), generator=g).mul_(0.02)
+            if stats is not None:
+                stats["generated"] = stats.get("generated", 0) + tile.numel()
+            a, b = max(r0, lo_r), min(r1, lo_r + tile.shape[0])
+            c, d = max(c0, lo_c), min(c1, lo_c + tile.shape[1])
+            out[a - r0:b - r0, c - c0:d - c0] = tile[a - lo_r:b - lo_r, c - lo_c:d - lo_c]
+    return out.view(out_shape)
+
+
+def shard_range(spec: ModelSpec, name: str, tp: int, t: int) -> tuple[int | None, int, int, int]:
+    """``(dim, lo, hi, length)``: TP rank ``t``'s shard of ``name`` is elements ``[lo, hi)`` of ``dim``
+    (None: the whole tensor) followed by ``length - (hi - lo)`` zero rows (vocab padding); the same
+    cut as :func:`shard`."""
+    shape, rule = param_shapes(spec)[name]
+    if rule == "rep" or tp == 1 and rule != "vocab":
+        return None, 0, 0, 0
+    if rule == "vocab":
+        c = padded_vocab(spec, tp) // tp
+        return 0, min(t * c, shape[0]), min((t + 1) * c, shape[0]), c
+    if rule == "kv" and tp > spec.num_kv_heads:
+        j, d = t // (tp // spec.num_kv_heads), spec.head_dim
+        return 0, j * d, (j + 1) * d, d
+    dim = 1 if rule == "row" else 0
+    c = shape[dim] // tp
+    return dim, t * c, (t + 1) * c, c
+
+
+def init_shard_params(spec: ModelSpec, seed: int, pp: int, p: int, tp: int, t: int,
+                      dtype: torch.dtype = torch.float32, device: str = "cpu", names: list[str] | None = None,
+                      stats: dict | None = None) -> dict[str, torch.Tensor]:
+    """Initial shards of PP rank ``p``, TP rank ``t`` drawn directly (:func:`init_param`): equal to
+    ``shard(init_full_params(spec, seed)[n], ...)`` while holding at most this rank's shards plus one
+    :data:`INIT_TILE` tile (the full tensors are never built).
+
+    Args:
+        names: a subset of the rank's parameters (default: all of :func:`names_of_stage`).
+        stats: ``stats["generated"]`` counts the random elements drawn.
+
+    Returns:
+        name → tensor of :func:`shard`'s shape on ``device`` in ``dtype`` (vocab padding rows are 0).
+    """
+    offsets = _tile_offsets(spec)
+    out = {}
+    for n in (names if names is not None else names_of_stage(spec, pp, p)):
+        dim, lo, hi, length = shard_range(spec, n, tp, t)
+        if dim is None:
+            x = init_param(spec, seed, n, dtype=dtype, stats=stats, _offsets=offsets)
+        elif dim == 0:
+            x = init_param(spec, seed, n, rows=(lo, hi), dtype=dtype, stats=stats, _offsets=offsets)
+            if hi - lo < length:
+                x = torch.cat([x, x.new_zeros((length - (hi - lo),) + tuple(x.shape[1:]))], 0)
+        else:
+            x = init_param(spec, seed, n, cols=(lo, hi), dtype=dtype, stats=stats, _offsets=offsets)
+        out[n] = x.to(device)
+    return out
+
+
+def init_full_params(spec: ModelSpec, seed: int, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """Deterministic full (unsharded) initial parameters (:func:`init_param`: N(0, 0.02) matrices and
+    q/k/v/o biases, unit norms, zero value-head bias): name → tensor of :func:`param_shapes`' shape.
+
+    The reference for tests and tools; workers draw only their shards (:func:`init_shard_params`),
+    which equal the slices of these tensors under every layout.
+    """
+    offsets = _tile_offsets(spec)
+    return {n: init_param(spec, seed, n, dtype=dtype, _offsets=offsets) for n in param_shapes(spec)}

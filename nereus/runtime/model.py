@@ -31,7 +31,7 @@ from torch.utils.checkpoint import checkpoint
 from nereus.runtime.comm import Group, copy_to_tp, gather_last_dim, reduce_from_tp
 from nereus.runtime.instrument import Meter
 from nereus.runtime.layout import (
-    init_full_params,
+    init_shard_params,
     names_of_stage,
     padded_vocab,
     param_shapes,
@@ -158,7 +158,11 @@ class LlamaShard:
     Args:
         spec: model shapes.
         ctx: the worker's parallel context (layout and groups).
-        seed: initial logical parameters come from :func:`init_full_params` with this seed.
+        seed: initial logical parameters: ``layout.init_shard_params`` draws this rank's shards (the
+            slices of ``layout.init_full_params(spec, seed)``), unless ``full``, ``shards`` or
+            ``spec.checkpoint`` (then only ``score.*`` of a value head missing from it) provide them.
+        full: logical name → full tensor to shard instead (tests).
+        shards: this rank's shards (a live transition).
         meter: receives gemm/attention timings.
         dtype, device: fp32 on CPU; bf16 where the device supports it.
         recompute: activation recomputation in training: ``none``; ``selective`` (the attention
@@ -188,11 +192,14 @@ class LlamaShard:
 
             self.params = {n: w.requires_grad_(True) for n, w in
                            read_shards(spec, ctx.pp, ctx.p, ctx.tp, ctx.t, dtype, device, seed).items()}
-        else:
-            full = full if full is not None else init_full_params(spec, seed)
+        elif full is not None:
             shapes = param_shapes(spec)
             self.params = {n: shard(full[n], shapes[n][1], spec, ctx.tp, ctx.t).to(device, dtype)
                            .requires_grad_(True) for n in self.names}
+        else:  # random init: only this rank's shards are drawn (never the full model)
+            self.params = {n: w.requires_grad_(True) for n, w in
+                           init_shard_params(spec, seed, ctx.pp, ctx.p, ctx.tp, ctx.t, dtype, device,
+                                             self.names).items()}
         self.layers = sorted({int(n.split(".")[2]) for n in self.names if n.startswith("model.layers.")})
         tp, g = ctx.tp, spec.num_kv_heads
         self.q_heads = spec.num_attention_heads // tp

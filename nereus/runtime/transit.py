@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import torch
 
 from nereus.runtime.comm import new_group
-from nereus.runtime.layout import init_full_params, names_of_stage, param_shapes, shard
+from nereus.runtime.layout import init_shard_params, param_shapes
 from nereus.runtime.shards import MoveSpec, UnitMeta, held, kind_dtype, plan_moves
 
 __all__ = ["Unit", "Transit", "COUNTERS"]
@@ -149,20 +149,17 @@ class Transit:
                 self.units[staged.uid] = Unit(staged, host, u.counters)
 
     def _load_storage(self, spec, move: MoveSpec, dtype, device, out: dict) -> None:
-        # a Hugging Face checkpoint is read shard by shard (hf.read_shards); a random model re-created
-        full = None if spec.checkpoint else init_full_params(spec, move.storage_seed)
-        shapes = param_shapes(spec)
+        # a Hugging Face checkpoint is read shard by shard (hf.read_shards); a random model is re-drawn
         for dst in move.produces:
             if self.id not in dst.gpus:
                 continue
             p, t = dst.position(self.id)
-            if full is None:
+            if spec.checkpoint:
                 from nereus.runtime.hf import read_shards
 
                 params = read_shards(spec, dst.pp, p, dst.tp, t, dtype, device, move.storage_seed)
-            else:
-                params = {n: shard(full[n], shapes[n][1], spec, dst.tp, t).to(device, dtype)
-                          for n in names_of_stage(spec, dst.pp, p)}
+            else:  # only this worker's shards are drawn (layout.init_shard_params)
+                params = init_shard_params(spec, move.storage_seed, dst.pp, p, dst.tp, t, dtype, device)
             out["storage_bytes"] += sum(x.numel() * x.element_size() for x in params.values())
             self.units[dst.uid] = Unit(dst, {"params": params}, dict.fromkeys(COUNTERS, 0))
 
