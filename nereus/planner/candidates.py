@@ -266,11 +266,14 @@ def enumerate_candidates(cost: CostModel, ms: ModelStage, num_gpus: int, multi_n
                         r=np.array(a["resident"], dtype=float), x=np.array(a["transient"], dtype=float), **cols)
 
 
-def frontier(cs: CandidateSet, usable: float) -> CandidateSet:
+def frontier(cs: CandidateSet, usable: float, cross: bool = True) -> CandidateSet:
     """Candidates that fit ``usable`` bytes on their own and lie on the (GPUs, time) staircase of
     their memory class (same resident and transient bytes): within a class a candidate with no
-    fewer GPUs and no less time is dominated. Across classes dominance is left to the search's
-    memory filters. The result is sorted by GPUs, then time."""
+    fewer GPUs and no less time is dominated. Across classes, a candidate is dropped when one of a
+    class with no more resident and transient bytes has no more GPUs and time
+    (:func:`_dominated_across_classes`; ``cross=False`` skips it: a model-stage alone in its stage
+    gains little from it); the rest of the cross-class dominance is left to the search's memory
+    filters. The result is sorted by GPUs, then time."""
     idx = np.flatnonzero((cs.r + cs.x) <= usable)
     if idx.size <= 1:
         return cs.take(idx)
@@ -290,8 +293,67 @@ def frontier(cs: CandidateSet, usable: float) -> CandidateSet:
     keep = np.ones(order.size, dtype=bool)
     keep[1:] = shifted[1:] < np.minimum.accumulate(shifted)[:-1]
     sel = order[keep]
+    for _ in range(3 if cross else 0):  # survivors have fewer levels: a second pass buckets them finer
+        before = sel.size
+        sel = sel[_dominated_across_classes(n[sel], t[sel], ri[sel], xi[sel]) == 0]
+        if sel.size > 0.9 * before:
+            break
     sel = sel[np.lexsort((t[sel], n[sel]))]
     return cs.take(idx[sel])
+
+
+#: largest (resident levels x transient levels x GPU counts) grid for the cross-class prune
+CROSS_CLASS_GRID = 1 << 16
+
+
+def _levels(idx: np.ndarray, cap: int):
+    """Ranks of the non-negative integers ``idx`` mapped to at most ``cap`` monotone buckets;
+    ``(buckets, count, exact)``: exact when every level keeps a bucket of its own."""
+    present = np.zeros(int(idx.max()) + 1, dtype=np.int64)
+    present[idx] = 1
+    ranks = np.cumsum(present) - 1  # non-negative integers: ranks by counting, no sort
+    rank = ranks[idx]
+    L = int(ranks[-1]) + 1
+    if L <= cap:
+        return rank, L, True
+    return rank * cap // L, cap, False
+
+
+def _dominated_across_classes(n, t, ri, xi) -> np.ndarray:
+    """1 for rows dominated by another row with no more GPUs, time, resident and transient bytes
+    (less in at least one): such a row can be swapped for that one in any plan (every mode's GPU,
+    time and memory terms are monotone in the four), so dropping it keeps the search exact.
+
+    Computed on a (resident, transient, GPUs) grid of running minima of time. A dimension with more
+    levels than the grid allows is bucketed (monotone); a dominator is then only taken from a
+    strictly lower bucket of it, which still guarantees ``≤`` there (sound, pruning a little less).
+    The grid has at most :data:`CROSS_CLASS_GRID` cells."""
+    out = np.zeros(n.size, dtype=np.int8)
+    if n.size < 2:
+        return out
+    nb, ln, n_exact = _levels(n, 256)
+    room = max(CROSS_CLASS_GRID // ln, 4)
+    side = max(int(np.sqrt(room)), 2)
+    rb, lr, r_exact = _levels(ri, side)
+    xb, lx, x_exact = _levels(xi, max(room // lr, 2))
+    f = np.full((ln, lr, lx), np.inf)
+    np.minimum.at(f, (nb, rb, xb), t)
+    np.minimum.accumulate(f, axis=0, out=f)
+    np.minimum.accumulate(f, axis=1, out=f)
+    k = 1
+    while k < lx:  # running minimum along the last axis by doubling (accumulate is slow there)
+        np.minimum(f[:, :, k:], f[:, :, :-k], out=f[:, :, k:])
+        k *= 2
+    best = np.full(n.size, np.inf)
+    if r_exact and x_exact and n_exact:
+        queries = [(rb - 1, xb, nb), (rb, xb - 1, nb), (rb, xb, nb - 1)]
+    else:  # one strict (bucketed) dimension excludes the row itself
+        queries = [(rb - (0 if r_exact else 1), xb - (0 if x_exact else 1), nb - (0 if n_exact else 1))]
+    for qr, qx, qn in queries:
+        ok = (qr >= 0) & (qx >= 0) & (qn >= 0)
+        best = np.where(ok, np.minimum(best, f[np.maximum(qn, 0), np.maximum(qr, 0), np.maximum(qx, 0)]), best)
+    out[t >= best] = 1
+    return out
 
 
 def latency_frontier(cs: CandidateSet) -> CandidateSet:
