@@ -317,3 +317,62 @@ def test_memory_infeasibility_names_memory_not_the_gpu_count():
     with pytest.raises(NoFeasiblePlan) as e:
         plan_job(job70)
     assert "together they need at least" in str(e.value) and "colocation" in str(e.value)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_cross_class_prune_drops_only_dominated_rows(seed, monkeypatch):
+    """Against a brute-force 4-D dominance check: every dropped row is dominated; with a grid
+    large enough to be exact, every dominated row is dropped."""
+    from nereus.planner.candidates import _dominated_across_classes
+
+    rng = np.random.default_rng(seed)
+    k = 400
+    n = rng.integers(1, 40, k)
+    t = rng.integers(1, 60, k).astype(float)
+    ri = rng.integers(0, 25, k)
+    xi = rng.integers(0, 30, k)
+    dominated = np.array([np.any((n <= n[i]) & (t <= t[i]) & (ri <= ri[i]) & (xi <= xi[i])
+                                 & ((n < n[i]) | (t < t[i]) | (ri < ri[i]) | (xi < xi[i]))) for i in range(k)])
+    for grid in (1 << 8, 1 << 12, 1 << 22):
+        monkeypatch.setattr(cand_mod, "CROSS_CLASS_GRID", grid)
+        got = _dominated_across_classes(n, t, ri, xi).astype(bool)
+        assert not (got & ~dominated).any()
+        if grid == 1 << 22:  # exact grid: rows equal in (class, GPUs) are left to the per-class staircase
+            key = ri * 10**6 + xi * 10**3 + n
+            same = np.array([np.any((key == key[i]) & (t < t[i])) for i in range(k)])
+            assert np.array_equal(got | same, dominated | same)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_knapsack_at_every_level_equals_the_greedy_per_level(seed):
+    """The all-levels min-max knapsack against the greedy (slowest model-stage first) per level."""
+    from nereus.planner.search import _minmax_levels, minmax_knapsack
+
+    rng = np.random.default_rng(seed)
+    members, stairs_by_level = [], []
+    L = 5
+    for _ in range(rng.integers(1, 4)):
+        k = 30
+        fs = cand_mod.CandidateSet("m.infer", *[np.ones(k, dtype=np.int64)] * 6, n=rng.integers(1, 12, k),
+                                   t=rng.random(k) * 10, r=rng.integers(0, L, k).astype(float), x=np.zeros(k))
+        jj, rows = [], []
+        per = []
+        for j in range(L):
+            ok = np.nonzero(fs.r <= j)[0]
+            o = ok[np.lexsort((fs.t[ok], fs.n[ok]))]
+            keep = np.ones(o.size, dtype=bool)
+            keep[1:] = fs.t[o][1:] < np.minimum.accumulate(fs.t[o])[:-1]
+            o = o[keep]
+            jj.append(np.full(o.size, j))
+            rows.append(o)
+            per.append((fs.n[o], fs.t[o]))
+        mult = int(rng.integers(1, 3))
+        members.append((np.concatenate(jj), np.concatenate(rows), fs, mult))
+        stairs_by_level.append((per, mult))
+    budget = int(rng.integers(3, 30))
+    got = _minmax_levels(members, budget)
+    for j in range(L):
+        stairs = [s[0][j] for s in stairs_by_level for _ in range(s[1])]
+        ref = minmax_knapsack(stairs, budget)[0] if all(len(s[0]) for s in stairs) else math.inf
+        have = dict(zip(got[0].tolist(), got[1].tolist())) if got is not None else {}
+        assert have.get(j, math.inf) == pytest.approx(ref, rel=1e-12)

@@ -266,17 +266,19 @@ def enumerate_candidates(cost: CostModel, ms: ModelStage, num_gpus: int, multi_n
                         r=np.array(a["resident"], dtype=float), x=np.array(a["transient"], dtype=float), **cols)
 
 
-def frontier(cs: CandidateSet, usable: float, cross: bool = True) -> CandidateSet:
+def frontier(cs: CandidateSet, usable: float, cross: bool = True, alone: bool = False) -> CandidateSet:
     """Candidates that fit ``usable`` bytes on their own and lie on the (GPUs, time) staircase of
     their memory class (same resident and transient bytes): within a class a candidate with no
     fewer GPUs and no less time is dominated. Across classes, a candidate is dropped when one of a
     class with no more resident and transient bytes has no more GPUs and time
     (:func:`_dominated_across_classes`; ``cross=False`` skips it: a model-stage alone in its stage
     gains little from it); the rest of the cross-class dominance is left to the search's memory
-    filters. The result is sorted by GPUs, then time."""
+    filters. ``alone``: the model-stage is alone in its stage, where the search scans its rows once
+    per transient bound with a (resident, time) running minimum: only the fit filter is applied
+    (the staircases would cost more than they save). The result is sorted by GPUs, then time."""
     idx = np.flatnonzero((cs.r + cs.x) <= usable)
-    if idx.size <= 1:
-        return cs.take(idx)
+    if idx.size <= 1 or alone:
+        return cs.take(idx[np.lexsort((cs.t[idx], cs.n[idx]))])
     r, x, n, t = cs.r[idx], cs.x[idx], cs.n[idx], cs.t[idx]
     # 2-D staircase per exact memory class (r, x): rows sorted by class, then GPUs, then time (one
     # integer key for class and GPUs), then a segmented running minimum of time.
@@ -293,17 +295,14 @@ def frontier(cs: CandidateSet, usable: float, cross: bool = True) -> CandidateSe
     keep = np.ones(order.size, dtype=bool)
     keep[1:] = shifted[1:] < np.minimum.accumulate(shifted)[:-1]
     sel = order[keep]
-    for _ in range(3 if cross else 0):  # survivors have fewer levels: a second pass buckets them finer
-        before = sel.size
+    if cross:
         sel = sel[_dominated_across_classes(n[sel], t[sel], ri[sel], xi[sel]) == 0]
-        if sel.size > 0.9 * before:
-            break
     sel = sel[np.lexsort((t[sel], n[sel]))]
     return cs.take(idx[sel])
 
 
 #: largest (resident levels x transient levels x GPU counts) grid for the cross-class prune
-CROSS_CLASS_GRID = 1 << 16
+CROSS_CLASS_GRID = 1 << 17
 
 
 def _levels(idx: np.ndarray, cap: int):

@@ -255,7 +255,8 @@ def search(cost: CostModel, pool_size: int, multi_node: bool,
             cs = enumerate_candidates(cost, ms, pool_size, multi_node, options.recompute_modes,
                                       options.min_micro_batch, options.min_train_replicas)
             # the cross-class prune pays where a stage's knapsack scans the rows (2+ model-stages)
-            memo[key] = (cs, frontier(cs, usable, cross=len(wf.in_stage(ms.stage)) > 1))
+            multi = len(wf.in_stage(ms.stage)) > 1
+            memo[key] = (cs, frontier(cs, usable, cross=multi, alone=not multi))
         cs, fr = memo[key]
         total += len(cs)
         sets_all[ms.name] = CandidateSet(ms.name, **{f: getattr(cs, f) for f in COLUMNS})
