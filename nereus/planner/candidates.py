@@ -25,7 +25,8 @@ features it names):
   framework's ``zero_stages`` (``z > 0`` only with ``dp > 1``; ``dp = 1`` is ZeRO-0 whatever the
   stages, the same state); interleaving ``v`` in ``2..max_virtual_stages`` when ``pp > 1``, ``pp·v``
   divides the layers and the micro-batches per replica are a multiple of ``pp`` (Megatron's rule);
-* idle state (``offload``): every mode the framework allows, ``drop`` never for training.
+* idle state (``offload``): every mode the framework allows the model-stage
+  (``FrameworkSpec.offload_modes``), ``drop`` never for training.
 
 Candidates are held as NumPy columns (:class:`CandidateSet`) and evaluated by one elementwise call
 of the cost model per model-stage. The frontier keeps candidates that fit memory on their own and
@@ -197,7 +198,8 @@ def enumerate_candidates(cost: CostModel, ms: ModelStage, num_gpus: int, multi_n
     rc_codes = [RECOMPUTE_CODES.index(r) for r in recompute_modes] if train else [0]
     offloads = [0]
     if api["offload"]:
-        offloads = sorted({OFFLOAD_CODES.index(o) for o in fw.offload if not (train and o == "drop")})
+        modes = fw.offload_modes(ms.name) if hasattr(fw, "offload_modes") else fw.offload
+        offloads = sorted({OFFLOAD_CODES.index(o) for o in modes if not (train and o == "drop")})
     zeros = sorted(set(fw.zero_stages) - {0}) if (api["zero"] and train) else []
     max_v = fw.max_virtual_stages if (api["vpp"] and train) else 1
     i64 = np.int64

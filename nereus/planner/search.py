@@ -250,7 +250,7 @@ def search(cost: CostModel, pool_size: int, multi_node: bool,
         # the actor's train and generate stages differ by their side of the weight sync, and frozen
         # models (reference, reward) differ from the others when idle state may be dropped.
         key = (cost.model_of(ms), ms.stage, ms.model == "actor" and ms.stage != "infer",
-               cost.memory_correction.get(ms.name, 1.0), _frozen(ms.model, cost))
+               cost.memory_correction.get(ms.name, 1.0), _frozen(ms.model, cost), _offload_modes(cost, ms.name))
         if key not in memo:
             cs = enumerate_candidates(cost, ms, pool_size, multi_node, options.recompute_modes,
                                       options.min_micro_batch, options.min_train_replicas)
@@ -295,6 +295,11 @@ def search(cost: CostModel, pool_size: int, multi_node: bool,
     return SearchResult(choice=choice, l_step=l_step, frontiers=fronts, candidates_enumerated=total,
                         frontier_size=sum(len(f) for f in fronts.values()), knapsacks=knap,
                         modes=dict(chosen_modes))
+
+
+def _offload_modes(cost: CostModel, name: str) -> tuple:
+    fw = cost.job.framework
+    return tuple(fw.offload_modes(name)) if hasattr(fw, "offload_modes") else tuple(fw.offload)
 
 
 def _frozen(model: str, cost: CostModel) -> bool:
