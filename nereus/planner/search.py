@@ -332,6 +332,7 @@ class _Member:
         self.rt = np.lexsort((fs.t, fs.r))  # rows by resident, then time
         self.xs = np.unique(fs.x)
         self.cache: dict = {}
+        self.rnt = None
 
     def stair(self, tau: float, budget: int) -> np.ndarray:
         """Rows (resident ascending, time strictly descending) with transient ≤ tau, GPUs ≤ budget."""
@@ -349,12 +350,26 @@ class _Member:
         return hit
 
     def rows(self, tau: float, budget: int) -> np.ndarray:
-        """Rows with transient ≤ tau and GPUs ≤ budget, in the frontier's (GPUs, time) order."""
+        """Rows with transient ≤ tau and GPUs ≤ budget that lie on the (GPUs, time) staircase of
+        their resident value (any other row is beaten by one with the same resident bytes at every
+        resident bound, so no knapsack needs it), in (GPUs, time) order."""
         key = ("nt", int(self.xs.searchsorted(tau, side="right")), budget)
         hit = self.cache.get(key)
         if hit is None:
             fs = self.fs
-            hit = self.cache[key] = np.nonzero((fs.x <= tau) & (fs.n <= budget))[0]
+            if self.rnt is None:
+                self.rnt = np.lexsort((fs.t, fs.n, fs.r))
+                span = float(fs.t.max() - fs.t.min()) + 1.0 if len(fs) else 1.0
+                r = fs.r[self.rnt]
+                gid = np.cumsum(np.r_[True, r[1:] != r[:-1]])
+                self.shift = fs.t[self.rnt] - gid * span * 2.0  # segmented running minimum by resident
+            o = self.rnt
+            ok = np.nonzero((fs.x[o] <= tau) & (fs.n[o] <= budget))[0]
+            sh = self.shift[ok]
+            keep = np.ones(ok.size, dtype=bool)
+            keep[1:] = sh[1:] < np.minimum.accumulate(sh)[:-1]
+            sel = o[ok[keep]]
+            hit = self.cache[key] = sel[np.lexsort((fs.t[sel], fs.n[sel]))]
         return hit
 
 
