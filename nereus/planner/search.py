@@ -514,7 +514,6 @@ def _convolve(stairs: list, budget_bytes: float):
     if sum(mins) > budget_bytes:
         return math.inf, None
     R, T = stairs[0][0], stairs[0][1]
-    picks = [np.arange(R.size)[:, None]]
     back = np.arange(R.size)[:, None]
     for i, s in enumerate(stairs[1:-1], start=1):
         cap = budget_bytes - sum(mins[i + 1:])
@@ -526,7 +525,6 @@ def _convolve(stairs: list, budget_bytes: float):
         keep = ok[_pareto(R2[ok], T2[ok])]
         R, T = R2[keep], T2[keep]
         back = np.concatenate([back[ia[keep]], ib[keep][:, None]], axis=1)
-    del picks
     if len(stairs) == 1:
         ok = R <= budget_bytes
         if not ok.any():
