@@ -9,6 +9,8 @@ worker reading only its own shard, and checks:
 * logits against ``transformers``' forward (fp32, atol 1e-5), also with left-padded prompts;
 * vocab-parallel log-probs against ``log_softmax`` of ``transformers``' logits;
 * greedy generation against ``transformers``' greedy ``generate``, token for token;
+* vocab-parallel sampled generation: the same tokens under every layout, those of the Gumbel-max rule
+  applied to ``transformers``' full-vocabulary logits with the same noise;
 * one PPO update of the tied model under (1,1,1) and (2,2,1) (tied copies under PP, gradients summed)
   gives the same parameters; the result saved as a Hugging Face directory loads in ``transformers``
   with logits equal to the runtime's.
@@ -30,6 +32,7 @@ transformers = pytest.importorskip("transformers")
 from nereus.runtime.engine import AdamConfig  # noqa: E402
 from nereus.runtime.local import run_local  # noqa: E402
 from nereus.runtime.parallel import Layout  # noqa: E402
+from nereus.runtime.rollout import gumbel_noise  # noqa: E402
 from nereus.spec.model import ModelSpec, get_model  # noqa: E402
 
 V = 61  # odd: vocab padding at tp=2 and tp=4
@@ -48,6 +51,7 @@ MODELS = {
 LAYOUTS = [(1, 1), (2, 1), (1, 2), (2, 2), (4, 1)]
 N, T, P, R, MB = 4, 9, 4, 6, 2
 PAD = 0
+SEEDS, TEMP = [11, 12, 13, 14], 0.8  # sampled generation: one seed per prompt (N = 4)
 
 
 def _make(root, key):
@@ -67,7 +71,7 @@ def _rank_main(core, dirs, tokens, padded, prompts, tied_batch, outdir):
     from nereus.runtime.comm import new_group
 
     new_group(core.store, "hf/warm", (0, 1, 2, 3), core.id, core.meter, timeout_s=120.0).all_reduce(torch.ones(1))
-    out = {"fwd": {}, "lp": {}, "pad": {}, "gen": {}, "train": {}}
+    out = {"fwd": {}, "lp": {}, "pad": {}, "gen": {}, "sample": {}, "train": {}}
     for key, d in dirs.items():
         spec = get_model(d)
         pspec = replace(spec, extra={"pad_id": PAD})
@@ -80,6 +84,7 @@ def _rank_main(core, dirs, tokens, padded, prompts, tied_batch, outdir):
             logits = core.forward(ms, tokens, MB)
             lp = core.logprobs(ms, tokens, P, MB)
             gen = core.generate(ms, prompts, [0] * prompts.shape[0], R, greedy=True, eos_id=-1)
+            sgen = core.generate(ms, prompts, SEEDS, R, TEMP, greedy=False, eos_id=-1)
             core.destroy(ms)
             core.build(ms + "p", pspec, lay, seed=0, trainable=False, tag=ms + "p")
             lpad = core.forward(ms + "p", padded, MB)
@@ -90,6 +95,7 @@ def _rank_main(core, dirs, tokens, padded, prompts, tied_batch, outdir):
                 out["pad"][(key, tp, pp)] = lpad
             if p == 0 and t == 0:
                 out["gen"][(key, tp, pp)] = gen
+                out["sample"][(key, tp, pp)] = sgen
     # one PPO update of the tied model under (1,1,1) and (2,2,1), then saved; eps 1e-3 keeps Adam from
     # turning fp32 reduction-order noise in near-zero gradients into lr-sized weight differences
     spec = get_model(dirs["qwen3tied"])
@@ -176,6 +182,23 @@ def test_greedy_generation_matches_transformers(results):
                              eos_token_id=None)[:, P:]
         for tp, pp in LAYOUTS:
             assert torch.equal(res["gen"][(key, tp, pp)], ref), f"{key} (tp={tp}, pp={pp}) greedy tokens differ"
+
+
+@pytest.mark.slow
+def test_sampling_is_layout_independent_and_follows_transformers_logits(results):
+    """Vocab-parallel sampling (padded vocab at tp=2 and 4): every layout draws the same tokens, those of
+    argmax(logits/T + noise) over transformers' full-vocabulary logits, token by token."""
+    _dirs, models, _tokens, _padded, prompts, res, _ = results
+    for key, m in models.items():
+        seq = prompts.clone()
+        with torch.no_grad():
+            for s in range(R):
+                logits = m(seq).logits[:, -1].float()
+                nxt = (logits / TEMP + gumbel_noise(SEEDS, s, 0, V)).argmax(-1)
+                seq = torch.cat([seq, nxt[:, None]], 1)
+        ref = seq[:, P:]
+        for tp, pp in LAYOUTS:
+            assert torch.equal(res["sample"][(key, tp, pp)], ref), f"{key} (tp={tp}, pp={pp}) sampled tokens differ"
 
 
 @pytest.mark.slow

@@ -22,6 +22,7 @@ from nereus.runtime.engine import AdamConfig  # noqa: E402
 from nereus.runtime.layout import init_full_params  # noqa: E402
 from nereus.runtime.local import run_local  # noqa: E402
 from nereus.runtime.parallel import Layout  # noqa: E402
+from nereus.runtime.rollout import gumbel_noise  # noqa: E402
 from nereus.spec.model import MODEL_PRESETS, ModelSpec  # noqa: E402
 
 SPEC = MODEL_PRESETS["tiny"]
@@ -91,7 +92,8 @@ def ref_forward(W, spec, ids):
 
 
 def ref_generate(W, spec, prompts, seeds, greedy):
-    """Token-by-token generation without a KV cache, same Gumbel-max sampling rule."""
+    """Token-by-token generation without a KV cache: argmax over the full vocabulary of the logits, plus
+    (sampling) the noise of (seed, step, id) (``rollout.gumbel_noise``, tested in test_runtime_sampling.py)."""
     V = spec.vocab_size
     seq = prompts.clone()
     for s in range(R):
@@ -99,9 +101,7 @@ def ref_generate(W, spec, prompts, seeds, greedy):
         if greedy:
             nxt = logits.argmax(-1)
         else:
-            gum = torch.stack([-torch.log(-torch.log(torch.rand(R, V, generator=torch.Generator().manual_seed(sd))
-                                                     .clamp_(1e-20, 1 - 1e-7)))[s] for sd in seeds])
-            nxt = (logits + gum).argmax(-1)
+            nxt = (logits + gumbel_noise(seeds, s, 0, V)).argmax(-1)
         seq = torch.cat([seq, nxt[:, None]], 1)
     return seq[:, prompts.shape[1]:]
 

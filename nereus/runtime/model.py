@@ -14,7 +14,9 @@ before the column-parallel q/k/v and gate/up projections; the row-parallel o_pro
 outputs are summed with ``reduce_from_tp``. The vocab-parallel embedding masks out-of-shard ids and
 all-reduces; the column-parallel ``lm_head`` all-gathers its logits over TP, unless ``local_logits`` is
 set: then the last rank returns its own vocab shard ``[B, T, V/tp]`` and log-probabilities are computed
-vocab-parallel (:func:`vocab_parallel_logprobs`, Megatron's cross-entropy: no full-vocab all-gather). A value head
+vocab-parallel (:func:`vocab_parallel_logprobs`, Megatron's cross-entropy: no full-vocab all-gather);
+generation samples vocab-parallel too (``rollout.py``). Random initial weights are drawn per shard
+(``layout.init_shard_params``): no worker builds the full model. A value head
 (``spec.head == "value"``) is a replicated ``[1, h]`` projection giving one scalar per position.
 
 Shapes: B batch, T new positions, h hidden, d head dim, V vocab.
