@@ -98,6 +98,23 @@ def test_search_equals_exhaustive_in_the_widened_space(seed):
             assert m == "colocated"
 
 
+@pytest.mark.parametrize("seed", range(0, 60, 3))
+def test_search_with_the_cross_class_prune_equals_exhaustive(seed, monkeypatch):
+    """The frontier's cross-class prune (on for large candidate sets only) keeps the search exact."""
+    import nereus.planner.search as S
+
+    monkeypatch.setattr(S, "CROSS_MIN_ROWS", 0)
+    job, wf, pool, headroom = _small_job(seed)
+    cm = CostModel(job, workflow=wf, headroom=headroom)
+    multi = pool > job.cluster.gpus_per_node
+    best = exhaustive_optimum(cm, pool, multi)[0]
+    try:
+        got = search(cm, pool, multi).l_step
+    except NoFeasiblePlan:
+        got = math.inf
+    assert got == pytest.approx(best, rel=1e-9) if math.isfinite(best) else math.isinf(got)
+
+
 def test_widened_jobs_cover_colocation_offload_and_zero():
     """The random jobs above are not vacuous: many are feasible, and their optima use colocation,
     offload and ZeRO somewhere."""

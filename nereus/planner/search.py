@@ -71,6 +71,9 @@ __all__ = ["NoFeasiblePlan", "SearchResult", "plan_job", "search", "SearchOption
 
 GIB = 1024**3
 LB_POINTS = 12
+#: candidate count above which a knapsack stage's frontier also drops rows dominated across memory
+#: classes (below it the search's per-bound scans are cheaper than the prune)
+CROSS_MIN_ROWS = 16384
 #: use the resident-level branch and bound for all-disjoint jobs instead of the transient-bound
 #: search (a second exact algorithm; tests compare the two)
 _LEVEL_SEARCH = False
@@ -254,9 +257,9 @@ def search(cost: CostModel, pool_size: int, multi_node: bool,
         if key not in memo:
             cs = enumerate_candidates(cost, ms, pool_size, multi_node, options.recompute_modes,
                                       options.min_micro_batch, options.min_train_replicas)
-            # the cross-class prune pays where a stage's knapsack scans the rows (2+ model-stages)
+            # the cross-class prune pays where a stage's knapsack scans many rows (2+ model-stages)
             multi = len(wf.in_stage(ms.stage)) > 1
-            memo[key] = (cs, frontier(cs, usable, cross=multi, alone=not multi))
+            memo[key] = (cs, frontier(cs, usable, cross=multi and len(cs) > CROSS_MIN_ROWS, alone=not multi))
         cs, fr = memo[key]
         total += len(cs)
         sets_all[ms.name] = CandidateSet(ms.name, **{f: getattr(cs, f) for f in COLUMNS})
