@@ -79,7 +79,9 @@ def layer_params_rank(model: ModelSpec, tp):
     tp = np.asarray(tp)
     if tp.ndim == 0:
         return _layer_params_per_tp_rank(model, int(tp))
-    return np.vectorize(lambda t: _layer_params_per_tp_rank(model, int(t)), otypes=[float])(tp)
+    uniq, inv = np.unique(tp, return_inverse=True)
+    vals = np.array([_layer_params_per_tp_rank(model, int(t)) for t in uniq], dtype=float)
+    return vals[inv.reshape(-1)].reshape(tp.shape)
 
 
 def replicated_per_layer(model: ModelSpec) -> int:
