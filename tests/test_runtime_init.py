@@ -91,6 +91,12 @@ def test_init_param_ranges():
     assert torch.equal(init_param(PADDED, 2, n, rows=(5, 70), cols=(63, 130)), full[5:70, 63:130])
     b = "model.layers.2.self_attn.q_proj.bias"
     assert torch.equal(init_param(PADDED, 2, b, rows=(10, 75)), init_full_params(PADDED, 2)[b][10:75])
+    e = "model.embed_tokens.weight"
+    padded = init_param(PADDED, 2, e, rows=(130, 137), pad_rows=3)
+    assert torch.equal(padded, torch.cat([init_full_params(PADDED, 2)[e][130:], torch.zeros(3, 80)]))
+    assert torch.equal(init_param(PADDED, 2, "model.norm.weight", pad_rows=2), torch.cat([torch.ones(80), torch.zeros(2)]))
+    with pytest.raises(ValueError, match="pad_rows"):
+        init_param(PADDED, 2, e, pad_rows=-1)
     with pytest.raises(ValueError, match="outside"):
         init_param(PADDED, 2, n, rows=(0, 81))
     with pytest.raises(ValueError, match="1-D"):

@@ -203,7 +203,7 @@ def _random(name: str) -> bool:
 
 def init_param(spec: ModelSpec, seed: int, name: str, rows: tuple[int, int] | None = None,
                cols: tuple[int, int] | None = None, dtype: torch.dtype = torch.float32,
-               stats: dict | None = None, _offsets: dict[str, int] | None = None) -> torch.Tensor:
+               stats: dict | None = None, pad_rows: int = 0, _offsets: dict[str, int] | None = None) -> torch.Tensor:
     """Rows ``[rows)`` and columns ``[cols)`` of logical parameter ``name``'s initial value, computed
     without the rest of the tensor.
 
@@ -220,13 +220,15 @@ def init_param(spec: ModelSpec, seed: int, name: str, rows: tuple[int, int] | No
         rows, cols: half-open ranges along dims 0 and 1 (None: all); ``cols`` only for 2-D tensors.
         dtype: of the result (drawn in fp32, then cast).
         stats: when given, ``stats["generated"]`` grows by the number of elements drawn.
+        pad_rows: zero rows appended (vocab padding of a shard), allocated with the result.
 
     Returns:
-        a tensor of shape ``[rows[1]-rows[0], cols[1]-cols[0]]`` (``[rows[1]-rows[0]]`` for 1-D).
+        a tensor of shape ``[rows[1]-rows[0]+pad_rows, cols[1]-cols[0]]`` (``[rows[1]-rows[0]+pad_rows]``
+        for 1-D).
 
     Raises:
         KeyError: ``name`` is not a parameter of ``spec``.
-        ValueError: a range outside the tensor, or ``cols`` for a 1-D tensor.
+        ValueError: a range outside the tensor, ``cols`` for a 1-D tensor, or ``pad_rows < 0``.
     """
     shape = tuple(param_shapes(spec)[name][0])
     R, C, _nr, nc = _tiles(shape)
@@ -236,10 +238,15 @@ def init_param(spec: ModelSpec, seed: int, name: str, rows: tuple[int, int] | No
     c0, c1 = cols if cols is not None else (0, C)
     if not (0 <= r0 <= r1 <= R and 0 <= c0 <= c1 <= C):
         raise ValueError(f"range rows {r0}:{r1}, cols {c0}:{c1} outside parameter {name!r} of shape {shape}")
-    out_shape = (r1 - r0,) if len(shape) == 1 else (r1 - r0, c1 - c0)
+    if pad_rows < 0:
+        raise ValueError(f"pad_rows must be >= 0, got {pad_rows}")
+    n = r1 - r0 + int(pad_rows)
+    out_shape = (n,) if len(shape) == 1 else (n, c1 - c0)
+    out = torch.empty((n, c1 - c0), dtype=dtype)
+    out[r1 - r0:] = 0
     if not _random(name):
-        return (torch.ones if name.endswith("norm.weight") else torch.zeros)(out_shape, dtype=dtype)
-    out = torch.empty((r1 - r0, c1 - c0), dtype=dtype)
+        out[:r1 - r0] = 1.0 if name.endswith("norm.weight") else 0.0
+        return out.view(out_shape)
     first = (_offsets or _tile_offsets(spec))[name]
     base = int.from_bytes(hashlib.blake2b(str(int(seed)).encode(), digest_size=4).digest(), "little")
     tr, tc = INIT_TILE
@@ -295,9 +302,8 @@ def init_shard_params(spec: ModelSpec, seed: int, pp: int, p: int, tp: int, t: i
         if dim is None:
             x = init_param(spec, seed, n, dtype=dtype, stats=stats, _offsets=offsets)
         elif dim == 0:
-            x = init_param(spec, seed, n, rows=(lo, hi), dtype=dtype, stats=stats, _offsets=offsets)
-            if hi - lo < length:
-                x = torch.cat([x, x.new_zeros((length - (hi - lo),) + tuple(x.shape[1:]))], 0)
+            x = init_param(spec, seed, n, rows=(lo, hi), dtype=dtype, stats=stats, pad_rows=length - (hi - lo),
+                           _offsets=offsets)
         else:
             x = init_param(spec, seed, n, cols=(lo, hi), dtype=dtype, stats=stats, _offsets=offsets)
         out[n] = x.to(device)
