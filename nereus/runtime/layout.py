@@ -22,6 +22,10 @@ embedding on ``p == 0``, the final norm and head on ``p == pp-1``. With tied wor
 ``pp > 1`` the last rank also holds ``model.embed_tokens.weight`` as its output layer (Megatron's
 layout); the engine sums the two copies' gradients, so they stay equal. Adam state follows the same rules
 (it is elementwise), so :func:`shard` and :func:`unshard` serve parameters, gradients and moments.
+
+Random initial values (:func:`init_param`) are drawn in :data:`INIT_TILE` tiles, each from its own
+generator, so a worker draws only the tiles of its shard (:func:`init_shard_params`) and every layout
+starts from the same logical tensors (:func:`init_full_params`, the reference).
 """
 
 from __future__ import annotations
