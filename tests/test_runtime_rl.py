@@ -125,6 +125,10 @@ def test_impossible_layouts_and_configs_raise():
     with pytest.raises(ValueError, match="lacks model-stage 'critic.train'"):
         RLDriver(SPEC, w, Plan(candidates=tuple(c for c in bad.candidates if c.model_stage != "critic.train")),
                  TASK, 4)
+    for field, value in (("zero", 1), ("offload", "host")):  # plans of wider frameworks are refused, named
+        cands = tuple(replace(c, **{field: value}) if c.model_stage == "critic.train" else c for c in bad.candidates)
+        with pytest.raises(ValueError, match=f"critic.train: {field}={value!r} is not executed by the Nereus runtime"):
+            RLDriver(SPEC, w, Plan(candidates=cands), TASK, 4)
     small = ModelSpec(name="small-vocab", hidden_size=64, intermediate_size=128, num_layers=2,
                       num_attention_heads=4, num_kv_heads=2, head_dim=16, vocab_size=8)
     with pytest.raises(ValueError, match="vocab_size=8 is smaller"):

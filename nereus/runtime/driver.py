@@ -91,6 +91,17 @@ def _seed(*parts) -> int:
     return zlib.crc32(repr(parts).encode()) & 0x7FFFFFFF
 
 
+def _check_runtime_features(name: str, c: Candidate) -> None:
+    """The runtime executes the ``nereus`` framework's plan space: whole replicas (no ZeRO), state
+    resident between stages (no offload), plain 1F1B (no interleaving); ValueError otherwise."""
+    bad = [f"{k}={v!r}" for k, v, ok in (("zero", c.zero, 0), ("offload", c.offload, "none"), ("vpp", c.vpp, 1))
+           if v != ok]
+    if bad:
+        raise ValueError(f"model-stage {name}: {', '.join(bad)} is not executed by the Nereus runtime (it runs the "
+                         f"'nereus' framework's plan space: zero=0, offload='none', vpp=1; plan with "
+                         f"--framework nereus)")
+
+
 def _largest_divisor(n: int, cap: int) -> int:
     for b in range(max(1, min(cap, n)), 0, -1):
         if n % b == 0:
@@ -143,6 +154,7 @@ class RLDriver:
                                  f"{c.gpus} but only {self.num_workers} workers are given")
             validate_layout(self._spec_of(ms.model), c.tp, c.pp)
             self._check_batches(ms.name, ms.stage, c)
+            _check_runtime_features(ms.name, c)
             cands[ms.name] = c
         self.cands = cands  # assigned only once every candidate passed
         self.layouts = {k: Layout(c.tp, c.pp, c.dp, c.gpus) for k, c in cands.items()}
