@@ -202,3 +202,196 @@ def test_live_transition_doc_is_self_contained():
         assert (doc.parent / link).exists(), link
     for path in re.findall(r"`((?:nereus|benchmarks|tests)/[\w/.-]+\.py)`", text):
         assert (doc.parent.parent / path).exists(), path
+
+
+# ------------------------------------------------------------------------------ asynchronous saves
+class _FakeEngine:
+    """What ``durable.save_engine_async``/``load_engine`` touch of an engine: TP rank ``t`` of 2 of the
+    tiny spec's shards (column pieces of row-parallel weights too), Adam's moments and counters."""
+
+    def __init__(self, t: int, seed: int) -> None:
+        import types
+
+        from nereus.runtime.layout import param_shapes
+        from nereus.runtime.shards import region
+
+        g = torch.Generator().manual_seed(seed)
+        self.spec, self.ctx = SPEC, types.SimpleNamespace(tp=2, t=t, p=0)
+        shapes = param_shapes(SPEC)
+        self.model = types.SimpleNamespace(names=list(shapes))
+        self.kinds: dict = {}
+        for kind in KINDS:
+            self.kinds[kind] = {}
+            for n, (shape, _) in shapes.items():
+                r, shape = region(SPEC, n, 2, t), list(shape)
+                if r.dim is not None:
+                    shape[r.dim] = r.length
+                self.kinds[kind][n] = torch.randn(*shape, generator=g)
+        for i, k in enumerate(COUNTERS):
+            setattr(self, k, 10 + i)
+
+    def state_tensors(self) -> dict:
+        return self.kinds
+
+
+def test_async_save_writes_the_snapshot_not_the_tensors_changed_after_it(tmp_path):
+    """``save_engine_async`` returns once its snapshot is taken; the engine's tensors are then changed
+    in place (as the next training step does) while the background write is held back; the files
+    hold the state at the save, as a synchronous save of it does."""
+    import threading
+
+    e = _FakeEngine(1, 0)
+    ref = str(tmp_path / "sync")
+    durable.save_engine(e, ref)  # the reference: a synchronous save of the same state
+    gate, started = threading.Event(), threading.Event()
+
+    def hold(phase: str) -> None:  # in the background thread, before DCP writes the data file
+        if phase == "data":
+            started.set()
+            assert gate.wait(30)
+
+    h = durable.save_engine_async(e, str(tmp_path / "async" / "rank-0"), hook=hold)
+    assert h["snapshot_s"] >= 0 and h["state"] > 0
+    assert started.wait(30)  # the write is in flight ...
+    for tensors in e.kinds.values():  # ... while "training" changes every tensor and counter in place
+        for t in tensors.values():
+            t.mul_(-2.0).add_(1.0)
+    for k in COUNTERS:
+        setattr(e, k, getattr(e, k) + 100)
+    gate.set()
+    done = durable.wait_engine_save(h, 60)
+    assert done["written"] > done["state"] == h["state"] and done["write_s"] >= 0
+    got, want = _FakeEngine(1, 1), _FakeEngine(1, 2)
+    durable.load_engine(got, str(tmp_path / "async"))
+    os.makedirs(tmp_path / "ref")
+    os.rename(ref, tmp_path / "ref" / "rank-0")
+    durable.load_engine(want, str(tmp_path / "ref"))
+    for kind in KINDS:
+        for n, t in want.kinds[kind].items():
+            assert torch.equal(got.kinds[kind][n], t), (kind, n)
+            assert not torch.equal(got.kinds[kind][n], e.kinds[kind][n]), (kind, n)
+    assert [getattr(got, k) for k in COUNTERS] == [10 + i for i in range(len(COUNTERS))]
+
+
+def test_a_failed_background_write_is_reported_when_waited_for(tmp_path):
+    def fail(phase: str) -> None:
+        raise OSError("disk full")
+
+    h = durable.save_engine_async(_FakeEngine(0, 0), str(tmp_path / "x"), hook=fail)
+    with pytest.raises(RuntimeError, match="disk full"):
+        durable.wait_engine_save(h, 60)
+
+
+@pytest.mark.slow
+def test_async_save_then_training_restores_the_state_at_the_save(pool, tmp_path):
+    """A background save at a step boundary, two training steps while it writes, then a restore in
+    another layout: the state at the boundary, bit for bit, the same as restoring a synchronous save
+    of the same boundary; not the state the steps reached. The blocking part (the snapshot) is
+    reported apart from the background write."""
+    d = RLDriver(SPEC, W, plan(), TASK, 4, CFG).start(pool)
+    try:
+        d.step()
+        at_save = _states(d)
+        sync_info = durable.save(d, str(tmp_path / "sync"))
+        pending = durable.begin_save(d, str(tmp_path / "async"), background=True)
+        assert pending.background and pending.step_index == 1 and pending.blocking_s >= 0
+        assert not os.path.exists(tmp_path / "async" / "driver.json")  # not complete yet
+        d.step()
+        d.step()
+        later = _states(d)
+        info = durable.finish_save(d, pending)
+        assert os.path.exists(tmp_path / "async" / "driver.json")
+        # the blocking part and the background part are reported apart
+        assert info["background"] and not sync_info["background"]
+        for k in ("blocking_s", "snapshot_s", "background_s", "wait_s", "seconds"):
+            assert info[k] >= 0 and sync_info[k] >= 0, k
+        assert info["seconds"] == pytest.approx(info["blocking_s"] + info["wait_s"])
+        assert sync_info["background_s"] == 0 and sync_info["wait_s"] == 0
+        assert sync_info["seconds"] == sync_info["blocking_s"]
+        assert info["state"] == sync_info["state"] and info["saved"] == sync_info["saved"]
+        assert set(info["per_worker"]) == set(sync_info["per_worker"])
+        target = plan(actor_train=(1, 2, 2, (0, 1, 2, 3)), critic_train=(2, 1, 1, (0, 1)),
+                      actor_generate=(2, 1, 1, (2, 3)))
+        durable.restart(d, str(tmp_path / "async"), target)
+        assert d.step_index == 1
+        from_async = _states(d)
+        durable.restart(d, str(tmp_path / "sync"), target)
+        from_sync = _states(d)
+    finally:
+        d.close()
+    _assert_equal(from_async, from_sync, "async vs sync save of the same boundary")
+    _assert_equal(from_async, at_save, "async save vs the state at the boundary")
+    assert later["actor.train"]["update_count"] == at_save["actor.train"]["update_count"] + 4
+    assert any(not torch.equal(later["actor.train"]["params"][n], t)
+               for n, t in at_save["actor.train"]["params"].items())
+
+
+def _adaptive_run(steps: int, faults_at=None, **kw):
+    """A 4-worker adaptive PPO run with a checkpoint at every boundary, on a pool of its own; at
+    ``faults_at = (step, how)`` the first writer of ``actor.train`` is armed to fail in the
+    background write of the checkpoint taken after that step."""
+    from nereus.runtime.adaptive import AdaptiveRun
+
+    p = WorkerPool(4, timeout_s=15, hang_timeout_s=3).start()
+    lines: list[str] = []
+    run = AdaptiveRun(SPEC, W, TASK, 4, RLConfig(actor_lr=1e-2, critic_lr=1e-2, timeout_s=15), hang_timeout_s=3,
+                      log=lines.append, measure=False, checkpoint_every=1, **kw)
+    run.keep_final = True
+    if faults_at is not None:
+        step, how = faults_at
+
+        def arm(k: int) -> None:
+            if k == step:
+                run.victim = run.driver.layouts["actor.train"].replica(0)[0]
+                run.faults[k] = ("dcp_save", run.victim, how)
+        run.before_step = arm
+    try:
+        hist = run.run(steps, p)
+    finally:
+        p.close()
+    return run, hist, lines
+
+
+@pytest.fixture(scope="module")
+def async_reference(pool):
+    """The fault-free run (asynchronous checkpoints) the faulty ones must match."""
+    return _adaptive_run(3)
+
+
+@pytest.mark.slow
+def test_adaptive_checkpoints_report_blocking_and_background_parts(async_reference):
+    run, hist, lines = async_reference
+    assert [m["update_count"] for m in hist] == [2, 4, 6]
+    ck = run.checkpoints
+    assert [c["step"] for c in ck] == [0, 1, 2, 3]  # before step 0, then after every step
+    assert not ck[0]["background"] and all(c["background"] for c in ck[1:])  # the first one is synchronous
+    for c in ck:
+        assert {"blocking_s", "snapshot_s", "background_s", "wait_s", "seconds", "written", "state"} <= set(c)
+        assert c["seconds"] == pytest.approx(c["blocking_s"] + c["wait_s"])
+        assert c["written"] > c["state"] > 0
+    assert ck[0]["background_s"] == 0 and all(c["background_s"] > 0 for c in ck[1:])
+    assert any("writing in the background" in s for s in lines)
+    assert any("(snapshot), background" in s for s in lines)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["kill", "stop"])
+def test_a_writer_lost_in_the_background_write_leaves_the_previous_checkpoint(async_reference, how):
+    """The first writer of actor.train dies (or hangs, SIGSTOP) in the background write of the
+    checkpoint taken after step 1, while step 2 runs: the run detects it, abandons that checkpoint
+    (the one of step 1 stays current), recovers and ends with the fault-free run's weights."""
+    ref = async_reference[0]
+    run, hist, lines = _adaptive_run(3, faults_at=(1, how))
+    assert run.recoveries and run.recoveries[0]["lost"] == [run.victim], run.recoveries
+    assert any("checkpoint of step 2 abandoned" in s for s in lines), lines
+    rec = run.recoveries[0]
+    # from live replicas (nothing lost), or from the previous complete checkpoint: the one of step 1
+    assert (rec["source"], rec["steps_lost"]) in {("live", 0), ("checkpoint", 1)}, rec
+    assert [m["update_count"] for m in hist][-1] == 6
+    steps = [c["step"] for c in run.checkpoints]
+    assert steps[:2] == [0, 1] and steps[-1] == 3, steps
+    for ms, st in ref.final_state.items():
+        got = run.final_state[ms]
+        assert got["update_count"] == st["update_count"] and got["position"] == st["position"]
+        for n in st["params"]:
+            assert torch.allclose(got["params"][n], st["params"][n], atol=1e-5, rtol=1e-4), (ms, n)

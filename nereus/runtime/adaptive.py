@@ -86,6 +86,10 @@ class AdaptiveRun:
         checkpoint_dir: durable checkpoints (``durable.py``: every worker writes its own shards with
             ``torch.distributed.checkpoint``) go here; None: a temporary directory removed at the end.
         checkpoint_every: steps between durable checkpoints (one is also taken before step 0).
+        checkpoint_sync: write each checkpoint before the run goes on (the step waits for every
+            writer's files). Default: asynchronous: at the boundary each writer copies its shards and
+            counters into memory of its own and returns, the files are written in its background
+            thread, and the run completes the checkpoint later (:meth:`_complete_save`).
         hang_timeout_s: seconds a worker may leave a heartbeat unanswered (``faults.py``).
         faults: ``{step: (point, worker, how)}`` injected faults (tests and ``bench_faults.py``):
             worker ``worker`` dies (``how="kill"``) or hangs (``"stop"``, SIGSTOP) inside its next
@@ -105,7 +109,7 @@ class AdaptiveRun:
                  memory_bytes: int = 2 * GIB, gamma: float = 0.5, log=None, measure: bool = True,
                  digits: dict[int, int] | None = None, notice: bool = False, checkpoint_dir: str | None = None,
                  checkpoint_every: int = 5, hang_timeout_s: float = 10.0, faults: dict | None = None,
-                 resume: bool = False, address: str | None = None) -> None:
+                 resume: bool = False, address: str | None = None, checkpoint_sync: bool = False) -> None:
         if checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be >= 1 step, got {checkpoint_every}")
         self.schedule = dict(schedule or {})
@@ -129,6 +133,9 @@ class AdaptiveRun:
         self.gamma, self.last_len = gamma, float(workload.response_len)
         self.events: list[dict] = []
         self.ckpt_step = 0
+        self.ckpt_sync = bool(checkpoint_sync)
+        self._pending: durable.PendingSave | None = None  # an asynchronous save not yet complete
+        self.checkpoints: list[dict] = []  # every completed checkpoint: step, blocking/background seconds, bytes
 
     def make_driver(self, spec, workload, plan, task, num_workers, cfg) -> RLDriver:
         """The RL driver the run steps (subclasses return another, e.g. the asynchronous one)."""
@@ -229,9 +236,17 @@ class AdaptiveRun:
                 if (k + 1) % self.ckpt_every == 0:
                     self._save(k=k)
                 history.append(m)
+                if driver.step_index >= end and self._pending is not None:
+                    self._end_save()  # the last checkpoint completes before the run ends
             if self.keep_final:  # for checks: gathered into the driver once, at the end
                 self.final_state = {n: driver.gather_logical_state(n) for n in train_stages(driver)}
         finally:
+            if self._pending is not None:  # an error ended the run: let the writers finish, keep `current`
+                try:
+                    self._abandon_save(self._pending, "the run ended before it was complete")
+                except Exception:  # noqa: BLE001  (never hide the error that ended the run)
+                    pass
+                self._pending = None
             driver.close()
             if own:
                 pool.close()
@@ -247,28 +262,137 @@ class AdaptiveRun:
             raise ValueError(f"--resume: no checkpoint in {self.ckpt_dir!r} (current/driver.json missing)")
 
     def _save(self, force: bool = False, k: int = -1) -> None:
-        """A durable checkpoint of every model-stage at this boundary (``durable.save``). A worker
-        lost while saving is recovered from (the checkpoint is then taken at the next boundary; the
-        previous one stays valid since each model-stage's files are replaced only when saved)."""
+        """A durable checkpoint of every model-stage at this boundary (``durable.begin_save``), written
+        into ``<checkpoint_dir>/next`` and swapped with ``current`` only once complete
+        (:meth:`_complete_save`; at once with ``checkpoint_sync``, else later, while training goes on).
+        An earlier save still in flight is completed first. A worker lost while saving is recovered
+        from (the checkpoint is then taken at the next boundary; the previous one stays valid)."""
         if self.resume and force:
             return  # the checkpoint we resumed from is this boundary's
+        nxt = os.path.join(self.ckpt_dir, "next")
+        began = False
         try:
             self._inject(k, "checkpoint")
             self._mark()
-            nxt, cur, old = (os.path.join(self.ckpt_dir, x) for x in ("next", "current", "old"))
+            self._complete_save(k)
             shutil.rmtree(nxt, ignore_errors=True)
-            info = durable.save(self.driver, nxt)
+            began = True
+            background = not (self.ckpt_sync or force)  # the first one is complete before step 0
+            self._pending = p = durable.begin_save(self.driver, nxt, background=background)
+            if not background:
+                self._complete_save(k)
+            else:
+                self.log(f"  checkpoint: step {p.step_index}: {len(p.writers)} writers took their snapshots in "
+                         f"{p.blocking_s:.2f}s; writing in the background")
         except WorkerLost as e:
+            if began and self._pending is None:  # lost while it began: some writers may be writing
+                self._abandon_save(durable.PendingSave(nxt, [], {"step_index": self.driver.step_index}, True, 0.0),
+                                   "a worker was lost while it began")
             self._recover(e, k, "checkpoint save")
             return
+
+    def _complete_save(self, k: int = -1) -> None:
+        """Complete the save in flight, if any: wait for its writers' background writes
+        (``durable.finish_save``, a monitored wait: a writer that dies or hangs is detected), write
+        ``driver.json``, then swap ``next`` and ``current``. If a writer is lost before its files are
+        complete, the save is abandoned and ``current`` (the previous complete checkpoint) stays.
+
+        Called before the next save, before a transition or a restore, at the start of a recovery
+        and at the end of the run.
+
+        Raises:
+            WorkerLost: a worker was lost while waiting (after the save was completed, if its writers
+                all survived, or abandoned); the caller recovers.
+        """
+        p, self._pending = self._pending, None
+        if p is None:
+            return
+        d = self.driver
+        gone = [w for w in p.writers if w >= len(d.workers) or d.workers[w] is None]
+        if gone:
+            self._abandon_save(p, f"writer(s) {format_gpus(gone)} lost before it was complete")
+            return
+        lost = None
+        for _attempt in range(2):
+            try:
+                info = durable.finish_save(d, p)
+                break
+            except WorkerLost as e:
+                lost = lost or e
+                if set(e.lost) & set(p.writers):
+                    self._abandon_save(p, f"writer(s) {format_gpus(sorted(set(e.lost) & set(p.writers)))} "
+                                          "lost before it was complete")
+                    raise
+                # a worker that writes nothing was lost: the writers are still there, wait again
+        else:
+            self._abandon_save(p, "workers kept failing while it completed")
+            raise lost
+        cur, old = os.path.join(self.ckpt_dir, "current"), os.path.join(self.ckpt_dir, "old")
         shutil.rmtree(old, ignore_errors=True)  # swap only once the new checkpoint is complete
         if os.path.exists(cur):
             os.replace(cur, old)
-        os.replace(nxt, cur)
+        os.replace(p.directory, cur)
         shutil.rmtree(old, ignore_errors=True)
-        self.ckpt_step = self.driver.step_index
-        self.log(f"  checkpoint: step {self.driver.step_index}, {info['written'] / 1e6:.1f} MB written by the "
-                 f"workers to {self.ckpt_dir} in {info['seconds']:.2f}s")
+        self.ckpt_step = p.step_index
+        self.checkpoints.append({"step": p.step_index, "background": info["background"],
+                                 "blocking_s": info["blocking_s"], "snapshot_s": info["snapshot_s"],
+                                 "background_s": info["background_s"], "wait_s": info["wait_s"],
+                                 "seconds": info["seconds"], "written": info["written"], "state": info["state"]})
+        if info["background"]:
+            self.log(f"  checkpoint: step {p.step_index} complete, {info['written'] / 1e6:.1f} MB written by the "
+                     f"workers to {self.ckpt_dir}: blocking {info['blocking_s']:.2f}s (snapshot), background "
+                     f"{info['background_s']:.2f}s (write), waited {info['wait_s']:.2f}s for it")
+        else:
+            self.log(f"  checkpoint: step {p.step_index}, {info['written'] / 1e6:.1f} MB written by the workers to "
+                     f"{self.ckpt_dir} in {info['seconds']:.2f}s (synchronous)")
+        if lost is not None:
+            raise lost
+
+    def _poll_save(self, k: int) -> None:
+        """At a boundary (after its snapshot): complete the save in flight if every writer has
+        finished its files, so the newest checkpoint becomes current as early as possible."""
+        p, d = self._pending, self.driver
+        if p is None:
+            return
+        if all(w < len(d.workers) and d.workers[w] is not None for w in p.writers):
+            busy = d._get([d.workers[w].dcp_busy.remote() for w in p.writers], "dcp save (poll)")
+            if any(busy):
+                return
+        self._complete_save(k)
+
+    def _complete_before(self, k: int, leaving) -> None:
+        """Complete the save in flight before workers among its writers leave the pool, at a
+        boundary of its own (a loss meanwhile is recovered from there)."""
+        if self._pending is None or not set(leaving) & set(self._pending.writers):
+            return
+        self._mark()
+        try:
+            self._complete_save(k)
+        except WorkerLost as e:
+            self._recover(e, k, "checkpoint save")
+
+    def _abandon_save(self, p: durable.PendingSave, why: str) -> None:
+        """Drop a save that cannot complete: let every live worker's background write end (so no file
+        lands in ``next`` later), then remove ``next``. ``current`` is untouched."""
+        d = self.driver
+        live = [w for w in d.workers if w is not None]
+        try:
+            d._get([w.dcp_wait.remote(True) for w in live], "dcp save (abandoned)")
+        except WorkerFailure:  # WorkerLost too: monitored_get raises it only after every other call ended
+            pass
+        shutil.rmtree(p.directory, ignore_errors=True)
+        self.log(f"  checkpoint of step {p.meta.get('step_index')} abandoned ({why}); the checkpoint of step "
+                 f"{self.ckpt_step} stays current")
+
+    def _end_save(self) -> None:
+        """Complete the last save before the run ends, at a boundary of its own (a loss recovers
+        from there; a restore from the checkpoint re-runs the steps since)."""
+        k = self.driver.step_index
+        self._mark()
+        try:
+            self._complete_save(k)
+        except WorkerLost as e:
+            self._recover(e, k, "checkpoint save")
 
     def _ckpt_path(self) -> str:
         """The last complete durable checkpoint (``<checkpoint_dir>/current``)."""
@@ -310,8 +434,9 @@ class AdaptiveRun:
         d = self.driver
         for _attempt in range(4):
             self._mark()
-            d.reset_measurements()
-            try:
+            try:  # a worker may be lost in any call here (e.g. one dying in a background checkpoint write)
+                d.reset_measurements()
+                self._poll_save(k)
                 self._inject(k, "step")
                 return d.step()
             except WorkerLost as e:
@@ -326,6 +451,10 @@ class AdaptiveRun:
         d, t0 = self.driver, time.perf_counter()
         self.log(f"  lost worker(s) {format_gpus(e.lost)} during the {when} of step {k} "
                  f"({'hung' if e.hung else 'died'}; detected in {e.detect_s:.2f}s): rolling back to the boundary")
+        try:  # a save in flight: complete it if its writers survived (a restore may read it), else drop it
+            self._complete_save(k)
+        except WorkerLost as again:
+            self.log(f"  lost worker(s) {format_gpus(again.lost)} too, while completing the checkpoint")
         alive = frozenset(i for i, w in enumerate(d.workers) if w is not None)
         bplan = self._bnd["plan"]
         d.set_plan(bplan)
@@ -381,8 +510,10 @@ class AdaptiveRun:
                 self._apply(self.ctl.observe(rep), k, "pool change")
             finally:
                 self._announced = set()
+            self._complete_before(k, leaving)  # the leavers' background writes complete before they go
             self._change_pool(pool, self.schedule[k], k, gone=leaving)  # the announced ones, not others
         else:
+            self._complete_before(k, self._leaving(pool, self.schedule[k]))
             rep = StepReport(step=max(k - 1, 0), response_len=self.last_len,
                              pool=self._change_pool(pool, self.schedule[k], k))
             self._apply(self.ctl.observe(rep), k, "pool change")
@@ -479,6 +610,13 @@ class AdaptiveRun:
                 self._save()
             except ValueError:
                 pass
+        try:  # the restore reads the last complete checkpoint: complete the one in flight first
+            self._complete_save(k)
+        except WorkerLost as e:
+            self._recover(e, k, "checkpoint save")
+            ev.update(source="recovered")
+            self.events.append(ev)
+            return ev
         before = d.step_index
         d._get([w.transition_end.remote("") for w in d.workers if w is not None], "drop units")
         info = durable.restart(d, self._ckpt_path(), target)
@@ -507,6 +645,7 @@ class AdaptiveRun:
         if not est.feasible:
             return None, est.reason
         self._mark()
+        self._complete_save(k)  # the transition changes the workers: the save in flight completes first
         self._inject(k, "transition")
         report = TransitionExecutor(self.driver).execute(est, target)
         self.calib.observe(report.primitives)

@@ -112,7 +112,15 @@ def add_arguments(p) -> None:
                    help="with --adaptive: durable checkpoints (each worker writes its own shards with "
                         "torch.distributed.checkpoint) go here; default: a temporary directory removed at the end")
     p.add_argument("--checkpoint-every", type=int, default=5, metavar="K",
-                   help="with --adaptive: steps between durable checkpoints (one is also taken before the first step)")
+                   help="with --adaptive: steps between durable checkpoints (one is also taken before the first "
+                        "step). Checkpoints are asynchronous: at the step boundary each writing worker only copies "
+                        "its shards and counters into host memory of its own (the blocking part), the files are "
+                        "written in a background thread (dcp.async_save) while training goes on, and the "
+                        "checkpoint replaces the previous one once every writer has finished (checked before the "
+                        "next checkpoint, a transition, a recovery and at the end)")
+    p.add_argument("--checkpoint-sync", action="store_true",
+                   help="with --adaptive: write each durable checkpoint synchronously (the step boundary waits "
+                        "for every writer's files), as before asynchronous checkpoints")
     p.add_argument("--resume", action="store_true",
                    help="with --adaptive: continue from the checkpoint in --checkpoint-dir (step, counters, state)")
     p.add_argument("--hang-timeout", type=float, default=10.0,
@@ -437,6 +445,7 @@ def _adaptive(args, spec, w, task, cfg, run_class=None, **extra) -> int:
         spec, w, task, args.workers, cfg, sched, memory_bytes=int(args.memory_gib * 1024**3), gamma=args.gamma,
         log=lambda s: print(s, flush=True), digits=parse_digits_schedule(args.digits_schedule), notice=args.notice,
         checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
+        checkpoint_sync=getattr(args, "checkpoint_sync", False),
         hang_timeout_s=args.hang_timeout, resume=args.resume, address=args.address, **extra)
     if args.verbose:
         print(f"device model: {run.job.cluster.gpu.source}")

@@ -15,6 +15,13 @@ A restart into a new layout goes through storage instead of moving shards betwee
    the counters. Engines of model-stages that were not saved are left as they are (their layout
    must not change).
 
+**Asynchronous saves.** :func:`begin_save` with ``background=True``: every writer copies its shards
+and counters into host memory of the save's own (a stager for ``dcp.async_save``, which takes
+``no_dist`` and needs no process group) and returns at once; ``dcp.async_save`` writes the files
+from that copy in a background thread of the worker while training changes the engines in place.
+:func:`finish_save` waits for the writers (``WorkerCore.dcp_wait``) and only then writes
+``driver.json``, so a checkpoint directory without it is incomplete. :func:`save` is both at once.
+
 **Format.** ``<directory>/<model_stage>/rank-<worker>/`` is one DCP checkpoint (``.metadata`` plus
 ``__0_0.distcp``) per saving worker, holding flat keys:
 
@@ -49,12 +56,14 @@ import json
 import os
 import shutil
 import time
+from dataclasses import dataclass, field
 
 import torch
 
 from nereus.runtime.shards import region
 
-__all__ = ["save", "restart", "save_engine", "load_engine", "piece_key", "parse_key", "saved_stages"]
+__all__ = ["save", "begin_save", "finish_save", "PendingSave", "restart", "save_engine", "save_engine_async",
+           "wait_engine_save", "load_engine", "piece_key", "parse_key", "saved_stages"]
 
 _COUNTERS = ("step", "update_count", "version", "policy_version", "position")
 
@@ -93,15 +102,9 @@ def _dir_bytes(path: str) -> int:
 
 
 # ---------------------------------------------------------------------------------------- worker side
-def save_engine(engine, path: str) -> dict:
-    """Write ``engine``'s own shards and counters as one DCP checkpoint at ``path``.
-
-    Returns:
-        ``{"written": bytes of the files, "state": state bytes, "seconds"}``.
-    """
-    import torch.distributed.checkpoint as dcp
-
-    t0 = time.perf_counter()
+def _pieces(engine, contiguous: bool = True) -> tuple[dict[str, torch.Tensor], int]:
+    """``engine``'s own shards and counters as the flat DCP state dict (views of the live tensors;
+    with ``contiguous`` a column piece is copied to be contiguous) and its state bytes."""
     spec, ctx = engine.spec, engine.ctx
     sd: dict[str, torch.Tensor] = {}
     state = 0
@@ -111,12 +114,117 @@ def save_engine(engine, path: str) -> dict:
             t = tensors[name].detach()
             if r.dim is not None:
                 t = t.narrow(r.dim, 0, r.hi - r.lo)  # vocab padding is not state
-            sd[piece_key(kind, name, r.dim, r.lo, r.hi)] = t.contiguous()
+            sd[piece_key(kind, name, r.dim, r.lo, r.hi)] = t.contiguous() if contiguous else t
             state += t.numel() * t.element_size()
     sd["counters"] = torch.tensor([int(getattr(engine, k)) for k in _COUNTERS], dtype=torch.int64)
+    return sd, state
+
+
+def _writer(path: str, hook=None):
+    """DCP's ``FileSystemWriter`` for ``path`` that calls ``hook("data")`` before it writes the data
+    file and ``hook("metadata")`` before the ``.metadata`` that makes the checkpoint readable (fault
+    injection fires there: in the middle of the write). Inside the call for a synchronous save, in
+    the background thread for an asynchronous one."""
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    class Writer(FileSystemWriter):
+        def write_data(self, plan, planner):
+            if hook is not None:
+                hook("data")
+            return super().write_data(plan, planner)
+
+        def finish(self, metadata, results):
+            if hook is not None:
+                hook("metadata")
+            return super().finish(metadata, results)
+
+    return Writer(path)
+
+
+def _snapshot_stager():
+    """The ``AsyncStager`` of :func:`save_engine_async`: ``stage`` copies every tensor into new host
+    memory the save owns (pinned when CUDA is present), so training may change the engine's
+    tensors in place as soon as ``dcp.async_save`` returns."""
+    from torch.distributed.checkpoint.staging import AsyncStager
+
+    class Snapshot(AsyncStager):
+        _synchronize_after_execute = False  # stage() copies before async_save returns
+
+        def stage(self, state_dict):
+            pin = torch.cuda.is_available()
+            out = {}
+            for k, t in state_dict.items():
+                c = torch.empty(t.shape, dtype=t.dtype, device="cpu", pin_memory=pin)
+                c.copy_(t.detach())
+                out[k] = c
+            return out
+
+        def close(self) -> None:
+            pass
+
+    return Snapshot()
+
+
+def save_engine(engine, path: str, hook=None) -> dict:
+    """Write ``engine``'s own shards and counters as one DCP checkpoint at ``path`` (synchronously;
+    ``hook``: see :func:`_writer`).
+
+    Returns:
+        ``{"written": bytes of the files, "state": state bytes, "seconds", "snapshot_s": 0,
+        "write_s"}``.
+    """
+    import torch.distributed.checkpoint as dcp
+
+    t0 = time.perf_counter()
+    sd, state = _pieces(engine)
     os.makedirs(path, exist_ok=True)
-    dcp.save(sd, checkpoint_id=path, no_dist=True)
-    return {"written": _dir_bytes(path), "state": state, "seconds": time.perf_counter() - t0}
+    dcp.save(sd, storage_writer=_writer(path, hook), no_dist=True)
+    dt = time.perf_counter() - t0
+    return {"written": _dir_bytes(path), "state": state, "seconds": dt, "snapshot_s": 0.0, "write_s": dt}
+
+
+def save_engine_async(engine, path: str, hook=None) -> dict:
+    """Start writing ``engine``'s own shards and counters as one DCP checkpoint at ``path`` with
+    ``dcp.async_save`` (``no_dist``; no process group needed): the tensors are first copied into
+    host memory of the save's own (the snapshot; the call blocks for it), then DCP writes the
+    files in a background thread (``hook``: see :func:`_writer`). Finish with :func:`wait_engine_save`.
+
+    Returns:
+        a handle: ``{"future", "path", "state", "snapshot_s", "t0", "done"}``.
+    """
+    import torch.distributed.checkpoint as dcp
+
+    t0 = time.perf_counter()
+    sd, state = _pieces(engine, contiguous=False)  # the stager's copy is contiguous
+    os.makedirs(path, exist_ok=True)
+    fut = dcp.async_save(sd, storage_writer=_writer(path, hook), async_stager=_snapshot_stager(),
+                         no_dist=True)
+    t1 = time.perf_counter()
+    done: list[float] = []
+    fut.add_done_callback(lambda _f: done.append(time.perf_counter()))
+    return {"future": fut, "path": path, "state": state, "snapshot_s": t1 - t0, "t0": t1, "done": done}
+
+
+def wait_engine_save(handle: dict, timeout_s: float | None = None) -> dict:
+    """Wait for the background write of :func:`save_engine_async`.
+
+    Returns:
+        ``{"written", "state", "snapshot_s", "write_s"}`` (``write_s``: from the end of the snapshot to
+        the end of the write).
+
+    Raises:
+        RuntimeError: the write failed (DCP's ``CheckpointException`` is a ``BaseException``).
+        TimeoutError: not done within ``timeout_s``.
+    """
+    try:
+        handle["future"].result(timeout=timeout_s)
+    except TimeoutError:
+        raise
+    except BaseException as e:  # noqa: BLE001  (CheckpointException derives from BaseException)
+        raise RuntimeError(f"background write of {handle['path']} failed: {str(e)[-400:]}") from None
+    end = handle["done"][0] if handle["done"] else time.perf_counter()
+    return {"written": _dir_bytes(handle["path"]), "state": handle["state"], "snapshot_s": handle["snapshot_s"],
+            "write_s": end - handle["t0"]}
 
 
 def _planner_class():
@@ -261,18 +369,50 @@ def saved_stages(directory: str) -> list[str]:
         return list(json.load(f)["model_stages"])
 
 
-def save(driver, directory: str, model_stages: list[str] | None = None) -> dict:
-    """Save ``model_stages`` (default: all) of a started driver under ``directory`` (module docstring).
+@dataclass
+class PendingSave:
+    """A save whose writers have returned (:func:`begin_save`); :func:`finish_save` completes it.
+
+    Attributes:
+        directory: where it is written.
+        writers: the workers that write (one DP replica of each saved model-stage).
+        meta: the content of ``driver.json`` (the boundary's step index and update counter, the saved
+            model-stages and their layouts), fixed when the save began.
+        background: the files are written in the workers' background threads.
+        blocking_s: driver seconds from the start until every writer had returned (synchronous: the
+            whole write; asynchronous: the snapshot).
+        per_worker: what each writer returned.
+    """
+
+    directory: str
+    writers: list[int]
+    meta: dict
+    background: bool
+    blocking_s: float
+    per_worker: dict = field(default_factory=dict)
+
+    @property
+    def step_index(self) -> int:
+        return int(self.meta["step_index"])
+
+
+def begin_save(driver, directory: str, model_stages: list[str] | None = None, background: bool = False) -> PendingSave:
+    """Start saving ``model_stages`` (default: all) of a started driver under ``directory`` (module
+    docstring).
 
     Each model-stage is written by the workers of its first DP replica whose workers are all in the
     pool. A frozen or derived model-stage with no intact replica is skipped (a restart re-creates it
     from its initial weights or by the weight sync); a training one makes the save fail.
 
-    Returns:
-        ``{"seconds", "written": bytes of every file, "state": state bytes, "per_worker", "saved"}``.
+    Synchronous (``background=False``): every writer writes its files before it returns.
+    Asynchronous: every writer copies its shards and counters into host memory of its own (the
+    snapshot) and returns; the files are written in its background thread
+    (``dcp.async_save``) while training goes on. Nothing is complete, and ``driver.json`` is not
+    written, before :func:`finish_save`.
 
     Raises:
         ValueError: an unknown model-stage, or a training model-stage without an intact replica.
+        WorkerLost: a writer was lost (``faults.py``).
     """
     t0 = time.perf_counter()
     names = [ms.name for ms in driver.wf.model_stages]
@@ -296,16 +436,64 @@ def save(driver, directory: str, model_stages: list[str] | None = None) -> dict:
     for m in stages:  # pieces of an earlier save in another layout must not be read back
         shutil.rmtree(os.path.join(directory, m), ignore_errors=True)
     os.makedirs(directory, exist_ok=True)
-    res = driver._get([driver.workers[w].dcp_save.remote(replica, directory) for w in writers], "dcp save")
     meta = {"step_index": driver.step_index, "updates": driver.updates, "model_stages": stages,
             "layouts": {m: {"tp": driver.layouts[m].tp, "pp": driver.layouts[m].pp, "dp": driver.layouts[m].dp,
                             "workers": list(driver.layouts[m].workers), "replica": replica[m]} for m in stages}}
-    path = os.path.join(directory, "driver.json")
+    what = "dcp save (snapshot)" if background else "dcp save"
+    res = driver._get([driver.workers[w].dcp_save.remote(replica, directory, background) for w in writers], what)
+    return PendingSave(directory, writers, meta, bool(background), time.perf_counter() - t0, dict(zip(writers, res)))
+
+
+def finish_save(driver, pending: PendingSave) -> dict:
+    """Complete a save: wait for the writers' background writes (asynchronous), then write
+    ``driver.json``. Only then is the checkpoint in ``pending.directory`` complete.
+
+    Returns:
+        ``{"seconds": blocking_s + wait_s (what the run waited for), "blocking_s", "wait_s": driver
+        seconds spent here waiting for the background writes, "background_s": the longest
+        writer's background write (0 when synchronous), "snapshot_s": the longest writer's
+        snapshot, "written": bytes of every file, "state": state bytes, "per_worker", "saved",
+        "background"}``.
+
+    Raises:
+        WorkerLost: a writer (or any worker) was lost while waiting (``faults.py``).
+        WorkerFailure: a writer left the pool before its write was complete, or a write failed.
+    """
+    from nereus.runtime.pool import WorkerFailure
+
+    t0 = time.perf_counter()
+    res = pending.per_worker
+    if pending.background:
+        gone = [w for w in pending.writers if w >= len(driver.workers) or driver.workers[w] is None]
+        if gone:
+            raise WorkerFailure(f"save: writer(s) {gone} left before their background write was complete")
+        done = driver._get([driver.workers[w].dcp_wait.remote() for w in pending.writers],
+                           "dcp save (background write)")
+        res = dict(zip(pending.writers, done))
+    path = os.path.join(pending.directory, "driver.json")
     with open(path, "w") as f:
-        json.dump(meta, f)
-    written = sum(r["written"] for r in res) + os.path.getsize(path)
-    return {"seconds": time.perf_counter() - t0, "written": written, "state": sum(r["state"] for r in res),
-            "per_worker": dict(zip(writers, res)), "saved": stages}
+        json.dump(pending.meta, f)
+    wait_s = time.perf_counter() - t0 if pending.background else 0.0
+    written = sum(r["written"] for r in res.values()) + os.path.getsize(path)
+    return {"seconds": pending.blocking_s + wait_s, "blocking_s": pending.blocking_s, "wait_s": wait_s,
+            "background_s": max((r["write_s"] for r in res.values()), default=0.0) if pending.background else 0.0,
+            "snapshot_s": max((r["snapshot_s"] for r in res.values()), default=0.0),
+            "written": written, "state": sum(r["state"] for r in res.values()), "per_worker": res,
+            "saved": list(pending.meta["model_stages"]), "background": pending.background}
+
+
+def save(driver, directory: str, model_stages: list[str] | None = None, background: bool = False) -> dict:
+    """Save ``model_stages`` (default: all) of a started driver under ``directory`` and complete it
+    (:func:`begin_save` then :func:`finish_save`; with ``background`` the step between them is
+    empty, so the call still returns only once the files are written).
+
+    Returns:
+        :func:`finish_save`'s dict.
+
+    Raises:
+        ValueError: an unknown model-stage, or a training model-stage without an intact replica.
+    """
+    return finish_save(driver, begin_save(driver, directory, model_stages, background))
 
 
 def restart(driver, directory: str, target) -> dict:

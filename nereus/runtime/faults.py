@@ -59,8 +59,11 @@ class FaultTolerantWorker(WorkerCore):
     """:class:`~nereus.runtime.worker.WorkerCore` with heartbeats and a local rollback point."""
 
     def __init__(self, *args, **kwargs) -> None:
+        import threading
+
         super().__init__(*args, **kwargs)
         self.snap: dict[str, Unit] = {}
+        self._moved_on = threading.Event()  # set by every call after a dcp_save (fault timing)
 
     def heartbeat(self) -> dict:
         """Answered in the ``control`` concurrency group, even while the worker is in a collective."""
@@ -72,6 +75,7 @@ class FaultTolerantWorker(WorkerCore):
         Returns:
             uids of the EMUs snapshotted (``"<model_stage>#<replica>"``).
         """
+        self._moved_on.set()
         snap = {}
         for ms, e in self.engines.items():
             lay, d = e.ctx.layout, e.ctx.d
@@ -121,20 +125,32 @@ class FaultTolerantWorker(WorkerCore):
         communicator timeout on the lost peer)."""
         self._cancelled = True
 
-    def _trip(self, method: str) -> None:
-        if getattr(self, "_cancelled", False):
-            raise WorkerFailure(f"worker {self.id}: {method} cancelled: a peer was lost; awaiting recovery")
+    def _take(self, method: str) -> str | None:
+        """``how`` if a fault armed for ``method`` fires in this call (the arm is then used up)."""
         armed = getattr(self, "_armed", None)
         if not armed or armed[0] != method:
-            return
+            return None
         if armed[2] > 0:
             self._armed = (armed[0], armed[1], armed[2] - 1)
-            return
-        if armed[1] == "stop":
+            return None
+        self._armed = None
+        return armed[1]
+
+    @staticmethod
+    def _fire(how: str) -> None:
+        if how == "stop":
             import signal
 
             os.kill(os.getpid(), signal.SIGSTOP)
         os._exit(1)
+
+    def _trip(self, method: str) -> None:
+        self._moved_on.set()
+        if getattr(self, "_cancelled", False):
+            raise WorkerFailure(f"worker {self.id}: {method} cancelled: a peer was lost; awaiting recovery")
+        how = self._take(method)
+        if how is not None:
+            self._fire(how)
 
     def generate(self, *a, **k):
         self._trip("generate")
@@ -168,9 +184,24 @@ class FaultTolerantWorker(WorkerCore):
         self._trip("transition_finish")
         return super().transition_finish(*a, **k)
 
-    def dcp_save(self, *a, **k):
-        self._trip("dcp_save")
-        return super().dcp_save(*a, **k)
+    def dcp_save(self, model_stages, directory: str, background: bool = False) -> dict:
+        """A fault armed for ``dcp_save`` fires when the files start being written: inside this call
+        for a synchronous save, in the background thread (after this call returned, while the
+        worker goes on) for an asynchronous one."""
+        if getattr(self, "_cancelled", False):
+            raise WorkerFailure(f"worker {self.id}: dcp_save cancelled: a peer was lost; awaiting recovery")
+        how = self._take("dcp_save")
+        hook = None
+        if how is not None:
+            self._moved_on.clear()
+
+            def hook(phase: str) -> None:
+                if phase != "metadata":  # fire in the middle of the write: data written, not readable yet
+                    return
+                if background:  # and once this worker has gone on to its next call (the next boundary)
+                    self._moved_on.wait(timeout=5.0)
+                self._fire(how)
+        return self._dcp_save(model_stages, directory, background, hook)
 
 
 #: where a fault can be injected: the worker method it fires in (generation, forward for log-probs or
