@@ -22,6 +22,10 @@ Three pieces, on the worker and on the driver:
   live executor builds the target from those units (``TransitionExecutor.execute(adopt=False)``).
   The step then re-runs from its start with the same samples. Only a training model-stage that lost
   every replica falls back to the last durable checkpoint (``durable.py``).
+
+A worker lost in the background write of an asynchronous checkpoint (``durable.begin_save``) is
+found the same way by whatever call comes next; the run abandons that checkpoint and keeps the
+previous complete one (``AdaptiveRun._complete_save``).
 """
 
 from __future__ import annotations
