@@ -395,3 +395,49 @@ def test_a_writer_lost_in_the_background_write_leaves_the_previous_checkpoint(as
         assert got["update_count"] == st["update_count"] and got["position"] == st["position"]
         for n in st["params"]:
             assert torch.allclose(got["params"][n], st["params"][n], atol=1e-5, rtol=1e-4), (ms, n)
+
+
+@pytest.mark.slow
+def test_every_train_replica_lost_in_the_background_write_restores_the_previous_checkpoint(async_reference):
+    """Both workers of actor.train (dp=2 on this plan; both also write a replica 0 of some
+    model-stage) die in the background write of the checkpoint taken after step 1: no replica of
+    actor.train survives, so the run restores the previous complete checkpoint, the one of step 1
+    (not the abandoned one of step 2), loses 1 step, re-runs it and ends at the fault-free weights."""
+    from nereus.runtime.adaptive import AdaptiveRun
+
+    ref = async_reference[0]
+    p = WorkerPool(4, timeout_s=15, hang_timeout_s=3).start()
+    lines: list[str] = []
+    run = AdaptiveRun(SPEC, W, TASK, 4, RLConfig(actor_lr=1e-2, critic_lr=1e-2, timeout_s=15), hang_timeout_s=3,
+                      log=lines.append, measure=False, checkpoint_every=1)
+    run.keep_final = True
+    armed: list[int] = []
+
+    def arm(k: int) -> None:
+        if k != 1:
+            return
+        d = run.driver
+        victims = sorted(d.layouts["actor.train"].workers)
+        writers = {w for lay in d.layouts.values() for w in lay.replica(0)}
+        assert set(victims) <= writers and d.layouts["actor.train"].dp == 2, (victims, writers)
+        run.faults[k] = ("dcp_save", victims[0], "kill")
+        d._get([d.workers[w].arm.options(concurrency_group="control").remote("dcp_save", "kill")
+                for w in victims[1:]], "arm")
+        armed.extend(victims)
+    run.before_step = arm
+    try:
+        hist = run.run(3, p)
+    finally:
+        p.close()
+    assert armed and run.recoveries, lines
+    rec = run.recoveries[0]
+    assert sorted(rec["lost"]) == armed and rec["source"] == "checkpoint" and rec["steps_lost"] == 1, rec
+    assert any("checkpoint of step 2 abandoned" in s for s in lines), lines
+    assert any("restored the durable checkpoint of step 1" in s for s in lines), lines
+    assert [m["step"] for m in hist] == [0, 1, 1, 2]  # step 1 re-runs with the same samples
+    assert [m["update_count"] for m in hist] == [2, 4, 4, 6]
+    for ms, st in ref.final_state.items():
+        got = run.final_state[ms]
+        assert got["update_count"] == st["update_count"] and got["position"] == st["position"]
+        for n in st["params"]:
+            assert torch.allclose(got["params"][n], st["params"][n], atol=1e-5, rtol=1e-4), (ms, n)
