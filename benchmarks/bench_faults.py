@@ -314,7 +314,10 @@ def execute(spec: RunSpec, faults: bool, seed: int, timeout_s: float, verbose: b
     run = FaultBenchRun(SPEC, workload(spec.algorithm), TASK, spec.workers, config(),
                         schedule=parse_pool_schedule(spec.schedule), notice=True, hang_timeout_s=HANG_TIMEOUT_S,
                         log=log, measure=False, checkpoint_every=spec.checkpoint_every,
-                        bench_faults=planned, rng=random.Random(seed), capacity=capacity)
+                        bench_faults=planned, rng=random.Random(seed), capacity=capacity,
+                        # synchronous saves: a dcp_save fault fires inside the save, so it is settled and
+                        # filed under the checkpoint phase (an async write would fire after the boundary)
+                        checkpoint_sync=True)
     run.keep_final = True
     t0 = time.perf_counter()
 
