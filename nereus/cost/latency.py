@@ -5,7 +5,9 @@ Work is counted from shapes and turned into seconds with ``work / (peak · effic
 * GEMM FLOPs ``2·N_gemm_rank`` per token forward (backward 2x; full recompute adds a forward of the
   transformer layers, not of the LM/value head, which is never checkpointed;
   Megatron/PaLM accounting, cost-model.md §2.1); causal attention ``2·a·d·s/tp`` FLOPs per token per
-  layer forward (half of PaLM's ``4·a·d·s`` term, as flash-attention executes it).
+  layer forward (half of PaLM's ``4·a·d·s`` term, as flash-attention executes it), its backward 2.5
+  forwards (flash-attention recomputes the scores: 5 matmuls to the forward's 2; Dao 2023,
+  FlashAttention-2 §3.1).
 * TP: 2 all-reduces of ``b·s·h`` activations per layer forward, 2 backward (+2 with full recompute)
   (Shoeybi et al. 2019), on NVLink when the TP group fits in a node, else on the NIC.
 * PP: a point-to-point of ``b·s·h/tp`` activations per micro-batch and boundary each way (Megatron
@@ -49,6 +51,8 @@ __all__ = ["LinkModel", "microbatch_stage_times", "decode_step_times", "prefill_
            "dp_sync_time", "optimizer_time", "offload_times", "weight_sync_times", "gemm_rank_params"]
 
 OPT_BYTES_PER_PARAM = 36
+#: flash-attention backward in forward-equivalents beyond the GEMMs' 2 (2.5 - 2; FlashAttention-2 §3.1)
+ATTN_BWD_EXTRA = 0.5
 
 
 class LinkModel:
@@ -127,14 +131,14 @@ def _layers(model: ModelSpec, pp):
     return max_layers_rank(model, pp)
 
 
-def _layer_pass(model, tp, tokens, ctx_len, layers, mult, cluster, eff, links, n_ar) -> dict:
-    """Time of ``layers`` layers over ``tokens`` tokens, ``mult`` forward-equivalents of compute and
-    ``n_ar`` TP all-reduces per layer."""
+def _layer_pass(model, tp, tokens, ctx_len, layers, mult, cluster, eff, links, n_ar, attn_mult=None) -> dict:
+    """Time of ``layers`` layers over ``tokens`` tokens, ``mult`` forward-equivalents of GEMM compute
+    (``attn_mult`` of attention compute, default ``mult``) and ``n_ar`` TP all-reduces per layer."""
     out: dict = {}
     gpu = cluster.gpu
     gemm_flops = 2.0 * gemm_rank_params(model, tp) * tokens * layers * mult
     _add(out, "gemm", _gemm_time(gemm_flops, 7 * layers * mult, gpu, eff))
-    attn = 2.0 * model.q_dim / tp * ctx_len * tokens * layers * mult
+    attn = 2.0 * model.q_dim / tp * ctx_len * tokens * layers * (mult if attn_mult is None else attn_mult)
     _add(out, "attention", attn / (gpu.peak_flops * eff.get("attention")))
     for cls, t in links.time("allreduce", 2.0 * tokens * model.hidden_size, tp).items():
         _add(out, cls, t * n_ar * layers)
@@ -179,9 +183,12 @@ def microbatch_stage_times(stage: str, model: ModelSpec, workload: WorkloadSpec,
         rc = recompute_code(recompute)
         mult = np.where(rc == RC_FULL, 4, 3)
         n_ar = np.where(rc == RC_FULL, 6, 4)
+        # flash-attention's backward runs 5 matmuls to the forward's 2 (it recomputes the scores):
+        # 2.5 forward-equivalents (Dao 2023, FlashAttention-2 §3.1)
+        attn_mult = mult + ATTN_BWD_EXTRA
     else:
-        rc, mult, n_ar = RC_NONE, 1, 2
-    body = _layer_pass(model, tp, tokens, s, layers, mult, cluster, eff, links, n_ar)
+        rc, mult, n_ar, attn_mult = RC_NONE, 1, 2, 1
+    body = _layer_pass(model, tp, tokens, s, layers, mult, cluster, eff, links, n_ar, attn_mult)
     if stage == "train" and np.any(rc == RC_SELECTIVE):
         sel = rc == RC_SELECTIVE
         extra = np.where(sel, 2.0 * model.q_dim / tp * s * tokens * layers, 0.0)
