@@ -50,20 +50,26 @@ PREFILL_CHUNK_TOKENS = 8192
 RC_NONE, RC_SELECTIVE, RC_FULL = 0, 1, 2
 #: idle-state modes of a model-stage by code (:mod:`nereus.spec.framework`)
 OFFLOAD_CODES = ("none", "host", "drop")
-_RC = {"none": RC_NONE, "selective": RC_SELECTIVE, "full": RC_FULL}
+#: recompute modes by code (``RC_NONE``, ``RC_SELECTIVE``, ``RC_FULL``)
+RECOMPUTE_CODES = ("none", "selective", "full")
+
+
+def _code(field: str, value, modes: tuple[str, ...]):
+    """A mode name as its index in ``modes``; an int or array of codes passes through."""
+    if isinstance(value, str):
+        if value not in modes:
+            raise ValueError(f"{field} must be one of {list(modes)}, got {value!r}")
+        return modes.index(value)
+    return np.asarray(value)
 
 
 def recompute_code(recompute):
-    """``none``/``selective``/``full`` (or an array of codes) as integer codes.
+    """``none``/``selective``/``full`` (or an array of codes) as integer codes (``RC_*``).
 
     Raises:
         ValueError: unknown mode.
     """
-    if isinstance(recompute, str):
-        if recompute not in _RC:
-            raise ValueError(f"recompute must be 'none', 'selective' or 'full', got {recompute!r}")
-        return _RC[recompute]
-    return np.asarray(recompute)
+    return _code("recompute", recompute, RECOMPUTE_CODES)
 
 
 def offload_code(offload):
@@ -72,11 +78,7 @@ def offload_code(offload):
     Raises:
         ValueError: unknown mode.
     """
-    if isinstance(offload, str):
-        if offload not in OFFLOAD_CODES:
-            raise ValueError(f"offload must be one of {list(OFFLOAD_CODES)}, got {offload!r}")
-        return OFFLOAD_CODES.index(offload)
-    return np.asarray(offload)
+    return _code("offload", offload, OFFLOAD_CODES)
 
 
 def activation_bytes_per_layer(model: ModelSpec, tokens, tp, sp=False, selective=False):
