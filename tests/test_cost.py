@@ -98,7 +98,11 @@ def test_tp_allreduce_on_nvlink_inside_node_and_nic_across():
     across = cm16.estimate_candidate(Candidate("actor.train", 8, 1, 2, micro_batch=1, grad_accum=128))
     assert "allreduce@nvlink" in inside.breakdown and "allreduce@ib" not in inside.breakdown
     assert "allreduce@ib" in across.breakdown
-    assert across.breakdown["allreduce@ib"] > inside.breakdown["allreduce@nvlink"]
+    # across 2 nodes the TP all-reduce is hierarchical (4 ranks per node over NVLink, 1/4 of the
+    # message per NIC), and still slower per micro-batch than inside one node (the replica across
+    # nodes runs 128 micro-batches per update, the one inside 256)
+    tp_across = across.breakdown["allreduce@ib"] + across.breakdown["allreduce@nvlink"]
+    assert tp_across / 128 > inside.breakdown["allreduce@nvlink"] / 256
 
 
 def test_calibration_moves_class_efficiency_towards_measurement():

@@ -114,32 +114,59 @@ def test_drop_is_refused_for_training_state():
 
 
 # ---------------------------------------------------------------- DP communication and overlap
+def test_hierarchical_collective_across_nodes_by_hand():
+    from nereus.cost.latency import LinkModel
+
+    eff = EfficiencyTable()
+    g = get_gpu("h100")
+    links = LinkModel(ClusterSpec(g, 4, 8), eff)
+    S = 1e9
+    # 32 ranks on 4 nodes, 8 per node: NVLink among 8, then each rank's 1/8 share among 4 nodes on its NIC
+    t = links.time("allreduce", S, 32, span=32)
+    nvl = 2 * 3 * g.scaleup_latency + 2 * 7 / 8 * S / (g.scaleup_bandwidth * eff.get("allreduce@nvlink"))
+    nic = 2 * 2 * g.scaleout_latency + 2 * 3 / 4 * (S / 8) / (g.scaleout_bandwidth * eff.get("allreduce@ib"))
+    assert t["allreduce@nvlink"] == pytest.approx(nvl) and t["allreduce@ib"] == pytest.approx(nic)
+    # one rank per node (e.g. the DP group of TP-8 replicas): the flat ring over NICs
+    t1 = links.time("allreduce", S, 4, span=32)
+    assert "allreduce@nvlink" not in t1 or t1["allreduce@nvlink"] == 0.0
+    assert t1["allreduce@ib"] == pytest.approx(2 * 2 * g.scaleout_latency
+                                               + 2 * 3 / 4 * S / (g.scaleout_bandwidth * eff.get("allreduce@ib")))
+    # all-gather: (k-1)/k over NVLink, then (N-1)/N of S/k per NIC
+    ag = links.time("allgather", S, 16, span=16)
+    assert ag["allgather@ib"] == pytest.approx(g.scaleout_latency + 1 / 2 * (S / 8)
+                                               / (g.scaleout_bandwidth * eff.get("allgather@ib")))
+
+
 def test_dp_communication_by_zero_stage_and_reduce_dtype():
     base = dict(zero_stages=(0, 1, 2, 3))
     eff = EfficiencyTable()
     n = max_params_per_gpu(M8, 1, 1)
-    nic = 50e9 * eff.get("allreduce@ib")
-    dp = 32  # 4 nodes: the group crosses the NIC
+    g = get_gpu("h100")
+    nvl, nic = g.scaleup_bandwidth * eff.get("allreduce@nvlink"), g.scaleout_bandwidth * eff.get("allreduce@ib")
+    au, ao = g.scaleup_latency, g.scaleout_latency
+    dp = 32  # 4 nodes of 8: hierarchical, 8 ranks per node over NVLink, S/8 per NIC among 4 nodes
 
     def comm(fw, z, b=1):
         cm = CostModel(_job(fw), eff)
         e = cm.estimate_candidate(Candidate("actor.train", 1, 1, dp, micro_batch=b, grad_accum=256 // (dp * b),
                                             zero=z))
-        return sum(v for k, v in e.breakdown.items() if k.endswith("@ib") and not k.startswith("broadcast"))
+        return sum(v for k, v in e.breakdown.items() if k.split("@")[0] in ("allreduce", "allgather",
+                                                                              "reducescatter"))
 
     steps = WorkloadSpec().updates_per_step
-    frac = (dp - 1) / dp
-    alpha = get_gpu("h100").scaleout_latency
-    lg = 5  # ceil(log2 32)
-    ar4 = 2 * lg * alpha + 2 * frac * 4 * n / nic
-    assert comm(FrameworkSpec(**base), 0) == pytest.approx(steps * ar4)
-    ar2 = 2 * lg * alpha + 2 * frac * 2 * n / nic
-    assert comm(FrameworkSpec(**base, grad_reduce_bytes=2), 0) == pytest.approx(steps * ar2)
-    half = lg * alpha + frac * 2 * n / nic  # one reduce-scatter or all-gather of 2n bytes
-    assert comm(FrameworkSpec(**base, grad_reduce_bytes=2), 1) == pytest.approx(steps * 2 * half)
+
+    def ar(size):
+        return 2 * 3 * au + 2 * 7 / 8 * size / nvl + 2 * 2 * ao + 2 * 3 / 4 * (size / 8) / nic
+
+    def half(size):  # one reduce-scatter or all-gather
+        return 3 * au + 7 / 8 * size / nvl + 2 * ao + 3 / 4 * (size / 8) / nic
+
+    assert comm(FrameworkSpec(**base), 0) == pytest.approx(steps * ar(4 * n))
+    assert comm(FrameworkSpec(**base, grad_reduce_bytes=2), 0) == pytest.approx(steps * ar(2 * n))
+    assert comm(FrameworkSpec(**base, grad_reduce_bytes=2), 1) == pytest.approx(steps * 2 * half(2 * n))
     m = 256 // dp
-    assert comm(FrameworkSpec(**base, grad_reduce_bytes=2), 2) == pytest.approx(steps * (m + 1) * half)
-    assert comm(FrameworkSpec(**base, grad_reduce_bytes=2), 3) == pytest.approx(steps * 3 * m * half)
+    assert comm(FrameworkSpec(**base, grad_reduce_bytes=2), 2) == pytest.approx(steps * (m + 1) * half(2 * n))
+    assert comm(FrameworkSpec(**base, grad_reduce_bytes=2), 3) == pytest.approx(steps * 3 * m * half(2 * n))
 
 
 def test_overlapped_grad_reduce_hides_behind_last_backward():
@@ -149,10 +176,10 @@ def test_overlapped_grad_reduce_hides_behind_last_backward():
     c = Candidate("actor.train", 1, 1, 32, micro_batch=1, grad_accum=8)
     a, b = plain.estimate_candidate(c), over.estimate_candidate(c)
     steps = WorkloadSpec().updates_per_step
-    dp_a = sum(v for k, v in a.breakdown.items() if k.startswith("allreduce@ib")) / steps
+    dp_a = sum(v for k, v in a.breakdown.items() if k.startswith("allreduce@")) / steps
     compute_mb = (a.breakdown["gemm"] + a.breakdown["attention"]) / steps / 8  # one micro-batch, last rank
     exposed = max(0.0, dp_a - 2 / 3 * compute_mb)
-    dp_b = sum(v for k, v in b.breakdown.items() if k.startswith("allreduce@ib")) / steps
+    dp_b = sum(v for k, v in b.breakdown.items() if k.startswith("allreduce@")) / steps
     assert dp_b == pytest.approx(exposed, rel=1e-9, abs=1e-12)
 
 

@@ -25,7 +25,9 @@ SEQS = [(1024, 1024), (4096, 4096), (256, 768)]
 
 def _cases():
     """(CostModel factory input, candidate) pairs: training of Llama-3.1-8B on 2x8 H100 over a grid of
-    layouts, micro-batches and sequence lengths (attention share 5-40%, TP on NVLink, DP over IB)."""
+    layouts, micro-batches and sequence lengths (attention share 5-40%, TP on NVLink, DP over IB), plus
+    TP-8 replicas on 4x8 H100 whose DP groups have one rank per node (all their DP traffic on the NICs,
+    so the IB efficiency is identifiable under the hierarchical collective model), one with ZeRO-3."""
     out = []
     for prompt, resp in SEQS:
         wl = WorkloadSpec(prompt_len=prompt, response_len=resp, prompts_per_step=64, samples_per_prompt=4,
@@ -33,6 +35,10 @@ def _cases():
         job = JobSpec(M8, ClusterSpec(get_gpu("h100"), 2, 8), wl)
         for tp, pp, dp, b in LAYOUTS:
             out.append((job, Candidate("actor.train", tp, pp, dp, micro_batch=b, grad_accum=256 // (dp * b))))
+        job4 = JobSpec(M8, ClusterSpec(get_gpu("h100"), 4, 8), wl)
+        for tp, pp, dp, b, z in ((8, 1, 4, 1, 0), (8, 1, 4, 4, 0), (4, 2, 4, 1, 0), (8, 1, 4, 4, 3)):
+            out.append((job4, Candidate("actor.train", tp, pp, dp, micro_batch=b, grad_accum=256 // (dp * b),
+                                        zero=z)))
     return out
 
 

@@ -103,7 +103,6 @@ def test_best_layout_differs_between_32_and_256_gpus():
         plan = plan_job(job)
         layouts[nodes * 8] = {c.model_stage: c.layout for c in plan.candidates}
     assert layouts[32] != layouts[256]
-    assert layouts[32]["actor.train"] != layouts[256]["actor.train"]
 
 
 def _check_placement(plan: Plan, job, wf):

@@ -14,8 +14,9 @@ Work is counted from shapes and turned into seconds with ``work / (peak · effic
   scatter-gather); pipeline time for m micro-batches ``Σ_i t_i + (m-1)·max_i t_i`` (Narayanan et al.
   2021; the unbalanced form used by Alpa and Metis), reported as ``m·t_max`` of work plus a
   ``bubble`` term.
-* DP: ring all-reduce of the gradients of the most loaded GPU once per optimizer step, over the NIC
-  when the replicas span nodes; ZeRO stages replace it with reduce-scatter and all-gather
+* DP: ring all-reduce of the gradients of the most loaded GPU once per optimizer step, hierarchical
+  (NVLink inside a node, each rank's share over its own NIC) when the replicas span nodes
+  (:class:`LinkModel`); ZeRO stages replace it with reduce-scatter and all-gather
   (:func:`dp_sync_time`); with the framework's ``overlap_grad_reduce`` the cost model hides it
   behind backward (``max(0, T_dp - T_bwd)``), otherwise it is fully exposed.
 * Offload of idle state over PCIe (:func:`offload_times`).
@@ -58,41 +59,62 @@ ATTN_BWD_EXTRA = 0.5
 class LinkModel:
     """Bandwidth, latency and op class of the link a group of GPUs uses.
 
-    A group uses the scale-up link when it spans at most one node's GPUs (groups are placed
-    node-aligned), else the scale-out link; its effective bandwidth is the link's peak times the
-    efficiency of the op class ``<collective>@<link>``.
+    A group that spans at most one node's GPUs (groups are placed node-aligned) uses the scale-up
+    link. A group across nodes runs its all-reduce, all-gather and reduce-scatter hierarchically,
+    as NCCL does over rail-optimized clusters (one NIC per GPU; a channel per NIC): with ``k`` of
+    its ``n`` ranks on each of ``N = n/k`` nodes (``k = n · gpus_per_node / span``), the part inside
+    a node moves over the scale-up link as a collective among ``k`` ranks, and each rank sends only
+    its ``1/k`` share of the message across nodes, on its own NIC, as a collective among ``N``
+    ranks: all-reduce ``2(k-1)/k·S / B_up + 2(N-1)/N·(S/k) / B_out`` (the 2D ring/tree bound; a
+    group with one rank per node, ``k = 1``, is the flat ring over NICs of cost-model.md §2.7).
+    Broadcast and point-to-point across nodes use one NIC. The effective bandwidth of each part is the
+    link's peak times the efficiency of the op class ``<collective>@<link>``.
     """
 
     def __init__(self, cluster: ClusterSpec, eff: EfficiencyTable):
         self.cluster, self.eff, self.gpu = cluster, eff, cluster.gpu
 
+    def _one(self, kind: str, size, n, link: str, bw: float, alpha: float):
+        b = bw * self.eff.get(f"{kind}@{link}")
+        if kind == "allreduce":
+            return allreduce_time(size, n, b, alpha)
+        if kind in ("allgather", "reducescatter"):
+            return allgather_time(size, n, b, alpha)
+        if kind == "broadcast":
+            return broadcast_time(size, n, b, alpha)
+        if kind == "p2p":
+            return p2p_time(size, b, alpha)
+        raise ValueError(f"unknown collective {kind!r}")
+
     def time(self, kind: str, size, n, span=None, force_scaleout: bool = False) -> dict:
         """``{op class: seconds}`` of collective ``kind`` of ``size`` bytes among ``n`` ranks whose
         group spans ``span`` GPUs (defaults to ``n``); arrays allowed."""
-        g = self.gpu
+        g, gpn = self.gpu, self.cluster.gpus_per_node
         span = n if span is None else span
-        inside = np.asarray(span) <= self.cluster.gpus_per_node
+        inside = np.asarray(span) <= gpn
         if force_scaleout:
             inside = np.zeros_like(inside, dtype=bool)
         out: dict = {}
-        for name, bw, alpha, mask in ((g.scaleup_link, g.scaleup_bandwidth, g.scaleup_latency, inside),
-                                      (g.scaleout_link, g.scaleout_bandwidth, g.scaleout_latency, ~inside)):
-            if not np.any(mask):
-                continue
-            cls = f"{kind}@{name}"
-            b = bw * self.eff.get(cls)
-            if kind == "allreduce":
-                t = allreduce_time(size, n, b, alpha)
-            elif kind in ("allgather", "reducescatter"):
-                t = allgather_time(size, n, b, alpha)
-            elif kind == "broadcast":
-                t = broadcast_time(size, n, b, alpha)
-            elif kind == "p2p":
-                t = p2p_time(size, b, alpha)
+        up, down = (g.scaleup_link, g.scaleup_bandwidth, g.scaleup_latency), \
+            (g.scaleout_link, g.scaleout_bandwidth, g.scaleout_latency)
+
+        def add(link, t, mask):
+            cls = f"{kind}@{link}"
+            v = np.where(mask, t, 0.0) if np.ndim(mask) else (t if mask else 0.0)
+            out[cls] = out.get(cls, 0.0) + v
+
+        if np.any(inside):
+            add(up[0], self._one(kind, size, n, *up), inside)
+        if np.any(~inside):
+            if kind in ("allreduce", "allgather", "reducescatter") and not force_scaleout:
+                nn = np.asarray(n, dtype=float)
+                k = np.clip(np.floor(nn * gpn / np.maximum(np.asarray(span, dtype=float), 1.0)), 1.0, nn)
+                nodes = np.ceil(nn / k)
+                add(up[0], self._one(kind, size, k, *up), ~inside)
+                add(down[0], self._one(kind, np.asarray(size, dtype=float) / k, nodes, *down), ~inside)
             else:
-                raise ValueError(f"unknown collective {kind!r}")
-            out[cls] = np.where(mask, t, 0.0) if np.ndim(mask) else t
-        return out
+                add(down[0], self._one(kind, size, n, *down), ~inside)
+        return {c: (float(v) if np.ndim(v) == 0 else v) for c, v in out.items()}
 
 
 def gemm_rank_params(model: ModelSpec, tp):
