@@ -32,7 +32,7 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--job", metavar="FILE", help="job spec (.json/.yaml with model, cluster, workload; format in "
                    "docs/files.md), or the output of `nereus plan --json`; other job options override it")
     g.add_argument("--model", default=None, help="model preset (llama-3.1-8b, llama-3.3-70b, qwen3-14b, "
-                   "qwen3-32b, tiny), a Hugging Face config.json path or a directory holding one [llama-3.1-8b]")
+                   "qwen3-32b, qwen2.5-0.5b, tiny, small), a Hugging Face config.json path or a directory holding one [llama-3.1-8b]")
     g.add_argument("--algo", choices=ALGORITHMS, default=None, help="RL algorithm [ppo]")
     g.add_argument("--gpu", default=None, help="GPU preset: h100 (alias h100-sxm), h200, a100 (alias a100-80gb), mi250x, cpu (one CPU worker "
                    "process of `nereus run`) [h100]")
