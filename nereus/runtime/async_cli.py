@@ -68,10 +68,9 @@ def predict(spec, w, plan, workers: int, gpu=None) -> dict:
 
 def main_async(args) -> int:
     from nereus.planner.notation import format_plan
-    from nereus.runtime.cli import _check_layouts, _parse_layouts, _quiet_ray, _task_lengths, check_memory
+    from nereus.runtime.cli import _quiet_ray, _task_lengths, check_memory, with_given_layouts
     from nereus.spec.model import get_model
     from nereus.spec.workload import WorkloadSpec
-    from nereus.workflow import workflow_for
 
     check_async_args(args)
     spec = get_model(args.model)
@@ -94,15 +93,7 @@ def main_async(args) -> int:
         return _adaptive_async(args, spec, w, task, cfg)
     from nereus.runtime.async_driver import AsyncRLDriver, async_plan
 
-    layouts = default_async_layouts(w, args.workers)
-    given = _parse_layouts(args.layout)
-    names = [ms.name for ms in workflow_for(w).model_stages]
-    unknown = sorted(set(given) - set(names))
-    if unknown:
-        raise ValueError(f"--layout names model-stage(s) {unknown} not in the {args.algorithm.upper()} workflow; "
-                         f"valid: {names}")
-    layouts.update(given)
-    _check_layouts(spec, layouts)
+    layouts = with_given_layouts(spec, w, args, default_async_layouts(w, args.workers))
     plan = async_plan(w, layouts, args.workers, micro_batch=args.micro_batch)
     check_memory(spec, w, args.workers, args.memory_gib, plan)
     if not args.verbose:

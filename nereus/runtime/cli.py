@@ -18,6 +18,7 @@ from dataclasses import replace
 
 from nereus.planner.notation import format_plan
 from nereus.runtime.schedules import parse_digits_schedule, parse_schedule_items
+from nereus.workflow import workflow_for
 
 __all__ = ["add_arguments", "main", "DEFAULT_LAYOUTS", "check_args", "check_pool_schedule", "check_memory"]
 
@@ -283,6 +284,24 @@ def _parse_layouts(items: list[str]) -> dict[str, tuple[int, int, int]]:
     return out
 
 
+def with_given_layouts(spec, w, args, layouts: dict) -> dict:
+    """``layouts`` (model-stage -> (tp, pp, dp)) updated with the ``--layout`` options, checked.
+
+    Raises:
+        ValueError: a malformed ``--layout``, a model-stage outside the workflow, or a layout the
+            model cannot take.
+    """
+    names = [ms.name for ms in workflow_for(w).model_stages]
+    given = _parse_layouts(args.layout)
+    unknown = sorted(set(given) - set(names))
+    if unknown:
+        raise ValueError(f"--layout names model-stage(s) {unknown} not in the {args.algorithm.upper()} workflow; "
+                         f"valid: {names}")
+    layouts = dict(layouts) | given
+    _check_layouts(spec, layouts)
+    return layouts
+
+
 def _check_layouts(spec, layouts) -> None:
     from nereus.cost.shapes import valid_pp, valid_tp
 
@@ -327,7 +346,6 @@ def main(args) -> int:
     from nereus.runtime.plans import simple_plan
     from nereus.spec.model import get_model
     from nereus.spec.workload import WorkloadSpec
-    from nereus.workflow import workflow_for
 
     spec = get_model(args.model)
     data_task = _data_task(args, spec) if args.data else None
@@ -343,15 +361,8 @@ def main(args) -> int:
     plan = None
     if not args.adaptive:
         base = DEFAULT_LAYOUTS if args.workers >= 4 else {}
-        names = [ms.name for ms in workflow_for(w).model_stages]
-        layouts = {n: base.get(n, (1, 1, 1)) for n in names}
-        given = _parse_layouts(args.layout)
-        unknown = sorted(set(given) - set(names))
-        if unknown:
-            raise ValueError(f"--layout names model-stage(s) {unknown} not in the {args.algorithm.upper()} workflow; "
-                             f"valid: {names}")
-        layouts.update(given)
-        _check_layouts(spec, layouts)
+        layouts = with_given_layouts(spec, w, args, {n: base.get(n, (1, 1, 1))
+                                                     for n in (ms.name for ms in workflow_for(w).model_stages)})
         plan = simple_plan(w, layouts, args.workers, micro_batch=args.micro_batch)
     check_memory(spec, w, args.workers + _joining(args), args.memory_gib, plan, args.precision or "fp32")
     if not args.verbose:
