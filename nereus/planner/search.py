@@ -48,7 +48,8 @@ Algorithm (exact for this model):
 
 A second exact algorithm for all-disjoint jobs, a branch and bound over resident levels ``(β_s)``
 with ``τ = usable - Σ β_s`` (the search before colocation), stays for cross-checks
-(``_LEVEL_SEARCH``).
+(``_LEVEL_SEARCH``; :mod:`nereus.planner.level_search`). Messages when nothing fits come from
+:mod:`nereus.planner.diagnose`.
 
 Then :func:`nereus.planner.placement.place` assigns GPU ids, preferring the current plan's GPUs;
 the plan records nothing about modes: colocation is visible as overlapping GPU sets in a stage.
@@ -62,15 +63,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from nereus.cost.model import CostModel
+from nereus.cost.model import FROZEN_MODELS, CostModel
 from nereus.planner.candidates import COLUMNS, CandidateSet, enumerate_candidates, frontier
+from nereus.planner.diagnose import diagnose_alone, diagnose_joint
+from nereus.planner.level_search import _search_async, _search_sync, _Stage, _staircase, minmax_knapsack
 from nereus.planner.plan import Plan
 from nereus.spec.job import JobSpec
 
-__all__ = ["NoFeasiblePlan", "SearchResult", "plan_job", "search", "SearchOptions"]
+__all__ = ["NoFeasiblePlan", "SearchResult", "plan_job", "search", "SearchOptions", "minmax_knapsack"]
 
 GIB = 1024**3
-LB_POINTS = 12
 #: candidate count above which a knapsack stage's frontier also drops rows dominated across memory
 #: classes (below it the search's per-bound scans are cheaper than the prune)
 CROSS_MIN_ROWS = 16384
@@ -126,106 +128,6 @@ class SearchResult:
     modes: dict = field(default_factory=dict)  # stage -> 'disjoint' | 'colocated'
 
 
-def _staircase(n, t):
-    """Indices sorting (n, t) into a strictly improving staircase: n ascending, t descending."""
-    order = np.lexsort((t, n))
-    ts = t[order]
-    prev = np.minimum.accumulate(ts)
-    keep = np.ones(len(order), dtype=bool)
-    keep[1:] = ts[1:] < prev[:-1]
-    return order[keep]
-
-
-def minmax_knapsack(stairs: list[tuple[np.ndarray, np.ndarray]], budget: int):
-    """Min over choices of max time subject to Σ GPUs ≤ budget.
-
-    ``stairs[i] = (n, t)`` is model-stage i's staircase (n ascending, t strictly descending).
-    Returns ``(best_max_time, positions)`` or ``(inf, None)`` when even the smallest choices exceed
-    the budget.
-    """
-    return _minmax_lists([s[0].tolist() for s in stairs], [s[1].tolist() for s in stairs], budget)
-
-
-def _minmax_lists(ns: list[list], ts: list[list], budget: int):
-    """:func:`minmax_knapsack` on staircases given as Python lists."""
-    pos = [0] * len(ns)
-    used = sum(n[0] for n in ns)
-    if used > budget:
-        return math.inf, None
-    cur = [t[0] for t in ts]
-    while True:
-        worst = max(range(len(cur)), key=cur.__getitem__)
-        best = cur[worst]
-        p = pos[worst]
-        n = ns[worst]
-        if p + 1 >= len(n):
-            return best, list(pos)
-        extra = n[p + 1] - n[p]
-        if used + extra > budget:
-            return best, list(pos)
-        used += extra
-        pos[worst] = p + 1
-        cur[worst] = ts[worst][p + 1]
-
-
-class _Stage:
-    """One stage's frontiers and its cached knapsack solutions."""
-
-    def __init__(self, name: str, sets: list[CandidateSet], budget: int):
-        self.name, self.sets, self.budget = name, sets, budget
-        self.r_levels = np.unique(np.concatenate([s.r for s in sets])) if sets else np.zeros(0)
-        self.x_levels = np.unique(np.concatenate([s.x for s in sets])) if sets else np.zeros(0)
-        self.cache: dict = {}
-        self.calls = 0
-        # Model-stages with the same frontier (actor.infer and reference.infer; critic.infer and
-        # reward.infer) share its arrays. Each frontier's staircase under (β, τ, budget) depends only on
-        # how many of its own resident and transient levels lie at or below β and τ, so it is cached
-        # under those counts and shared by every (β, τ) that selects the same rows.
-        self._own = [(id(st.t), np.unique(st.r), np.unique(st.x)) for st in sets]
-        self._stairs: dict = {}
-
-    def solve(self, beta: float, tau: float, budget: int | None = None, keys: tuple[int, int] | None = None):
-        """(time, rows) of the best assignment with resident ≤ beta, transient ≤ tau.
-
-        ``keys``: the cache key ``(beta_key, tau_key)`` (the counts of resident and transient levels
-        at or below ``beta`` and ``tau``) when the caller has computed it for many calls at once."""
-        budget = self.budget if budget is None else budget
-        if keys is None:
-            keys = (int(np.searchsorted(self.r_levels, beta, side="right")),
-                    int(np.searchsorted(self.x_levels, tau, side="right")))
-        key = (keys[0], keys[1], budget)
-        if key in self.cache:
-            return self.cache[key]
-        self.calls += 1
-        ns, ts, idxs = [], [], []
-        for s, (ident, own_r, own_x) in zip(self.sets, self._own):
-            skey = (ident, int(own_r.searchsorted(beta, side="right")), int(own_x.searchsorted(tau, side="right")),
-                    budget)
-            stair = self._stairs.get(skey)
-            if stair is None:
-                # frontier rows are sorted by (n, t): the staircase is a running minimum
-                ok = np.nonzero((s.r <= beta) & (s.x <= tau) & (s.n <= budget))[0]
-                if ok.size == 0:
-                    stair = ()
-                else:
-                    t = s.t[ok]
-                    keep = np.ones(ok.size, dtype=bool)
-                    keep[1:] = t[1:] < np.minimum.accumulate(t)[:-1]
-                    st = ok[keep]
-                    stair = (st.tolist(), s.n[st].tolist(), s.t[st].tolist())
-                self._stairs[skey] = stair
-            if not stair:
-                self.cache[key] = (math.inf, None)
-                return self.cache[key]
-            idxs.append(stair[0])
-            ns.append(stair[1])
-            ts.append(stair[2])
-        best, pos = _minmax_lists(ns, ts, budget)
-        res = (best, None if pos is None else [ix[p] for ix, p in zip(idxs, pos)])
-        self.cache[key] = res
-        return res
-
-
 def _stage_modes(cost: CostModel, stage: str) -> tuple[str, ...]:
     """Placement modes the framework allows for ``stage``: ``disjoint`` (concurrent model-stages on
     disjoint GPUs) and/or ``colocated`` (one after another on shared GPUs)."""
@@ -266,7 +168,7 @@ def search(cost: CostModel, pool_size: int, multi_node: bool,
         fronts[ms.name] = CandidateSet(ms.name, **{f: getattr(fr, f) for f in COLUMNS})
     empty = [m for m, f in fronts.items() if len(f) == 0]
     if empty:
-        raise NoFeasiblePlan(_diagnose_alone(cost, sets_all, empty, pool_size),
+        raise NoFeasiblePlan(diagnose_alone(cost, sets_all, empty, pool_size),
                              {"model_stages": empty, "kind": "alone"})
     modes = {s: _stage_modes(cost, s) for s in wf.stages}
     asyn = wf.asynchronous and "generate" in wf.stages
@@ -289,7 +191,7 @@ def search(cost: CostModel, pool_size: int, multi_node: bool,
             best = _tau_search(list(groups.values()), usable, pool_size)
         knap = sum(g.calls for g in groups.values())
     if best is None:
-        raise NoFeasiblePlan(_diagnose_joint(cost, fronts, pool_size), {"kind": "joint"})
+        raise NoFeasiblePlan(diagnose_joint(cost, fronts, pool_size), {"kind": "joint"})
     l_step, choice_rows, chosen_modes = best
     choice = {}
     for st_name, rows in choice_rows.items():
@@ -301,13 +203,10 @@ def search(cost: CostModel, pool_size: int, multi_node: bool,
 
 
 def _offload_modes(cost: CostModel, name: str) -> tuple:
-    fw = cost.job.framework
-    return tuple(fw.offload_modes(name)) if hasattr(fw, "offload_modes") else tuple(fw.offload)
+    return tuple(cost.job.framework.offload_modes(name))
 
 
 def _frozen(model: str, cost: CostModel) -> bool:
-    from nereus.cost.model import FROZEN_MODELS
-
     return model in FROZEN_MODELS and "drop" in cost.job.framework.offload
 
 
@@ -628,159 +527,6 @@ def _tau_async(groups: dict, usable: float, pool_size: int):
             modes["generate"] = "disjoint"
             best = (val, rows, modes)
     return best
-
-
-def _search_sync(stages: list[_Stage], usable: float):
-    """Branch and bound over resident levels; returns (l_step, {stage: rows}) or None."""
-    levels = [s.r_levels for s in stages]
-    # Memory-free lower bound per resident level. F_s(β, ∞) is non-increasing in β, so its value at
-    # any computed level β' ≥ β bounds F_s(β, τ) from below: compute it on at most LB_POINTS levels.
-    lbs = []
-    for s in stages:
-        lv = s.r_levels
-        pts = np.unique(np.linspace(0, len(lv) - 1, min(len(lv), LB_POINTS)).round().astype(int))
-        vals = np.array([s.solve(float(lv[i]), math.inf)[0] for i in pts])
-        lbs.append(vals[np.searchsorted(pts, np.arange(len(lv)), side="left")])
-    grids = np.meshgrid(*[np.arange(len(lv)) for lv in levels], indexing="ij")
-    idx_all = np.stack([g.reshape(-1) for g in grids], axis=1)
-    rsum = sum(np.asarray(levels[i])[idx_all[:, i]] for i in range(len(levels)))
-    lb = sum(lbs[i][idx_all[:, i]] for i in range(len(levels)))
-    ok = (rsum <= usable) & np.isfinite(lb)
-    order = np.nonzero(ok)[0][np.argsort(lb[ok], kind="stable")]
-    best = None
-    chunk = 256
-    for start in range(0, len(order), chunk):  # lazily, in order of the lower bound
-        ks = order[start:start + chunk]
-        taus = usable - rsum[ks]
-        # cache keys of the chunk at once: level index + 1 (levels are unique and sorted) and the
-        # count of transient levels at or below tau
-        bkeys = [(idx_all[ks, i] + 1).tolist() for i in range(len(stages))]
-        tkeys = [np.searchsorted(s.x_levels, taus, side="right").tolist() for s in stages]
-        lbs_c, taus_l, idx_c = lb[ks].tolist(), taus.tolist(), idx_all[ks].tolist()
-        for c in range(len(ks)):
-            if best is not None and lbs_c[c] >= best[0] * (1 - 1e-12):
-                return best
-            tau = taus_l[c]
-            total, rows = 0.0, {}
-            for i, j in enumerate(idx_c[c]):
-                t, r = stages[i].solve(float(levels[i][j]), tau, keys=(bkeys[i][c], tkeys[i][c]))
-                if r is None:
-                    total = math.inf
-                    break
-                total += t
-                rows[stages[i].name] = r
-            if total < (best[0] if best else math.inf):
-                best = (total, rows)
-    return best
-
-
-def _search_async(stages: dict, usable: float, pool_size: int):
-    """Generation on its own GPUs; inference and training share the rest."""
-    gen = stages["generate"]
-    rest = [s for n, s in stages.items() if n != "generate"]
-    g = gen.sets[0]
-    ok = np.nonzero((g.r + g.x) <= usable)[0]
-    if ok.size == 0:
-        return None
-    stair = ok[_staircase(g.n[ok], g.t[ok])]
-    best = None
-    for row in stair:
-        left = pool_size - int(g.n[row])
-        if left < 1:
-            break
-        for s in rest:
-            s.budget = left
-        sub = _search_sync(rest, usable) if rest else (0.0, {})
-        if sub is None:
-            continue
-        val = max(float(g.t[row]), sub[0])
-        if best is None or val < best[0]:
-            rows = dict(sub[1])
-            rows["generate"] = [int(row)]
-            best = (val, rows)
-    return best
-
-
-def _dominant(terms: dict) -> str:
-    return max(terms, key=lambda k: terms[k])
-
-
-def _diagnose_alone(cost: CostModel, sets: dict, names: list[str], pool: int) -> str:
-    lines = [f"no plan fits: {', '.join(names)} cannot fit on {pool} GPU(s) of "
-             f"{cost.job.cluster.gpu.memory_bytes / GIB:.1f} GiB even alone "
-             f"({cost.capacity / GIB:.1f} GiB allowed after {cost.headroom:.0%} headroom, "
-             f"{cost.usable / GIB:.1f} GiB after the {cost.workspace / GIB:.1f} GiB workspace)"]
-    for name in names:
-        cs = sets[name]
-        if len(cs) == 0:
-            lines.append(f"  {name}: no valid (tp, pp, dp) layout on {pool} GPU(s)")
-            continue
-        i = int(np.argmin(cs.r + cs.x))
-        cand = cs.candidate(i, cost.job.workload.mini_batch_size)
-        est = cost.estimate_candidate(cand)
-        over = (cs.r[i] + cs.x[i] - cost.usable) / GIB
-        terms = {k: v for k, v in est.memory.items() if v > 0}
-        dom = _dominant(terms)
-        lines.append(f"  {name}: closest {cand.short()} needs {(cs.r[i] + cs.x[i]) / GIB:.1f} GiB, "
-                     f"{over:.1f} GiB over; largest term {dom} = {terms[dom] / GIB:.1f} GiB")
-    return "\n".join(lines)
-
-
-def _missing_features(cost: CostModel) -> list[str]:
-    """Memory-saving features the job's framework lacks (for the infeasibility message)."""
-    fw = cost.job.framework
-    out = []
-    if fw.colocate == "never" and any(len(cost.workflow.in_stage(s)) > 1 for s in cost.workflow.stages):
-        out.append("colocation (model-stages of a stage taking turns on the same GPUs)")
-    if not fw.allows_offload():
-        out.append("offload of idle weights and optimizer state")
-    if not any(z > 0 for z in fw.zero_stages):
-        out.append("ZeRO/FSDP sharding of optimizer state")
-    return out
-
-
-def _suggestion(cost: CostModel) -> str:
-    missing = _missing_features(cost)
-    if not missing:
-        return ""
-    from nereus.spec.framework import FRAMEWORK_PRESETS
-
-    have = [n for n, f in FRAMEWORK_PRESETS.items() if f.colocate != "never" and f.allows_offload()
-            and any(z > 0 for z in f.zero_stages)]
-    return (f"; the job's framework ({cost.job.framework.name}) has no {', no '.join(missing)}: a framework "
-            f"with them ({', '.join(have)}; `--framework`) may fit")
-
-
-def _diagnose_joint(cost: CostModel, fronts: dict, pool: int) -> str:
-    """Why no plan fits when every model-stage fits alone: GPUs (the smallest layouts of a stage
-    need more GPUs together than the pool has, in every placement mode the framework allows) or
-    memory (the pool has the GPUs, but co-resident state overflows)."""
-    wf = cost.workflow
-
-    def stage_gpus(s):
-        ns = [int(fronts[m.name].n.min()) for m in wf.in_stage(s)]
-        modes = _stage_modes(cost, s)
-        return min(sum(ns) if "disjoint" in modes else math.inf, max(ns) if "colocated" in modes else math.inf)
-
-    need_gpus = max(stage_gpus(s) for s in wf.stages)
-    rmin = sum(max(float(fronts[m.name].r.min()) for m in wf.in_stage(s)) for s in wf.stages)
-    xmin = max(float(f.x.min()) for f in fronts.values())
-    over = (rmin + xmin - cost.usable) / GIB
-    tip = _suggestion(cost)
-    if need_gpus <= pool:  # enough GPUs for the smallest layouts: memory is what does not fit
-        total = sum(float((f.r * f.n).min()) for f in fronts.values())
-        return (f"no plan fits on {pool} GPU(s), and memory is the cause, not the GPU count: the smallest layouts "
-                f"of each stage need {need_gpus} GPU(s), which the pool has, but each GPU must also hold the "
-                f"resident weights and optimizer state of every model-stage placed on it (at least "
-                f"{total / GIB:.1f} GiB over all model-stages, {total / pool / GIB:.1f} GiB per GPU on average, "
-                f"plus up to {xmin / GIB:.1f} GiB of activations or KV cache while one runs) and no placement keeps "
-                f"every GPU within {cost.usable / GIB:.1f} GiB usable; use more GPUs or GPUs with more memory{tip}")
-    msg = (f"no plan fits on {pool} GPU(s): every model-stage fits alone, but together they need at least "
-           f"{need_gpus} GPU(s) in one stage")
-    if over > 0:
-        msg += (f", and co-resident state needs at least {(rmin + xmin) / GIB:.1f} GiB per GPU "
-                f"({over:.1f} GiB over; resident weights/optimizer {rmin / GIB:.1f} GiB dominate)")
-    return msg + tip
 
 
 def plan_job(job: JobSpec, pool=None, current: Plan | None = None, cost: CostModel | None = None,
