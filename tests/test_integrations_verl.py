@@ -297,7 +297,7 @@ def test_verl_expressible_names_what_verl_cannot_run(qwen):
 def test_export_takes_the_planners_plan_when_verl_runs_it_and_it_is_faster(qwen, monkeypatch):
     from dataclasses import replace
 
-    import nereus.integrations.verl as v
+    import nereus.integrations.verl_export as v
     from nereus.planner.plan import Plan
 
     imp = import_verl(load_verl_config("ppo_megatron_trainer", grpo_megatron_7b(qwen["7b"])))

@@ -49,7 +49,7 @@ from nereus.integrations.common import (
     memory_fraction_for,
     pareto,
 )
-from nereus.integrations.verl import _changes
+from nereus.integrations.verl_export import _changes
 from nereus.planner.plan import Candidate, Plan
 from nereus.spec import ClusterSpec, JobSpec, WorkloadSpec, get_gpu, get_model
 from nereus.spec.framework import FrameworkSpec, get_framework
