@@ -36,7 +36,7 @@ def test_preset_with_overrides():
     ("megatronn", ["unknown framework 'megatronn'", "valid:"]),
     ({"zero_stages": [4]}, ["'zero_stages'", "subset of [0, 1, 2, 3]", "[4]"]),
     ({"zero_stages": 1}, ["'zero_stages' must be a list"]),
-    ({"offload": ["disk"]}, ["'offload'", "['none', 'host', 'drop']"]),
+    ({"offload": ["disk"]}, ["'offload'", "['none', 'host', 'drop', 'cpu_adam']"]),
     ({"colocate": "yes"}, ["'colocate'", "['never', 'auto', 'always']"]),
     ({"max_virtual_stages": 0}, ["'max_virtual_stages'", ">= 1", "0"]),
     ({"grad_reduce_bytes": 3}, ["'grad_reduce_bytes'", "2 (bf16), 4 (fp32)"]),

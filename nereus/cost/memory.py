@@ -29,6 +29,9 @@ the longest responses; vLLM's KV cache must hold them), else the mean; time stay
 Resident bytes stay on the GPU between stages (weights, and optimizer state for training);
 transient bytes exist only while the model-stage runs (gradients, activations, logits, KV cache,
 and the weights and optimizer state of a model-stage whose idle state is offloaded or dropped).
+With ``cpu_adam`` (ZeRO-Offload, Ren et al. USENIX ATC'21 §4) the optimizer state lives in host
+memory for good: no optimizer term on the GPU; the gradients keep their GPU term (DeepSpeed streams
+them to the host in reduce buckets, so this is an upper bound).
 A constant per-GPU ``WORKSPACE_BYTES`` (CUDA context 0.3-0.6 GiB, NCCL buffers, cuBLAS workspace,
 allocator slack; cost-model.md §2.8) is added once per GPU by the plan-level check.
 """
@@ -38,18 +41,21 @@ from __future__ import annotations
 import numpy as np
 
 from nereus.cost.shapes import kv_bytes_per_token_rank, layer_params_rank, max_layers_rank, params_rank
+from nereus.spec.framework import OFFLOAD_MODES
 from nereus.spec.model import ModelSpec
 from nereus.spec.workload import WorkloadSpec
 
 __all__ = ["WORKSPACE_BYTES", "PREFILL_CHUNK_TOKENS", "activation_bytes_per_layer", "stage_memory",
-           "recompute_code", "offload_code", "RC_NONE", "RC_SELECTIVE", "RC_FULL", "OFFLOAD_CODES"]
+           "recompute_code", "offload_code", "RC_NONE", "RC_SELECTIVE", "RC_FULL", "OFFLOAD_CODES",
+           "OFF_NONE", "OFF_HOST", "OFF_DROP", "OFF_CPU_ADAM"]
 
 GIB = 1024**3
 WORKSPACE_BYTES = 1.5 * GIB
 PREFILL_CHUNK_TOKENS = 8192
 RC_NONE, RC_SELECTIVE, RC_FULL = 0, 1, 2
-#: idle-state modes of a model-stage by code (:mod:`nereus.spec.framework`)
-OFFLOAD_CODES = ("none", "host", "drop")
+#: offload modes of a model-stage by code (:data:`nereus.spec.framework.OFFLOAD_MODES`)
+OFFLOAD_CODES = OFFLOAD_MODES
+OFF_NONE, OFF_HOST, OFF_DROP, OFF_CPU_ADAM = range(4)
 #: recompute modes by code (``RC_NONE``, ``RC_SELECTIVE``, ``RC_FULL``)
 RECOMPUTE_CODES = ("none", "selective", "full")
 
@@ -73,7 +79,8 @@ def recompute_code(recompute):
 
 
 def offload_code(offload):
-    """``none``/``host``/``drop`` (or an array of codes) as integer codes of :data:`OFFLOAD_CODES`.
+    """``none``/``host``/``drop``/``cpu_adam`` (or an array of codes) as integer codes of
+    :data:`OFFLOAD_CODES`.
 
     Raises:
         ValueError: unknown mode.
@@ -127,7 +134,8 @@ def stage_memory(stage: str, model: ModelSpec, workload: WorkloadSpec, tp, pp, *
     * Interleaved 1F1B keeps ``1 + (p-1)/(p·v)`` times the first rank's activations (Korthikanti
       et al. 2022 §4.2.3).
     * Offload ``host`` or ``drop``: the weights and optimizer state are not resident between runs;
-      they are transient, on the GPU only while the model-stage runs.
+      they are transient, on the GPU only while the model-stage runs. ``cpu_adam`` (train): the
+      optimizer state is in host memory, never on the GPU (``optimizer`` is 0).
 
     Returns:
         dict with ``weights, optimizer, gradients, activations, logits, kv_cache`` and the sums
@@ -145,7 +153,8 @@ def stage_memory(stage: str, model: ModelSpec, workload: WorkloadSpec, tp, pp, *
     if stage == "train":
         rc = recompute_code(recompute)
         zero, dp = np.asarray(zero), np.asarray(dp)
-        out["optimizer"] = params * workload.optimizer_bytes / np.where(zero >= 1, dp, 1)
+        on_host = np.asarray(offload) == OFF_CPU_ADAM
+        out["optimizer"] = np.where(on_host, 0.0, params * workload.optimizer_bytes / np.where(zero >= 1, dp, 1))
         out["gradients"] = params * workload.grad_bytes / np.where(zero >= 2, dp, 1)
         out["weights"] = np.where(zero >= 3, params * workload.param_bytes / dp
                                   + 2.0 * layer_params_rank(model, tp) * workload.param_bytes,
@@ -176,7 +185,7 @@ def stage_memory(stage: str, model: ModelSpec, workload: WorkloadSpec, tp, pp, *
     else:
         raise ValueError(f"stage must be 'generate', 'infer' or 'train', got {stage!r}")
     state = out["weights"] + out["optimizer"]
-    moved = np.asarray(offload) > 0
+    moved = (np.asarray(offload) == OFF_HOST) | (np.asarray(offload) == OFF_DROP)
     out["resident"] = np.where(moved, 0.0, state)
     out["transient"] = (out["gradients"] + out["activations"] + out["logits"] + out["kv_cache"]
                         + np.where(moved, state, 0.0))

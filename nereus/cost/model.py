@@ -36,7 +36,8 @@ import numpy as np
 
 from nereus.cost import latency as lat
 from nereus.cost.efficiency import EfficiencyTable
-from nereus.cost.memory import WORKSPACE_BYTES, offload_code, stage_memory
+from nereus.cost.host_optimizer import cpu_adam_times
+from nereus.cost.memory import OFF_CPU_ADAM, WORKSPACE_BYTES, offload_code, stage_memory
 from nereus.cost.shapes import valid_pp, valid_tp
 from nereus.spec.job import JobSpec
 from nereus.spec.plan import Candidate, Plan, StageEstimate
@@ -170,8 +171,9 @@ class CostModel:
                                     reduce_bytes=fw.grad_reduce_bytes)
             if fw.overlap_grad_reduce:
                 comm = _overlap_dp(comm, last, zero, m)
+            gpu_adam = np.where(off == OFF_CPU_ADAM, 0.0, lat.optimizer_time(model, w, cl, eff, tp, pp, dp, zero))
             per_mini = _combine(_scale(last, m), {"bubble": (pp - 1) * _sum(mid) / np.maximum(vpp, 1)}, comm,
-                                {"memory_bound": lat.optimizer_time(model, w, cl, eff, tp, pp, dp, zero)})
+                                {"memory_bound": gpu_adam}, cpu_adam_times(model, w, cl, eff, tp, pp, dp, zero, off))
             parts = _scale(per_mini, w.updates_per_step)
             if ms.model == "actor":
                 parts = _combine(parts, lat.weight_sync_times(model, w, cl, eff, tp, pp, "send", multi_node))
@@ -314,7 +316,8 @@ def check_candidate(job: JobSpec, ms: ModelStage, cand: Candidate) -> None:
     if cand.zero and ms.stage != "train":
         raise ValueError(f"{where}: zero={cand.zero} applies to training model-stages only; valid: zero=0")
     if cand.offload == "drop" and ms.stage == "train":
-        raise ValueError(f"{where}: offload='drop' would lose training state; valid: 'none' or 'host'")
+        raise ValueError(f"{where}: offload='drop' would lose training state; valid: 'none', 'host' or "
+                         f"'cpu_adam'")
     if cand.vpp > 1:
         if ms.stage != "train" or cand.pp == 1:
             raise ValueError(f"{where}: vpp={cand.vpp} (interleaved pipeline) needs a training model-stage "

@@ -15,7 +15,8 @@ actor's GPUs, ``--train.colocate_actor_ref`` the reference on the actor's, and
 ``--train.colocate_critic_reward`` the reward model on the critic's: model-stages of one stage on
 shared GPUs run one after another. DeepSpeed models use ``--ds.tensor_parallel_size`` and no
 pipeline; DP = group GPUs / TP. ``--ds.zero_stage`` is the training model-stages' ``zero``;
-``--ds.adam_offload`` / ``--ds.enable_sleep`` their ``offload='host'``; ``--ref.offload``,
+``--ds.adam_offload`` their ``offload='cpu_adam'`` (ZeRO-Offload: optimizer state and step on the
+CPU), ``--ds.enable_sleep`` their ``offload='host'``; ``--ref.offload``,
 ``--reward.offload`` and ``--vllm.enable_sleep`` (level 1, with colocate_all) ``host`` for theirs. The
 job's framework is :func:`openrlhf_framework`.
 
@@ -244,11 +245,13 @@ def import_openrlhf(args, model=None, gpu=None) -> Imported:
         un.append(Unexpressible("--ds.zpg", a["ds.zpg"], "ZeRO++ hierarchical partitioning (a secondary weight "
                                 "shard per group) is not in the cost model"))
     adam, ds_sleep = bool(g("ds.adam_offload")), bool(g("ds.enable_sleep"))
-    train_off = "host" if adam or ds_sleep else "none"
-    if adam:
-        notes.append("--ds.adam_offload: modelled as offload 'host' of the training model-stages (weights and "
-                     "optimizer state copied to host memory and back each step); DeepSpeed keeps the optimizer "
-                     "state and its step on the CPU, which the cost model does not time")
+    train_off = "host" if ds_sleep else "cpu_adam" if adam else "none"
+    if adam and not ds_sleep:
+        notes.append("--ds.adam_offload: offload 'cpu_adam' of the training model-stages (ZeRO-Offload: optimizer "
+                     "state in host memory, gradients down and weights up over PCIe, the Adam step on the CPU)")
+    if adam and ds_sleep:
+        notes.append("--ds.adam_offload with --ds.enable_sleep: modelled as offload 'host' (weights and optimizer "
+                     "state out and back each step); the CPU Adam step itself is not timed")
     if ds_sleep:
         notes.append("--ds.enable_sleep: the DeepSpeed states are offloaded between training phases, offload "
                      "'host' of the training model-stages (the bf16 weights stay on the GPU in OpenRLHF; the cost "
@@ -377,8 +380,10 @@ def openrlhf_job(job: JobSpec) -> JobSpec:
                                       grad_reduce_bytes=2, model_parallel_train=True, drop_model_stages=()))
 
 
-#: (ZeRO stage, training idle state) pairs OpenRLHF expresses: --ds.zero_stage, --ds.adam_offload (ZeRO >= 1)
-_ZERO_OFFLOAD = ((0, "none"), (1, "none"), (2, "none"), (3, "none"), (1, "host"), (2, "host"), (3, "host"))
+#: (ZeRO stage, training offload) pairs the export searches: --ds.zero_stage, --ds.adam_offload (ZeRO >= 1,
+#: DeepSpeed's offload_optimizer: ``cpu_adam``)
+_ZERO_OFFLOAD = ((0, "none"), (1, "none"), (2, "none"), (3, "none"), (1, "cpu_adam"), (2, "cpu_adam"),
+                 (3, "cpu_adam"))
 
 
 def _train_pair(r, tp, dp, b, rc, z, off, mb, bi, gpus=()):
@@ -557,8 +562,10 @@ def openrlhf_args(job: JobSpec, cands, model_path: str | None = None) -> list[st
         out.append("--train.colocate_all")
     if g.offload != "none":
         out.append("--vllm.enable_sleep")
-    if a.offload == "host":
+    if a.offload == "cpu_adam":
         out.append("--ds.adam_offload")
+    elif a.offload == "host":
+        out.append("--ds.enable_sleep")
     for role, name in (("ref", "reference"), ("reward", "reward")):
         if name + ".infer" in by and by[name + ".infer"].offload == "host":
             out.append(f"--{role}.offload")

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from nereus.cost.memory import OFFLOAD_CODES
 from nereus.cost.model import CostModel
 from nereus.cost.shapes import valid_pp, valid_tp
 from nereus.planner.plan import Candidate
@@ -51,7 +52,6 @@ __all__ = ["CandidateSet", "enumerate_candidates", "frontier", "latency_frontier
            "OFFLOAD_CODES", "COLUMNS"]
 
 RECOMPUTE_CODES = ("none", "selective", "full")
-OFFLOAD_CODES = ("none", "host", "drop")
 #: every column of a :class:`CandidateSet`, in order
 COLUMNS = ("tp", "pp", "dp", "b", "rc", "c", "n", "t", "r", "x", "z", "o", "v")
 _INT_COLS = ("tp", "pp", "dp", "b", "rc", "c", "z", "o", "v")

@@ -185,7 +185,8 @@ def _print_plan(plan, job, breakdown: bool) -> None:
     con.print(t)
     if opts:
         con.print("options: zN = ZeRO stage N, vN = N interleaved pipeline chunks per rank, off:host / off:drop = idle "
-                  "state offloaded to host memory / dropped and reloaded")
+                  "state offloaded to host memory / dropped and reloaded, off:cpu_adam = optimizer state and step on "
+                  "the CPU (ZeRO-Offload)")
     shared = shared_stages(plan.candidates)
     if shared:
         con.print(f"colocated (model-stages share GPUs and run one after another): {', '.join(shared)}")

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from nereus.cost.memory import OFFLOAD_CODES
 from nereus.cost.model import CostModel, check_candidate
 from nereus.cost.shapes import valid_pp, valid_tp
 from nereus.spec.job import JobSpec
@@ -37,12 +38,12 @@ from nereus.workflow import ModelStage
 __all__ = ["LayoutEval", "evaluate_layout", "shared_stages", "parse_layout", "whatif", "LAYOUT_SYNTAX"]
 
 GIB = 1024**3
-LAYOUT_SYNTAX = ("MODEL_STAGE=TP,PP,DP[,b=B][,rc=none|selective|full][,c=C][,z=ZERO][,off=none|host|drop][,v=V], "
+LAYOUT_SYNTAX = ("MODEL_STAGE=TP,PP,DP[,b=B][,rc=none|selective|full][,c=C][,z=ZERO][,off=none|host|drop|cpu_adam][,v=V], "
                  "e.g. actor.train=2,2,2,b=2,z=1")
 _RECOMPUTE = ("none", "selective", "full")
-_OFFLOAD = ("none", "host", "drop")
+_OFFLOAD = OFFLOAD_CODES
 _OPTIONS = {"b": "micro-batch", "rc": "recompute", "c": "generation concurrency", "z": "ZeRO stage 0-3",
-            "off": "idle-state offload none|host|drop", "v": "virtual pipeline stages"}
+            "off": "offload none|host|drop|cpu_adam", "v": "virtual pipeline stages"}
 
 
 @dataclass

@@ -32,6 +32,12 @@ feature                    kind       cost-model consequence (``nereus.cost``)
                                       them and reloads (frozen: from a host copy, one way; the
                                       actor's derived copies: re-synced from actor.train). verl's
                                       ``param_offload``/``optimizer_offload`` and vLLM sleep mode.
+                                      ``cpu_adam`` (training model-stages only) keeps the optimizer
+                                      state in host memory for good and runs the Adam step on the
+                                      CPU (ZeRO-Offload, Ren et al. USENIX ATC'21; DeepSpeed
+                                      ``offload_optimizer``, OpenRLHF ``--adam_offload``,
+                                      Megatron ``--optimizer-cpu-offload``): gradients go to the
+                                      host and updated weights come back every optimizer step
 ``colocate``               searched   model-stages of one stage may run one after another on the same
                                       GPUs (verl's hybrid engine) instead of concurrently on disjoint
                                       GPUs: ``never``, ``auto`` (the search picks per stage) or
@@ -55,7 +61,7 @@ Presets (:data:`FRAMEWORK_PRESETS`), each with its source:
   reduce (verl ``mixed_precision.reduce_dtype=fp32``), overlapped, param/optimizer offload,
   colocation, no TP/PP for training.
 * ``deepspeed``: OpenRLHF's DeepSpeed backend: ZeRO 0-3 (``--zero_stage``), overlapped reduce in
-  bf16, Adam offload (``--adam_offload``), colocation (``--colocate_all_models``), vLLM sleep
+  bf16, Adam offload (``--adam_offload``: ``cpu_adam``), colocation (``--colocate_all_models``), vLLM sleep
   (``--vllm_enable_sleep``), no TP/PP for training.
 * ``generic``: every feature (the widest space).
 
@@ -70,7 +76,7 @@ from dataclasses import asdict, dataclass, replace
 __all__ = ["FrameworkSpec", "FRAMEWORK_PRESETS", "get_framework", "OFFLOAD_MODES", "COLOCATE_MODES",
            "ZERO_STAGES"]
 
-OFFLOAD_MODES = ("none", "host", "drop")
+OFFLOAD_MODES = ("none", "host", "drop", "cpu_adam")
 COLOCATE_MODES = ("never", "auto", "always")
 ZERO_STAGES = (0, 1, 2, 3)
 
@@ -88,7 +94,8 @@ class FrameworkSpec:
         overlap_tp_comm: TP collectives overlapped with GEMMs.
         grad_reduce_bytes: bytes per gradient element reduced across DP; None: the workload's
             ``grad_bytes`` (fp32 main gradients reduced as stored).
-        offload: idle-state modes model-stages may use (subset of ``none, host, drop``, searched).
+        offload: state-placement modes model-stages may use (subset of ``none, host, drop, cpu_adam``,
+            searched; ``cpu_adam`` applies to training model-stages only).
         colocate: ``never``, ``auto`` or ``always`` (model-stages of one stage sharing GPUs in turn).
         model_parallel_train: whether training may use TP > 1 or PP > 1.
         uneven_pp: PP degrees that do not divide the layers are allowed (the first ranks hold one
@@ -182,12 +189,15 @@ class FrameworkSpec:
         return any(o != "none" for o in self.offload)
 
     def offload_modes(self, model_stage: str) -> tuple[str, ...]:
-        """Idle-state modes ``model_stage`` may use: the framework's ``offload`` less ``drop`` for
+        """Offload modes ``model_stage`` may use: the framework's ``offload`` less ``drop`` for
         training model-stages (their state is the run's only copy) and for model-stages outside
-        ``drop_model_stages``."""
+        ``drop_model_stages``, and less ``cpu_adam`` for model-stages that do not train (no
+        optimizer)."""
         train = model_stage.endswith(".train")
-        return tuple(o for o in self.offload if o != "drop" or (
-            not train and (self.drop_model_stages is None or model_stage in self.drop_model_stages)))
+        return tuple(o for o in self.offload
+                     if (o != "drop" or (not train and (self.drop_model_stages is None
+                                                         or model_stage in self.drop_model_stages)))
+                     and (o != "cpu_adam" or train))
 
 
 FRAMEWORK_PRESETS: dict[str, FrameworkSpec] = {
@@ -198,11 +208,11 @@ FRAMEWORK_PRESETS: dict[str, FrameworkSpec] = {
     "fsdp": FrameworkSpec(name="fsdp", zero_stages=(2, 3), overlap_grad_reduce=True, grad_reduce_bytes=4,
                           offload=("none", "host", "drop"), colocate="auto", model_parallel_train=False),
     "deepspeed": FrameworkSpec(name="deepspeed", zero_stages=(0, 1, 2, 3), overlap_grad_reduce=True,
-                               grad_reduce_bytes=2, offload=("none", "host", "drop"), colocate="auto",
+                               grad_reduce_bytes=2, offload=("none", "host", "drop", "cpu_adam"), colocate="auto",
                                model_parallel_train=False),
     "generic": FrameworkSpec(name="generic", zero_stages=(0, 1, 2, 3), sequence_parallel=True, max_virtual_stages=4,
                              overlap_grad_reduce=True, overlap_tp_comm=True, grad_reduce_bytes=2,
-                             offload=("none", "host", "drop"), colocate="auto", uneven_pp=True),
+                             offload=("none", "host", "drop", "cpu_adam"), colocate="auto", uneven_pp=True),
 }
 
 

@@ -33,6 +33,9 @@ class GPUSpec:
         host_bandwidth: per-direction bytes/s between this GPU and host memory (PCIe), used for
             offload and reload of idle model-stages; pinned-memory copies reach about 80% of it
             (op class ``offload@pcie``).
+        host_memory_bandwidth: this GPU's share of its node's host DRAM bandwidth, bytes/s (the
+            node's theoretical DRAM bandwidth over its GPUs), used for the CPU optimizer step of
+            ``offload="cpu_adam"`` (op class ``cpu_adam@host``).
         gemm_half_flops: FLOPs per GEMM call at which GEMM efficiency reaches half of its class
             value (the size curve of :mod:`nereus.cost.efficiency`; 1 GFLOP for data-centre GPUs
             after Calculon's H100 preset).
@@ -51,17 +54,18 @@ class GPUSpec:
     scaleout_latency: float = 10e-6
     gemm_half_flops: float = 1e9
     host_bandwidth: float = 32e9
+    host_memory_bandwidth: float = 25.6e9
     source: str = ""
 
     def __post_init__(self) -> None:
         for f in ("peak_flops", "memory_bytes", "hbm_bandwidth", "scaleup_bandwidth",
                   "scaleout_bandwidth", "gemm_half_flops", "scaleup_latency", "scaleout_latency",
-                  "host_bandwidth"):
+                  "host_bandwidth", "host_memory_bandwidth"):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, (int, float)):
                 raise ValueError(f"GPU field {f!r} must be a number, got {v!r}")
         for f in ("peak_flops", "memory_bytes", "hbm_bandwidth", "scaleup_bandwidth",
-                  "scaleout_bandwidth", "host_bandwidth"):
+                  "scaleout_bandwidth", "host_bandwidth", "host_memory_bandwidth"):
             v = getattr(self, f)
             if not (isinstance(v, (int, float)) and v > 0):
                 raise ValueError(f"GPU field {f!r} must be > 0, got {v!r}")
@@ -109,28 +113,34 @@ GPU_REQUIRED = ("name", "peak_flops", "memory_bytes", "hbm_bandwidth", "scaleup_
 GPU_PRESETS: dict[str, GPUSpec] = {
     "h100": GPUSpec(
         name="h100", peak_flops=989.4e12, memory_bytes=81559 * 1024**2, hbm_bandwidth=3.35e12,
-        scaleup_bandwidth=450e9, scaleout_bandwidth=50e9, host_bandwidth=64e9,
+        scaleup_bandwidth=450e9, scaleout_bandwidth=50e9, host_bandwidth=64e9, host_memory_bandwidth=76.8e9,
         source="NVIDIA H100 SXM5 datasheet: 989.4 TFLOP/s dense bf16, 3.35 TB/s HBM3, NVLink4 900 GB/s "
                "bidirectional (450 per direction); nvidia-smi 81,559 MiB; ConnectX-7 NDR 400 Gb/s = 50 GB/s "
-               "per GPU; PCIe Gen5 x16 128 GB/s bidirectional (64 per direction)"),
+               "per GPU; PCIe Gen5 x16 128 GB/s bidirectional (64 per direction); host DRAM: DGX H100 has 2 "
+               "Xeon Platinum 8480C, 8 DDR5-4800 channels each (Intel ARK) = 614.4 GB/s per node / 8 GPUs"),
     "h200": GPUSpec(
         name="h200", peak_flops=989.4e12, memory_bytes=143771 * 1024**2, hbm_bandwidth=4.8e12,
-        scaleup_bandwidth=450e9, scaleout_bandwidth=50e9, host_bandwidth=64e9,
+        scaleup_bandwidth=450e9, scaleout_bandwidth=50e9, host_bandwidth=64e9, host_memory_bandwidth=76.8e9,
         source="NVIDIA H200 datasheet: 141 GB HBM3e, 4.8 TB/s, 1,979 TFLOP/s sparse (989.4 dense), PCIe Gen5 "
-               "128 GB/s; MLPerf H200-SXM-141GBx8 system: 18x NVLink4 900 GB/s, 400G IB; nvidia-smi 143,771 MiB"),
+               "128 GB/s; MLPerf H200-SXM-141GBx8 system: 18x NVLink4 900 GB/s, 400G IB; nvidia-smi 143,771 MiB; "
+               "host DRAM: DGX H200 has DGX H100's 2 Xeon Platinum 8480C (8 DDR5-4800 channels each) = "
+               "614.4 GB/s per node / 8 GPUs"),
     "a100": GPUSpec(
         name="a100", peak_flops=312e12, memory_bytes=81920 * 1024**2, hbm_bandwidth=2.039e12,
-        scaleup_bandwidth=300e9, scaleout_bandwidth=25e9, host_bandwidth=32e9,
+        scaleup_bandwidth=300e9, scaleout_bandwidth=25e9, host_bandwidth=32e9, host_memory_bandwidth=51.2e9,
         source="NVIDIA A100 SXM4 80GB datasheet: 312 TFLOP/s dense bf16, 2,039 GB/s HBM2e, NVLink3 600 GB/s "
-               "bidirectional, PCIe Gen4 64 GB/s bidirectional; DGX A100 HDR 200 Gb/s = 25 GB/s per GPU; nvidia-smi 81,920 MiB"),
+               "bidirectional, PCIe Gen4 64 GB/s bidirectional; DGX A100 HDR 200 Gb/s = 25 GB/s per GPU; nvidia-smi 81,920 MiB; "
+               "host DRAM: DGX A100 has 2 AMD EPYC 7742, 8 DDR4-3200 channels each (AMD spec) = 409.6 GB/s per "
+               "node / 8 GPUs"),
     "mi250x": GPUSpec(
         name="mi250x", peak_flops=191.5e12, memory_bytes=64 * 1000**3, hbm_bandwidth=1.6e12,
         scaleup_bandwidth=50e9, scaleout_bandwidth=12.5e9, scaleup_link="xgmi", scaleout_link="slingshot",
-        host_bandwidth=36e9,
+        host_bandwidth=36e9, host_memory_bandwidth=25.6e9,
         source="AMD MI250X per GCD: 383 TFLOP/s bf16 per OAM / 2, 64 GB HBM2e and 1.6 TB/s per GCD; "
                "Infinity Fabric link 50 GB/s (cross-package, conservative; same-package GCD pair 200 GB/s); "
                "Frontier 4x Slingshot-11 25 GB/s per node of 8 GCDs = 12.5 GB/s per GCD; CPU-GCD Infinity Fabric "
-               "36 GB/s per direction (Frontier user guide)"),
+               "36 GB/s per direction (Frontier user guide); host DRAM: one 64-core EPYC 7A53 with 8 DDR4-3200 "
+               "channels = 204.8 GB/s per node / 8 GCDs"),
 }
 #: One CPU worker process of ``nereus run`` (one Ray actor, one thread). ASSUMED figures, not a
 #: datasheet: the runtime replaces ``peak_flops`` with a float32 matmul measured at start-up
@@ -140,6 +150,7 @@ GPU_PRESETS["cpu"] = GPUSpec(
     name="cpu", peak_flops=20e9, memory_bytes=2 * GIB, hbm_bandwidth=5e9,
     scaleup_bandwidth=0.5e9, scaleout_bandwidth=0.5e9, scaleup_link="gloo", scaleout_link="gloo",
     scaleup_latency=50e-6, scaleout_latency=50e-6, gemm_half_flops=1e6, host_bandwidth=5e9,
+    host_memory_bandwidth=5e9,
     source="ASSUMED conservative figures for one single-threaded CPU worker: 20 GFLOP/s fp32 (one AVX2 "
            "core does 30-100), 5 GB/s memory, 0.5 GB/s and 50 us per message for gloo over loopback TCP; "
            "memory is a per-worker budget (default 2 GiB), not a device capacity; GEMM size curve half point "

@@ -21,6 +21,8 @@ import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from nereus.spec.framework import OFFLOAD_MODES
+
 __all__ = ["Candidate", "StageEstimate", "Plan", "load_plan", "read_plan_document"]
 
 
@@ -38,8 +40,10 @@ class Candidate:
         concurrency: generation only: most sequences one replica decodes at once (KV-cache bound).
         zero: ZeRO stage of a training model-stage across its DP group (0: none; 1: optimizer
             sharded; 2: and gradients; 3: and parameters, FSDP FULL_SHARD); 0 otherwise.
-        offload: what the model-stage's state does while it is idle: ``none`` (resident),
-            ``host`` (offloaded to host memory and reloaded) or ``drop`` (freed and reloaded).
+        offload: where the model-stage's state lives: ``none`` (resident on its GPUs), ``host``
+            (offloaded to host memory while idle and reloaded), ``drop`` (freed while idle and
+            reloaded) or ``cpu_adam`` (training only: weights resident, optimizer state in host
+            memory with the Adam step on the CPU, ZeRO-Offload).
         vpp: interleaved pipeline: model chunks per pipeline rank (``v``; 1 = plain 1F1B).
         gpus: the GPU set ``R`` in the order above; empty before placement.
 
@@ -68,9 +72,12 @@ class Candidate:
                 raise ValueError(f"candidate {self.model_stage}: {f} must be a positive integer, got {v!r}")
         if self.zero not in (0, 1, 2, 3) or isinstance(self.zero, bool):
             raise ValueError(f"candidate {self.model_stage}: zero must be 0, 1, 2 or 3, got {self.zero!r}")
-        if self.offload not in ("none", "host", "drop"):
-            raise ValueError(f"candidate {self.model_stage}: offload must be 'none', 'host' or 'drop', "
+        if self.offload not in OFFLOAD_MODES:
+            raise ValueError(f"candidate {self.model_stage}: offload must be one of {list(OFFLOAD_MODES)}, "
                              f"got {self.offload!r}")
+        if self.offload == "cpu_adam" and not self.model_stage.endswith(".train"):
+            raise ValueError(f"candidate {self.model_stage}: offload 'cpu_adam' keeps an optimizer on the CPU and "
+                             f"applies to training model-stages only; valid here: 'none', 'host', 'drop'")
         if self.gpus:
             if len(self.gpus) != self.num_gpus:
                 raise ValueError(f"candidate {self.model_stage}: GPU set has {len(self.gpus)} ids, "
@@ -81,6 +88,12 @@ class Candidate:
     @property
     def num_gpus(self) -> int:
         return self.tp * self.pp * self.dp
+
+    @property
+    def idle_off_gpu(self) -> bool:
+        """Whether the model-stage's state leaves its GPUs between runs (``offload`` ``host`` or
+        ``drop``); ``cpu_adam`` keeps the weights on the GPUs."""
+        return self.offload in ("host", "drop")
 
     @property
     def layout(self) -> tuple[int, int]:

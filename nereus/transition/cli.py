@@ -137,7 +137,7 @@ def main(args) -> int:
         kinds = [n.kind for n in ld.nodes]
         counts = ", ".join(f"{k} x{kinds.count(k)}" for k in ("split", "destroy", "extend", "load", "merge", "offload", "restore")
                            if k in kinds)
-        idle = current[ld.model_stage].offload != "none"  # host copies are EMUs; a dropped state has none
+        idle = current[ld.model_stage].idle_off_gpu  # host copies are EMUs; a dropped state has none
         was = format_candidate(current[ld.model_stage], "GPUs") if cur or idle else "lost"
         src = (est.reloads or {}).get(ld.model_stage)
         how = f" (reloaded from {src})" if src else ""

@@ -106,8 +106,8 @@ def _check_plans(job: JobSpec, current: Plan, target: Plan) -> None:
                 raise ValueError(f"{name} plan: {c.model_stage} has zero={c.zero}; ZeRO applies to training only")
             if c.offload == "drop" and stage_of(c.model_stage) == "train":
                 raise ValueError(f"{name} plan: {c.model_stage} has offload='drop', which would lose its "
-                                 "training state; valid: 'none' or 'host'")
-            if c.offload != "none" or job.framework.colocate != "never":
+                                 "training state; valid: 'none', 'host' or 'cpu_adam'")
+            if c.idle_off_gpu or job.framework.colocate != "never":
                 continue  # colocated, or idle state off the GPUs: it owns no GPU at a step boundary
             for g in c.gpus:
                 k = (stage_of(c.model_stage), g)
@@ -223,7 +223,7 @@ def plan_dag(job: JobSpec, current: Plan, target: Plan, pool: frozenset[int] | N
     for c in current.candidates:
         ms = c.model_stage
         t = target[ms]
-        if c.offload != "none" or t.offload != "none":
+        if c.idle_off_gpu or t.idle_off_gpu:
             idle.add(ms)
         cur = tuple(e for e in phi(job, c) if set(e.gpus) <= pool)
         if not cur and c.offload != "drop":
