@@ -396,3 +396,27 @@ def test_knapsack_at_every_level_equals_the_greedy_per_level(seed):
         ref = minmax_knapsack(stairs, budget)[0] if all(len(s[0]) for s in stairs) else math.inf
         have = dict(zip(got[0].tolist(), got[1].tolist())) if got is not None else {}
         assert have.get(j, math.inf) == pytest.approx(ref, rel=1e-12)
+
+
+@pytest.mark.parametrize("fw,model,gpus", [("nereus", "llama-3.1-8b", 64), ("megatron", "qwen2.5-0.5b", 16),
+                                           ("generic", "llama-3.1-8b", 32)])
+def test_generation_alone_enumerated_by_fewest_waves_is_exact(fw, model, gpus):
+    """Generation alone in its stage of a synchronous job only needs its GPU count to fit the pool;
+    the search's reduced enumeration (``gpus_free``) finds the optimum of the full one, and every
+    dropped row is matched by a kept row of the same layout and offload that is no slower and no
+    larger in resident and transient bytes."""
+    job = JobSpec(get_model(model), ClusterSpec(get_gpu("h100"), gpus // 8, 8),
+                  WorkloadSpec(algorithm="ppo", prompt_len=1024, response_len=2048), framework=get_framework(fw))
+    cm = CostModel(job)
+    full = search(cm, gpus, True, full_frontiers=True)
+    red = search(CostModel(job), gpus, True)
+    assert red.l_step == pytest.approx(full.l_step, rel=1e-12)
+    assert red.candidates_enumerated < full.candidates_enumerated
+    ms = ModelStage.parse("actor.generate")
+    a = enumerate_candidates(cm, ms, gpus, True)
+    b = enumerate_candidates(cm, ms, gpus, True, gpus_free=True)
+    assert 0 < len(b) < len(a)
+    for i in range(len(a)):
+        same = (b.tp == a.tp[i]) & (b.pp == a.pp[i]) & (b.o == a.o[i])
+        ok = same & (b.t <= a.t[i] * (1 + 1e-12)) & (b.r <= a.r[i]) & (b.x <= a.x[i]) & (b.n <= gpus)
+        assert ok.any(), (a.tp[i], a.pp[i], a.dp[i], a.c[i])

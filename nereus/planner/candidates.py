@@ -37,6 +37,7 @@ memory filters settle dominance across classes.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass
 
@@ -145,7 +146,12 @@ def _per_count(seqs: np.ndarray, cap: int | None = None):
 
 def _cost_api(cost: CostModel) -> dict:
     """Which keyword arguments the cost model's array API and ``valid_pp`` accept."""
-    p = inspect.signature(cost.candidate_arrays).parameters
+    return _cost_api_of(type(cost))
+
+
+@functools.cache
+def _cost_api_of(cls) -> dict:
+    p = inspect.signature(cls.candidate_arrays).parameters
     return {"zero": "zero" in p, "offload": "offload" in p, "vpp": "vpp" in p,
             "uneven": "uneven" in inspect.signature(valid_pp).parameters}
 
@@ -181,10 +187,19 @@ def _expand(layouts, tdp: np.ndarray, cols: dict, num_gpus: int) -> dict:
 
 def enumerate_candidates(cost: CostModel, ms: ModelStage, num_gpus: int, multi_node: bool,
                          recompute_modes: tuple[str, ...] | None = None,
-                         min_micro_batch: int = 1, min_train_replicas: int = 1) -> CandidateSet:
+                         min_micro_batch: int = 1, min_train_replicas: int = 1,
+                         gpus_free: bool = False) -> CandidateSet:
     """All candidates of ``ms`` on at most ``num_gpus`` GPUs, with time and memory columns.
 
     ``recompute_modes`` overrides the workload's choice (the urgent path may force ``full``).
+    ``gpus_free``: the caller only needs, of every candidate, one no slower and no larger in memory
+    on at most ``num_gpus`` GPUs (a model-stage alone in its stage of a synchronous job: its GPU
+    count only has to fit the pool). Generation then keeps, per layout, the smallest replica count
+    of the least per-replica load ``s*`` the pool allows (concurrencies reduced per wave count as
+    usual) and, of the other replica counts, only concurrencies above ``s*``: a row ``(dp, c)``
+    with ``c ≤ s*`` is matched by ``(dp*, c)``, same one-wave time and memory (both depend on
+    (tp, pp, c, offload) only, :meth:`nereus.cost.model.CostModel.candidate_arrays`) and no more
+    waves, ``ceil(s*/c) ≤ ceil(s/c)``. Exact under the same premise as the wave-count reduction.
     """
     job = cost.job
     w = job.workload
@@ -246,6 +261,12 @@ def enumerate_candidates(cost: CostModel, ms: ModelStage, num_gpus: int, multi_n
         dps = _distinct_load_dps(w.rollouts_per_step, num_gpus)
         ii, cc = _per_count(-(-w.rollouts_per_step // dps))
         rows = _expand(layouts, dps[ii], {"c": cc}, num_gpus) if ii.size else None
+        if rows is not None and gpus_free and rows["dp"].size:
+            R = w.rollouts_per_step
+            top = dps[np.searchsorted(dps, num_gpus // (rows["tp"] * rows["pp"]), side="right") - 1]
+            least = -(-R // top)  # s*: the least per-replica load of the row's layout
+            keep = (-(-R // rows["dp"]) == least) | (rows["c"] > least)
+            rows = {k: v[keep] for k, v in rows.items()}
     if rows is None or rows["dp"].size == 0:
         empty = np.zeros(0, dtype=i64)
         return CandidateSet(ms.name, *([empty] * 7), np.zeros(0), np.zeros(0), np.zeros(0))

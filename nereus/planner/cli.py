@@ -215,7 +215,7 @@ def _allowed(job, plan) -> str:
 
 
 def _frontier(job, cost, pool_size, multi, as_json):
-    res = search(cost, pool_size, multi)
+    res = search(cost, pool_size, multi, full_frontiers=True)
     out = {}
     for name in res.choice:
         lf = latency_frontier(res.frontiers[name])

@@ -139,8 +139,13 @@ def _stage_modes(cost: CostModel, stage: str) -> tuple[str, ...]:
 
 
 def search(cost: CostModel, pool_size: int, multi_node: bool,
-           options: SearchOptions | None = None) -> SearchResult:
+           options: SearchOptions | None = None, full_frontiers: bool = False) -> SearchResult:
     """Exact search of the plan space on ``pool_size`` GPUs; see the module docstring.
+
+    ``full_frontiers``: keep every model-stage's whole frontier in the result (for display,
+    ``nereus plan --frontier``); by default a model-stage alone in its stage of a synchronous job
+    is enumerated with one fewest-wave row per layout and concurrency
+    (:func:`~nereus.planner.candidates.enumerate_candidates`, ``gpus_free``), which loses no plan.
 
     Raises:
         NoFeasiblePlan: nothing fits; ``diagnosis`` names the closest miss.
@@ -148,6 +153,7 @@ def search(cost: CostModel, pool_size: int, multi_node: bool,
     options = options or SearchOptions()
     wf = cost.workflow
     usable = cost.usable
+    asyn = wf.asynchronous and "generate" in wf.stages
     sets_all, fronts, memo = {}, {}, {}
     total = 0
     for ms in wf.model_stages:
@@ -157,10 +163,13 @@ def search(cost: CostModel, pool_size: int, multi_node: bool,
         key = (cost.model_of(ms), ms.stage, ms.model == "actor" and ms.stage != "infer",
                cost.memory_correction.get(ms.name, 1.0), _frozen(ms.model, cost), _offload_modes(cost, ms.name))
         if key not in memo:
-            cs = enumerate_candidates(cost, ms, pool_size, multi_node, options.recompute_modes,
-                                      options.min_micro_batch, options.min_train_replicas)
-            # the cross-class prune pays where a stage's knapsack scans many rows (2+ model-stages)
             multi = len(wf.in_stage(ms.stage)) > 1
+            # alone in its stage of a synchronous job, a model-stage's GPU count only has to fit the
+            # pool: the enumeration may keep one fewest-wave row per (layout, concurrency)
+            free = not multi and not asyn and not full_frontiers
+            cs = enumerate_candidates(cost, ms, pool_size, multi_node, options.recompute_modes,
+                                      options.min_micro_batch, options.min_train_replicas, gpus_free=free)
+            # the cross-class prune pays where a stage's knapsack scans many rows (2+ model-stages)
             memo[key] = (cs, frontier(cs, usable, cross=multi and len(cs) > CROSS_MIN_ROWS, alone=not multi))
         cs, fr = memo[key]
         total += len(cs)
@@ -171,7 +180,6 @@ def search(cost: CostModel, pool_size: int, multi_node: bool,
         raise NoFeasiblePlan(diagnose_alone(cost, sets_all, empty, pool_size),
                              {"model_stages": empty, "kind": "alone"})
     modes = {s: _stage_modes(cost, s) for s in wf.stages}
-    asyn = wf.asynchronous and "generate" in wf.stages
     shared: dict = {}
     if _LEVEL_SEARCH and all(m == ("disjoint",) for s, m in modes.items()):
         stages = {s: _Stage(s, [fronts[m.name] for m in wf.in_stage(s)], pool_size) for s in wf.stages}
