@@ -31,7 +31,14 @@ optimizer step over the global batch, i.e. the ``train`` model-stage time of one
   :class:`~nereus.spec.framework.FrameworkSpec` (sequence parallelism, DP/TP overlap, reduce bytes)
   when :class:`JobSpec` has a ``framework`` field. Context parallelism has no counterpart: a row with
   ``cp > 1`` is evaluated as ``dp·cp`` data-parallel replicas of full sequences (same tokens and
-  FLOPs per GPU; the KV all-gather of CP is not charged). FP8 is not modelled (bf16 peak).
+  FLOPs per GPU; the KV all-gather of CP is not charged). A row with ``precision=fp8`` runs its
+  GEMMs in FP8 (``WorkloadSpec.gemm_precision="fp8"``: the GPU's FP8 peak and the op class
+  ``gemm_fp8``; attention and the rest stay bf16) when the installed workload has that field.
+* Calibration is carried across GPU types as relative corrections: a fitted table holds, per op
+  class, the GPU-independent default times the fitted scale, and each row is predicted with its own
+  GPU's defaults times the same scales (:func:`on_gpu`). On one GPU type this is the planner's own
+  calibration (a calibrated value replaces the default); across types it keeps each GPU's
+  per-generation defaults (``GPUSpec.default_efficiency``) and moves them together.
 * Every feature a row uses is checked: passed to the model, and the estimate compared with the
   neutral value. A feature the installed model does not accept, or accepts with no effect on time
   and memory, is listed as not modelled for that row. A row the model refuses with its features
@@ -59,7 +66,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from nereus.cost.efficiency import EfficiencyTable  # noqa: E402
+from nereus.cost.efficiency import EfficiencyTable, default_efficiency  # noqa: E402
 from nereus.cost.fit import fit_scales, fit_table  # noqa: E402
 from nereus.cost.model import CostModel  # noqa: E402
 from nereus.spec import ClusterSpec, JobSpec, WorkloadSpec, get_gpu, get_model  # noqa: E402
@@ -246,7 +253,8 @@ def capabilities() -> dict:
     job = {f.name for f in dataclasses.fields(JobSpec)}
     fw = {f.name for f in dataclasses.fields(FrameworkSpec)} if FrameworkSpec is not None else set()
     has_fw = "framework" in job and FrameworkSpec is not None
-    return {"zero": "zero" in cand, "vpp": "vpp" in cand, "cp": "cp" in cand,
+    wl = {f.name for f in dataclasses.fields(WorkloadSpec)}
+    return {"zero": "zero" in cand, "vpp": "vpp" in cand, "cp": "cp" in cand, "fp8": "gemm_precision" in wl,
             "sp": has_fw and "sequence_parallel" in fw,
             "overlap_grad_reduce": has_fw and "overlap_grad_reduce" in fw,
             "overlap_tp_comm": has_fw and "overlap_tp_comm" in fw,
@@ -262,10 +270,11 @@ def _query(r: Row, caps: dict, eff: EfficiencyTable, drop: frozenset = frozenset
     dp = r.dp if caps["cp"] else r.dp * cp
     ga = r.global_batch // (dp * r.micro_batch)
     rc = r.recompute
+    wkw = {"gemm_precision": "fp8"} if caps.get("fp8") and r.precision == "fp8" else {}
     wl = WorkloadSpec(algorithm="ppo", prompts_per_step=r.global_batch, samples_per_prompt=1,
                       prompt_len=r.seq_len // 2, response_len=r.seq_len - r.seq_len // 2,
                       mini_batch_size=r.global_batch, micro_batch_size=r.micro_batch, ppo_epochs=1,
-                      recompute=rc, reward_model=False)
+                      recompute=rc, reward_model=False, **wkw)
     nodes = -(-r.num_gpus // 8)
     cluster = ClusterSpec(get_gpu(r.gpu), nodes, min(8, r.num_gpus))
     jkw = {}
@@ -296,7 +305,19 @@ def _query(r: Row, caps: dict, eff: EfficiencyTable, drop: frozenset = frozenset
     if caps["cp"]:
         ckw["cp"] = int(cp)
     cand = Candidate(STAGE, r.tp, r.pp, dp, micro_batch=r.micro_batch, grad_accum=ga, recompute=rc, **ckw)
-    return CostModel(job, efficiency=eff, workflow=wf), cand
+    return CostModel(job, efficiency=on_gpu(eff, cluster.gpu), workflow=wf), cand
+
+
+def on_gpu(eff: EfficiencyTable, gpu) -> EfficiencyTable:
+    """``eff`` (calibrated values relative to the GPU-independent defaults) carried onto ``gpu``:
+    each calibrated class becomes ``gpu``'s default times the fitted scale ``value / GPU-independent
+    default`` (the same table when ``gpu`` has no defaults of its own for those classes)."""
+    if not eff.values:
+        return eff
+    out = eff.copy()
+    for c, v in eff.values.items():
+        out.values[c] = min(max(default_efficiency(c, gpu) * v / default_efficiency(c), 1e-3), 1.5)
+    return out
 
 
 @dataclasses.dataclass
@@ -338,7 +359,7 @@ def unmodelled(r: Row, caps: dict | None = None, base: Prediction | None = None)
     accepted with no effect on its time and memory (compared with the neutral value)."""
     caps = capabilities() if caps is None else caps
     out = []
-    if r.precision != "bf16":
+    if r.precision != "bf16" and not (r.precision == "fp8" and caps.get("fp8")):
         out.append(r.precision)
     used = [f for f, n in NEUTRAL.items() if getattr(r, f) != n]
     if r.tp == 1:  # SP and TP overlap need TP > 1

@@ -16,6 +16,8 @@ from nereus.spec import ClusterSpec, JobSpec, WorkloadSpec, get_gpu, get_model
 from nereus.spec.plan import Candidate
 
 M8 = get_model("llama-3.1-8b")
+#: the GPU of every case: uncalibrated classes take its default efficiencies
+H100 = get_gpu("h100")
 #: true multiplier per group on the default efficiencies
 TRUE_SCALES = {"gemm": 1.2, "attention": 0.8, "comm@nvlink": 0.75, "comm@ib": 0.8, "memory": 1.0}
 LAYOUTS = [(1, 1, 8, 1), (2, 1, 8, 2), (4, 1, 4, 1), (8, 1, 2, 4), (1, 2, 8, 1), (1, 1, 16, 1),
@@ -50,7 +52,7 @@ CLASSES = sorted({c for job, cand in CASES for c in CostModel(job).estimate_cand
 def _table(scales) -> EfficiencyTable:
     base, t = EfficiencyTable(), EfficiencyTable()
     for c in CLASSES:
-        t.set(c, base.get(c) * scales[group_of(c)])
+        t.set(c, base.get(c, H100) * scales[group_of(c)])
     return t
 
 
@@ -75,7 +77,7 @@ def test_synthetic_truth_is_what_the_table_says():
     # exactly those op classes' seconds (time = work / (peak · efficiency)) and leaves the others
     half = EfficiencyTable()
     for c in ("gemm", "attention"):
-        half.set(c, EfficiencyTable().get(c) / 2)
+        half.set(c, EfficiencyTable().get(c, H100) / 2)
     for a, b in zip(_breakdowns(), _breakdowns(half)):
         for c in a:
             if c == "bubble":  # pipeline idle time: a mix of the stage's classes
@@ -92,15 +94,21 @@ def test_recovers_known_efficiencies_from_totals(how, tol):
     truth = _table(TRUE_SCALES)
     measured = _times(truth)
     if how == "table":
-        res = fit_table(_times, CLASSES, measured, prior_sigma=100.0)
+        res = fit_table(_times, CLASSES, measured, prior_sigma=100.0, gpu=H100)
     else:
-        res = fit_scales(_breakdowns(), measured, prior_sigma=100.0)
+        res = fit_scales(_breakdowns(), measured, prior_sigma=100.0, gpu=H100)
     assert res.success
+    # The memory-bound kernels (norms, residual adds, activation: bytes ∝ tokens·h) and the TP
+    # all-reduces on NVLink (bytes ∝ tokens·h) scale alike over these layouts, so the additive
+    # approximation of fit_scales may trade one group for the other; fit_table separates them.
+    skip = {"memory"} | ({"comm@nvlink"} if how == "breakdowns" else set())
     for g, s in TRUE_SCALES.items():
-        if g == "memory":  # the optimizer step is ~0.3% of a step: barely identifiable
+        if g in skip:
             continue
         assert res.scales[g] == pytest.approx(s, rel=tol), (g, res.scales)
     for c in ("gemm", "attention", "allreduce@nvlink", "allreduce@ib"):
+        if group_of(c) in skip:
+            continue
         assert res.table.get(c) == pytest.approx(truth.get(c), rel=tol)
     assert np.max(np.abs(res.log_residuals_after)) < (1e-3 if how == "table" else 0.05)
     assert np.max(np.abs(res.log_residuals_before)) > 0.1
@@ -109,7 +117,7 @@ def test_recovers_known_efficiencies_from_totals(how, tol):
 
 def test_default_prior_pulls_towards_the_defaults_but_fits_the_totals():
     measured = _times(_table(TRUE_SCALES))
-    res = fit_table(_times, CLASSES, measured)  # default prior_sigma 0.5
+    res = fit_table(_times, CLASSES, measured, gpu=H100)  # default prior_sigma 0.5
     # the prior shrinks every scale from the truth towards 1 (the default), never past either
     for g in ("gemm", "attention", "comm@nvlink", "comm@ib"):
         s = TRUE_SCALES[g]
@@ -122,7 +130,7 @@ def test_default_prior_pulls_towards_the_defaults_but_fits_the_totals():
 def test_no_efficiency_at_its_cap_when_the_data_do_not_demand_it():
     # every total 10% faster than predicted: a moderate shift, nothing near a bound or the 1.5 cap
     measured = [t / 1.1 for t in _times(EfficiencyTable())]
-    res = fit_table(_times, CLASSES, measured)
+    res = fit_table(_times, CLASSES, measured, gpu=H100)
     assert res.at_bound == ()
     assert all(EFF_BOUNDS[0] < e < EFF_BOUNDS[1] for e in res.efficiencies.values())
     assert np.median(np.abs(res.log_residuals_after)) < 0.02
@@ -131,12 +139,14 @@ def test_no_efficiency_at_its_cap_when_the_data_do_not_demand_it():
     for _ in range(30):
         pred = CostModel(CASES[0][0], efficiency=t).estimate_candidate(CASES[0][1]).time
         t.update("attention", measured[0], pred)
-    assert t.get("attention") > 1.4  # at (or next to) EfficiencyTable's 1.5 cap
+    # attention (H100 default 0.33) is pushed to nearly three times its default to absorb a 10% miss
+    # of the whole total; with a smaller attention share it would run to the 1.5 cap
+    assert t.get("attention") > 2.5 * EfficiencyTable().get("attention", H100)
 
 
 def test_impossible_data_stop_at_the_bounds_and_say_so():
     measured = [t / 5 for t in _times(EfficiencyTable())]  # 5x faster than any plausible efficiency
-    res = fit_table(_times, CLASSES, measured)
+    res = fit_table(_times, CLASSES, measured, gpu=H100)
     assert "gemm" in res.at_bound
     assert max(res.efficiencies.values()) <= EFF_BOUNDS[1] + 1e-12
     assert all(res.table.get(c) <= EFF_BOUNDS[1] + 1e-12 for c in CLASSES)

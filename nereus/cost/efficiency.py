@@ -10,7 +10,27 @@ GEMMs also lose efficiency when small; the class efficiency multiplies a fixed s
 data-centre GPUs: the form suggested in cost-model.md §3 after Calculon's H100 preset, which gives
 0.6 at 1 GFLOP and 0.9 at 16 GFLOP), so calibration moves one scalar per class.
 
-Defaults (conservative, cost-model.md §5 "achievable fractions"): GEMM 0.6, attention 0.45,
+Lookup order of :meth:`EfficiencyTable.get`: a calibrated value of the table, else the GPU's own
+default (:attr:`nereus.spec.hardware.GPUSpec.default_efficiency`: per-generation fractions from
+published kernel microbenchmarks, sources in :data:`nereus.spec.hardware.GPU_DEFAULT_EFFICIENCY`), else
+the GPU-independent defaults below.
+
+Attention also loses efficiency at short sequences: FlashAttention's per-tile overheads and the
+partly masked diagonal tiles of causal attention weigh more when a sequence has few tiles. The class
+efficiency multiplies ``s / (s + ATTN_SEQ_HALF)`` (:func:`attention_seq_factor`, ``s`` = keys each
+query attends), with ``ATTN_SEQ_HALF = 256`` tokens read off FlashAttention-3 (Shah et al. 2024,
+arXiv:2407.08608) Fig. 5-6, FlashAttention-2 on H100, head dim 128, at a fixed 16k tokens per batch:
+forward with causal mask 191, 260, 298, 319, 333, 335 TFLOP/s and backward 214, 260, 291, 310, 318,
+322 TFLOP/s at 512, 1k, 2k, 4k, 8k, 16k tokens, i.e. 0.57-0.66 of the 16k rate at 512 tokens,
+0.78-0.81 at 1k, 0.89-0.90 at 2k, 0.95-0.96 at 4k; the curve gives 0.67, 0.80, 0.89, 0.94, 0.97,
+0.98. The FlashAttention-2 paper's A100 figures (Dao 2023, Fig. 4-6) rise with sequence length the
+same way.
+
+FP8 GEMMs (a workload with ``gemm_precision="fp8"``, Transformer Engine style: the linear layers in
+FP8, attention and everything else in bf16) are their own op class ``gemm_fp8`` on the GPU's
+``peak_flops_fp8``; unseen GPU-independent default 0.5.
+
+GPU-independent defaults (conservative, cost-model.md §5 "achievable fractions"): GEMM 0.6, attention 0.45,
 HBM-bound 0.7, NVLink/xGMI collectives 0.6 (Calculon NVLink 0.6; 8xA100 sendrecv 65% of peak),
 NIC collectives 0.75 (Calculon IB 0.9, lowered for contention), host-device copies over PCIe 0.8
 (pinned ``cudaMemcpyAsync`` reaches 25-26 GB/s of Gen4's 32, as CUDA's ``bandwidthTest`` sample
@@ -19,16 +39,25 @@ reports), anything unseen 0.5.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 
-__all__ = ["EfficiencyTable", "DEFAULT_EFFICIENCY", "GEMM_SIZE_HALF"]
+import numpy as np
+
+__all__ = ["EfficiencyTable", "DEFAULT_EFFICIENCY", "GEMM_SIZE_HALF", "ATTN_SEQ_HALF", "attention_seq_factor",
+           "default_efficiency", "efficiency_of"]
 
 #: Default FLOPs per GEMM call at which the size curve reaches half of the class efficiency
 #: (devices override it with ``GPUSpec.gemm_half_flops``).
 GEMM_SIZE_HALF = 1e9
 
+#: Keys per query at which attention reaches half of its class efficiency (FlashAttention-3 paper
+#: Fig. 5-6, FlashAttention-2 on H100; see the module docstring).
+ATTN_SEQ_HALF = 256.0
+
 DEFAULT_EFFICIENCY: dict[str, float] = {
     "gemm": 0.6,
+    "gemm_fp8": 0.5,
     "attention": 0.45,
     "memory_bound": 0.7,
 }
@@ -36,34 +65,90 @@ _LINK_DEFAULT = {"nvlink": 0.6, "xgmi": 0.6, "ib": 0.75, "slingshot": 0.75, "pci
 UNSEEN_DEFAULT = 0.5
 
 
+def attention_seq_factor(seq_len):
+    """``s / (s + ATTN_SEQ_HALF)``: the share of its long-sequence efficiency attention reaches when
+    each query attends ``s`` keys (elementwise; 1 for no attention, ``s <= 0``)."""
+    s = np.asarray(seq_len, dtype=float)
+    out = np.where(s > 0, s / np.maximum(s + ATTN_SEQ_HALF, 1e-9), 1.0)
+    return float(out) if out.ndim == 0 else out
+
+
+def default_efficiency(op_class: str, gpu=None) -> float:
+    """The default of ``op_class``: ``gpu``'s own (:meth:`GPUSpec.efficiency_default`) when it gives
+    one, else the GPU-independent default (by class, then by the link after ``@``)."""
+    if gpu is not None:
+        v = gpu.efficiency_default(op_class)
+        if v is not None:
+            return v
+    if op_class in DEFAULT_EFFICIENCY:
+        return DEFAULT_EFFICIENCY[op_class]
+    _, _, link = op_class.partition("@")
+    return _LINK_DEFAULT.get(link, UNSEEN_DEFAULT)
+
+
+_TAKES_GPU: dict = {}
+
+
+def efficiency_of(eff, op_class: str, gpu=None) -> float:
+    """``eff.get(op_class, gpu)``; a table subclass whose ``get`` takes the op class only (written
+    before per-GPU defaults, e.g. the simulator's ``DriftedTable``, which carries its own true
+    efficiencies) is asked without the GPU."""
+    t = type(eff)
+    if t not in _TAKES_GPU:
+        try:
+            params = inspect.signature(t.get).parameters
+            _TAKES_GPU[t] = len(params) >= 3 or any(p.kind == p.VAR_POSITIONAL for p in params.values())
+        except (TypeError, ValueError):  # pragma: no cover - builtins without a signature
+            _TAKES_GPU[t] = False
+    return eff.get(op_class, gpu) if _TAKES_GPU[t] else eff.get(op_class)
+
+
 @dataclass
 class EfficiencyTable:
     """Mutable table ``op class → efficiency in (0, 1.5]``; the planner always reads the current one.
 
+    The table holds calibrated values only; an op class without one falls back to the default of the
+    GPU it runs on (:func:`default_efficiency`). ``get(op_class, gpu)`` is how the cost model asks.
+
     ``update`` is the calibration step: given the time measured for a class and the time the model
     predicted with the current efficiency, it moves the efficiency towards
-    ``eff · predicted / measured`` (an exponential moving average with weight ``alpha``).
+    ``eff · predicted / measured`` (an exponential moving average with weight ``alpha``). The current
+    efficiency of an uncalibrated class is the default the prediction used: ``gpu``'s when given, else
+    the default this table last served for the class (``served``), else the GPU-independent one.
     """
 
     values: dict = field(default_factory=dict)
     alpha: float = 0.5
     updates: dict = field(default_factory=dict)
+    served: dict = field(default_factory=dict, repr=False, compare=False)
 
-    def get(self, op_class: str) -> float:
+    def get(self, op_class: str, gpu=None) -> float:
+        """Efficiency of ``op_class`` (fraction of peak): calibrated, else ``gpu``'s default, else the
+        GPU-independent default."""
         if op_class in self.values:
             return self.values[op_class]
-        if op_class in DEFAULT_EFFICIENCY:
-            return DEFAULT_EFFICIENCY[op_class]
-        _, _, link = op_class.partition("@")
-        return _LINK_DEFAULT.get(link, UNSEEN_DEFAULT)
+        v = default_efficiency(op_class, gpu)
+        if gpu is not None:
+            self.served[op_class] = v
+        return v
+
+    def current(self, op_class: str, gpu=None) -> float:
+        """The efficiency calibration starts from: calibrated, else ``gpu``'s default, else the
+        default last served for the class, else the GPU-independent default."""
+        if op_class in self.values:
+            return self.values[op_class]
+        if gpu is None and op_class in self.served:
+            return self.served[op_class]
+        return default_efficiency(op_class, gpu)
 
     def set(self, op_class: str, eff: float) -> None:
         if not 0 < eff <= 1.5:
             raise ValueError(f"efficiency of {op_class!r} must be in (0, 1.5], got {eff!r}")
         self.values[op_class] = float(eff)
 
-    def update(self, op_class: str, measured_s: float, predicted_s: float) -> float:
-        """Calibrate ``op_class`` from one measurement; returns the new efficiency.
+    def update(self, op_class: str, measured_s: float, predicted_s: float, gpu=None) -> float:
+        """Calibrate ``op_class`` from one measurement (on ``gpu``, when known); returns the new
+        efficiency.
 
         Raises:
             ValueError: non-positive times.
@@ -71,7 +156,7 @@ class EfficiencyTable:
         if measured_s <= 0 or predicted_s <= 0:
             raise ValueError(f"calibration of {op_class!r} needs positive times, got measured="
                              f"{measured_s!r}, predicted={predicted_s!r}")
-        old = self.get(op_class)
+        old = self.current(op_class, gpu)
         target = old * predicted_s / measured_s
         new = min(max((1 - self.alpha) * old + self.alpha * target, 1e-3), 1.5)
         self.values[op_class] = new
@@ -79,7 +164,8 @@ class EfficiencyTable:
         return new
 
     def copy(self) -> EfficiencyTable:
-        return EfficiencyTable(values=dict(self.values), alpha=self.alpha, updates=dict(self.updates))
+        return EfficiencyTable(values=dict(self.values), alpha=self.alpha, updates=dict(self.updates),
+                               served=dict(self.served))
 
     def to_dict(self) -> dict:
         return {"values": dict(self.values), "alpha": self.alpha}

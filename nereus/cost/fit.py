@@ -7,7 +7,7 @@ efficiencies to the table's cap (1.5) when that class is not the one that is off
 
 This module fits **one multiplicative scale per op-class group** to many totals at once:
 
-* groups (:func:`group_of`): ``gemm``, ``attention``, ``memory`` (``memory_bound``) and one per link
+* groups (:func:`group_of`): ``gemm``, ``gemm_fp8``, ``attention``, ``memory`` (``memory_bound``) and one per link
   for the collectives (``comm@nvlink``, ``comm@ib``, ...: every ``<collective>@<link>`` class of that
   link). Everything in a group moves together, so a handful of totals can identify it; a group the
   totals cannot separate from another (e.g. attention in short-sequence rows) stays near its default
@@ -57,9 +57,9 @@ _MEMORY = ("memory_bound",)
 
 
 def group_of(op_class: str) -> str | None:
-    """The group an op class is fitted in: ``gemm``, ``attention``, ``memory``, ``comm@<link>``, or
+    """The group an op class is fitted in: ``gemm``, ``gemm_fp8``, ``attention``, ``memory``, ``comm@<link>``, or
     None for entries that are not op classes (e.g. ``bubble``, which is derived from the others)."""
-    if op_class in ("gemm", "attention"):
+    if op_class in ("gemm", "gemm_fp8", "attention"):
         return op_class
     if op_class in _MEMORY:
         return "memory"
@@ -141,7 +141,7 @@ def _check_options(prior_sigma: float, eff_bounds, weights, n: int,
 def _solve(predict_scaled: Callable[[np.ndarray], np.ndarray], groups: list[str], group_classes: dict,
            base: EfficiencyTable, measured: np.ndarray, w: np.ndarray, prior_sigma: float,
            lo: float, hi: float, noise_sigma: float = NOISE_SIGMA, start=None,
-           max_nfev: int | None = None) -> tuple[np.ndarray, bool, str]:
+           max_nfev: int | None = None, gpu=None) -> tuple[np.ndarray, bool, str]:
     """Least squares over ``x = log s`` per group; returns (x, success, message)."""
     if not groups:
         return np.zeros(0), True, "no op-class group to fit"
@@ -149,7 +149,7 @@ def _solve(predict_scaled: Callable[[np.ndarray], np.ndarray], groups: list[str]
 
     lb, ub = [], []
     for g in groups:
-        effs = [base.get(c) for c in group_classes[g]]
+        effs = [base.get(c, gpu) for c in group_classes[g]]
         # every class of the group must stay inside [lo, hi] after scaling
         lb.append(math.log(lo / min(effs)) if min(effs) > 0 else -10.0)
         ub.append(math.log(hi / max(effs)))
@@ -188,14 +188,15 @@ def _solve(predict_scaled: Callable[[np.ndarray], np.ndarray], groups: list[str]
 
 
 def _result(base: EfficiencyTable, groups: list[str], group_classes: dict, x: np.ndarray,
-            before: np.ndarray, after: np.ndarray, lo: float, hi: float, success: bool, message: str) -> FitResult:
+            before: np.ndarray, after: np.ndarray, lo: float, hi: float, success: bool, message: str,
+            gpu=None) -> FitResult:
     table = base.copy()
     scales, effs, at_bound = {}, {}, []
     for g, xg in zip(groups, x):
         s = float(math.exp(xg))
         scales[g] = s
         for c in group_classes[g]:
-            e = min(max(base.get(c) * s, lo), hi)
+            e = min(max(base.get(c, gpu) * s, lo), hi)
             table.set(c, e)
             effs[c] = e
             if math.isclose(e, lo, rel_tol=1e-4) or math.isclose(e, hi, rel_tol=1e-4):
@@ -208,7 +209,7 @@ def _result(base: EfficiencyTable, groups: list[str], group_classes: dict, x: np
 def fit_scales(breakdowns: Sequence[Mapping[str, float]], measured: Sequence[float], *,
                base: EfficiencyTable | None = None, prior_sigma: float = PRIOR_SIGMA,
                noise_sigma: float = NOISE_SIGMA, eff_bounds: tuple = EFF_BOUNDS,
-               weights: Sequence[float] | None = None) -> FitResult:
+               weights: Sequence[float] | None = None, gpu=None) -> FitResult:
     """Fit one efficiency scale per op-class group from measured totals and predicted breakdowns.
 
     Args:
@@ -223,6 +224,9 @@ def fit_scales(breakdowns: Sequence[Mapping[str, float]], measured: Sequence[flo
             data term is ``Σ w_i·(log residual / noise_sigma)²``.
         eff_bounds: (low, high) box for every fitted class efficiency, inside (0, 1.5].
         weights: optional positive weight per measurement (default 1).
+        gpu: the GPU the measurements ran on (:class:`~nereus.spec.hardware.GPUSpec`): uncalibrated
+            classes of ``base`` start from its default efficiencies, as the predictions did; None:
+            the GPU-independent defaults.
 
     Returns:
         :class:`FitResult` with the calibrated table.
@@ -276,16 +280,16 @@ def fit_scales(breakdowns: Sequence[Mapping[str, float]], measured: Sequence[flo
         return core + rest * ratio
 
     before = np.log(predict(np.zeros(len(groups)))) - np.log(m)
-    x, ok, msg = _solve(predict, groups, group_classes, base, m, w, prior_sigma, lo, hi, noise_sigma)
+    x, ok, msg = _solve(predict, groups, group_classes, base, m, w, prior_sigma, lo, hi, noise_sigma, gpu=gpu)
     after = np.log(predict(x)) - np.log(m)
-    return _result(base, groups, group_classes, x, before, after, lo, hi, ok, msg)
+    return _result(base, groups, group_classes, x, before, after, lo, hi, ok, msg, gpu)
 
 
 def fit_table(predict: Callable[[EfficiencyTable], Sequence[float]], classes: Sequence[str],
               measured: Sequence[float], *, base: EfficiencyTable | None = None,
               prior_sigma: float = PRIOR_SIGMA, noise_sigma: float = NOISE_SIGMA,
               eff_bounds: tuple = EFF_BOUNDS, weights: Sequence[float] | None = None,
-              start: Mapping[str, float] | None = None, max_nfev: int | None = None) -> FitResult:
+              start: Mapping[str, float] | None = None, max_nfev: int | None = None, gpu=None) -> FitResult:
     """Like :func:`fit_scales`, but re-evaluates ``predict(table)`` (seconds per measurement) for each
     trial table, so cost models whose terms are not additive (overlaps, ``max``) are fitted exactly.
 
@@ -294,6 +298,7 @@ def fit_table(predict: Callable[[EfficiencyTable], Sequence[float]], classes: Se
         classes: the op classes to calibrate (grouped with :func:`group_of`; others are ignored).
         start: optional group → scale to start from (e.g. :attr:`FitResult.scales` of a quick
             :func:`fit_scales`); default 1 for every group.
+        gpu: as in :func:`fit_scales`.
         max_nfev: cap on the solver's function evaluations (default ``40·(groups + 1)``); a fit that
             reaches it reports ``success=False`` with the solver's message.
 
@@ -317,7 +322,7 @@ def fit_table(predict: Callable[[EfficiencyTable], Sequence[float]], classes: Se
         t = base.copy()
         for g, xg in zip(groups, x):
             for c in group_classes[g]:
-                t.set(c, min(max(base.get(c) * math.exp(xg), 1e-6), 1.5))
+                t.set(c, min(max(base.get(c, gpu) * math.exp(xg), 1e-6), 1.5))
         return t
 
     def pred(x):
@@ -332,6 +337,7 @@ def fit_table(predict: Callable[[EfficiencyTable], Sequence[float]], classes: Se
         raise ValueError(f"predicted[{int(bad[0])}]={float(p0[bad[0]])!r} at the base table must be finite and > 0")
     before = np.log(p0) - np.log(m)
     x_start = None if start is None else [math.log(float(start.get(g, 1.0))) for g in groups]
-    x, ok, msg = _solve(pred, groups, group_classes, base, m, w, prior_sigma, lo, hi, noise_sigma, x_start, max_nfev)
+    x, ok, msg = _solve(pred, groups, group_classes, base, m, w, prior_sigma, lo, hi, noise_sigma, x_start, max_nfev,
+                        gpu)
     after = np.log(pred(x)) - np.log(m)
-    return _result(base, groups, group_classes, x, before, after, lo, hi, ok, msg)
+    return _result(base, groups, group_classes, x, before, after, lo, hi, ok, msg, gpu)

@@ -7,7 +7,12 @@ Work is counted from shapes and turned into seconds with ``work / (peak · effic
   Megatron/PaLM accounting, cost-model.md §2.1); causal attention ``2·a·d·s/tp`` FLOPs per token per
   layer forward (half of PaLM's ``4·a·d·s`` term, as flash-attention executes it), its backward 2.5
   forwards (flash-attention recomputes the scores: 5 matmuls to the forward's 2; Dao 2023,
-  FlashAttention-2 §3.1).
+  FlashAttention-2 §3.1). Attention's efficiency falls at short sequences
+  (:func:`~nereus.cost.efficiency.attention_seq_factor`). With ``gemm_precision="fp8"`` the GEMMs
+  run on the FP8 peak as op class ``gemm_fp8``.
+* Memory-bound kernels between them (norms, residual adds, the MLP activation; forward and backward;
+  :func:`elementwise_bytes_per_token`) and the fused softmax cross-entropy of the LM head, as HBM
+  traffic in op class ``memory_bound``.
 * TP: 2 all-reduces of ``b·s·h`` activations per layer forward, 2 backward (+2 with full recompute)
   (Shoeybi et al. 2019), on NVLink when the TP group fits in a node, else on the NIC.
 * PP: a point-to-point of ``b·s·h/tp`` activations per micro-batch and boundary each way (Megatron
@@ -41,7 +46,7 @@ from __future__ import annotations
 import numpy as np
 
 from nereus.cost.collectives import allgather_time, allreduce_time, broadcast_time, p2p_time
-from nereus.cost.efficiency import EfficiencyTable
+from nereus.cost.efficiency import EfficiencyTable, attention_seq_factor, efficiency_of
 from nereus.cost.memory import RC_FULL, RC_NONE, RC_SELECTIVE, recompute_code
 from nereus.cost.shapes import kv_bytes_per_token_rank, max_layers_rank, params_rank
 from nereus.spec.hardware import ClusterSpec
@@ -49,9 +54,12 @@ from nereus.spec.model import ModelSpec
 from nereus.spec.workload import WorkloadSpec
 
 __all__ = ["LinkModel", "microbatch_stage_times", "decode_step_times", "prefill_stage_times",
-           "dp_sync_time", "optimizer_time", "offload_times", "weight_sync_times", "gemm_rank_params"]
+           "dp_sync_time", "optimizer_time", "offload_times", "weight_sync_times", "gemm_rank_params",
+           "gemm_class", "elementwise_bytes_per_token", "ACT_BYTES"]
 
 OPT_BYTES_PER_PARAM = 36
+#: bytes per activation element of the memory-bound kernels (bf16)
+ACT_BYTES = 2
 #: flash-attention backward in forward-equivalents beyond the GEMMs' 2 (2.5 - 2; FlashAttention-2 §3.1)
 ATTN_BWD_EXTRA = 0.5
 
@@ -75,7 +83,7 @@ class LinkModel:
         self.cluster, self.eff, self.gpu = cluster, eff, cluster.gpu
 
     def _one(self, kind: str, size, n, link: str, bw: float, alpha: float):
-        b = bw * self.eff.get(f"{kind}@{link}")
+        b = bw * efficiency_of(self.eff, f"{kind}@{link}", self.gpu)
         if kind == "allreduce":
             return allreduce_time(size, n, b, alpha)
         if kind in ("allgather", "reducescatter"):
@@ -125,11 +133,55 @@ def gemm_rank_params(model: ModelSpec, tp):
     return (2 * h * model.q_dim + 2 * h * model.kv_dim * kv_rep + 3 * h * model.intermediate_size) / tp
 
 
-def _gemm_time(flops, calls, gpu, eff: EfficiencyTable):
+def gemm_class(workload: WorkloadSpec) -> str:
+    """Op class of the linear layers' GEMMs: ``gemm_fp8`` when the workload runs them in FP8, else ``gemm``."""
+    return "gemm_fp8" if getattr(workload, "gemm_precision", None) == "fp8" else "gemm"
+
+
+def _gemm_peak(gpu, cls: str) -> float:
+    if cls == "gemm_fp8":
+        if not gpu.peak_flops_fp8 > 0:
+            raise ValueError(f"workload field 'gemm_precision'='fp8' needs a GPU with FP8 tensor cores; "
+                             f"GPU {gpu.name!r} has peak_flops_fp8=0")
+        return gpu.peak_flops_fp8
+    return gpu.peak_flops
+
+
+def _gemm_time(flops, calls, gpu, eff: EfficiencyTable, cls: str = "gemm"):
     flops = np.asarray(flops, dtype=float)
     size = np.maximum(flops / np.maximum(calls, 1), 1.0)
-    e = eff.get("gemm") * size / (size + gpu.gemm_half_flops)
-    return flops / (gpu.peak_flops * e)
+    e = efficiency_of(eff, cls, gpu) * size / (size + gpu.gemm_half_flops)
+    return flops / (_gemm_peak(gpu, cls) * e)
+
+
+def _attention_time(flops, ctx_len, gpu, eff: EfficiencyTable):
+    """Seconds of ``flops`` of attention whose queries attend ``ctx_len`` keys: the class efficiency
+    times the sequence-length curve :func:`~nereus.cost.efficiency.attention_seq_factor`."""
+    return np.asarray(flops, dtype=float) / (gpu.peak_flops * efficiency_of(eff, "attention", gpu) * attention_seq_factor(ctx_len))
+
+
+def elementwise_bytes_per_token(model: ModelSpec, tp, sp=False) -> tuple:
+    """HBM bytes per token per layer of the memory-bound kernels between the GEMMs and attention,
+    ``(forward, backward)``, on one TP rank (bf16 activations, :data:`ACT_BYTES` each).
+
+    Counted kernel by kernel, each reading its inputs and writing its outputs once (h = hidden size,
+    F = MLP width): forward: two norms (read h, write h each: 4h), two residual adds (read 2h, write
+    h each: 6h), the gated activation (read the gate and up projections 2F, write F: 3F), i.e.
+    ``10h + 3F`` elements; backward: two norm backwards (read x and dy, write dx: 6h), two residual
+    gradient adds (6h), the activation backward (read 2F and dy F, write 2F: 5F), i.e. ``12h + 5F``.
+    MPT and GPT-3's ungated GELU over 4h moves 8h forward, the same as the gated form with
+    F = 8h/3 that represents them. Not counted: bias adds and dropout (fused into the GEMM or absent
+    in LLM pretraining), rotary embeddings (fused into attention or QKV in Megatron and
+    Transformer Engine), the norm weights (h per layer, not per token). The h-sized terms run on every
+    TP rank in full unless sequence parallelism splits them (Korthikanti et al. 2022 §4.2.2); the
+    F-sized ones are split by TP.
+    """
+    tp = np.asarray(tp, dtype=float)
+    h, f = float(model.hidden_size), float(model.intermediate_size)
+    hs = np.where(np.asarray(sp, dtype=bool), tp, 1.0)
+    fwd = (10.0 * h / hs + 3.0 * f / tp) * ACT_BYTES
+    bwd = (12.0 * h / hs + 5.0 * f / tp) * ACT_BYTES
+    return fwd, bwd
 
 
 def _add(d: dict, cls: str, t) -> None:
@@ -153,23 +205,38 @@ def _layers(model: ModelSpec, pp):
     return max_layers_rank(model, pp)
 
 
-def _layer_pass(model, tp, tokens, ctx_len, layers, mult, cluster, eff, links, n_ar, attn_mult=None) -> dict:
+def _layer_pass(model, tp, tokens, ctx_len, layers, mult, cluster, eff, links, n_ar, attn_mult=None,
+                gcls="gemm", passes=(1, 0), sp=False) -> dict:
     """Time of ``layers`` layers over ``tokens`` tokens, ``mult`` forward-equivalents of GEMM compute
-    (``attn_mult`` of attention compute, default ``mult``) and ``n_ar`` TP all-reduces per layer."""
+    (``attn_mult`` of attention compute, default ``mult``), ``n_ar`` TP all-reduces per layer, and
+    the memory-bound kernels of ``passes = (forward passes, backward passes)``."""
     out: dict = {}
     gpu = cluster.gpu
     gemm_flops = 2.0 * gemm_rank_params(model, tp) * tokens * layers * mult
-    _add(out, "gemm", _gemm_time(gemm_flops, 7 * layers * mult, gpu, eff))
+    _add(out, gcls, _gemm_time(gemm_flops, 7 * layers * mult, gpu, eff, gcls))
     attn = 2.0 * model.q_dim / tp * ctx_len * tokens * layers * (mult if attn_mult is None else attn_mult)
-    _add(out, "attention", attn / (gpu.peak_flops * eff.get("attention")))
+    _add(out, "attention", _attention_time(attn, ctx_len, gpu, eff))
+    fwd_b, bwd_b = elementwise_bytes_per_token(model, tp, sp)
+    ew = (np.asarray(passes[0]) * fwd_b + np.asarray(passes[1]) * bwd_b) * tokens * layers
+    _add(out, "memory_bound", ew / (gpu.hbm_bandwidth * efficiency_of(eff, "memory_bound", gpu)))
     for cls, t in links.time("allreduce", 2.0 * tokens * model.hidden_size, tp).items():
         _add(out, cls, t * n_ar * layers)
     return out
 
 
-def _head_pass(model, tp, tokens, mult, cluster, eff) -> dict:
-    flops = 2.0 * model.hidden_size * model.head_out_dim / np.asarray(tp) * tokens * mult
-    return {"gemm": _gemm_time(flops, mult, cluster.gpu, eff)}
+def _head_pass(model, tp, tokens, mult, cluster, eff, gcls="gemm") -> dict:
+    """The LM (or value) head's GEMM over ``tokens``, ``mult`` forward-equivalents, and its softmax
+    cross-entropy as one fused kernel (flash-attention's and Megatron's vocab-parallel fused
+    cross-entropy): the forward reads the logits once, the backward writes their gradient once
+    (``ACT_BYTES`` per logit each, vocabulary split by TP)."""
+    tp = np.asarray(tp)
+    flops = 2.0 * model.hidden_size * model.head_out_dim / tp * tokens * mult
+    out = {gcls: _gemm_time(flops, mult, cluster.gpu, eff, gcls)}
+    if model.head_out_dim > 1:
+        ways = 2.0 if mult >= 3 else 1.0
+        ce = ways * ACT_BYTES * model.head_out_dim / tp * np.asarray(tokens, dtype=float)
+        out["memory_bound"] = ce / (cluster.gpu.hbm_bandwidth * efficiency_of(eff, "memory_bound", cluster.gpu))
+    return out
 
 
 def _overlap_tp(parts: dict) -> dict:
@@ -179,7 +246,7 @@ def _overlap_tp(parts: dict) -> dict:
     if not tp_classes:
         return parts
     total = sum(np.asarray(parts[k], dtype=float) for k in tp_classes)
-    gemm = np.asarray(parts.get("gemm", 0.0), dtype=float)
+    gemm = np.asarray(parts.get("gemm", 0.0), dtype=float) + np.asarray(parts.get("gemm_fp8", 0.0), dtype=float)
     keep = np.where(total > 0, np.maximum(total - gemm, 0.0) / np.where(total > 0, total, 1.0), 0.0)
     return {k: (v * keep if k in tp_classes else v) for k, v in parts.items()}
 
@@ -201,6 +268,7 @@ def microbatch_stage_times(stage: str, model: ModelSpec, workload: WorkloadSpec,
     s = workload.seq_len
     tokens = s * np.asarray(micro_batch)
     layers = _layers(model, pp)
+    gcls = gemm_class(workload)
     if stage == "train":
         rc = recompute_code(recompute)
         mult = np.where(rc == RC_FULL, 4, 3)
@@ -208,17 +276,19 @@ def microbatch_stage_times(stage: str, model: ModelSpec, workload: WorkloadSpec,
         # flash-attention's backward runs 5 matmuls to the forward's 2 (it recomputes the scores):
         # 2.5 forward-equivalents (Dao 2023, FlashAttention-2 §3.1)
         attn_mult = mult + ATTN_BWD_EXTRA
+        passes = (mult - 2, 1)
     else:
-        rc, mult, n_ar, attn_mult = RC_NONE, 1, 2, 1
-    body = _layer_pass(model, tp, tokens, s, layers, mult, cluster, eff, links, n_ar, attn_mult)
+        rc, mult, n_ar, attn_mult, passes = RC_NONE, 1, 2, 1, (1, 0)
+    body = _layer_pass(model, tp, tokens, s, layers, mult, cluster, eff, links, n_ar, attn_mult, gcls, passes,
+                       sp)
     if stage == "train" and np.any(rc == RC_SELECTIVE):
         sel = rc == RC_SELECTIVE
         extra = np.where(sel, 2.0 * model.q_dim / tp * s * tokens * layers, 0.0)
-        _add(body, "attention", extra / (cluster.gpu.peak_flops * eff.get("attention")))
+        _add(body, "attention", _attention_time(extra, s, cluster.gpu, eff))
         kv_rep = np.maximum(tp // model.num_kv_heads, 1)
         qkv = model.hidden_size * (model.q_dim + 2 * model.kv_dim * kv_rep) / tp
         gflops = np.where(sel, 2.0 * qkv * tokens * layers, 0.0)
-        _add(body, "gemm", np.where(sel, _gemm_time(gflops, 3 * layers, cluster.gpu, eff), 0.0))
+        _add(body, gcls, np.where(sel, _gemm_time(gflops, 3 * layers, cluster.gpu, eff, gcls), 0.0))
         if sp:
             for cls, t in links.time("allgather", 2.0 * tokens * model.hidden_size, tp).items():
                 _add(body, cls, np.where(sel & (tp > 1), t * layers, 0.0))
@@ -232,7 +302,7 @@ def microbatch_stage_times(stage: str, model: ModelSpec, workload: WorkloadSpec,
     # The head is outside the recomputed layers (Megatron checkpoints transformer layers only), so it
     # runs forward + backward (3 forward-equivalents) whatever the recompute mode.
     head_mult = 3 if stage == "train" else 1
-    last = _merge(body, _head_pass(model, tp, tokens, head_mult, cluster, eff))
+    last = _merge(body, _head_pass(model, tp, tokens, head_mult, cluster, eff, gcls))
     return body, last
 
 
@@ -241,8 +311,10 @@ def prefill_stage_times(model, workload, cluster, eff, tp, pp, seqs) -> tuple[di
     links = LinkModel(cluster, eff)
     tokens = np.asarray(seqs, dtype=float) * workload.prompt_len
     layers = _layers(model, pp)
-    body = _layer_pass(model, np.asarray(tp), tokens, workload.prompt_len, layers, 1, cluster, eff, links, 2)
-    last = _merge(body, _head_pass(model, tp, np.asarray(seqs, dtype=float), 1, cluster, eff))
+    gcls = gemm_class(workload)
+    body = _layer_pass(model, np.asarray(tp), tokens, workload.prompt_len, layers, 1, cluster, eff, links, 2,
+                       gcls=gcls)
+    last = _merge(body, _head_pass(model, tp, np.asarray(seqs, dtype=float), 1, cluster, eff, gcls))
     return body, last
 
 
@@ -261,13 +333,14 @@ def decode_step_times(model, workload, cluster, eff, tp, pp, seqs) -> dict:
     params = params_rank(model, tp, pp)
     ctx = workload.prompt_len + workload.response_len / 2.0
     kv_tok = kv_bytes_per_token_rank(model, workload.kv_bytes, tp, pp)
-    hbm = (m * params * workload.param_bytes + seqs * ctx * kv_tok) / (gpu.hbm_bandwidth * eff.get("memory_bound"))
+    hbm = (m * params * workload.param_bytes + seqs * ctx * kv_tok) / (gpu.hbm_bandwidth * efficiency_of(eff, "memory_bound", gpu))
     flops = 2.0 * params * seqs + 2.0 * model.q_dim / tp * ctx * seqs * layers
-    comp = flops / (gpu.peak_flops * eff.get("gemm"))
+    gcls = gemm_class(workload)
+    comp = flops / (_gemm_peak(gpu, gcls) * efficiency_of(eff, gcls, gpu))
     fill = np.maximum(1.0, pp / m)  # a pipeline with fewer micro-batches than ranks idles
     mem_bound = hbm >= comp
     out: dict = {"memory_bound": np.where(mem_bound, hbm, 0.0) * fill,
-                 "gemm": np.where(mem_bound, 0.0, comp) * fill}
+                 gcls: np.where(mem_bound, 0.0, comp) * fill}
     for cls, t in links.time("allreduce", 2.0 * (seqs / m) * model.hidden_size, tp).items():
         _add(out, cls, t * 2 * layers * m * fill)
     if np.any(pp > 1):
@@ -312,7 +385,7 @@ def optimizer_time(model, workload, cluster, eff, tp, pp, dp=1, zero=0):
     """HBM-bound Adam step: 36 bytes read or written per parameter on the most loaded GPU; with
     ZeRO >= 1 each rank updates only its ``1/dp`` shard."""
     shard = np.where(np.asarray(zero) >= 1, np.asarray(dp), 1)
-    return params_rank(model, tp, pp) * OPT_BYTES_PER_PARAM / shard / (cluster.gpu.hbm_bandwidth * eff.get("memory_bound"))
+    return params_rank(model, tp, pp) * OPT_BYTES_PER_PARAM / shard / (cluster.gpu.hbm_bandwidth * efficiency_of(eff, "memory_bound", cluster.gpu))
 
 
 def offload_times(state_bytes, offload, cluster, eff, *, frozen: bool, derived_sync=None) -> dict:
@@ -325,7 +398,7 @@ def offload_times(state_bytes, offload, cluster, eff, *, frozen: bool, derived_s
     ``B_host`` is the GPU's PCIe ``host_bandwidth`` times the efficiency of op class
     ``offload@pcie``."""
     code = np.asarray(offload)
-    bw = cluster.gpu.host_bandwidth * eff.get("offload@pcie")
+    bw = cluster.gpu.host_bandwidth * efficiency_of(eff, "offload@pcie", cluster.gpu)
     ways = np.where(code == 1, 2.0, np.where(code == 2, 1.0 if frozen else 0.0, 0.0))
     out = {"offload@pcie": ways * np.asarray(state_bytes, dtype=float) / bw}
     if derived_sync and not frozen:

@@ -1,6 +1,7 @@
 """GPU presets and clusters of N nodes x G GPUs with their links.
 
-All bandwidths are per direction, per GPU, in bytes/s; FLOP/s are dense bf16 tensor-core rates;
+All bandwidths are per direction, per GPU, in bytes/s; FLOP/s are dense bf16 tensor-core rates (and
+dense FP8 in ``peak_flops_fp8`` where the GPU has FP8 tensor cores);
 ``memory_bytes`` is what the device reports (``nvidia-smi``), which is what allocations compete for.
 Each preset carries its sources (vendor datasheets, ``nvidia-smi``) in ``source``.
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-__all__ = ["GPUSpec", "ClusterSpec", "GPU_PRESETS", "get_gpu"]
+__all__ = ["GPUSpec", "ClusterSpec", "GPU_PRESETS", "GPU_DEFAULT_EFFICIENCY", "GEMM_SHAPE_DERATE", "get_gpu"]
 
 GIB = 1024**3
 
@@ -39,6 +40,13 @@ class GPUSpec:
         gemm_half_flops: FLOPs per GEMM call at which GEMM efficiency reaches half of its class
             value (the size curve of :mod:`nereus.cost.efficiency`; 1 GFLOP for data-centre GPUs
             after Calculon's H100 preset).
+        peak_flops_fp8: dense FP8 tensor-core FLOP/s; 0 when the GPU has no FP8 tensor cores (a job
+            whose workload asks for FP8 GEMMs is then refused by the cost model).
+        default_efficiency: op class → achieved fraction of peak for this GPU generation, consulted by
+            :meth:`nereus.cost.efficiency.EfficiencyTable.get` before the GPU-independent defaults
+            and after any calibrated value. Given as a mapping; stored as sorted ``(class, fraction)``
+            pairs so the spec stays hashable. Each preset's numbers and their sources are in
+            :data:`GPU_DEFAULT_EFFICIENCY`.
         source: where the figures come from.
     """
 
@@ -55,9 +63,15 @@ class GPUSpec:
     gemm_half_flops: float = 1e9
     host_bandwidth: float = 32e9
     host_memory_bandwidth: float = 25.6e9
+    peak_flops_fp8: float = 0.0
+    default_efficiency: tuple = ()
     source: str = ""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "default_efficiency", _efficiency_pairs(self.default_efficiency))
+        v = self.peak_flops_fp8
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
+            raise ValueError(f"GPU field 'peak_flops_fp8' must be a number >= 0 (0: no FP8 tensor cores), got {v!r}")
         for f in ("peak_flops", "memory_bytes", "hbm_bandwidth", "scaleup_bandwidth",
                   "scaleout_bandwidth", "gemm_half_flops", "scaleup_latency", "scaleout_latency",
                   "host_bandwidth", "host_memory_bandwidth"):
@@ -75,8 +89,18 @@ class GPUSpec:
             if getattr(self, f) < 0:
                 raise ValueError(f"GPU field {f!r} must be >= 0, got {getattr(self, f)!r}")
 
+    def efficiency_default(self, op_class: str) -> float | None:
+        """This GPU's default efficiency of ``op_class`` (fraction of peak), or None when the preset
+        gives none (the GPU-independent default of :mod:`nereus.cost.efficiency` applies)."""
+        for k, v in self.default_efficiency:
+            if k == op_class:
+                return v
+        return None
+
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        d["default_efficiency"] = dict(self.default_efficiency)
+        return d
 
     @classmethod
     def from_dict(cls, d) -> GPUSpec:
@@ -100,6 +124,8 @@ class GPUSpec:
             if k in ("name", "scaleup_link", "scaleout_link", "source"):
                 if not isinstance(v, str):
                     raise ValueError(f"GPU field {k!r} must be a string, got {v!r}")
+            elif k == "default_efficiency":
+                continue  # checked by _efficiency_pairs at construction
             elif isinstance(v, bool) or not isinstance(v, (int, float)):
                 raise ValueError(f"GPU field {k!r} must be a number, got {v!r}")
         if d["memory_bytes"] != int(d["memory_bytes"]):
@@ -107,27 +133,81 @@ class GPUSpec:
         return cls(**(dict(d) | {"memory_bytes": int(d["memory_bytes"])}))
 
 
+def _efficiency_pairs(d) -> tuple:
+    """``default_efficiency`` as sorted ``(op class, fraction)`` pairs.
+
+    Raises:
+        ValueError: not a mapping (or pairs), a class that is not a string, or a fraction outside (0, 1.5].
+    """
+    items = d.items() if isinstance(d, dict) else d
+    try:
+        pairs = [(k, v) for k, v in items]
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"GPU field 'default_efficiency' must map op class -> fraction of peak, got {d!r}") from e
+    for k, v in pairs:
+        if not isinstance(k, str):
+            raise ValueError(f"GPU field 'default_efficiency' has a non-string op class {k!r}")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1.5:
+            raise ValueError(f"GPU field 'default_efficiency'[{k!r}] must be a fraction of peak in (0, 1.5], got {v!r}")
+    return tuple(sorted((k, float(v)) for k, v in pairs))
+
+
 #: fields a custom GPU must give (the others have defaults)
 GPU_REQUIRED = ("name", "peak_flops", "memory_bytes", "hbm_bandwidth", "scaleup_bandwidth", "scaleout_bandwidth")
+
+#: GEMM efficiency of training shapes relative to the best-shape ceiling (MAMF, below): 0.75 = the
+#: GPU-independent GEMM default 0.6 (cost-model.md §5) over H100's MAMF fraction 0.801. It keeps H100
+#: at the old default and gives every other GPU the measured ratio of its ceiling to H100's. Not
+#: fitted to the validation measurements.
+GEMM_SHAPE_DERATE = 0.75
+
+#: Per-GPU default efficiencies (fraction of the dense peak) from independent kernel microbenchmarks:
+#:
+#: * ``gemm``: ``GEMM_SHAPE_DERATE`` x the maximum achievable matmul FLOPS (MAMF, bf16, best shape of a
+#:   brute-force search) over the datasheet peak, from Stas Bekman's ml-engineering,
+#:   ``compute/accelerator/README.md``, table "Maximum Achievable Matmul FLOPS comparison table":
+#:   A100 SXM 267.9 / 312 = 85.9%, H100 SXM 792.1 / 989 = 80.1%, MI250X (1 GCD) 147.0 / 191.5 = 76.7%.
+#:   H200 takes H100's (same SM and clocks; the same project's H200 figure, 794.5 / 989 = 80.3%, agrees).
+#: * ``gemm_fp8``: the same derate x the FP8 MAMF of H200, 1453.4 / 1979 = 73.4% (ml-engineering, its
+#:   H200-to-B200 upgrade guide, "MAMF" table "FP8"); H100 has the same FP8 tensor cores.
+#: * ``attention``: FlashAttention-2, forward + backward, head dim 128, at long sequences (the
+#:   sequence-length curve of :func:`nereus.cost.efficiency.attention_seq_factor` is applied on top):
+#:   H100: 0.33, from FlashAttention-3 (Shah et al. 2024, arXiv:2407.08608) Fig. 5 and 6, FA2 on H100
+#:   SXM5 at 16k tokens: forward with causal mask 335 TFLOP/s, backward 322 TFLOP/s, of 989;
+#:   A100: 0.55, from FlashAttention-2 (Dao 2023, arXiv:2307.08691), abstract and §4.1: 50-73% of the
+#:   A100's peak, the backward pass (2.5 of the 3.5 forward-equivalents of attention in training)
+#:   at the low end of that range.
+#: MI250X has no FlashAttention-2 figure in these sources: its attention uses the GPU-independent default.
+GPU_DEFAULT_EFFICIENCY: dict[str, dict[str, float]] = {
+    "h100": {"gemm": round(GEMM_SHAPE_DERATE * 792.1 / 989.4, 3), "gemm_fp8": round(GEMM_SHAPE_DERATE * 1453.4 / 1979, 3),
+             "attention": 0.33},
+    "a100": {"gemm": round(GEMM_SHAPE_DERATE * 267.9 / 312, 3), "attention": 0.55},
+    "mi250x": {"gemm": round(GEMM_SHAPE_DERATE * 147.0 / 191.5, 3)},
+}
+GPU_DEFAULT_EFFICIENCY["h200"] = dict(GPU_DEFAULT_EFFICIENCY["h100"])
 
 GPU_PRESETS: dict[str, GPUSpec] = {
     "h100": GPUSpec(
         name="h100", peak_flops=989.4e12, memory_bytes=81559 * 1024**2, hbm_bandwidth=3.35e12,
         scaleup_bandwidth=450e9, scaleout_bandwidth=50e9, host_bandwidth=64e9, host_memory_bandwidth=76.8e9,
-        source="NVIDIA H100 SXM5 datasheet: 989.4 TFLOP/s dense bf16, 3.35 TB/s HBM3, NVLink4 900 GB/s "
+        peak_flops_fp8=1979e12, default_efficiency=GPU_DEFAULT_EFFICIENCY["h100"],
+        source="NVIDIA H100 SXM5 datasheet: 989.4 TFLOP/s dense bf16, 1,979 TFLOP/s dense FP8, 3.35 TB/s HBM3, NVLink4 900 GB/s "
                "bidirectional (450 per direction); nvidia-smi 81,559 MiB; ConnectX-7 NDR 400 Gb/s = 50 GB/s "
                "per GPU; PCIe Gen5 x16 128 GB/s bidirectional (64 per direction); host DRAM: DGX H100 has 2 "
                "Xeon Platinum 8480C, 8 DDR5-4800 channels each (Intel ARK) = 614.4 GB/s per node / 8 GPUs"),
     "h200": GPUSpec(
         name="h200", peak_flops=989.4e12, memory_bytes=143771 * 1024**2, hbm_bandwidth=4.8e12,
         scaleup_bandwidth=450e9, scaleout_bandwidth=50e9, host_bandwidth=64e9, host_memory_bandwidth=76.8e9,
-        source="NVIDIA H200 datasheet: 141 GB HBM3e, 4.8 TB/s, 1,979 TFLOP/s sparse (989.4 dense), PCIe Gen5 "
+        peak_flops_fp8=1979e12, default_efficiency=GPU_DEFAULT_EFFICIENCY["h200"],
+        source="NVIDIA H200 datasheet: 141 GB HBM3e, 4.8 TB/s, 1,979 TFLOP/s sparse (989.4 dense) bf16, 3,958 "
+               "sparse (1,979 dense) FP8, PCIe Gen5 "
                "128 GB/s; MLPerf H200-SXM-141GBx8 system: 18x NVLink4 900 GB/s, 400G IB; nvidia-smi 143,771 MiB; "
                "host DRAM: DGX H200 has DGX H100's 2 Xeon Platinum 8480C (8 DDR5-4800 channels each) = "
                "614.4 GB/s per node / 8 GPUs"),
     "a100": GPUSpec(
         name="a100", peak_flops=312e12, memory_bytes=81920 * 1024**2, hbm_bandwidth=2.039e12,
         scaleup_bandwidth=300e9, scaleout_bandwidth=25e9, host_bandwidth=32e9, host_memory_bandwidth=51.2e9,
+        default_efficiency=GPU_DEFAULT_EFFICIENCY["a100"],
         source="NVIDIA A100 SXM4 80GB datasheet: 312 TFLOP/s dense bf16, 2,039 GB/s HBM2e, NVLink3 600 GB/s "
                "bidirectional, PCIe Gen4 64 GB/s bidirectional; DGX A100 HDR 200 Gb/s = 25 GB/s per GPU; nvidia-smi 81,920 MiB; "
                "host DRAM: DGX A100 has 2 AMD EPYC 7742, 8 DDR4-3200 channels each (AMD spec) = 409.6 GB/s per "
@@ -135,7 +215,7 @@ GPU_PRESETS: dict[str, GPUSpec] = {
     "mi250x": GPUSpec(
         name="mi250x", peak_flops=191.5e12, memory_bytes=64 * 1000**3, hbm_bandwidth=1.6e12,
         scaleup_bandwidth=50e9, scaleout_bandwidth=12.5e9, scaleup_link="xgmi", scaleout_link="slingshot",
-        host_bandwidth=36e9, host_memory_bandwidth=25.6e9,
+        host_bandwidth=36e9, host_memory_bandwidth=25.6e9, default_efficiency=GPU_DEFAULT_EFFICIENCY["mi250x"],
         source="AMD MI250X per GCD: 383 TFLOP/s bf16 per OAM / 2, 64 GB HBM2e and 1.6 TB/s per GCD; "
                "Infinity Fabric link 50 GB/s (cross-package, conservative; same-package GCD pair 200 GB/s); "
                "Frontier 4x Slingshot-11 25 GB/s per node of 8 GCDs = 12.5 GB/s per GCD; CPU-GCD Infinity Fabric "

@@ -23,13 +23,15 @@ import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-__all__ = ["WorkloadSpec", "ALGORITHMS", "RECOMPUTE_MODES", "OPTIONAL_FIELDS", "read_response_lengths",
+__all__ = ["WorkloadSpec", "ALGORITHMS", "GEMM_PRECISIONS", "RECOMPUTE_MODES", "OPTIONAL_FIELDS", "read_response_lengths",
            "response_len_stats"]
 
 ALGORITHMS = ("ppo", "grpo", "remax")
 RECOMPUTE_MODES = ("none", "selective", "full", "auto")
 #: fields left out of :meth:`WorkloadSpec.to_dict` while unset (None)
-OPTIONAL_FIELDS = ("response_len_max", "memory_fraction")
+OPTIONAL_FIELDS = ("response_len_max", "memory_fraction", "gemm_precision")
+#: values of ``gemm_precision`` (None = bf16)
+GEMM_PRECISIONS = ("bf16", "fp8")
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,10 @@ class WorkloadSpec:
         response_len_max: response tokens memory is sized for (>= ``response_len``); None: the mean.
         memory_fraction: share of each GPU's memory a plan may use, in (0, 1] (vLLM's
             ``gpu_memory_utilization``); None: the cost model's default headroom (10%).
+        gemm_precision: precision of the linear layers' GEMMs in training and inference: ``bf16``
+            (None, the default) or ``fp8`` (Transformer Engine style: GEMM inputs in FP8 on the GPU's
+            FP8 peak, op class ``gemm_fp8``; attention, memory-bound kernels, weights, gradients and
+            optimizer state stay as above, so memory is unchanged).
 
     Raises:
         ValueError: at construction, naming the field, the value and what would be valid.
@@ -79,8 +85,12 @@ class WorkloadSpec:
     kv_bytes: int = 2
     response_len_max: int | None = None
     memory_fraction: float | None = None
+    gemm_precision: str | None = None
 
     def __post_init__(self) -> None:
+        if self.gemm_precision is not None and self.gemm_precision not in GEMM_PRECISIONS:
+            raise ValueError(f"workload field 'gemm_precision' must be one of {GEMM_PRECISIONS} or null (bf16), "
+                             f"got {self.gemm_precision!r}")
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"workload field 'algorithm' must be one of {ALGORITHMS}, got {self.algorithm!r}")
         if self.recompute not in RECOMPUTE_MODES:
