@@ -420,3 +420,48 @@ def test_generation_alone_enumerated_by_fewest_waves_is_exact(fw, model, gpus):
         same = (b.tp == a.tp[i]) & (b.pp == a.pp[i]) & (b.o == a.o[i])
         ok = same & (b.t <= a.t[i] * (1 + 1e-12)) & (b.r <= a.r[i]) & (b.x <= a.x[i]) & (b.n <= gpus)
         assert ok.any(), (a.tp[i], a.pp[i], a.dp[i], a.c[i])
+
+
+@pytest.mark.parametrize("model", ["qwen2.5-0.5b", "llama-3.1-8b", "llama-3.3-70b"])
+def test_one_generation_wave_is_non_decreasing_in_concurrency(model):
+    """The premise of the fewest-wave enumeration (``gpus_free``): one wave of ``c`` sequences
+    (``c`` rollouts on one replica at concurrency ``c``) takes no less time as ``c`` grows."""
+    wl = dict(algorithm="ppo", prompt_len=1024, response_len=2048, samples_per_prompt=1, reward_model=False)
+    ms = ModelStage.parse("actor.generate")
+    for tp, pp in ((1, 1), (2, 1), (4, 2), (8, 1), (2, 5), (1, 16)):
+        ts = []
+        for c in range(1, 65):
+            job = JobSpec(get_model(model), ClusterSpec(get_gpu("h100"), 2, 8),
+                          WorkloadSpec(prompts_per_step=c, mini_batch_size=c, **wl),
+                          framework=get_framework("generic"))
+            if job.model("actor").num_layers < pp:
+                continue
+            cm = CostModel(job)
+            a = cm.candidate_arrays(ms, tp, pp, np.ones(3, dtype=int), concurrency=c, offload=np.array([0, 1, 2]))
+            ts.append(a["time"])
+        ts = np.array(ts)
+        assert np.all(np.diff(ts, axis=0) >= -1e-12 * ts[1:])
+
+
+@pytest.mark.parametrize("fw", ["megatron", "generic"])
+def test_host_offload_left_out_only_where_drop_dominates_it(fw):
+    """``drop_dominated`` leaves out ``host`` rows for frozen models and generation: each has a
+    ``drop`` row with the same GPUs and memory and no more time; derived inference copies keep it."""
+    job = JobSpec(get_model("llama-3.1-8b"), ClusterSpec(get_gpu("h100"), 2, 8),
+                  WorkloadSpec(algorithm="ppo", prompt_len=1024, response_len=2048), framework=get_framework(fw))
+    cm = CostModel(job)
+    for name in ("actor.generate", "reference.infer", "reward.infer", "actor.infer", "critic.infer"):
+        ms = ModelStage.parse(name)
+        full = enumerate_candidates(cm, ms, 16, True)
+        red = enumerate_candidates(cm, ms, 16, True, drop_dominated=True)
+        host, drop = full.o == 1, full.o == 2
+        if name in ("actor.infer", "critic.infer"):
+            assert len(red) == len(full)
+            continue
+        assert not (red.o == 1).any() and len(red) == len(full) - host.sum()
+        # rows come in the same order per offload mode: host row i and drop row i differ only in o
+        h, d = np.nonzero(host)[0], np.nonzero(drop)[0]
+        assert h.size == d.size > 0
+        for col in ("tp", "pp", "dp", "b", "c", "n", "r", "x"):
+            assert np.array_equal(getattr(full, col)[h], getattr(full, col)[d])
+        assert np.all(full.t[d] <= full.t[h])

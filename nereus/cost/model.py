@@ -211,6 +211,11 @@ class CostModel:
         corr = self.memory_correction.get(ms.name, 1.0)
         fw = self.job.framework
         off = offload_code(offload)
+        if not breakdown and ms.stage != "train" and np.ndim(off) and dp.size >= 64:
+            got = self._by_offload(ms, tp, pp, dp, micro_batch, concurrency, np.broadcast_to(off, dp.shape),
+                                   multi_node, corr)
+            if got is not None:
+                return got
         if ms.stage == "train":
             micro_batch = np.asarray(micro_batch)
             _check_train_batch(ms, w.mini_batch_size, tp, pp, dp, micro_batch)
@@ -287,6 +292,48 @@ class CostModel:
         if breakdown:
             out["breakdown"] = {k: rows(v) for k, v in parts.items()}
         return out
+
+    def _by_offload(self, ms: ModelStage, tp, pp, dp, micro_batch, concurrency, off, multi_node: bool, corr):
+        """:meth:`candidate_arrays` of inference or generation rows with several offload modes (the
+        enumeration repeats every row once per mode): the time without the offload terms depends on
+        the other columns only, so it is computed once per distinct row of them, and each row adds
+        its mode's terms in the order the per-row sum would (bit-identical). None when the rows do
+        not repeat or the offload terms share an op class with the others (then the per-row path)."""
+        shape = dp.shape
+        w, cl, eff = self.job.workload, self.job.cluster, self.eff
+        model = self.model_of(ms)
+        if ms.stage == "infer":
+            load = np.asarray(micro_batch)
+        else:
+            load = np.minimum(concurrency, -(-w.rollouts_per_step // dp))  # the concurrency the rows run at
+        first, inv = _unique_rows(shape, tp, pp, dp, load)
+        if first.size * 2 > dp.size:
+            return None
+        u = _rows_of(first, tp, pp, dp, np.broadcast_to(np.asarray(micro_batch), shape),
+                     np.broadcast_to(np.asarray(concurrency), shape))
+        base = self.candidate_arrays(ms, u[0], u[1], u[2], micro_batch=u[3], concurrency=u[4], offload=0,
+                                     multi_node=multi_node, breakdown=True)
+        mf, minv = _unique_rows(shape, tp, pp, load, off)
+        mt, mp, ml, mo = _rows_of(mf, tp, pp, load, off)
+        if ms.stage == "infer":
+            mem = stage_memory("infer", model, w, mt, mp, micro_batch=ml, offload=mo, sp=self.job.framework.sequence_parallel)
+        else:
+            mem = stage_memory("generate", model, w, mt, mp, concurrency=ml, offload=mo)
+        mem = _expand(mem, minv)
+        frozen = ms.model in FROZEN_MODELS
+        sync = self._sync(model, tp, pp, shape, "recv", multi_node) if not frozen and ms.stage == "infer" else None
+        extra = lat.offload_times(mem["weights"] + mem["optimizer"], off, cl, eff, frozen=frozen, derived_sync=sync)
+        if set(extra) & set(base["breakdown"]):
+            return None
+        time = base["time"][inv]
+        for v in extra.values():
+            time = time + v
+
+        def rows(v):
+            return np.broadcast_to(np.asarray(v, dtype=float), shape)
+
+        return {"time": rows(time), "resident": rows(mem["resident"] * corr),
+                "transient": rows(mem["transient"] * corr), "memory": mem}
 
     def _sync(self, model, tp, pp, shape, side: str, multi_node: bool) -> dict:
         """:func:`nereus.cost.latency.weight_sync_times` per row, computed once per (tp, pp)."""

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from nereus.cost.memory import OFFLOAD_CODES
-from nereus.cost.model import CostModel
+from nereus.cost.model import FROZEN_MODELS, CostModel
 from nereus.cost.shapes import valid_pp, valid_tp
 from nereus.planner.plan import Candidate
 from nereus.workflow import ModelStage
@@ -188,18 +188,24 @@ def _expand(layouts, tdp: np.ndarray, cols: dict, num_gpus: int) -> dict:
 def enumerate_candidates(cost: CostModel, ms: ModelStage, num_gpus: int, multi_node: bool,
                          recompute_modes: tuple[str, ...] | None = None,
                          min_micro_batch: int = 1, min_train_replicas: int = 1,
-                         gpus_free: bool = False) -> CandidateSet:
+                         gpus_free: bool = False, drop_dominated: bool = False) -> CandidateSet:
     """All candidates of ``ms`` on at most ``num_gpus`` GPUs, with time and memory columns.
 
     ``recompute_modes`` overrides the workload's choice (the urgent path may force ``full``).
     ``gpus_free``: the caller only needs, of every candidate, one no slower and no larger in memory
     on at most ``num_gpus`` GPUs (a model-stage alone in its stage of a synchronous job: its GPU
-    count only has to fit the pool). Generation then keeps, per layout, the smallest replica count
-    of the least per-replica load ``s*`` the pool allows (concurrencies reduced per wave count as
-    usual) and, of the other replica counts, only concurrencies above ``s*``: a row ``(dp, c)``
-    with ``c ≤ s*`` is matched by ``(dp*, c)``, same one-wave time and memory (both depend on
-    (tp, pp, c, offload) only, :meth:`nereus.cost.model.CostModel.candidate_arrays`) and no more
-    waves, ``ceil(s*/c) ≤ ceil(s/c)``. Exact under the same premise as the wave-count reduction.
+    count only has to fit the pool). Generation then keeps, per layout, only the smallest replica
+    count ``dp*`` of the least per-replica load ``s*`` the pool allows (its concurrencies reduced
+    per wave count as usual). A row ``(dp, c)`` (load ``s ≥ s*``, ``c ≤ s``) is matched by a kept
+    row of the same layout and offload: the time of one wave and the memory depend on (tp, pp, c,
+    offload) only (:meth:`nereus.cost.model.CostModel.candidate_arrays`); with ``c ≤ s*``,
+    ``(dp*, c)`` has the same wave and memory and no more waves (``ceil(s*/c) ≤ ceil(s/c)``); with
+    ``c > s*``, ``(dp*, s*)`` runs one wave no longer than one of ``c`` and holds no more memory.
+    Premises (checked by ``tests/test_planner_space.py``): one wave's time and the transient
+    bytes are non-decreasing in the concurrency, and at a fixed wave count so is the time.
+    ``drop_dominated``: leave out ``host`` offload where ``drop`` is allowed and never slower with
+    the same GPUs and memory: frozen models (reload once, ``S/B`` against ``2·S/B``) and generation
+    (its weights come back with the weight sync it pays anyway; :func:`nereus.cost.latency.offload_times`).
     """
     job = cost.job
     w = job.workload
@@ -215,6 +221,10 @@ def enumerate_candidates(cost: CostModel, ms: ModelStage, num_gpus: int, multi_n
     if api["offload"]:
         modes = fw.offload_modes(ms.name) if hasattr(fw, "offload_modes") else fw.offload
         offloads = sorted({OFFLOAD_CODES.index(o) for o in modes if not (train and o == "drop")})
+        host, drop = OFFLOAD_CODES.index("host"), OFFLOAD_CODES.index("drop")
+        if drop_dominated and host in offloads and drop in offloads and (
+                ms.model in FROZEN_MODELS or ms.stage == "generate"):
+            offloads.remove(host)
     zeros = sorted(set(fw.zero_stages) - {0}) if (api["zero"] and train) else []
     max_v = fw.max_virtual_stages if (api["vpp"] and train) else 1
     i64 = np.int64
@@ -262,10 +272,8 @@ def enumerate_candidates(cost: CostModel, ms: ModelStage, num_gpus: int, multi_n
         ii, cc = _per_count(-(-w.rollouts_per_step // dps))
         rows = _expand(layouts, dps[ii], {"c": cc}, num_gpus) if ii.size else None
         if rows is not None and gpus_free and rows["dp"].size:
-            R = w.rollouts_per_step
             top = dps[np.searchsorted(dps, num_gpus // (rows["tp"] * rows["pp"]), side="right") - 1]
-            least = -(-R // top)  # s*: the least per-replica load of the row's layout
-            keep = (-(-R // rows["dp"]) == least) | (rows["c"] > least)
+            keep = rows["dp"] == top  # dp*: the smallest replica count of the least load s*
             rows = {k: v[keep] for k, v in rows.items()}
     if rows is None or rows["dp"].size == 0:
         empty = np.zeros(0, dtype=i64)

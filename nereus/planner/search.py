@@ -144,7 +144,7 @@ def search(cost: CostModel, pool_size: int, multi_node: bool,
 
     ``full_frontiers``: keep every model-stage's whole frontier in the result (for display,
     ``nereus plan --frontier``); by default a model-stage alone in its stage of a synchronous job
-    is enumerated with one fewest-wave row per layout and concurrency
+    is enumerated with the fewest-wave replica count per layout
     (:func:`~nereus.planner.candidates.enumerate_candidates`, ``gpus_free``), which loses no plan.
 
     Raises:
@@ -165,10 +165,11 @@ def search(cost: CostModel, pool_size: int, multi_node: bool,
         if key not in memo:
             multi = len(wf.in_stage(ms.stage)) > 1
             # alone in its stage of a synchronous job, a model-stage's GPU count only has to fit the
-            # pool: the enumeration may keep one fewest-wave row per (layout, concurrency)
+            # pool: the enumeration keeps per layout the replica count with the fewest waves
             free = not multi and not asyn and not full_frontiers
             cs = enumerate_candidates(cost, ms, pool_size, multi_node, options.recompute_modes,
-                                      options.min_micro_batch, options.min_train_replicas, gpus_free=free)
+                                      options.min_micro_batch, options.min_train_replicas, gpus_free=free,
+                                      drop_dominated=not full_frontiers)
             # the cross-class prune pays where a stage's knapsack scans many rows (2+ model-stages)
             memo[key] = (cs, frontier(cs, usable, cross=multi and len(cs) > CROSS_MIN_ROWS, alone=not multi))
         cs, fr = memo[key]
