@@ -10,7 +10,12 @@ the decision:
   ``infeasible_transition``, ``no_plan``, ``transition_overrun``, ``static_policy``): when a full copy of the state is still alive (``checkpoint_first``), a checkpoint is
   saved first; otherwise the steps since the last checkpoint are redone (their time counts as lost,
   their tokens are removed). Then the clock advances by the restart cost (process restart, load,
-  warm-up). A transition that would still need GPUs after they leave becomes such a restart.
+  warm-up). A transition that would still read from GPUs that leave before it ends
+  (:func:`overrun_at`; GPUs already gone when it starts are not read) is aborted at the loss (the
+  time until then counts as lost) and becomes such a restart, cause ``transition_overrun``: with a
+  checkpoint saved first when every ``*.train`` model-stage of the running plan keeps a whole
+  replica on the GPUs still alive (``state_survives``, the controller's rule), else redoing the
+  steps since the last checkpoint.
 
 A step aborted by a GPU loss or an OOM counts as lost time. Every ``checkpoint_every`` completed
 steps all policies pay a checkpoint save. Throughput is response tokens of completed steps
@@ -22,11 +27,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from nereus.controller import Restart, Transition
+from nereus.controller import Restart, Transition, state_survives
 from nereus.sim.cluster import SimulatedCluster
 from nereus.sim.restart import RestartCost
 
-__all__ = ["RunResult", "simulate"]
+__all__ = ["RunResult", "simulate", "overrun_at"]
 
 
 @dataclass
@@ -68,6 +73,21 @@ class RunResult:
                 "restarts_by_cause": dict(self.restart_causes), "restart_time_s": self.restart_time, "lost_step_time_s": self.lost_time, "wait_time_s": self.wait_time,
                 "checkpoint_time_s": self.checkpoint_time, "time_lost_s": self.time_lost, "ooms": self.ooms,
                 "duration_s": self.duration}
+
+
+def overrun_at(cluster: SimulatedCluster, current, target, alive, t: float, dt: float) -> float | None:
+    """When a live transition from ``current`` to ``target`` that starts at ``t`` seconds and takes
+    ``dt`` seconds is cut short: the first time in ``(t, t + dt)`` at which one of its source GPUs
+    (those of ``current`` that ``target`` does not use) that is in ``alive`` at ``t`` stops running;
+    None when the transition finishes first.
+
+    GPUs already gone at ``t`` are not sources (the transition planner plans around them: it reads
+    the state from surviving replicas or reloads it), so a later change of the pool, a gain
+    included, does not cut the transition short on their account.
+    """
+    sources = (current.gpus_used() - target.gpus_used()) & frozenset(alive)
+    lost_at = cluster.loss_time(sources, t) if sources else math.inf
+    return lost_at if lost_at < t + dt else None
 
 
 def simulate(policy, cluster: SimulatedCluster, hours: float, restart: RestartCost | None = None,
@@ -123,11 +143,17 @@ def simulate(policy, cluster: SimulatedCluster, hours: float, restart: RestartCo
             res.ooms += int(out.oom)
         decision = policy.observe(out.report)
         if isinstance(decision, Transition):
-            dt = cluster.transition_time(plan, decision.plan, out.report.alive or out.report.pool, out.response_len)
-            if cluster.loss_time(plan.gpus_used() - decision.plan.gpus_used(), t) < t + dt:
-                # the transition still reads from GPUs that leave before it ends: their state is lost
+            alive = frozenset(out.report.alive or out.report.pool)
+            dt = cluster.transition_time(plan, decision.plan, alive, out.response_len)
+            lost_at = overrun_at(cluster, plan, decision.plan, alive, t, dt)
+            if lost_at is not None:
+                # the transition still reads from GPUs that leave before it ends: it is aborted at the
+                # loss; a checkpoint is saved first iff a full copy of the trained state is still alive
+                kept = cluster.alive_at(lost_at)
+                res.lost_time += lost_at - t
+                t = lost_at
                 decision = Restart(decision.plan, "transition did not finish before the preempted GPUs left",
-                                   cause="transition_overrun")
+                                   checkpoint_first=state_survives(plan, kept), cause="transition_overrun")
         if isinstance(decision, Transition) and out.detect_s > 0:
             dt += cluster.truth.teardown_s  # abort and rebuild the communicators of the dead ranks first
         if isinstance(decision, Transition):
