@@ -601,19 +601,22 @@ def markdown(res: dict) -> str:
         out.append(f"| `{s}` | {st['n']} | {cell(st)} |")
     out.append(f"| all | {b['overall']['n']} | {cell(b['overall'])} |")
     out.append(f"| all bf16 | {b['overall_bf16']['n']} | {cell(b['overall_bf16'])} |")
-    out += ["", "| fitted on | fitted scales (gemm, attention, NVLink, NIC) | in-sample | held out: all | "
-                "held out: bf16 | held out: same GPU type |", "|---|---|---|---|---|---|"]
+    groups = ("gemm", "gemm_fp8", "attention", "memory", "comm@nvlink", "comm@ib")
+    out += ["", "| fitted on | fitted scales (GEMM, FP8 GEMM, attention, HBM, NVLink, NIC) | in-sample | "
+                "held out: all | held out: bf16 | held out: same GPU type |", "|---|---|---|---|---|---|"]
     for s, d in res["loso"].items():
         sc = d["scales"]
-        scs = ", ".join(f"{sc.get(g, 1.0):.2f}" for g in ("gemm", "attention", "comm@nvlink", "comm@ib"))
+        scs = ", ".join(f"{sc.get(g, 1.0):.2f}" for g in groups)
         flag = " (NIC at bound)" if any(c.endswith("@ib") for c in d["at_bound"]) else ""
         out.append(f"| `{s}` ({d['fit_rows']}) | {scs}{flag} | {cell(d['in_sample'])} | {cell(d['held_out'])} | "
                    f"{cell(d['held_out_bf16'])} | {cell(d['held_out_same_gpu'])} |")
     lp = res["loso_pooled"]
     out.append(f"| pooled over the fits | | | {cell(lp['all'])} | {cell(lp['bf16'])} | |")
-    out += ["", "| calibrated on all rows of | rows | before | after, in-sample |", "|---|---:|---|---|"]
+    out += ["", "| calibrated on all rows of | rows | before | after, in-sample | fitted scales (as above) |",
+            "|---|---:|---|---|---|"]
     for k, d in res["floor"].items():
-        out.append(f"| {k} | {d['in_sample']['n']} | {cell(d['before'])} | {cell(d['in_sample'])} |")
+        scs = ", ".join(f"{d['scales'].get(g, 1.0):.2f}" for g in groups)
+        out.append(f"| {k} | {d['in_sample']['n']} | {cell(d['before'])} | {cell(d['in_sample'])} | {scs} |")
     out += ["", "| model | rows | Spearman, time | Spearman, time per token |", "|---|---:|---:|---:|"]
     for m, d in res["spearman"].items():
         out.append(f"| {m} | {d['n']} | {d['time']:.2f} | {d['time_per_token']:.2f} |")

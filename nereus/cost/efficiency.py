@@ -26,6 +26,11 @@ forward with causal mask 191, 260, 298, 319, 333, 335 TFLOP/s and backward 214, 
 0.98. The FlashAttention-2 paper's A100 figures (Dao 2023, Fig. 4-6) rise with sequence length the
 same way.
 
+Head dimension: at 64 the same kernel reaches 324 of the 370 TFLOP/s it reaches at 128 (FlashAttention-3
+Fig. 5, FlashAttention-2 on H100, forward without causal mask, 16k tokens): smaller tiles per head,
+less work per load. :func:`attention_head_factor` is ``324/370`` at ``d <= 64``, 1 at ``d >= 128``,
+linear between (256 is taken as 128: the figures give no like-for-like point).
+
 FP8 GEMMs (a workload with ``gemm_precision="fp8"``, Transformer Engine style: the linear layers in
 FP8, attention and everything else in bf16) are their own op class ``gemm_fp8`` on the GPU's
 ``peak_flops_fp8``; unseen GPU-independent default 0.5.
@@ -45,7 +50,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 __all__ = ["EfficiencyTable", "DEFAULT_EFFICIENCY", "GEMM_SIZE_HALF", "ATTN_SEQ_HALF", "attention_seq_factor",
-           "default_efficiency", "efficiency_of"]
+           "default_efficiency", "efficiency_of", "attention_head_factor", "ATTN_HEAD64"]
 
 #: Default FLOPs per GEMM call at which the size curve reaches half of the class efficiency
 #: (devices override it with ``GPUSpec.gemm_half_flops``).
@@ -71,6 +76,21 @@ def attention_seq_factor(seq_len):
     s = np.asarray(seq_len, dtype=float)
     out = np.where(s > 0, s / np.maximum(s + ATTN_SEQ_HALF, 1e-9), 1.0)
     return float(out) if out.ndim == 0 else out
+
+
+#: attention at head dim 64 relative to 128 (FlashAttention-3 paper Fig. 5, FA2 on H100: 324 / 370 TFLOP/s)
+ATTN_HEAD64 = 324.0 / 370.0
+
+
+def attention_head_factor(head_dim: int) -> float:
+    """Share of its head-dim-128 efficiency attention reaches at ``head_dim``: ``ATTN_HEAD64`` at 64
+    or less, 1 at 128 or more, linear between."""
+    d = float(head_dim)
+    if d >= 128:
+        return 1.0
+    if d <= 64:
+        return ATTN_HEAD64
+    return ATTN_HEAD64 + (1.0 - ATTN_HEAD64) * (d - 64.0) / 64.0
 
 
 def default_efficiency(op_class: str, gpu=None) -> float:

@@ -7,8 +7,8 @@ Work is counted from shapes and turned into seconds with ``work / (peak · effic
   Megatron/PaLM accounting, cost-model.md §2.1); causal attention ``2·a·d·s/tp`` FLOPs per token per
   layer forward (half of PaLM's ``4·a·d·s`` term, as flash-attention executes it), its backward 2.5
   forwards (flash-attention recomputes the scores: 5 matmuls to the forward's 2; Dao 2023,
-  FlashAttention-2 §3.1). Attention's efficiency falls at short sequences
-  (:func:`~nereus.cost.efficiency.attention_seq_factor`). With ``gemm_precision="fp8"`` the GEMMs
+  FlashAttention-2 §3.1). Attention's efficiency falls at short sequences and small head dimensions
+  (:func:`~nereus.cost.efficiency.attention_seq_factor`, :func:`~nereus.cost.efficiency.attention_head_factor`). With ``gemm_precision="fp8"`` the GEMMs
   run on the FP8 peak as op class ``gemm_fp8``.
 * Memory-bound kernels between them (norms, residual adds, the MLP activation; forward and backward;
   :func:`elementwise_bytes_per_token`) and the fused softmax cross-entropy of the LM head, as HBM
@@ -46,7 +46,7 @@ from __future__ import annotations
 import numpy as np
 
 from nereus.cost.collectives import allgather_time, allreduce_time, broadcast_time, p2p_time
-from nereus.cost.efficiency import EfficiencyTable, attention_seq_factor, efficiency_of
+from nereus.cost.efficiency import EfficiencyTable, attention_head_factor, attention_seq_factor, efficiency_of
 from nereus.cost.memory import RC_FULL, RC_NONE, RC_SELECTIVE, recompute_code
 from nereus.cost.shapes import kv_bytes_per_token_rank, max_layers_rank, params_rank
 from nereus.spec.hardware import ClusterSpec
@@ -154,10 +154,12 @@ def _gemm_time(flops, calls, gpu, eff: EfficiencyTable, cls: str = "gemm"):
     return flops / (_gemm_peak(gpu, cls) * e)
 
 
-def _attention_time(flops, ctx_len, gpu, eff: EfficiencyTable):
+def _attention_time(flops, ctx_len, gpu, eff: EfficiencyTable, head_dim: int = 128):
     """Seconds of ``flops`` of attention whose queries attend ``ctx_len`` keys: the class efficiency
-    times the sequence-length curve :func:`~nereus.cost.efficiency.attention_seq_factor`."""
-    return np.asarray(flops, dtype=float) / (gpu.peak_flops * efficiency_of(eff, "attention", gpu) * attention_seq_factor(ctx_len))
+    times the sequence-length and head-dimension curves of :mod:`nereus.cost.efficiency`
+    (:func:`~nereus.cost.efficiency.attention_seq_factor`, :func:`~nereus.cost.efficiency.attention_head_factor`)."""
+    e = efficiency_of(eff, "attention", gpu) * attention_seq_factor(ctx_len) * attention_head_factor(head_dim)
+    return np.asarray(flops, dtype=float) / (gpu.peak_flops * e)
 
 
 def elementwise_bytes_per_token(model: ModelSpec, tp, sp=False) -> tuple:
@@ -215,7 +217,7 @@ def _layer_pass(model, tp, tokens, ctx_len, layers, mult, cluster, eff, links, n
     gemm_flops = 2.0 * gemm_rank_params(model, tp) * tokens * layers * mult
     _add(out, gcls, _gemm_time(gemm_flops, 7 * layers * mult, gpu, eff, gcls))
     attn = 2.0 * model.q_dim / tp * ctx_len * tokens * layers * (mult if attn_mult is None else attn_mult)
-    _add(out, "attention", _attention_time(attn, ctx_len, gpu, eff))
+    _add(out, "attention", _attention_time(attn, ctx_len, gpu, eff, model.head_dim))
     fwd_b, bwd_b = elementwise_bytes_per_token(model, tp, sp)
     ew = (np.asarray(passes[0]) * fwd_b + np.asarray(passes[1]) * bwd_b) * tokens * layers
     _add(out, "memory_bound", ew / (gpu.hbm_bandwidth * efficiency_of(eff, "memory_bound", gpu)))
@@ -284,7 +286,7 @@ def microbatch_stage_times(stage: str, model: ModelSpec, workload: WorkloadSpec,
     if stage == "train" and np.any(rc == RC_SELECTIVE):
         sel = rc == RC_SELECTIVE
         extra = np.where(sel, 2.0 * model.q_dim / tp * s * tokens * layers, 0.0)
-        _add(body, "attention", _attention_time(extra, s, cluster.gpu, eff))
+        _add(body, "attention", _attention_time(extra, s, cluster.gpu, eff, model.head_dim))
         kv_rep = np.maximum(tp // model.num_kv_heads, 1)
         qkv = model.hidden_size * (model.q_dim + 2 * model.kv_dim * kv_rep) / tp
         gflops = np.where(sel, 2.0 * qkv * tokens * layers, 0.0)
