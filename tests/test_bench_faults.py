@@ -45,14 +45,8 @@ def test_quick_fault_sample_survives_every_fault_and_ends_at_the_weights_of_its_
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
-    ray = pytest.importorskip("ray")
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=16, include_dashboard=False, log_to_driver=False)
-    yield
-    if started:
-        ray.shutdown()
+def ray_cpus():
+    return 16
 
 
 @pytest.mark.timeout(400)

@@ -31,17 +31,6 @@ W = WorkloadSpec(algorithm="ppo", prompts_per_step=4, samples_per_prompt=2, prom
                  mini_batch_size=4, micro_batch_size=1, infer_micro_batch_size=4, reward_model=False)
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray = pytest.importorskip("ray")
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
-    yield
-    if started:
-        ray.shutdown()
-
-
 def _plan(actor_train):
     return simple_plan(W, {**LAYOUTS, "actor.train": actor_train}, 4, micro_batch=1)
 

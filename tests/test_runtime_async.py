@@ -19,7 +19,6 @@ from nereus.planner.plan import Plan  # noqa: E402
 from nereus.runtime.async_driver import AsyncRLDriver, async_plan, overlap_of  # noqa: E402
 from nereus.runtime.driver import RLConfig, RLDriver, simple_plan  # noqa: E402
 from nereus.runtime.parallel import Layout  # noqa: E402
-from nereus.runtime.pool import WorkerPool  # noqa: E402
 from nereus.runtime.task import DigitTask  # noqa: E402
 from nereus.spec.model import MODEL_PRESETS  # noqa: E402
 from nereus.spec.workload import WorkloadSpec  # noqa: E402
@@ -46,16 +45,8 @@ def plan_for(w: WorkloadSpec, gen=(1, 1, 2), rest=(1, 1, 2)) -> Plan:
 
 
 @pytest.fixture(scope="module")
-def pool():
-    ray = pytest.importorskip("ray")
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
-    p = WorkerPool(4, timeout_s=30).start()
-    yield p
-    p.close()
-    if started:
-        ray.shutdown()
+def ray_cpus():
+    return 4
 
 
 def _run(driver, pool, steps: int):

@@ -47,19 +47,6 @@ def test_piece_keys_round_trip():
         durable.parse_key("params/x/1:2")
 
 
-@pytest.fixture(scope="module")
-def pool():
-    ray = pytest.importorskip("ray")
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
-    p = WorkerPool(4, timeout_s=30).start()
-    yield p
-    p.close()
-    if started:
-        ray.shutdown()
-
-
 def _states(d: RLDriver) -> dict:
     return {n: d.gather_logical_state(n) for n in TRAIN}
 

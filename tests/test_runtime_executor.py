@@ -18,7 +18,6 @@ from nereus.runtime.adaptive import runtime_job  # noqa: E402
 from nereus.runtime.driver import RLConfig, RLDriver  # noqa: E402
 from nereus.runtime.executor import TransitionExecutor  # noqa: E402
 from nereus.runtime.layout import param_shapes  # noqa: E402
-from nereus.runtime.pool import WorkerPool  # noqa: E402
 from nereus.runtime.task import DigitTask  # noqa: E402
 from nereus.spec.model import MODEL_PRESETS  # noqa: E402
 from nereus.spec.workload import WorkloadSpec  # noqa: E402
@@ -40,19 +39,6 @@ def plan(**changes) -> Plan:
     lay = {**BASE, **{k.replace("_", "."): v for k, v in changes.items()}}
     return Plan(candidates=tuple(Candidate(ms, tp, pp, dp, micro_batch=1 if not ms.endswith("generate") else 0,
                                            gpus=gpus) for ms, (tp, pp, dp, gpus) in lay.items()))
-
-
-@pytest.fixture(scope="module")
-def pool():
-    ray = pytest.importorskip("ray")
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
-    p = WorkerPool(4, timeout_s=30).start()
-    yield p
-    p.close()
-    if started:
-        ray.shutdown()
 
 
 def _states(d: RLDriver) -> dict:

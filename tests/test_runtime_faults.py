@@ -26,17 +26,6 @@ W = WorkloadSpec(algorithm="ppo", prompts_per_step=4, samples_per_prompt=2, prom
 STEPS = 4
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray = pytest.importorskip("ray")
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
-    yield
-    if started:
-        ray.shutdown()
-
-
 def _run(faults=None, schedule=None, steps=STEPS, workers=4, precision="fp32", **kw):
     pool = WorkerPool(workers, timeout_s=15, hang_timeout_s=3).start()
     lines: list[str] = []

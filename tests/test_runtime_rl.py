@@ -18,7 +18,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from nereus.planner.plan import Candidate, Plan  # noqa: E402
 from nereus.runtime.driver import RLConfig, RLDriver, simple_plan  # noqa: E402
-from nereus.runtime.pool import WorkerFailure, WorkerPool  # noqa: E402
+from nereus.runtime.pool import WorkerFailure  # noqa: E402
 from nereus.runtime.task import DigitTask, Tokenizer  # noqa: E402
 from nereus.spec.model import MODEL_PRESETS, ModelSpec  # noqa: E402
 from nereus.spec.workload import WorkloadSpec  # noqa: E402
@@ -38,16 +38,8 @@ def workload(algo: str, **kw) -> WorkloadSpec:
 
 
 @pytest.fixture(scope="module")
-def pool():
-    ray = pytest.importorskip("ray")
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=5, include_dashboard=False, log_to_driver=False)  # 4 workers + 1 that joins later
-    p = WorkerPool(4, timeout_s=30).start()
-    yield p
-    p.close()
-    if started:
-        ray.shutdown()
+def ray_cpus():
+    return 5  # 4 workers + 1 that joins later
 
 
 def _finite(x: float) -> bool:
