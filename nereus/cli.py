@@ -41,8 +41,10 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # allow_abbrev=False: a prefix such as ``--gpus`` must not silently mean ``--gpus-per-node``
     parser = _Parser(
-        prog="nereus", description="Adaptive parallelism for LLM RL post-training (PPO, GRPO, ReMax).")
+        prog="nereus", description="Adaptive parallelism for LLM RL post-training (PPO, GRPO, ReMax).",
+        allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_) in COMMANDS.items():
         try:
@@ -50,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
         except ImportError:
             continue  # sub-command not built yet, or its optional dependencies are absent
         p = sub.add_parser(name, help=help_, description=(mod.__doc__ or help_).strip().splitlines()[0],
-                           formatter_class=_HelpFormatter)
+                           formatter_class=_HelpFormatter, allow_abbrev=False)
         mod.add_arguments(p)
         p.set_defaults(_module=mod)
     return parser
