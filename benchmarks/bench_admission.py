@@ -5,7 +5,8 @@ comparison is printed per run and as a geometric mean over runs with wins / loss
 within ``TIE`` = 0.1%). Policies (``nereus/sim/policies.py``): ``nereus`` (γ = 0.5, risk pricing,
 ``H_x`` from the elapsed quiet time before a first crossing), ``nereus-paper`` (the paper's rule),
 ``static``, ``elastic`` and ``elastic-oracle`` (checkpoint/restart onto the best plan when it pays),
-``replan-all`` (no payback admission), ``nereus-h1`` (``H_x`` = 1 before the first interval).
+``replan-all`` (no payback admission), ``nereus-h1`` (``H_x`` = 1 before the first interval),
+``uncalibrated`` (the same controller on the offline cost model, no calibration).
 
 Usage::
 
@@ -32,7 +33,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from nereus.sim.cluster import Truth  # noqa: E402
 from nereus.sim.scenario import Scenario, run_policy  # noqa: E402
 
-POLICIES = ("nereus", "nereus-paper", "static", "elastic", "elastic-oracle", "replan-all", "nereus-h1")
+POLICIES = ("nereus", "nereus-paper", "static", "elastic", "elastic-oracle", "replan-all", "nereus-h1", "uncalibrated")
 TIE = 0.001
 
 
@@ -40,7 +41,7 @@ def _one(args):
     trace, seed, hours, notice, policy = args
     r = run_policy(Scenario(trace=trace, seed=seed, hours=hours, truth=Truth(notice_s=notice)), policy)
     return (trace, seed, notice, policy, r.throughput, r.restarts, r.transitions, r.transition_time,
-            dict(r.restart_causes))
+            dict(r.restart_causes), r.steps, r.lost_time)
 
 
 def summarize(res: dict, traces, seeds, notices, policies) -> dict:
@@ -79,10 +80,11 @@ def main(argv=None) -> int:
     work = list(itertools.product(traces, seeds, [a.hours], notices, policies))
     res, runs = {}, []
     with ProcessPoolExecutor(max(1, a.jobs)) as ex:
-        for i, (t, s, n, p, thr, rs, tr, tt, causes) in enumerate(ex.map(_one, work), 1):
+        for i, (t, s, n, p, thr, rs, tr, tt, causes, steps, lost) in enumerate(ex.map(_one, work), 1):
             res[(t, s, n, p)] = thr
             runs.append({"trace": t, "seed": s, "notice": n, "policy": p, "tokens_per_s": thr, "restarts": rs,
-                         "restart_causes": causes, "transitions": tr, "transition_s": tt})
+                         "restart_causes": causes, "transitions": tr, "transition_s": tt, "steps": steps,
+                         "lost_step_s": lost})
             print(f"[{i}/{len(work)}] {t:15s} seed {s} notice {n:g} {p:14s} {thr:9,.0f} tokens/s  restarts {rs}  "
                   f"transitions {tr} ({tt:.0f} s)", flush=True)
     others = policies[1:]

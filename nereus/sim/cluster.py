@@ -6,8 +6,9 @@ calibrates from simulated measurements exactly as from real ones. Hidden ground 
 (:class:`Truth`) differs from the planner's defaults on purpose:
 
 * **efficiency**: the true table (:data:`TRUE_EFFICIENCY`) is lower than the defaults of
-  ``nereus.cost.efficiency`` for memory-bound decode and inter-node collectives and higher for NVLink
-  collectives; step times come from the same :class:`~nereus.cost.model.CostModel` run with it;
+  ``nereus.cost.efficiency`` for GEMMs, memory-bound decode and inter-node collectives and higher
+  for attention (H100 default 0.33) and NVLink collectives; step times come from the same
+  :class:`~nereus.cost.model.CostModel` run with it;
 * **noise**: every op class's measured time gets independent log-normal noise (σ = 2% by default;
   the paper reports max–min step spreads below 2% on its testbeds);
 * **congestion**: drift events (a Poisson process, default one per 3 h, 20–60 minutes long) multiply
@@ -75,8 +76,9 @@ from nereus.spec.job import JobSpec
 __all__ = ["TRUE_EFFICIENCY", "Truth", "Congestion", "StepOutcome", "SimulatedCluster", "DriftedTable",
            "unmodelled"]
 
-#: hidden per-op-class efficiencies of the simulated hardware (planner defaults: gemm 0.6,
-#: attention 0.45, memory_bound 0.7, *@nvlink 0.6, *@ib 0.75).
+#: hidden per-op-class efficiencies of the simulated hardware (the planner's H100 defaults,
+#: ``nereus.cost.efficiency.default_efficiency``: gemm 0.6, attention 0.33, memory_bound 0.7,
+#: *@nvlink 0.6, *@ib 0.75).
 TRUE_EFFICIENCY = {"gemm": 0.55, "attention": 0.40, "memory_bound": 0.50, "@nvlink": 0.70, "@ib": 0.45}
 
 

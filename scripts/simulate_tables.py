@@ -1,0 +1,130 @@
+"""The across-traces tables of docs/simulate.md ("Results") from ``benchmarks/bench_admission.py --json``.
+
+Usage::
+
+    python benchmarks/bench_admission.py --notice 0 --json n0.json
+    python benchmarks/bench_admission.py --notice 120 --json n120.json
+    python scripts/simulate_tables.py n0.json n120.json
+
+Several JSON files are merged (their runs are keyed by trace, seed, notice and policy). Prints
+Markdown: Nereus / policy as a geometric mean over runs with its range and the runs won / lost /
+tied (a tie is within ``bench_admission.TIE`` = 0.1%), restarts per policy and transitions, the
+geometric mean over seeds per trace, and the restarts per cause of ``nereus`` and ``uncalibrated``.
+All figures are response tokens per second over each run's simulated time (``summary.json``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from collections import Counter, defaultdict
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+
+from bench_admission import TIE  # noqa: E402
+
+ORDER = ("nereus-paper", "static", "elastic", "elastic-oracle", "replan-all", "nereus-h1", "uncalibrated")
+PER_TRACE = ("static", "elastic-oracle", "replan-all", "uncalibrated")
+
+
+def _geo(xs) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def _notice(n: float) -> str:
+    return "none" if n == 0 else f"{n:g} s"
+
+
+def tables(runs: list[dict]) -> str:
+    """Markdown tables (module docstring) from bench_admission's ``runs``."""
+    thr = {(r["trace"], r["seed"], r["notice"], r["policy"]): r for r in runs}
+    notices = sorted({r["notice"] for r in runs})
+    traces = list(dict.fromkeys(r["trace"] for r in runs))
+    seeds = sorted({r["seed"] for r in runs})
+    policies = [p for p in ORDER if any(r["policy"] == p for r in runs)]
+    out = []
+
+    def ratio(t, s, n, p):
+        a, b = thr.get((t, s, n, "nereus")), thr.get((t, s, n, p))
+        if a is None or b is None or b["tokens_per_s"] <= 0:
+            return None
+        return a["tokens_per_s"] / b["tokens_per_s"]
+
+    nruns = len(traces) * len(seeds)
+    out.append(f"Nereus / policy, geometric mean over {nruns} runs (range); runs Nereus won / lost / tied "
+               f"(within {TIE:.1%}):\n")
+    out.append("| notice | " + " | ".join(f"vs {p}" for p in policies) + " |")
+    out.append("|---" * (len(policies) + 1) + "|")
+    for n in notices:
+        cells = []
+        for p in policies:
+            rs = [x for t in traces for s in seeds if (x := ratio(t, s, n, p)) is not None]
+            if not rs:
+                cells.append("")
+                continue
+            w = sum(x > 1 + TIE for x in rs)
+            ll = sum(x < 1 - TIE for x in rs)
+            cells.append(f"{_geo(rs):.3f} ({min(rs):.2f}–{max(rs):.2f}); {w} / {ll} / {len(rs) - w - ll}")
+        out.append(f"| {_notice(n)} | " + " | ".join(cells) + " |")
+
+    allp = ["nereus", *policies]
+    out.append("")
+    out.append(f"| notice | restarts: {' / '.join(allp)} | transitions, n (s): nereus / replan-all / uncalibrated |")
+    out.append("|---|---|---|")
+    for n in notices:
+        rs = [sum(r["restarts"] for r in runs if r["notice"] == n and r["policy"] == p) for p in allp]
+        tr = []
+        for p in ("nereus", "replan-all", "uncalibrated"):
+            sel = [r for r in runs if r["notice"] == n and r["policy"] == p]
+            tr.append(f"{sum(r['transitions'] for r in sel)} ({sum(r['transition_s'] for r in sel):,.0f})" if sel else "-")
+        out.append(f"| {_notice(n)} | {' / '.join(map(str, rs))} | {' / '.join(tr)} |")
+
+    cols = [p for p in PER_TRACE if p in policies]
+    out.append("")
+    out.append(f"Per trace (geometric mean over seeds {seeds[0]}–{seeds[-1]} of Nereus / policy):\n")
+    head = " | ".join(f"notice {_notice(n)}: {' / '.join(cols)}" for n in notices)
+    out.append(f"| trace | {head} |")
+    out.append("|---" * (len(notices) + 1) + "|")
+    for t in traces:
+        cells = []
+        for n in notices:
+            vals = []
+            for p in cols:
+                rs = [x for s in seeds if (x := ratio(t, s, n, p)) is not None]
+                vals.append(f"{_geo(rs):.2f}" if rs else "-")
+            cells.append(" / ".join(vals))
+        out.append(f"| {t} | " + " | ".join(cells) + " |")
+
+    out.append("")
+    out.append("| notice | restarts by cause: nereus | uncalibrated |")
+    out.append("|---|---|---|")
+    for n in notices:
+        cells = []
+        for p in ("nereus", "uncalibrated"):
+            c: Counter = Counter()
+            for r in runs:
+                if r["notice"] == n and r["policy"] == p:
+                    c.update(r.get("restart_causes", {}))
+            cells.append(", ".join(f"{k} {v}" for k, v in sorted(c.items())) or "none")
+        out.append(f"| {_notice(n)} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def main(argv=None) -> int:
+    paths = (argv if argv is not None else sys.argv[1:])
+    if not paths:
+        print(__doc__)
+        return 2
+    runs: dict = defaultdict(dict)
+    for path in paths:
+        with open(path) as f:
+            for r in json.load(f)["runs"]:
+                runs[(r["trace"], r["seed"], r["notice"], r["policy"])] = r
+    print(tables(list(runs.values())))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
