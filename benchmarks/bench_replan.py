@@ -3,7 +3,8 @@
 Prints, per pool size, the median milliseconds of the search alone (``search``: candidates,
 frontier, knapsack + branch and bound) and of ``plan_job`` (search + placement + estimate), as CPU
 time of this process (``time.process_time``: stable on a loaded machine; ``--wall`` for wall-clock),
-the candidates enumerated, the frontier size and the knapsacks solved. One CPU process.
+the candidates enumerated, the frontier size, the knapsacks solved and how mixed placements
+went (``used:``/``skipped:`` stages, :class:`nereus.planner.search.SearchResult`). One CPU process.
 ``--framework`` picks the job's framework preset (``nereus``, the default, or ``megatron``,
 ``fsdp``, ``deepspeed``, ``generic``: colocation, offload and ZeRO widen the space).
 
@@ -33,7 +34,7 @@ def main() -> None:
     args = ap.parse_args()
     clock = time.perf_counter if args.wall else time.process_time
     print(f"{'model':>14} {'GPUs':>6} {'search ms':>10} {'plan_job ms':>12} {'candidates':>11} {'frontier':>9} "
-          f"{'knapsacks':>10} {'L_step s':>9}")
+          f"{'knapsacks':>10} {'L_step s':>9}  mixed")
     for model, n in ((m, int(s)) for m in args.models.split(",") for s in args.sizes.split(",")):
         job = JobSpec(get_model(model), ClusterSpec(get_gpu("h100"), n // 8, 8),
                       WorkloadSpec(algorithm="ppo", prompt_len=1024, response_len=2048),
@@ -48,7 +49,18 @@ def main() -> None:
             plan = plan_job(job, cost=CostModel(job))
             p_ms.append((clock() - t0) * 1e3)
         print(f"{model:>14} {n:>6} {statistics.median(s_ms):>10.1f} {statistics.median(p_ms):>12.1f} "
-              f"{res.candidates_enumerated:>11} {res.frontier_size:>9} {res.knapsacks:>10} {plan.l_step:>9.2f}")
+              f"{res.candidates_enumerated:>11} {res.frontier_size:>9} {res.knapsacks:>10} {plan.l_step:>9.2f}  "
+              f"{_mixed(res)}")
+
+
+def _mixed(res) -> str:
+    """How the search treated mixed placements: the stages placed mixed, the stages whose mixed
+    placements were skipped (too large), or ``-``."""
+    used = [s for s, m in res.modes.items() if m == "mixed"]
+    out = [f"used:{','.join(used)}"] if used else []
+    if res.mixed_skipped:
+        out.append(f"skipped:{','.join(res.mixed_skipped)}")
+    return " ".join(out) or "-"
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from nereus.cost.model import CostModel, stage_groups
 from nereus.planner import candidates as cand_mod
 from nereus.planner.candidates import enumerate_candidates
 from nereus.planner.exhaustive import exhaustive_optimum
-from nereus.planner.search import NoFeasiblePlan, plan_job, search
+from nereus.planner.search import NoFeasiblePlan, partition_mode, plan_job, search
 from nereus.spec import ClusterSpec, JobSpec, WorkloadSpec, get_gpu, get_model
 from nereus.spec.framework import FrameworkSpec, get_framework
 from nereus.workflow import ModelStage, Workflow
@@ -75,9 +75,9 @@ def test_search_equals_exhaustive_in_the_widened_space(seed):
     t = {n: cm.estimate_candidate(c, multi).time for n, c in cands.items()}
     total = 0.0
     per = {}
-    for st in wf.stages:
-        ts = [t[m.name] for m in wf.in_stage(st)]
-        per[st] = sum(ts) if res.modes[st] == "colocated" else max(ts)
+    for st in wf.stages:  # blocks run one after another inside, concurrently with each other
+        assert sorted(n for b in res.blocks[st] for n in b) == sorted(m.name for m in wf.in_stage(st))
+        per[st] = max(sum(t[n] for n in b) for b in res.blocks[st])
     total = (max(per.get("generate", 0.0), sum(v for k, v in per.items() if k != "generate"))
              if wf.asynchronous and "generate" in per else sum(per.values()))
     assert total == pytest.approx(best, rel=1e-9)
@@ -126,7 +126,7 @@ def test_widened_jobs_cover_colocation_offload_and_zero():
         if math.isinf(best):
             continue
         feasible += 1
-        if "colocated" in modes.values() and job.framework.colocate == "auto":
+        if "colocated" in {partition_mode(b) for b in modes.values()} and job.framework.colocate == "auto":
             used.add("colocated")
         for c in arg.values():
             if c.offload != "none":
@@ -290,9 +290,9 @@ def test_colocated_placement_overlaps_from_the_same_start_and_keeps_current_gpus
     cm = CostModel(job)
     plan = plan_job(job, cost=cm)
     assert cm.memory_ok(plan)
-    for st in cm.workflow.stages:
-        members = [c for c in plan.candidates if ModelStage.parse(c.model_stage).stage == st]
-        if len(members) > 1 and sum(c.num_gpus for c in members) > 8:
+    for grp in stage_groups(plan, cm.workflow):  # colocated blocks (one per stage, or several: mixed)
+        members = [plan[n] for n in grp]
+        if len(members) > 1:
             common = set.intersection(*(set(c.gpus) for c in members))
             assert min(min(c.gpus) for c in members) in common  # all start at the same GPU
     # replan on 6 of the 8 GPUs keeps the replicas whose GPUs survive and whose layout is unchanged

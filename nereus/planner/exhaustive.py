@@ -2,10 +2,13 @@
 
 It scores every combination of one candidate per model-stage (all candidates of
 :func:`~nereus.planner.candidates.enumerate_candidates`, no frontier, no bounds) and every placement
-mode per stage the job's framework allows (``disjoint``: ``Σ GPUs ≤ pool``, time and resident the
-max; ``colocated``: each model-stage within the pool, time and resident the sum) with the model the
-search optimizes (:mod:`nereus.planner.search` docstring): stage GPU budgets, the per-GPU memory
-bound and ``L_step`` as the critical path. Exact duplicates in (GPUs, time, resident, transient) are
+per stage the job's framework allows, as a partition of the stage's model-stages into blocks
+(:func:`~nereus.planner.search._stage_partitions`): a block runs its model-stages one after another
+on the GPUs of its largest (time and resident the sums, GPUs the max), blocks run concurrently on
+disjoint GPUs (stage time and resident the max over blocks, ``Σ GPUs ≤ pool``); ``disjoint`` is all
+singletons, ``colocated`` one block. Scored with the model the search optimizes
+(:mod:`nereus.planner.search` docstring): stage GPU budgets, the per-GPU memory bound and ``L_step``
+as the critical path. Exact duplicates in (GPUs, time, resident, transient) are
 merged first, and a candidate no better than another of its model-stage in all of GPUs, time,
 resident and transient bytes is dropped (replacing it by that one keeps every constraint and no
 time grows, in either mode); nothing else is pruned. Exponential in the number of model-stages: meant for 2-4
@@ -46,9 +49,10 @@ def exhaustive_optimum(cost: CostModel, pool_size: int, multi_node: bool,
 
     Returns:
         ``(l_step, {model-stage: Candidate})``, or ``(inf, None)`` when nothing is feasible; with
-        ``with_modes`` also ``{stage: 'disjoint' | 'colocated'}`` of that plan as a third item.
+        ``with_modes`` also ``{stage: blocks}`` of that plan as a third item (blocks: tuples of
+        model-stage names; see :func:`nereus.planner.search.partition_mode`).
     """
-    from nereus.planner.search import _stage_modes
+    from nereus.planner.search import _stage_partitions
 
     wf = cost.workflow
     usable = cost.usable
@@ -59,7 +63,8 @@ def exhaustive_optimum(cost: CostModel, pool_size: int, multi_node: bool,
         return (math.inf, None, None) if with_modes else (math.inf, None)
     asyn = wf.asynchronous and "generate" in wf.stages
     stages = list(wf.stages)
-    allowed = {s: _stage_modes(cost, s) for s in stages}
+    allowed = {s: _stage_partitions(cost, s) for s in stages}
+    members = {s: [n for n in names if stage_of[n] == s] for s in stages}
     mode_combos = list(itertools.product(*[allowed[s] for s in stages]))
     k = len(sets)
     head, tail = sets[: max(k - 2, 0)], sets[max(k - 2, 0):]
@@ -78,12 +83,13 @@ def exhaustive_optimum(cost: CostModel, pool_size: int, multi_node: bool,
         # per stage and mode: (time, GPUs needed from the pool, resident bound, transient bound)
         per: dict = {}
         for st in stages:
-            ms = [cols[n] for n in names if stage_of[n] == st]
+            ms = [cols[n] for n in members[st]]
             x = np.max([c["x"] for c in ms], axis=0)
-            per[(st, "disjoint")] = (np.max([c["t"] for c in ms], axis=0), np.sum([c["n"] for c in ms], axis=0),
-                                     np.max([c["r"] for c in ms], axis=0), x)
-            per[(st, "colocated")] = (np.sum([c["t"] for c in ms], axis=0), np.max([c["n"] for c in ms], axis=0),
-                                      np.sum([c["r"] for c in ms], axis=0), x)
+            for part in allowed[st]:
+                bt = [np.sum([ms[i]["t"] for i in b], axis=0) for b in part]
+                bn = [np.max([ms[i]["n"] for i in b], axis=0) for b in part]
+                br = [np.sum([ms[i]["r"] for i in b], axis=0) for b in part]
+                per[(st, part)] = (np.max(bt, axis=0), np.sum(bn, axis=0), np.max(br, axis=0), x)
         for modes in mode_combos:
             st_t, st_n, st_r, st_x = ({s: per[(s, m)][i] for s, m in zip(stages, modes)} for i in range(4))
             ok = np.ones(tail_idx[0].shape, dtype=bool)
@@ -110,5 +116,5 @@ def exhaustive_optimum(cost: CostModel, pool_size: int, multi_node: bool,
                 arg = {names[i]: sets[i].candidate(combo[i], mb) for i in range(len(head))}
                 for i, ti in enumerate(tail_idx):
                     arg[names[len(head) + i]] = tail[i].candidate(int(ti[j]), mb)
-                arg_modes = dict(zip(stages, modes))
+                arg_modes = {s: tuple(tuple(members[s][i] for i in b) for b in part) for s, part in zip(stages, modes)}
     return (best, arg, arg_modes) if with_modes else (best, arg)

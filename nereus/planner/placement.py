@@ -8,8 +8,10 @@ Rules, in order:
    A *colocated* stage (named in ``colocated``, or one whose model-stages need more GPUs together
    than the pool has) places each of its model-stages on its own from the same free GPUs, so their
    GPU sets overlap from the same start and they run one after another (verl's hybrid engine;
-   :func:`nereus.cost.model.stage_groups`). The per-GPU memory bound of the search holds for any
-   such placement: a GPU hosts at most one replica of each model-stage.
+   :func:`nereus.cost.model.stage_groups`). A *mixed* stage (``blocks``) gives each block of
+   model-stages its own consecutive free GPUs (as many as its largest member needs) and places
+   the block colocated there. The per-GPU memory bound of the search holds for any such
+   placement: a GPU hosts at most one replica of each model-stage, and only of one block's.
 2. Keep the current plan's GPUs: a model-stage whose layout (tp, pp) is unchanged keeps the replicas
    it has whose GPUs are all still in the pool and free (as many as the new DP needs); this turns
    a DP change into Extend/Destroy of replicas and makes the transition cheaper.
@@ -163,13 +165,36 @@ def _place_colocated(cands: list[Candidate], free: list[int], cluster: ClusterSp
     return [_place_stage([c], free, cluster, current, spread)[0] for c in cands]
 
 
+def _place_mixed(cands: list[Candidate], blocks, free: list[int], cluster: ClusterSpec,
+                 current: Plan | None, spread: frozenset) -> list[Candidate]:
+    """A mixed stage: each block (model-stage names) gets its own ``g`` free GPUs, ``g`` the
+    largest GPU count of its members, in pool order, larger blocks first; inside them its members
+    are placed colocated (the member with ``g`` GPUs covers them all, so the block's GPU sets are
+    connected and :func:`nereus.cost.model.stage_groups` finds the block)."""
+    by = {c.model_stage: c for c in cands}
+    out: dict[str, Candidate] = {}
+    left = list(free)
+    for blk in sorted(blocks, key=lambda b: -max(by[n].num_gpus for n in b)):
+        g = max(by[n].num_gpus for n in blk)
+        if g > len(left):
+            raise PlacementError(f"stage cannot place block {', '.join(blk)}: {len(left)} GPU(s) left, {g} needed")
+        region, left = left[:g], left[g:]
+        members = [by[n] for n in blk]
+        placed = _place_colocated(members, region, cluster, current, spread) if len(members) > 1 else \
+            _place_stage(members, region, cluster, current, spread)
+        for c in placed:
+            out[c.model_stage] = c
+    return [out[c.model_stage] for c in cands]
+
+
 def place(cands: list[Candidate], pool, cluster: ClusterSpec, workflow: Workflow,
           current: Plan | None = None, spread: frozenset = frozenset(),
-          colocated: frozenset = frozenset()) -> list[Candidate]:
+          colocated: frozenset = frozenset(), blocks: dict | None = None) -> list[Candidate]:
     """GPU sets for ``cands`` (one per model-stage, in workflow order) from ``pool``; the
     model-stages in ``spread`` get their replicas on distinct nodes where possible (rule 5); the
     stages in ``colocated`` share GPUs (rule 1; so does a stage whose model-stages need more GPUs
-    together than the pool has).
+    together than the pool has); ``blocks`` maps a stage with mixed placement to its blocks
+    (tuples of model-stage names): each block colocated on GPUs of its own (:func:`_place_mixed`).
 
     Raises:
         PlacementError: one model-stage needs more GPUs than the pool has.
@@ -190,6 +215,10 @@ def place(cands: list[Candidate], pool, cluster: ClusterSpec, workflow: Workflow
             continue
         members = [by_name[m.name] for m in workflow.in_stage(stage) if m.name in by_name]
         free = [g for g in pool_sorted if g not in gen_gpus]
+        if blocks and stage in blocks:
+            for c in _place_mixed(members, blocks[stage], free, cluster, current, spread):
+                placed[c.model_stage] = c
+            continue
         share = stage in colocated or sum(c.num_gpus for c in members) > len(free)
         fn = _place_colocated if share and len(members) > 1 else _place_stage
         for c in fn(members, free, cluster, current, spread):

@@ -76,6 +76,11 @@ GIB = 1024**3
 #: candidate count above which a knapsack stage's frontier also drops rows dominated across memory
 #: classes (below it the search's per-bound scans are cheaper than the prune)
 CROSS_MIN_ROWS = 16384
+#: largest product of its members' row counts for which a block of a mixed placement is built (a
+#: stage whose promising mixed partitions exceed it is searched without them: SearchResult.mixed_skipped)
+MIXED_MAX_COMBOS = 1_000_000
+#: largest number of rows of one block of a mixed placement (its knapsack scans them per resident level)
+MIXED_MAX_ROWS = 20_000
 #: use the resident-level branch and bound for all-disjoint jobs instead of the transient-bound
 #: search (a second exact algorithm; tests compare the two)
 _LEVEL_SEARCH = False
@@ -125,7 +130,11 @@ class SearchResult:
     candidates_enumerated: int = 0
     frontier_size: int = 0
     knapsacks: int = 0
-    modes: dict = field(default_factory=dict)  # stage -> 'disjoint' | 'colocated'
+    modes: dict = field(default_factory=dict)  # stage -> 'disjoint' | 'colocated' | 'mixed'
+    blocks: dict = field(default_factory=dict)  # stage -> blocks: tuples of model-stage names sharing GPUs
+    #: stages whose mixed placements could beat the plan found without them but were not searched
+    #: (:data:`MIXED_MAX_COMBOS`); empty when the result is exact over every placement
+    mixed_skipped: tuple = ()
 
 
 def _stage_modes(cost: CostModel, stage: str) -> tuple[str, ...]:
@@ -136,6 +145,46 @@ def _stage_modes(cost: CostModel, stage: str) -> tuple[str, ...]:
     if k < 2 or mode == "never":
         return ("disjoint",)
     return ("colocated",) if mode == "always" else ("disjoint", "colocated")
+
+
+def set_partitions(k: int) -> list[tuple[tuple[int, ...], ...]]:
+    """Every partition of ``range(k)`` into blocks (Bell(k) of them: 1, 2, 5, 15 for k = 1..4),
+    each block a sorted tuple, blocks ordered by their first element."""
+    if k == 0:
+        return [()]
+    out = []
+    for p in set_partitions(k - 1):
+        for i in range(len(p)):
+            out.append(p[:i] + (p[i] + (k - 1,),) + p[i + 1:])
+        out.append(p + ((k - 1,),))
+    return out
+
+
+def _stage_partitions(cost: CostModel, stage: str) -> list[tuple[tuple[int, ...], ...]]:
+    """Placements the framework allows for ``stage``, as partitions of its model-stages (indices
+    in workflow order) into blocks: a block's model-stages share one GPU set and run one after
+    another, distinct blocks run concurrently on disjoint GPUs. ``colocate: never``: singletons
+    (disjoint) only; ``always``: one block (colocated); ``auto``: every partition, in the order
+    disjoint, colocated, then the mixed ones (a stage with 2 model-stages has no mixed one)."""
+    k = len(cost.workflow.in_stage(stage))
+    modes = _stage_modes(cost, stage)
+    single = tuple((i,) for i in range(k))
+    one = (tuple(range(k)),)
+    out = []
+    if "disjoint" in modes:
+        out.append(single)
+    if "colocated" in modes and one not in out:
+        out.append(one)
+    if modes == ("disjoint", "colocated"):
+        out += [p for p in set_partitions(k) if p not in (single, one)]
+    return out
+
+
+def partition_mode(part) -> str:
+    """``disjoint`` (all blocks singletons), ``colocated`` (one block of 2+) or ``mixed``."""
+    if all(len(b) == 1 for b in part):
+        return "disjoint"
+    return "colocated" if len(part) == 1 else "mixed"
 
 
 def search(cost: CostModel, pool_size: int, multi_node: bool,
@@ -182,6 +231,7 @@ def search(cost: CostModel, pool_size: int, multi_node: bool,
                              {"model_stages": empty, "kind": "alone"})
     modes = {s: _stage_modes(cost, s) for s in wf.stages}
     shared: dict = {}
+    skipped: list = []
     if _LEVEL_SEARCH and all(m == ("disjoint",) for s, m in modes.items()):
         stages = {s: _Stage(s, [fronts[m.name] for m in wf.in_stage(s)], pool_size) for s in wf.stages}
         if asyn:
@@ -190,25 +240,108 @@ def search(cost: CostModel, pool_size: int, multi_node: bool,
             best = _search_sync(list(stages.values()), usable)
         knap = sum(s.calls for s in stages.values())
         if best is not None:
-            best = (best[0], best[1], {s: "disjoint" for s in wf.stages})
+            best = (best[0], best[1], {s: tuple((m.name,) for m in wf.in_stage(s)) for s in wf.stages})
     else:
-        groups = {s: _Group(s, [_member(shared, fronts[m.name]) for m in wf.in_stage(s)], modes[s])
+        parts = {s: _stage_partitions(cost, s) for s in wf.stages}
+        names = {s: [m.name for m in wf.in_stage(s)] for s in wf.stages}
+        members = {s: [_member(shared, fronts[n]) for n in names[s]] for s in wf.stages}
+        # first without mixed placements, then the mixed partitions that could beat that plan
+        groups = {s: _Group(s, members[s], [p for p in parts[s] if partition_mode(p) != "mixed"], names[s])
                   for s in wf.stages}
-        if asyn:
-            best = _tau_async(groups, usable, pool_size)
-        else:
-            best = _tau_search(list(groups.values()), usable, pool_size)
+        best = _tau_async(groups, usable, pool_size) if asyn else _tau_search(list(groups.values()), usable, pool_size)
         knap = sum(g.calls for g in groups.values())
+        kept = _promising_mixed(parts, names, fronts, pool_size, best[0] if best else math.inf, asyn)
+        for st in list(kept):
+            if not _mixed_affordable(kept[st], members[st], pool_size, usable):
+                del kept[st]
+                skipped.append(st)
+        if kept:
+            groups2 = {s: (_Group(s, members[s], groups[s].parts + kept[s], names[s]) if s in kept else groups[s])
+                       for s in wf.stages}
+            if asyn:
+                got = _tau_async(groups2, usable, pool_size)
+            else:
+                got = _tau_search(list(groups2.values()), usable, pool_size, best[0] if best else math.inf)
+            if got is not None and (best is None or got[0] < best[0] * (1 - 1e-12)):
+                best = got
+            knap += sum(groups2[s].calls for s in kept)
     if best is None:
         raise NoFeasiblePlan(diagnose_joint(cost, fronts, pool_size), {"kind": "joint"})
-    l_step, choice_rows, chosen_modes = best
+    l_step, choice_rows, chosen_blocks = best
     choice = {}
     for st_name, rows in choice_rows.items():
         for m, row in zip(wf.in_stage(st_name), rows):
             choice[m.name] = (fronts[m.name], int(row))
     return SearchResult(choice=choice, l_step=l_step, frontiers=fronts, candidates_enumerated=total,
                         frontier_size=sum(len(f) for f in fronts.values()), knapsacks=knap,
-                        modes=dict(chosen_modes))
+                        modes={st: partition_mode(b) for st, b in chosen_blocks.items()},
+                        blocks=dict(chosen_blocks), mixed_skipped=tuple(skipped))
+
+
+def _mixed_affordable(parts: list, members: list, pool: int, usable: float) -> bool:
+    """Whether every block of ``parts``, built without a transient bound on the whole pool (about
+    the largest any bound of the search leaves), combines at most :data:`MIXED_MAX_COMBOS` rows
+    at each step and keeps at most :data:`MIXED_MAX_ROWS` rows."""
+    done = set()
+    for p in parts:
+        for b in p:
+            if len(b) < 2 or b in done:
+                continue
+            done.add(b)
+            blk = _block_member([members[i] for i in b], math.inf, pool, usable, limit=MIXED_MAX_COMBOS)
+            if blk is False or (blk is not None and len(blk.fs) > MIXED_MAX_ROWS):
+                return False
+    return True
+
+
+def _memory_free_times(parts: list, names: list, fronts: dict, pool: int) -> list[float]:
+    """Per partition of one stage, its least time with memory ignored: blocks get ``g_B`` GPUs with
+    ``Σ g_B ≤ pool``; a block on ``g`` GPUs takes ``f_B(g) = Σ_{M in block} f_M(g)``, ``f_M(g)``
+    the fastest row of ``M`` with at most ``g`` GPUs (exact for this relaxation: a colocated
+    block's members each use any of its GPUs). Min-max over blocks by scanning the candidate
+    times: the least ``T`` with ``Σ_B (fewest g with f_B(g) ≤ T) ≤ pool``."""
+    gs = np.unique(np.concatenate([fronts[n].n for n in names]))
+    gs = gs[gs <= pool]
+    if gs.size == 0:
+        return [math.inf] * len(parts)
+    f = {}
+    for n in set(names):
+        fs = fronts[n]
+        o = np.argsort(fs.n, kind="stable")
+        run = np.minimum.accumulate(fs.t[o])
+        j = np.searchsorted(fs.n[o], gs, side="right") - 1
+        f[n] = np.where(j >= 0, run[np.maximum(j, 0)], np.inf)
+    out = []
+    for p in parts:
+        fb = [np.sum([f[names[i]] for i in b], axis=0) for b in p]
+        ts = np.unique(np.concatenate(fb))
+        ts = ts[np.isfinite(ts)]
+        need = np.zeros(ts.size)
+        for arr in fb:  # arr is non-increasing in g: the GPUs needed for time ≤ T
+            k = np.searchsorted(-arr, -ts, side="left")
+            need += np.where(k < gs.size, gs[np.minimum(k, gs.size - 1)], np.inf)
+        ok = np.nonzero(need <= pool)[0]
+        out.append(float(ts[ok[0]]) if ok.size else math.inf)
+    return out
+
+
+def _promising_mixed(parts: dict, names: dict, fronts: dict, pool: int, incumbent: float, asyn: bool) -> dict:
+    """Per stage, the mixed partitions that could give a plan faster than ``incumbent`` (the best
+    plan without mixed placements): with memory ignored a stage placed by partition ``P`` takes at
+    least its memory-free time (:func:`_memory_free_times`) and any other stage at least the least
+    of its partitions'; ``P`` is kept when that bound on ``L_step`` is below the incumbent
+    (asynchronous: generation does not add, it overlaps)."""
+    mf = {s: _memory_free_times(ps, names[s], fronts, pool) for s, ps in parts.items()}
+    low = {s: min(v) for s, v in mf.items()}
+    counted = [s for s in parts if not (asyn and s == "generate")]
+    out = {}
+    for s, ps in parts.items():
+        others = sum(low[o] for o in counted if o != s)
+        keep = [p for p, v in zip(ps, mf[s]) if partition_mode(p) == "mixed"
+                and v + others < incumbent * (1 - 1e-12)]
+        if keep:
+            out[s] = keep
+    return out
 
 
 def _offload_modes(cost: CostModel, name: str) -> tuple:
@@ -336,19 +469,111 @@ def _minmax_levels(members: list, budget: int):
     return lv, uniq[rk], chosen
 
 
+class _Cols:
+    """The (GPUs, time, resident, transient) columns of a block's rows (a :class:`_Member` of them)."""
+
+    def __init__(self, n, t, r, x):
+        self.n, self.t, self.r, self.x = n, t, r, x
+
+    def __len__(self) -> int:
+        return int(self.n.shape[0])
+
+
+def _pareto_sum(parts: list, cap: float):
+    """Pareto sums of (resident, time) staircases, one entry from each: ``parts`` as ``(fs,
+    rows)``; resident and time add, transient takes the max; sums over ``cap`` resident are dropped.
+    Returns ``(R, T, X, rows)`` (rows: one column per part) on the (R, T) staircase."""
+    f0, st0 = parts[0]
+    R, T, X = f0.r[st0], f0.t[st0], f0.x[st0]
+    rows = st0[:, None]
+    for fs, st in parts[1:]:
+        R2 = (R[:, None] + fs.r[st][None, :]).reshape(-1)
+        T2 = (T[:, None] + fs.t[st][None, :]).reshape(-1)
+        X2 = np.maximum(X[:, None], fs.x[st][None, :]).reshape(-1)
+        ia = np.repeat(np.arange(R.size), st.size)
+        ib = np.tile(np.arange(st.size), R.size)
+        ok = np.nonzero(R2 <= cap)[0]
+        keep = ok[_pareto(R2[ok], T2[ok], X2[ok])]
+        R, T, X = R2[keep], T2[keep], X2[keep]
+        rows = np.concatenate([rows[ia[keep]], st[ib[keep]][:, None]], axis=1)
+    return R, T, X, rows
+
+
+def _block_member(members: list, tau: float, budget: int, cap: float, limit: int | None = None):
+    """One block of a mixed stage (model-stages run one after another on one GPU set of ``g``
+    GPUs, ``g`` the largest of theirs) as a :class:`_Member` over its rows: one row of each member,
+    GPUs the max, time and resident the sums, transient the max, resident within ``cap``. Built
+    member by member; after each step rows dominated in GPUs, resident and time by another row
+    are dropped (adding the next member's row keeps the dominance: max and sum are monotone), and
+    a member contributes only its rows under ``tau`` and ``budget`` on its (GPUs, resident, time)
+    front. Transient bytes are left out of the dominance: every row here is within ``tau``, which
+    is all the τ search's relaxation asks (its branch and bound splits on the chosen plan's
+    actual transient, as for the members' own staircases).
+    ``.map``: the member rows of each block row. None when nothing fits; False when a step would
+    combine more than ``limit`` rows."""
+    from nereus.planner.candidates import _dominated_across_classes
+
+    def prune(n, t, r, x, extra):  # (GPUs, resident, time) front: every transient is ≤ tau
+        if n.size > 1:
+            _, ri = np.unique(r, return_inverse=True)
+            keep = _dominated_across_classes(n, t, ri, np.zeros(n.size, dtype=np.int64)) == 0
+            n, t, r, x, extra = n[keep], t[keep], r[keep], x[keep], extra[keep]
+        return n, t, r, x, extra
+
+    cur = None
+    for m in members:
+        o = m.rows(tau, budget)
+        if o.size == 0:
+            return None
+        fs = m.fs
+        if o.size > 1:  # the member's (GPUs, resident, time) front: its transient is ≤ tau anyway
+            _, ri = np.unique(fs.r[o], return_inverse=True)
+            o = o[_dominated_across_classes(fs.n[o], fs.t[o], ri, np.zeros(o.size, dtype=np.int64)) == 0]
+        n, t, r, x = fs.n[o], fs.t[o], fs.r[o], fs.x[o]
+        if cur is None:
+            cur = (n, t, r, x, o[:, None])
+            continue
+        cn, ct, cr, cx, cmap = cur
+        if limit is not None and cn.size * n.size > limit:
+            return False
+        ia = np.repeat(np.arange(cn.size), n.size)
+        ib = np.tile(np.arange(n.size), cn.size)
+        R = cr[ia] + r[ib]
+        ok = np.nonzero(R <= cap)[0]
+        if ok.size == 0:
+            return None
+        ia, ib = ia[ok], ib[ok]
+        cur = prune(np.maximum(cn[ia], n[ib]), ct[ia] + t[ib], R[ok], np.maximum(cx[ia], x[ib]),
+                    np.concatenate([cmap[ia], o[ib][:, None]], axis=1))
+    n, t, r, x, mp = cur
+    order = np.lexsort((t, n))
+    blk = _Member(_Cols(n[order], t[order], r[order], x[order]))
+    blk.map = mp[order]
+    return blk
+
+
 class _Group:
     """One stage under the τ search: its (resident, time) staircase at a transient bound, over the
-    placement modes the framework allows (disjoint: min-max knapsack per resident level; colocated:
-    Pareto sums of the members' staircases)."""
+    placements the framework allows, as partitions of its model-stages into blocks (``parts``;
+    :func:`_stage_partitions`). One block (colocated): Pareto sums of the members' staircases;
+    singletons (disjoint): a min-max knapsack per resident level; mixed: the same knapsack over
+    the blocks, each block a unit of (GPUs, time, resident) rows (:func:`_block_member`), the
+    stage's resident bound the largest block's sum."""
 
-    def __init__(self, name: str, members: list[_Member], modes: tuple[str, ...]):
-        self.name, self.members, self.modes = name, members, modes
+    def __init__(self, name: str, members: list[_Member], parts: list, names: list[str]):
+        self.name, self.members, self.parts, self.names = name, members, parts, names
         self.cache: dict = {}
+        self.blocks: dict = {}  # block units by (block, its members' transient-level counts, budget)
         self.calls = 0
 
+    def blocks_of(self, code: int) -> tuple:
+        """The blocks (tuples of model-stage names) of partition ``code``."""
+        return tuple(tuple(self.names[i] for i in b) for b in self.parts[code])
+
     def stair(self, tau: float, budget: int, cap: float):
-        """``(R, T, X, rows, mode)`` arrays of the stage's staircase: R resident bound of the stage
-        (max or sum), T time, X largest transient, rows the members' frontier rows, mode 0/1."""
+        """``(R, T, X, rows, code)`` arrays of the stage's staircase: R resident bound of the stage,
+        T time, X largest transient, rows the members' frontier rows, code the partition (index
+        into ``parts``; ties go to the earlier: disjoint, colocated, then mixed)."""
         key = (tuple(int(m.xs.searchsorted(tau, side="right")) for m in self.members), budget)
         hit = self.cache.get(key)
         if hit is not None:
@@ -359,53 +584,48 @@ class _Group:
         if any(s.size == 0 for s in stairs):
             hit = self.cache[key] = None
             return None
-        if k == 1 or "colocated" in self.modes:
-            f0 = self.members[0].fs
-            R, T, X = f0.r[stairs[0]], f0.t[stairs[0]], f0.x[stairs[0]]
-            rows = stairs[0][:, None]
-            for m, st in zip(self.members[1:], stairs[1:]):
-                fs = m.fs
-                R2 = (R[:, None] + fs.r[st][None, :]).reshape(-1)
-                T2 = (T[:, None] + fs.t[st][None, :]).reshape(-1)
-                X2 = np.maximum(X[:, None], fs.x[st][None, :]).reshape(-1)
-                ia = np.repeat(np.arange(R.size), st.size)
-                ib = np.tile(np.arange(st.size), R.size)
-                ok = np.nonzero(R2 <= cap)[0]
-                keep = ok[_pareto(R2[ok], T2[ok], X2[ok])]
-                R, T, X = R2[keep], T2[keep], X2[keep]
-                rows = np.concatenate([rows[ia[keep]], st[ib[keep]][:, None]], axis=1)
-            parts.append((R, T, X, rows, np.full(R.size, 1 if k > 1 else 0, dtype=np.int64)))
-        if k > 1 and "disjoint" in self.modes:
-            fss = [m.fs for m in self.members]
-            allrows = [m.rows(tau, budget) for m in self.members]
-            levels = np.unique(np.concatenate([fs.r[st] for fs, st in zip(fss, allrows)]))
-            levels = levels[levels <= cap]
-            L = levels.size
-            # every member's (GPUs, time) staircase under every resident level at once: rows in
-            # (GPUs, time) order, masked by resident ≤ level, running minimum of time per level
-            per: dict = {}
-            mult: dict = {}
-            for m, fs, o in zip(self.members, fss, allrows):
-                mult[id(m)] = mult.get(id(m), 0) + 1
-                if id(m) in per:
+        counts = key[0]
+        seen = None  # (R, T) staircase of the partitions done so far
+        for code, part in enumerate(self.parts):
+            if len(part) == 1:  # one block (or a model-stage alone): Pareto sums
+                R, T, X, rows = _pareto_sum([(m.fs, st) for m, st in zip(self.members, stairs)], cap)
+                parts.append((R, T, X, rows, np.full(R.size, code, dtype=np.int64)))
+                seen = None
+                continue
+            if partition_mode(part) == "mixed":
+                if seen is None:
+                    allr = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0)
+                    allt = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0)
+                    keep = _pareto(allr, allt)
+                    seen = (allr[keep], allt[keep])
+                if self._no_better(part, stairs, seen, cap):
                     continue
-                # rows x levels (the running minimum runs down the rows: contiguous, fast)
-                t = np.where(fs.r[o][:, None] <= levels[None, :], fs.t[o][:, None], np.inf)
-                keep = np.isfinite(t)
-                if o.size > 1:
-                    keep[1:] &= t[1:] < np.minimum.accumulate(t, axis=0)[:-1]
-                jj, qq = np.nonzero(keep.T)  # level-major; within a level GPUs ascending, time descending
-                per[id(m)] = (jj, o[qq])
-            self.calls += L
-            uids = list(per)
-            fs_of = {id(m): m.fs for m in self.members}
-            got = _minmax_levels([(per[u][0], per[u][1], fs_of[u], mult[u]) for u in uids], budget)
-            if got is not None:
-                lv, T = got[0], got[1]
-                rows = np.stack([got[2][uids.index(id(m))] for m in self.members], axis=1)
-                R = np.max(np.stack([fs.r[rows[:, i]] for i, fs in enumerate(fss)], axis=1), axis=1)
-                X = np.max(np.stack([fs.x[rows[:, i]] for i, fs in enumerate(fss)], axis=1), axis=1)
-                parts.append((R, T, X, rows, np.zeros(lv.size, dtype=np.int64)))
+            units = []
+            for b in part:
+                if len(b) == 1:
+                    units.append((self.members[b[0]], b))
+                    continue
+                bkey = (b, tuple(counts[i] for i in b), budget)
+                if bkey not in self.blocks:
+                    self.blocks[bkey] = _block_member([self.members[i] for i in b], tau, budget, cap)
+                if self.blocks[bkey] is None:
+                    units = None
+                    break
+                units.append((self.blocks[bkey], b))
+            if units is None:
+                continue
+            seen = None
+            got = self._knapsack(units, tau, budget, cap)
+            if got is None:
+                continue
+            R, T, X, urows = got
+            rows = np.zeros((T.size, k), dtype=np.int64)
+            for (u, b), ur in zip(units, urows):
+                if len(b) == 1:
+                    rows[:, b[0]] = ur
+                else:
+                    rows[:, list(b)] = u.map[ur]
+            parts.append((R, T, X, rows, np.full(T.size, code, dtype=np.int64)))
         if not parts:
             hit = self.cache[key] = None
             return None
@@ -413,9 +633,67 @@ class _Group:
         if R.size == 0:
             hit = self.cache[key] = None
             return None
-        keep = _pareto(R, T, mode, X)  # ties: disjoint first, then the smaller transient
+        keep = _pareto(R, T, mode, X)  # ties: the earlier partition, then the smaller transient
         hit = self.cache[key] = (R[keep], T[keep], X[keep], rows[keep], mode[keep])
         return hit
+
+    def _no_better(self, part, stairs, seen, cap) -> bool:
+        """Whether mixed partition ``part`` cannot improve the staircase ``seen`` (R ascending, T
+        descending) of the partitions before it: with GPUs unlimited (up to the budget each) a
+        block's best time at resident bound β is its colocated staircase's, so the partition's is
+        at least ``LB(β) = max_block T_block(β)``; when ``seen`` is no slower at every β, every
+        row of the partition is matched by an earlier one (ties go to the earlier)."""
+        if seen[0].size == 0:
+            return False
+        bst = []
+        for b in part:
+            R, T, _, _ = _pareto_sum([(self.members[i].fs, stairs[i]) for i in b], cap)
+            if R.size == 0:
+                return True
+            bst.append((R, T))
+        points = np.unique(np.concatenate([R for R, _ in bst]))
+        lb = np.full(points.size, -np.inf)
+        for R, T in bst:
+            j = np.searchsorted(R, points, side="right") - 1
+            lb = np.maximum(lb, np.where(j >= 0, T[np.maximum(j, 0)], np.inf))
+        j = np.searchsorted(seen[0], points, side="right") - 1
+        best = np.where(j >= 0, seen[1][np.maximum(j, 0)], np.inf)
+        return bool(np.all(best <= lb))
+
+    def _knapsack(self, units: list, tau: float, budget: int, cap: float):
+        """Min-max knapsack of concurrent units (members or blocks) on disjoint GPUs at every
+        resident level: ``(R, T, X, [rows per unit])`` or None."""
+        fss = [u.fs for u, _ in units]
+        allrows = [u.rows(tau, budget) for u, _ in units]
+        levels = np.unique(np.concatenate([fs.r[st] for fs, st in zip(fss, allrows)]))
+        levels = levels[levels <= cap]
+        L = levels.size
+        # every unit's (GPUs, time) staircase under every resident level at once: rows in
+        # (GPUs, time) order, masked by resident ≤ level, running minimum of time per level
+        per: dict = {}
+        mult: dict = {}
+        for (u, _), fs, o in zip(units, fss, allrows):
+            mult[id(u)] = mult.get(id(u), 0) + 1
+            if id(u) in per:
+                continue
+            # rows x levels (the running minimum runs down the rows: contiguous, fast)
+            t = np.where(fs.r[o][:, None] <= levels[None, :], fs.t[o][:, None], np.inf)
+            keep = np.isfinite(t)
+            if o.size > 1:
+                keep[1:] &= t[1:] < np.minimum.accumulate(t, axis=0)[:-1]
+            jj, qq = np.nonzero(keep.T)  # level-major; within a level GPUs ascending, time descending
+            per[id(u)] = (jj, o[qq])
+        self.calls += L
+        uids = list(per)
+        fs_of = {id(u): u.fs for u, _ in units}
+        got = _minmax_levels([(per[i][0], per[i][1], fs_of[i], mult[i]) for i in uids], budget)
+        if got is None:
+            return None
+        T = got[1]
+        urows = [got[2][uids.index(id(u))] for u, _ in units]
+        R = np.max(np.stack([fs.r[r] for fs, r in zip(fss, urows)], axis=1), axis=1)
+        X = np.max(np.stack([fs.x[r] for fs, r in zip(fss, urows)], axis=1), axis=1)
+        return R, T, X, urows
 
 
 def _convolve(stairs: list, budget_bytes: float):
@@ -496,7 +774,7 @@ def _tau_search(groups: list[_Group], usable: float, pool: int, bound: float = m
         if R + X <= usable * (1 + 1e-12):
             best_val = v
             best = (v, {g.name: [int(r) for r in st[3][e]] for g, st, e in zip(groups, stairs, ent)},
-                    {g.name: ("colocated" if st[4][e] else "disjoint") for g, st, e in zip(groups, stairs, ent)})
+                    {g.name: g.blocks_of(int(st[4][e])) for g, st, e in zip(groups, stairs, ent)})
             continue
         k = int(np.searchsorted(levels, X, side="left"))
         for ca, cb in ((a, k - 1), (k, b)):
@@ -533,7 +811,7 @@ def _tau_async(groups: dict, usable: float, pool_size: int):
             rows = dict(sub[1])
             rows["generate"] = [int(row)]
             modes = dict(sub[2])
-            modes["generate"] = "disjoint"
+            modes["generate"] = gen.blocks_of(0)
             best = (val, rows, modes)
     return best
 
@@ -564,6 +842,8 @@ def plan_job(job: JobSpec, pool=None, current: Plan | None = None, cost: CostMod
     spread = frozenset(m.name for m in cost.workflow.model_stages
                        if m.stage == "train") if options is not None and options.min_train_replicas > 1 else frozenset()
     colocated = frozenset(s for s, m in res.modes.items() if m == "colocated")
-    placed = place(cands, pool, job.cluster, cost.workflow, current, spread=spread, colocated=colocated)
+    mixed = {s: res.blocks[s] for s, m in res.modes.items() if m == "mixed"}
+    placed = place(cands, pool, job.cluster, cost.workflow, current, spread=spread, colocated=colocated,
+                   blocks=mixed)
     plan = cost.estimate(Plan(candidates=tuple(placed)), pool)
     return plan
