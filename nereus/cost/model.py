@@ -70,8 +70,8 @@ def _overlap_dp(comm: dict, last: dict, zero, m) -> dict:
 def _unique_rows(shape, *cols):
     """``(first, inv)`` for the distinct combinations of the integer columns ``cols`` (scalars or
     arrays broadcast to ``shape``): ``first`` indexes one row of each combination, ``inv`` maps every
-    row to its combination. Each column is replaced by the rank of its value (counted over the value
-    range, no sort), then the mixed-radix key of the ranks is counted the same way when its range
+    row to its combination. A wide column is replaced by the rank of its value (counted over the
+    value range, no sort), then the mixed-radix key of the columns is counted the same way when its range
     is small (the usual case: TP, PP, micro-batch, concurrency, codes), else ``np.unique``. Below 64
     rows every row is its own combination (nothing to save)."""
     n = int(np.prod(shape))
@@ -88,11 +88,16 @@ def _unique_rows(shape, *cols):
         lo, hi = int(c.min()), int(c.max())
         if hi == lo:
             continue
+        if hi - lo < 64:  # a narrow column (TP, PP, codes): its value is its digit
+            key = key * (hi - lo + 1) + (c - lo)
+            span *= hi - lo + 1
+            continue
+        d = c - lo
         present = np.zeros(hi - lo + 1, dtype=np.int64)
-        present[c - lo] = 1
+        present[d] = 1
         rank = np.cumsum(present)
         k = int(rank[-1])
-        key = key * k + (rank[c - lo] - 1)
+        key = key * k + (rank[d] - 1)
         span *= k
     if span == 1:
         return np.zeros(1, dtype=np.int64), np.zeros(n, dtype=np.int64)

@@ -317,15 +317,25 @@ def frontier(cs: CandidateSet, usable: float, cross: bool = True, alone: bool = 
     _, xi = np.unique(x, return_inverse=True)
     cls = ri.astype(np.int64) * (int(xi.max()) + 1) + xi
     key = cls * (int(n.max()) + 1) + n
-    order = np.lexsort((t, key))
-    c, ts = cls[order], t[order]
-    new_group = np.ones(order.size, dtype=bool)
-    new_group[1:] = c[1:] != c[:-1]
+    # rows by (class, GPUs) (a stable integer sort; rows of one key keep their order): in each
+    # (class, GPUs) group only its first fastest row can be on the staircase, and it is when it is
+    # faster than every earlier group of its class (the same rows, in the same order, as a running
+    # minimum over the rows sorted by (class, GPUs, time), without sorting by time)
+    order = np.argsort(key, kind="stable")
+    ks, ts = key[order], t[order]
+    starts = np.flatnonzero(np.r_[True, ks[1:] != ks[:-1]])
+    gid = np.repeat(np.arange(starts.size), np.diff(np.r_[starts, ks.size]))
+    gmin = np.minimum.reduceat(ts, starts)
+    cand = np.flatnonzero(ts == gmin[gid])
+    rep = cand[np.r_[True, gid[cand[1:]] != gid[cand[:-1]]]]  # first fastest row of each group
+    c = cls[order[starts]]
+    new_class = np.ones(starts.size, dtype=bool)
+    new_class[1:] = c[1:] != c[:-1]
     span = float(ts.max() - ts.min()) + 1.0
-    shifted = ts - np.cumsum(new_group) * span * 2.0
-    keep = np.ones(order.size, dtype=bool)
+    shifted = gmin - np.cumsum(new_class) * span * 2.0
+    keep = np.ones(starts.size, dtype=bool)
     keep[1:] = shifted[1:] < np.minimum.accumulate(shifted)[:-1]
-    sel = order[keep]
+    sel = order[rep[keep]]
     if cross:
         sel = sel[_dominated_across_classes(n[sel], t[sel], ri[sel], xi[sel]) == 0]
     sel = sel[np.lexsort((t[sel], n[sel]))]

@@ -1,24 +1,28 @@
 """Plan search: the fastest feasible plan for a job on a GPU pool (DESIGN.md §4.4, paper Eq. 1).
 
-The search model (shared exactly with :mod:`nereus.planner.exhaustive`). Each stage takes one
-placement mode among those the job's framework allows (``framework.colocate``: ``never`` →
-disjoint; ``always`` → colocated for stages with two or more model-stages; ``auto`` → either, the
-search picks per stage):
+The search model (shared exactly with :mod:`nereus.planner.exhaustive`). Each stage is placed by a
+*partition* of its model-stages into blocks: a block's model-stages share one GPU set and run one
+after another, distinct blocks run concurrently on disjoint GPUs. The job's framework says which
+partitions (``framework.colocate``: ``never`` → singletons only; ``always`` → one block; ``auto``
+→ every partition, Bell(k) of them for k model-stages: 2, 5, 15 for k = 2, 3, 4):
 
-* *disjoint*: the stage's model-stages run concurrently on disjoint GPUs, ``Σ GPUs ≤ |P_gpu|``;
-  stage time ``T_s = max_M t_M``, per-GPU resident bound ``R_s = max_M r_M``;
-* *colocated*: they run one after another on GPU sets taken from the same start of the pool (verl's
-  hybrid engine), each ``GPUs_M ≤ |P_gpu|``; ``T_s = Σ_M t_M``, ``R_s = Σ_M r_M`` (a GPU may host
-  one replica of each). With the same rows, disjoint is never worse, so colocation only pays when
-  the stage's model-stages do not fit the pool side by side (placement colocates exactly then,
-  or always under ``always``);
-* in both, ``X_s = max_M x_M``; an idle model-stage's offloaded or dropped state counts as
+* *disjoint* (all singletons): the stage's model-stages run concurrently on disjoint GPUs,
+  ``Σ GPUs ≤ |P_gpu|``; stage time ``T_s = max_M t_M``, per-GPU resident bound ``R_s = max_M r_M``;
+* *colocated* (one block): they run one after another on GPU sets taken from the same start of
+  the pool (verl's hybrid engine), each ``GPUs_M ≤ |P_gpu|``; ``T_s = Σ_M t_M``, ``R_s = Σ_M r_M``
+  (a GPU may host one replica of each). With the same rows, disjoint is never worse, so
+  colocation only pays when the stage's model-stages do not fit the pool side by side;
+* *mixed* (any other partition, e.g. PPO's ``{reference, reward}`` colocated beside
+  ``{critic.infer}``): a block ``B`` takes ``g_B = max_{M in B} GPUs_M`` GPUs, time
+  ``Σ_{M in B} t_M`` and resident ``Σ_{M in B} r_M``; ``Σ_B g_B ≤ |P_gpu|``, ``T_s = max_B``
+  of the block times, ``R_s = max_B`` of the block residents;
+* in every partition, ``X_s = max_M x_M``; an idle model-stage's offloaded or dropped state counts as
   resident 0 and as transient while it runs (its candidate rows say so, :mod:`nereus.cost`);
 * stages share GPUs one after another; every stage places its model-stages from the same end of the
   pool ("aligned"), so the per-GPU bound is ``workspace + Σ_stage R_s + max_stage X_s ≤
   (1-headroom)·capacity``: an upper bound on every GPU's peak for any placement in which a GPU
-  hosts at most one replica of each model-stage and disjoint stages do not share GPUs inside the
-  stage, so the placed plan always fits;
+  hosts at most one replica of each model-stage and distinct blocks of a stage do not share GPUs,
+  so the placed plan always fits;
 * ``L_step = Σ_stage T_s`` (synchronous) or ``max(T_gen, T_inf + T_train)`` (asynchronous,
   generation on GPUs of its own).
 
@@ -31,8 +35,18 @@ Algorithm (exact for this model):
    rows) a min-max knapsack over the model-stages under the GPU budget, exactly the least ``T``
    among the staircase times with ``Σ_M N_M(T) ≤ budget`` (``N_M(T)``: fewest GPUs of M at time
    ≤ T under β, τ), solved for all levels at once; colocated: Pareto sums of the model-stages'
-   (resident, time) staircases under τ (GPUs only need to fit the pool). A model-stage alone is
-   its own staircase;
+   (resident, time) staircases under τ (GPUs only need to fit the pool); mixed: the same
+   knapsack with each block as one unit, its rows the block's (GPUs, resident, time) front
+   (:func:`_block_member`: members' rows combined one by one, dominated combinations dropped).
+   A model-stage alone is its own staircase. Mixed partitions are searched in a second pass
+   after the best plan without them, only those whose memory-free least stage time
+   (:func:`_memory_free_times`) plus the other stages' could beat it (:func:`_promising_mixed`;
+   that pass keeps only strictly better plans, so a plan without mixed placements is returned
+   unchanged), and inside the staircase a partition is skipped when the earlier ones already
+   match its GPU-unlimited bound at every resident level (:meth:`_Group._no_better`). Blocks too
+   large to combine (:data:`MIXED_MAX_COMBOS`, :data:`MIXED_MAX_ROWS`, checked once before the
+   pass) leave that stage's mixed partitions unsearched: ``SearchResult.mixed_skipped`` names it,
+   and the result is then exact over the other placements only;
 3. over τ: the plan's largest transient ``X`` is one of the rows' transient values (levels
    ``x_1 < … < x_K``). For an interval of levels ``[x_a, x_b]`` the relaxation "transient ≤ x_b,
    Σ_s R_s ≤ usable - x_a" (a min-plus convolution of the stage staircases) bounds every plan whose
@@ -51,8 +65,10 @@ with ``τ = usable - Σ β_s`` (the search before colocation), stays for cross-c
 (``_LEVEL_SEARCH``; :mod:`nereus.planner.level_search`). Messages when nothing fits come from
 :mod:`nereus.planner.diagnose`.
 
-Then :func:`nereus.planner.placement.place` assigns GPU ids, preferring the current plan's GPUs;
-the plan records nothing about modes: colocation is visible as overlapping GPU sets in a stage.
+Then :func:`nereus.planner.placement.place` assigns GPU ids, preferring the current plan's GPUs
+(a mixed stage's blocks on GPUs of their own); the plan records nothing about modes: colocation
+is visible as overlapping GPU sets in a stage (:func:`nereus.cost.model.stage_groups` finds the
+blocks, and the cost model adds times inside a group and takes the max across groups).
 """
 
 from __future__ import annotations
@@ -251,13 +267,15 @@ def search(cost: CostModel, pool_size: int, multi_node: bool,
         best = _tau_async(groups, usable, pool_size) if asyn else _tau_search(list(groups.values()), usable, pool_size)
         knap = sum(g.calls for g in groups.values())
         kept = _promising_mixed(parts, names, fronts, pool_size, best[0] if best else math.inf, asyn)
+        groups2 = dict(groups)
         for st in list(kept):
-            if not _mixed_affordable(kept[st], members[st], pool_size, usable):
+            g2 = _Group(st, members[st], groups[st].parts + kept[st], names[st], usable)
+            if g2.affordable(kept[st], pool_size):
+                groups2[st] = g2
+            else:
                 del kept[st]
                 skipped.append(st)
         if kept:
-            groups2 = {s: (_Group(s, members[s], groups[s].parts + kept[s], names[s]) if s in kept else groups[s])
-                       for s in wf.stages}
             if asyn:
                 got = _tau_async(groups2, usable, pool_size)
             else:
@@ -276,22 +294,6 @@ def search(cost: CostModel, pool_size: int, multi_node: bool,
                         frontier_size=sum(len(f) for f in fronts.values()), knapsacks=knap,
                         modes={st: partition_mode(b) for st, b in chosen_blocks.items()},
                         blocks=dict(chosen_blocks), mixed_skipped=tuple(skipped))
-
-
-def _mixed_affordable(parts: list, members: list, pool: int, usable: float) -> bool:
-    """Whether every block of ``parts``, built without a transient bound on the whole pool (about
-    the largest any bound of the search leaves), combines at most :data:`MIXED_MAX_COMBOS` rows
-    at each step and keeps at most :data:`MIXED_MAX_ROWS` rows."""
-    done = set()
-    for p in parts:
-        for b in p:
-            if len(b) < 2 or b in done:
-                continue
-            done.add(b)
-            blk = _block_member([members[i] for i in b], math.inf, pool, usable, limit=MIXED_MAX_COMBOS)
-            if blk is False or (blk is not None and len(blk.fs) > MIXED_MAX_ROWS):
-                return False
-    return True
 
 
 def _memory_free_times(parts: list, names: list, fronts: dict, pool: int) -> list[float]:
@@ -560,11 +562,29 @@ class _Group:
     the blocks, each block a unit of (GPUs, time, resident) rows (:func:`_block_member`), the
     stage's resident bound the largest block's sum."""
 
-    def __init__(self, name: str, members: list[_Member], parts: list, names: list[str]):
+    def __init__(self, name: str, members: list[_Member], parts: list, names: list[str], usable: float = math.inf):
         self.name, self.members, self.parts, self.names = name, members, parts, names
+        self.usable = usable  # blocks keep rows up to this resident (the knapsack caps them lower)
         self.cache: dict = {}
         self.blocks: dict = {}  # block units by (block, its members' transient-level counts, budget)
         self.calls = 0
+
+    def affordable(self, parts: list, pool: int) -> bool:
+        """Whether every block of ``parts``, built without a transient bound on the whole pool
+        (about the largest any bound of the search leaves; kept for the search), combines at most
+        :data:`MIXED_MAX_COMBOS` rows at each step and keeps at most :data:`MIXED_MAX_ROWS`."""
+        for p in parts:
+            for b in p:
+                if len(b) < 2:
+                    continue
+                bkey = (b, tuple(len(self.members[i].xs) for i in b), pool)
+                if bkey not in self.blocks:
+                    blk = _block_member([self.members[i] for i in b], math.inf, pool, self.usable,
+                                        limit=MIXED_MAX_COMBOS)
+                    if blk is False or (blk is not None and len(blk.fs) > MIXED_MAX_ROWS):
+                        return False
+                    self.blocks[bkey] = blk
+        return True
 
     def blocks_of(self, code: int) -> tuple:
         """The blocks (tuples of model-stage names) of partition ``code``."""
@@ -607,7 +627,7 @@ class _Group:
                     continue
                 bkey = (b, tuple(counts[i] for i in b), budget)
                 if bkey not in self.blocks:
-                    self.blocks[bkey] = _block_member([self.members[i] for i in b], tau, budget, cap)
+                    self.blocks[bkey] = _block_member([self.members[i] for i in b], tau, budget, self.usable)
                 if self.blocks[bkey] is None:
                     units = None
                     break
