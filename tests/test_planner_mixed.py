@@ -268,3 +268,13 @@ def test_real_job_where_mixed_wins():
     for b in res.blocks["infer"]:
         assert tuple(b) in groups
     assert CostModel(job).memory_ok(plan)
+
+
+def test_cli_names_the_blocks_of_a_mixed_stage():
+    from nereus.planner.cli import _blocks
+
+    c = [Candidate("actor.infer", 1, 1, 2, micro_batch=1, gpus=(0, 1)),
+         Candidate("reference.infer", 1, 1, 1, micro_batch=1, gpus=(4,)),
+         Candidate("critic.infer", 1, 1, 1, micro_batch=1, gpus=(1,)),
+         Candidate("reward.infer", 1, 1, 2, micro_batch=1, gpus=(4, 5))]
+    assert _blocks(c) == {"infer": [("actor.infer", "critic.infer"), ("reference.infer", "reward.infer")]}

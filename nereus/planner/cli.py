@@ -190,6 +190,9 @@ def _print_plan(plan, job, breakdown: bool) -> None:
     shared = shared_stages(plan.candidates)
     if shared:
         con.print(f"colocated (model-stages share GPUs and run one after another): {', '.join(shared)}")
+        for st, blocks in _blocks(plan.candidates).items():
+            if st in shared and len(blocks) > 1:  # mixed: colocated blocks side by side on disjoint GPUs
+                con.print(f"  {st} mixed, blocks side by side: " + " | ".join(" + ".join(b) for b in blocks))
     if breakdown:
         b = Table(title="breakdown (own bytes per GPU; seconds per op class)")
         b.add_column("model-stage")
@@ -204,6 +207,22 @@ def _print_plan(plan, job, breakdown: bool) -> None:
     con.print(f"L_step = [bold]{plan.l_step:.2f} s[/]   throughput = [bold]{plan.throughput:,.0f}[/] "
               f"response tokens/s   max GPU memory = {max(plan.gpu_memory.values()) / GIB:.1f} of "
               f"{plan.capacity / GIB:.1f} GiB allowed ({_allowed(job, plan)})")
+
+
+def _blocks(cands) -> dict:
+    """Per stage, its model-stages grouped by shared GPUs (connected GPU sets), in candidate order."""
+    out: dict = {}
+    for st in dict.fromkeys(c.model_stage.split(".")[1] for c in cands):
+        groups: list = []  # [names, gpus]
+        for c in (c for c in cands if c.model_stage.split(".")[1] == st):
+            hit = [g for g in groups if g[1] & set(c.gpus)]
+            merged = [[c.model_stage], set(c.gpus)]
+            for g in hit:
+                merged = [g[0] + merged[0], g[1] | merged[1]]
+                groups.remove(g)
+            groups.append(merged)
+        out[st] = [tuple(g[0]) for g in groups]
+    return out
 
 
 def _allowed(job, plan) -> str:
