@@ -418,6 +418,24 @@ class _Member:
             hit = self.cache[key] = sel[np.lexsort((fs.t[sel], fs.n[sel]))]
         return hit
 
+    def front(self, tau: float, budget: int) -> np.ndarray:
+        """:meth:`rows` less the rows another of them beats in GPUs, resident and time (one of the
+        first two strictly; :func:`~nereus.planner.candidates._dominated_across_classes`): no
+        resident level's (GPUs, time) staircase needs them, and fewer rows bring fewer levels.
+        Kept in (GPUs, time) order."""
+        key = ("front", int(self.xs.searchsorted(tau, side="right")), budget)
+        hit = self.cache.get(key)
+        if hit is None:
+            o = self.rows(tau, budget)
+            if o.size > 1:
+                from nereus.planner.candidates import _dominated_across_classes
+
+                fs = self.fs
+                _, ri = np.unique(fs.r[o], return_inverse=True)
+                o = o[_dominated_across_classes(fs.n[o], fs.t[o], ri, np.zeros(o.size, dtype=np.int64)) == 0]
+            hit = self.cache[key] = o
+        return hit
+
 
 def _member(shared: dict, fs: CandidateSet) -> _Member:
     """Model-stages with the same frontier (actor.infer and reference.infer) share one member."""
@@ -684,7 +702,7 @@ class _Group:
         """Min-max knapsack of concurrent units (members or blocks) on disjoint GPUs at every
         resident level: ``(R, T, X, [rows per unit])`` or None."""
         fss = [u.fs for u, _ in units]
-        allrows = [u.rows(tau, budget) for u, _ in units]
+        allrows = [u.front(tau, budget) for u, _ in units]
         levels = np.unique(np.concatenate([fs.r[st] for fs, st in zip(fss, allrows)]))
         levels = levels[levels <= cap]
         L = levels.size
