@@ -50,7 +50,7 @@ __all__ = ["CostModel", "critical_path", "stage_groups", "check_candidate", "def
 DEFAULT_HEADROOM = 0.1
 #: models whose weights never change during the run (reloadable from a host copy)
 FROZEN_MODELS = ("reference", "reward")
-_COMPUTE_CLASSES = ("gemm", "attention", "memory_bound")
+_COMPUTE_CLASSES = ("gemm", "gemm_fp8", "attention", "memory_bound")
 
 
 def _overlap_dp(comm: dict, last: dict, zero, m) -> dict:
