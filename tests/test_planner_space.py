@@ -366,7 +366,8 @@ def test_cross_class_prune_drops_only_dominated_rows(seed, monkeypatch):
 @pytest.mark.parametrize("seed", range(10))
 def test_knapsack_at_every_level_equals_the_greedy_per_level(seed):
     """The all-levels min-max knapsack against the greedy (slowest model-stage first) per level."""
-    from nereus.planner.search import _minmax_levels, minmax_knapsack
+    from nereus.planner.search import minmax_knapsack
+    from nereus.planner.staircase import _minmax_levels
 
     rng = np.random.default_rng(seed)
     members, stairs_by_level = [], []
