@@ -148,3 +148,30 @@ def test_digits_schedule_and_scenario_options():
     assert args.steps == 6  # given on the command line: kept
     assert args.adaptive and args.notice and args.model == "small"
     assert args.pool_schedule == SCENARIOS["elastic"]["pool_schedule"]
+
+
+def test_a_transition_whose_legal_target_is_the_current_plan_moves_nothing_and_resyncs_the_controller():
+    """The planner may pick a dp the runtime's batch rules refuse (dp=3 for 8 prompts); lowered to a
+    legal dp the target can equal the current plan. Then nothing moves, the run says so, and the
+    controller is told the plan in effect is the current one (it had taken the target as running)."""
+    from types import SimpleNamespace
+
+    from nereus.controller.decisions import Transition, TransitionCost
+    from nereus.planner.plan import Candidate, Plan
+
+    current = Plan(candidates=(Candidate("actor.train", 1, 1, 2, micro_batch=1, grad_accum=2, gpus=(0, 1)),))
+    wider = Plan(candidates=(Candidate("actor.train", 1, 1, 3, micro_batch=1, grad_accum=1, gpus=(0, 1, 2)),))
+    resumed, lines = [], []
+    run = SimpleNamespace(
+        driver=SimpleNamespace(cands={c.model_stage: c for c in current.candidates}, workers=[object()] * 3),
+        log=lines.append, _announced=frozenset(), workload=None, last_len=4.0, events=[],
+        _legal=lambda d, plan: current,  # dp 3 lowered to 2: the current plan
+        ctl=SimpleNamespace(resume=resumed.append),
+        planner=SimpleNamespace(estimate=lambda job, plan, alive: ("estimated", plan, alive)),
+        job_at=lambda n: ("job", n))
+    dec = Transition(plan=wider, estimate=TransitionCost(l_tran=0.1, feasible=True, bytes_moved=0, source="dag",
+                                                         reason=""), reason="payback")
+    ev = AdaptiveRun._apply(run, dec, 10, "step")
+    assert ev["source"] == "unchanged" and ev["kind"] == "transition"
+    assert resumed == [("estimated", current, frozenset({0, 1, 2}))]
+    assert any("no transition" in s and "current plan" in s for s in lines), lines

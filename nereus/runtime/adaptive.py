@@ -440,6 +440,12 @@ class AdaptiveRun(CheckpointingMixin):
                                                                    self.workload.micro_batch_size)
         target = self._legal(d, target)
         if isinstance(dec, Transition) and same_plan(target, current):
+            # the planner's target needs batch splits the runtime cannot run; with dp lowered to what
+            # it can, it is the current plan: nothing moves, and the controller keeps the plan in effect
+            self.ctl.resume(self.planner.estimate(self.job_at(self.last_len), current, alive))
+            self.log("  no transition: the target, with dp lowered to what the runtime's batch rules allow, "
+                     "is the current plan")
+            ev.update(source="unchanged")
             return ev
         intact = all(intact_replica(d, n) is not None for n in train_stages(d))
         if intact:
