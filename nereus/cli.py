@@ -60,7 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # name the sub-command whose --help lists the valid options
+        where = f"{parser.prog} {args.command}" if getattr(args, "command", None) else parser.prog
+        parser.exit(2, f"{where}: error: unrecognized arguments: {' '.join(extra)} ({where} --help lists the "
+                       f"options)\n")
     if not getattr(args, "_module", None):
         parser.print_help()
         return 2

@@ -193,3 +193,12 @@ def test_notation():
     assert format_plan(Plan((g, c))) == ("actor.generate  tp1 pp1 dp2 on workers 4-5\n"
                                          "actor.train     tp2 pp1 dp4 on workers 0-7")
     assert format_candidate(Candidate("x.infer", 1, 1, 1)) == "tp1 pp1 dp1"
+
+
+def test_an_abbreviated_or_unknown_option_names_the_sub_command(capsys):
+    """``--gpus`` is not an abbreviation of ``--gpus-per-node`` (it used to be taken as one)."""
+    with pytest.raises(SystemExit) as e:
+        main(["plan", "--gpus", "16"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "nereus plan: error: unrecognized arguments: --gpus 16 (nereus plan --help lists the options)" in err
