@@ -412,3 +412,16 @@ def test_colocated_training_model_stages_share_gpus_when_the_framework_colocates
     assert est.bytes_moved == (2 * W + OPT // 2) + 2 * (2 * pc + 12 * pc // 2)
     with pytest.raises(ValueError, match="concurrent model-stages"):
         estimate_transition(JOB, cur, tgt)
+
+
+def test_cpu_adam_state_moves_as_if_it_were_on_the_gpus():
+    """``offload='cpu_adam'`` (ZeRO-Offload) keeps the weights on the GPUs, so its EMUs are GPU EMUs
+    carrying weights and optimizer state together (docs/transition.md: an upper bound for the host
+    part). ZeRO-1 dp 4 → 2 therefore moves what the on-GPU group moves, OPT/2; switching the same
+    group between on-GPU Adam and cpu_adam moves nothing (no Offload/Restore staging)."""
+    est = estimate(train(1, 1, 4, 1, range(4), offload="cpu_adam"), train(1, 1, 2, 1, (0, 2), offload="cpu_adam"))
+    assert [n.kind for n in est.dag.nodes] == ["split"]
+    assert est.bytes_moved == est.min_bytes == OPT // 2
+    same = estimate(train(1, 1, 2, 1, (0, 1)), train(1, 1, 2, 1, (0, 1), offload="cpu_adam"))
+    assert same.bytes_moved == 0 and all(n.kind not in ("offload", "restore") for n in same.dag.nodes)
+    assert all(not e.host for e in phi(JOB, train(1, 1, 2, 1, (0, 1), offload="cpu_adam")))
