@@ -44,7 +44,7 @@ def test_calibration_starts_from_the_default_the_prediction_used():
     t = EfficiencyTable()
     assert t.get("attention", H100) == 0.33  # what the cost model read
     # measured twice the predicted time: target 0.33 / 2; EMA with alpha 0.5
-    assert t.update("attention", 2.0, 1.0) == pytest.approx(0.5 * 0.33 + 0.5 * 0.165)
+    assert t.update("attention", 2.0, 1.0, gpu=H100) == pytest.approx(0.5 * 0.33 + 0.5 * 0.165)
     u = EfficiencyTable()
     assert u.update("attention", 2.0, 1.0, gpu=A100) == pytest.approx(0.5 * 0.55 + 0.5 * 0.275)
     assert EfficiencyTable().update("attention", 2.0, 1.0) == pytest.approx(0.5 * 0.45 + 0.5 * 0.225)

@@ -168,7 +168,7 @@ class CostModelPlanner:
                 measured[cls] = measured.get(cls, 0.0) + s
                 predicted[cls] = predicted.get(cls, 0.0) + p
         for cls in measured:
-            self.efficiency.update(cls, measured[cls], predicted[cls])
+            self.efficiency.update(cls, measured[cls], predicted[cls], gpu=job.cluster.gpu)
         for ms, peak in peak_memory.items():
             pred = est.peak_memory.get(ms, 0.0)
             if pred <= 0 or peak <= 0:

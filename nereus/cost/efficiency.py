@@ -44,13 +44,12 @@ reports), anything unseen 0.5.
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass, field
 
 import numpy as np
 
 __all__ = ["EfficiencyTable", "DEFAULT_EFFICIENCY", "GEMM_SIZE_HALF", "ATTN_SEQ_HALF", "attention_seq_factor",
-           "default_efficiency", "efficiency_of", "attention_head_factor", "ATTN_HEAD64"]
+           "default_efficiency", "attention_head_factor", "ATTN_HEAD64"]
 
 #: Default FLOPs per GEMM call at which the size curve reaches half of the class efficiency
 #: (devices override it with ``GPUSpec.gemm_half_flops``).
@@ -106,23 +105,6 @@ def default_efficiency(op_class: str, gpu=None) -> float:
     return _LINK_DEFAULT.get(link, UNSEEN_DEFAULT)
 
 
-_TAKES_GPU: dict = {}
-
-
-def efficiency_of(eff, op_class: str, gpu=None) -> float:
-    """``eff.get(op_class, gpu)``; a table subclass whose ``get`` takes the op class only (written
-    before per-GPU defaults, e.g. the simulator's ``DriftedTable``, which carries its own true
-    efficiencies) is asked without the GPU."""
-    t = type(eff)
-    if t not in _TAKES_GPU:
-        try:
-            params = inspect.signature(t.get).parameters
-            _TAKES_GPU[t] = len(params) >= 3 or any(p.kind == p.VAR_POSITIONAL for p in params.values())
-        except (TypeError, ValueError):  # pragma: no cover - builtins without a signature
-            _TAKES_GPU[t] = False
-    return eff.get(op_class, gpu) if _TAKES_GPU[t] else eff.get(op_class)
-
-
 @dataclass
 class EfficiencyTable:
     """Mutable table ``op class → efficiency in (0, 1.5]``; the planner always reads the current one.
@@ -132,33 +114,20 @@ class EfficiencyTable:
 
     ``update`` is the calibration step: given the time measured for a class and the time the model
     predicted with the current efficiency, it moves the efficiency towards
-    ``eff · predicted / measured`` (an exponential moving average with weight ``alpha``). The current
-    efficiency of an uncalibrated class is the default the prediction used: ``gpu``'s when given, else
-    the default this table last served for the class (``served``), else the GPU-independent one.
+    ``eff · predicted / measured`` (an exponential moving average with weight ``alpha``). An
+    uncalibrated class starts from the default the prediction used, ``get(op_class, gpu)``, so the
+    caller passes the GPU the measurement ran on.
     """
 
     values: dict = field(default_factory=dict)
     alpha: float = 0.5
     updates: dict = field(default_factory=dict)
-    served: dict = field(default_factory=dict, repr=False, compare=False)
 
     def get(self, op_class: str, gpu=None) -> float:
         """Efficiency of ``op_class`` (fraction of peak): calibrated, else ``gpu``'s default, else the
         GPU-independent default."""
         if op_class in self.values:
             return self.values[op_class]
-        v = default_efficiency(op_class, gpu)
-        if gpu is not None:
-            self.served[op_class] = v
-        return v
-
-    def current(self, op_class: str, gpu=None) -> float:
-        """The efficiency calibration starts from: calibrated, else ``gpu``'s default, else the
-        default last served for the class, else the GPU-independent default."""
-        if op_class in self.values:
-            return self.values[op_class]
-        if gpu is None and op_class in self.served:
-            return self.served[op_class]
         return default_efficiency(op_class, gpu)
 
     def set(self, op_class: str, eff: float) -> None:
@@ -176,7 +145,7 @@ class EfficiencyTable:
         if measured_s <= 0 or predicted_s <= 0:
             raise ValueError(f"calibration of {op_class!r} needs positive times, got measured="
                              f"{measured_s!r}, predicted={predicted_s!r}")
-        old = self.current(op_class, gpu)
+        old = self.get(op_class, gpu)
         target = old * predicted_s / measured_s
         new = min(max((1 - self.alpha) * old + self.alpha * target, 1e-3), 1.5)
         self.values[op_class] = new
@@ -184,8 +153,7 @@ class EfficiencyTable:
         return new
 
     def copy(self) -> EfficiencyTable:
-        return EfficiencyTable(values=dict(self.values), alpha=self.alpha, updates=dict(self.updates),
-                               served=dict(self.served))
+        return EfficiencyTable(values=dict(self.values), alpha=self.alpha, updates=dict(self.updates))
 
     def to_dict(self) -> dict:
         return {"values": dict(self.values), "alpha": self.alpha}

@@ -62,6 +62,6 @@ def cpu_adam_times(model: ModelSpec, workload: WorkloadSpec, cluster: ClusterSpe
     on = np.asarray(offload) == OFF_CPU_ADAM
     shard = params_rank(model, np.asarray(tp), np.asarray(pp)) / np.where(np.asarray(zero) >= 1, np.asarray(dp), 1)
     gpu = cluster.gpu
-    pcie = 2.0 * shard * workload.param_bytes / (gpu.host_bandwidth * eff.get("offload@pcie"))
-    adam = shard * CPU_ADAM_BYTES_PER_PARAM / (gpu.host_memory_bandwidth * eff.get("cpu_adam@host"))
+    pcie = 2.0 * shard * workload.param_bytes / (gpu.host_bandwidth * eff.get("offload@pcie", gpu))
+    adam = shard * CPU_ADAM_BYTES_PER_PARAM / (gpu.host_memory_bandwidth * eff.get("cpu_adam@host", gpu))
     return {"offload@pcie": np.where(on, pcie, 0.0), "cpu_adam@host": np.where(on, adam, 0.0)}

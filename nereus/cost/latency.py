@@ -46,7 +46,7 @@ from __future__ import annotations
 import numpy as np
 
 from nereus.cost.collectives import allgather_time, allreduce_time, broadcast_time, p2p_time
-from nereus.cost.efficiency import EfficiencyTable, attention_head_factor, attention_seq_factor, efficiency_of
+from nereus.cost.efficiency import EfficiencyTable, attention_head_factor, attention_seq_factor
 from nereus.cost.memory import RC_FULL, RC_NONE, RC_SELECTIVE, recompute_code
 from nereus.cost.shapes import kv_bytes_per_token_rank, max_layers_rank, params_rank
 from nereus.spec.hardware import ClusterSpec
@@ -83,7 +83,7 @@ class LinkModel:
         self.cluster, self.eff, self.gpu = cluster, eff, cluster.gpu
 
     def _one(self, kind: str, size, n, link: str, bw: float, alpha: float):
-        b = bw * efficiency_of(self.eff, f"{kind}@{link}", self.gpu)
+        b = bw * self.eff.get(f"{kind}@{link}", self.gpu)
         if kind == "allreduce":
             return allreduce_time(size, n, b, alpha)
         if kind in ("allgather", "reducescatter"):
@@ -150,7 +150,7 @@ def _gemm_peak(gpu, cls: str) -> float:
 def _gemm_time(flops, calls, gpu, eff: EfficiencyTable, cls: str = "gemm"):
     flops = np.asarray(flops, dtype=float)
     size = np.maximum(flops / np.maximum(calls, 1), 1.0)
-    e = efficiency_of(eff, cls, gpu) * size / (size + gpu.gemm_half_flops)
+    e = eff.get(cls, gpu) * size / (size + gpu.gemm_half_flops)
     return flops / (_gemm_peak(gpu, cls) * e)
 
 
@@ -158,7 +158,7 @@ def _attention_time(flops, ctx_len, gpu, eff: EfficiencyTable, head_dim: int = 1
     """Seconds of ``flops`` of attention whose queries attend ``ctx_len`` keys: the class efficiency
     times the sequence-length and head-dimension curves of :mod:`nereus.cost.efficiency`
     (:func:`~nereus.cost.efficiency.attention_seq_factor`, :func:`~nereus.cost.efficiency.attention_head_factor`)."""
-    e = efficiency_of(eff, "attention", gpu) * attention_seq_factor(ctx_len) * attention_head_factor(head_dim)
+    e = eff.get("attention", gpu) * attention_seq_factor(ctx_len) * attention_head_factor(head_dim)
     return np.asarray(flops, dtype=float) / (gpu.peak_flops * e)
 
 
@@ -220,7 +220,7 @@ def _layer_pass(model, tp, tokens, ctx_len, layers, mult, cluster, eff, links, n
     _add(out, "attention", _attention_time(attn, ctx_len, gpu, eff, model.head_dim))
     fwd_b, bwd_b = elementwise_bytes_per_token(model, tp, sp)
     ew = (np.asarray(passes[0]) * fwd_b + np.asarray(passes[1]) * bwd_b) * tokens * layers
-    _add(out, "memory_bound", ew / (gpu.hbm_bandwidth * efficiency_of(eff, "memory_bound", gpu)))
+    _add(out, "memory_bound", ew / (gpu.hbm_bandwidth * eff.get("memory_bound", gpu)))
     for cls, t in links.time("allreduce", 2.0 * tokens * model.hidden_size, tp).items():
         _add(out, cls, t * n_ar * layers)
     return out
@@ -237,7 +237,7 @@ def _head_pass(model, tp, tokens, mult, cluster, eff, gcls="gemm") -> dict:
     if model.head_out_dim > 1:
         ways = 2.0 if mult >= 3 else 1.0
         ce = ways * ACT_BYTES * model.head_out_dim / tp * np.asarray(tokens, dtype=float)
-        out["memory_bound"] = ce / (cluster.gpu.hbm_bandwidth * efficiency_of(eff, "memory_bound", cluster.gpu))
+        out["memory_bound"] = ce / (cluster.gpu.hbm_bandwidth * eff.get("memory_bound", cluster.gpu))
     return out
 
 
@@ -335,10 +335,10 @@ def decode_step_times(model, workload, cluster, eff, tp, pp, seqs) -> dict:
     params = params_rank(model, tp, pp)
     ctx = workload.prompt_len + workload.response_len / 2.0
     kv_tok = kv_bytes_per_token_rank(model, workload.kv_bytes, tp, pp)
-    hbm = (m * params * workload.param_bytes + seqs * ctx * kv_tok) / (gpu.hbm_bandwidth * efficiency_of(eff, "memory_bound", gpu))
+    hbm = (m * params * workload.param_bytes + seqs * ctx * kv_tok) / (gpu.hbm_bandwidth * eff.get("memory_bound", gpu))
     flops = 2.0 * params * seqs + 2.0 * model.q_dim / tp * ctx * seqs * layers
     gcls = gemm_class(workload)
-    comp = flops / (_gemm_peak(gpu, gcls) * efficiency_of(eff, gcls, gpu))
+    comp = flops / (_gemm_peak(gpu, gcls) * eff.get(gcls, gpu))
     fill = np.maximum(1.0, pp / m)  # a pipeline with fewer micro-batches than ranks idles
     mem_bound = hbm >= comp
     out: dict = {"memory_bound": np.where(mem_bound, hbm, 0.0) * fill,
@@ -387,7 +387,7 @@ def optimizer_time(model, workload, cluster, eff, tp, pp, dp=1, zero=0):
     """HBM-bound Adam step: 36 bytes read or written per parameter on the most loaded GPU; with
     ZeRO >= 1 each rank updates only its ``1/dp`` shard."""
     shard = np.where(np.asarray(zero) >= 1, np.asarray(dp), 1)
-    return params_rank(model, tp, pp) * OPT_BYTES_PER_PARAM / shard / (cluster.gpu.hbm_bandwidth * efficiency_of(eff, "memory_bound", cluster.gpu))
+    return params_rank(model, tp, pp) * OPT_BYTES_PER_PARAM / shard / (cluster.gpu.hbm_bandwidth * eff.get("memory_bound", cluster.gpu))
 
 
 def offload_times(state_bytes, offload, cluster, eff, *, frozen: bool, derived_sync=None) -> dict:
@@ -400,7 +400,7 @@ def offload_times(state_bytes, offload, cluster, eff, *, frozen: bool, derived_s
     ``B_host`` is the GPU's PCIe ``host_bandwidth`` times the efficiency of op class
     ``offload@pcie``."""
     code = np.asarray(offload)
-    bw = cluster.gpu.host_bandwidth * efficiency_of(eff, "offload@pcie", cluster.gpu)
+    bw = cluster.gpu.host_bandwidth * eff.get("offload@pcie", cluster.gpu)
     ways = np.where(code == 1, 2.0, np.where(code == 2, 1.0 if frozen else 0.0, 0.0))
     out = {"offload@pcie": ways * np.asarray(state_bytes, dtype=float) / bw}
     if derived_sync and not frozen:

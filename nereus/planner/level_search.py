@@ -167,15 +167,21 @@ def _search_sync(stages: list[_Stage], usable: float):
     return best
 
 
+def generation_stair(g, usable: float) -> np.ndarray:
+    """Rows of generation's candidate set ``g`` on its (GPUs, time) staircase among those that fit
+    ``usable`` bytes alone (an asynchronous job's generation has GPUs of its own), fewest GPUs first."""
+    ok = np.nonzero((g.r + g.x) <= usable)[0]
+    return ok[_staircase(g.n[ok], g.t[ok])] if ok.size else ok
+
+
 def _search_async(stages: dict, usable: float, pool_size: int):
     """Generation on its own GPUs; inference and training share the rest."""
     gen = stages["generate"]
     rest = [s for n, s in stages.items() if n != "generate"]
     g = gen.sets[0]
-    ok = np.nonzero((g.r + g.x) <= usable)[0]
-    if ok.size == 0:
+    stair = generation_stair(g, usable)
+    if stair.size == 0:
         return None
-    stair = ok[_staircase(g.n[ok], g.t[ok])]
     best = None
     for row in stair:
         left = pool_size - int(g.n[row])

@@ -82,7 +82,7 @@ import numpy as np
 from nereus.cost.model import FROZEN_MODELS, CostModel
 from nereus.planner.candidates import COLUMNS, CandidateSet, enumerate_candidates, frontier
 from nereus.planner.diagnose import diagnose_alone, diagnose_joint
-from nereus.planner.level_search import _search_async, _search_sync, _Stage, _staircase, minmax_knapsack
+from nereus.planner.level_search import _search_async, _search_sync, _Stage, generation_stair, minmax_knapsack
 from nereus.planner.plan import Plan
 from nereus.planner.staircase import _convolve, _Group, _member, partition_mode
 from nereus.spec.job import JobSpec
@@ -408,12 +408,10 @@ def _tau_async(groups: dict, usable: float, pool_size: int):
     """Generation on its own GPUs; the other stages share the rest (τ search per budget)."""
     gen = groups["generate"]
     rest = [g for n, g in groups.items() if n != "generate"]
-    m = gen.members[0]
-    g = m.fs
-    ok = np.nonzero((g.r + g.x) <= usable)[0]
-    if ok.size == 0:
+    g = gen.members[0].fs
+    stair = generation_stair(g, usable)
+    if stair.size == 0:
         return None
-    stair = ok[_staircase(g.n[ok], g.t[ok])]
     best = None
     for row in stair:
         left = pool_size - int(g.n[row])

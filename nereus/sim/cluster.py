@@ -90,7 +90,10 @@ class DriftedTable(EfficiencyTable):
         self.base = dict(base)
         self.ib_factor = ib_factor
 
-    def get(self, op_class: str) -> float:
+    def get(self, op_class: str, gpu=None) -> float:
+        """The true efficiency of ``op_class``. ``gpu`` is accepted for the cost model's calls and not
+        used: the truth names its own values, and a class it does not name takes the GPU-independent
+        default."""
         if op_class in self.base:
             v = self.base[op_class]
         else:
