@@ -38,6 +38,7 @@ from nereus.cost import latency as lat
 from nereus.cost.efficiency import EfficiencyTable
 from nereus.cost.host_optimizer import cpu_adam_times
 from nereus.cost.memory import OFF_CPU_ADAM, WORKSPACE_BYTES, offload_code, recompute_code, stage_memory
+from nereus.cost.rows import expand, rows_of, unique_rows
 from nereus.cost.shapes import valid_pp, valid_tp
 from nereus.spec.job import JobSpec
 from nereus.spec.plan import Candidate, Plan, StageEstimate
@@ -65,62 +66,6 @@ def _overlap_dp(comm: dict, last: dict, zero, m) -> dict:
     total = sum(np.asarray(v, dtype=float) for v in comm.values())
     keep = np.where(total > 0, np.maximum(total - window, 0.0) / np.where(total > 0, total, 1.0), 0.0)
     return {k: v * keep for k, v in comm.items()}
-
-
-def _unique_rows(shape, *cols):
-    """``(first, inv)`` for the distinct combinations of the integer columns ``cols`` (scalars or
-    arrays broadcast to ``shape``): ``first`` indexes one row of each combination, ``inv`` maps every
-    row to its combination. A wide column is replaced by the rank of its value (counted over the
-    value range, no sort), then the mixed-radix key of the columns is counted the same way when its range
-    is small (the usual case: TP, PP, micro-batch, concurrency, codes), else ``np.unique``. Below 64
-    rows every row is its own combination (nothing to save)."""
-    n = int(np.prod(shape))
-    if n < 64:
-        idx = np.arange(n)
-        return idx, idx
-    key = np.zeros(n, dtype=np.int64)
-    span = 1
-    for c in cols:
-        if np.ndim(c) == 0:
-            continue
-        c = np.asarray(c, dtype=np.int64)
-        c = (c if c.shape == tuple(shape) else np.broadcast_to(c, shape)).reshape(-1)
-        lo, hi = int(c.min()), int(c.max())
-        if hi == lo:
-            continue
-        if hi - lo < 64:  # a narrow column (TP, PP, codes): its value is its digit
-            key = key * (hi - lo + 1) + (c - lo)
-            span *= hi - lo + 1
-            continue
-        d = c - lo
-        present = np.zeros(hi - lo + 1, dtype=np.int64)
-        present[d] = 1
-        rank = np.cumsum(present)
-        k = int(rank[-1])
-        key = key * k + (rank[d] - 1)
-        span *= k
-    if span == 1:
-        return np.zeros(1, dtype=np.int64), np.zeros(n, dtype=np.int64)
-    if span <= max(4 * n, 1 << 16):
-        present = np.zeros(span, dtype=bool)
-        present[key] = True
-        rank = np.cumsum(present) - 1
-        inv = rank[key]
-        first = np.empty(int(rank[-1]) + 1, dtype=np.int64)
-        first[inv] = np.arange(n)
-        return first, inv
-    _, first, inv = np.unique(key, return_index=True, return_inverse=True)
-    return first, inv.reshape(-1)
-
-
-def _rows_of(first, *cols):
-    """Columns (scalars or arrays over all rows) restricted to the rows ``first``."""
-    return [c if np.ndim(c) == 0 else np.asarray(c).reshape(-1)[first] for c in cols]
-
-
-def _expand(d: dict, inv) -> dict:
-    """Op-class (or memory-term) values computed on distinct rows, back over all rows."""
-    return {k: (v[inv] if np.ndim(v) else v) for k, v in d.items()}
 
 
 def _sum(d: dict):
@@ -229,11 +174,11 @@ class CostModel:
             rc = recompute_code(recompute)
             # per-micro-batch times depend on (tp, pp, b, recompute, vpp) only: computed once per
             # distinct combination (elementwise, so bit-identical to the per-row computation)
-            first, inv = _unique_rows(dp.shape, tp, pp, micro_batch, rc, vpp)
-            u = _rows_of(first, tp, pp, micro_batch, rc, vpp)
+            first, inv = unique_rows(dp.shape, tp, pp, micro_batch, rc, vpp)
+            u = rows_of(first, tp, pp, micro_batch, rc, vpp)
             mid, last = lat.microbatch_stage_times("train", model, w, cl, eff, u[0], u[1], u[2], u[3], vpp=u[4],
                                                    sp=fw.sequence_parallel, overlap_tp=fw.overlap_tp_comm)
-            mid, last = _expand(mid, inv), _expand(last, inv)
+            mid, last = expand(mid, inv), expand(last, inv)
             comm = lat.dp_sync_time(model, w, cl, eff, tp, pp, dp, zero=zero, micro_batches=m,
                                     reduce_bytes=fw.grad_reduce_bytes)
             if fw.overlap_grad_reduce:
@@ -252,33 +197,33 @@ class CostModel:
             micro_batch = np.asarray(micro_batch)
             seqs = -(-w.global_batch // dp)
             m = -(-seqs // micro_batch)
-            first, inv = _unique_rows(dp.shape, tp, pp, micro_batch)
-            u = _rows_of(first, tp, pp, micro_batch)
+            first, inv = unique_rows(dp.shape, tp, pp, micro_batch)
+            u = rows_of(first, tp, pp, micro_batch)
             mid, last = lat.microbatch_stage_times("infer", model, w, cl, eff, u[0], u[1], u[2],
                                                    sp=fw.sequence_parallel, overlap_tp=fw.overlap_tp_comm)
-            mid, last = _expand(mid, inv), _expand(last, inv)
+            mid, last = expand(mid, inv), expand(last, inv)
             parts = _combine(_scale(last, m), {"bubble": (pp - 1) * _sum(mid)})
-            first, inv = _unique_rows(dp.shape, tp, pp, micro_batch, off)
-            u = _rows_of(first, tp, pp, micro_batch, off)
-            mem = _expand(stage_memory("infer", model, w, u[0], u[1], micro_batch=u[2], offload=u[3],
+            first, inv = unique_rows(dp.shape, tp, pp, micro_batch, off)
+            u = rows_of(first, tp, pp, micro_batch, off)
+            mem = expand(stage_memory("infer", model, w, u[0], u[1], micro_batch=u[2], offload=u[3],
                                        sp=fw.sequence_parallel), inv)
         elif ms.stage == "generate":
             seqs = -(-w.rollouts_per_step // dp)
             c = np.minimum(concurrency, seqs)
             waves = -(-seqs // c)
             # one wave's time depends on (tp, pp, concurrency) only: computed once per combination
-            first, inv = _unique_rows(dp.shape, tp, pp, c)
-            ut, up, uc = _rows_of(first, tp, pp, c)
+            first, inv = unique_rows(dp.shape, tp, pp, c)
+            ut, up, uc = rows_of(first, tp, pp, c)
             mb = np.minimum(up, uc)
             pmid, plast = lat.prefill_stage_times(model, w, cl, eff, ut, up, uc / mb)
             prefill = _combine(_scale(plast, mb), {"bubble": (up - 1) * _sum(pmid)})
             decode = _scale(lat.decode_step_times(model, w, cl, eff, ut, up, uc), w.response_len)
-            parts = _scale(_expand(_combine(prefill, decode), inv), waves)
+            parts = _scale(expand(_combine(prefill, decode), inv), waves)
             if ms.model == "actor":
                 parts = _combine(parts, self._sync(model, tp, pp, dp.shape, "recv", multi_node))
-            first, inv = _unique_rows(dp.shape, tp, pp, c, off)
-            u = _rows_of(first, tp, pp, c, off)
-            mem = _expand(stage_memory("generate", model, w, u[0], u[1], concurrency=u[2], offload=u[3]), inv)
+            first, inv = unique_rows(dp.shape, tp, pp, c, off)
+            u = rows_of(first, tp, pp, c, off)
+            mem = expand(stage_memory("generate", model, w, u[0], u[1], concurrency=u[2], offload=u[3]), inv)
         else:  # pragma: no cover - ModelStage validates stages
             raise ValueError(ms.stage)
         if np.any(off > 0):
@@ -311,20 +256,20 @@ class CostModel:
             load = np.asarray(micro_batch)
         else:
             load = np.minimum(concurrency, -(-w.rollouts_per_step // dp))  # the concurrency the rows run at
-        first, inv = _unique_rows(shape, tp, pp, dp, load)
+        first, inv = unique_rows(shape, tp, pp, dp, load)
         if first.size * 2 > dp.size:
             return None
-        u = _rows_of(first, tp, pp, dp, np.broadcast_to(np.asarray(micro_batch), shape),
+        u = rows_of(first, tp, pp, dp, np.broadcast_to(np.asarray(micro_batch), shape),
                      np.broadcast_to(np.asarray(concurrency), shape))
         base = self.candidate_arrays(ms, u[0], u[1], u[2], micro_batch=u[3], concurrency=u[4], offload=0,
                                      multi_node=multi_node, breakdown=True)
-        mf, minv = _unique_rows(shape, tp, pp, load, off)
-        mt, mp, ml, mo = _rows_of(mf, tp, pp, load, off)
+        mf, minv = unique_rows(shape, tp, pp, load, off)
+        mt, mp, ml, mo = rows_of(mf, tp, pp, load, off)
         if ms.stage == "infer":
             mem = stage_memory("infer", model, w, mt, mp, micro_batch=ml, offload=mo, sp=self.job.framework.sequence_parallel)
         else:
             mem = stage_memory("generate", model, w, mt, mp, concurrency=ml, offload=mo)
-        mem = _expand(mem, minv)
+        mem = expand(mem, minv)
         frozen = ms.model in FROZEN_MODELS
         sync = self._sync(model, tp, pp, shape, "recv", multi_node) if not frozen and ms.stage == "infer" else None
         extra = lat.offload_times(mem["weights"] + mem["optimizer"], off, cl, eff, frozen=frozen, derived_sync=sync)
@@ -342,9 +287,9 @@ class CostModel:
 
     def _sync(self, model, tp, pp, shape, side: str, multi_node: bool) -> dict:
         """:func:`nereus.cost.latency.weight_sync_times` per row, computed once per (tp, pp)."""
-        first, inv = _unique_rows(shape, tp, pp)
-        ut, up = _rows_of(first, tp, pp)
-        return _expand(lat.weight_sync_times(model, self.job.workload, self.job.cluster, self.eff, ut, up, side,
+        first, inv = unique_rows(shape, tp, pp)
+        ut, up = rows_of(first, tp, pp)
+        return expand(lat.weight_sync_times(model, self.job.workload, self.job.cluster, self.eff, ut, up, side,
                                              multi_node), inv)
 
     # ------------------------------------------------------------------ one candidate
