@@ -37,8 +37,6 @@ memory filters settle dominance across classes.
 
 from __future__ import annotations
 
-import functools
-import inspect
 from dataclasses import dataclass
 
 import numpy as np
@@ -144,28 +142,16 @@ def _per_count(seqs: np.ndarray, cap: int | None = None):
     return ii.astype(np.int64), v[ii, jj]
 
 
-def _cost_api(cost: CostModel) -> dict:
-    """Which keyword arguments the cost model's array API and ``valid_pp`` accept."""
-    return _cost_api_of(type(cost))
-
-
-@functools.cache
-def _cost_api_of(cls) -> dict:
-    p = inspect.signature(cls.candidate_arrays).parameters
-    return {"zero": "zero" in p, "offload": "offload" in p, "vpp": "vpp" in p,
-            "uneven": "uneven" in inspect.signature(valid_pp).parameters}
-
-
 def _layouts(cost: CostModel, ms: ModelStage, num_gpus: int) -> list[tuple[int, int]]:
     """(tp, pp) pairs of ``ms`` within ``num_gpus`` GPUs (see the module docstring)."""
     job = cost.job
     fw = job.framework
     model = cost.model_of(ms)
-    uneven = bool(fw.uneven_pp and _cost_api(cost)["uneven"])
+    uneven = fw.uneven_pp
     tp_cap = max(job.cluster.gpus_per_node, 8)
     tps = [t for t in range(1, min(tp_cap, num_gpus) + 1) if valid_tp(model, t) is None]
     pps = [p for p in range(1, min(model.num_layers, num_gpus) + 1)
-           if (valid_pp(model, p, uneven=True) if uneven else valid_pp(model, p)) is None]
+           if valid_pp(model, p, uneven=uneven) is None]
     if ms.stage == "train" and not fw.model_parallel_train:
         tps, pps = [1], [1]
     return [(t, p) for t in tps for p in pps if t * p <= num_gpus]
@@ -210,23 +196,19 @@ def enumerate_candidates(cost: CostModel, ms: ModelStage, num_gpus: int, multi_n
     job = cost.job
     w = job.workload
     fw = job.framework
-    api = _cost_api(cost)
     model = cost.model_of(ms)
     train = ms.stage == "train"
     layouts = _layouts(cost, ms, num_gpus)
     if recompute_modes is None:
         recompute_modes = ("none", "full") if w.recompute == "auto" else (w.recompute,)
     rc_codes = [RECOMPUTE_CODES.index(r) for r in recompute_modes] if train else [0]
-    offloads = [0]
-    if api["offload"]:
-        modes = fw.offload_modes(ms.name) if hasattr(fw, "offload_modes") else fw.offload
-        offloads = sorted({OFFLOAD_CODES.index(o) for o in modes if not (train and o == "drop")})
-        host, drop = OFFLOAD_CODES.index("host"), OFFLOAD_CODES.index("drop")
-        if drop_dominated and host in offloads and drop in offloads and (
-                ms.model in FROZEN_MODELS or ms.stage == "generate"):
-            offloads.remove(host)
-    zeros = sorted(set(fw.zero_stages) - {0}) if (api["zero"] and train) else []
-    max_v = fw.max_virtual_stages if (api["vpp"] and train) else 1
+    offloads = sorted(OFFLOAD_CODES.index(o) for o in fw.offload_modes(ms.name))
+    host, drop = OFFLOAD_CODES.index("host"), OFFLOAD_CODES.index("drop")
+    if drop_dominated and host in offloads and drop in offloads and (
+            ms.model in FROZEN_MODELS or ms.stage == "generate"):
+        offloads.remove(host)
+    zeros = sorted(set(fw.zero_stages) - {0}) if train else []
+    max_v = fw.max_virtual_stages if train else 1
     i64 = np.int64
     if not layouts:
         rows = None
@@ -243,7 +225,7 @@ def enumerate_candidates(cost: CostModel, ms: ModelStage, num_gpus: int, multi_n
             # ZeRO: stage 0 always (one replica shards nothing), the framework's stages with dp > 1
             # unless it lacks stage 0, then dp = 1 only keeps stage 0
             blocks = []
-            z0 = np.ones(m.shape, bool) if 0 in fw.zero_stages or not api["zero"] else rows["dp"] == 1
+            z0 = np.ones(m.shape, bool) if 0 in fw.zero_stages else rows["dp"] == 1
             blocks.append((z0, 0, 1))
             for z in zeros:
                 blocks.append((rows["dp"] > 1, z, 1))
@@ -287,12 +269,9 @@ def enumerate_candidates(cost: CostModel, ms: ModelStage, num_gpus: int, multi_n
     cols = {c: np.tile(rows[c], len(reps)) for c in ("tp", "pp", "dp", "b", "c", "z", "v")}
     cols["rc"] = np.repeat(np.array([rc for rc, _ in reps], dtype=i64), k)
     cols["o"] = np.repeat(np.array([o for _, o in reps], dtype=i64), k)
-    kw = {}
-    for name, col in (("zero", "z"), ("offload", "o"), ("vpp", "v")):
-        if api[name]:
-            kw[name] = cols[col]
     a = cost.candidate_arrays(ms, cols["tp"], cols["pp"], cols["dp"], micro_batch=cols["b"],
-                              recompute=cols["rc"], concurrency=cols["c"], multi_node=multi_node, **kw)
+                              recompute=cols["rc"], concurrency=cols["c"], zero=cols["z"], offload=cols["o"],
+                              vpp=cols["v"], multi_node=multi_node)
     return CandidateSet(ms.name, n=cols["tp"] * cols["pp"] * cols["dp"], t=np.array(a["time"], dtype=float),
                         r=np.array(a["resident"], dtype=float), x=np.array(a["transient"], dtype=float), **cols)
 
