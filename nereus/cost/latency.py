@@ -135,7 +135,7 @@ def gemm_rank_params(model: ModelSpec, tp):
 
 def gemm_class(workload: WorkloadSpec) -> str:
     """Op class of the linear layers' GEMMs: ``gemm_fp8`` when the workload runs them in FP8, else ``gemm``."""
-    return "gemm_fp8" if getattr(workload, "gemm_precision", None) == "fp8" else "gemm"
+    return "gemm_fp8" if workload.gemm_precision == "fp8" else "gemm"
 
 
 def _gemm_peak(gpu, cls: str) -> float:
