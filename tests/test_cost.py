@@ -211,3 +211,35 @@ def test_full_recompute_does_not_recompute_the_lm_head():
     mid_none, _ = microbatch_stage_times("train", M8, wl, cl, eff, 1, 2, 2, "none")
     mid_full, _ = microbatch_stage_times("train", M8, wl, cl, eff, 1, 2, 2, "full")
     assert mid_full["gemm"] == pytest.approx(mid_none["gemm"] * 4 / 3, rel=1e-12)
+
+
+def test_stage_groups_join_chains_of_overlapping_gpu_sets():
+    # infer stage: actor.infer {0,1} overlaps reference.infer {1,2}, which overlaps reward.infer
+    # {2,3}; actor.infer and reward.infer share no GPU but run in one group through reference.infer.
+    # critic.infer {6,7} is alone. Other stages: one model-stage each.
+    from nereus.cost.model import stage_groups
+    from nereus.spec.plan import Plan
+
+    cm = CostModel(_job())
+    c = [Candidate("actor.generate", 1, 1, 8, concurrency=8, gpus=tuple(range(8))),
+         Candidate("actor.infer", 1, 1, 2, micro_batch=1, gpus=(0, 1)),
+         Candidate("critic.infer", 1, 1, 2, micro_batch=1, gpus=(6, 7)),
+         Candidate("reference.infer", 1, 1, 2, micro_batch=1, gpus=(1, 2)),
+         Candidate("reward.infer", 1, 1, 2, micro_batch=1, gpus=(2, 3)),
+         Candidate("actor.train", 1, 1, 4, micro_batch=1, gpus=(0, 1, 2, 3)),
+         Candidate("critic.train", 1, 1, 4, micro_batch=1, gpus=(4, 5, 6, 7))]
+    groups = stage_groups(Plan(candidates=tuple(c)), cm.workflow)
+    assert sorted(groups) == sorted([("actor.generate",), ("actor.infer", "reference.infer", "reward.infer"),
+                                     ("critic.infer",), ("actor.train",), ("critic.train",)])
+    # L_step by hand: generation, then the slower of the chain (times add) and critic.infer, then
+    # the slower trainer; equal to the networkx critical path over the same groups
+    plan = cm.estimate(Plan(candidates=tuple(c)))
+    e = {x.model_stage: cm.estimate_candidate(x) for x in c}
+    want = (e["actor.generate"].time
+            + max(e["actor.infer"].time + e["reference.infer"].time + e["reward.infer"].time, e["critic.infer"].time)
+            + max(e["actor.train"].time, e["critic.train"].time))
+    assert plan.l_step == pytest.approx(want, rel=1e-12)
+    assert plan.l_step == pytest.approx(critical_path(cm.workflow, {k: v.time for k, v in e.items()}, groups),
+                                        rel=1e-12)
+    # actor.infer and reference.infer run the same candidate on the same shapes: equal estimates
+    assert plan.estimates["actor.infer"] == e["reference.infer"]

@@ -292,6 +292,16 @@ class CostModel:
         return expand(lat.weight_sync_times(model, self.job.workload, self.job.cluster, self.eff, ut, up, side,
                                              multi_node), inv)
 
+    def _estimate_key(self, cand: Candidate, multi_node: bool) -> tuple:
+        """What :meth:`estimate_candidate` depends on besides the candidate's layout columns: the
+        model's shapes, the stage, the weight-sync side (actor), frozenness where idle state is
+        offloaded (frozen models re-load instead of re-syncing) and the memory correction."""
+        ms = self.workflow.get(cand.model_stage)
+        return (self.model_of(ms), ms.stage, ms.model == "actor" and ms.stage != "infer",
+                cand.offload != "none" and ms.model in FROZEN_MODELS, self.memory_correction.get(ms.name, 1.0),
+                cand.tp, cand.pp, cand.dp, cand.micro_batch, cand.recompute, cand.concurrency, cand.zero,
+                cand.offload, cand.vpp, cand.grad_accum, multi_node)
+
     # ------------------------------------------------------------------ one candidate
     def estimate_candidate(self, cand: Candidate, multi_node: bool = False) -> StageEstimate:
         """Seconds, op-class breakdown and bytes per GPU of one candidate.
@@ -338,9 +348,14 @@ class CostModel:
         """
         pool = frozenset(pool) if pool is not None else plan.gpus_used()
         multi = self.job.cluster.spans_nodes(pool) if pool else False
-        ests = {c.model_stage: self.estimate_candidate(c, multi) for c in plan.candidates}
-        l_step = critical_path(self.workflow, {k: v.time for k, v in ests.items()},
-                               groups=stage_groups(plan, self.workflow))
+        ests: dict = {}
+        seen: dict = {}
+        for c in plan.candidates:  # same-shaped model-stages with one candidate cost the same
+            key = self._estimate_key(c, multi)
+            if key not in seen:
+                seen[key] = self.estimate_candidate(c, multi)
+            ests[c.model_stage] = seen[key]
+        l_step = self.stage_latency({k: v.time for k, v in ests.items()}, stage_groups(plan, self.workflow))
         gpu_res: dict = {}
         gpu_tr: dict = {}
         for c in plan.candidates:
@@ -406,20 +421,35 @@ def check_candidate(job: JobSpec, ms: ModelStage, cand: Candidate) -> None:
 def stage_groups(plan: Plan, workflow: Workflow) -> list[tuple[str, ...]]:
     """Model-stages that run one after another: per stage, the connected groups of model-stages
     whose GPU sets intersect (colocated, verl's hybrid engine); a model-stage sharing no GPU with
-    another of its stage is a group of its own. Model-stages without GPUs are groups of their own."""
+    another of its stage is a group of its own. Model-stages without GPUs are groups of their own.
+
+    Union-find over the GPUs (each GPU joins the model-stages that use it): ``O(Σ |gpus|)``, in
+    workflow order within a group, groups in the order of their first member."""
     out: list[tuple[str, ...]] = []
     for st in workflow.stages:
         names = [m.name for m in workflow.in_stage(st) if m.name in plan]
-        g = nx.Graph()
-        g.add_nodes_from(names)
-        sets = {n: set(plan[n].gpus) for n in names}
-        for i, a in enumerate(names):
-            for bname in names[i + 1:]:
-                if sets[a] & sets[bname]:
-                    g.add_edge(a, bname)
-        for comp in nx.connected_components(g):
-            out.append(tuple(n for n in names if n in comp))
+        parent = {n: n for n in names}
+        owner: dict = {}
+        for n in names:
+            for g in plan[n].gpus:
+                o = owner.setdefault(g, n)
+                if o != n:
+                    ra, rb = _root(parent, o), _root(parent, n)
+                    if ra != rb:
+                        parent[rb] = ra
+        comps: dict = {}
+        for n in names:
+            comps.setdefault(_root(parent, n), []).append(n)
+        out += [tuple(c) for c in comps.values()]
     return out
+
+
+def _root(parent: dict, n: str) -> str:
+    """Union-find root of ``n`` (path halving)."""
+    while parent[n] != n:
+        parent[n] = parent[parent[n]]
+        n = parent[n]
+    return n
 
 
 def default_headroom(job: JobSpec) -> float:

@@ -256,7 +256,9 @@ def search(cost: CostModel, pool_size: int, multi_node: bool,
                   for s in wf.stages}
         best = _tau_async(groups, usable, pool_size) if asyn else _tau_search(list(groups.values()), usable, pool_size)
         knap = sum(g.calls for g in groups.values())
-        kept = _promising_mixed(parts, names, fronts, pool_size, best[0] if best else math.inf, asyn)
+        has_mixed = any(partition_mode(p) == "mixed" for ps in parts.values() for p in ps)
+        kept = _promising_mixed(parts, names, fronts, pool_size, best[0] if best else math.inf, asyn) \
+            if has_mixed else {}
         groups2 = dict(groups)
         for st in list(kept):
             g2 = _Group(st, members[st], groups[st].parts + kept[st], names[st], usable)
