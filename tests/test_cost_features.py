@@ -207,8 +207,10 @@ def test_interleaving_rules():
         cm.estimate_candidate(Candidate("actor.train", 1, 4, 64, micro_batch=2, grad_accum=2, vpp=2))
     with pytest.raises(ValueError, match="needs a training model-stage"):
         cm.estimate_candidate(Candidate("actor.infer", 1, 4, 8, micro_batch=1, vpp=2))
-    with pytest.raises(ValueError, match="applies to training"):
+    with pytest.raises(ValueError, match="zero=1 shards optimizer state or gradients.*valid: zero=0, or 3"):
         cm.estimate_candidate(Candidate("actor.infer", 1, 1, 8, micro_batch=1, zero=1))
+    with pytest.raises(ValueError, match="generation engines do not shard weights"):
+        cm.estimate_candidate(Candidate("actor.generate", 1, 1, 8, concurrency=8, zero=3))
 
 
 # ---------------------------------------------------------------- uneven pipeline stages
@@ -244,3 +246,44 @@ def test_colocated_model_stages_of_one_stage_add_their_times():
     t = {k: v.time for k, v in apart.estimates.items()}  # the pool now spans 2 nodes (weight sync on the NIC)
     assert apart.l_step == pytest.approx(t["actor.generate"] + max(t["actor.infer"], t["reference.infer"])
                                          + t["actor.train"])
+
+
+# ---------------------------------------------------------------- ZeRO-3 inference engines
+def test_zero3_inference_memory_is_a_weight_shard_plus_two_gathered_layers():
+    # Llama-3.1-8B reference.infer tp1 pp1 dp8 on a ZeRO-3 engine (OpenRLHF's reference model):
+    # one layer = q,o 2·4096·4096 + k,v 2·4096·1024 + MLP 3·4096·14336 + 2 norms 2·4096 = 218,112,000
+    layer = 2 * H * H + 2 * H * 1024 + 3 * H * F + 2 * H
+    assert layer == 218_112_000
+    want = 8_030_261_248 * 2 / 8 + 2 * layer * 2  # bf16 shard + the running and the prefetched layer
+    assert want == 2_880_013_312
+    cm = _cm(get_framework("deepspeed"), prompt_len=1024, response_len=2048)
+    z3 = cm.estimate_candidate(Candidate("reference.infer", 1, 1, 8, micro_batch=8, zero=3))
+    z0 = cm.estimate_candidate(Candidate("reference.infer", 1, 1, 8, micro_batch=8))
+    assert z3.memory["weights"] == pytest.approx(want, rel=1e-12)
+    assert z0.memory["weights"] == 8_030_261_248 * 2
+    assert z3.resident == pytest.approx(want, rel=1e-12)  # weights are its only resident state
+    assert z3.transient == pytest.approx(z0.transient, rel=1e-12)
+
+
+def test_zero3_inference_time_adds_one_weight_allgather_per_micro_batch():
+    # without overlap (OpenRLHF's DeepSpeed: no overlap_comm): + m · ring all-gather of the rank's
+    # bf16 weights W among dp 8 on NVLink: lg(8)·α + 7/8 · W / (B · eff)
+    fw = FrameworkSpec(zero_stages=(0, 3), overlap_grad_reduce=False)
+    cm = _cm(fw, prompt_len=1024, response_len=2048)
+    g = get_gpu("h100")
+    wbytes = 8_030_261_248 * 2
+    bw = g.scaleup_bandwidth * EfficiencyTable().get("allgather@nvlink", g)
+    one = 3 * g.scaleup_latency + 7 / 8 * wbytes / bw
+    seqs = -(-cm.job.workload.global_batch // 8)
+    m = -(-seqs // 8)  # micro-batches of 8 per replica
+    z3 = cm.estimate_candidate(Candidate("reference.infer", 1, 1, 8, micro_batch=8, zero=3))
+    z0 = cm.estimate_candidate(Candidate("reference.infer", 1, 1, 8, micro_batch=8))
+    assert z3.breakdown["allgather@nvlink"] == pytest.approx(m * one, rel=1e-9)
+    assert z3.time - z0.time == pytest.approx(m * one, rel=1e-9)
+    # FSDP/DeepSpeed prefetch overlapped with the forward (deepspeed preset): the gathers here take
+    # less than the micro-batches' compute, so nothing is left exposed
+    ov = _cm(get_framework("deepspeed"), prompt_len=1024, response_len=2048)
+    a = ov.estimate_candidate(Candidate("reference.infer", 1, 1, 8, micro_batch=8, zero=3))
+    b = ov.estimate_candidate(Candidate("reference.infer", 1, 1, 8, micro_batch=8))
+    assert m * one < b.time
+    assert a.time == pytest.approx(b.time, rel=1e-12)

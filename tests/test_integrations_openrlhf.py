@@ -82,6 +82,9 @@ def test_colocate_all_zero3_adam_offload_by_hand():
         assert (by[k].dp, by[k].micro_batch, by[k].grad_accum, by[k].zero, by[k].offload) == (8, 4, 4, 3, "cpu_adam")
     assert [by[k].offload for k in ("reference.infer", "reward.infer", "actor.generate", "actor.infer")] == \
         ["host", "host", "host", "none"]
+    # ZeRO-3: the evaluation engines and the training engines' forward passes run sharded
+    assert [by[k].zero for k in ("actor.infer", "critic.infer", "reference.infer", "reward.infer", "actor.generate")] \
+        == [3, 3, 3, 3, 0]
     cost = CostModel(imp.job)
     est = {c.model_stage: cost.estimate_candidate(c, False) for c in imp.layout}
     ev = compare(imp)["user"]["evaluation"]
@@ -146,6 +149,7 @@ def test_expressible_layout_is_evaluated_by_hand():
     assert imp.expressible
     # groups on consecutive GPUs: actor 0-15, critic 16-23, ref 24-27, reward 28-31, vLLM 32-39; 8 per node
     by = {c.model_stage: c for c in imp.layout}
+    assert not any(c.zero for c in imp.layout)  # --ds.zero_stage 0: evaluation engines at stage 0 too
     assert by["actor.train"].gpus == tuple(range(16)) and by["critic.train"].gpus == tuple(range(16, 24))
     assert by["reference.infer"].gpus == tuple(range(24, 28)) and by["reward.infer"].gpus == tuple(range(28, 32))
     assert by["actor.generate"].gpus == tuple(range(32, 40)) and imp.job.cluster.num_nodes == 5

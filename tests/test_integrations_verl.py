@@ -77,6 +77,8 @@ def test_import_fsdp_offload_hybrid_engine_by_hand(qwen):
     # reshard_after_forward (default true) = FULL_SHARD = ZeRO-3; param + optimizer offload = host
     assert (a.tp, a.pp, a.dp, a.micro_batch, a.grad_accum, a.zero, a.offload) == (1, 1, 8, 8, 4, 3, "host")
     assert (by["actor.infer"].offload, by["reference.infer"].offload) == ("host", "host")
+    # FULL_SHARD engines run the log-prob passes on their shards: ZeRO-3 inference
+    assert (by["actor.infer"].zero, by["reference.infer"].zero) == (3, 3)
     g = by["actor.generate"]  # free_cache_engine (default true): vLLM sleeps, weights dropped and re-synced
     assert (g.tp, g.dp, g.offload, g.concurrency) == (1, 8, "drop", 128)  # 256 x 4 rollouts / 8 engines
     assert all(c.gpus == tuple(range(8)) for c in imp.layout)  # hybrid engine: one pool, overlapping sets
@@ -94,7 +96,8 @@ def test_import_fsdp_offload_hybrid_engine_by_hand(qwen):
     # ZeRO-2 when the parameters stay gathered after forward (SHARD_GRAD_OP)
     imp2 = import_verl(load_verl_config("ppo_trainer", fsdp_offload_05b(
         qwen["0.5b"], ["actor_rollout_ref.actor.fsdp_config.reshard_after_forward=False"])))
-    assert {c.model_stage: c for c in imp2.layout}["actor.train"].zero == 2
+    by2 = {c.model_stage: c for c in imp2.layout}
+    assert (by2["actor.train"].zero, by2["actor.infer"].zero, by2["reference.infer"].zero) == (2, 0, 3)
 
 
 def test_import_ppo_fsdp_qwen05b(qwen):
@@ -165,6 +168,7 @@ def test_import_megatron_offload_interleaving_and_flags(qwen):
     by = {c.model_stage: c for c in imp.layout}
     a = by["actor.train"]
     assert (a.vpp, a.zero, a.offload) == (2, 1, "host")
+    assert not any(c.zero for c in imp.layout if not c.model_stage.endswith(".train"))  # Megatron: unsharded
     # the ref's param_offload interpolates the actor's; interleaving is a training schedule
     assert (by["reference.infer"].offload, by["reference.infer"].vpp, by["actor.infer"].offload) == ("host", 1, "host")
     assert by["actor.generate"].offload == "none"

@@ -243,7 +243,15 @@ def test_framework_gates_the_new_dimensions():
     assert set(fsdp.z[fsdp.dp > 1].tolist()) == {2, 3} and set(fsdp.z[fsdp.dp == 1].tolist()) == {0}
     inf = enumerate_candidates(CostModel(job.with_framework(get_framework("fsdp"))),
                                ModelStage.parse("reference.infer"), 16, True)
-    assert set(inf.o.tolist()) == {0, 1, 2} and not inf.z.any()
+    assert set(inf.o.tolist()) == {0, 1, 2}
+    # FSDP (stages 2 and 3) runs inference unsharded (z0, as SHARD_GRAD_OP's forward) or as ZeRO-3
+    # (z3, dp > 1 only): every unsharded dp > 1 row once more with z3, nothing else
+    assert set(inf.z.tolist()) == {0, 3} and np.all(inf.dp[inf.z == 3] > 1)
+    key = lambda m: sorted(zip(inf.tp[m], inf.pp[m], inf.dp[m], inf.b[m], inf.o[m]))  # noqa: E731
+    assert key(inf.z == 3) == key((inf.z == 0) & (inf.dp > 1))
+    meg_inf = enumerate_candidates(CostModel(job.with_framework(get_framework("megatron"))),
+                                   ModelStage.parse("reference.infer"), 16, True)
+    assert not meg_inf.z.any()  # Megatron has no ZeRO-3: inference never sharded
 
 
 def test_default_framework_plans_use_no_new_feature():

@@ -72,8 +72,17 @@ def test_phi_of_a_zero_group_is_one_emu_with_sliced_optimizer_state():
     # ZeRO with dp 1 is an ordinary replica; zero=0 gives dp replicas (today's EMUs)
     assert phi(JOB, train(1, 1, 1, 1, (0,)))[0].signature() == phi(JOB, train(1, 1, 1, 0, (0,)))[0].signature()
     assert [e.shard_bytes for e in phi(JOB, train(1, 1, 2, 0, (0, 1)))] == [(W + OPT,)] * 2
-    with pytest.raises(ValueError, match="training model-stages only"):
+    with pytest.raises(ValueError, match="zero=1 is not a ZeRO stage a infer model-stage can have; valid: 0, 3"):
         phi(JOB, Candidate("reference.infer", 1, 1, 2, zero=1, gpus=(0, 1)))
+    with pytest.raises(ValueError, match="valid: 0$"):
+        phi(JOB, Candidate("actor.generate", 1, 1, 2, zero=3, concurrency=4, gpus=(0, 1)))
+
+
+def test_phi_of_a_zero3_inference_engine_is_one_group_of_weight_slices():
+    # a ZeRO-3 engine's forward passes (OpenRLHF's reference model): weights only, sharded over dp 4
+    (g,) = phi(JOB, Candidate("reference.infer", 1, 1, 4, micro_batch=1, zero=3, gpus=(4, 5, 6, 7)))
+    assert (g.z, g.zero, g.gpus) == (4, 3, (4, 5, 6, 7))
+    assert g.shard_bytes == (W // 4,) == (78_112,) and g.sharded == (W,)  # 2 B x 156,224 / 4
 
 
 def test_a_zero1_group_shrinking_dp_4_to_2_receives_the_leaving_ranks_slices():

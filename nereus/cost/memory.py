@@ -121,7 +121,7 @@ def stage_memory(stage: str, model: ModelSpec, workload: WorkloadSpec, tp, pp, *
 
     Elementwise over arrays: ``tp``, ``pp``, ``micro_batch``, ``recompute`` (a mode or an array of
     codes, see :func:`recompute_code`), ``inflight`` (train: micro-batches in flight, ``min(pp, m)``),
-    ``concurrency`` (generate), ``dp``, ``zero`` (ZeRO stage 0-3, train), ``offload`` (codes of
+    ``concurrency`` (generate), ``dp``, ``zero`` (ZeRO stage 0-3, train; 0 or 3, infer), ``offload`` (codes of
     :data:`OFFLOAD_CODES`) and ``vpp`` (interleaving) may be arrays of one shape; ``sp`` (sequence
     parallelism) is a flag. Each term is taken on its most loaded pipeline rank (the first holds the
     most activations, the last the logits; the larger of the two is kept).
@@ -130,7 +130,11 @@ def stage_memory(stage: str, model: ModelSpec, workload: WorkloadSpec, tp, pp, *
 
     * ZeRO over ``dp``: stage >= 1 divides the optimizer state, >= 2 also the gradients, 3 also the
       weights, which then need two gathered layers in flight (forward and backward prefetch,
-      llm-analysis's ``unsharded_layer x (fwd_prefetch + bwd_prefetch)``).
+      llm-analysis's ``unsharded_layer x (fwd_prefetch + bwd_prefetch)``). An ``infer``
+      model-stage run by a ZeRO-3 / FSDP engine (OpenRLHF's DeepSpeed reference and reward models
+      and its actor's log-prob pass, verl's FSDP ref and ``compute_log_prob``) holds ``1/dp`` of
+      its weights and two gathered layers: the one running and the one prefetched (FSDP
+      ``forward_prefetch``, DeepSpeed ``stage3_prefetch_bucket_size``); other stages are ignored.
     * Interleaved 1F1B keeps ``1 + (p-1)/(p·v)`` times the first rank's activations (Korthikanti
       et al. 2022 §4.2.3).
     * Offload ``host`` or ``drop``: the weights and optimizer state are not resident between runs;
@@ -173,6 +177,10 @@ def stage_memory(stage: str, model: ModelSpec, workload: WorkloadSpec, tp, pp, *
         out["activations"] = np.where(pp > 1, np.maximum(first, last), first)
         out["logits"] = np.where(pp > 1, 0.0, logits)
     elif stage == "infer":
+        zero, dp = np.asarray(zero), np.asarray(dp)
+        out["weights"] = np.where(zero >= 3, params * workload.param_bytes / dp
+                                  + 2.0 * layer_params_rank(model, tp) * workload.param_bytes,
+                                  params * workload.param_bytes)
         tokens = s * np.asarray(micro_batch)
         out["activations"] = 2 * activation_bytes_per_layer(model, tokens, tp, sp)
         out["logits"] = (6.0 * tokens * model.vocab_size / tp) if model.head == "lm" else 4.0 * tokens

@@ -40,6 +40,7 @@ from nereus.cost.host_optimizer import cpu_adam_times
 from nereus.cost.memory import OFF_CPU_ADAM, WORKSPACE_BYTES, offload_code, recompute_code, stage_memory
 from nereus.cost.rows import expand, rows_of, unique_rows
 from nereus.cost.shapes import valid_pp, valid_tp
+from nereus.cost.sharded_infer import infer_gather_times
 from nereus.spec.job import JobSpec
 from nereus.spec.plan import Candidate, Plan, StageEstimate
 from nereus.workflow import ModelStage, Workflow, workflow_for
@@ -163,7 +164,7 @@ class CostModel:
         off = offload_code(offload)
         if not breakdown and ms.stage != "train" and np.ndim(off) and dp.size >= 64:
             got = self._by_offload(ms, tp, pp, dp, micro_batch, concurrency, np.broadcast_to(off, dp.shape),
-                                   multi_node, corr)
+                                   multi_node, corr, np.broadcast_to(np.asarray(zero), dp.shape))
             if got is not None:
                 return got
         if ms.stage == "train":
@@ -203,9 +204,15 @@ class CostModel:
                                                    sp=fw.sequence_parallel, overlap_tp=fw.overlap_tp_comm)
             mid, last = expand(mid, inv), expand(last, inv)
             parts = _combine(_scale(last, m), {"bubble": (pp - 1) * _sum(mid)})
-            first, inv = unique_rows(dp.shape, tp, pp, micro_batch, off)
-            u = rows_of(first, tp, pp, micro_batch, off)
+            zero = np.asarray(zero)
+            if np.any(zero):  # a ZeRO-3 engine: the weights are gathered for every micro-batch
+                comm = infer_gather_times(model, w, cl, eff, tp, pp, dp, zero, m)
+                parts = _combine(parts, _overlap_dp(comm, last, zero, m) if fw.overlap_grad_reduce else comm)
+            dz = np.where(zero >= 3, dp, 0)  # the weights depend on dp only when sharded
+            first, inv = unique_rows(dp.shape, tp, pp, micro_batch, off, dz)
+            u = rows_of(first, tp, pp, micro_batch, off, dz)
             mem = expand(stage_memory("infer", model, w, u[0], u[1], micro_batch=u[2], offload=u[3],
+                                       dp=np.maximum(u[4], 1), zero=np.where(u[4] > 0, 3, 0),
                                        sp=fw.sequence_parallel), inv)
         elif ms.stage == "generate":
             seqs = -(-w.rollouts_per_step // dp)
@@ -243,7 +250,8 @@ class CostModel:
             out["breakdown"] = {k: rows(v) for k, v in parts.items()}
         return out
 
-    def _by_offload(self, ms: ModelStage, tp, pp, dp, micro_batch, concurrency, off, multi_node: bool, corr):
+    def _by_offload(self, ms: ModelStage, tp, pp, dp, micro_batch, concurrency, off, multi_node: bool, corr,
+                    zero):
         """:meth:`candidate_arrays` of inference or generation rows with several offload modes (the
         enumeration repeats every row once per mode): the time without the offload terms depends on
         the other columns only, so it is computed once per distinct row of them, and each row adds
@@ -256,17 +264,19 @@ class CostModel:
             load = np.asarray(micro_batch)
         else:
             load = np.minimum(concurrency, -(-w.rollouts_per_step // dp))  # the concurrency the rows run at
-        first, inv = unique_rows(shape, tp, pp, dp, load)
+        first, inv = unique_rows(shape, tp, pp, dp, load, zero)
         if first.size * 2 > dp.size:
             return None
         u = rows_of(first, tp, pp, dp, np.broadcast_to(np.asarray(micro_batch), shape),
-                     np.broadcast_to(np.asarray(concurrency), shape))
-        base = self.candidate_arrays(ms, u[0], u[1], u[2], micro_batch=u[3], concurrency=u[4], offload=0,
-                                     multi_node=multi_node, breakdown=True)
-        mf, minv = unique_rows(shape, tp, pp, load, off)
-        mt, mp, ml, mo = rows_of(mf, tp, pp, load, off)
+                     np.broadcast_to(np.asarray(concurrency), shape), zero)
+        base = self.candidate_arrays(ms, u[0], u[1], u[2], micro_batch=u[3], concurrency=u[4], zero=u[5],
+                                     offload=0, multi_node=multi_node, breakdown=True)
+        dz = np.where(zero >= 3, dp, 0)  # the weights depend on dp only when ZeRO-3 shards them
+        mf, minv = unique_rows(shape, tp, pp, load, off, dz)
+        mt, mp, ml, mo, md = rows_of(mf, tp, pp, load, off, dz)
         if ms.stage == "infer":
-            mem = stage_memory("infer", model, w, mt, mp, micro_batch=ml, offload=mo, sp=self.job.framework.sequence_parallel)
+            mem = stage_memory("infer", model, w, mt, mp, micro_batch=ml, offload=mo, dp=np.maximum(md, 1),
+                               zero=np.where(md > 0, 3, 0), sp=self.job.framework.sequence_parallel)
         else:
             mem = stage_memory("generate", model, w, mt, mp, concurrency=ml, offload=mo)
         mem = expand(mem, minv)
@@ -382,7 +392,8 @@ def check_candidate(job: JobSpec, ms: ModelStage, cand: Candidate) -> None:
     """Raise ValueError naming the field when ``cand`` cannot run ``ms`` of ``job``.
 
     Checked: tp/pp shard the model (pp may leave a remainder when the framework allows uneven
-    stages), ``grad_accum`` matches the mini-batch, ZeRO only for training, ``drop`` never for
+    stages), ``grad_accum`` matches the mini-batch, ZeRO for training (any stage) and inference (3:
+    a ZeRO-3/FSDP engine) only, ``drop`` never for
     training state, interleaving only for training with ``pp > 1``, ``pp·vpp`` dividing the layers and
     the micro-batches per replica a multiple of ``pp`` (Megatron's interleaved-schedule rule).
     Whether the framework supports a feature is not checked here (the what-if reports it).
@@ -399,8 +410,11 @@ def check_candidate(job: JobSpec, ms: ModelStage, cand: Candidate) -> None:
                          f"dp*micro_batch*grad_accum = {cand.dp}*{b}*{cand.grad_accum} = "
                          f"{cand.dp * b * cand.grad_accum}; valid: grad_accum = mini_batch_size/(dp*micro_batch)"
                          f" = {mini}/{cand.dp * b}" + ("" if mini % (cand.dp * b) else f" = {mini // (cand.dp * b)}"))
-    if cand.zero and ms.stage != "train":
-        raise ValueError(f"{where}: zero={cand.zero} applies to training model-stages only; valid: zero=0")
+    if cand.zero and ms.stage == "generate":
+        raise ValueError(f"{where}: zero={cand.zero}: generation engines do not shard weights over DP; valid: zero=0")
+    if cand.zero in (1, 2) and ms.stage == "infer":
+        raise ValueError(f"{where}: zero={cand.zero} shards optimizer state or gradients, which an inference "
+                         f"model-stage has none of; valid: zero=0, or 3 (weights sharded over DP, a ZeRO-3/FSDP engine)")
     if cand.offload == "drop" and ms.stage == "train":
         raise ValueError(f"{where}: offload='drop' would lose training state; valid: 'none', 'host' or "
                          f"'cpu_adam'")

@@ -14,7 +14,8 @@ GPUs); ``--train.colocate_all`` puts every group (and the engines, unless asynch
 actor's GPUs, ``--train.colocate_actor_ref`` the reference on the actor's, and
 ``--train.colocate_critic_reward`` the reward model on the critic's: model-stages of one stage on
 shared GPUs run one after another. DeepSpeed models use ``--ds.tensor_parallel_size`` and no
-pipeline; DP = group GPUs / TP. ``--ds.zero_stage`` is the training model-stages' ``zero``;
+pipeline; DP = group GPUs / TP. ``--ds.zero_stage`` is the training model-stages' ``zero``, and
+with stage 3 the inference model-stages' too (OpenRLHF's evaluation engines use stage 3 or 0);
 ``--ds.adam_offload`` their ``offload='cpu_adam'`` (ZeRO-Offload: optimizer state and step on the
 CPU), ``--ds.enable_sleep`` their ``offload='host'``; ``--ref.offload``,
 ``--reward.offload`` and ``--vllm.enable_sleep`` (level 1, with colocate_all) ``host`` for theirs. The
@@ -257,9 +258,10 @@ def import_openrlhf(args, model=None, gpu=None) -> Imported:
                      "'host' of the training model-stages (the bf16 weights stay on the GPU in OpenRLHF; the cost "
                      "model moves them too)")
     if z == 3:
-        notes.append("--ds.zero_stage 3 also shards the weights of OpenRLHF's inference passes (log-probs, values, "
-                     "reference, reward); the cost model shards training model-stages only, so the inference "
-                     "model-stages' weights are counted whole on each GPU (an upper bound on their memory)")
+        notes.append("--ds.zero_stage 3 also shards the weights of OpenRLHF's inference passes (log-probs and values "
+                     "on the training engines, the reference and reward engines): zero 3 for the inference "
+                     "model-stages with DP > 1; actor.infer and critic.infer count their shard apart from the "
+                     "training engine's (one shard more than OpenRLHF holds)")
     if (g("ds.ring_attn_size") or 1) > 1:
         un.append(Unexpressible("--ds.ring_attn_size", a["ds.ring_attn_size"], "ring attention (context "
                                 "parallelism) is not in the cost model"))
@@ -334,7 +336,8 @@ def import_openrlhf(args, model=None, gpu=None) -> Imported:
                              f"multiple of --ds.tensor_parallel_size {tp}")
         dp = n // tp
         name = {"ref": "reference", "reward": "reward"}.get(r, r)
-        cands.append(Candidate(f"{name}.infer", tp, 1, dp, micro_batch=bi, offload=off.get(r, "none"), gpus=gpus))
+        cands.append(Candidate(f"{name}.infer", tp, 1, dp, micro_batch=bi, offload=off.get(r, "none"),
+                               zero=_infer_zero(z, dp), gpus=gpus))
         if r in ("actor", "critic"):
             if mb % (dp * b):
                 raise ValueError(f"OpenRLHF arguments --train.batch_size {mb} must be a multiple of DP {dp} "
@@ -386,8 +389,16 @@ _ZERO_OFFLOAD = ((0, "none"), (1, "none"), (2, "none"), (3, "none"), (1, "cpu_ad
                  (3, "cpu_adam"))
 
 
+def _infer_zero(z: int, dp: int) -> int:
+    """ZeRO stage of an inference model-stage under ``--ds.zero_stage z``: OpenRLHF's evaluation
+    engines (reference, reward) take stage 3 when training does and 0 otherwise
+    (``get_eval_ds_config``), and log-probs and values run on the training engines, so the pass is
+    sharded exactly when ``z == 3`` (and there is more than one replica to shard over)."""
+    return 3 if z == 3 and dp > 1 else 0
+
+
 def _train_pair(r, tp, dp, b, rc, z, off, mb, bi, gpus=()):
-    cs = [Candidate(f"{r}.infer", tp, 1, dp, micro_batch=bi, gpus=gpus)]
+    cs = [Candidate(f"{r}.infer", tp, 1, dp, micro_batch=bi, zero=_infer_zero(z, dp), gpus=gpus)]
     if r in ("actor", "critic"):
         cs.append(Candidate(f"{r}.train", tp, 1, dp, micro_batch=b, grad_accum=mb // (dp * b), recompute=rc,
                             zero=z, offload=off, gpus=gpus))

@@ -15,7 +15,8 @@ Keys (verl 0.9 names; docs/integrations.md lists every key read, and why the res
   (every candidate's GPU set is the whole pool): ``actor.train`` and ``actor.infer`` with the actor's
   engine (Megatron TP/PP/VPP, distributed optimizer = ZeRO-1; FSDP: DP over all N,
   ``reshard_after_forward`` = ZeRO-3 else ZeRO-2), ``param_offload`` + ``optimizer_offload`` =
-  offload ``host``; ``reference.infer`` with the ref engine, the critic with ``critic.*``; generation
+  offload ``host``; ``reference.infer`` with the ref engine, the critic with ``critic.*``; an inference
+  model-stage of a FULL_SHARD engine runs ZeRO-3 (weights sharded over DP, gathered per micro-batch); generation
   with ``actor_rollout_ref.rollout.tensor_model_parallel_size``, a concurrency from
   ``gpu_memory_utilization`` and ``max_num_seqs``, and offload ``drop`` under ``free_cache_engine``
   (vLLM sleep mode, weights re-synced from the actor); micro-batches from the
@@ -259,8 +260,8 @@ def _engine(c: _Cfg, role: str, n: int, out: list, notes: list, model, strategy:
             e.param_offload = True
             e.offload = "host"
             notes.append(f"{prefix}: verl keeps a forward-only FSDP model's parameters in host memory (CPU "
-                         "offload); Nereus models it as offload 'host' of whole weights (inference model-stages "
-                         "are not ZeRO-sharded in the cost model), an upper bound on its memory and reload time")
+                         "offload); Nereus models it as offload 'host' of its ZeRO-3 shard (FULL_SHARD; whole "
+                         "weights with reshard_after_forward=False)")
             return e
         if c.get(f"{sec}.offload_policy", False):
             out.append(Unexpressible(f"{sec}.offload_policy", True, "FSDP2's CPUOffloadPolicy keeps parameters, "
@@ -478,7 +479,9 @@ def import_verl(cfg: dict, model=None, gpu=None) -> Imported:
         b = c.int(bkey, default) if default is None else (c.get(bkey, None) or default)
         if b is None:
             raise ValueError(f"verl key {bkey}=None: set the per-GPU micro-batch of {name} (an integer >= 1)")
-        return Candidate(name, e.tp, e.pp, n // (e.tp * e.pp), micro_batch=int(b),
+        dp = n // (e.tp * e.pp)
+        # a FULL_SHARD FSDP (or Megatron-FSDP) engine runs the forward pass on its shards: ZeRO-3
+        return Candidate(name, e.tp, e.pp, dp, micro_batch=int(b), zero=3 if e.zero == 3 and dp > 1 else 0,
                          offload="host" if e.param_offload else "none", gpus=gpus)
 
     cands.append(train_cand("actor.train", "actor", f"{arr}.actor.ppo_micro_batch_size_per_gpu"))

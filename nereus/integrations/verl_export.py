@@ -138,18 +138,19 @@ class _Search:
             for tr in self.train_options("actor.train", tp, pp):
                 for b in sorted({tr.micro_batch, bi}):  # verl: rollout.log_prob_micro_batch_size_per_gpu
                     opts.append((tr, Candidate("actor.infer", tp, pp, tr.dp, micro_batch=b, offload=tr.offload,
-                                               gpus=gpus)))
+                                               zero=_infer_zero(tr), gpus=gpus)))
         out.append(self.group(opts))
         ref_offload = ("host",) if self.backend == "fsdp" else ("none", "host")  # FSDP: forward-only CPU offload
+        ref_zero = 3 if self.backend == "fsdp" and n > 1 else 0  # verl's FSDP ref: FULL_SHARD
         out.append(self.group([(Candidate("reference.infer", tp, pp, n // (tp * pp), micro_batch=b, offload=o,
-                                          gpus=gpus),)
+                                          zero=ref_zero, gpus=gpus),)
                                for tp, pp in layouts for b in sorted({1, bi}) for o in ref_offload]))
         if "critic.train" in wf:
             opts = []
             for tp, pp in layouts:
                 for tr in self.train_options("critic.train", tp, pp):
                     opts.append((tr, Candidate("critic.infer", tp, pp, tr.dp, micro_batch=tr.micro_batch,
-                                               offload=tr.offload, gpus=gpus)))
+                                               offload=tr.offload, zero=_infer_zero(tr), gpus=gpus)))
             out.append(self.group(opts))
         gen = []
         for tp in _pow2_upto(n):
@@ -303,6 +304,12 @@ def _changes(best: Plan, cands) -> list[str]:
     return out
 
 
+def _infer_zero(train: Candidate) -> int:
+    """ZeRO stage of the forward passes run on a training engine: 3 on a FULL_SHARD (ZeRO-3) engine
+    with more than one rank, else 0 (their weights are whole on each GPU)."""
+    return 3 if train.zero == 3 and train.dp > 1 else 0
+
+
 def verl_expressible(job: JobSpec, cands, backend: str) -> str | None:
     """Why placed candidates are not a layout verl's ``backend`` runs with the hybrid engine, or None:
     every model-stage on the whole pool; ``actor.infer`` on the actor's engine (its TP/PP, its offload)
@@ -324,12 +331,18 @@ def verl_expressible(job: JobSpec, cands, backend: str) -> str | None:
     for name, c in by.items():
         if c.offload not in allowed.get(name, ("none", "host")):
             return f"{name} has offload {c.offload!r} (verl: {', '.join(allowed.get(name, ('none', 'host')))})"
+    for name, c in by.items():
+        want = 3 if name == "reference.infer" and backend == "fsdp" and c.dp > 1 else 0
+        if not name.endswith(".train") and c.zero != want and name not in ("actor.infer", "critic.infer"):
+            return f"{name} has zero={c.zero} (verl {backend}: {want})"
     for role in ("actor", "critic"):
         t, i = by.get(f"{role}.train"), by.get(f"{role}.infer")
         if t is None:
             continue
-        if (i.tp, i.pp, i.offload) != (t.tp, t.pp, t.offload) or (role == "critic" and i.micro_batch != t.micro_batch):
-            return f"{role}.infer does not run on {role}.train's engine (its TP/PP, offload{', micro-batch' if role == 'critic' else ''})"
+        if (i.tp, i.pp, i.offload, i.zero) != (t.tp, t.pp, t.offload, _infer_zero(t)) or \
+                (role == "critic" and i.micro_batch != t.micro_batch):
+            return (f"{role}.infer does not run on {role}.train's engine (its TP/PP, offload, ZeRO-3 sharding"
+                    f"{', micro-batch' if role == 'critic' else ''})")
         zeros = (0, 1) if backend == "megatron" else (2, 3)
         if t.zero not in zeros:
             return f"{role}.train has zero={t.zero} (verl {backend}: {zeros})"

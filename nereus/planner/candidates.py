@@ -15,6 +15,11 @@ features it names):
   others add GPUs for no speed;
 * inference micro-batch ``b`` up to the workload's: only the smallest ``b`` of each micro-batch count
   ``ceil(seqs/b)`` is kept (same count, smaller ``b``: no more time, no more memory);
+* inference under a framework with ZeRO stage 3 (FSDP, DeepSpeed engines run the forward passes):
+  each row with ``dp > 1`` also with ``z = 3`` (weights sharded over DP and gathered per
+  micro-batch; the only inference row when the framework has no lower stage). The DP degrees are
+  the inference ones above (the smallest of each per-replica load): a larger DP at the same load
+  would shard the weights thinner for more GPUs; that trade is not searched;
 * generation concurrency ``c``: any integer, reduced exactly to the smallest ``c`` of each wave count
   ``ceil(seqs/c)``: at a fixed wave count a larger ``c`` decodes a larger batch per step (no less
   time: the cost model's per-step time is non-decreasing in the batch, checked by
@@ -171,6 +176,18 @@ def _expand(layouts, tdp: np.ndarray, cols: dict, num_gpus: int) -> dict:
     return out
 
 
+def _infer_zero_rows(rows: dict, unsharded: bool) -> dict:
+    """Inference rows of a framework with ZeRO-3: every row with ``dp > 1`` again with ``z = 3``
+    (weights sharded over DP), next to the unsharded rows when the framework has a lower stage
+    (``unsharded``), else instead of them (a ``dp = 1`` row is always ``z = 0``)."""
+    k = rows["dp"].size
+    if unsharded:
+        idx = np.concatenate([np.arange(k), np.flatnonzero(rows["dp"] > 1)])
+        z = np.r_[np.zeros(k, dtype=np.int64), np.full(idx.size - k, 3, dtype=np.int64)]
+        return {c: v[idx] for c, v in rows.items()} | {"z": z}
+    return rows | {"z": np.where(rows["dp"] > 1, 3, 0).astype(np.int64)}
+
+
 def enumerate_candidates(cost: CostModel, ms: ModelStage, num_gpus: int, multi_node: bool,
                          recompute_modes: tuple[str, ...] | None = None,
                          min_micro_batch: int = 1, min_train_replicas: int = 1,
@@ -249,6 +266,8 @@ def enumerate_candidates(cost: CostModel, ms: ModelStage, num_gpus: int, multi_n
         dps = _distinct_load_dps(w.global_batch, num_gpus)
         ii, bb = _per_count(-(-w.global_batch // dps), w.infer_micro_batch_size)
         rows = _expand(layouts, dps[ii], {"b": bb}, num_gpus) if ii.size else None
+        if rows is not None and 3 in fw.zero_stages:  # a ZeRO-3/FSDP engine may run the pass sharded
+            rows = _infer_zero_rows(rows, any(z < 3 for z in fw.zero_stages))
     else:  # generate: every (dp, concurrency) pair, concurrency reduced per wave count
         dps = _distinct_load_dps(w.rollouts_per_step, num_gpus)
         ii, cc = _per_count(-(-w.rollouts_per_step // dps))

@@ -24,7 +24,7 @@ from nereus.cost.shapes import _layer_params_per_tp_rank, layers_of_rank, params
 from nereus.spec.job import JobSpec
 from nereus.spec.model import ModelSpec
 
-__all__ = ["EMU", "state_bytes_per_param", "state_parts", "model_of", "stage_of", "shard_bytes",
+__all__ = ["EMU", "check_zero", "state_bytes_per_param", "state_parts", "model_of", "stage_of", "shard_bytes",
            "zero_shard_bytes", "phi", "t_sub", "sub_units", "aligned_gpus", "resident_bytes", "held_bytes",
            "parts_of", "STAGE_ORDER"]
 
@@ -234,27 +234,37 @@ class EMU:
         return d
 
 
+def check_zero(model_stage: str, zero: int) -> None:
+    """Raise ValueError unless ``zero`` fits ``model_stage``'s stage: any stage 0-3 for training,
+    0 or 3 for inference (only weights to shard), 0 for generation."""
+    st = stage_of(model_stage)
+    ok = (0, 1, 2, 3) if st == "train" else (0, 3) if st == "infer" else (0,)
+    if zero not in ok:
+        raise ValueError(f"candidate {model_stage}: zero={zero} is not a ZeRO stage a {st} model-stage can have; "
+                         f"valid: {', '.join(map(str, ok))}")
+
+
 def phi(job: JobSpec, candidate, prefix: str = "#") -> tuple[EMU, ...]:
     """``Φ(π)``: the EMUs of a candidate at a step boundary, uids ``f"{model_stage}{prefix}{d}"``.
 
     * ``zero == 0`` (or ``dp == 1``): one EMU per DP replica, a full copy each (paper §5).
-    * a training candidate with ``zero >= 1`` and ``dp > 1``: ONE EMU, the ZeRO group, layout
-      ``(tp, pp, z = dp)`` on all its GPUs in the plan order (replica ``d`` is sharding rank ``d``),
-      bytes per GPU :func:`zero_shard_bytes` (ours, issue 13).
+    * a training candidate with ``zero >= 1``, or an inference one with ``zero == 3`` (a ZeRO-3 /
+      FSDP engine's forward passes: weights sharded), and ``dp > 1``: ONE EMU, the ZeRO group,
+      layout ``(tp, pp, z = dp)`` on all its GPUs in the plan order (replica ``d`` is sharding rank
+      ``d``), bytes per GPU :func:`zero_shard_bytes` (ours, issue 13).
     * ``offload == "host"``: the same EMUs with ``host=True`` (the idle state sits in host memory:
       no GPU bytes, no GPU owned); ``offload == "drop"``: none (the state is re-created at the
       model-stage's next run, from storage or its ``*.train``).
 
     Raises:
-        ValueError: the candidate has no GPU set (not placed), or ``zero`` on a model-stage that
-            does not train.
+        ValueError: the candidate has no GPU set (not placed), or a ``zero`` its stage cannot have
+            (:func:`check_zero`).
     """
     if not candidate.gpus:
         raise ValueError(f"candidate {candidate.model_stage}: gpus is empty; Φ needs a placed candidate")
     zero = getattr(candidate, "zero", 0)
     offload = getattr(candidate, "offload", "none")
-    if zero and stage_of(candidate.model_stage) != "train":
-        raise ValueError(f"candidate {candidate.model_stage}: zero={zero} applies to training model-stages only")
+    check_zero(candidate.model_stage, zero)
     if offload == "drop":
         return ()
     host = offload == "host"

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from nereus.planner.plan import Plan
 from nereus.spec.job import JobSpec
 from nereus.transition.cost import CostParams, duration, min_bytes, ports
-from nereus.transition.emu import model_of, phi, stage_of, state_parts
+from nereus.transition.emu import check_zero, model_of, phi, stage_of, state_parts
 from nereus.transition.global_dag import GlobalDAG, plan_global
 from nereus.transition.local_dag import Infeasible, align_group, build_local_dag
 from nereus.transition.primitives import STORAGE
@@ -102,8 +102,10 @@ def _check_plans(job: JobSpec, current: Plan, target: Plan) -> None:
             bad = [g for g in c.gpus if not 0 <= g < n]
             if bad:
                 raise ValueError(f"{name} plan: {c.model_stage} uses GPU ids {bad[:4]}; valid 0..{n - 1}")
-            if c.zero and stage_of(c.model_stage) != "train":
-                raise ValueError(f"{name} plan: {c.model_stage} has zero={c.zero}; ZeRO applies to training only")
+            try:
+                check_zero(c.model_stage, c.zero)
+            except ValueError as e:
+                raise ValueError(f"{name} plan: {e}") from None
             if c.offload == "drop" and stage_of(c.model_stage) == "train":
                 raise ValueError(f"{name} plan: {c.model_stage} has offload='drop', which would lose its "
                                  "training state; valid: 'none', 'host' or 'cpu_adam'")
