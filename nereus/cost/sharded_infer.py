@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from nereus.cost.latency import LinkModel
+from nereus.cost.rows import expand, rows_of, unique_rows
 from nereus.cost.shapes import params_rank
 
 __all__ = ["infer_gather_times"]
@@ -26,8 +27,12 @@ def infer_gather_times(model, workload, cluster, eff, tp, pp, dp, zero, micro_ba
     (``allgather@<link>``), before overlap: ``m · t_allgather(W, dp)`` where ``zero >= 3``, 0
     elsewhere. Elementwise over arrays ``tp``, ``pp``, ``dp``, ``zero``, ``micro_batches`` (``m``).
     The group spans ``tp·pp·dp`` GPUs (:class:`~nereus.cost.latency.LinkModel` picks the link)."""
-    tp, pp, dp = np.asarray(tp), np.asarray(pp), np.asarray(dp)
+    dp = np.atleast_1d(np.asarray(dp))
+    shape = dp.shape
+    tp, pp = np.broadcast_to(np.asarray(tp), shape), np.broadcast_to(np.asarray(pp), shape)
     zero, m = np.asarray(zero), np.asarray(micro_batches)
-    w = params_rank(model, tp, pp) * workload.param_bytes
-    ag = LinkModel(cluster, eff).time("allgather", w, dp, span=tp * pp * dp)
+    first, inv = unique_rows(shape, tp, pp, dp)  # one all-gather per distinct (tp, pp, dp)
+    ut, up, ud = rows_of(first, tp, pp, dp)
+    w = params_rank(model, ut, up) * workload.param_bytes
+    ag = expand(LinkModel(cluster, eff).time("allgather", w, ud, span=ut * up * ud), inv)
     return {k: np.where(zero >= 3, v * m, 0.0) for k, v in ag.items()}
