@@ -29,18 +29,16 @@ use the workload's ``response_len_max`` when set (:mod:`nereus.cost.memory`), ti
 
 from __future__ import annotations
 
-import math
-
-import networkx as nx
 import numpy as np
 
 from nereus.cost import latency as lat
+from nereus.cost.checks import check_candidate, check_train_batch
 from nereus.cost.efficiency import EfficiencyTable
 from nereus.cost.host_optimizer import cpu_adam_times
 from nereus.cost.memory import OFF_CPU_ADAM, WORKSPACE_BYTES, offload_code, recompute_code, stage_memory
 from nereus.cost.rows import expand, rows_of, unique_rows
-from nereus.cost.shapes import valid_pp, valid_tp
 from nereus.cost.sharded_infer import infer_gather_times
+from nereus.cost.step import critical_path, stage_groups
 from nereus.spec.job import JobSpec
 from nereus.spec.plan import Candidate, Plan, StageEstimate
 from nereus.workflow import ModelStage, Workflow, workflow_for
@@ -169,7 +167,7 @@ class CostModel:
                 return got
         if ms.stage == "train":
             micro_batch = np.asarray(micro_batch)
-            _check_train_batch(ms, w.mini_batch_size, tp, pp, dp, micro_batch)
+            check_train_batch(ms, w.mini_batch_size, tp, pp, dp, micro_batch)
             m = w.mini_batch_size // (dp * micro_batch)
             zero, vpp = np.asarray(zero), np.asarray(vpp)
             rc = recompute_code(recompute)
@@ -388,139 +386,7 @@ class CostModel:
         return all(v <= self.capacity for v in plan.gpu_memory.values())
 
 
-def check_candidate(job: JobSpec, ms: ModelStage, cand: Candidate) -> None:
-    """Raise ValueError naming the field when ``cand`` cannot run ``ms`` of ``job``.
-
-    Checked: tp/pp shard the model (pp may leave a remainder when the framework allows uneven
-    stages), ``grad_accum`` matches the mini-batch, ZeRO for training (any stage) and inference (3:
-    a ZeRO-3/FSDP engine) only, ``drop`` never for
-    training state, interleaving only for training with ``pp > 1``, ``pp·vpp`` dividing the layers and
-    the micro-batches per replica a multiple of ``pp`` (Megatron's interleaved-schedule rule).
-    Whether the framework supports a feature is not checked here (the what-if reports it).
-    """
-    model = job.model(ms.model)
-    where = f"candidate {cand.model_stage} ({cand.short()})"
-    why = valid_tp(model, cand.tp) or valid_pp(model, cand.pp, uneven=job.framework.uneven_pp)
-    if why:
-        raise ValueError(f"{where}: {why}")
-    mini = job.workload.mini_batch_size
-    b = max(cand.micro_batch, 1)
-    if ms.stage == "train" and cand.grad_accum and cand.dp * b * cand.grad_accum != mini:
-        raise ValueError(f"{where}: grad_accum={cand.grad_accum} gives "
-                         f"dp*micro_batch*grad_accum = {cand.dp}*{b}*{cand.grad_accum} = "
-                         f"{cand.dp * b * cand.grad_accum}; valid: grad_accum = mini_batch_size/(dp*micro_batch)"
-                         f" = {mini}/{cand.dp * b}" + ("" if mini % (cand.dp * b) else f" = {mini // (cand.dp * b)}"))
-    if cand.zero and ms.stage == "generate":
-        raise ValueError(f"{where}: zero={cand.zero}: generation engines do not shard weights over DP; valid: zero=0")
-    if cand.zero in (1, 2) and ms.stage == "infer":
-        raise ValueError(f"{where}: zero={cand.zero} shards optimizer state or gradients, which an inference "
-                         f"model-stage has none of; valid: zero=0, or 3 (weights sharded over DP, a ZeRO-3/FSDP engine)")
-    if cand.offload == "drop" and ms.stage == "train":
-        raise ValueError(f"{where}: offload='drop' would lose training state; valid: 'none', 'host' or "
-                         f"'cpu_adam'")
-    if cand.vpp > 1:
-        if ms.stage != "train" or cand.pp == 1:
-            raise ValueError(f"{where}: vpp={cand.vpp} (interleaved pipeline) needs a training model-stage "
-                             f"with pp > 1; valid: vpp=1")
-        if model.num_layers % (cand.pp * cand.vpp):
-            raise ValueError(f"{where}: pp*vpp = {cand.pp * cand.vpp} does not divide num_hidden_layers="
-                             f"{model.num_layers}; valid: vpp dividing {model.num_layers}/pp")
-        m = mini // (cand.dp * b) if mini % (cand.dp * b) == 0 else 0
-        if m % cand.pp:
-            raise ValueError(f"{where}: the interleaved schedule needs the {m} micro-batch(es) per replica to be a "
-                             f"multiple of pp={cand.pp} (Megatron); valid: vpp=1 or a micro-batch count "
-                             f"divisible by pp")
-
-
-def stage_groups(plan: Plan, workflow: Workflow) -> list[tuple[str, ...]]:
-    """Model-stages that run one after another: per stage, the connected groups of model-stages
-    whose GPU sets intersect (colocated, verl's hybrid engine); a model-stage sharing no GPU with
-    another of its stage is a group of its own. Model-stages without GPUs are groups of their own.
-
-    Union-find over the GPUs (each GPU joins the model-stages that use it): ``O(Σ |gpus|)``, in
-    workflow order within a group, groups in the order of their first member."""
-    out: list[tuple[str, ...]] = []
-    for st in workflow.stages:
-        names = [m.name for m in workflow.in_stage(st) if m.name in plan]
-        parent = {n: n for n in names}
-        owner: dict = {}
-        for n in names:
-            for g in plan[n].gpus:
-                o = owner.setdefault(g, n)
-                if o != n:
-                    ra, rb = _root(parent, o), _root(parent, n)
-                    if ra != rb:
-                        parent[rb] = ra
-        comps: dict = {}
-        for n in names:
-            comps.setdefault(_root(parent, n), []).append(n)
-        out += [tuple(c) for c in comps.values()]
-    return out
-
-
-def _root(parent: dict, n: str) -> str:
-    """Union-find root of ``n`` (path halving)."""
-    while parent[n] != n:
-        parent[n] = parent[parent[n]]
-        n = parent[n]
-    return n
-
-
 def default_headroom(job: JobSpec) -> float:
     """Headroom of ``job``: ``1 - workload.memory_fraction`` when set, else :data:`DEFAULT_HEADROOM`."""
     f = job.workload.memory_fraction
     return DEFAULT_HEADROOM if f is None else 1.0 - float(f)
-
-
-def _check_train_batch(ms: ModelStage, mini: int, tp, pp, dp, b) -> None:
-    """Raise ValueError naming the first row whose ``dp·b`` does not divide the mini-batch (zero
-    micro-batches when it exceeds it; sequences dropped when it leaves a remainder)."""
-    per = dp * b
-    bad = (per > mini) | (mini % per != 0)
-    if not np.any(bad):
-        return
-    i = int(np.flatnonzero(np.broadcast_to(bad, np.broadcast_shapes(np.shape(bad), np.shape(dp))))[0])
-    row = [int(np.broadcast_to(np.asarray(v), np.shape(dp)).reshape(-1)[i]) for v in (tp, pp, dp, b)]
-    t, p, d, mb = row
-    where = f"candidate {ms.name} (tp{t} pp{p} dp{d} b{mb})"
-    if d * mb > mini:
-        raise ValueError(f"{where}: dp*micro_batch = {d}*{mb} = {d * mb} exceeds the job's mini_batch_size {mini} "
-                         f"(zero micro-batches per replica); valid: dp*micro_batch dividing {mini}")
-    if mini % d:
-        raise ValueError(f"{where}: dp={d} does not divide the job's mini_batch_size {mini} (replicas would get "
-                         f"unequal shares or drop {mini % d} sequence(s)); valid: a dp dividing {mini}")
-    raise ValueError(f"{where}: micro_batch={mb} does not divide the {mini // d} sequences per replica "
-                     f"(mini_batch_size {mini} / dp {d}); valid: a micro_batch dividing {mini // d}")
-
-
-def critical_path(workflow: Workflow, times: dict, groups=None) -> float:
-    """Longest path through the execution-overlap graph of one step, in seconds.
-
-    Nodes are model-stages weighted by their time, or, when ``groups`` is given (see
-    :func:`stage_groups`), groups of colocated model-stages weighted by the sum of their times
-    (they run one after another on shared GPUs); edges are the workflow's data dependencies (every
-    model-stage of a stage feeds every one of the next). In asynchronous mode generation of the next
-    step does not wait for this step's training, so it is only bounded below by its own time.
-    """
-    node_of = {}
-    for grp in groups or ():
-        for n in grp:
-            node_of[n] = tuple(grp)
-    g = nx.DiGraph()
-    for ms in workflow.model_stages:
-        if ms.name in times:
-            node = node_of.get(ms.name, (ms.name,))
-            if node not in g:
-                g.add_node(node, w=0.0)
-            g.nodes[node]["w"] += float(times[ms.name])
-    for u, v in workflow.dependencies():
-        if workflow.asynchronous and u.stage == "generate":
-            continue
-        if u.name in times and v.name in times:
-            a, b = node_of.get(u.name, (u.name,)), node_of.get(v.name, (v.name,))
-            if a != b:
-                g.add_edge(a, b)
-    best: dict = {}
-    for n in nx.topological_sort(g):
-        best[n] = g.nodes[n]["w"] + max((best[p] for p in g.predecessors(n)), default=0.0)
-    return max(best.values(), default=0.0) if not math.isnan(sum(best.values())) else float("nan")
