@@ -24,8 +24,9 @@ job's framework is :func:`openrlhf_framework`.
 Still refused (named, never approximated): ``--ds.ring_attn_size`` > 1, ``--ds.zpg`` > 1, dynamic
 batches and generation without vLLM.
 
-Export (:func:`export_openrlhf`): the faster of disjoint groups and ``--train.colocate_all``, with
-a ZeRO stage and Adam offload (:func:`closest_openrlhf_layout`).
+Export (:func:`export_openrlhf`, in :mod:`nereus.integrations.openrlhf_export`, re-exported here):
+the faster of disjoint groups and ``--train.colocate_all``, with a ZeRO stage and Adam offload
+(:func:`closest_openrlhf_layout`).
 """
 
 from __future__ import annotations
@@ -34,25 +35,21 @@ import argparse
 import ast
 import datetime
 import importlib.metadata
-import itertools
 import os
 import shlex
 from dataclasses import replace
 from pathlib import Path
 
-from nereus.cost.model import CostModel
 from nereus.cost.shapes import valid_tp
-from nereus.integrations.common import (
-    Imported,
-    Unexpressible,
-    best_colocated,
-    evaluate_layout,
-    generation_concurrency,
-    memory_fraction_for,
-    pareto,
+from nereus.integrations.common import Imported, Unexpressible, generation_concurrency
+from nereus.integrations.openrlhf_export import (  # noqa: F401  (the export side, re-exported)
+    closest_openrlhf_layout,
+    export_openrlhf,
+    infer_zero,
+    openrlhf_args,
+    openrlhf_job,
 )
-from nereus.integrations.verl_export import _changes
-from nereus.planner.plan import Candidate, Plan
+from nereus.planner.plan import Candidate
 from nereus.spec import ClusterSpec, JobSpec, WorkloadSpec, get_gpu, get_model
 from nereus.spec.framework import FrameworkSpec, get_framework
 from nereus.workflow import workflow_for
@@ -337,7 +334,7 @@ def import_openrlhf(args, model=None, gpu=None) -> Imported:
         dp = n // tp
         name = {"ref": "reference", "reward": "reward"}.get(r, r)
         cands.append(Candidate(f"{name}.infer", tp, 1, dp, micro_batch=bi, offload=off.get(r, "none"),
-                               zero=_infer_zero(z, dp), gpus=gpus))
+                               zero=infer_zero(z, dp), gpus=gpus))
         if r in ("actor", "critic"):
             if mb % (dp * b):
                 raise ValueError(f"OpenRLHF arguments --train.batch_size {mb} must be a multiple of DP {dp} "
@@ -360,258 +357,3 @@ def import_openrlhf(args, model=None, gpu=None) -> Imported:
     order = {m.name: i for i, m in enumerate(workflow_for(wl).model_stages)}
     cands.sort(key=lambda x: order[x.model_stage])
     return Imported("openrlhf", job, tuple(cands), un, read, notes)
-
-
-# ---------------------------------------------------------------------------------------- export
-def _counts(tp: int, n: int, gpn: int) -> list[int]:
-    out = set()
-    k = tp
-    while k <= n:
-        if k <= gpn or k % gpn == 0:
-            out.add(k)
-        k *= 2
-    out |= {m for m in range(gpn, n + 1, gpn) if m % tp == 0}
-    return sorted(out)
-
-
-def openrlhf_job(job: JobSpec) -> JobSpec:
-    """``job`` with the framework OpenRLHF runs it with: the imported one when the job came from
-    OpenRLHF, else the DeepSpeed defaults (no ``--ds.overlap_comm``, bf16 reduce, AutoTP allowed)."""
-    if job.framework.name == "openrlhf-deepspeed":
-        return job.with_framework(replace(job.framework, model_parallel_train=True))
-    return job.with_framework(replace(get_framework("deepspeed"), name="openrlhf-deepspeed", overlap_grad_reduce=False,
-                                      grad_reduce_bytes=2, model_parallel_train=True, drop_model_stages=()))
-
-
-#: (ZeRO stage, training offload) pairs the export searches: --ds.zero_stage, --ds.adam_offload (ZeRO >= 1,
-#: DeepSpeed's offload_optimizer: ``cpu_adam``)
-_ZERO_OFFLOAD = ((0, "none"), (1, "none"), (2, "none"), (3, "none"), (1, "cpu_adam"), (2, "cpu_adam"),
-                 (3, "cpu_adam"))
-
-
-def _infer_zero(z: int, dp: int) -> int:
-    """ZeRO stage of an inference model-stage under ``--ds.zero_stage z``: OpenRLHF's evaluation
-    engines (reference, reward) take stage 3 when training does and 0 otherwise
-    (``get_eval_ds_config``), and log-probs and values run on the training engines, so the pass is
-    sharded exactly when ``z == 3`` (and there is more than one replica to shard over)."""
-    return 3 if z == 3 and dp > 1 else 0
-
-
-def _train_pair(r, tp, dp, b, rc, z, off, mb, bi, gpus=()):
-    cs = [Candidate(f"{r}.infer", tp, 1, dp, micro_batch=bi, zero=_infer_zero(z, dp), gpus=gpus)]
-    if r in ("actor", "critic"):
-        cs.append(Candidate(f"{r}.train", tp, 1, dp, micro_batch=b, grad_accum=mb // (dp * b), recompute=rc,
-                            zero=z, offload=off, gpus=gpus))
-    return cs
-
-
-def _disjoint(job: JobSpec, cost: CostModel, est) -> tuple | None:
-    """Fastest layout with a GPU group per model (no colocation): GPU counts per group (powers of two
-    times TP inside a node, whole nodes beyond), one DeepSpeed TP, ZeRO stage and Adam offload, one
-    training and one inference micro-batch, checkpointing on or off, vLLM engines x TP."""
-    w = job.workload
-    N, gpn = job.cluster.num_gpus, job.cluster.gpus_per_node
-    wf = {m.name for m in workflow_for(w).model_stages}
-    roles = [r for r in ("actor", "critic", "reference", "reward") if f"{r}.infer" in wf]
-    cap = cost.capacity - cost.workspace
-    mb = w.mini_batch_size
-    gens = []
-    for gtp in (t for t in (1, 2, 4, 8) if t <= gpn and not valid_tp(job.actor, t)):
-        for e in range(1, N // gtp + 1):
-            per = -(-w.rollouts_per_step // e)
-            c = min(per, generation_concurrency(job, gtp, cost.capacity / job.cluster.gpu.memory_bytes
-                                                - cost.workspace / job.cluster.gpu.memory_bytes))
-            if c < 1 or (e * gtp > gpn and (e * gtp) % gpn):
-                continue
-            cand = Candidate("actor.generate", gtp, 1, e, concurrency=c)
-            ge = est(cand)
-            if ge.resident + ge.transient <= cap:
-                gens.append((ge.time, e * gtp, cand))
-    best = None
-    for tp in (t for t in (1, 2, 4, 8) if t <= gpn and not valid_tp(job.actor, t)):
-        for b in (1, 2, 4, 8, 16):
-            if b > w.micro_batch_size:
-                break
-            for rc in ("none", "full"):
-                for z, off in _ZERO_OFFLOAD:
-                    opts = {}
-                    for r in roles:
-                        lst = []
-                        for n in _counts(tp, N, gpn):
-                            dp = n // tp
-                            if f"{r}.train" in wf and mb % (dp * b):
-                                continue
-                            cs = _train_pair(r, tp, dp, b, rc, z, off, mb, w.infer_micro_batch_size)
-                            es = [est(x) for x in cs]
-                            if sum(x.resident for x in es) + max(x.transient for x in es) > cap:
-                                continue
-                            lst.append((n, es[0].time, es[1].time if len(es) > 1 else 0.0, cs))
-                        opts[r] = lst
-                    if any(not v for v in opts.values()):
-                        continue
-                    for gen in gens:
-                        for combo in itertools.product(*(opts[r] for r in roles)):
-                            used = gen[1] + sum(x[0] for x in combo)
-                            if used > N:
-                                continue
-                            ti, tt = max(x[1] for x in combo), max(x[2] for x in combo)
-                            lst_ = max(gen[0], ti + tt) if w.asynchronous else gen[0] + ti + tt
-                            if best is None or lst_ < best[0]:
-                                best = (lst_, gen, combo)
-    if best is None:
-        return None
-    _, gen, combo = best
-    cands, nxt = [], 0
-    for (n, _, _, cs) in combo:
-        gp = tuple(range(nxt, nxt + n))
-        cands += [c.with_gpus(gp) for c in cs]
-        nxt += n
-    g = gen[2]
-    cands.append(g.with_gpus(range(nxt, nxt + g.num_gpus)))
-    return best[0], cands
-
-
-def _colocated(job: JobSpec, cost: CostModel, est) -> tuple | None:
-    """Fastest ``--train.colocate_all`` layout (synchronous jobs): every model and the vLLM engines on
-    all N GPUs, run one after another; per choice of the shared options (DeepSpeed TP, ZeRO stage, Adam
-    offload, micro-batches, checkpointing), :func:`best_colocated` picks the reference's and reward's
-    ``--*.offload``, and the engines' TP, concurrency and ``--vllm.enable_sleep``."""
-    w = job.workload
-    if w.asynchronous:
-        return None
-    N, gpn = job.cluster.num_gpus, job.cluster.gpus_per_node
-    gpus = tuple(range(N))
-    wf = {m.name for m in workflow_for(w).model_stages}
-    mb, bi = w.mini_batch_size, w.infer_micro_batch_size
-
-    def opt(cs):
-        es = [est(x) for x in cs]
-        return (sum(e.time for e in es), sum(e.resident for e in es), max(e.transient for e in es), tuple(cs))
-
-    gen = []
-    for gtp in (t for t in (1, 2, 4, 8) if t <= gpn and N % t == 0 and not valid_tp(job.actor, t)):
-        per = -(-w.rollouts_per_step // (N // gtp))
-        for c in sorted({min(per, 2 ** k) for k in range(0, 11)}):
-            for o in ("none", "host"):
-                gen.append(opt([Candidate("actor.generate", gtp, 1, N // gtp, concurrency=c, offload=o, gpus=gpus)]))
-    gen = pareto(gen)
-    best = None
-    for tp in (t for t in (1, 2, 4, 8) if t <= gpn and N % t == 0 and not valid_tp(job.actor, t)):
-        dp = N // tp
-        frozen = [pareto([opt([Candidate(f"{r}.infer", tp, 1, dp, micro_batch=bi, offload=o, gpus=gpus)])
-                          for o in ("none", "host")]) for r in ("reference", "reward") if f"{r}.infer" in wf]
-        for b in (1, 2, 4, 8, 16):
-            if b > w.micro_batch_size or mb % (dp * b):
-                continue
-            for rc in ("none", "full"):
-                for z, off in _ZERO_OFFLOAD:
-                    trained = [[opt(_train_pair(r, tp, dp, b, rc, z, off, mb, bi, gpus))]
-                               for r in ("actor", "critic") if f"{r}.train" in wf]
-                    got = best_colocated(trained + frozen + [gen], cost.usable)
-                    if got is not None and (best is None or got[0] < best[0]):
-                        best = (got[0], [c for g in got[1] for c in g])
-    return best
-
-
-def closest_openrlhf_layout(job: JobSpec, headroom: float | None = None) -> tuple[Candidate, ...]:
-    """The fastest layout OpenRLHF can express (module docstring): one GPU group per model
-    (:func:`_disjoint`) or every model on all GPUs with ``--train.colocate_all``
-    (:func:`_colocated`), with a ZeRO stage and Adam offload for the training model-stages; ``job``
-    should carry OpenRLHF's framework (:func:`openrlhf_job`).
-
-    Raises:
-        ValueError: nothing expressible fits the cluster.
-    """
-    cost = CostModel(job, headroom=headroom)
-    multi = job.cluster.num_nodes > 1
-    cache: dict = {}
-
-    def est(c):
-        k = c.key()
-        if k not in cache:
-            cache[k] = cost.estimate_candidate(c, multi)
-        return cache[k]
-
-    found = [x for x in (_disjoint(job, cost, est), _colocated(job, cost, est)) if x is not None]
-    if not found:
-        raise ValueError(f"no layout OpenRLHF can express fits {job.cluster.num_gpus} GPUs (separate GPU groups or "
-                         "--train.colocate_all, any --ds.zero_stage, with or without offload)")
-    cands = min(found, key=lambda x: x[0])[1]
-    order = {m.name: i for i, m in enumerate(workflow_for(job.workload).model_stages)}
-    return tuple(sorted(cands, key=lambda x: order[x.model_stage]))
-
-
-def openrlhf_args(job: JobSpec, cands, model_path: str | None = None) -> list[str]:
-    """OpenRLHF ``train_ppo_ray`` arguments (tokens) for an OpenRLHF-expressible layout; the framework
-    flags (``--ds.overlap_comm``, ``--ds.grad_accum_dtype``) are ``job.framework``'s."""
-    w, fw = job.workload, job.framework
-    by = {c.model_stage: c for c in cands}
-    gpn = job.cluster.gpus_per_node
-    est = {"ppo": "gae", "grpo": "group_norm"}.get(w.algorithm)
-    if est is None:
-        raise ValueError(f"workload algorithm {w.algorithm!r}: OpenRLHF has no ReMax estimator (valid: ppo, grpo)")
-    out = ["--algo.advantage.estimator", est]
-    if model_path:
-        out += ["--actor.model_name_or_path", model_path]
-    for role, name in (("actor", "actor"), ("critic", "critic"), ("ref", "reference"), ("reward", "reward")):
-        c = by.get(f"{name}.infer")
-        if c is None:
-            continue
-        n = c.num_gpus
-        out += [f"--{role}.num_nodes", str(max(1, n // gpn)), f"--{role}.num_gpus_per_node", str(min(n, gpn))]
-    a, g = by["actor.train"], by["actor.generate"]
-    colocated = set(g.gpus) & set(a.gpus)
-    out += ["--vllm.num_engines", str(g.dp), "--vllm.tensor_parallel_size", str(g.tp),
-            "--vllm.gpu_memory_utilization", str(memory_fraction_for(job, g.tp, g.concurrency)),
-            "--ds.zero_stage", str(a.zero), "--ds.tensor_parallel_size", str(a.tp),
-            "--train.micro_batch_size", str(a.micro_batch), "--train.batch_size", str(w.mini_batch_size),
-            "--rollout.micro_batch_size", str(by["actor.infer"].micro_batch),
-            "--rollout.batch_size", str(w.prompts_per_step), "--rollout.n_samples_per_prompt", str(w.samples_per_prompt),
-            "--data.max_len", str(w.prompt_len + w.response_len), "--rollout.max_new_tokens", str(w.response_len),
-            "--train.max_epochs", str(w.ppo_epochs)]
-    if colocated:
-        out.append("--train.colocate_all")
-    if g.offload != "none":
-        out.append("--vllm.enable_sleep")
-    if a.offload == "cpu_adam":
-        out.append("--ds.adam_offload")
-    elif a.offload == "host":
-        out.append("--ds.enable_sleep")
-    for role, name in (("ref", "reference"), ("reward", "reward")):
-        if name + ".infer" in by and by[name + ".infer"].offload == "host":
-            out.append(f"--{role}.offload")
-    if fw.overlap_grad_reduce:
-        out.append("--ds.overlap_comm")
-    if fw.grad_reduce_bytes == 4:
-        out += ["--ds.grad_accum_dtype", "fp32"]
-    if a.recompute != "none":
-        out.append("--actor.gradient_checkpointing_enable")
-    if w.reward_model:
-        out += ["--reward.model_name_or_path", model_path or "REWARD_MODEL_PATH"]
-    else:
-        out += ["--reward.remote_url", "REWARD_FN_OR_URL"]
-    if w.asynchronous:
-        out.append("--train.async_enable")
-    return out
-
-
-def export_openrlhf(job: JobSpec, best: Plan, headroom: float | None = None, model_path: str | None = None) -> dict:
-    """Nereus's plan ``best`` as OpenRLHF arguments: the closest expressible layout, what changed and
-    both predicted step times; ``framework_spec`` is the framework the prediction used."""
-    ojob = openrlhf_job(job)
-    cands = closest_openrlhf_layout(ojob, headroom)
-    ev = evaluate_layout(ojob, cands, headroom)
-    args = openrlhf_args(ojob, cands, model_path)
-    shared = "--train.colocate_all" in args
-    return {"framework": "openrlhf", "args": args, "command": "python3 -m openrlhf.cli.train_ppo_ray " + shlex.join(args),
-            "layout": list(cands), "evaluation": ev, "framework_spec": ojob.framework.to_dict(),
-            "nereus_l_step": best.l_step, "l_step": ev.l_step, "changes": _changes(best, cands),
-            "note": ("OpenRLHF runs every model and the vLLM engines on the same GPUs (--train.colocate_all), one "
-                     "after another" if shared else "OpenRLHF gives each model its own GPU group (actor, critic, "
-                     "reference, reward, vLLM engines)")
-            + f", DeepSpeed ZeRO stage {_zero_of(cands)} and no pipeline",
-            "slowdown": ev.l_step / best.l_step if best.l_step > 0 else float("nan")}
-
-
-def _zero_of(cands) -> int:
-    return next((c.zero for c in cands if c.model_stage == "actor.train"), 0)
