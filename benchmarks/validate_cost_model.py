@@ -51,7 +51,6 @@ takes 10-30 s on a CPU.
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
 import json
 import math
@@ -63,14 +62,14 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for _p in (ROOT, ROOT / "benchmarks"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
 
 from nereus.cost.efficiency import EfficiencyTable, default_efficiency  # noqa: E402
 from nereus.cost.fit import fit_scales, fit_table  # noqa: E402
 from nereus.cost.model import CostModel  # noqa: E402
-from nereus.spec import ClusterSpec, JobSpec, WorkloadSpec, get_gpu, get_model  # noqa: E402
-from nereus.spec.model import ModelSpec  # noqa: E402
+from nereus.spec import ClusterSpec, JobSpec, WorkloadSpec, get_gpu  # noqa: E402
 from nereus.spec.plan import Candidate  # noqa: E402
 from nereus.workflow import ModelStage, Workflow  # noqa: E402
 
@@ -78,173 +77,19 @@ try:  # optional: the framework flags arrived with issue 13 item 3
     from nereus.spec.framework import FrameworkSpec  # noqa: E402
 except ImportError:  # pragma: no cover - older cost model
     FrameworkSpec = None
-
-DEFAULT_CSV = ROOT / "benchmarks" / "data" / "published_measurements.csv"
-DEFAULT_PNG = ROOT / "benchmarks" / "out" / "validate_cost_model.png"
-GIB = 1024**3
-STAGE = "reference.train"
-
-#: Model shapes not among the presets, as Hugging Face config.json fields (read with
-#: ModelSpec.from_hf_config). Llama-2: the meta-llama/Llama-2-{7b,13b,70b}-hf config.json files.
-#: MPT (llm-foundry scripts/train/yamls/pretrain/mpt-*.yaml: d_model, n_heads, n_layers,
-#: expansion_ratio 4, vocab 50368, tied embeddings): MPT's MLP is ungated (2 matrices of h x 4h);
-#: the cost model's MLP is gated (3 matrices of h x F), so F = round(8h/3) gives the same GEMM
-#: parameters and FLOPs (within 0.01%). Not represented: MPT's fused QKV (7 GEMM calls per layer
-#: are assumed for the GEMM size curve instead of 4) and its learned position embedding (a lookup).
-_MPT = {"1b": (2048, 16, 24), "3b": (2560, 20, 32), "7b": (4096, 32, 32), "13b": (5120, 40, 40),
-        "30b": (7168, 56, 48), "70b": (8192, 64, 80)}
-MODEL_CONFIGS: dict = {
-    "llama-2-7b": dict(model_type="llama", hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
-                       num_attention_heads=32, num_key_value_heads=32, vocab_size=32000,
-                       max_position_embeddings=4096, tie_word_embeddings=False),
-    "llama-2-13b": dict(model_type="llama", hidden_size=5120, intermediate_size=13824, num_hidden_layers=40,
-                        num_attention_heads=40, num_key_value_heads=40, vocab_size=32000,
-                        max_position_embeddings=4096, tie_word_embeddings=False),
-    "llama-2-70b": dict(model_type="llama", hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
-                        num_attention_heads=64, num_key_value_heads=8, vocab_size=32000,
-                        max_position_embeddings=4096, tie_word_embeddings=False),
-}
-#: GPT-3 5B/175B as NeMo-Megatron-Launcher configures them (launcher_scripts/conf/training/gpt3/{5b,175b}.yaml:
-#: hidden 4096/12288, 24/96 layers, 32/96 heads, FFN 4h, GPT-2 BPE vocabulary 50257 padded to 50304
-#: (make_vocab_size_divisible_by 128), shared input/output embedding); MLP mapped as for MPT.
-for _k, (_h, _a, _layers) in {"5b": (4096, 32, 24), "175b": (12288, 96, 96)}.items():
-    MODEL_CONFIGS[f"gpt3-{_k}"] = dict(model_type="llama", hidden_size=_h, intermediate_size=round(8 * _h / 3),
-                                       num_hidden_layers=_layers, num_attention_heads=_a, num_key_value_heads=_a,
-                                       vocab_size=50304, max_position_embeddings=2048, tie_word_embeddings=True,
-                                       hidden_act="gelu")
-for _k, (_h, _a, _layers) in _MPT.items():
-    MODEL_CONFIGS[f"mpt-{_k}"] = dict(model_type="llama", hidden_size=_h, intermediate_size=round(8 * _h / 3),
-                                      num_hidden_layers=_layers, num_attention_heads=_a, num_key_value_heads=_a,
-                                      vocab_size=50368, max_position_embeddings=65536, tie_word_embeddings=True,
-                                      hidden_act="gelu")
-
-INT_COLS = ("num_gpus", "tp", "pp", "cp", "dp", "micro_batch", "grad_accum", "global_batch", "seq_len",
-            "zero", "sp", "vpp", "overlap_grad_reduce", "overlap_tp_comm", "grad_reduce_bytes")
-REQUIRED = ("id", "source", "reference", "model", "gpu", *INT_COLS, "recompute", "precision", "kind",
-            "measured_quantity", "measured_value", "iter_time_s", "conversion")
-#: feature → value that means "not used"
-NEUTRAL = {"zero": 0, "sp": 0, "vpp": 1, "overlap_grad_reduce": 0, "overlap_tp_comm": 0, "cp": 1,
-           "grad_reduce_bytes": 4}
-
-
-@dataclasses.dataclass(frozen=True)
-class Row:
-    """One published measurement (columns documented in benchmarks/data/README.md)."""
-
-    id: str
-    source: str
-    reference: str
-    model: str
-    gpu: str
-    num_gpus: int
-    tp: int
-    pp: int
-    cp: int
-    dp: int
-    micro_batch: int
-    grad_accum: int
-    global_batch: int
-    seq_len: int
-    recompute: str
-    zero: int
-    sp: int
-    vpp: int
-    overlap_grad_reduce: int
-    overlap_tp_comm: int
-    grad_reduce_bytes: int
-    precision: str
-    kind: str
-    measured_quantity: str
-    measured_value: float
-    iter_time_s: float
-    conversion: str
-    memory_gib: float | None = None
-
-
-def measured_iter_time(r: Row) -> float:
-    """Iteration seconds from the published quantity (the conversions of benchmarks/data/README.md).
-
-    Raises:
-        ValueError: an unknown measured quantity.
-    """
-    tokens = r.global_batch * r.seq_len
-    q, v = r.measured_quantity, r.measured_value
-    if q == "tokens_per_s":
-        return tokens / v
-    if q == "tokens_per_s_per_gpu":
-        return tokens / (v * r.num_gpus)
-    if q == "step_time_s":
-        return v
-    if q == "mfu":  # fraction of the bf16 peak, 6N+attention FLOPs per token (llm-foundry/PaLM convention)
-        m = model_spec(r.model)
-        flops = 3 * m.fwd_flops_per_token(context=r.seq_len, causal=False) * tokens
-        return flops / (v * r.num_gpus * get_gpu(r.gpu).peak_flops)
-    raise ValueError(f"row {r.id}: unknown measured_quantity {q!r}; valid: tokens_per_s, "
-                     f"tokens_per_s_per_gpu, step_time_s, mfu")
-
-
-def load_rows(path: str | Path = DEFAULT_CSV) -> list[Row]:
-    """Parse the measurements CSV.
-
-    Raises:
-        ValueError: a missing column or an unparsable value (naming the row id, column and value), a
-            layout whose degrees do not multiply to the GPU count or the global batch, or an
-            ``iter_time_s`` that disagrees with the conversion of the published quantity by more
-            than 0.1%.
-    """
-    rows: list[Row] = []
-    with open(path, newline="") as f:
-        reader = csv.DictReader(f)
-        missing = [c for c in REQUIRED if c not in (reader.fieldnames or [])]
-        if missing:
-            raise ValueError(f"{path}: missing column(s) {missing}")
-        for raw in reader:
-            rid = raw.get("id") or "?"
-            kw: dict = {}
-            for c in REQUIRED:
-                v = (raw.get(c) or "").strip()
-                if v == "":
-                    raise ValueError(f"row {rid}: column {c!r} is empty")
-                if c in INT_COLS:
-                    try:
-                        kw[c] = int(v)
-                    except ValueError as e:
-                        raise ValueError(f"row {rid}: column {c!r}={v!r} must be an integer") from e
-                elif c in ("measured_value", "iter_time_s"):
-                    try:
-                        kw[c] = float(v)
-                    except ValueError as e:
-                        raise ValueError(f"row {rid}: column {c!r}={v!r} must be a number") from e
-                    if not kw[c] > 0:
-                        raise ValueError(f"row {rid}: column {c!r}={v!r} must be > 0")
-                else:
-                    kw[c] = v
-            mem = (raw.get("memory_gib") or "").strip()
-            kw["memory_gib"] = float(mem) if mem else None
-            r = Row(**kw)
-            if r.tp * r.pp * r.cp * r.dp != r.num_gpus:
-                raise ValueError(f"row {rid}: tp*pp*cp*dp = {r.tp}*{r.pp}*{r.cp}*{r.dp} != num_gpus {r.num_gpus}")
-            if r.dp * r.micro_batch * r.grad_accum != r.global_batch:
-                raise ValueError(f"row {rid}: dp*micro_batch*grad_accum = {r.dp}*{r.micro_batch}*{r.grad_accum}"
-                                 f" != global_batch {r.global_batch}")
-            conv = measured_iter_time(r)
-            if abs(conv / r.iter_time_s - 1) > 1e-3:
-                raise ValueError(f"row {rid}: iter_time_s={r.iter_time_s} but {r.conversion} gives {conv:.4f}")
-            rows.append(r)
-    return rows
-
-
-_MODEL_CACHE: dict = {}
-
-
-def model_spec(name: str) -> ModelSpec:
-    """A preset (``llama-3.1-8b``...) or one of :data:`MODEL_CONFIGS`."""
-    if name not in _MODEL_CACHE:
-        if name in MODEL_CONFIGS:
-            _MODEL_CACHE[name] = ModelSpec.from_hf_config(MODEL_CONFIGS[name], name=name)
-        else:
-            _MODEL_CACHE[name] = get_model(name)
-    return _MODEL_CACHE[name]
+from validation_data import (  # noqa: E402,F401  (re-exported)
+    DEFAULT_CSV,
+    DEFAULT_PNG,
+    GIB,
+    MODEL_CONFIGS,
+    NEUTRAL,
+    STAGE,
+    Row,
+    load_rows,
+    measured_iter_time,
+    model_spec,
+)
+from validation_report import markdown, plot, report  # noqa: E402,F401
 
 
 def capabilities() -> dict:
@@ -255,6 +100,7 @@ def capabilities() -> dict:
     has_fw = "framework" in job and FrameworkSpec is not None
     wl = {f.name for f in dataclasses.fields(WorkloadSpec)}
     return {"zero": "zero" in cand, "vpp": "vpp" in cand, "cp": "cp" in cand, "fp8": "gemm_precision" in wl,
+            "attention_kernel": "attention_kernel" in wl,
             "sp": has_fw and "sequence_parallel" in fw,
             "overlap_grad_reduce": has_fw and "overlap_grad_reduce" in fw,
             "overlap_tp_comm": has_fw and "overlap_tp_comm" in fw,
@@ -271,6 +117,8 @@ def _query(r: Row, caps: dict, eff: EfficiencyTable, drop: frozenset = frozenset
     ga = r.global_batch // (dp * r.micro_batch)
     rc = r.recompute
     wkw = {"gemm_precision": "fp8"} if caps.get("fp8") and r.precision == "fp8" else {}
+    if caps.get("attention_kernel"):
+        wkw["attention_kernel"] = val("attention_kernel")
     wl = WorkloadSpec(algorithm="ppo", prompts_per_step=r.global_batch, samples_per_prompt=1,
                       prompt_len=r.seq_len // 2, response_len=r.seq_len - r.seq_len // 2,
                       mini_batch_size=r.global_batch, micro_batch_size=r.micro_batch, ppo_epochs=1,
@@ -532,143 +380,6 @@ def evaluate(rows: list[Row], *, prior_sigma: float = 0.5, fit_min_rows: int = 1
             "floor": floor,
             "spearman": spear,
             "sources": sources, "held_predictions": {k: v.tolist() for k, v in held_preds.items()}}
-
-
-# ---------------------------------------------------------------------------- output
-def _fmt(st: dict) -> str:
-    if not st["n"]:
-        return "    -           -      0"
-    return f"{st['median']:6.1f}%   {st['mean']:6.1f}%  {st['n']:4d}"
-
-
-def report(res: dict) -> str:
-    """The printed tables."""
-    out = []
-    caps = res["capabilities"]
-    out.append("cost-model features handed over: " + ", ".join(f"{k}={'yes' if v else 'no'}" for k, v in caps.items()))
-    nm: dict = {}
-    for x in res["rows"]:
-        for f in x["not_modelled"]:
-            nm[f] = nm.get(f, 0) + 1
-    out.append("not modelled (rows): " + (", ".join(f"{k} ({v})" for k, v in sorted(nm.items())) or "none"))
-    out.append("")
-    out.append("BEFORE calibration (default efficiencies): iteration time APE")
-    out.append(f"{'source':28s} {'median':>7s}   {'mean':>7s}  {'rows':>4s}")
-    for s, st in res["before"]["by_source"].items():
-        out.append(f"{s:28s} {_fmt(st)}")
-    out.append(f"{'overall':28s} {_fmt(res['before']['overall'])}")
-    out.append(f"{'overall, bf16 rows':28s} {_fmt(res['before']['overall_bf16'])}")
-    mem = res["before"]["memory"]
-    out.append(f"memory: {'no row publishes a memory figure' if not mem['n'] else _fmt(mem)}")
-    out.append("")
-    out.append("AFTER calibration, leave-one-source-out (fit on one source, error on the others)")
-    for s, d in res["loso"].items():
-        sc = ", ".join(f"{g} x{v:.2f}" for g, v in sorted(d["scales"].items()))
-        out.append(f"fit on {s} ({d['fit_rows']} rows): {sc}" + (f"; at bound: {d['at_bound']}" if d["at_bound"] else "")
-                   + ("" if d.get("converged", True) else " (solver stopped at its evaluation cap)"))
-        out.append(f"   {'in-sample':25s} {_fmt(d['in_sample'])}")
-        for k, st in d["held_out_by_source"].items():
-            out.append(f"   held out {k:16s} {_fmt(st)}")
-        out.append(f"   {'held out, all':25s} {_fmt(d['held_out'])}")
-        out.append(f"   {'held out, bf16 rows':25s} {_fmt(d['held_out_bf16'])}")
-        out.append(f"   {'held out, same GPU (' + '/'.join(d['gpus']) + ')':25s} {_fmt(d['held_out_same_gpu'])}")
-    lp = res["loso_pooled"]
-    out.append(f"{'pooled over the fits (each row under every fit but its own source)':70s}")
-    out.append(f"   {'held out, all':25s} {_fmt(lp['all'])}")
-    out.append(f"   {'held out, bf16 rows':25s} {_fmt(lp['bf16'])}")
-    out.append("")
-    out.append("Floor: one calibration on all rows of a group, error in-sample (what calibration cannot absorb)")
-    for k, d in res["floor"].items():
-        sc = ", ".join(f"{g} x{v:.2f}" for g, v in sorted(d["scales"].items()))
-        out.append(f"   {k:25s} {_fmt(d['in_sample'])}   (before {d['before']['median']:.1f}%; {sc})")
-    out.append("")
-    out.append("Spearman rank correlation, predicted vs measured, across the rows of one model")
-    out.append(f"{'model':16s} {'rows':>4s} {'time':>6s} {'time/token':>10s}")
-    for m, d in res["spearman"].items():
-        out.append(f"{m:16s} {d['n']:4d} {d['time']:6.3f} {d['time_per_token']:10.3f}")
-    return "\n".join(out)
-
-
-def markdown(res: dict) -> str:
-    """The figures as the Markdown tables of docs/planner.md ("Validation against published
-    measurements")."""
-    def cell(st):
-        return "-" if not st["n"] else f"{st['median']:.1f}% / {st['mean']:.1f}% ({st['n']})"
-
-    b = res["before"]
-    out = ["| source | rows | before: median / mean APE |", "|---|---:|---|"]
-    for s, st in b["by_source"].items():
-        out.append(f"| `{s}` | {st['n']} | {cell(st)} |")
-    out.append(f"| all | {b['overall']['n']} | {cell(b['overall'])} |")
-    out.append(f"| all bf16 | {b['overall_bf16']['n']} | {cell(b['overall_bf16'])} |")
-    groups = ("gemm", "gemm_fp8", "attention", "memory", "comm@nvlink", "comm@ib")
-    out += ["", "| fitted on | fitted scales (GEMM, FP8 GEMM, attention, HBM, NVLink, NIC) | in-sample | "
-                "held out: all | held out: bf16 | held out: same GPU type |", "|---|---|---|---|---|---|"]
-    for s, d in res["loso"].items():
-        sc = d["scales"]
-        scs = ", ".join(f"{sc.get(g, 1.0):.2f}" for g in groups)
-        flag = " (NIC at bound)" if any(c.endswith("@ib") for c in d["at_bound"]) else ""
-        out.append(f"| `{s}` ({d['fit_rows']}) | {scs}{flag} | {cell(d['in_sample'])} | {cell(d['held_out'])} | "
-                   f"{cell(d['held_out_bf16'])} | {cell(d['held_out_same_gpu'])} |")
-    lp = res["loso_pooled"]
-    out.append(f"| pooled over the fits | | | {cell(lp['all'])} | {cell(lp['bf16'])} | |")
-    out += ["", "| calibrated on all rows of | rows | before | after, in-sample | fitted scales (as above) |",
-            "|---|---:|---|---|---|"]
-    for k, d in res["floor"].items():
-        scs = ", ".join(f"{d['scales'].get(g, 1.0):.2f}" for g in groups)
-        out.append(f"| {k} | {d['in_sample']['n']} | {cell(d['before'])} | {cell(d['in_sample'])} | {scs} |")
-    out += ["", "| model | rows | Spearman, time | Spearman, time per token |", "|---|---:|---:|---:|"]
-    for m, d in res["spearman"].items():
-        out.append(f"| {m} | {d['n']} | {d['time']:.2f} | {d['time_per_token']:.2f} |")
-    return "\n".join(out)
-
-
-def plot(res: dict, path: str | Path) -> None:
-    """Log-log predicted vs measured (left: default efficiencies; right: each row predicted with the
-    fit on the largest other source), one colour per source."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = res["rows"]
-    sources = res["sources"]
-    gpus_of = {s: set(res["loso"][s]["gpus"]) for s in res["loso"]}
-    sizes = {s: sum(1 for x in rows if x["source"] == s) for s in sources}
-    fig, axes = plt.subplots(1, 2, figsize=(11, 5), sharex=True, sharey=True)
-    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    meas = np.array([x["measured_s"] for x in rows])
-    for ax, title in zip(axes, ("default efficiencies",
-                                "fitted on another source (same GPU type where one exists)")):
-        for k, s in enumerate(sources):
-            idx = [i for i, x in enumerate(rows) if x["source"] == s]
-            if title.startswith("default"):
-                p = np.array([rows[i]["predicted_s"] for i in idx])
-            else:
-                mine = {x["gpu"] for x in rows if x["source"] == s}
-                others = [o for o in sorted(sources, key=lambda o: (not (gpus_of.get(o, set()) & mine), -sizes[o]))
-                          if o != s and o in res["held_predictions"]]
-                if not others:
-                    continue
-                p = np.array(res["held_predictions"][others[0]])[idx]
-            ax.scatter(meas[idx], p, s=18, color=colours[k % len(colours)], label=f"{s} ({len(idx)})", alpha=0.8)
-        lo = min(meas.min(), min(x["predicted_s"] for x in rows)) / 1.5
-        hi = max(meas.max(), max(x["predicted_s"] for x in rows)) * 1.5
-        xs = np.array([lo, hi])
-        ax.plot(xs, xs, "k-", lw=0.8)
-        ax.plot(xs, xs * 1.1, "k:", lw=0.6)
-        ax.plot(xs, xs / 1.1, "k:", lw=0.6)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("measured iteration time (s)")
-        ax.set_title(title)
-    axes[0].set_ylabel("predicted iteration time (s)")
-    axes[0].legend(fontsize=7, loc="upper left")
-    fig.suptitle("Nereus cost model vs published training iterations (dotted: ±10%)")
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def main(argv=None) -> int:

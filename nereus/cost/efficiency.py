@@ -31,6 +31,15 @@ Fig. 5, FlashAttention-2 on H100, forward without causal mask, 16k tokens): smal
 less work per load. :func:`attention_head_factor` is ``324/370`` at ``d <= 64``, 1 at ``d >= 128``,
 linear between (256 is taken as 128: the figures give no like-for-like point).
 
+Attention kernels other than FlashAttention-2 (``WorkloadSpec.attention_kernel``; the class
+efficiency above is FlashAttention-2's): *FlashAttention in Triton* takes :data:`TRITON_FA_SLOWDOWN`
+= (1.4, 2.0) times FlashAttention-2's time in the forward and backward pass: FlashAttention-2 (Dao
+2023, arXiv:2307.08691, §4.1, A100 80GB, sequence 512-16k, head dim 64 and 128, with and without
+causal mask) "is around 1.3-1.5x faster than FlashAttention in Triton in the forward pass and
+around 2x faster in the backward pass" (1.4 the middle of 1.3-1.5). *Unfused* attention (the
+scores materialised in HBM) has no efficiency of its own: :mod:`nereus.cost.latency` charges its
+batched GEMMs on the ``gemm`` class and its softmax (and dropout) as HBM traffic.
+
 FP8 GEMMs (a workload with ``gemm_precision="fp8"``, Transformer Engine style: the linear layers in
 FP8, attention and everything else in bf16) are their own op class ``gemm_fp8`` on the GPU's
 ``peak_flops_fp8``; unseen GPU-independent default 0.5.
@@ -49,7 +58,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 __all__ = ["EfficiencyTable", "DEFAULT_EFFICIENCY", "GEMM_SIZE_HALF", "ATTN_SEQ_HALF", "attention_seq_factor",
-           "default_efficiency", "attention_head_factor", "ATTN_HEAD64"]
+           "default_efficiency", "attention_head_factor", "ATTN_HEAD64", "TRITON_FA_SLOWDOWN"]
 
 #: Default FLOPs per GEMM call at which the size curve reaches half of the class efficiency
 #: (devices override it with ``GPUSpec.gemm_half_flops``).
@@ -76,6 +85,10 @@ def attention_seq_factor(seq_len):
     out = np.where(s > 0, s / np.maximum(s + ATTN_SEQ_HALF, 1e-9), 1.0)
     return float(out) if out.ndim == 0 else out
 
+
+#: FlashAttention in Triton: (forward, backward) time relative to FlashAttention-2 (FlashAttention-2
+#: paper §4.1: FA2 "around 1.3-1.5x faster ... in the forward pass and around 2x faster in the backward pass")
+TRITON_FA_SLOWDOWN = (1.4, 2.0)
 
 #: attention at head dim 64 relative to 128 (FlashAttention-3 paper Fig. 5, FA2 on H100: 324 / 370 TFLOP/s)
 ATTN_HEAD64 = 324.0 / 370.0

@@ -10,6 +10,10 @@ Work is counted from shapes and turned into seconds with ``work / (peak · effic
   FlashAttention-2 §3.1). Attention's efficiency falls at short sequences and small head dimensions
   (:func:`~nereus.cost.efficiency.attention_seq_factor`, :func:`~nereus.cost.efficiency.attention_head_factor`). With ``gemm_precision="fp8"`` the GEMMs
   run on the FP8 peak as op class ``gemm_fp8``.
+  Other attention kernels (``WorkloadSpec.attention_kernel``, :func:`attention_times`): FlashAttention
+  in Triton takes :data:`~nereus.cost.efficiency.TRITON_FA_SLOWDOWN` times as long per pass; unfused
+  attention computes the full ``s x s`` scores of every head (the causal mask is applied after)
+  with batched GEMMs and reads and writes them through HBM.
 * Memory-bound kernels between them (norms, residual adds, the MLP activation; forward and backward;
   :func:`elementwise_bytes_per_token`) and the fused softmax cross-entropy of the LM head, as HBM
   traffic in op class ``memory_bound``.
@@ -46,7 +50,12 @@ from __future__ import annotations
 import numpy as np
 
 from nereus.cost.collectives import allgather_time, allreduce_time, broadcast_time, p2p_time
-from nereus.cost.efficiency import EfficiencyTable, attention_head_factor, attention_seq_factor
+from nereus.cost.efficiency import (
+    TRITON_FA_SLOWDOWN,
+    EfficiencyTable,
+    attention_head_factor,
+    attention_seq_factor,
+)
 from nereus.cost.memory import RC_FULL, RC_NONE, RC_SELECTIVE, recompute_code
 from nereus.cost.shapes import kv_bytes_per_token_rank, max_layers_rank, params_rank
 from nereus.spec.hardware import ClusterSpec
@@ -55,13 +64,18 @@ from nereus.spec.workload import WorkloadSpec
 
 __all__ = ["LinkModel", "microbatch_stage_times", "decode_step_times", "prefill_stage_times",
            "dp_sync_time", "optimizer_time", "offload_times", "weight_sync_times", "gemm_rank_params",
-           "gemm_class", "elementwise_bytes_per_token", "ACT_BYTES"]
+           "gemm_class", "elementwise_bytes_per_token", "ACT_BYTES", "attention_times", "UNFUSED_SCORE_BYTES"]
 
 OPT_BYTES_PER_PARAM = 36
 #: bytes per activation element of the memory-bound kernels (bf16)
 ACT_BYTES = 2
 #: flash-attention backward in forward-equivalents beyond the GEMMs' 2 (2.5 - 2; FlashAttention-2 §3.1)
 ATTN_BWD_EXTRA = 0.5
+#: unfused attention: HBM bytes per score element (one head, one query, one key) of the kernels
+#: between its batched GEMMs, ``(forward, backward)``, without and with dropout on the probabilities
+#: (bf16 scores, a 1-byte dropout mask; see :func:`attention_times`)
+UNFUSED_SCORE_BYTES = {False: (2 * ACT_BYTES, 3 * ACT_BYTES),
+                       True: (2 * ACT_BYTES + 2 * ACT_BYTES + 1, 3 * ACT_BYTES + 2 * ACT_BYTES + 1)}
 
 
 class LinkModel:
@@ -162,6 +176,55 @@ def _attention_time(flops, ctx_len, gpu, eff: EfficiencyTable, head_dim: int = 1
     return np.asarray(flops, dtype=float) / (gpu.peak_flops * e)
 
 
+def attention_times(model: ModelSpec, kernel, tp, tokens, ctx_len, layers, fwd, bwd, gpu,
+                    eff: EfficiencyTable) -> dict:
+    """Op-class seconds of ``fwd`` forward and ``bwd`` backward passes of attention over ``tokens``
+    tokens whose queries attend ``ctx_len`` keys, on ``layers`` layers of one TP rank, for
+    ``kernel`` (``WorkloadSpec.attention_kernel``; arrays allowed for the counts):
+
+    * ``flash`` / None: causal FLOPs ``2·q_dim/tp·ctx`` per token forward, the backward 2.5 forwards,
+      at the ``attention`` efficiency (:func:`_attention_time`);
+    * ``flash_triton``: the same, each forward taking ``TRITON_FA_SLOWDOWN[0]`` and each backward
+      ``TRITON_FA_SLOWDOWN[1]`` times as long (FlashAttention-2 paper §4.1);
+    * ``unfused`` / ``unfused_dropout`` (Megatron-LM's core attention without flash-attention:
+      ``baddbmm`` for ``QK^T``, the fused scale-mask-softmax, ``bmm`` with V): with
+      ``E = tokens·ctx·heads/tp`` score elements per layer, each of the batched GEMMs (2 forward:
+      ``QK^T``, ``PV``; 4 backward: ``dP``, ``dV``, ``dQ``, ``dK``) does ``2·E·head_dim`` FLOPs (the full
+      square: the causal mask is applied to the computed scores) and writes or reads the ``E``
+      scores once (``ACT_BYTES`` each); a GEMM takes the longer of its FLOPs at the ``gemm``
+      efficiency (bf16 peak, size curve) and that traffic at the ``memory_bound`` efficiency (op
+      class ``gemm`` or ``memory_bound``, whichever binds). Between them, as ``memory_bound``
+      traffic per score element (:data:`UNFUSED_SCORE_BYTES`): the softmax reads the scores and
+      writes the probabilities (``2·ACT_BYTES``), its backward reads the probabilities and their
+      gradient and writes the score gradient (``3·ACT_BYTES``); with dropout on the probabilities
+      the dropout kernel reads them, writes them and a 1-byte mask, and its backward reads the
+      gradient and the mask and writes the gradient (``2·ACT_BYTES + 1`` each way). Not counted: the
+      GEMMs' reads of Q, K, V (``s·d`` per head against ``s²``).
+    """
+    fwd = np.asarray(fwd, dtype=float)
+    bwd = np.asarray(bwd, dtype=float)
+    tp = np.asarray(tp, dtype=float)
+    base = 2.0 * model.q_dim / tp * np.asarray(ctx_len, dtype=float) * np.asarray(tokens, dtype=float) * layers
+    if kernel in (None, "flash", "flash_triton"):
+        slow_f, slow_b = TRITON_FA_SLOWDOWN if kernel == "flash_triton" else (1.0, 1.0)
+        fe = base * (fwd * slow_f + (2.0 + ATTN_BWD_EXTRA) * bwd * slow_b)
+        return {"attention": _attention_time(fe, ctx_len, gpu, eff, model.head_dim)}
+    if kernel not in ("unfused", "unfused_dropout"):
+        raise ValueError(f"workload field 'attention_kernel' must be one of flash, flash_triton, unfused, "
+                         f"unfused_dropout or null, got {kernel!r}")
+    elems = base / (2.0 * model.head_dim)  # score elements per pass over all layers
+    n_mm = 2.0 * fwd + 4.0 * bwd
+    mm_flops = 2.0 * elems * model.head_dim * n_mm
+    t_flops = _gemm_time(mm_flops, n_mm * layers, gpu, eff, "gemm")
+    hbm = gpu.hbm_bandwidth * eff.get("memory_bound", gpu)
+    t_io = ACT_BYTES * elems * n_mm / hbm
+    f_b, b_b = UNFUSED_SCORE_BYTES[kernel == "unfused_dropout"]
+    t_ew = (fwd * f_b + bwd * b_b) * elems / hbm
+    compute_bound = t_flops >= t_io
+    return {"gemm": np.where(compute_bound, t_flops, 0.0),
+            "memory_bound": np.where(compute_bound, 0.0, t_io) + t_ew}
+
+
 def elementwise_bytes_per_token(model: ModelSpec, tp, sp=False) -> tuple:
     """HBM bytes per token per layer of the memory-bound kernels between the GEMMs and attention,
     ``(forward, backward)``, on one TP rank (bf16 activations, :data:`ACT_BYTES` each).
@@ -208,16 +271,22 @@ def _layers(model: ModelSpec, pp):
 
 
 def _layer_pass(model, tp, tokens, ctx_len, layers, mult, cluster, eff, links, n_ar, attn_mult=None,
-                gcls="gemm", passes=(1, 0), sp=False) -> dict:
+                gcls="gemm", passes=(1, 0), sp=False, attn_kernel=None) -> dict:
     """Time of ``layers`` layers over ``tokens`` tokens, ``mult`` forward-equivalents of GEMM compute
-    (``attn_mult`` of attention compute, default ``mult``), ``n_ar`` TP all-reduces per layer, and
-    the memory-bound kernels of ``passes = (forward passes, backward passes)``."""
+    (``attn_mult`` of flash-attention compute, default ``mult``), ``n_ar`` TP all-reduces per layer,
+    and the memory-bound kernels of ``passes = (forward passes, backward passes)``; an attention
+    kernel other than flash (``attn_kernel``) is charged by :func:`attention_times` for ``passes``."""
     out: dict = {}
     gpu = cluster.gpu
     gemm_flops = 2.0 * gemm_rank_params(model, tp) * tokens * layers * mult
     _add(out, gcls, _gemm_time(gemm_flops, 7 * layers * mult, gpu, eff, gcls))
-    attn = 2.0 * model.q_dim / tp * ctx_len * tokens * layers * (mult if attn_mult is None else attn_mult)
-    _add(out, "attention", _attention_time(attn, ctx_len, gpu, eff, model.head_dim))
+    if attn_kernel in (None, "flash"):
+        attn = 2.0 * model.q_dim / tp * ctx_len * tokens * layers * (mult if attn_mult is None else attn_mult)
+        _add(out, "attention", _attention_time(attn, ctx_len, gpu, eff, model.head_dim))
+    else:
+        for cls, t in attention_times(model, attn_kernel, tp, tokens, ctx_len, layers, passes[0], passes[1],
+                                      gpu, eff).items():
+            _add(out, cls, t)
     fwd_b, bwd_b = elementwise_bytes_per_token(model, tp, sp)
     ew = (np.asarray(passes[0]) * fwd_b + np.asarray(passes[1]) * bwd_b) * tokens * layers
     _add(out, "memory_bound", ew / (gpu.hbm_bandwidth * eff.get("memory_bound", gpu)))
@@ -282,11 +351,12 @@ def microbatch_stage_times(stage: str, model: ModelSpec, workload: WorkloadSpec,
     else:
         rc, mult, n_ar, attn_mult, passes = RC_NONE, 1, 2, 1, (1, 0)
     body = _layer_pass(model, tp, tokens, s, layers, mult, cluster, eff, links, n_ar, attn_mult, gcls, passes,
-                       sp)
+                       sp, workload.attention_kernel)
     if stage == "train" and np.any(rc == RC_SELECTIVE):
         sel = rc == RC_SELECTIVE
-        extra = np.where(sel, 2.0 * model.q_dim / tp * s * tokens * layers, 0.0)
-        _add(body, "attention", _attention_time(extra, s, cluster.gpu, eff, model.head_dim))
+        for cls, t in attention_times(model, workload.attention_kernel, tp, tokens, s, layers, 1, 0, cluster.gpu,
+                                      eff).items():
+            _add(body, cls, np.where(sel, t, 0.0))
         kv_rep = np.maximum(tp // model.num_kv_heads, 1)
         qkv = model.hidden_size * (model.q_dim + 2 * model.kv_dim * kv_rep) / tp
         gflops = np.where(sel, 2.0 * qkv * tokens * layers, 0.0)
@@ -315,7 +385,7 @@ def prefill_stage_times(model, workload, cluster, eff, tp, pp, seqs) -> tuple[di
     layers = _layers(model, pp)
     gcls = gemm_class(workload)
     body = _layer_pass(model, np.asarray(tp), tokens, workload.prompt_len, layers, 1, cluster, eff, links, 2,
-                       gcls=gcls)
+                       gcls=gcls, attn_kernel=workload.attention_kernel)
     last = _merge(body, _head_pass(model, tp, np.asarray(seqs, dtype=float), 1, cluster, eff, gcls))
     return body, last
 

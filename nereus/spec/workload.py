@@ -23,15 +23,17 @@ import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-__all__ = ["WorkloadSpec", "ALGORITHMS", "GEMM_PRECISIONS", "RECOMPUTE_MODES", "OPTIONAL_FIELDS", "read_response_lengths",
+__all__ = ["WorkloadSpec", "ALGORITHMS", "GEMM_PRECISIONS", "ATTENTION_KERNELS", "RECOMPUTE_MODES", "OPTIONAL_FIELDS", "read_response_lengths",
            "response_len_stats"]
 
 ALGORITHMS = ("ppo", "grpo", "remax")
 RECOMPUTE_MODES = ("none", "selective", "full", "auto")
 #: fields left out of :meth:`WorkloadSpec.to_dict` while unset (None)
-OPTIONAL_FIELDS = ("response_len_max", "memory_fraction", "gemm_precision")
+OPTIONAL_FIELDS = ("response_len_max", "memory_fraction", "gemm_precision", "attention_kernel")
 #: values of ``gemm_precision`` (None = bf16)
 GEMM_PRECISIONS = ("bf16", "fp8")
+#: values of ``attention_kernel`` (None = flash)
+ATTENTION_KERNELS = ("flash", "flash_triton", "unfused", "unfused_dropout")
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,13 @@ class WorkloadSpec:
             (None, the default) or ``fp8`` (Transformer Engine style: GEMM inputs in FP8 on the GPU's
             FP8 peak, op class ``gemm_fp8``; attention, memory-bound kernels, weights, gradients and
             optimizer state stay as above, so memory is unchanged).
+        attention_kernel: how training and prefill compute attention (time only; memory is
+            unchanged): ``flash`` (None, the default: a FlashAttention-2-class fused kernel),
+            ``flash_triton`` (FlashAttention written in Triton, e.g. llm-foundry's
+            ``attn_impl: triton``), ``unfused`` (the score matrix is materialised in HBM: batched
+            GEMMs and a fused scale-mask-softmax, as Megatron-LM without flash-attention) or
+            ``unfused_dropout`` (the same with dropout on the attention probabilities).
+            :mod:`nereus.cost.latency` says what each costs.
 
     Raises:
         ValueError: at construction, naming the field, the value and what would be valid.
@@ -86,8 +95,12 @@ class WorkloadSpec:
     response_len_max: int | None = None
     memory_fraction: float | None = None
     gemm_precision: str | None = None
+    attention_kernel: str | None = None
 
     def __post_init__(self) -> None:
+        if self.attention_kernel is not None and self.attention_kernel not in ATTENTION_KERNELS:
+            raise ValueError(f"workload field 'attention_kernel' must be one of {ATTENTION_KERNELS} or null "
+                             f"(flash), got {self.attention_kernel!r}")
         if self.gemm_precision is not None and self.gemm_precision not in GEMM_PRECISIONS:
             raise ValueError(f"workload field 'gemm_precision' must be one of {GEMM_PRECISIONS} or null (bf16), "
                              f"got {self.gemm_precision!r}")
