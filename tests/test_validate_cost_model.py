@@ -67,7 +67,13 @@ def test_conversions_by_hand(rows):
     assert by["A01"].iter_time_s == 18.9
     # NeMo-Megatron-Launcher GPT-3 175B on 128 nodes: 2048 x 2048 tokens / 109684 tokens/s
     assert by["L11"].iter_time_s == pytest.approx(2048 * 2048 / 109684, rel=1e-4)
-    assert (by["L11"].tp, by["L11"].pp, by["L11"].dp, by["L11"].grad_accum) == (4, 8, 32, 64)
+    # layout of the config at the commit that added the table (3579cdb3): TP8 PP8, micro-batch 2, SP,
+    # selective recompute; 1024 GPUs / 64 = 16 replicas, 2048 / (16 x 2) = 64 micro-batches
+    assert (by["L11"].tp, by["L11"].pp, by["L11"].dp, by["L11"].micro_batch, by["L11"].grad_accum,
+            by["L11"].recompute, by["L11"].sp, by["L11"].vpp) == (8, 8, 16, 2, 64, "selective", 1, 1)
+    # attention kernels named by the sources' configs
+    assert by["L11"].attention_kernel == "unfused_dropout" and by["F019"].attention_kernel == "flash_triton"
+    assert by["F001"].attention_kernel == "flash" and by["N01"].attention_kernel == "flash"
     # the MPT configs carry the published parameter counts (plus MPT's learned position embedding)
     m = V.model_spec("mpt-7b")
     assert m.num_params + 2048 * 4096 == pytest.approx(6658859008, rel=5e-4)
