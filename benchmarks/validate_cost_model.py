@@ -33,7 +33,9 @@ optimizer step over the global batch, i.e. the ``train`` model-stage time of one
   ``cp > 1`` is evaluated as ``dp·cp`` data-parallel replicas of full sequences (same tokens and
   FLOPs per GPU; the KV all-gather of CP is not charged). A row with ``precision=fp8`` runs its
   GEMMs in FP8 (``WorkloadSpec.gemm_precision="fp8"``: the GPU's FP8 peak and the op class
-  ``gemm_fp8``; attention and the rest stay bf16) when the installed workload has that field.
+  ``gemm_fp8``; attention and the rest stay bf16) when the installed workload has that field. The
+  row's ``attention_kernel`` (flash, flash_triton, unfused_dropout) goes to
+  ``WorkloadSpec.attention_kernel`` likewise.
 * Calibration is carried across GPU types as relative corrections: a fitted table holds, per op
   class, the GPU-independent default times the fitted scale, and each row is predicted with its own
   GPU's defaults times the same scales (:func:`on_gpu`). On one GPU type this is the planner's own
@@ -43,6 +45,9 @@ optimizer step over the global batch, i.e. the ``train`` model-stage time of one
   neutral value. A feature the installed model does not accept, or accepts with no effect on time
   and memory, is listed as not modelled for that row. A row the model refuses with its features
   (e.g. after an API change) is evaluated without them and says why.
+
+The rows and their loader are in ``benchmarks/validation_data.py``, the tables and the plot in
+``benchmarks/validation_report.py``.
 
 Run: ``python benchmarks/validate_cost_model.py [--csv PATH] [--out PNG] [--json PATH] [--markdown]``;
 takes 10-30 s on a CPU.
