@@ -86,6 +86,13 @@ def attention_seq_factor(seq_len):
     return float(out) if out.ndim == 0 else out
 
 
+#: Compute slowed while communication runs beside it: overlapped execution takes this fraction more
+#: time for the compute it overlaps (Lee et al., "Characterizing Compute-Communication Overlap in
+#: GPU-Accelerated Distributed Deep Learning", arXiv:2507.03114, 2025: average computational slowdown
+#: 18.9%, at most 40.0%, over GPT and LLaMA layers on A100, H100, MI250 and MI210: NCCL kernels take
+#: SMs and HBM bandwidth from the GEMMs they overlap). Charged as ``s · min(T_comm, T_window)``.
+OVERLAP_COMPUTE_SLOWDOWN = 0.189
+
 #: FlashAttention in Triton: (forward, backward) time relative to FlashAttention-2 (FlashAttention-2
 #: paper §4.1: FA2 "around 1.3-1.5x faster ... in the forward pass and around 2x faster in the backward pass")
 TRITON_FA_SLOWDOWN = (1.4, 2.0)

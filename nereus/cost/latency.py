@@ -51,6 +51,7 @@ import numpy as np
 
 from nereus.cost.collectives import allgather_time, allreduce_time, broadcast_time, p2p_time
 from nereus.cost.efficiency import (
+    OVERLAP_COMPUTE_SLOWDOWN,
     TRITON_FA_SLOWDOWN,
     EfficiencyTable,
     attention_head_factor,
@@ -312,14 +313,18 @@ def _head_pass(model, tp, tokens, mult, cluster, eff, gcls="gemm") -> dict:
 
 def _overlap_tp(parts: dict) -> dict:
     """TP collectives overlapped with the GEMMs of the same pass (Megatron ``tp_comm_overlap``):
-    exposed ``max(0, T_tp - T_gemm)``, each TP class scaled down by the same factor."""
+    exposed ``max(0, T_tp - T_gemm)``, each TP class scaled down by the same factor, and the GEMMs
+    they overlap slowed by ``overlap = s · min(T_tp, T_gemm)`` (``s`` =
+    :data:`~nereus.cost.efficiency.OVERLAP_COMPUTE_SLOWDOWN`)."""
     tp_classes = [k for k in parts if k.startswith(("allreduce@", "allgather@"))]
     if not tp_classes:
         return parts
     total = sum(np.asarray(parts[k], dtype=float) for k in tp_classes)
     gemm = np.asarray(parts.get("gemm", 0.0), dtype=float) + np.asarray(parts.get("gemm_fp8", 0.0), dtype=float)
     keep = np.where(total > 0, np.maximum(total - gemm, 0.0) / np.where(total > 0, total, 1.0), 0.0)
-    return {k: (v * keep if k in tp_classes else v) for k, v in parts.items()}
+    out = {k: (v * keep if k in tp_classes else v) for k, v in parts.items()}
+    _add(out, "overlap", OVERLAP_COMPUTE_SLOWDOWN * np.minimum(total, gemm))
+    return out
 
 
 def microbatch_stage_times(stage: str, model: ModelSpec, workload: WorkloadSpec, cluster: ClusterSpec,
