@@ -21,9 +21,11 @@ feature                    kind       cost-model consequence (``nereus.cost``)
                                       ``x (1 + (p-1)/(p·v))`` (Narayanan et al. 2021 §2.2)
 ``overlap_grad_reduce``    flag       the DP gradient reduce (and ZeRO gathers) overlap with
                                       backward: exposed ``max(0, T_dp - T_bwd)`` (cost-model.md
-                                      §2.7, the DDP/ZeRO overlap form)
+                                      §2.7, the DDP/ZeRO overlap form), the overlapped compute
+                                      18.9% slower (Lee et al. 2025, arXiv:2507.03114)
 ``overlap_tp_comm``        flag       TP collectives overlap with the layer's GEMMs: exposed
-                                      ``max(0, T_tp - T_gemm)`` (Megatron ``tp_comm_overlap``)
+                                      ``max(0, T_tp - T_gemm)`` (Megatron ``tp_comm_overlap``),
+                                      the GEMMs it overlaps 18.9% slower
 ``grad_reduce_bytes``      flag       bytes per gradient element on the wire (2: bf16 reduce, as
                                       Megatron-Core's default ``grad_reduce_in_fp32=False``; 4: fp32)
 ``offload``                searched   what an idle model-stage does between its runs: ``none`` keeps
