@@ -33,6 +33,7 @@ import numpy as np
 
 from nereus.cost import latency as lat
 from nereus.cost.checks import check_candidate, check_train_batch
+from nereus.cost.detail import RowDetail
 from nereus.cost.efficiency import OVERLAP_COMPUTE_SLOWDOWN, EfficiencyTable
 from nereus.cost.host_optimizer import cpu_adam_times
 from nereus.cost.memory import OFF_CPU_ADAM, WORKSPACE_BYTES, offload_code, recompute_code, stage_memory
@@ -153,7 +154,8 @@ class CostModel:
 
         Returns:
             dict with ``time`` (seconds per step), ``resident`` and ``transient`` (bytes per GPU),
-            ``memory`` (terms), and ``breakdown`` (op class → seconds) when asked; arrays over rows.
+            ``memory`` (terms), and ``breakdown`` (op class → seconds) when asked; arrays over rows;
+            ``detail``: a :class:`~nereus.cost.detail.RowDetail` giving one row's whole estimate.
         """
         w = self.job.workload
         model = self.model_of(ms)
@@ -247,7 +249,7 @@ class CostModel:
             return np.broadcast_to(np.asarray(v, dtype=float), dp.shape)
 
         out = {"time": rows(_sum(parts)), "resident": rows(mem["resident"] * corr),
-               "transient": rows(mem["transient"] * corr), "memory": mem}
+               "transient": rows(mem["transient"] * corr), "memory": mem, "detail": RowDetail(parts, mem, corr)}
         if breakdown:
             out["breakdown"] = {k: rows(v) for k, v in parts.items()}
         return out
@@ -295,7 +297,8 @@ class CostModel:
             return np.broadcast_to(np.asarray(v, dtype=float), shape)
 
         return {"time": rows(time), "resident": rows(mem["resident"] * corr),
-                "transient": rows(mem["transient"] * corr), "memory": mem}
+                "transient": rows(mem["transient"] * corr), "memory": mem,
+                "detail": RowDetail(base["breakdown"], mem, corr, inv=inv, extra=extra)}
 
     def _sync(self, model, tp, pp, shape, side: str, multi_node: bool) -> dict:
         """:func:`nereus.cost.latency.weight_sync_times` per row, computed once per (tp, pp)."""
@@ -352,17 +355,22 @@ class CostModel:
             return max(per_stage.get("generate", 0.0), per_stage.get("infer", 0.0) + per_stage.get("train", 0.0))
         return sum(per_stage.values())
 
-    def estimate(self, plan: Plan, pool=None) -> Plan:
+    def estimate(self, plan: Plan, pool=None, known: dict | None = None) -> Plan:
         """A copy of ``plan`` with estimates, ``L_step``, per-GPU peak memory and throughput.
 
         ``pool`` (GPU ids) decides whether the weight sync crosses nodes; defaults to the GPUs the
-        plan uses.
+        plan uses. ``known``: model-stage -> :class:`StageEstimate` already computed for its
+        candidate under this pool (the planner's, from the search's arrays); the others are
+        estimated here.
         """
         pool = frozenset(pool) if pool is not None else plan.gpus_used()
         multi = self.job.cluster.spans_nodes(pool) if pool else False
         ests: dict = {}
         seen: dict = {}
         for c in plan.candidates:  # same-shaped model-stages with one candidate cost the same
+            if known and c.model_stage in known:
+                ests[c.model_stage] = known[c.model_stage]
+                continue
             key = self._estimate_key(c, multi)
             if key not in seen:
                 seen[key] = self.estimate_candidate(c, multi)

@@ -42,7 +42,7 @@ memory filters settle dominance across classes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -82,6 +82,9 @@ class CandidateSet:
     z: np.ndarray | None = None  # ZeRO stage
     o: np.ndarray | None = None  # index into OFFLOAD_CODES
     v: np.ndarray | None = None  # virtual pipeline stages per rank
+    #: the enumeration's :class:`~nereus.cost.detail.RowDetail` (op-class and memory terms per row);
+    #: not carried by :meth:`take` (its rows are the enumeration's, see :meth:`estimate_of`)
+    detail: object = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         k = self.n.shape[0]
@@ -98,6 +101,21 @@ class CandidateSet:
     def take(self, idx) -> CandidateSet:
         f = {k: getattr(self, k)[idx] for k in COLUMNS}
         return CandidateSet(self.model_stage, **f)
+
+    def estimate_of(self, other: CandidateSet, i: int):
+        """The :class:`~nereus.spec.plan.StageEstimate` of row ``i`` of ``other`` (a subset of these
+        rows, e.g. a frontier) from this enumeration's :attr:`detail`; None without one or when
+        the row is not one of these."""
+        if self.detail is None:
+            return None
+        hit = np.ones(len(self), dtype=bool)
+        for f in ("tp", "pp", "dp", "b", "rc", "c", "z", "o", "v"):
+            hit &= getattr(self, f) == getattr(other, f)[i]
+        j = np.flatnonzero(hit)
+        if j.size == 0:
+            return None
+        j = int(j[0])
+        return self.detail.estimate(j, self.t[j], self.r[j], self.x[j])
 
     def candidate(self, i: int, mini_batch: int) -> Candidate:
         """Row ``i`` as a :class:`Candidate` (without GPUs)."""
@@ -292,7 +310,8 @@ def enumerate_candidates(cost: CostModel, ms: ModelStage, num_gpus: int, multi_n
                               recompute=cols["rc"], concurrency=cols["c"], zero=cols["z"], offload=cols["o"],
                               vpp=cols["v"], multi_node=multi_node)
     return CandidateSet(ms.name, n=cols["tp"] * cols["pp"] * cols["dp"], t=np.array(a["time"], dtype=float),
-                        r=np.array(a["resident"], dtype=float), x=np.array(a["transient"], dtype=float), **cols)
+                        r=np.array(a["resident"], dtype=float), x=np.array(a["transient"], dtype=float),
+                        detail=a.get("detail"), **cols)
 
 
 def frontier(cs: CandidateSet, usable: float, cross: bool = True, alone: bool = False) -> CandidateSet:

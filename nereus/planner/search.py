@@ -148,6 +148,9 @@ class SearchResult:
     #: stages whose mixed placements could beat the plan found without them but were not searched
     #: (:data:`~nereus.planner.staircase.MIXED_MAX_COMBOS`); empty when the result is exact over every placement
     mixed_skipped: tuple = ()
+    #: model-stage -> its enumerated candidates, with their op-class and memory terms
+    #: (:meth:`~nereus.planner.candidates.CandidateSet.estimate_of`)
+    enumerated: dict = field(default_factory=dict)
 
 
 def _stage_modes(cost: CostModel, stage: str) -> tuple[str, ...]:
@@ -229,7 +232,7 @@ def search(cost: CostModel, pool_size: int, multi_node: bool,
             memo[key] = (cs, frontier(cs, usable, cross=multi and len(cs) > CROSS_MIN_ROWS, alone=not multi))
         cs, fr = memo[key]
         total += len(cs)
-        sets_all[ms.name] = CandidateSet(ms.name, **{f: getattr(cs, f) for f in COLUMNS})
+        sets_all[ms.name] = CandidateSet(ms.name, **{f: getattr(cs, f) for f in COLUMNS}, detail=cs.detail)
         fronts[ms.name] = CandidateSet(ms.name, **{f: getattr(fr, f) for f in COLUMNS})
     empty = [m for m, f in fronts.items() if len(f) == 0]
     if empty:
@@ -285,7 +288,7 @@ def search(cost: CostModel, pool_size: int, multi_node: bool,
     return SearchResult(choice=choice, l_step=l_step, frontiers=fronts, candidates_enumerated=total,
                         frontier_size=sum(len(f) for f in fronts.values()), knapsacks=knap,
                         modes={st: partition_mode(b) for st, b in chosen_blocks.items()},
-                        blocks=dict(chosen_blocks), mixed_skipped=tuple(skipped))
+                        blocks=dict(chosen_blocks), mixed_skipped=tuple(skipped), enumerated=sets_all)
 
 
 def _memory_free_times(parts: list, names: list, fronts: dict, pool: int) -> list[float]:
@@ -463,5 +466,11 @@ def plan_job(job: JobSpec, pool=None, current: Plan | None = None, cost: CostMod
     mixed = {s: res.blocks[s] for s, m in res.modes.items() if m == "mixed"}
     placed = place(cands, pool, job.cluster, cost.workflow, current, spread=spread, colocated=colocated,
                    blocks=mixed)
-    plan = cost.estimate(Plan(candidates=tuple(placed)), pool)
-    return plan
+    # the chosen rows' estimates from the enumeration's arrays (the values estimate_candidate gives)
+    known = {}
+    for m in cost.workflow.model_stages:
+        fs, row = res.choice[m.name]
+        e = res.enumerated[m.name].estimate_of(fs, row) if m.name in res.enumerated else None
+        if e is not None:
+            known[m.name] = e
+    return cost.estimate(Plan(candidates=tuple(placed)), pool, known=known)
