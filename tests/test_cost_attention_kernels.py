@@ -98,3 +98,51 @@ def test_selective_recompute_reruns_the_kernel_forward():
     # one more forward of unfused attention: 2 batched GEMMs' traffic (2 x 2 B) and the softmax (4 B)
     extra = sel["memory_bound"] - none["memory_bound"]
     assert extra == pytest.approx((2 * 2 + 4) * e / hbm, rel=1e-9)
+
+
+def test_unfused_attention_stores_the_score_matrix_korthikanti_5asb():
+    # Korthikanti et al. 2022 Table 2: the attention block of one layer stores 5·a·s²·b/t bytes
+    # for its scores (softmax output 2, dropout mask 1, dropout output 2); without dropout the
+    # softmax output 2·a·s²·b/t. Llama-3.1-8B (a = 32), s = 4096, b = 1:
+    from nereus.cost.memory import activation_bytes_per_layer, stage_memory
+    from nereus.spec import WorkloadSpec, get_model
+
+    m8 = get_model("llama-3.1-8b")
+    flash = activation_bytes_per_layer(m8, 4096, 1)
+    assert flash == 34 * 4096 * 4096  # the 34·s·b·h of the reference (no score term)
+    drop = activation_bytes_per_layer(m8, 4096, 1, seq=4096, kernel="unfused_dropout")
+    assert drop - flash == 5 * 32 * 4096**2 == 2_684_354_560  # 2.5 GiB per layer
+    assert activation_bytes_per_layer(m8, 4096, 2, seq=4096, kernel="unfused") - \
+        activation_bytes_per_layer(m8, 4096, 2) == 2 * 32 * 4096**2 / 2  # heads split by TP
+    # selective recompute re-runs the attention block: no score term is stored
+    assert activation_bytes_per_layer(m8, 4096, 1, selective=True, seq=4096, kernel="unfused_dropout") == \
+        activation_bytes_per_layer(m8, 4096, 1, selective=True)
+    # stage memory: training without recompute keeps all 32 layers' scores; inference holds two layers'
+    wl = dict(prompt_len=1024, response_len=3072, micro_batch_size=1)
+    a = stage_memory("train", m8, WorkloadSpec(**wl), 1, 1, micro_batch=1)
+    b = stage_memory("train", m8, WorkloadSpec(**wl, attention_kernel="unfused_dropout"), 1, 1, micro_batch=1)
+    assert b["activations"] - a["activations"] == 32 * 5 * 32 * 4096**2
+    ai = stage_memory("infer", m8, WorkloadSpec(**wl), 1, 1, micro_batch=1)
+    bi = stage_memory("infer", m8, WorkloadSpec(**wl, attention_kernel="unfused"), 1, 1, micro_batch=1)
+    assert bi["activations"] - ai["activations"] == 2 * 2 * 32 * 4096**2
+    # generation (vLLM) keeps its fused kernel: no change in time or memory
+    ag = stage_memory("generate", m8, WorkloadSpec(**wl), 1, 1, concurrency=8)
+    bg = stage_memory("generate", m8, WorkloadSpec(**wl, attention_kernel="unfused"), 1, 1, concurrency=8)
+    assert ag == bg
+
+
+def test_generation_time_ignores_the_training_engines_attention_kernel():
+    from nereus.cost.model import CostModel
+    from nereus.spec import ClusterSpec, JobSpec, WorkloadSpec, get_gpu, get_model
+    from nereus.spec.plan import Candidate
+
+    def est(kernel):
+        job = JobSpec(get_model("llama-3.1-8b"), ClusterSpec(get_gpu("h100"), 1, 8),
+                      WorkloadSpec(prompt_len=2048, response_len=1024, attention_kernel=kernel))
+        cm = CostModel(job)
+        return (cm.estimate_candidate(Candidate("actor.generate", 2, 1, 4, concurrency=64)),
+                cm.estimate_candidate(Candidate("actor.infer", 2, 1, 4, micro_batch=4)))
+
+    (g0, i0), (g1, i1) = est(None), est("unfused")
+    assert g1 == g0  # vLLM's prefill and decode run their own fused attention
+    assert i1.time > i0.time  # the training engine's forward pass does not

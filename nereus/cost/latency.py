@@ -390,7 +390,7 @@ def prefill_stage_times(model, workload, cluster, eff, tp, pp, seqs) -> tuple[di
     layers = _layers(model, pp)
     gcls = gemm_class(workload)
     body = _layer_pass(model, np.asarray(tp), tokens, workload.prompt_len, layers, 1, cluster, eff, links, 2,
-                       gcls=gcls, attn_kernel=workload.attention_kernel)
+                       gcls=gcls)  # vLLM's prefill runs its own fused attention whatever the training engine's
     last = _merge(body, _head_pass(model, tp, np.asarray(seqs, dtype=float), 1, cluster, eff, gcls))
     return body, last
 

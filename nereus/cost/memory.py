@@ -88,7 +88,12 @@ def offload_code(offload):
     return _code("offload", offload, OFFLOAD_CODES)
 
 
-def activation_bytes_per_layer(model: ModelSpec, tokens, tp, sp=False, selective=False):
+#: bytes per attention-score element an unfused attention stores for backward (Korthikanti et al.
+#: 2022 Table 2): the softmax output (2, bf16); with attention dropout also its mask (1) and output (2)
+SCORE_BYTES = {"unfused": 2.0, "unfused_dropout": 5.0}
+
+
+def activation_bytes_per_layer(model: ModelSpec, tokens, tp, sp=False, selective=False, seq=None, kernel=None):
     """Stored activation bytes of one layer for ``tokens = s·b`` tokens on one TP rank, elementwise.
 
     Replicated over TP: the two norm inputs and the QKV and MLP inputs, ``8h`` bytes per token (``/tp``
@@ -97,6 +102,12 @@ def activation_bytes_per_layer(model: ModelSpec, tokens, tp, sp=False, selective
     core attention) in backward and keeps only its input, dropping the QKV input, Q, K, V and the
     attention output: ``6h`` replicated and ``6F`` sharded remain (Llama adaptation of Korthikanti et
     al. 2022 Table 2; cost-model.md §2.2).
+
+    An unfused attention ``kernel`` (``WorkloadSpec.attention_kernel``) also stores the ``a/t``
+    heads' ``s x s`` scores of every sequence: ``SCORE_BYTES · a·s²·b/t`` (``2as²b/t`` for the
+    softmax output, ``5as²b/t`` with dropout: the table's term), ``seq`` = ``s``; selective
+    recompute drops them (what Megatron's selective recompute was designed to save). FlashAttention
+    stores no score term.
     """
     h, f = model.hidden_size, model.intermediate_size
     ga = model.num_kv_heads / model.num_attention_heads
@@ -105,7 +116,10 @@ def activation_bytes_per_layer(model: ModelSpec, tokens, tp, sp=False, selective
     sharded = np.where(sel, 6.0 * f, 4 * h + 4 * h * ga + 6.0 * f)
     tp = np.asarray(tp)
     rep = np.where(np.asarray(sp, dtype=bool) & (tp > 1), rep / tp, rep)
-    return tokens * (rep + sharded / tp)
+    out = tokens * (rep + sharded / tp)
+    if kernel in SCORE_BYTES and seq is not None:
+        out = out + np.where(sel, 0.0, SCORE_BYTES[kernel] * model.num_attention_heads * seq * tokens / tp)
+    return out
 
 
 def _logits_bytes(model: ModelSpec, tokens, tp: int):
@@ -164,7 +178,7 @@ def stage_memory(stage: str, model: ModelSpec, workload: WorkloadSpec, tp, pp, *
                                   + 2.0 * layer_params_rank(model, tp) * workload.param_bytes,
                                   params * workload.param_bytes)
         tokens = s * np.asarray(micro_batch)
-        per_layer = activation_bytes_per_layer(model, tokens, tp, sp, rc == RC_SELECTIVE)
+        per_layer = activation_bytes_per_layer(model, tokens, tp, sp, rc == RC_SELECTIVE, s, workload.attention_kernel)
         inputs_only = 2.0 * tokens * model.hidden_size * layers / np.where(sp & (tp > 1), tp, 1)
         full = rc == RC_FULL
         vpp = np.asarray(vpp)
@@ -182,7 +196,7 @@ def stage_memory(stage: str, model: ModelSpec, workload: WorkloadSpec, tp, pp, *
                                   + 2.0 * layer_params_rank(model, tp) * workload.param_bytes,
                                   params * workload.param_bytes)
         tokens = s * np.asarray(micro_batch)
-        out["activations"] = 2 * activation_bytes_per_layer(model, tokens, tp, sp)
+        out["activations"] = 2 * activation_bytes_per_layer(model, tokens, tp, sp, seq=s, kernel=workload.attention_kernel)
         out["logits"] = (6.0 * tokens * model.vocab_size / tp) if model.head == "lm" else 4.0 * tokens
     elif stage == "generate":
         c = np.asarray(concurrency)

@@ -64,13 +64,15 @@ class WorkloadSpec:
             (None, the default) or ``fp8`` (Transformer Engine style: GEMM inputs in FP8 on the GPU's
             FP8 peak, op class ``gemm_fp8``; attention, memory-bound kernels, weights, gradients and
             optimizer state stay as above, so memory is unchanged).
-        attention_kernel: how training and prefill compute attention (time only; memory is
-            unchanged): ``flash`` (None, the default: a FlashAttention-2-class fused kernel),
+        attention_kernel: how the training engine's passes (training and inference
+            model-stages) compute attention; generation (vLLM) always runs its own fused kernel:
+            ``flash`` (None, the default: a FlashAttention-2-class fused kernel),
             ``flash_triton`` (FlashAttention written in Triton, e.g. llm-foundry's
             ``attn_impl: triton``), ``unfused`` (the score matrix is materialised in HBM: batched
             GEMMs and a fused scale-mask-softmax, as Megatron-LM without flash-attention) or
             ``unfused_dropout`` (the same with dropout on the attention probabilities).
-            :mod:`nereus.cost.latency` says what each costs.
+            :mod:`nereus.cost.latency` says what each costs; the unfused ones also store the
+            ``s x s`` scores (:func:`nereus.cost.memory.activation_bytes_per_layer`).
 
     Raises:
         ValueError: at construction, naming the field, the value and what would be valid.
