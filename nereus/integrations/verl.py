@@ -36,17 +36,15 @@ on the shared GPUs.
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import yaml
-
 from nereus.cost.shapes import valid_pp, valid_tp
-from nereus.integrations.common import (
-    Imported,
-    Unexpressible,
-    generation_concurrency,
+from nereus.integrations.common import Imported, Unexpressible, generation_concurrency
+from nereus.integrations.verl_config import (  # noqa: F401  (load_verl_config, verl_config_dir re-exported)
+    VerlConfig,
+    load_verl_config,
+    verl_config_dir,
 )
 from nereus.integrations.verl_export import (  # noqa: F401  (the export side, re-exported)
     ADV_ESTIMATORS,
@@ -66,129 +64,7 @@ from nereus.workflow import workflow_for
 
 __all__ = ["verl_config_dir", "load_verl_config", "import_verl", "export_verl", "verl_framework", "ADV_ESTIMATORS"]
 
-_MISSING = object()
-
-def verl_config_dir() -> Path | None:
-    """``verl/trainer/config`` of the installed verl package, or None when verl is not installed."""
-    spec = importlib.util.find_spec("verl")
-    if spec is None or not spec.origin:
-        return None
-    d = Path(spec.origin).parent / "trainer" / "config"
-    return d if d.is_dir() else None
-
-
-def _parse_override(ov: str) -> tuple[str, object]:
-    key, sep, val = ov.partition("=")
-    if not sep or not key.lstrip("+"):
-        raise ValueError(f"verl override {ov!r} must look like key=value (e.g. trainer.nnodes=2)")
-    return key.lstrip("+"), yaml.safe_load(val) if val != "" else None
-
-
-def _set(d: dict, key: str, value) -> None:
-    parts = key.split(".")
-    for p in parts[:-1]:
-        d = d.setdefault(p, {})
-        if not isinstance(d, dict):
-            raise ValueError(f"verl override {key}={value!r}: {p!r} is not a section")
-    d[parts[-1]] = value
-
-
-def _compose(config_dir: Path, name: str, overrides: list[str]) -> dict:
-    try:
-        from hydra import compose, initialize_config_dir
-        from hydra.core.global_hydra import GlobalHydra
-        from omegaconf import OmegaConf
-    except ImportError as e:
-        raise ValueError(f"verl config {name!r} uses Hydra defaults; install hydra-core (or verl) to read it") from e
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(config_dir.resolve()), version_base=None):
-            cfg = compose(config_name=name, overrides=list(overrides))
-    except Exception as e:  # hydra's errors name the override and the key
-        raise ValueError(f"verl config {name!r}: {' '.join(str(e).split())}"[:500]) from e
-    finally:
-        GlobalHydra.instance().clear()
-    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
-
-
-def load_verl_config(config: str, overrides=()) -> dict:
-    """A verl trainer configuration as a nested dict, with Hydra-style ``key=value`` overrides.
-
-    ``config`` is a YAML file, or the name of a config of the installed verl (``ppo_trainer``,
-    ``ppo_megatron_trainer``). A file with a Hydra ``defaults`` list (verl's own layout) is composed
-    by Hydra from its directory; a plain file gets the overrides merged by OmegaConf in struct
-    mode, so an override of a key the file does not have is refused (``+key=value`` adds one).
-
-    Raises:
-        ValueError: missing file, malformed YAML, or an override naming an unknown key.
-    """
-    overrides = [str(o) for o in overrides]
-    p = Path(config)
-    vdir = verl_config_dir()
-    if not p.exists() and p.suffix == "" and vdir is not None and (vdir / f"{config}.yaml").is_file():
-        return _compose(vdir, config, overrides)
-    if not p.is_file():
-        hint = " (verl is not installed, so verl's own config names are not available)" if vdir is None else \
-            " or a config name of the installed verl (ppo_trainer, ppo_megatron_trainer)"
-        raise ValueError(f"--from-verl {config!r}: no such file; give a verl trainer YAML{hint}")
-    try:
-        doc = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
-        raise ValueError(f"verl config {str(p)!r} is not valid YAML: {' '.join(str(e).split())}") from e
-    if not isinstance(doc, dict):
-        raise ValueError(f"verl config {str(p)!r} must be a mapping of sections, got {type(doc).__name__}")
-    if "defaults" in doc:
-        return _compose(p.parent, p.stem, overrides)
-    try:
-        from omegaconf import OmegaConf
-    except ImportError:
-        for ov in overrides:
-            _set(doc, *_parse_override(ov))
-        return doc
-    cfg = OmegaConf.create(doc)
-    OmegaConf.set_struct(cfg, True)
-    for ov in overrides:
-        key, val = _parse_override(ov)
-        try:
-            if ov.startswith("+"):
-                with __import__("omegaconf").open_dict(cfg):
-                    OmegaConf.update(cfg, key, val, force_add=True)
-            else:
-                OmegaConf.update(cfg, key, val)
-        except Exception as e:
-            raise ValueError(f"verl override {ov!r}: {str(p)!r} has no key {key!r} (use +{key}=... to add one)") from e
-    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
-
-
-class _Cfg:
-    """Reads dotted keys of a nested dict and remembers what was read."""
-
-    def __init__(self, d: dict):
-        self.d, self.read = d, {}
-
-    def get(self, key: str, default=_MISSING):
-        cur = self.d
-        for part in key.split("."):
-            if not isinstance(cur, dict) or part not in cur:
-                if default is _MISSING:
-                    raise ValueError(f"verl config has no key {key!r} (Nereus needs it; docs/integrations.md)")
-                return default
-            cur = cur[part]
-        if cur == "???":
-            cur = default if default is not _MISSING else None
-        self.read[key] = cur
-        return cur
-
-    def int(self, key: str, default=_MISSING, low: int = 1):
-        v = self.get(key, default)
-        if v is None and default is None:
-            return None
-        if isinstance(v, bool) or not isinstance(v, int) or v < low:
-            raise ValueError(f"verl key {key}={v!r}: must be an integer >= {low}")
-        return v
-
-
-def _model(c: _Cfg, model, key: str):
+def _model(c: VerlConfig, model, key: str):
     if model is not None:
         return get_model(model) if isinstance(model, str) else model
     path = c.get(key, None)
@@ -223,14 +99,14 @@ class _Engine:
     reduce_bytes: int = 4
 
 
-def _fsdp_section(c: _Cfg, role: str) -> str:
+def _fsdp_section(c: VerlConfig, role: str) -> str:
     prefix = _ROLES[role][0]
     if role == "critic":
         return "critic.fsdp" if isinstance(c.d.get("critic", {}).get("fsdp"), dict) else "critic.model.fsdp_config"
     return f"{prefix}.fsdp_config"
 
 
-def _engine(c: _Cfg, role: str, n: int, out: list, notes: list, model, strategy: str) -> _Engine:
+def _engine(c: VerlConfig, role: str, n: int, out: list, notes: list, model, strategy: str) -> _Engine:
     """The parallel layout and memory features of a verl role's engine; records the settings the cost
     model cannot express in ``out``."""
     prefix, model_prefix, _ = _ROLES[role]
@@ -336,7 +212,7 @@ def _train_offload(po: bool, oo: bool, sec: str, out: list) -> str:
     return "none"
 
 
-def _recompute(c: _Cfg, prefix: str, strategy: str, model_prefix: str) -> str:
+def _recompute(c: VerlConfig, prefix: str, strategy: str, model_prefix: str) -> str:
     if strategy == "megatron":
         g = c.get(f"{prefix}.megatron.override_transformer_config.recompute_granularity", None)
         if g in (None, "null", "none"):
@@ -395,7 +271,7 @@ def import_verl(cfg: dict, model=None, gpu=None) -> Imported:
     Raises:
         ValueError: a missing, malformed or contradictory key (named, with its value and what is valid).
     """
-    c = _Cfg(cfg)
+    c = VerlConfig(cfg)
     un: list[Unexpressible] = []
     notes: list[str] = []
     arr = "actor_rollout_ref"
