@@ -33,6 +33,9 @@ turns those last-bit differences into 1e-3 after ten PPO steps (docs/faults.md);
 
     python benchmarks/bench_faults.py --faults 100 --seed 0 --json bench-faults.json
     python benchmarks/bench_faults.py --quick          # about 6 faults, what CI runs
+
+The runs' machinery (:class:`Fault`, :class:`RunSpec`, :class:`FaultBenchRun`, the constants) is in
+``fault_run.py`` and the figures and tables in ``fault_report.py``, next to this file.
 """
 
 from __future__ import annotations
@@ -41,11 +44,11 @@ import argparse
 import json
 import os
 import random
-import statistics
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
+from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -53,226 +56,32 @@ import torch  # noqa: E402
 
 from nereus.controller.planning import same_plan  # noqa: E402
 from nereus.planner.plan import Plan  # noqa: E402
-from nereus.runtime.adaptive import AdaptiveRun, parse_pool_schedule, runtime_job  # noqa: E402
-from nereus.runtime.driver import RLConfig, RLDriver  # noqa: E402
-from nereus.runtime.executor import move_specs  # noqa: E402
-from nereus.runtime.faults import FAULT_POINTS  # noqa: E402
+from nereus.runtime.adaptive import parse_pool_schedule  # noqa: E402
+from nereus.runtime.driver import RLDriver  # noqa: E402
 from nereus.runtime.pool import WorkerPool  # noqa: E402
 from nereus.runtime.relayout import relayout, train_stages  # noqa: E402
-from nereus.runtime.task import DigitTask  # noqa: E402
-from nereus.spec.model import MODEL_PRESETS  # noqa: E402
-from nereus.spec.workload import WorkloadSpec  # noqa: E402
-from nereus.transition.estimate import estimate_transition  # noqa: E402
 
-SPEC = MODEL_PRESETS["tiny"]
-TASK = DigitTask("reverse", 3)
-HANG_TIMEOUT_S = 3.0
-GROUP_TIMEOUT_S = 15.0
-ATOL, RTOL = 1e-5, 1e-4
-STEP_POINTS = ("generate", "logprobs", "values", "train_fields", "sync_weights")
-PHASE_OF = {"transition_run": "transition", "dcp_save": "checkpoint"}
-NEVER = 10 ** 9  # ``arm(..., skip=NEVER)`` disarms a worker
+_HERE = str(Path(__file__).resolve().parent)
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
 
-
-def workload(algorithm: str) -> WorkloadSpec:
-    return WorkloadSpec(algorithm=algorithm, prompts_per_step=4, samples_per_prompt=2, prompt_len=5,
-                        response_len=4, mini_batch_size=4, micro_batch_size=1, infer_micro_batch_size=4,
-                        reward_model=False)
-
-
-def config() -> RLConfig:
-    return RLConfig(actor_lr=1e-2, critic_lr=1e-2, timeout_s=GROUP_TIMEOUT_S)
-
-
-@dataclass
-class Fault:
-    """One planned fault: ``count`` workers die or hang inside ``point`` during ``phase`` of ``step``."""
-
-    step: int
-    point: str
-    how: str
-    count: int = 1
-    skip: int = 0
-    phase: str = ""
-    state: str = "planned"  # planned → armed → fired | not fired
-    workers: list[int] = field(default_factory=list)
-    fired: list[int] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.phase = PHASE_OF.get(self.point, "step")
-
-
-@dataclass
-class RunSpec:
-    algorithm: str
-    workers: int
-    steps: int
-    schedule: str
-    checkpoint_every: int
-    faults: list[Fault]
-
-    @property
-    def key(self) -> tuple:
-        """What the fault-free reference run must share: workload, pool, pool schedule, steps."""
-        return (self.algorithm, self.workers, self.schedule, self.steps)
-
-
-class FaultBenchRun(AdaptiveRun):
-    """:class:`AdaptiveRun` with several faults per step and a worker replacing each lost one.
-
-    ``_inject`` picks the victims among the workers that make the faulty call in the phase starting
-    now; the first is armed through the run's ``faults`` (the public API), a second one (or one with
-    ``skip``) through the pool. Every phase end and every recovery disarms armed faults that did not
-    fire, so none goes off later. ``_recover`` annotates each recovery event with whether a full
-    copy of every training model-stage survived and the steps since the last durable checkpoint,
-    and schedules replacements for the lost workers at the next step without a scheduled change.
-    ``step_plans`` records the plan each step ran on in its last (counted) execution, for :func:`replay`.
-    """
-
-    def __init__(self, *args, bench_faults: list[Fault], rng: random.Random, capacity: int, **kw) -> None:
-        super().__init__(*args, faults={}, **kw)
-        self.bench = bench_faults
-        self.rng = rng
-        self.base_schedule = dict(self.schedule)
-        self._departures = {k for k, v in self.schedule.items() if v < 0}
-        # worker ids grow as replacements join: size the job's cluster for all of them
-        self.max_workers = max(self.max_workers, capacity)
-        self.job = runtime_job(self.spec, self.workload, self.max_workers, self.job.cluster.gpu)
-        self._target = None
-        self.replacements = 0
-        self.step_plans: dict[int, Plan] = {}
-
-    # ------------------------------------------------------------------ who makes the call
-    def _callers(self, point: str) -> list[int]:
-        d = self.driver
-        lays = d.layouts
-        if point == "generate":
-            names = ["actor.generate"]
-        elif point == "logprobs":
-            names = ["actor.infer", "reference.infer"]
-        elif point == "values":
-            names = ["critic.infer", "reward.infer"]
-        elif point == "train_fields":
-            names = ["actor.train", "critic.train"]
-        elif point == "sync_weights":
-            out: set[int] = set()
-            for src, dsts in (("actor.train", ("actor.generate", "actor.infer")), ("critic.train", ("critic.infer",))):
-                for dst in dsts:
-                    if src in lays and dst in lays:
-                        out |= set(lays[src].replica(0)) | set(lays[dst].workers)
-            return sorted(out)
-        elif point == "dcp_save":
-            return sorted({w for ms in lays for w in lays[ms].replica(0)})
-        elif point == "transition_run":
-            if self._target is None:
-                return []
-            current, target, alive = self._target
-            try:
-                est = estimate_transition(self.calib.apply(self.job_at(self.last_len)), current, target, alive,
-                                          params=self.calib.params())
-            except ValueError:
-                return []
-            if not est.feasible or est.dag is None:
-                return []
-            specs = move_specs(est.dag, {ms.name: ms.trainable for ms in d.wf.model_stages}, d.storage_seeds())
-            return sorted({w for m in specs.values() for w in m.workers})
-        else:
-            names = []
-        return sorted({w for n in names if n in lays for w in lays[n].workers})
-
-    def _inject(self, k: int, phase: str) -> None:
-        d = self.driver
-        for f in self.bench:
-            if f.step != k or f.phase != phase or f.state != "planned":
-                continue
-            callers = [w for w in self._callers(f.point) if w < len(d.workers) and d.workers[w] is not None]
-            if not callers:
-                f.state = "no caller"
-                continue
-            # keep enough workers for a plan: 3 after the fault, 4 when a departure follows, 2 besides
-            # the leaver in its transition (a
-            # departure that leaves PPO 2 workers hits the shared-plan bug in docs/faults.md)
-            alive = sum(1 for w in d.workers if w is not None) - len(self._announced)
-            need = 2 if phase == "transition" else 4 if k + 1 in self._departures else 3
-            room = alive - need  # (a loss in the transition is replanned without the leaver)
-            f.count = min(f.count, len(callers), room)  # e.g. everything time-shared on one worker
-            if f.count < 1:
-                f.state = "pool too small"
-                continue
-            f.workers = sorted(self.rng.sample(callers, f.count))
-            f.state = "armed"
-            for i, w in enumerate(f.workers):
-                if i == 0 and f.skip == 0:  # through the run's fault API
-                    self.faults[k] = (f.point, w, f.how)
-                    super()._inject(k, phase)
-                else:  # a second worker, or a later call of the method: through the pool
-                    d._get([d.workers[w].arm.options(concurrency_group="control").remote(f.point, f.how, f.skip)],
-                           "arm a fault")
-                    self.log(f"  [fault armed: worker {w} will be {'stopped' if f.how == 'stop' else 'killed'} "
-                             f"inside call {f.skip + 1} of {f.point} during the {phase} of step {k}]")
-
-    def _settle(self) -> None:
-        """Armed faults: the workers lost are fired; survivors still armed are disarmed."""
-        d = self.driver
-        for f in self.bench:
-            if f.state != "armed":
-                continue
-            f.fired = [w for w in f.workers if d.workers[w] is None]
-            alive = [w for w in f.workers if d.workers[w] is not None]
-            if alive:
-                try:
-                    d._get([d.workers[w].arm.options(concurrency_group="control").remote(f.point, "kill", NEVER)
-                            for w in alive], "disarm")
-                except Exception:  # noqa: BLE001  (a loss here is found by the next call)
-                    pass
-            f.state = "fired" if f.fired else "not fired"
-
-    # ------------------------------------------------------------------ phase hooks
-    def _step(self, k: int) -> dict:
-        try:
-            m = super()._step(k)
-        finally:
-            self._settle()
-        # a restore from the durable checkpoint re-runs steps: the last execution is the one that counts
-        self.step_plans[int(m["step"])] = Plan(candidates=tuple(self.driver.cands.values()))
-        return m
-
-    def _live(self, current, target, alive, k: int = -1):
-        self._target = (current, target, alive)
-        try:
-            return super()._live(current, target, alive, k)
-        finally:
-            self._target = None
-            self._settle()
-
-    def _save(self, force: bool = False, k: int = -1) -> None:
-        try:
-            super()._save(force=force, k=k)
-        finally:
-            self._settle()
-
-    def _recover(self, e, k: int, when: str) -> None:
-        self._settle()
-        d = self.driver
-        alive = {i for i, w in enumerate(d.workers) if w is not None}
-        bplan = {c.model_stage: c for c in self._bnd["plan"].candidates}
-        full = True
-        for n in train_stages(d):
-            c = bplan[n]
-            size = c.tp * c.pp
-            reps = [c.gpus[r * size:(r + 1) * size] for r in range(c.dp)]
-            full &= any(set(r) <= alive for r in reps)
-        since = self._bnd["step_index"] - self.ckpt_step
-        n_before = len(self.recoveries)
-        super()._recover(e, k, when)
-        for ev in self.recoveries[n_before:]:
-            ev.update(full_copy=full, since_checkpoint=since, phase=when)
-        # spot replacements: as many fresh workers as were lost, before the next step with no change
-        j = self.driver.step_index + 1
-        while j in self.base_schedule:
-            j += 1
-        self.schedule[j] = self.schedule.get(j, 0) + len(e.lost)
-        self.replacements += len(e.lost)
+from fault_report import summarize, tables  # noqa: E402
+from fault_run import (  # noqa: E402,F401  (re-exported: the tests and docs name them here)
+    ATOL,
+    GROUP_TIMEOUT_S,
+    HANG_TIMEOUT_S,
+    NEVER,
+    PHASE_OF,
+    RTOL,
+    SPEC,
+    STEP_POINTS,
+    TASK,
+    Fault,
+    FaultBenchRun,
+    RunSpec,
+    config,
+    workload,
+)
 
 
 # ---------------------------------------------------------------------- the runs
@@ -427,120 +236,6 @@ def plan_run(rng: random.Random, index: int, quick: bool) -> RunSpec:
     return RunSpec(algorithm, workers, steps, schedule, every, faults)
 
 
-def summarize(runs: list[dict], refs: dict, wall_s: float, args) -> dict:
-    faults = [f for r in runs for f in r["faults"] if f["state"] == "fired"]
-    per_worker = [(f, w) for f in faults for w in f["fired"]]
-    recs = [ev for r in runs for ev in r["recoveries"]]
-    detect = [ev["detect_s"] for ev in recs]
-    rec_s = [ev["recovery_s"] for ev in recs]
-    full = [ev for ev in recs if ev.get("full_copy")]
-    partial = [ev for ev in recs if not ev.get("full_copy")]
-    by_point = {p: sum(1 for f, _ in per_worker if f["point"] == p) for p in FAULT_POINTS}
-    survived = sum(len(f["fired"]) for r in runs if r["completed"] for f in r["faults"] if f["state"] == "fired"
-                   and all(any(w in ev["lost"] for ev in r["recoveries"]) for w in f["fired"]))
-    compared = [r for r in runs if r["completed"]]
-    return {
-        "faults_injected": len(per_worker),
-        "fault_events": len(faults),
-        "double_faults": sum(1 for f in faults if len(f["fired"]) == 2),
-        "faults_survived": survived,
-        "faults_not_fired": sum(1 for r in runs for f in r["faults"] if f["state"] in ("not fired", "no caller", "pool too small")),
-        "by_point": by_point,
-        "by_how": {h: sum(1 for f, _ in per_worker if f["how"] == h) for h in ("kill", "stop")},
-        "by_phase": {p: sum(1 for f, _ in per_worker if f["phase"] == p) for p in ("step", "transition", "checkpoint")},
-        "runs": len(runs),
-        "runs_hung": sum(1 for r in runs if r["hung"]),
-        "runs_failed": sum(1 for r in runs if r["error"] and not r["hung"]),
-        "reference_runs": len(refs),
-        "reference_runs_hung": sum(1 for x in refs.values() if x["hung"]),
-        "recoveries": len(recs),
-        "recoveries_live": sum(1 for ev in recs if ev.get("source") == "live"),
-        "recoveries_checkpoint": sum(1 for ev in recs if ev.get("source") == "checkpoint"),
-        "detect_s_max": max(detect, default=0.0),
-        "detect_s_median": statistics.median(detect) if detect else 0.0,
-        "detect_s_median_kill": _median([ev["detect_s"] for ev in recs if not ev["hung"]]),
-        "detect_s_median_hang": _median([ev["detect_s"] for ev in recs if ev["hung"]]),
-        "recovery_s_max": max(rec_s, default=0.0),
-        "recovery_s_median": statistics.median(rec_s) if rec_s else 0.0,
-        "steps_lost_full_copy_max": max((ev.get("steps_lost", 0) for ev in full), default=0),
-        "recoveries_full_copy": len(full),
-        "recoveries_no_full_copy": len(partial),
-        "steps_lost_no_full_copy": [ev.get("steps_lost", 0) for ev in partial],
-        "steps_lost_bound_violations": sum(1 for ev in recs if ev.get("steps_lost", 0) > (
-            0 if ev.get("full_copy") else ev.get("since_checkpoint", 0))),
-        "weights_equal": sum(1 for r in compared if r["weights_equal"]),
-        "weights_compared": len(compared),
-        "weights_max_abs_diff": max((r["max_abs_diff"] for r in compared), default=0.0),
-        "replays_hung": sum(1 for r in runs if r.get("replay_hung")),
-        "reference_equal": sum(1 for r in compared if r["reference_equal"]),
-        "layout_drift_max": max((r["layout_drift"] for r in compared), default=0.0),
-        "layouts_as_reference": sum(1 for r in compared if r["layouts_as_reference"]),
-        "reference_equal_same_layouts": sum(1 for r in compared if r["layouts_as_reference"] and r["reference_equal"]),
-        "wall_s": wall_s,
-        "seed": args.seed,
-        "quick": bool(args.quick),
-        "hang_timeout_s": HANG_TIMEOUT_S,
-    }
-
-
-def _median(xs: list[float]) -> float | None:
-    return statistics.median(xs) if xs else None
-
-
-def _table(summary: dict, runs: list[dict]):
-    from rich.table import Table
-
-    t = Table(title=f"fault benchmark: {summary['faults_injected']} faults in {summary['runs']} runs "
-                    f"(seed {summary['seed']}, {summary['wall_s'] / 60:.1f} min)")
-    t.add_column("figure")
-    t.add_column("value", justify="right")
-    s = summary
-    rows = [
-        ("faults injected (workers lost)", f"{s['faults_injected']} ({s['double_faults']} double)"),
-        ("  by point", ", ".join(f"{p} {n}" for p, n in s["by_point"].items())),
-        ("  killed / hung (SIGSTOP)", f"{s['by_how']['kill']} / {s['by_how']['stop']}"),
-        ("  in a step / transition / checkpoint save",
-         f"{s['by_phase']['step']} / {s['by_phase']['transition']} / {s['by_phase']['checkpoint']}"),
-        ("faults survived", f"{s['faults_survived']} / {s['faults_injected']}"),
-        ("runs hung (wall-clock bound exceeded)", f"{s['runs_hung']} / {s['runs']}"),
-        ("runs failed", f"{s['runs_failed']} / {s['runs']}"),
-        ("recoveries (live / from checkpoint)",
-         f"{s['recoveries']} ({s['recoveries_live']} / {s['recoveries_checkpoint']})"),
-        ("detection time max / median", f"{s['detect_s_max']:.2f}s / {s['detect_s_median']:.2f}s"),
-        ("detection median: killed / hung",
-         f"{_fmt(s['detect_s_median_kill'])} / {_fmt(s['detect_s_median_hang'])}"),
-        ("recovery time max / median", f"{s['recovery_s_max']:.2f}s / {s['recovery_s_median']:.2f}s"),
-        ("steps lost where a full copy survived (max)",
-         f"{s['steps_lost_full_copy_max']} ({s['recoveries_full_copy']} recoveries)"),
-        ("steps lost where no full copy survived",
-         f"{s['steps_lost_no_full_copy']} ({s['recoveries_no_full_copy']} recoveries)"),
-        ("recoveries losing more than allowed", str(s["steps_lost_bound_violations"])),
-        ("final weights equal to the fault-free run on the same plans (replay)",
-         f"{s['weights_equal']} / {s['weights_compared']} runs (max |diff| {s['weights_max_abs_diff']:.2e})"),
-        ("  layout drift: equal to the fault-free run on its own plans",
-         f"{s['reference_equal']} / {s['weights_compared']} runs (max |diff| {s['layout_drift_max']:.2e}; "
-         f"{s['reference_equal_same_layouts']} of the {s['layouts_as_reference']} runs on its layouts)"),
-    ]
-    for a, b in rows:
-        t.add_row(a, b)
-    per = Table(title="runs")
-    for c in ("run", "algo", "workers", "ckpt every", "faults", "recoveries", "steps lost", "seconds", "end",
-              "drift"):
-        per.add_column(c)
-    for i, r in enumerate(runs):
-        end = ("HUNG" if r["hung"] else "failed" if r["error"] else
-               f"= replay ({r['max_abs_diff']:.0e})" if r["weights_equal"] else f"differs ({r['max_abs_diff']:.1e})")
-        drift = f"{r['layout_drift']:.1e}" if r["completed"] else "-"
-        per.add_row(str(i), r["algorithm"], str(r["workers"]), str(r["checkpoint_every"]),
-                    str(sum(len(f["fired"]) for f in r["faults"])), str(len(r["recoveries"])),
-                    str(sum(ev.get("steps_lost", 0) for ev in r["recoveries"])), f"{r['seconds']:.0f}", end, drift)
-    return t, per
-
-
-def _fmt(x) -> str:
-    return "-" if x is None else f"{x:.2f}s"
-
-
 def _events(run) -> list[dict]:
     keep = ("step", "phase", "lost", "hung", "detect_s", "source", "steps_lost", "recovery_s", "full_copy",
             "since_checkpoint", "plan")
@@ -631,7 +326,8 @@ def run_benchmark(faults: int = 100, seed: int = 0, quick: bool = False, run_tim
     finally:
         if started:
             ray.shutdown()
-    summary = summarize(runs, refs, time.perf_counter() - t0, argparse.Namespace(seed=seed, quick=quick))
+    summary = summarize(runs, refs, time.perf_counter() - t0, argparse.Namespace(seed=seed, quick=quick),
+                        HANG_TIMEOUT_S)
     return {"summary": summary, "runs": runs,
             "references": {"/".join(map(str, k)): {kk: v for kk, v in x.items() if kk not in ("final_state", "plans")}
                            for k, x in refs.items()}}
@@ -652,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--faults must be >= 1")
     console = Console()
     out = run_benchmark(args.faults, args.seed, args.quick, args.run_timeout, args.verbose, console)
-    t, per = _table(out["summary"], out["runs"])
+    t, per = tables(out["summary"], out["runs"])
     console.print(per)
     console.print(t)
     if args.json:
