@@ -72,7 +72,7 @@ def test_phi_of_a_zero_group_is_one_emu_with_sliced_optimizer_state():
     # ZeRO with dp 1 is an ordinary replica; zero=0 gives dp replicas (today's EMUs)
     assert phi(JOB, train(1, 1, 1, 1, (0,)))[0].signature() == phi(JOB, train(1, 1, 1, 0, (0,)))[0].signature()
     assert [e.shard_bytes for e in phi(JOB, train(1, 1, 2, 0, (0, 1)))] == [(W + OPT,)] * 2
-    with pytest.raises(ValueError, match="zero=1 is not a ZeRO stage a infer model-stage can have; valid: 0, 3"):
+    with pytest.raises(ValueError, match="zero=1 is not a ZeRO stage infer model-stages can have; valid: 0, 3"):
         phi(JOB, Candidate("reference.infer", 1, 1, 2, zero=1, gpus=(0, 1)))
     with pytest.raises(ValueError, match="valid: 0$"):
         phi(JOB, Candidate("actor.generate", 1, 1, 2, zero=3, concurrency=4, gpus=(0, 1)))

@@ -240,7 +240,7 @@ def check_zero(model_stage: str, zero: int) -> None:
     st = stage_of(model_stage)
     ok = (0, 1, 2, 3) if st == "train" else (0, 3) if st == "infer" else (0,)
     if zero not in ok:
-        raise ValueError(f"candidate {model_stage}: zero={zero} is not a ZeRO stage a {st} model-stage can have; "
+        raise ValueError(f"candidate {model_stage}: zero={zero} is not a ZeRO stage {st} model-stages can have; "
                          f"valid: {', '.join(map(str, ok))}")
 
 
