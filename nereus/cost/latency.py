@@ -50,21 +50,8 @@ from __future__ import annotations
 import numpy as np
 
 from nereus.cost.collectives import allgather_time, allreduce_time, broadcast_time, p2p_time
-from nereus.cost.efficiency import (
-    OVERLAP_COMPUTE_SLOWDOWN,
-    EfficiencyTable,
-)
-from nereus.cost.kernels import (  # noqa: F401  (ACT_BYTES .. attention_times re-exported)
-    ACT_BYTES,
-    ATTN_BWD_EXTRA,
-    UNFUSED_SCORE_BYTES,
-    attention_time,
-    attention_times,
-    gemm_class,
-    gemm_peak,
-    gemm_rank_params,
-    gemm_time,
-)
+from nereus.cost.efficiency import OVERLAP_COMPUTE_SLOWDOWN, EfficiencyTable
+from nereus.cost.kernels import ACT_BYTES, attention_times, gemm_class, gemm_peak, gemm_rank_params, gemm_time
 from nereus.cost.memory import RC_FULL, RC_NONE, RC_SELECTIVE, recompute_code
 from nereus.cost.shapes import kv_bytes_per_token_rank, max_layers_rank, params_rank
 from nereus.spec.hardware import ClusterSpec
@@ -73,9 +60,11 @@ from nereus.spec.workload import WorkloadSpec
 
 __all__ = ["LinkModel", "microbatch_stage_times", "decode_step_times", "prefill_stage_times",
            "dp_sync_time", "optimizer_time", "offload_times", "weight_sync_times", "gemm_rank_params",
-           "gemm_class", "elementwise_bytes_per_token", "ACT_BYTES", "attention_times", "UNFUSED_SCORE_BYTES"]
+           "gemm_class", "elementwise_bytes_per_token", "ACT_BYTES", "attention_times"]
 
 OPT_BYTES_PER_PARAM = 36
+
+
 class LinkModel:
     """Bandwidth, latency and op class of the link a group of GPUs uses.
 
@@ -182,23 +171,18 @@ def _layers(model: ModelSpec, pp):
     return max_layers_rank(model, pp)
 
 
-def _layer_pass(model, tp, tokens, ctx_len, layers, mult, cluster, eff, links, n_ar, attn_mult=None,
+def _layer_pass(model, tp, tokens, ctx_len, layers, mult, cluster, eff, links, n_ar,
                 gcls="gemm", passes=(1, 0), sp=False, attn_kernel=None) -> dict:
-    """Time of ``layers`` layers over ``tokens`` tokens, ``mult`` forward-equivalents of GEMM compute
-    (``attn_mult`` of flash-attention compute, default ``mult``), ``n_ar`` TP all-reduces per layer,
-    and the memory-bound kernels of ``passes = (forward passes, backward passes)``; an attention
-    kernel other than flash (``attn_kernel``) is charged by :func:`attention_times` for ``passes``."""
+    """Time of ``layers`` layers over ``tokens`` tokens, ``mult`` forward-equivalents of GEMM compute,
+    ``n_ar`` TP all-reduces per layer, and the attention (``attn_kernel``, :func:`attention_times`)
+    and memory-bound kernels of ``passes = (forward passes, backward passes)``."""
     out: dict = {}
     gpu = cluster.gpu
     gemm_flops = 2.0 * gemm_rank_params(model, tp) * tokens * layers * mult
     _add(out, gcls, gemm_time(gemm_flops, 7 * layers * mult, gpu, eff, gcls))
-    if attn_kernel in (None, "flash"):
-        attn = 2.0 * model.q_dim / tp * ctx_len * tokens * layers * (mult if attn_mult is None else attn_mult)
-        _add(out, "attention", attention_time(attn, ctx_len, gpu, eff, model.head_dim))
-    else:
-        for cls, t in attention_times(model, attn_kernel, tp, tokens, ctx_len, layers, passes[0], passes[1],
-                                      gpu, eff).items():
-            _add(out, cls, t)
+    for cls, t in attention_times(model, attn_kernel, tp, tokens, ctx_len, layers, passes[0], passes[1],
+                                  gpu, eff).items():
+        _add(out, cls, t)
     fwd_b, bwd_b = elementwise_bytes_per_token(model, tp, sp)
     ew = (np.asarray(passes[0]) * fwd_b + np.asarray(passes[1]) * bwd_b) * tokens * layers
     _add(out, "memory_bound", ew / (gpu.hbm_bandwidth * eff.get("memory_bound", gpu)))
@@ -260,14 +244,11 @@ def microbatch_stage_times(stage: str, model: ModelSpec, workload: WorkloadSpec,
         rc = recompute_code(recompute)
         mult = np.where(rc == RC_FULL, 4, 3)
         n_ar = np.where(rc == RC_FULL, 6, 4)
-        # flash-attention's backward runs 5 matmuls to the forward's 2 (it recomputes the scores):
-        # 2.5 forward-equivalents (Dao 2023, FlashAttention-2 §3.1)
-        attn_mult = mult + ATTN_BWD_EXTRA
-        passes = (mult - 2, 1)
+        passes = (mult - 2, 1)  # forwards (2 with full recompute) and one backward
     else:
-        rc, mult, n_ar, attn_mult, passes = RC_NONE, 1, 2, 1, (1, 0)
-    body = _layer_pass(model, tp, tokens, s, layers, mult, cluster, eff, links, n_ar, attn_mult, gcls, passes,
-                       sp, workload.attention_kernel)
+        rc, mult, n_ar, passes = RC_NONE, 1, 2, (1, 0)
+    body = _layer_pass(model, tp, tokens, s, layers, mult, cluster, eff, links, n_ar, gcls, passes, sp,
+                       workload.attention_kernel)
     if stage == "train" and np.any(rc == RC_SELECTIVE):
         sel = rc == RC_SELECTIVE
         for cls, t in attention_times(model, workload.attention_kernel, tp, tokens, s, layers, 1, 0, cluster.gpu,
