@@ -212,12 +212,7 @@ class CostModel:
             if np.any(zero):  # a ZeRO-3 engine: the weights are gathered for every micro-batch
                 comm = infer_gather_times(model, w, cl, eff, tp, pp, dp, zero, m)
                 parts = _combine(parts, _overlap_dp(comm, last, zero, m) if fw.overlap_grad_reduce else comm)
-            dz = np.where(zero >= 3, dp, 0)  # the weights depend on dp only when sharded
-            first, inv = unique_rows(dp.shape, tp, pp, micro_batch, off, dz)
-            u = rows_of(first, tp, pp, micro_batch, off, dz)
-            mem = expand(stage_memory("infer", model, w, u[0], u[1], micro_batch=u[2], offload=u[3],
-                                       dp=np.maximum(u[4], 1), zero=np.where(u[4] > 0, 3, 0),
-                                       sp=fw.sequence_parallel), inv)
+            mem = self._infer_memory(model, tp, pp, micro_batch, off, zero, dp)
         elif ms.stage == "generate":
             seqs = -(-w.rollouts_per_step // dp)
             c = np.minimum(concurrency, seqs)
@@ -275,15 +270,12 @@ class CostModel:
                      np.broadcast_to(np.asarray(concurrency), shape), zero)
         base = self.candidate_arrays(ms, u[0], u[1], u[2], micro_batch=u[3], concurrency=u[4], zero=u[5],
                                      offload=0, multi_node=multi_node, breakdown=True)
-        dz = np.where(zero >= 3, dp, 0)  # the weights depend on dp only when ZeRO-3 shards them
-        mf, minv = unique_rows(shape, tp, pp, load, off, dz)
-        mt, mp, ml, mo, md = rows_of(mf, tp, pp, load, off, dz)
         if ms.stage == "infer":
-            mem = stage_memory("infer", model, w, mt, mp, micro_batch=ml, offload=mo, dp=np.maximum(md, 1),
-                               zero=np.where(md > 0, 3, 0), sp=self.job.framework.sequence_parallel)
+            mem = self._infer_memory(model, tp, pp, load, off, zero, dp)
         else:
-            mem = stage_memory("generate", model, w, mt, mp, concurrency=ml, offload=mo)
-        mem = expand(mem, minv)
+            mf, minv = unique_rows(shape, tp, pp, load, off)
+            mt, mp, ml, mo = rows_of(mf, tp, pp, load, off)
+            mem = expand(stage_memory("generate", model, w, mt, mp, concurrency=ml, offload=mo), minv)
         frozen = ms.model in FROZEN_MODELS
         sync = self._sync(model, tp, pp, shape, "recv", multi_node) if not frozen and ms.stage == "infer" else None
         extra = lat.offload_times(mem["weights"] + mem["optimizer"], off, cl, eff, frozen=frozen, derived_sync=sync)
@@ -299,6 +291,16 @@ class CostModel:
         return {"time": rows(time), "resident": rows(mem["resident"] * corr),
                 "transient": rows(mem["transient"] * corr), "memory": mem,
                 "detail": RowDetail(base["breakdown"], mem, corr, inv=inv, extra=extra)}
+
+    def _infer_memory(self, model, tp, pp, micro_batch, off, zero, dp) -> dict:
+        """:func:`~nereus.cost.memory.stage_memory` of inference rows, once per distinct (tp, pp,
+        micro-batch, offload, dp where ZeRO-3 shards the weights; the others do not depend on dp)."""
+        dz = np.where(np.asarray(zero) >= 3, dp, 0)
+        first, inv = unique_rows(dp.shape, tp, pp, micro_batch, off, dz)
+        ut, up, ub, uo, ud = rows_of(first, tp, pp, micro_batch, off, dz)
+        return expand(stage_memory("infer", model, self.job.workload, ut, up, micro_batch=ub, offload=uo,
+                                   dp=np.maximum(ud, 1), zero=np.where(ud > 0, 3, 0),
+                                   sp=self.job.framework.sequence_parallel), inv)
 
     def _sync(self, model, tp, pp, shape, side: str, multi_node: bool) -> dict:
         """:func:`nereus.cost.latency.weight_sync_times` per row, computed once per (tp, pp)."""
