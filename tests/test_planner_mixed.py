@@ -16,6 +16,7 @@ import pytest
 
 from nereus.cost.model import CostModel, stage_groups
 from nereus.planner import exhaustive as ex_mod
+from nereus.planner import partitions as parts_mod
 from nereus.planner import search as search_mod
 from nereus.planner.candidates import CandidateSet
 from nereus.planner.exhaustive import exhaustive_optimum
@@ -206,11 +207,11 @@ def test_random_synthetic_jobs_have_mixed_optima():
                 best, _, modes = exhaustive_optimum(cm, pool, False, with_modes=True)
                 if math.isinf(best) or "mixed" not in {partition_mode(b) for b in modes.values()}:
                     continue
-                orig = search_mod._stage_partitions
-                mp.setattr(search_mod, "_stage_partitions",
+                orig = parts_mod.stage_partitions
+                mp.setattr(parts_mod, "stage_partitions",
                            lambda c, st, orig=orig: [p for p in orig(c, st) if partition_mode(p) != "mixed"])
                 pure = exhaustive_optimum(cm, pool, False)[0]
-                mp.setattr(search_mod, "_stage_partitions", orig)
+                mp.setattr(parts_mod, "stage_partitions", orig)
                 wins += pure > best * (1 + 1e-9)
     finally:
         mp.undo()
@@ -260,8 +261,8 @@ def test_real_job_where_mixed_wins():
                   framework=get_framework("fsdp"))
     res = search(CostModel(job), 8, False)
     mp = pytest.MonkeyPatch()
-    orig = search_mod._stage_partitions
-    mp.setattr(search_mod, "_stage_partitions",
+    orig = parts_mod.stage_partitions
+    mp.setattr(parts_mod, "stage_partitions",
                lambda c, st: [p for p in orig(c, st) if partition_mode(p) != "mixed"])
     try:
         pure = search(CostModel(job), 8, False)

@@ -73,13 +73,13 @@ def diagnose_joint(cost: CostModel, fronts: dict, pool: int) -> str:
     """Why no plan fits when every model-stage fits alone: GPUs (the smallest layouts of a stage
     need more GPUs together than the pool has, in every placement mode the framework allows) or
     memory (the pool has the GPUs, but co-resident state overflows)."""
-    from nereus.planner.search import _stage_modes
+    from nereus.planner.partitions import stage_modes
 
     wf = cost.workflow
 
     def stage_gpus(s):
         ns = [int(fronts[m.name].n.min()) for m in wf.in_stage(s)]
-        modes = _stage_modes(cost, s)
+        modes = stage_modes(cost, s)
         return min(sum(ns) if "disjoint" in modes else math.inf, max(ns) if "colocated" in modes else math.inf)
 
     need_gpus = max(stage_gpus(s) for s in wf.stages)

@@ -3,7 +3,7 @@
 It scores every combination of one candidate per model-stage (all candidates of
 :func:`~nereus.planner.candidates.enumerate_candidates`, no frontier, no bounds) and every placement
 per stage the job's framework allows, as a partition of the stage's model-stages into blocks
-(:func:`~nereus.planner.search._stage_partitions`): a block runs its model-stages one after another
+(:func:`~nereus.planner.partitions.stage_partitions`): a block runs its model-stages one after another
 on the GPUs of its largest (time and resident the sums, GPUs the max), blocks run concurrently on
 disjoint GPUs (stage time and resident the max over blocks, ``Σ GPUs ≤ pool``); ``disjoint`` is all
 singletons, ``colocated`` one block. Scored with the model the search optimizes
@@ -52,7 +52,7 @@ def exhaustive_optimum(cost: CostModel, pool_size: int, multi_node: bool,
         ``with_modes`` also ``{stage: blocks}`` of that plan as a third item (blocks: tuples of
         model-stage names; see :func:`nereus.planner.search.partition_mode`).
     """
-    from nereus.planner.search import _stage_partitions
+    from nereus.planner.partitions import stage_partitions
 
     wf = cost.workflow
     usable = cost.usable
@@ -63,7 +63,7 @@ def exhaustive_optimum(cost: CostModel, pool_size: int, multi_node: bool,
         return (math.inf, None, None) if with_modes else (math.inf, None)
     asyn = wf.asynchronous and "generate" in wf.stages
     stages = list(wf.stages)
-    allowed = {s: _stage_partitions(cost, s) for s in stages}
+    allowed = {s: stage_partitions(cost, s) for s in stages}
     members = {s: [n for n in names if stage_of[n] == s] for s in stages}
     mode_combos = list(itertools.product(*[allowed[s] for s in stages]))
     k = len(sets)

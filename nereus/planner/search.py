@@ -40,7 +40,7 @@ Algorithm (exact for this model):
    (:func:`~nereus.planner.staircase._block_member`: members' rows combined one by one, dominated combinations dropped).
    A model-stage alone is its own staircase. Mixed partitions are searched in a second pass
    after the best plan without them, only those whose memory-free least stage time
-   (:func:`_memory_free_times`) plus the other stages' could beat it (:func:`_promising_mixed`;
+   (:func:`memory_free_times`) plus the other stages' could beat it (:func:`promising_mixed`;
    that pass keeps only strictly better plans, so a plan without mixed placements is returned
    unchanged), and inside the staircase a partition is skipped when the earlier ones already
    match its GPU-unlimited bound at every resident level (:meth:`~nereus.planner.staircase._Group._no_better`). Blocks too
@@ -63,7 +63,9 @@ Algorithm (exact for this model):
 A second exact algorithm for all-disjoint jobs, a branch and bound over resident levels ``(β_s)``
 with ``τ = usable - Σ β_s`` (the search before colocation), stays for cross-checks
 (``_LEVEL_SEARCH``; :mod:`nereus.planner.level_search`). Messages when nothing fits come from
-:mod:`nereus.planner.diagnose`.
+:mod:`nereus.planner.diagnose`. The partitions a stage's framework allows, and the memory-free bound
+that decides which mixed ones get a knapsack, are in :mod:`nereus.planner.partitions`; the per-stage
+staircases in :mod:`nereus.planner.staircase`.
 
 Then :func:`nereus.planner.placement.place` assigns GPU ids, preferring the current plan's GPUs
 (a mixed stage's blocks on GPUs of their own); the plan records nothing about modes: colocation
@@ -80,9 +82,16 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from nereus.cost.model import FROZEN_MODELS, CostModel
+from nereus.planner import partitions
 from nereus.planner.candidates import COLUMNS, CandidateSet, enumerate_candidates, frontier
 from nereus.planner.diagnose import diagnose_alone, diagnose_joint
 from nereus.planner.level_search import _search_async, _search_sync, _Stage, generation_stair, minmax_knapsack
+from nereus.planner.partitions import (  # noqa: F401  (set_partitions, stage_modes re-exported)
+    memory_free_times,
+    promising_mixed,
+    set_partitions,
+    stage_modes,
+)
 from nereus.planner.plan import Plan
 from nereus.planner.staircase import _convolve, _Group, _member, partition_mode
 from nereus.spec.job import JobSpec
@@ -153,49 +162,6 @@ class SearchResult:
     enumerated: dict = field(default_factory=dict)
 
 
-def _stage_modes(cost: CostModel, stage: str) -> tuple[str, ...]:
-    """Placement modes the framework allows for ``stage``: ``disjoint`` (concurrent model-stages on
-    disjoint GPUs) and/or ``colocated`` (one after another on shared GPUs)."""
-    k = len(cost.workflow.in_stage(stage))
-    mode = cost.job.framework.colocate
-    if k < 2 or mode == "never":
-        return ("disjoint",)
-    return ("colocated",) if mode == "always" else ("disjoint", "colocated")
-
-
-def set_partitions(k: int) -> list[tuple[tuple[int, ...], ...]]:
-    """Every partition of ``range(k)`` into blocks (Bell(k) of them: 1, 2, 5, 15 for k = 1..4),
-    each block a sorted tuple, blocks ordered by their first element."""
-    if k == 0:
-        return [()]
-    out = []
-    for p in set_partitions(k - 1):
-        for i in range(len(p)):
-            out.append(p[:i] + (p[i] + (k - 1,),) + p[i + 1:])
-        out.append(p + ((k - 1,),))
-    return out
-
-
-def _stage_partitions(cost: CostModel, stage: str) -> list[tuple[tuple[int, ...], ...]]:
-    """Placements the framework allows for ``stage``, as partitions of its model-stages (indices
-    in workflow order) into blocks: a block's model-stages share one GPU set and run one after
-    another, distinct blocks run concurrently on disjoint GPUs. ``colocate: never``: singletons
-    (disjoint) only; ``always``: one block (colocated); ``auto``: every partition, in the order
-    disjoint, colocated, then the mixed ones (a stage with 2 model-stages has no mixed one)."""
-    k = len(cost.workflow.in_stage(stage))
-    modes = _stage_modes(cost, stage)
-    single = tuple((i,) for i in range(k))
-    one = (tuple(range(k)),)
-    out = []
-    if "disjoint" in modes:
-        out.append(single)
-    if "colocated" in modes and one not in out:
-        out.append(one)
-    if modes == ("disjoint", "colocated"):
-        out += [p for p in set_partitions(k) if p not in (single, one)]
-    return out
-
-
 def search(cost: CostModel, pool_size: int, multi_node: bool,
            options: SearchOptions | None = None, full_frontiers: bool = False) -> SearchResult:
     """Exact search of the plan space on ``pool_size`` GPUs; see the module docstring.
@@ -238,7 +204,7 @@ def search(cost: CostModel, pool_size: int, multi_node: bool,
     if empty:
         raise NoFeasiblePlan(diagnose_alone(cost, sets_all, empty, pool_size),
                              {"model_stages": empty, "kind": "alone"})
-    modes = {s: _stage_modes(cost, s) for s in wf.stages}
+    modes = {s: stage_modes(cost, s) for s in wf.stages}
     shared: dict = {}
     skipped: list = []
     if _LEVEL_SEARCH and all(m == ("disjoint",) for s, m in modes.items()):
@@ -251,7 +217,7 @@ def search(cost: CostModel, pool_size: int, multi_node: bool,
         if best is not None:
             best = (best[0], best[1], {s: tuple((m.name,) for m in wf.in_stage(s)) for s in wf.stages})
     else:
-        parts = {s: _stage_partitions(cost, s) for s in wf.stages}
+        parts = {s: partitions.stage_partitions(cost, s) for s in wf.stages}
         names = {s: [m.name for m in wf.in_stage(s)] for s in wf.stages}
         members = {s: [_member(shared, fronts[n]) for n in names[s]] for s in wf.stages}
         # first without mixed placements, then the mixed partitions that could beat that plan
@@ -260,7 +226,7 @@ def search(cost: CostModel, pool_size: int, multi_node: bool,
         best = _tau_async(groups, usable, pool_size) if asyn else _tau_search(list(groups.values()), usable, pool_size)
         knap = sum(g.calls for g in groups.values())
         has_mixed = any(partition_mode(p) == "mixed" for ps in parts.values() for p in ps)
-        kept = _promising_mixed(parts, names, fronts, pool_size, best[0] if best else math.inf, asyn) \
+        kept = promising_mixed(parts, names, fronts, pool_size, best[0] if best else math.inf, asyn) \
             if has_mixed else {}
         groups2 = dict(groups)
         for st in list(kept):
@@ -289,56 +255,6 @@ def search(cost: CostModel, pool_size: int, multi_node: bool,
                         frontier_size=sum(len(f) for f in fronts.values()), knapsacks=knap,
                         modes={st: partition_mode(b) for st, b in chosen_blocks.items()},
                         blocks=dict(chosen_blocks), mixed_skipped=tuple(skipped), enumerated=sets_all)
-
-
-def _memory_free_times(parts: list, names: list, fronts: dict, pool: int) -> list[float]:
-    """Per partition of one stage, its least time with memory ignored: blocks get ``g_B`` GPUs with
-    ``Σ g_B ≤ pool``; a block on ``g`` GPUs takes ``f_B(g) = Σ_{M in block} f_M(g)``, ``f_M(g)``
-    the fastest row of ``M`` with at most ``g`` GPUs (exact for this relaxation: a colocated
-    block's members each use any of its GPUs). Min-max over blocks by scanning the candidate
-    times: the least ``T`` with ``Σ_B (fewest g with f_B(g) ≤ T) ≤ pool``."""
-    gs = np.unique(np.concatenate([fronts[n].n for n in names]))
-    gs = gs[gs <= pool]
-    if gs.size == 0:
-        return [math.inf] * len(parts)
-    f = {}
-    for n in set(names):
-        fs = fronts[n]
-        o = np.argsort(fs.n, kind="stable")
-        run = np.minimum.accumulate(fs.t[o])
-        j = np.searchsorted(fs.n[o], gs, side="right") - 1
-        f[n] = np.where(j >= 0, run[np.maximum(j, 0)], np.inf)
-    out = []
-    for p in parts:
-        fb = [np.sum([f[names[i]] for i in b], axis=0) for b in p]
-        ts = np.unique(np.concatenate(fb))
-        ts = ts[np.isfinite(ts)]
-        need = np.zeros(ts.size)
-        for arr in fb:  # arr is non-increasing in g: the GPUs needed for time ≤ T
-            k = np.searchsorted(-arr, -ts, side="left")
-            need += np.where(k < gs.size, gs[np.minimum(k, gs.size - 1)], np.inf)
-        ok = np.nonzero(need <= pool)[0]
-        out.append(float(ts[ok[0]]) if ok.size else math.inf)
-    return out
-
-
-def _promising_mixed(parts: dict, names: dict, fronts: dict, pool: int, incumbent: float, asyn: bool) -> dict:
-    """Per stage, the mixed partitions that could give a plan faster than ``incumbent`` (the best
-    plan without mixed placements): with memory ignored a stage placed by partition ``P`` takes at
-    least its memory-free time (:func:`_memory_free_times`) and any other stage at least the least
-    of its partitions'; ``P`` is kept when that bound on ``L_step`` is below the incumbent
-    (asynchronous: generation does not add, it overlaps)."""
-    mf = {s: _memory_free_times(ps, names[s], fronts, pool) for s, ps in parts.items()}
-    low = {s: min(v) for s, v in mf.items()}
-    counted = [s for s in parts if not (asyn and s == "generate")]
-    out = {}
-    for s, ps in parts.items():
-        others = sum(low[o] for o in counted if o != s)
-        keep = [p for p, v in zip(ps, mf[s]) if partition_mode(p) == "mixed"
-                and v + others < incumbent * (1 - 1e-12)]
-        if keep:
-            out[s] = keep
-    return out
 
 
 def _offload_modes(cost: CostModel, name: str) -> tuple:

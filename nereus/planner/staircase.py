@@ -252,7 +252,7 @@ def _block_member(members: list, tau: float, budget: int, cap: float, limit: int
 class _Group:
     """One stage under the τ search: its (resident, time) staircase at a transient bound, over the
     placements the framework allows, as partitions of its model-stages into blocks (``parts``;
-    :func:`_stage_partitions`). One block (colocated): Pareto sums of the members' staircases;
+    :func:`~nereus.planner.partitions.stage_partitions`). One block (colocated): Pareto sums of the members' staircases;
     singletons (disjoint): a min-max knapsack per resident level; mixed: the same knapsack over
     the blocks, each block a unit of (GPUs, time, resident) rows (:func:`_block_member`), the
     stage's resident bound the largest block's sum."""
