@@ -38,7 +38,8 @@ from dataclasses import asdict, dataclass
 
 from nereus.spec.hardware import ClusterSpec
 from nereus.spec.model import ModelSpec
-from nereus.transition.emu import EMU, held_bytes
+from nereus.transition.emu import EMU
+from nereus.transition.held import held_bytes
 from nereus.transition.primitives import HOST_ID, STORAGE, Primitive
 
 __all__ = ["CostParams", "duration", "ports", "min_bytes"]
@@ -165,7 +166,7 @@ def min_bytes(initial: tuple[EMU, ...], target: tuple[EMU, ...], models: dict[st
     """Bytes any transition from ``initial`` to ``target`` must move, a lower bound.
 
     Every target shard must end on its GPU; whatever part of it is not already there (in the current
-    EMU of the same model-stage on that GPU, :func:`~nereus.transition.emu.held_bytes`, ZeRO slices
+    EMU of the same model-stage on that GPU, :func:`~nereus.transition.held.held_bytes`, ZeRO slices
     included; a slice of another TP/PP layout counts as much of it as could lie in the target shard,
     so the bound holds whatever the flat-buffer order) has to arrive over a link at least once. A
     frozen or derived model-stage with no current EMU at all is re-created by a Load, whose weight

@@ -23,7 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from nereus.spec.model import ModelSpec
-from nereus.transition.emu import EMU, STAGE_ORDER, held_bytes, sub_units
+from nereus.transition.emu import EMU, STAGE_ORDER, sub_units
+from nereus.transition.held import held_bytes
 
 __all__ = ["Primitive", "split", "merge", "extend", "destroy", "load", "stage", "reshard", "unstage",
            "TransitionState", "apply", "KINDS", "priority", "STORAGE", "HOST", "HOST_ID"]
@@ -165,7 +166,7 @@ def reshard(emu: EMU, target: EMU, model: ModelSpec, bytes_per_param) -> Primiti
     For a model-stage whose current and target EMU have the same ``(tp, pp)`` and share DP blocks
     (a ZeRO group growing or shrinking ``z``, changing stage, e.g. ZeRO-1 → ZeRO-3, or a replica
     becoming a group): every target GPU receives the part of its new shard it does not hold
-    (:func:`~nereus.transition.emu.held_bytes`) from the ranks that hold it, and GPUs that leave send
+    (:func:`~nereus.transition.held.held_bytes`) from the ranks that hold it, and GPUs that leave send
     their slices and free them. Two of the paper's primitives along the sharding dimension:
 
     * ``kind="split"`` when the target's GPUs are a strict subset (``z → z* < z``: fewer holders,
@@ -218,7 +219,7 @@ def merge(units: list[EMU] | tuple[EMU, ...], target: EMU, model: ModelSpec,
     """``Merge({EMU_1..EMU_k}, T) → EMU'`` on the union of the units' GPUs (paper §5.2b).
 
     Every target GPU receives the part of its target shard it does not already hold
-    (:func:`~nereus.transition.emu.held_bytes`); with units placed by :func:`aligned_gpus` nothing
+    (:func:`~nereus.transition.held.held_bytes`); with units placed by :func:`aligned_gpus` nothing
     moves. Into a ZeRO group (ours): units of its ``(tp, pp)`` and a smaller ``z'``, or unsharded
     units of any layout; each GPU keeps its slice and drops the rest. A single unit
     (``k = 1``) on the target GPUs in another rank order is a Merge that only permutes shards.
@@ -309,7 +310,7 @@ def load(dst: EMU, source: EMU | str, read: bool = True, model: ModelSpec | None
       ``dst.shard_bytes``) from train GPU ``src.gpus[i % len(src.gpus)]`` (a destination GPU that
       also holds the train EMU copies what it already holds locally, without a link, and receives
       the rest when ``model`` and ``bytes_per_param`` (of ``dst``) say how much of its shard the
-      train shard on it covers, :func:`~nereus.transition.emu.resident_bytes`; without them it is
+      train shard on it covers, :func:`~nereus.transition.held.resident_bytes`; without them it is
       counted in full); the source EMU is read (it must
       stay alive until the Load ends). With ``read=False`` the source is a *target* EMU of the train
       model-stage: the Load reads no uid, ``source`` is the train model-stage's name, and the global

@@ -11,7 +11,7 @@ state, with the schedule's times, and refuses it when any of the transition's sa
   is one full copy); a frozen or derived model-stage whose target drops its idle state
   (``offload="drop"``: no target EMU) may end with none;
 * sharded state (every byte accounted): every shard a Split, Merge or Extend produces on a GPU is
-  either held there already by an EMU the primitive consumes or reads (``emu.held_bytes``: for a
+  either held there already by an EMU the primitive consumes or reads (``held.held_bytes``: for a
   ZeRO group, the rank's own slice) or received (``Primitive.recv``); so no primitive frees the last
   copy of a slice (an optimizer shard of a leaving rank) that its output claims to hold;
 * memory: on every GPU, the state held plus the peak (``mem_hi``) of every running primitive stays
@@ -25,8 +25,8 @@ Pure: no runtime import.
 
 from __future__ import annotations
 
-from nereus.transition.emu import held_bytes
 from nereus.transition.global_dag import GlobalDAG
+from nereus.transition.held import held_bytes
 from nereus.transition.primitives import Primitive, TransitionState, check_pre
 from nereus.transition.schedule import Schedule
 
@@ -58,7 +58,7 @@ def check_supply(dag: GlobalDAG, p: Primitive, emus: dict) -> str | None:
     """Why a Split, Merge or Extend would produce a shard that is neither held nor received, or None.
 
     ``emus``: uid → EMU alive when ``p`` starts. Where a ZeRO group is involved and ``dag.models``
-    is set, the held part is :func:`~nereus.transition.emu.held_bytes` (a rank holds its own slice
+    is set, the held part is :func:`~nereus.transition.held.held_bytes` (a rank holds its own slice
     only); otherwise (replicas: nothing is sharded, and ``resident_bytes`` undercounts replicated KV
     heads) it is bounded by the bytes the inputs keep on the GPU.
     """
