@@ -1,6 +1,6 @@
 """Fault benchmark: workers killed or hung at random points of real PPO and GRPO runs (docs/faults.md).
 
-Each run is an :class:`~nereus.runtime.adaptive.AdaptiveRun` (``tiny`` model preset) on 4-6 Ray CPU
+Each run is an :class:`~nereus.runtime.run.adaptive.AdaptiveRun` (``tiny`` model preset) on 4-6 Ray CPU
 workers with a pool schedule whose departures are announced (``notice=True``), so live transitions
 happen, and durable checkpoints every 1 or 2 steps. Almost every step gets a fault, drawn from a
 seeded generator:
@@ -55,11 +55,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402
 
 from nereus.controller.planning import same_plan  # noqa: E402
-from nereus.planner.plan import Plan  # noqa: E402
-from nereus.runtime.adaptive import parse_pool_schedule  # noqa: E402
-from nereus.runtime.driver import RLDriver  # noqa: E402
-from nereus.runtime.pool import WorkerPool  # noqa: E402
-from nereus.runtime.relayout import relayout, train_stages  # noqa: E402
+from nereus.runtime.run.driver import RLDriver  # noqa: E402
+from nereus.runtime.run.pool import WorkerPool  # noqa: E402
+from nereus.runtime.run.relayout import relayout, train_stages  # noqa: E402
+from nereus.runtime.run.schedules import parse_pool_schedule  # noqa: E402
+from nereus.spec.plan import Plan  # noqa: E402
 
 _HERE = str(Path(__file__).resolve().parent)
 if _HERE not in sys.path:

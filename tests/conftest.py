@@ -1,7 +1,7 @@
 """Shared fixtures: a local Ray instance and a pool of CPU workers, one per test module.
 
 ``ray_cluster`` starts Ray with 8 CPUs unless it is already running (then it is left as it is);
-``pool`` adds a :class:`nereus.runtime.pool.WorkerPool` of 4 workers with a 30 s call timeout. A
+``pool`` adds a :class:`nereus.runtime.run.pool.WorkerPool` of 4 workers with a 30 s call timeout. A
 module that needs another CPU count overrides ``ray_cpus`` (a module-scoped fixture), e.g. one spare
 CPU for a worker that joins later.
 """
@@ -29,7 +29,7 @@ def ray_cluster(ray_cpus):
 
 @pytest.fixture(scope="module")
 def pool(ray_cluster):
-    from nereus.runtime.pool import WorkerPool
+    from nereus.runtime.run.pool import WorkerPool
 
     p = WorkerPool(4, timeout_s=30).start()
     yield p

@@ -16,11 +16,12 @@ import torch
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from nereus.planner.plan import Candidate, Plan  # noqa: E402
-from nereus.runtime.driver import RLConfig, RLDriver, simple_plan  # noqa: E402
-from nereus.runtime.pool import WorkerFailure  # noqa: E402
-from nereus.runtime.task import DigitTask, Tokenizer  # noqa: E402
+from nereus.runtime.rl.task import DigitTask, Tokenizer  # noqa: E402
+from nereus.runtime.run.driver import RLConfig, RLDriver  # noqa: E402
+from nereus.runtime.run.plans import simple_plan  # noqa: E402
+from nereus.runtime.run.pool import WorkerFailure  # noqa: E402
 from nereus.spec.model import MODEL_PRESETS, ModelSpec  # noqa: E402
+from nereus.spec.plan import Candidate, Plan  # noqa: E402
 from nereus.spec.workload import WorkloadSpec  # noqa: E402
 
 SPEC = MODEL_PRESETS["tiny"]
@@ -199,7 +200,7 @@ def test_reward_rises_on_builtin_task(pool):
 def test_cli_rejects_bad_layout_before_starting():
     import argparse
 
-    from nereus.runtime import cli
+    from nereus.cli import run as cli
 
     p = argparse.ArgumentParser()
     cli.add_arguments(p)

@@ -1,5 +1,5 @@
 """Plan search: candidates, frontier, dynamic programming, placement, critical path."""
 
-from nereus.planner.plan import Candidate, Plan, StageEstimate, load_plan
+from nereus.spec.plan import Candidate, Plan, StageEstimate, load_plan
 
 __all__ = ["Candidate", "Plan", "StageEstimate", "load_plan"]
