@@ -17,10 +17,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 from nereus.runtime.comm.instrument import Meter  # noqa: E402
 from nereus.runtime.comm.parallel import Layout, build_context  # noqa: E402
 from nereus.runtime.model.precision import TRAIN_KINDS, train_kinds, workload_bytes  # noqa: E402
+from nereus.runtime.run.config import RLConfig  # noqa: E402
 from nereus.runtime.run.device_model import runtime_job  # noqa: E402
-from nereus.runtime.run.driver import RLConfig  # noqa: E402
 from nereus.runtime.transit.plans import kind_dtype, kinds_for  # noqa: E402
-from nereus.runtime.worker.core import resolve_dtype  # noqa: E402
+from nereus.runtime.worker.device import resolve_dtype  # noqa: E402
 from nereus.runtime.worker.engine import AdamConfig, Engine  # noqa: E402
 from nereus.spec.model import MODEL_PRESETS  # noqa: E402
 from nereus.spec.workload import WorkloadSpec  # noqa: E402

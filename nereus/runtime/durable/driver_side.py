@@ -161,7 +161,7 @@ def finish_save(driver, pending: PendingSave) -> dict:
         WorkerLost: a writer (or any worker) was lost while waiting (``faults.py``).
         WorkerFailure: a writer left the pool before its write was complete, or a write failed.
     """
-    from nereus.runtime.run.pool import WorkerFailure
+    from nereus.runtime.worker.failures import WorkerFailure
 
     t0 = time.perf_counter()
     res = pending.per_worker

@@ -16,8 +16,7 @@ import tempfile
 
 from nereus.planner.notation import format_gpus
 from nereus.runtime.durable import driver_side as durable
-from nereus.runtime.run.faults import WorkerLost
-from nereus.runtime.run.pool import WorkerFailure
+from nereus.runtime.worker.failures import WorkerFailure, WorkerLost
 
 __all__ = ["CheckpointingMixin"]
 

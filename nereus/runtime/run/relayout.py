@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 
-from nereus.runtime.run.pool import WorkerFailure
+from nereus.runtime.worker.failures import WorkerFailure
 from nereus.spec.plan import Plan
 
 __all__ = ["checkpoint", "intact_replica", "relayout", "train_stages"]

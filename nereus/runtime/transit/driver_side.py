@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 
 from nereus.runtime.comm.parallel import Layout
 from nereus.runtime.model.precision import TRAIN_KINDS, WEIGHT_KINDS
-from nereus.runtime.run.pool import WorkerFailure
 from nereus.runtime.transit.plans import MoveSpec, UnitMeta
+from nereus.runtime.worker.failures import WorkerFailure
 from nereus.spec.plan import Plan
 from nereus.transition.estimate import TransitionEstimate
 from nereus.transition.primitives import STORAGE
