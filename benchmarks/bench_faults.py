@@ -143,7 +143,7 @@ def replay(spec: RunSpec, plans: dict[int, Plan], timeout_s: float) -> dict:
     """The fault-free run a faulty one must match: the same samples and steps, each step on the plan
     it last ran on in the faulty run (``FaultBenchRun.step_plans``), on an :class:`RLDriver` of its
     own with no faults, no controller and no checkpoints; a plan change between two steps goes
-    through the centralized re-layout (``relayout.py``: gathered into the driver, exact), so nothing
+    through the centralized re-layout (``run/relayout.py``: gathered into the driver, exact), so nothing
     it shares with the faulty run's recoveries (live transitions, rollback snapshots, durable
     checkpoints) can hide a difference. Worker ids are renumbered ``0..n-1`` in order (layouts,
     hence every sum's order, are unchanged).

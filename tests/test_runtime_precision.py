@@ -1,6 +1,6 @@
-"""Mixed precision as Megatron-LM runs it (``engine.py``, ``--precision bf16``): bf16 weights and
+"""Mixed precision as Megatron-LM runs it (``worker/engine.py``, ``--precision bf16``): bf16 weights and
 compute, fp32 master weights, fp32 gradient accumulation and fp32 Adam moments; the byte counts the
-planners see (``adaptive.runtime_job``) and the state kinds a live transition moves (``shards.py``).
+planners see (``device_model.runtime_job``) and the state kinds a live transition moves (``transit/plans.py``).
 
 Single-process tests (a layout of one worker needs no communicator); the distributed parts are in
 tests/test_runtime_executor.py (a live transition in bf16) and tests/test_runtime_durable.py."""

@@ -255,7 +255,7 @@ def _save(driver, directory: str) -> None:
 
 
 def _memory_report(spec, w, plan, args, meas) -> None:
-    """Measured vs predicted peak memory per model-stage (``memreport.py``)."""
+    """Measured vs predicted peak memory per model-stage (``run/memreport.py``)."""
     from nereus.cost.model import CostModel
     from nereus.runtime.run.device_model import runtime_job
     from nereus.runtime.run.memreport import format_rows, memory_rows

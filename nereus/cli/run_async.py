@@ -1,4 +1,4 @@
-"""``nereus run --async [--staleness N]``: one-step-off asynchronous RL (``async_driver.py``).
+"""``nereus run --async [--staleness N]``: one-step-off asynchronous RL (``run/async_driver.py``).
 
 Without ``--layout`` generation gets the last ``workers // 2`` workers and every other model-stage the
 rest (each at the largest DP the batch sizes allow); ``--layout`` degrees are placed the same way

@@ -19,7 +19,7 @@ device below) and applies its decision:
   (``plans.shared_plan``) that the controller is told about with ``resume``. No state tensor passes
   through the driver on any path.
 
-Workers that die or hang in the middle of anything are detected and recovered from (``recovery.py``, ``faults.py``):
+Workers that die or hang in the middle of anything are detected and recovered from (``run/recovery.py``, ``run/faults.py``):
 roll back to the boundary's per-worker snapshot, replan on the survivors, move state live, re-run the
 step with the same samples.
 
@@ -87,7 +87,7 @@ class AdaptiveRun(RecoveryMixin, CheckpointingMixin):
             writer's files). Default: asynchronous: at the boundary each writer copies its shards and
             counters into memory of its own and returns, the files are written in its background
             thread, and the run completes the checkpoint later (:meth:`_complete_save`).
-        hang_timeout_s: seconds a worker may leave a heartbeat unanswered (``faults.py``).
+        hang_timeout_s: seconds a worker may leave a heartbeat unanswered (``run/faults.py``).
         faults: ``{step: (point, worker, how)}`` injected faults (tests and ``bench_faults.py``):
             worker ``worker`` dies (``how="kill"``) or hangs (``"stop"``, SIGSTOP) inside its next
             call of ``point`` (``worker.fault_tolerant.FAULT_POINTS``) in step ``step``, the transition after it, or
@@ -320,7 +320,7 @@ class AdaptiveRun(RecoveryMixin, CheckpointingMixin):
         While every training model-stage has an intact replica the change runs live on the workers
         (``transit/driver_side.py``): only the shards that must move, moved directly between workers. When a
         training model-stage lost every replica, or no live DAG exists (e.g. from the time-shared
-        fallback plan), the run restarts from the last durable checkpoint (``durable.py``; taken
+        fallback plan), the run restarts from the last durable checkpoint (``durable/``; taken
         first when every replica 0 is alive, so nothing is lost then).
         """
         d = self.driver

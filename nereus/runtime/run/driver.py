@@ -93,7 +93,7 @@ class RLDriver:
 
     def set_plan(self, plan: Plan) -> None:
         """Validate ``plan`` and make it the layout of the engines built next (:meth:`build_engines`,
-        under a fresh group tag); ``relayout.py`` calls it between steps, after the old engines' teardown."""
+        under a fresh group tag); ``run/relayout.py`` calls it between steps, after the old engines' teardown."""
         cands: dict[str, Candidate] = {}
         for ms in self.wf.model_stages:
             if ms.name not in plan:

@@ -188,7 +188,7 @@ class TransitionExecutor:
         Args:
             adopt: hand the engines of changing model-stages over to units first (the normal case);
                 False when the workers already hold the DAG's initial EMUs as units and no engine
-                (after a rollback, ``faults.py``): every model-stage's engine is then rebuilt.
+                (after a rollback, ``run/recovery.py``): every model-stage's engine is then rebuilt.
 
         Raises:
             ScheduleError: the schedule breaks a transition rule (nothing has moved).

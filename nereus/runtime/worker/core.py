@@ -81,7 +81,7 @@ class WorkerCore:
                 device supports it, else fp32), ``float32`` or ``bfloat16`` (forward-only model-stages
                 only: training keeps fp32 weights, which are also Adam's master weights).
             precision: ``fp32`` or ``bf16`` (every engine bf16, trainable ones with fp32 master
-                weights, gradients and moments; ``engine.py``).
+                weights, gradients and moments; ``worker/engine.py``).
             schedule: pipeline schedule of training, ``1f1b`` or ``gpipe``.
             recompute: activation recomputation of training, ``none``, ``selective`` or ``full``.
 

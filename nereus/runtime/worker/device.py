@@ -78,7 +78,7 @@ def select_device(worker_id: int, cuda_count: int | None = None, ray_gpu_ids: li
 def resolve_dtype(name: str, trainable: bool, device: str, precision: str = "fp32") -> torch.dtype:
     """The parameter dtype of an engine.
 
-    ``precision="bf16"`` (mixed precision, ``engine.py``): bf16 for every engine, trainable ones
+    ``precision="bf16"`` (mixed precision, ``worker/engine.py``): bf16 for every engine, trainable ones
     keeping fp32 master weights; ``name`` is then ignored. ``precision="fp32"``: fp32 on CPU; bf16 for
     forward-only model-stages on a device that supports it (``auto``).
 

@@ -3,7 +3,7 @@
 Logical state ``Λ = (θ, ω, c, v, p)``: parameters, Adam moments (sharded exactly like θ since Adam is
 elementwise; ``step`` replicated), the update counter ``c``, the model-stage and policy versions
 ``v``, the mini-batch position ``p`` of the last completed update. RNG and data order are derived from
-the *global* sample index (``task.py``, ``rollout.py``), so they depend on (dp rank, p) only through
+the *global* sample index (``rl/task.py``, ``worker/rollout.py``), so they depend on (dp rank, p) only through
 which samples a replica holds: changing dp neither repeats nor skips a sample.
 
 :meth:`Engine.gather_logical_state` reassembles the full unsharded state on every worker of the EMU
@@ -93,9 +93,9 @@ class Engine(LogicalStateMixin):
         seed: initial parameters (every layout of the same seed starts identical).
         trainable: hold Adam state and accept :meth:`train_step`.
         schedule: pipeline schedule of training, ``1f1b`` or ``gpipe``.
-        recompute: activation recomputation, ``none``, ``selective`` or ``full`` (see ``model.py``).
+        recompute: activation recomputation, ``none``, ``selective`` or ``full`` (see ``model/llama.py``).
         state: ``{"tensors": {kind: {name: this rank's shard}}, "counters": {...}}`` to start from
-            (a live transition's unit, ``transit.py``) instead of the seed's initial weights.
+            (a live transition's unit, ``transit/worker_side.py``) instead of the seed's initial weights.
         precision: ``fp32`` or ``bf16`` (module docstring); ``bf16`` makes the weights bf16 whatever
             ``dtype`` says and, when trainable, keeps fp32 ``master`` weights (from ``state``'s
             ``master`` when given, else the bf16 weights upcast, as Megatron creates them).

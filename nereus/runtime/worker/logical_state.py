@@ -72,7 +72,7 @@ class LogicalStateMixin:
     def load_logical_state(self, state: dict) -> None:
         """Take this rank's shards of a gathered logical state (the inverse of
         :meth:`gather_logical_state`): parameters, Adam moments when trainable, Adam step, update
-        counter, versions and mini-batch position. Used by ``relayout.py`` to rebuild an EMU in a new
+        counter, versions and mini-batch position. Used by ``run/relayout.py`` to rebuild an EMU in a new
         layout; sharding full tensors and gathering them back is exact, so the state round-trips bit
         for bit.
 
