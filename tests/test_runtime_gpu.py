@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from nereus.runtime.comm.groups import CommError, Group, backend_for, new_group
 from nereus.runtime.comm import groups as comm
+from nereus.runtime.comm.groups import CommError, Group, backend_for, new_group
 from nereus.runtime.comm.instrument import Meter
 from nereus.runtime.worker.device import select_device
 
