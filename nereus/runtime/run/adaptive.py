@@ -47,6 +47,7 @@ from nereus.planner.notation import format_gpus, format_plan
 from nereus.runtime.durable import driver_side as durable
 from nereus.runtime.durable.scheduling import CheckpointingMixin
 from nereus.runtime.rl.task import DigitTask
+from nereus.runtime.run import vllm_driver as vd
 from nereus.runtime.run.config import RLConfig
 from nereus.runtime.run.device_model import cpu_gpu_spec, runtime_job
 from nereus.runtime.run.driver import RLDriver
@@ -282,7 +283,8 @@ class AdaptiveRun(RecoveryMixin, CheckpointingMixin):
             e = estimate_transition(self.calib.apply(job), current, target, pool, params=self.calib.params())
         except ValueError:
             return bandwidth_estimate(job, current, target, pool)
-        return TransitionCost(float(e.l_tran), bool(e.feasible), float(e.bytes_moved), "dag", e.reason)
+        return TransitionCost(float(e.l_tran) + vd.start_term(self, current, target), bool(e.feasible),
+                              float(e.bytes_moved), "dag", e.reason)  # + vLLM's engine start (run/vllm_driver.py)
 
     def _set_digits(self, digits: int, k: int) -> None:
         """Switch the task to ``digits``-digit problems before step ``k`` (longer prompts and responses)."""
@@ -405,6 +407,9 @@ class AdaptiveRun(RecoveryMixin, CheckpointingMixin):
         self._mark()
         self._complete_save(k)  # the transition changes the workers: the save in flight completes first
         self._inject(k, "transition")
+        restart = vd.begin_relayout(self, current, target)  # vLLM: the old engines stop, new ones start after
         report = TransitionExecutor(self.driver).execute(est, target)
         self.calib.observe(report.primitives)
+        if restart is not None:
+            report.engine_start = vd.finish_relayout(self, restart, report)
         return report, None

@@ -27,6 +27,7 @@ from nereus.runtime.comm.parallel import Layout
 from nereus.runtime.model.sharding import validate_layout
 from nereus.runtime.rl import algorithms as alg
 from nereus.runtime.rl.task import DigitTask
+from nereus.runtime.run import vllm_driver as vd
 from nereus.runtime.run.config import RLConfig
 from nereus.runtime.run.pool import WorkerPool, _ray_get
 from nereus.runtime.worker.engine import AdamConfig
@@ -184,6 +185,7 @@ class RLDriver:
                                                     recompute=self.recompute_of(ms.name),
                                                     precision=self.cfg.precision) for i in lay.workers],
                       f"building {ms.name}")
+        vd.start_vllm_engines(self)  # with --rollout vllm, actor.generate's vLLM engines (run/vllm_driver.py)
         return self
 
     def publish_precision(self) -> None:
@@ -197,6 +199,7 @@ class RLDriver:
 
     def close(self) -> None:
         """Drop this run's engines (and stop the pool if this driver started it)."""
+        vd.stop_vllm_engines(self)
         if getattr(self, "_own_pool", False):
             self.pool.close()
         elif self.workers:
@@ -256,7 +259,9 @@ class RLDriver:
         out = self._per_replica("actor.generate", "generate", [prompts, seeds], self.R, self.cfg.temperature,
                                 greedy, self.task.tokenizer.eos_id, self.task.tokenizer.pad_id,
                                 self.cands["actor.generate"].concurrency, out_at="first")
-        return torch.cat(out)
+        if not greedy:  # a vLLM engine answers (responses, log-probs): keep the sampled ones' log-probs
+            self.rollout_logp = torch.cat([o[1] for o in out]) if isinstance(out[0], tuple) else None
+        return torch.cat([o[0] if isinstance(o, tuple) else o for o in out])
 
     def _submit_scores(self, tokens: torch.Tensor, P: int):
         if "reward.infer" in self.layouts:
@@ -290,6 +295,7 @@ class RLDriver:
             lambda: self._generate(prompts, [0] * Pn, greedy=True))
         metrics.update(self._train(batch, prompts.shape[1], kl_in_loss))
         self._sync()
+        metrics.update(vd.step_metrics(self, batch))  # vLLM: the engine's log-probs vs actor.infer's, the sync
         self.step_index += 1
         metrics["seconds"] = time.perf_counter() - t0
         return metrics
@@ -391,6 +397,7 @@ class RLDriver:
                              for m in members]
         res = self._get(futs, "weight sync")
         self.last_sync = {k: sum(r[k] for r in res) for k in ("sent", "recv")}
+        self.last_vllm_sync = vd.sync_summary(res)
         return self.last_sync
 
     # ------------------------------------------------------------------ checks and measurements
