@@ -28,7 +28,7 @@ import torch
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-pytestmark = [pytest.mark.slow, pytest.mark.vllm,
+pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(2400),
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")]
 
 transformers = pytest.importorskip("transformers")
@@ -109,13 +109,14 @@ def _run(tmp_path_factory, tp):
     return d, prompts, res
 
 
-@pytest.fixture(scope="module")
-def tp1(tmp_path_factory):
-    return _run(tmp_path_factory, 1)
+@pytest.fixture(scope="module", params=[1, 2], ids=["tp1", "tp2"])
+def engine(tmp_path_factory, request):
+    """One run per engine TP degree (TP 2: vLLM's two TP workers; the vocabulary split differs)."""
+    return _run(tmp_path_factory, request.param) + (request.param,)
 
 
-def test_greedy_tokens_equal_the_builtin_engine(tp1):
-    _d, _prompts, res = tp1
+def test_greedy_tokens_equal_the_builtin_engine(engine):
+    _d, _prompts, res, _tp = engine
     r = res[0]
     assert torch.equal(r["vllm_greedy"], r["built_greedy"]), (r["vllm_greedy"], r["built_greedy"])
     # stop on EOS: the EOS is kept and the rest padded, as the built-in engine does
@@ -135,10 +136,10 @@ def _chi2_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
     return float(chisquare(obs.numpy(), ex.numpy()).pvalue)
 
 
-def test_sampled_tokens_follow_the_model_distribution(tp1):
+def test_sampled_tokens_follow_the_model_distribution(engine):
     from scipy.stats import norm
 
-    _d, _prompts, res = tp1
+    _d, _prompts, res, _tp = engine
     r = res[0]
     probs = torch.softmax(r["first_logits"].double() / TEMP, -1)
     for name, first in (("vllm", r["vllm_sample"][:, 0]), ("builtin", r["built_sample"][:, 0])):
@@ -159,8 +160,8 @@ def test_sampled_tokens_follow_the_model_distribution(tp1):
     assert len({tuple(x) for x in r["vllm_sample"].tolist()}) > 20
 
 
-def test_weights_in_the_engine_equal_the_trained_weights_after_sync(tp1):
-    _d, _prompts, res = tp1
+def test_weights_in_the_engine_equal_the_trained_weights_after_sync(engine):
+    _d, _prompts, res, tp = engine
     r = res[0]
     before = float((r["before"] - r["trained"]).abs().max())
     after = float((r["after"] - r["trained"]).abs().max())
@@ -168,19 +169,30 @@ def test_weights_in_the_engine_equal_the_trained_weights_after_sync(tp1):
     assert after < 5e-4, f"after the sync the engine's log-probs differ from the trained model's by {after}"
     push = r["sync"]["vllm"]
     n_params = sum(p.numel() for p in transformers.LlamaForCausalLM(transformers.LlamaConfig(**CFG)).parameters())
-    assert push["written"] == n_params * 4 and push["read"] == n_params * 4  # TP 1: the whole fp32 model
+    # the engine ranks read the model once, the replicated RMSNorm weights once per rank, and of the
+    # vocabulary each rank only its own rows (V in all, no padding)
+    h, L = CFG["hidden_size"], CFG["num_hidden_layers"]
+    assert push["read"] == (n_params + (2 * L + 1) * h * (tp - 1)) * 4, push
+    assert len(push["ranks"]) == tp
+    if tp == 1:
+        assert push["written"] == n_params * 4  # TP 1: the whole fp32 model
     print(f"weight push: {push['read']} B; write {push['write_s']:.3f} s, load {push['load_s']:.3f} s; "
           f"|logp engine - trained| before {before:.2e}, after {after:.2e}")
 
 
-def test_kv_capacity_matches_the_prediction(tp1):
-    from nereus.cost.vllm_kv import kv_blocks
+def test_kv_capacity_matches_the_prediction(engine):
+    from nereus.cost.vllm_kv import concurrent_sequences, kv_blocks
     from nereus.spec.model import get_model
 
-    d, _prompts, res = tp1
+    d, _prompts, res, tp = engine
     kv = res[0]["vllm_build"]["kv"][0]
     spec = get_model(d)
-    pred = kv_blocks(spec, tp=1, kv_cache_bytes=KV_BYTES, block_size=kv["block_size"], dtype_bytes=4)
+    pred = kv_blocks(spec, tp=tp, kv_cache_bytes=KV_BYTES, block_size=kv["block_size"], dtype_bytes=4)
     assert abs(pred - kv["num_blocks"]) <= 0.1 * kv["num_blocks"], (pred, kv)
+    # sequences per engine: the model's count against the concurrency the engine reports
+    seqs = concurrent_sequences(pred, kv["block_size"], kv["max_model_len"], 10**9)
+    if kv.get("max_concurrency") is not None:
+        assert abs(seqs - kv["max_concurrency"]) <= 0.1 * kv["max_concurrency"], (seqs, kv)
     print(f"engine start {res[0]['vllm_build']['start_s']:.1f} s; KV blocks predicted {pred}, reported "
-          f"{kv['num_blocks']} of {kv['block_size']} tokens ({kv['kv_bytes']} B)")
+          f"{kv['num_blocks']} of {kv['block_size']} tokens ({kv['kv_bytes']} B); sequences of "
+          f"{kv['max_model_len']} tokens predicted {seqs}, engine {kv.get('max_concurrency')}")

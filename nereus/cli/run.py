@@ -264,11 +264,12 @@ def _memory_report(spec, w, plan, args, meas) -> None:
     """Measured vs predicted peak memory per model-stage (``run/memreport.py``)."""
     from nereus.cost.model import CostModel
     from nereus.runtime.run.device_model import runtime_job
-    from nereus.runtime.run.memreport import format_rows, memory_rows
+    from nereus.runtime.run.memreport import format_rows, generation_line, memory_rows
 
     job = runtime_job(spec, w, args.workers, precision=args.precision or "fp32")
     rows = memory_rows(CostModel(job), plan, meas)
     meas["memory_vs_predicted"] = rows
     print(format_rows(rows))
+    print(generation_line(CostModel(job), plan, meas, args.steps, args.rollout))
 
 

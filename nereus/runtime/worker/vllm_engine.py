@@ -193,12 +193,17 @@ class VllmRollout:
         return self.llm.collective_rpc("nereus_load_shards", args=(directory, self.spec.vocab_size, int(runtime_tp)))
 
     def kv_report(self) -> list[dict]:
-        """Per engine rank: KV blocks, block size, KV bytes allocated; plus ``max_num_seqs``."""
+        """Per engine rank: KV blocks, block size, KV bytes allocated; plus ``max_num_seqs``,
+        ``max_model_len``, the engine core's block count and its reported maximum concurrency (sequences
+        of ``max_model_len`` tokens the KV cache holds at once)."""
         rep = self.llm.collective_rpc("nereus_kv_blocks")
-        sc = self.llm.llm_engine.vllm_config.scheduler_config
+        vc = self.llm.llm_engine.vllm_config
         for r in rep:
-            r["max_num_seqs"] = int(sc.max_num_seqs)
-            r["max_model_len"] = int(self.llm.llm_engine.vllm_config.model_config.max_model_len)
+            r["max_num_seqs"] = int(vc.scheduler_config.max_num_seqs)
+            r["max_model_len"] = int(vc.model_config.max_model_len)
+            r["engine_blocks"] = int(vc.cache_config.num_gpu_blocks or 0)  # what the engine core allocated
+            conc = getattr(vc.cache_config, "kv_cache_max_concurrency", None)  # sequences of max_model_len
+            r["max_concurrency"] = None if conc is None else float(conc)
         return rep
 
     def close(self) -> None:
