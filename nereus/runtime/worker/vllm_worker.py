@@ -5,8 +5,8 @@
 model-stage stays on every rank as the weight-sync *receiver*: ``WorkerCore.sync_weights`` moves into
 it, rank-aligned, only the pieces each rank lacks (``transit/plans.py``), and :meth:`vllm_push` then
 hands each rank's shard to the vLLM rank of the same TP index (``worker/vllm_ext.py``): rank ``t``
-writes ``rank-<t>.safetensors`` into the replica's hand-off directory (memory-backed ``/dev/shm``),
-the TP group meets at a barrier, and TP rank 0 asks every vLLM rank to copy its own file in
+writes ``rank-<t>.safetensors`` into the replica's hand-off directory (memory-backed ``/dev/shm``)
+and says so in the job's TCPStore, and TP rank 0, once every rank's file is there, asks every vLLM rank to copy its own file in
 (``collective_rpc``). So each vLLM rank receives its own shard and no process gathers the model.
 
 Measured per push (returned and kept in :attr:`vllm_syncs`): bytes written by this rank, bytes the
@@ -84,8 +84,7 @@ class VllmWorkerMixin:
         shard = {n: w.detach().contiguous().cpu() for n, w in e.model.params.items()}
         save_file(shard, os.path.join(d, f"rank-{ctx.t}.safetensors"))
         t1 = time.perf_counter()
-        if ctx.tp > 1:
-            ctx.tp_group.all_reduce(torch.ones(1))  # every rank's file is written
+        self._files_written(model_stage, ctx)  # TP rank 0 waits until every rank's file is there
         t2 = time.perf_counter()
         out = {"written": sum(x.numel() * x.element_size() for x in shard.values()), "read": 0,
                "write_s": t1 - t0, "barrier_s": t2 - t1, "load_s": 0.0, "ranks": []}
@@ -94,11 +93,22 @@ class VllmWorkerMixin:
             out["read"] = sum(r["bytes"] for r in ranks)
             out["ranks"] = ranks
             out["load_s"] = time.perf_counter() - t2
-        if ctx.tp > 1:
-            ctx.tp_group.all_reduce(torch.ones(1))  # the files may be rewritten after this
-        self._vllm()
         self.vllm_syncs.append(out)
         return out
+
+    def _files_written(self, model_stage: str, ctx) -> None:
+        """This rank's file of push ``n`` is written: a TCPStore key; TP rank 0 waits for every rank's
+        (the store, not the TP group: while rank 0 starts its engine, minutes on a loaded machine, the
+        others wait past any collective's timeout). A rank rewrites its file only in the next sync,
+        which the driver starts after this push, rank 0's load included, has returned."""
+        from datetime import timedelta
+
+        seqs = self.__dict__.setdefault("_vllm_seq", {})
+        seqs[model_stage] = n = seqs.get(model_stage, 0) + 1
+        base = f"nereus/vllm/{self._vllm_tags[model_stage]}/{model_stage}/d{ctx.d}/{n}"
+        self.store.set(f"{base}/rank-{ctx.t}", "1")
+        if ctx.t == 0 and ctx.tp > 1:
+            self.store.wait([f"{base}/rank-{r}" for r in range(1, ctx.tp)], timedelta(seconds=max(self.timeout_s, 1800)))
 
     def vllm_generate(self, model_stage: str, prompts: torch.Tensor, seeds: list[int], max_new_tokens: int,
                       temperature: float, greedy: bool, eos_id: int, pad_id: int):
