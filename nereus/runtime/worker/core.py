@@ -137,7 +137,7 @@ class WorkerCore(VllmWorkerMixin):
         """Responses ``[B, R]`` for this replica's prompts ``[B, P]``, in waves of at most
         ``concurrency`` sequences (0: all at once), as a KV-cache budget requires. A model-stage served
         by vLLM (:meth:`build_vllm`) returns ``(responses, log-probs)`` from its engine instead."""
-        if model_stage in self._vllm():
+        if self.serves_vllm(model_stage):
             return self.vllm_generate(model_stage, prompts, seeds, max_new_tokens, temperature, greedy, eos_id,
                                       pad_id)
         with self.meter.stage(model_stage):
@@ -238,7 +238,7 @@ class WorkerCore(VllmWorkerMixin):
                         w.copy_(mine.tensors["params"][n])
                 d_eng.version += 1
                 d_eng.policy_version = int(policy_version)
-        if self._vllm() is not None and dst in self._vllm_tags:  # served by vLLM: hand the new shards over
+        if self.serves_vllm(dst):  # served by vLLM: hand the new shards over
             out["vllm"] = self.vllm_push(dst)
         return out
 

@@ -38,6 +38,11 @@ class VllmWorkerMixin:
             self._vllm_engines, self._vllm_tags, self.vllm_syncs = {}, {}, []
         return self._vllm_engines
 
+    def serves_vllm(self, model_stage: str) -> bool:
+        """Whether ``model_stage`` is served by vLLM on this worker's replica (every TP rank says yes)."""
+        self._vllm()
+        return model_stage in self._vllm_tags
+
     def build_vllm(self, model_stage: str, tag: str, options: dict | None = None) -> dict:
         """Start the vLLM engine of this worker's replica of ``model_stage`` (its runtime engine must
         be built) and push the runtime engine's weights into it. Collective over the replica's TP group.
