@@ -379,7 +379,10 @@ class AdaptiveRun(RecoveryMixin, CheckpointingMixin):
             return ev
         before = d.step_index
         d._get([w.transition_end.remote("") for w in d.workers if w is not None], "drop units")
+        vd.stop_vllm_engines(d)  # --rollout vllm: the engines restart in the target layout after the load
         info = durable.restart(d, self._ckpt_path(), target)
+        if vd.start_vllm_engines(d):
+            self.log(f"  vLLM engines restarted: start {max(d.vllm_info['start_s']):.1f}s")
         self.ctl.resume(self.planner.estimate(self.job_at(self.last_len), target, alive))
         ev.update(source="checkpoint", seconds=info["seconds"], steps_lost=before - d.step_index,
                   plan=format_plan(target))
