@@ -9,7 +9,11 @@ With a preemption notice (or before any unannounced loss) it is inert and the ru
 Measured (benchmarks/bench_admission.py, 27 runs without notice): 1.04x the paper's rule, restarts
 75 → 38; with a 2-minute notice identical to it (docs/simulate.md).
 
-* ``nereus``: the controller (``nereus.controller``) with online calibration, γ = 0.5.
+* ``nereus``: the controller (``nereus.controller``) with online calibration, γ = 0.5, the pool
+  horizon from the loss process (``pool_horizon="process"``) and look-ahead plan choice
+  (``lookahead=True``; issue 29).
+* ``nereus-ema``: the same without the issue-29 extensions (``H_pool`` the EMA of crossing intervals,
+  plans compared at the current length): the ``nereus`` policy before issue 29.
 * ``nereus-paper``: the paper's rule exactly (no risk pricing).
 * ``static``: the best plan chosen at start with the *true* costs (what sweeping settings on the real
   cluster and fixing the fastest gives, as the paper's baselines do). It never adapts; when GPUs of
@@ -51,7 +55,7 @@ from nereus.spec.job import JobSpec
 __all__ = ["NereusPolicy", "StaticPolicy", "ElasticPolicy", "restart_pays", "make_policy", "POLICY_NAMES"]
 
 POLICY_NAMES = ("nereus", "nereus-paper", "static", "elastic", "elastic-oracle", "replan-all", "replan-all-paper",
-                "uncalibrated", "nereus-h1")
+                "uncalibrated", "nereus-h1", "nereus-ema")
 
 
 def _job_at(job: JobSpec, response_len: float) -> JobSpec:
@@ -232,6 +236,10 @@ class ElasticPolicy(StaticPolicy):
         return d
 
 
+#: the issue-29 controller options of the ``nereus``, ``gamma=<g>`` and ``uncalibrated`` policies
+ISSUE29 = {"pool_horizon": "process", "lookahead": True}
+
+
 def risk_model(job: JobSpec, restart: RestartCost | None = None) -> RiskModel:
     """The controller's state-loss pricing from the simulator's restart-cost model (whole cluster)."""
     restart = restart or RestartCost()
@@ -258,6 +266,8 @@ def make_policy(name: str, job: JobSpec, gamma: float, true_efficiency: Efficien
     def mon(**kw):
         return Monitor(first_horizon=first_horizon, **kw)
     if name in ("nereus", "nereus+risk"):
+        return NereusPolicy(name, job, ControllerConfig(gamma=gamma, risk=risk, **ISSUE29), mon())
+    if name == "nereus-ema":
         return NereusPolicy(name, job, ControllerConfig(gamma=gamma, risk=risk), mon())
     if name == "nereus-h1":
         return NereusPolicy(name, job, ControllerConfig(gamma=gamma, risk=risk), Monitor())
@@ -280,12 +290,12 @@ def make_policy(name: str, job: JobSpec, gamma: float, true_efficiency: Efficien
     if name == "nereus+grow":
         return NereusPolicy(name, job, ControllerConfig(gamma=gamma, risk=risk), mon(grow_horizon=True))
     if name == "uncalibrated":
-        return NereusPolicy(name, job, ControllerConfig(gamma=gamma, calibrate=False, risk=risk), mon())
+        return NereusPolicy(name, job, ControllerConfig(gamma=gamma, calibrate=False, risk=risk, **ISSUE29), mon())
     if name.startswith("gamma="):
         try:
             g = float(name.split("=", 1)[1])
         except ValueError as e:
             raise ValueError(f"policy {name!r}: γ must be a number, e.g. gamma=0.25") from e
-        return NereusPolicy(name, job, ControllerConfig(gamma=g, risk=risk), mon())
+        return NereusPolicy(name, job, ControllerConfig(gamma=g, risk=risk, **ISSUE29), mon())
     raise ValueError(f"unknown policy {name!r}; valid: {list(POLICY_NAMES)}, nereus+revisit, nereus+grow "
                      "or gamma=<g>")
