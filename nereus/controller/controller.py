@@ -231,7 +231,17 @@ class Controller:
         """Priced state-loss risk of ``plan`` in seconds per step (0 without a risk model or losses)."""
         if self.config.risk is None:
             return 0.0
-        return self.config.risk.risk(plan, self.job.cluster, pool, self.loss.rate, self.loss.mean_event_gpus())
+        return self.config.risk.risk(plan, self.job.cluster, pool, self.loss_rate(), self.loss.mean_event_gpus())
+
+    def loss_rate(self) -> float:
+        """λ of unannounced losses, events/s: ``LossRate.rate``; with ``pool_horizon="process"`` and no
+        loss of either kind seen yet, ``1 / H_loss`` (the Copernican prior of ``pool_process``: no
+        evidence yet that losses are announced, so the first one is priced as unannounced)."""
+        rate = self.loss.rate
+        if rate == 0 and self.config.pool_horizon == "process" and self.pool_process.losses == 0:
+            h = self.pool_process.horizon_s()
+            rate = 1.0 / h if h > 0 else 0.0
+        return rate
 
     def expected_l(self, plan: Plan, pool) -> float:
         """``L_step`` plus :meth:`risk`, s."""
