@@ -232,3 +232,20 @@ def test_noisy_growth_still_rejects_a_move_that_would_not_repay():
     assert moves[0][1] is True                              # the first move is the urgent one
     fit = la.trend.fit()
     assert fit[1] == pytest.approx(math.log(1.01), rel=0.2) and fit[2] > 0.02   # the noise is seen
+
+
+def test_first_loss_is_priced_at_the_copernican_rate_until_one_is_seen():
+    fp = GrowPlanner()
+    plan = fp.plan(JOB, frozenset(range(4)), None, False)
+    ctl = Controller(JOB, plan, fp, transition_cost=lambda *a: TransitionCost(30.0),
+                     config=ControllerConfig(pool_horizon="process"))
+    ema = Controller(JOB, plan, fp, transition_cost=lambda *a: TransitionCost(30.0), config=ControllerConfig())
+    for c in (ctl, ema):
+        c.observe(StepReport(0, 1000, frozenset(range(4)), step_time=25.0, elapsed_s=25.0))
+        c.observe(StepReport(1, 1000, frozenset(range(4)), step_time=25.0, elapsed_s=1025.0))
+    # quiet for 1000 s since the first observation: H_loss = 1000 s, λ = 1 / 1000 per s
+    assert ctl.loss_rate() == pytest.approx(1e-3) and ema.loss_rate() == 0.0
+    # an announced loss (GPUs leave the pool while still alive) ends the prior: λ counts unannounced only
+    ctl.observe(StepReport(2, 1000, frozenset(range(3)), step_time=25.0, elapsed_s=1050.0,
+                           alive=frozenset(range(4))))
+    assert ctl.pool_process.losses == 1 and ctl.loss_rate() == 0.0

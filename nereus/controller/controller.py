@@ -30,6 +30,7 @@ Extensions of issue 29 (off by default; the simulator's ``nereus`` policy turns 
 * ``pool_horizon="process"``: a pool trigger's ``H`` is the expected steps until the pool next loses
   GPUs, from the loss process (``nereus.controller.pool_process``: mean residual life of the
   inter-loss intervals), instead of the EMA of crossing intervals, which bursts drive to 1–3 steps;
+  with it, risk pricing charges the first loss at ``1 / H_loss`` until a loss is seen (:meth:`Controller.loss_rate`);
 * ``lookahead=True``: targets and the current plan are compared by their mean step time over the
   window they are expected to stay in effect, at the projected response length, with the forced
   transition charged to a plan that will not fit memory then (``nereus.controller.lookahead``); the
