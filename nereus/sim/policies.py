@@ -19,8 +19,10 @@ Measured (benchmarks/bench_admission.py, 27 runs without notice): 1.04x the pape
   cluster and fixing the fastest gives, as the paper's baselines do). It never adapts; when GPUs of
   its plan are lost or it runs out of memory it restarts from a checkpoint, picking the best plan
   for the pool and length at that moment (it may resize then).
-* ``replan-all``: the same controller and planner, replanning on every trigger and admitting every
-  faster feasible target without the payback rule (``replan-all-paper``: without risk pricing).
+* ``replan-all``: the same controller and planner (with the same issue-29 options: look-ahead plan
+  choice, the first-loss prior of risk pricing), replanning on every trigger and admitting every
+  faster feasible target without the payback rule (``replan-all-paper``: without risk pricing;
+  ``replan-all-ema``: without the issue-29 options, the ``replan-all`` before issue 29).
 * ``uncalibrated``: the controller with the offline cost model (defaults, no calibration).
 * ``gamma=<g>``: the controller with another payback margin (the γ sweep).
 * ``nereus+revisit``: with ``ControllerConfig(revisit=True)``, an extension beyond the paper
@@ -55,7 +57,7 @@ from nereus.spec.job import JobSpec
 __all__ = ["NereusPolicy", "StaticPolicy", "ElasticPolicy", "restart_pays", "make_policy", "POLICY_NAMES"]
 
 POLICY_NAMES = ("nereus", "nereus-paper", "static", "elastic", "elastic-oracle", "replan-all", "replan-all-paper",
-                "uncalibrated", "nereus-h1", "nereus-ema")
+                "uncalibrated", "nereus-h1", "nereus-ema", "replan-all-ema")
 
 
 def _job_at(job: JobSpec, response_len: float) -> JobSpec:
@@ -282,6 +284,8 @@ def make_policy(name: str, job: JobSpec, gamma: float, true_efficiency: Efficien
     if name == "static":
         return StaticPolicy(name, job, true_efficiency, memory_factor)
     if name == "replan-all":
+        return NereusPolicy(name, job, ControllerConfig(gamma=gamma, always_admit=True, risk=risk, **ISSUE29), mon())
+    if name == "replan-all-ema":
         return NereusPolicy(name, job, ControllerConfig(gamma=gamma, always_admit=True, risk=risk), mon())
     if name == "replan-all-paper":
         return NereusPolicy(name, job, ControllerConfig(gamma=gamma, always_admit=True))
