@@ -12,8 +12,8 @@ from nereus.controller.horizon import Horizon
 from nereus.controller.lookahead import LengthTrend, window_steps
 from nereus.controller.monitor import Monitor
 from nereus.controller.pool_process import PoolProcess
-from nereus.planner.plan import Candidate, Plan
 from nereus.spec import hardware, job, model, workload
+from nereus.spec.plan import Candidate, Plan
 
 JOB = job.JobSpec(model.get_model("llama-3.1-8b"), hardware.ClusterSpec(hardware.get_gpu("h100"), 1, 8),
                   workload.WorkloadSpec(algorithm="grpo", reward_model=False, response_len=1000))

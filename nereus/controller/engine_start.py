@@ -39,8 +39,8 @@ from __future__ import annotations
 
 import math
 
-from nereus.planner.plan import Plan
 from nereus.spec.model import ModelSpec
+from nereus.spec.plan import Plan
 
 __all__ = ["engine_start_s", "generation_restart_s", "group_init_s", "ENGINE_BASE_S", "ENGINE_PER_BPARAM_S",
            "ENGINE_RANK_S", "COMM_INIT_PER_LOG2_S"]
