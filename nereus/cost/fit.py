@@ -9,7 +9,8 @@ This module fits **one multiplicative scale per op-class group** to many totals 
 
 * groups (:func:`group_of`): ``gemm``, ``gemm_fp8``, ``attention``, ``memory`` (``memory_bound``) and one per link
   for the collectives (``comm@nvlink``, ``comm@ib``, ...: every ``<collective>@<link>`` class of that
-  link). Everything in a group moves together, so a handful of totals can identify it; a group the
+  link), and each engine overhead class (``decode_overhead``, ``engine``, ``launch``, ``framework``,
+  :mod:`nereus.cost.engine_terms`) on its own. Everything in a group moves together, so a handful of totals can identify it; a group the
   totals cannot separate from another (e.g. attention in short-sequence rows) stays near its default
   through the prior.
 * model: the time of an op class is ``work / (peak · efficiency)`` (:mod:`nereus.cost.latency`), so
@@ -54,6 +55,8 @@ PRIOR_SIGMA = 0.5
 NOISE_SIGMA = 0.1
 
 _MEMORY = ("memory_bound",)
+#: engine overhead classes (nereus.cost.engine_terms), each its own group
+_OVERHEADS = ("decode_overhead", "engine", "launch", "framework")
 
 
 def group_of(op_class: str) -> str | None:
@@ -63,6 +66,8 @@ def group_of(op_class: str) -> str | None:
         return op_class
     if op_class in _MEMORY:
         return "memory"
+    if op_class in _OVERHEADS:
+        return op_class
     kind, sep, link = op_class.partition("@")
     if sep and kind and link:
         return f"comm@{link}"

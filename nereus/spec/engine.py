@@ -1,0 +1,150 @@
+"""How an RL framework's engines behave beyond the kernels: the terms that make real RL steps slower
+than the roofline (issue 27), as a flag set of the job's framework (``FrameworkSpec.engine``).
+
+Every field defaults to *off* (the old behaviour: generation at the mean response length, no fixed
+costs), so jobs that do not set an :class:`EngineCosts` keep their times; the ``cpu`` GPU preset of
+the Nereus runtime never gets one. :mod:`nereus.cost.engine_terms` turns these into op-class seconds;
+each overhead is its own op class with efficiency 1 by default, so calibration scales it like any
+other class (``time = base / efficiency``).
+
+=====================  ====================================================================
+field                  meaning (units)
+=====================  ====================================================================
+``generation``         ``mean``: every response at the workload's mean length (old model);
+                       ``longest``: a synchronous batch ends with its longest response
+                       (``WorkloadSpec.response_len_max``) and the engine batches
+                       continuously: ``max(L_max, ceil(n·L_mean/c))`` decode steps for ``n``
+                       sequences at concurrency ``c``
+``decode_step_s``      engine seconds per decode step outside the GPU kernels (scheduler,
+                       sampler, kernel launches in eager mode); op class ``decode_overhead``
+``decode_seq_s``       engine seconds per running sequence per decode step (per-sequence
+                       CPU work: sampling, log-probs, output processing); ``decode_overhead``
+``generate_call_s``    seconds per generate call per step (engine wake / KV-cache re-init,
+                       loading the synced weights into the engine); op class ``engine``
+``layer_pass_s``       seconds per layer per micro-batch pass in training/inference
+                       engines (eager launch and framework hooks: a fixed latency per layer
+                       call that small micro-batches do not hide); op class ``launch``
+``step_s``             fixed seconds per RL step (data collation, reward, advantages, Ray
+                       dispatch); op class ``framework``
+``pad_to``             training/inference passes compute on this many tokens per sequence
+                       (verl ``use_remove_padding=False`` pads to ``max_prompt_length +
+                       max_response_length``); None: the mean sequence length
+=====================  ====================================================================
+
+Raises: the constructor validates every field (ValueError naming the field, the value and what is
+valid).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+__all__ = ["EngineCosts", "GENERATION_MODES", "ENGINE_PRESETS", "get_engine"]
+
+GENERATION_MODES = ("mean", "longest")
+_SECONDS = ("decode_step_s", "decode_seq_s", "generate_call_s", "layer_pass_s", "step_s")
+
+
+@dataclass(frozen=True)
+class EngineCosts:
+    """Engine behaviour and fixed costs of an RL framework (module docstring: each field).
+
+    Raises:
+        ValueError: a field outside its valid values.
+    """
+
+    generation: str = "mean"
+    decode_step_s: float = 0.0
+    decode_seq_s: float = 0.0
+    generate_call_s: float = 0.0
+    layer_pass_s: float = 0.0
+    step_s: float = 0.0
+    pad_to: int | None = None
+    name: str = "custom"
+
+    def __post_init__(self) -> None:
+        if self.generation not in GENERATION_MODES:
+            raise ValueError(f"engine field 'generation' must be one of {list(GENERATION_MODES)}, "
+                             f"got {self.generation!r}")
+        for f in _SECONDS:
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
+                raise ValueError(f"engine field {f!r} must be a number of seconds >= 0, got {v!r}")
+        p = self.pad_to
+        if p is not None and (isinstance(p, bool) or not isinstance(p, int) or p <= 0):
+            raise ValueError(f"engine field 'pad_to' must be a positive integer (tokens) or null, got {p!r}")
+
+    @property
+    def active(self) -> bool:
+        """Whether any term differs from the old model."""
+        return self != replace(EngineCosts(), name=self.name)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d) -> EngineCosts:
+        """From a preset name or a mapping (``{"preset": name, ...overrides}`` or fields).
+
+        Raises:
+            ValueError: unknown preset or field, or an invalid value.
+        """
+        if isinstance(d, str):
+            return get_engine(d)
+        if not isinstance(d, dict):
+            raise ValueError(f"framework field 'engine' must be a preset name {sorted(ENGINE_PRESETS)} or a "
+                             f"mapping of engine fields, got {d!r}")
+        d = dict(d)
+        base = get_engine(d.pop("preset")) if "preset" in d else cls()
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(str(k) for k in set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown engine field(s) {unknown}; valid: ['preset'] + {sorted(known)}")
+        return replace(base, **d)
+
+
+#: Presets. ``verl-eager``: verl with vLLM in eager mode (``enforce_eager=True``,
+#: ``free_cache_engine=True``, verl <= 0.2 defaults), FSDP training engines. Figures:
+#:
+#: * ``decode_step_s`` 2 ms, ``generate_call_s`` 12.5 s: the two Qwen2.5-0.5B PPO logs of
+#:   ``eric-haibin-lin/verl-data`` (``traces/response_length``; identical settings but the response
+#:   cap, 256 vs 512, whose longest responses hit the cap every step) measured 17.2 and 17.7 s of
+#:   ``timing/gen`` (median over steps): ``F + 256·s`` and ``F + 512·s`` give ``s`` = 2 ms per decode
+#:   step and ``F`` = 16.7 s per call, of which the old-log-prob forward inside the call (about the
+#:   4.4 s of the reference forward the same logs print) is charged separately, leaving 12.5 s for
+#:   the engine's wake (KV-cache re-allocation) and weight loading. 2 ms per step also matches
+#:   eager-mode launch cost: 24 layers x ~15 kernels x ~5 us;
+#: * ``layer_pass_s`` 1.5 ms: the same logs' reference forward, 4.4 s for 64 micro-batches of 4 x
+#:   768 padded tokens, about 1.3 s of it roofline time, is 48 ms per micro-batch over 24 layers
+#:   beyond the kernels (HF layers in eager PyTorch under FSDP);
+#: * ``step_s`` 1 s: ``timing/adv`` plus reward and collation between the timed stages in the same
+#:   logs (the sum of the printed stages falls short of the step by about this).
+#:
+#: ``verl-eager-rocm``: the same on AMD GPUs (vLLM's ROCm build), plus ``decode_seq_s`` 0.107 ms
+#: per running sequence per decode step: the two deepseek-llm-7b-chat logs on 8 MI300X of
+#: ``yushengsu-thu/verl_training_log`` (PPO, rollout TP 4, 512 sequences per engine; GRPO, TP 2,
+#: 1280 per engine) measured 7.3 s and 18.4 s of generation beyond the terms above over ``S·r`` =
+#: 497 x 140 and 675 x 248 sequence-steps (the cost model's ``S`` and ``r``): 0.105 and 0.110 ms
+#: each, a per-sequence cost of the engine loop the CUDA 0.5B logs do not show (their generation
+#: time does not grow with the response cap).
+#:
+#: These presets are fitted on the validation runs (benchmarks/validate_rl_steps.py says so
+#: in its report); a job on other hardware should calibrate them (their op classes are calibrated
+#: like any other).
+ENGINE_PRESETS: dict[str, EngineCosts] = {
+    "none": EngineCosts(name="none"),
+    "verl-eager": EngineCosts(name="verl-eager", generation="longest", decode_step_s=2e-3, generate_call_s=12.5,
+                              layer_pass_s=1.5e-3, step_s=1.0),
+}
+ENGINE_PRESETS["verl-eager-rocm"] = replace(ENGINE_PRESETS["verl-eager"], name="verl-eager-rocm", decode_seq_s=0.107e-3)
+
+
+def get_engine(name: str) -> EngineCosts:
+    """Preset by name.
+
+    Raises:
+        ValueError: unknown name (the valid ones are listed).
+    """
+    if name not in ENGINE_PRESETS:
+        raise ValueError(f"unknown engine preset {name!r}; valid: {sorted(ENGINE_PRESETS)}")
+    return ENGINE_PRESETS[name]

@@ -1,0 +1,106 @@
+"""Engine terms of the cost model (issue 27): hand-computed decode steps, per-step and per-call
+overheads, launch latency per layer pass, padding and the fixed per-step cost."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from nereus.cost import engine_terms as et
+from nereus.cost.efficiency import EfficiencyTable
+from nereus.cost.fit import group_of
+from nereus.cost.model import CostModel
+from nereus.spec import ClusterSpec, JobSpec, WorkloadSpec, get_gpu, get_model
+from nereus.spec.engine import ENGINE_PRESETS, EngineCosts, get_engine
+from nereus.spec.framework import FrameworkSpec, get_framework
+from nereus.spec.plan import Candidate
+
+
+def _job(engine=None, **wkw):
+    w = dict(algorithm="ppo", prompts_per_step=64, samples_per_prompt=2, prompt_len=100, response_len=50,
+             response_len_max=200, mini_batch_size=64, micro_batch_size=4, infer_micro_batch_size=8,
+             reward_model=False)
+    w.update(wkw)
+    fw = replace(get_framework("fsdp"), engine=engine)
+    return JobSpec(actor=get_model("qwen2.5-0.5b"), cluster=ClusterSpec(gpu=get_gpu("h100"), num_nodes=1, gpus_per_node=8),
+                   workload=WorkloadSpec(**w), framework=fw)
+
+
+def test_decode_steps_by_hand():
+    # 100 sequences, mean 50, longest 200, concurrency 64: the longest response binds (200 > ceil(5000/64)=79)
+    s, r = et.decode_steps(100, 64, 50, 200)
+    assert float(s) == 200 and float(r) == pytest.approx(100 * 50 / 200)
+    # 1000 sequences: the token volume over the concurrency binds: ceil(50000/64) = 782 steps
+    s, r = et.decode_steps(1000, 64, 50, 200)
+    assert float(s) == 782 and float(r) == pytest.approx(50000 / 782)
+    with pytest.raises(ValueError, match="max_len"):
+        et.decode_steps(10, 4, 50, 40)
+
+
+def test_longest_equals_old_model_when_every_response_has_the_mean_length():
+    # response_len_max = mean and all sequences concurrent: S = L steps at n running, the old model
+    cand = Candidate("actor.generate", 1, 1, 8, concurrency=64)
+    old = CostModel(_job(response_len_max=None)).estimate_candidate(cand)
+    new = CostModel(_job(EngineCosts(generation="longest"), response_len_max=None)).estimate_candidate(cand)
+    assert new.time == pytest.approx(old.time, rel=1e-12)
+
+
+def test_decode_overhead_and_call_cost_by_hand():
+    cand = Candidate("actor.generate", 1, 1, 8, concurrency=64)
+    base = CostModel(_job(EngineCosts(generation="longest"))).estimate_candidate(cand)
+    eng = EngineCosts(generation="longest", decode_step_s=0.01, decode_seq_s=1e-4, generate_call_s=3.0)
+    got = CostModel(_job(eng)).estimate_candidate(cand)
+    # 128 rollouts / 8 replicas = 16 sequences each, c = 16: S = max(200, ceil(16*50/16)) = 200, r = 4
+    assert got.breakdown["decode_overhead"] == pytest.approx(200 * (0.01 + 1e-4 * 4))
+    assert got.breakdown["engine"] == pytest.approx(3.0)
+    assert got.time - base.time == pytest.approx(200 * 0.0104 + 3.0)
+    # calibration: an efficiency of 0.5 on the class doubles it
+    eff = EfficiencyTable()
+    eff.set("decode_overhead", 0.5)
+    assert CostModel(_job(eng), efficiency=eff).estimate_candidate(cand).breakdown["decode_overhead"] == \
+        pytest.approx(2 * 200 * 0.0104)
+
+
+def test_layer_pass_latency_by_hand():
+    eng = EngineCosts(layer_pass_s=1e-3)
+    inf = Candidate("reference.infer", 1, 1, 8, micro_batch=8, zero=3)
+    d_inf = CostModel(_job(eng)).estimate_candidate(inf).time - CostModel(_job()).estimate_candidate(inf).time
+    # 128 sequences / 8 replicas / micro-batch 8 = 2 micro-batches x 24 layers x 1 pass x 1 ms
+    assert d_inf == pytest.approx(2 * 24 * 1e-3)
+    tr = Candidate("actor.train", 1, 1, 8, micro_batch=4, grad_accum=2, zero=3, recompute="full")
+    d_tr = CostModel(_job(eng)).estimate_candidate(tr).breakdown["launch"]
+    # 2 updates (128/64) x 2 micro-batches x 24 layers x 4 passes (full recompute) x 1 ms
+    assert d_tr == pytest.approx(2 * 2 * 24 * 4 * 1e-3)
+
+
+def test_padding_and_fixed_step_cost():
+    inf = Candidate("reference.infer", 1, 1, 8, micro_batch=8, zero=3)
+    plain = CostModel(_job()).estimate_candidate(inf).time
+    assert CostModel(_job(EngineCosts(pad_to=150))).estimate_candidate(inf).time == pytest.approx(plain)
+    assert CostModel(_job(EngineCosts(pad_to=600))).estimate_candidate(inf).time > 2 * plain
+    with pytest.raises(ValueError, match="pad_to"):
+        CostModel(_job(EngineCosts(pad_to=100))).estimate_candidate(inf)
+    cm0, cm1 = CostModel(_job()), CostModel(_job(EngineCosts(step_s=2.5)))
+    assert cm1.stage_latency({"actor.generate": 1.0}) - cm0.stage_latency({"actor.generate": 1.0}) == 2.5
+
+
+def test_engine_spec_validation_and_roundtrip():
+    with pytest.raises(ValueError, match="generation"):
+        EngineCosts(generation="median")
+    with pytest.raises(ValueError, match="decode_step_s"):
+        EngineCosts(decode_step_s=-1)
+    with pytest.raises(ValueError, match="unknown engine preset"):
+        get_engine("nope")
+    fw = FrameworkSpec.from_dict({"preset": "fsdp", "engine": {"preset": "verl-eager", "step_s": 2.0}})
+    assert fw.engine.step_s == 2.0 and fw.engine.generation == "longest"
+    assert FrameworkSpec.from_dict(fw.to_dict()).engine == fw.engine
+    assert "engine" not in get_framework("nereus").to_dict()
+    assert not ENGINE_PRESETS["none"].active and ENGINE_PRESETS["verl-eager"].active
+    assert group_of("decode_overhead") == "decode_overhead" and group_of("launch") == "launch"
+
+
+def test_no_engine_presets_on_default_frameworks():
+    # jobs that set no engine (every framework preset, the runtime's cpu jobs) keep the old model
+    from nereus.spec.framework import FRAMEWORK_PRESETS
+    assert all(f.engine is None for f in FRAMEWORK_PRESETS.values())
+    assert np.isclose(et.step_overhead(None, EfficiencyTable()), 0.0)
