@@ -230,7 +230,7 @@ def summarize(res: dict) -> dict:
     gens = [x for j in allj for x in j["uncal_gen"]]
     cal_gens = [x for j in allj for x in j["cal_gen"]]
     worse = []
-    for name, j in res["jobs"].items():
+    for name in res["jobs"]:
         held = [r for r in res["rows"] if r["job"] == name and r["held_out"]]
         u = [ape(r["pred_step"], r["measured_step"]) for r in held if r["measured_step"]] + \
             [ape(r["pred_gen"], r["measured_gen"]) for r in held]
