@@ -122,3 +122,29 @@ def test_controller_calibrates_from_a_stage_total():
     after = pl.estimate(job, plan).estimates["actor.generate"].time
     assert 1.5 * pred < after < 2.0 * pred
     assert set(pl.efficiency.values) <= set(est.estimates["actor.generate"].breakdown)
+
+
+def test_flat_zero3_gathers_by_hand():
+    from nereus.cost.shapes import params_rank
+    from nereus.cost.zero3 import flat_zero3_times
+
+    job = _job()
+    model, cl = job.actor, ClusterSpec(gpu=get_gpu("h100"), num_nodes=2, gpus_per_node=8)
+    times, mask = flat_zero3_times(model, job.workload, cl, EfficiencyTable(), 1, 1, 16, 3, 4)
+    p = float(params_rank(model, 1, 1))
+    bw = 50e9 * 0.75  # H100 NIC per GPU x the default NIC efficiency
+    lat = 24 * 15 * 10e-6  # 24 layers x (n-1) ring steps x alpha
+    assert bool(mask)
+    assert float(times["allgather@ib"]) == pytest.approx(2 * 3 * (15 / 16 * 2 * p / bw + lat))
+    assert float(times["reducescatter@ib"]) == pytest.approx(3 * (15 / 16 * 4 * p / bw + lat))
+    # a group inside one node keeps the default model
+    _, inside = flat_zero3_times(model, job.workload, cl, EfficiencyTable(), 1, 1, 8, 3, 4)
+    assert not bool(inside)
+    # through the cost model: only where the engine asks for it, and slower across nodes
+    big = JobSpec(actor=model, cluster=cl, workload=job.workload, framework=job.framework)
+    cand = Candidate("actor.train", 1, 1, 16, micro_batch=4, grad_accum=1, zero=3)
+    t0 = CostModel(big).estimate_candidate(cand).time
+    flat = big.with_framework(replace(big.framework, engine=EngineCosts(zero3_gather="flat")))
+    assert CostModel(flat).estimate_candidate(cand).time > t0
+    with pytest.raises(ValueError, match="zero3_gather"):
+        EngineCosts(zero3_gather="tree")

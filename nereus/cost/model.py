@@ -41,6 +41,7 @@ from nereus.cost.memory import OFF_CPU_ADAM, WORKSPACE_BYTES, offload_code, reco
 from nereus.cost.rows import expand, rows_of, unique_rows
 from nereus.cost.sharded_infer import infer_gather_times
 from nereus.cost.step import critical_path, stage_groups
+from nereus.cost.zero3 import flat_zero3_times
 from nereus.spec.job import JobSpec
 from nereus.spec.plan import Candidate, Plan, StageEstimate
 from nereus.workflow import ModelStage, Workflow, workflow_for
@@ -193,6 +194,11 @@ class CostModel:
             mid, last = expand(mid, inv), expand(last, inv)
             comm = lat.dp_sync_time(model, w, cl, eff, tp, pp, dp, zero=zero, micro_batches=m,
                                     reduce_bytes=fw.grad_reduce_bytes)
+            if eng is not None and eng.zero3_gather == "flat" and np.any(zero >= 3):
+                flat, mask = flat_zero3_times(model, w, cl, eff, tp, pp, dp, m, fw.grad_reduce_bytes or w.grad_bytes)
+                mask = mask & (zero >= 3)
+                comm = _combine({k: np.where(mask, 0.0, v) for k, v in comm.items()},
+                                {k: np.where(mask, v, 0.0) for k, v in flat.items()})
             if fw.overlap_grad_reduce:
                 comm = _overlap_dp(comm, last, zero, m)
             gpu_adam = np.where(off == OFF_CPU_ADAM, 0.0, lat.optimizer_time(model, w, cl, eff, tp, pp, dp, zero))

@@ -26,6 +26,12 @@ field                  meaning (units)
                        call that small micro-batches do not hide); op class ``launch``
 ``step_s``             fixed seconds per RL step (data collation, reward, advantages, Ray
                        dispatch); op class ``framework``
+``zero3_gather``       ``hierarchical`` (default): ZeRO-3 gathers across nodes charged as NCCL's
+                       multi-NIC rings can run them (each rank's ``1/k`` share on its NIC);
+                       ``flat``: one ring over all ranks per layer, each NIC carrying the whole
+                       ``(n-1)/n`` of the bytes, ``(n-1)·α`` latency per layer
+                       (:mod:`nereus.cost.zero3`; DeepSpeed ZeRO-3 as Narayanan et al. SC'21
+                       Table 2 measured it)
 ``pad_to``             training/inference passes compute on this many tokens per sequence
                        (verl ``use_remove_padding=False`` pads to ``max_prompt_length +
                        max_response_length``); None: the mean sequence length
@@ -39,9 +45,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-__all__ = ["EngineCosts", "GENERATION_MODES", "ENGINE_PRESETS", "get_engine"]
+__all__ = ["EngineCosts", "GENERATION_MODES", "ZERO3_GATHERS", "ENGINE_PRESETS", "get_engine"]
 
 GENERATION_MODES = ("mean", "longest")
+ZERO3_GATHERS = ("hierarchical", "flat")
 _SECONDS = ("decode_step_s", "decode_seq_s", "generate_call_s", "layer_pass_s", "step_s")
 
 
@@ -60,6 +67,7 @@ class EngineCosts:
     layer_pass_s: float = 0.0
     step_s: float = 0.0
     pad_to: int | None = None
+    zero3_gather: str = "hierarchical"
     name: str = "custom"
 
     def __post_init__(self) -> None:
@@ -70,6 +78,9 @@ class EngineCosts:
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
                 raise ValueError(f"engine field {f!r} must be a number of seconds >= 0, got {v!r}")
+        if self.zero3_gather not in ZERO3_GATHERS:
+            raise ValueError(f"engine field 'zero3_gather' must be one of {list(ZERO3_GATHERS)}, "
+                             f"got {self.zero3_gather!r}")
         p = self.pad_to
         if p is not None and (isinstance(p, bool) or not isinstance(p, int) or p <= 0):
             raise ValueError(f"engine field 'pad_to' must be a positive integer (tokens) or null, got {p!r}")

@@ -1,0 +1,130 @@
+"""Plan order: does the cost model rank layouts of one model as they measured? (issue 27 item 2)
+
+Public tables that compare layouts of one model on one cluster, as rows of
+:class:`validation_data.Row` predicted with :func:`validate_cost_model.predict` (the same query as the
+pretraining validation). For every pair of rows of one model whose measured per-GPU throughputs
+differ by more than 5%, the pair is *right* when the predicted per-GPU throughputs (tokens per
+second per GPU, proportional to TFLOP/s per GPU for one model) order them the same way.
+
+Table (:data:`ROWS`): Narayanan et al., "Efficient Large-Scale Language Model Training on GPU
+Clusters Using Megatron-LM", SC'21 (arXiv:2104.04473), §5.2 and Table 2, "Comparison of PTD
+Parallelism to ZeRO-3 (without model parallelism)": achieved teraFLOP/s per GPU on DGX A100 80GB
+nodes (8 x 200 Gb/s HDR InfiniBand each), sequence 2048, vocabulary 51,200 (the ungated 4h GELU MLP
+expressed as a gated MLP of the same GEMM parameters, width rounded to a multiple of 128):
+
+* GPT 174.6B (96 layers, hidden 12288, 96 heads): ZeRO-3 at batch 1536 on 384 / 768 / 1536 GPUs,
+  micro-batch 4 / 2 / 1: 144 / 88 / 44; PTD-P model-parallel size 96 (TP 8 x PP 12), micro-batch 1,
+  same batch and GPUs: 153 / 149 / 141;
+* GPT 529.6B (105 layers, hidden 20480, 128 heads): ZeRO-3 on 640 GPUs at batch 2560, micro-batch 4:
+  138; on 1120 / 2240 GPUs at batch 2240, micro-batch 2 / 1: 98 / 48; PTD-P model-parallel size 280
+  (TP 8 x PP 35), micro-batch 1, batch 2240, on 560 / 1120 / 2240 GPUs: 171 / 167 / 159.
+
+Settings not printed in the table, as the paper describes its runs (§5): activation recomputation
+in every run, attention without fused kernels of the flash kind (2021), Megatron's data-parallel
+all-reduce in fp16/bf16 not overlapped with backward, no sequence parallelism, no interleaving
+(the paper's PTD-P rows of Table 2 are its Table 1 configurations); ZeRO-3 (DeepSpeed) with its
+prefetch overlapping gathers with compute and bf16 reduction.
+
+Run: ``python benchmarks/validate_plan_order.py``; the last line reads ``plan order: X of N pairs
+right (P%)``.
+"""
+
+from __future__ import annotations
+
+import sys
+from itertools import combinations
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+for _p in (ROOT, ROOT / "benchmarks"):
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+
+from dataclasses import replace  # noqa: E402
+
+from validate_cost_model import _query, capabilities  # noqa: E402
+from validation_data import MODEL_CONFIGS, Row  # noqa: E402
+
+from nereus.cost.efficiency import EfficiencyTable  # noqa: E402
+from nereus.cost.model import CostModel  # noqa: E402
+from nereus.spec.engine import EngineCosts  # noqa: E402
+
+SOURCE = "narayanan-2021-table2"
+REF = "Narayanan et al. SC'21 (arXiv:2104.04473) Table 2"
+for _k, (_h, _a, _layers) in {"174.6b": (12288, 96, 96), "529.6b": (20480, 128, 105)}.items():
+    MODEL_CONFIGS[f"ptdp-gpt-{_k}"] = dict(model_type="llama", hidden_size=_h, intermediate_size=128 * round(8 * _h / 3 / 128),
+                                           num_hidden_layers=_layers, num_attention_heads=_a, num_key_value_heads=_a,
+                                           vocab_size=51200, max_position_embeddings=2048, tie_word_embeddings=True,
+                                           hidden_act="gelu")
+
+
+def _row(rid, model, gpus, tp, pp, mb, batch, tflops, zero):
+    dp = gpus // (tp * pp)
+    return Row(id=rid, source=SOURCE, reference=REF, model=model, gpu="a100", num_gpus=gpus, tp=tp, pp=pp, cp=1,
+               dp=dp, micro_batch=mb, grad_accum=batch // (dp * mb), global_batch=batch, seq_len=2048,
+               recompute="full", zero=zero, sp=0, vpp=1, overlap_grad_reduce=1 if zero else 0, overlap_tp_comm=0,
+               grad_reduce_bytes=2, precision="bf16", kind="pretrain", measured_quantity="tflops_per_gpu",
+               measured_value=float(tflops), iter_time_s=1.0, conversion="order only",
+               attention_kernel="unfused")
+
+
+M1, M2 = "ptdp-gpt-174.6b", "ptdp-gpt-529.6b"
+ROWS = [
+    _row("Z1", M1, 384, 1, 1, 4, 1536, 144, 3), _row("Z2", M1, 768, 1, 1, 2, 1536, 88, 3),
+    _row("Z3", M1, 1536, 1, 1, 1, 1536, 44, 3),
+    _row("P1", M1, 384, 8, 12, 1, 1536, 153, 0), _row("P2", M1, 768, 8, 12, 1, 1536, 149, 0),
+    _row("P3", M1, 1536, 8, 12, 1, 1536, 141, 0),
+    _row("Z4", M2, 640, 1, 1, 4, 2560, 138, 3), _row("Z5", M2, 1120, 1, 1, 2, 2240, 98, 3),
+    _row("Z6", M2, 2240, 1, 1, 1, 2240, 48, 3),
+    _row("P4", M2, 560, 8, 35, 1, 2240, 171, 0), _row("P5", M2, 1120, 8, 35, 1, 2240, 167, 0),
+    _row("P6", M2, 2240, 8, 35, 1, 2240, 159, 0),
+]
+
+
+def throughput(r: Row, zero3_gather: str = "flat") -> float:
+    """Predicted tokens per second per GPU; ZeRO-3 rows with ``EngineCosts(zero3_gather=...)``
+    (DeepSpeed's per-layer flat rings, :mod:`nereus.cost.zero3`; ``hierarchical`` is the default model)."""
+    cm, cand = _query(r, capabilities(), EfficiencyTable())
+    if r.zero >= 3:
+        fw = replace(cm.job.framework, engine=EngineCosts(zero3_gather=zero3_gather))
+        cm = CostModel(cm.job.with_framework(fw), efficiency=cm.eff, workflow=cm.workflow)
+    return r.global_batch * r.seq_len / (cm.estimate_candidate(cand).time * r.num_gpus)
+
+
+def pairs(rows=ROWS, margin: float = 0.05, zero3_gather: str = "flat") -> list[tuple]:
+    """``(a, b, measured ratio, predicted ratio, right)`` for pairs of one model whose measured
+    throughputs differ by more than ``margin``."""
+    pred = {r.id: throughput(r, zero3_gather) for r in rows}
+    out = []
+    for a, b in combinations(rows, 2):
+        if a.model != b.model:
+            continue
+        m = a.measured_value / b.measured_value
+        if abs(m - 1) <= margin:
+            continue
+        p = pred[a.id] / pred[b.id]
+        out.append((a.id, b.id, m, p, (m > 1) == (p > 1)))
+    return out
+
+
+def main() -> int:
+    pred = {r.id: throughput(r) for r in ROWS}
+    hier = {r.id: throughput(r, "hierarchical") for r in ROWS}
+    print(f"{'row':4s} {'model':16s} {'GPUs':>5s} {'layout':14s} {'meas TF/GPU':>11s} {'pred tok/s/GPU':>14s} "
+          f"{'(hierarchical)':>14s}")
+    for r in ROWS:
+        lay = f"ZeRO-3 mb{r.micro_batch}" if r.zero else f"TP{r.tp} PP{r.pp} mb{r.micro_batch}"
+        print(f"{r.id:4s} {r.model:16s} {r.num_gpus:5d} {lay:14s} {r.measured_value:11.0f} {pred[r.id]:14.1f} "
+              f"{hier[r.id]:14.1f}")
+    ph = pairs(zero3_gather="hierarchical")
+    print(f"default hierarchical ZeRO-3 gathers: {sum(1 for *_, ok in ph if ok)} of {len(ph)} pairs right")
+    ps = pairs()
+    wrong = [f"{a}/{b} (measured {m:.2f}x, predicted {p:.2f}x)" for a, b, m, p, ok in ps if not ok]
+    print("wrong pairs:", "; ".join(wrong) if wrong else "none")
+    right = sum(1 for *_, ok in ps if ok)
+    print(f"plan order: {right} of {len(ps)} pairs right ({100.0 * right / len(ps):.0f}%)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
