@@ -81,14 +81,62 @@ ROWS = [
 ]
 
 
-def throughput(r: Row, zero3_gather: str = "flat") -> float:
-    """Predicted tokens per second per GPU; ZeRO-3 rows with ``EngineCosts(zero3_gather=...)``
+def estimate(r: Row, zero3_gather: str = "flat", eff: EfficiencyTable | None = None):
+    """The cost model's estimate of row ``r``; ZeRO-3 rows with ``EngineCosts(zero3_gather=...)``
     (DeepSpeed's per-layer flat rings, :mod:`nereus.cost.zero3`; ``hierarchical`` is the default model)."""
-    cm, cand = _query(r, capabilities(), EfficiencyTable())
+    cm, cand = _query(r, capabilities(), eff if eff is not None else EfficiencyTable())
     if r.zero >= 3:
         fw = replace(cm.job.framework, engine=EngineCosts(zero3_gather=zero3_gather))
         cm = CostModel(cm.job.with_framework(fw), efficiency=cm.eff, workflow=cm.workflow)
-    return r.global_batch * r.seq_len / (cm.estimate_candidate(cand).time * r.num_gpus)
+    return cm.estimate_candidate(cand)
+
+
+def throughput(r: Row, zero3_gather: str = "flat") -> float:
+    """Predicted tokens per second per GPU."""
+    return r.global_batch * r.seq_len / (estimate(r, zero3_gather).time * r.num_gpus)
+
+
+def measured_time(r: Row) -> float:
+    """Iteration seconds from the published TFLOP/s per GPU with the paper's FLOP count (its Eq. 3,
+    activation recomputation included): ``96·B·s·l·h²·(1 + s/(6h) + V/(16·l·h))`` per iteration."""
+    c = MODEL_CONFIGS[r.model]
+    h, layers, v, s = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"], r.seq_len
+    flops = 96.0 * r.global_batch * s * layers * h * h * (1 + s / (6.0 * h) + v / (16.0 * layers * h))
+    return flops / (r.num_gpus * r.measured_value * 1e12)
+
+
+def calibration_within_job(rows=ROWS, zero3_gather: str = "flat") -> dict:
+    """Calibrate on one row of a model (one scale per op-class group the row exercises,
+    :func:`nereus.cost.fit.fit_scales` at its defaults, A100 defaults as base, on the measured time
+    moved onto the model's 10% band, :func:`nereus.cost.fit.deadband_targets`) and predict the
+    model's other rows; for every choice of calibration row. Returns per model: the median APE of
+    the other rows uncalibrated, and per calibration row the median APE after."""
+    from nereus.cost.fit import deadband_targets, fit_scales
+    from nereus.spec import get_gpu
+
+    gpu = get_gpu("a100")
+    out: dict = {}
+    for model in sorted({r.model for r in rows}):
+        rs = [r for r in rows if r.model == model]
+        base = {r.id: estimate(r, zero3_gather) for r in rs}
+        meas = {r.id: measured_time(r) for r in rs}
+        ape0 = {r.id: abs(base[r.id].time / meas[r.id] - 1) * 100 for r in rs}
+        res = {}
+        for c in rs:
+            target = deadband_targets([base[c.id].time], [meas[c.id]])
+            fit = fit_scales([base[c.id].breakdown], target, base=EfficiencyTable(), gpu=gpu)
+            others = [r for r in rs if r is not c]
+            after = [abs(estimate(r, zero3_gather, fit.table.copy()).time / meas[r.id] - 1) * 100 for r in others]
+            before = [ape0[r.id] for r in others]
+            res[c.id] = (_median(before), _median(after))
+        out[model] = res
+    return out
+
+
+def _median(xs):
+    xs = sorted(xs)
+    k = len(xs) // 2
+    return xs[k] if len(xs) % 2 else 0.5 * (xs[k - 1] + xs[k])
 
 
 def pairs(rows=ROWS, margin: float = 0.05, zero3_gather: str = "flat") -> list[tuple]:
@@ -121,6 +169,14 @@ def main() -> int:
     ps = pairs()
     wrong = [f"{a}/{b} (measured {m:.2f}x, predicted {p:.2f}x)" for a, b, m, p, ok in ps if not ok]
     print("wrong pairs:", "; ".join(wrong) if wrong else "none")
+    print("within-job calibration (flat ZeRO-3 gathers): calibrate on one layout, median APE of the "
+          "model's other layouts before -> after")
+    worse = []
+    for model, res in calibration_within_job().items():
+        cells = ", ".join(f"{cid} {b:.0f}->{a:.0f}%" for cid, (b, a) in res.items())
+        print(f"  {model}: {cells}")
+        worse += [f"{model}:{cid}" for cid, (b, a) in res.items() if a > b]
+    print(f"calibration rows that make the other layouts worse: {', '.join(worse) or 'none'}")
     right = sum(1 for *_, ok in ps if ok)
     print(f"plan order: {right} of {len(ps)} pairs right ({100.0 * right / len(ps):.0f}%)")
     return 0

@@ -54,7 +54,7 @@ if str(ROOT) not in sys.path:
 
 from nereus.cost import engine_terms as et  # noqa: E402
 from nereus.cost.efficiency import EfficiencyTable  # noqa: E402
-from nereus.cost.fit import fit_scales  # noqa: E402
+from nereus.cost.fit import deadband_targets, fit_scales  # noqa: E402
 from nereus.cost.model import CostModel  # noqa: E402
 from nereus.cost.shapes import kv_bytes_per_token_rank  # noqa: E402
 from nereus.spec import ClusterSpec, JobSpec, WorkloadSpec  # noqa: E402
@@ -185,11 +185,13 @@ def _median(xs):
 
 
 def calibrate(row: dict, pred: dict, engine: str) -> EfficiencyTable:
-    """One scale per op-class group fitted on one row's measured generation and step totals."""
+    """One scale per op-class group fitted on one row's measured generation and step totals, each
+    moved onto the model's 10% noise band first (:func:`nereus.cost.fit.deadband_targets`)."""
     bds, meas = [pred["gen_bd"]], [row["measured_gen_s"]]
     if row["measured_step_s"]:
         bds.append(pred["step_bd"])
         meas.append(row["measured_step_s"])
+    meas = deadband_targets([sum(bd.values()) for bd in bds], meas)
     fit = fit_scales(bds, meas, eff_bounds=(0.02, 1.5), gpu=pred["gpu"])
     return fit.table
 

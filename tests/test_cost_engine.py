@@ -1,6 +1,7 @@
 """Engine terms of the cost model (issue 27): hand-computed decode steps, per-step and per-call
 overheads, launch latency per layer pass, padding and the fixed per-step cost."""
 
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -120,8 +121,25 @@ def test_controller_calibrates_from_a_stage_total():
     pred = est.estimates["actor.generate"].time
     pl.calibrate(job, est, {"actor.generate": {STAGE_TOTAL: 2.0 * pred}}, {})
     after = pl.estimate(job, plan).estimates["actor.generate"].time
-    assert 1.5 * pred < after < 2.0 * pred
+    # the target is the edge of the 10% band: pred * exp(log 2 - 0.1) = 1.81 pred
+    edge = pred * math.exp(math.log(2.0) - 0.1)
+    assert 1.5 * pred < after < edge * 1.0001
     assert set(pl.efficiency.values) <= set(est.estimates["actor.generate"].breakdown)
+    # a stage already predicted within 10% changes nothing
+    pl2 = CostModelPlanner()
+    pl2.calibrate(job, est, {"actor.generate": {STAGE_TOTAL: 1.08 * pred}}, {})
+    assert pl2.estimate(job, plan).estimates["actor.generate"].time == pytest.approx(pred, rel=1e-6)
+
+
+def test_deadband_targets_by_hand():
+    from nereus.cost.fit import deadband_targets
+
+    got = deadband_targets([10.0, 10.0, 10.0], [10.5, 20.0, 5.0])
+    assert got[0] == 10.0  # within the band: the prediction itself
+    assert got[1] == pytest.approx(10.0 * math.exp(math.log(2.0) - 0.1))
+    assert got[2] == pytest.approx(10.0 * math.exp(math.log(0.5) + 0.1))
+    with pytest.raises(ValueError, match="must be > 0"):
+        deadband_targets([1.0], [0.0])
 
 
 def test_flat_zero3_gathers_by_hand():

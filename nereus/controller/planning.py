@@ -67,9 +67,11 @@ class PlannerBackend(Protocol):
         external trainer times, e.g. verl's ``timing_s/gen``): one scale per op-class group fitted on
         all such totals at once (:func:`nereus.cost.fit.fit_scales`: log-space least squares with a
         prior towards the current table), over the classes each model-stage's predicted breakdown
-        exercises; the fitted efficiencies replace the current ones. Bounds 0.02-1.5 (overhead
+        exercises, on totals moved onto the model's 10% noise band
+        (:func:`nereus.cost.fit.deadband_targets`: a stage already predicted within it changes
+        nothing); the fitted efficiencies replace the current ones. Bounds 0.02-1.5 (overhead
         classes start at 1)."""
-        from nereus.cost.fit import fit_scales
+        from nereus.cost.fit import deadband_targets, fit_scales
 
         bds, meas = [], []
         for ms, by_class in op_seconds.items():
@@ -79,6 +81,7 @@ class PlannerBackend(Protocol):
                 meas.append(float(s))
         if not bds:
             return
+        meas = deadband_targets([sum(bd.values()) for bd in bds], meas)
         fit = fit_scales(bds, meas, base=self.efficiency, gpu=job.cluster.gpu, eff_bounds=TOTAL_FIT_BOUNDS)
         for cls, e in fit.efficiencies.items():
             self.efficiency.set(cls, e)
@@ -211,9 +214,11 @@ class CostModelPlanner:
         external trainer times, e.g. verl's ``timing_s/gen``): one scale per op-class group fitted on
         all such totals at once (:func:`nereus.cost.fit.fit_scales`: log-space least squares with a
         prior towards the current table), over the classes each model-stage's predicted breakdown
-        exercises; the fitted efficiencies replace the current ones. Bounds 0.02-1.5 (overhead
+        exercises, on totals moved onto the model's 10% noise band
+        (:func:`nereus.cost.fit.deadband_targets`: a stage already predicted within it changes
+        nothing); the fitted efficiencies replace the current ones. Bounds 0.02-1.5 (overhead
         classes start at 1)."""
-        from nereus.cost.fit import fit_scales
+        from nereus.cost.fit import deadband_targets, fit_scales
 
         bds, meas = [], []
         for ms, by_class in op_seconds.items():
@@ -223,6 +228,7 @@ class CostModelPlanner:
                 meas.append(float(s))
         if not bds:
             return
+        meas = deadband_targets([sum(bd.values()) for bd in bds], meas)
         fit = fit_scales(bds, meas, base=self.efficiency, gpu=job.cluster.gpu, eff_bounds=TOTAL_FIT_BOUNDS)
         for cls, e in fit.efficiencies.items():
             self.efficiency.set(cls, e)
