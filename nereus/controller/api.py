@@ -34,8 +34,8 @@ from nereus.controller.controller import Controller, ControllerConfig
 from nereus.controller.decisions import Transition, decision_to_dict
 from nereus.controller.monitor import StepReport
 from nereus.controller.planning import CostModelPlanner
-from nereus.planner.plan import Plan
 from nereus.spec.job import JobSpec
+from nereus.spec.plan import Plan
 
 __all__ = ["NereusController", "read_step_log", "STEP_FIELDS"]
 

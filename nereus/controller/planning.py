@@ -22,8 +22,8 @@ from typing import Protocol
 
 from nereus.controller.alternatives import destroy_only, extend_only
 from nereus.cost.efficiency import EfficiencyTable
-from nereus.planner.plan import Plan
 from nereus.spec.job import JobSpec
+from nereus.spec.plan import Plan
 
 __all__ = ["PlannerBackend", "CostModelPlanner", "OOM_BACKOFF", "same_plan", "STAGE_TOTAL"]
 

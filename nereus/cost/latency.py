@@ -59,8 +59,8 @@ from nereus.spec.model import ModelSpec
 from nereus.spec.workload import WorkloadSpec
 
 __all__ = ["LinkModel", "microbatch_stage_times", "decode_step_times", "prefill_stage_times",
-           "dp_sync_time", "optimizer_time", "offload_times", "weight_sync_times", "gemm_rank_params",
-           "gemm_class", "elementwise_bytes_per_token", "ACT_BYTES", "attention_times"]
+           "dp_sync_time", "optimizer_time", "offload_times", "weight_sync_times",
+           "elementwise_bytes_per_token"]
 
 OPT_BYTES_PER_PARAM = 36
 

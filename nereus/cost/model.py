@@ -40,14 +40,13 @@ from nereus.cost.host_optimizer import cpu_adam_times
 from nereus.cost.memory import OFF_CPU_ADAM, WORKSPACE_BYTES, offload_code, recompute_code, stage_memory
 from nereus.cost.rows import expand, rows_of, unique_rows
 from nereus.cost.sharded_infer import infer_gather_times
-from nereus.cost.step import critical_path, stage_groups
+from nereus.cost.step import stage_groups
 from nereus.cost.zero3 import flat_zero3_times
 from nereus.spec.job import JobSpec
 from nereus.spec.plan import Candidate, Plan, StageEstimate
 from nereus.workflow import ModelStage, Workflow, workflow_for
 
-__all__ = ["CostModel", "critical_path", "stage_groups", "check_candidate", "default_headroom",
-           "DEFAULT_HEADROOM", "FROZEN_MODELS"]
+__all__ = ["CostModel", "default_headroom", "DEFAULT_HEADROOM", "FROZEN_MODELS"]
 
 #: fraction of device memory kept free when neither the caller nor the job sets one
 DEFAULT_HEADROOM = 0.1

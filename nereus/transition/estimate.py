@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from nereus.planner.plan import Plan
 from nereus.spec.job import JobSpec
+from nereus.spec.plan import Plan
 from nereus.transition.cost import CostParams, duration, min_bytes, ports
 from nereus.transition.emu import check_zero, model_of, phi, stage_of, state_parts
 from nereus.transition.global_dag import GlobalDAG, plan_global

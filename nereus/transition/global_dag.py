@@ -57,7 +57,7 @@ from nereus.transition.schedule import (
     repair_delays,
 )
 
-__all__ = ["GlobalDAG", "build_global_dag", "plan_global", "priority", "rule_dag"]
+__all__ = ["GlobalDAG", "build_global_dag", "plan_global", "rule_dag"]
 
 @dataclass(frozen=True)
 class GlobalDAG:
