@@ -38,7 +38,7 @@ the target group is merged from replicas (each rank keeps its slice). A group th
 :func:`~nereus.transition.primitives.reshard` instead; :func:`align_group` first orders the target's
 DP ranks so that staying ranks keep the most of their slices.
 Idle state (``Candidate.offload``): host copies move by ``Offload``/``Restore``
-(:func:`~nereus.transition.primitives.unstage`), a dropped target is Destroyed (:func:`_idle_dag`).
+(:func:`~nereus.transition.staging.unstage`), a dropped target is Destroyed (:func:`_idle_dag`).
 
 Edges are state dependencies only: a primitive follows the primitives that produce what it reads or
 consumes; a Destroy or Merge follows every Extend reading the unit (buffer lifetime) and, when the model-stage
@@ -61,9 +61,8 @@ from nereus.transition.primitives import (
     merge,
     reshard,
     split,
-    stage,
-    unstage,
 )
+from nereus.transition.staging import stage, unstage
 
 __all__ = ["LocalDAG", "build_local_dag", "Infeasible", "align_group"]
 
@@ -184,9 +183,9 @@ def _idle_dag(model_stage: str, current: tuple[EMU, ...], target: tuple[EMU, ...
 
     * target empty (``drop``): Destroy every current EMU (frozen or derived state only);
     * current in host memory: nothing when the target is the same host copy, else one Restore
-      (:func:`~nereus.transition.primitives.unstage`) onto the target GPUs or into the target's host
+      (:func:`~nereus.transition.staging.unstage`) onto the target GPUs or into the target's host
       layout;
-    * current on GPUs, target in host memory: Offload (:func:`~nereus.transition.primitives.stage`)
+    * current on GPUs, target in host memory: Offload (:func:`~nereus.transition.staging.stage`)
       then the Restore into the target's host layout.
     """
     if not target:
@@ -264,7 +263,7 @@ def build_local_dag(model_stage: str, current: tuple[EMU, ...], target: tuple[EM
         reload_from: where a Load reads the state: ``"storage"`` or an EMU of the model's
             ``*.train`` (module docstring). With ``current`` empty (every replica lost) it rebuilds
             the model-stage; otherwise every current EMU is destroyed first (drop and reload).
-        staged: move the model-stage through host memory, :func:`~nereus.transition.primitives.stage`'s
+        staged: move the model-stage through host memory, :func:`~nereus.transition.staging.stage`'s
             Offload then Restore (used when no GPU-resident path fits; training state included).
 
     Idle state (``Candidate.offload``, ours): an empty ``target`` (``drop``) destroys every current
