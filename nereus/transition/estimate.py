@@ -15,7 +15,8 @@ from nereus.spec.plan import Plan
 from nereus.transition.cost import CostParams, duration, min_bytes, ports
 from nereus.transition.emu import check_zero, model_of, phi, stage_of, state_parts
 from nereus.transition.global_dag import GlobalDAG, critical_path_length, plan_global
-from nereus.transition.local_dag import Infeasible, align_group, build_local_dag
+from nereus.transition.group_ranks import align_group
+from nereus.transition.local_dag import Infeasible, build_local_dag
 from nereus.transition.primitives import STORAGE
 from nereus.transition.schedule import Schedule
 from nereus.workflow import workflow_for
