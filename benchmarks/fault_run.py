@@ -14,8 +14,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from nereus.runtime.rl.task import DigitTask  # noqa: E402
 from nereus.runtime.run.adaptive import AdaptiveRun  # noqa: E402
+from nereus.runtime.run.config import RLConfig  # noqa: E402
 from nereus.runtime.run.device_model import runtime_job  # noqa: E402
-from nereus.runtime.run.driver import RLConfig  # noqa: E402
 from nereus.runtime.run.relayout import train_stages  # noqa: E402
 from nereus.runtime.transit.driver_side import move_specs  # noqa: E402
 from nereus.spec.model import MODEL_PRESETS  # noqa: E402

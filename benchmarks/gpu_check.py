@@ -123,8 +123,9 @@ def transition(n: int) -> bool:
     import ray
 
     from nereus.runtime.rl.task import DigitTask
+    from nereus.runtime.run.config import RLConfig
     from nereus.runtime.run.device_model import runtime_job
-    from nereus.runtime.run.driver import RLConfig, RLDriver
+    from nereus.runtime.run.driver import RLDriver
     from nereus.runtime.run.pool import WorkerPool
     from nereus.runtime.transit.driver_side import TransitionExecutor
     from nereus.spec.model import MODEL_PRESETS

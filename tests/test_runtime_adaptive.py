@@ -16,7 +16,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from nereus.runtime.rl.task import DigitTask  # noqa: E402
 from nereus.runtime.run.adaptive import AdaptiveRun  # noqa: E402
-from nereus.runtime.run.driver import RLConfig, RLDriver  # noqa: E402
+from nereus.runtime.run.config import RLConfig  # noqa: E402
+from nereus.runtime.run.driver import RLDriver  # noqa: E402
 from nereus.runtime.run.plans import simple_plan  # noqa: E402
 from nereus.runtime.run.pool import WorkerPool  # noqa: E402
 from nereus.runtime.run.relayout import checkpoint, relayout  # noqa: E402

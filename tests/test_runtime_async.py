@@ -18,7 +18,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 from nereus.runtime.comm.parallel import Layout  # noqa: E402
 from nereus.runtime.rl.task import DigitTask  # noqa: E402
 from nereus.runtime.run.async_driver import AsyncRLDriver, async_plan, overlap_of  # noqa: E402
-from nereus.runtime.run.driver import RLConfig, RLDriver  # noqa: E402
+from nereus.runtime.run.config import RLConfig  # noqa: E402
+from nereus.runtime.run.driver import RLDriver  # noqa: E402
 from nereus.runtime.run.plans import simple_plan  # noqa: E402
 from nereus.spec.model import MODEL_PRESETS  # noqa: E402
 from nereus.spec.plan import Plan  # noqa: E402
@@ -44,10 +45,6 @@ def plan_for(w: WorkloadSpec, gen=(1, 1, 2), rest=(1, 1, 2)) -> Plan:
     """Generation on workers 2-3, every other model-stage on workers 0-1."""
     return async_plan(w, layouts(w, gen, rest), 4, micro_batch=1)
 
-
-@pytest.fixture(scope="module")
-def ray_cpus():
-    return 4
 
 
 def _run(driver, pool, steps: int):

@@ -15,7 +15,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 from nereus.runtime.durable import driver_side as durable  # noqa: E402
 from nereus.runtime.durable import worker_side as dcp_worker  # noqa: E402
 from nereus.runtime.rl.task import DigitTask  # noqa: E402
-from nereus.runtime.run.driver import RLConfig, RLDriver  # noqa: E402
+from nereus.runtime.run.config import RLConfig  # noqa: E402
+from nereus.runtime.run.driver import RLDriver  # noqa: E402
 from nereus.runtime.run.pool import WorkerPool  # noqa: E402
 from nereus.spec.model import MODEL_PRESETS  # noqa: E402
 from nereus.spec.plan import Candidate, Plan  # noqa: E402

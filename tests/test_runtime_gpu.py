@@ -10,10 +10,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from nereus.runtime.comm import groups as comm
 from nereus.runtime.comm.groups import CommError, Group, backend_for, new_group
-from nereus.runtime.comm.groups import groups as comm
 from nereus.runtime.comm.instrument import Meter
-from nereus.runtime.worker.core import select_device
+from nereus.runtime.worker.device import select_device
 
 
 def test_backend_follows_the_device(monkeypatch):

@@ -304,7 +304,7 @@ def test_bf16_forward_close_to_fp32_reference(results):
 
 
 def test_dtype_resolution():
-    from nereus.runtime.worker.core import resolve_dtype
+    from nereus.runtime.worker.device import resolve_dtype
 
     assert resolve_dtype("auto", False, "cpu") == torch.float32
     assert resolve_dtype("auto", True, "cpu") == torch.float32

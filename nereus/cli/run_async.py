@@ -1,4 +1,4 @@
-"""``nereus run --async [--staleness N]``: one-step-off asynchronous RL (``async_driver.py``).
+"""``nereus run --async [--staleness N]``: one-step-off asynchronous RL (``run/async_driver.py``).
 
 Without ``--layout`` generation gets the last ``workers // 2`` workers and every other model-stage the
 rest (each at the largest DP the batch sizes allow); ``--layout`` degrees are placed the same way
@@ -67,20 +67,21 @@ def predict(spec, w, plan, workers: int, gpu=None) -> dict:
 
 
 def main_async(args) -> int:
-    from nereus.cli.run import _quiet_ray, _task_lengths, check_memory, with_given_layouts
+    from nereus.cli.run_adaptive import quiet_ray
+    from nereus.cli.run_checks import check_memory, task_lengths, with_given_layouts
     from nereus.planner.notation import format_plan
     from nereus.spec.model import get_model
     from nereus.spec.workload import WorkloadSpec
 
     check_async_args(args)
     spec = get_model(args.model)
-    plen, rlen = _task_lengths(args.task, args.digits)
+    plen, rlen = task_lengths(args.task, args.digits)
     w = WorkloadSpec(algorithm=args.algorithm, prompts_per_step=args.prompts, samples_per_prompt=args.samples,
                      prompt_len=plen, response_len=rlen, mini_batch_size=args.mini_batch,
                      micro_batch_size=args.micro_batch, infer_micro_batch_size=max(args.micro_batch, 1),
                      ppo_epochs=args.ppo_epochs, reward_model=args.reward_model, asynchronous=args.staleness > 0)
     from nereus.runtime.rl.task import DigitTask
-    from nereus.runtime.run.driver import RLConfig
+    from nereus.runtime.run.config import RLConfig
 
     task = DigitTask(args.task, args.digits, seed=args.seed)
     extra = {"precision": args.precision} if getattr(args, "precision", None) is not None else {}
@@ -89,7 +90,7 @@ def main_async(args) -> int:
     if args.adaptive:
         check_memory(spec, w, args.workers, args.memory_gib, None)
         if not args.verbose:
-            _quiet_ray()
+            quiet_ray()
         return _adaptive_async(args, spec, w, task, cfg)
     from nereus.runtime.run.async_driver import AsyncRLDriver, async_plan
 
@@ -97,7 +98,7 @@ def main_async(args) -> int:
     plan = async_plan(w, layouts, args.workers, micro_batch=args.micro_batch)
     check_memory(spec, w, args.workers, args.memory_gib, plan)
     if not args.verbose:
-        _quiet_ray()
+        quiet_ray()
     driver = AsyncRLDriver(spec, w, plan, task, args.workers, cfg, staleness=args.staleness)
     for line in format_plan(plan, "workers").splitlines():
         print(line)
@@ -134,7 +135,7 @@ def main_async(args) -> int:
 
 
 def _adaptive_async(args, spec, w, task, cfg) -> int:
-    from nereus.cli.run import _adaptive
+    from nereus.cli.run_adaptive import run_adaptive
     from nereus.runtime.run.async_driver import AsyncAdaptiveRun
 
-    return _adaptive(args, spec, w, task, cfg, run_class=AsyncAdaptiveRun, staleness=args.staleness)
+    return run_adaptive(args, spec, w, task, cfg, run_class=AsyncAdaptiveRun, staleness=args.staleness)

@@ -7,7 +7,7 @@ The runtime never derives costs; it only measures:
   ``allreduce@gloo``, ``allgather@gloo``, ``broadcast@gloo``, ``p2p@gloo``, ``group_setup@gloo``;
 * ``peak_bytes``: the CUDA allocator peak on GPU; on CPU the peak of *tracked* tensor bytes
   (parameters, gradients, optimizer state, KV cache and live saved activations);
-* ``bytes_sent``: payload bytes this worker sent in collectives (see ``comm.py`` for the model);
+* ``bytes_sent``: payload bytes this worker sent in collectives (see ``comm/groups.py`` for the model);
 * ``op_seconds_by_stage`` and ``peak_bytes_by_stage``: the same, attributed to the model-stage whose
   call was running (the shape ``nereus.controller.monitor.StepReport`` takes).
 

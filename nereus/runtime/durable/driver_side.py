@@ -114,7 +114,7 @@ def begin_save(driver, directory: str, model_stages: list[str] | None = None, ba
 
     Raises:
         ValueError: an unknown model-stage, or a training model-stage without an intact replica.
-        WorkerLost: a writer was lost (``faults.py``).
+        WorkerLost: a writer was lost (``run/faults.py``).
     """
     t0 = time.perf_counter()
     names = [ms.name for ms in driver.wf.model_stages]
@@ -158,10 +158,10 @@ def finish_save(driver, pending: PendingSave) -> dict:
         "background"}``.
 
     Raises:
-        WorkerLost: a writer (or any worker) was lost while waiting (``faults.py``).
+        WorkerLost: a writer (or any worker) was lost while waiting (``run/faults.py``).
         WorkerFailure: a writer left the pool before its write was complete, or a write failed.
     """
-    from nereus.runtime.run.pool import WorkerFailure
+    from nereus.runtime.worker.failures import WorkerFailure
 
     t0 = time.perf_counter()
     res = pending.per_worker

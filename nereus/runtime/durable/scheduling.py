@@ -5,7 +5,7 @@ the checkpoint directory: every save is written into ``<checkpoint_dir>/next`` b
 (``durable.begin_save``, asynchronously unless ``checkpoint_sync``) and swapped with ``current`` only
 once every writer is done (:meth:`_complete_save`); a writer lost mid-write abandons that save and
 the previous complete checkpoint stays current. The run supplies ``driver``, ``log``, ``_inject``,
-``_mark`` and ``_recover`` (fault injection, snapshots and recovery live in ``adaptive.py``).
+``_mark`` and ``_recover`` (fault injection, snapshots and recovery live in ``run/recovery.py``).
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ import tempfile
 
 from nereus.planner.notation import format_gpus
 from nereus.runtime.durable import driver_side as durable
-from nereus.runtime.run.faults import WorkerLost
-from nereus.runtime.run.pool import WorkerFailure
+from nereus.runtime.worker.failures import WorkerFailure, WorkerLost
 
 __all__ = ["CheckpointingMixin"]
 

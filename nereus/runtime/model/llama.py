@@ -3,7 +3,7 @@
 Matches Hugging Face ``LlamaForCausalLM``, ``Qwen2ForCausalLM`` (q/k/v biases) and
 ``Qwen3ForCausalLM`` (per-head q/k RMSNorm) in fp32 (tests/test_runtime_hf.py): RoPE with
 ``linear`` or ``llama3`` scaling (``transformers.modeling_rope_utils``), the config's ``hidden_act``,
-tied embeddings (under PP > 1 the last rank holds its own copy; ``layout.py``).
+tied embeddings (under PP > 1 the last rank holds its own copy; ``model/sharding.py``).
 
 Left padding: when ``pad_id`` is set and a sequence starts with pad tokens, those ``lpad[b]`` positions
 are masked out as keys and the real tokens get positions ``0, 1, ...`` (as ``transformers`` does with an
@@ -15,7 +15,7 @@ outputs are summed with ``reduce_from_tp``. The vocab-parallel embedding masks o
 all-reduces; the column-parallel ``lm_head`` all-gathers its logits over TP, unless ``local_logits`` is
 set: then the last rank returns its own vocab shard ``[B, T, V/tp]`` and log-probabilities are computed
 vocab-parallel (:func:`vocab_parallel_logprobs`, Megatron's cross-entropy: no full-vocab all-gather);
-generation samples vocab-parallel too (``rollout.py``). Random initial weights are drawn per shard
+generation samples vocab-parallel too (``worker/rollout.py``). Random initial weights are drawn per shard
 (``layout.init_shard_params``): no worker builds the full model. A value head
 (``spec.head == "value"``) is a replicated ``[1, h]`` projection giving one scalar per position.
 

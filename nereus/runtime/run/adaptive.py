@@ -7,19 +7,19 @@ At every safe boundary (the end of a synchronous step) the run hands the control
 device below) and applies its decision:
 
 * ``Keep``: nothing;
-* ``Transition(plan)``: a live transition (``executor.py``): the transition planner's DAG and
+* ``Transition(plan)``: a live transition (``transit/driver_side.py``): the transition planner's DAG and
   schedule (``nereus.transition.estimate_transition`` on the calibrated link bandwidth and
   communicator setup) run on the workers that hold the state, Split/Merge/Extend/Destroy (and
   Offload/Restore/Load where the planner needs them), each printed with its bytes and predicted and
   measured seconds; the measurements calibrate the next estimates (``transition/calibrate.py``);
 * ``Restart(plan)``, or a change whose DAG is infeasible or whose training state lost every
-  replica: restore the last durable checkpoint (``durable.py``: each worker writes and reads its own
+  replica: restore the last durable checkpoint (``durable/driver_side.py``: each worker writes and reads its own
   shards with ``torch.distributed.checkpoint``; taken first when a full copy is alive, so nothing is
   lost then), on ``plan``, or, when nothing fits (``plan`` None), on a time-shared fallback plan
   (``plans.shared_plan``) that the controller is told about with ``resume``. No state tensor passes
   through the driver on any path.
 
-Workers that die or hang in the middle of anything are detected and recovered from (``faults.py``):
+Workers that die or hang in the middle of anything are detected and recovered from (``run/recovery.py``, ``run/faults.py``):
 roll back to the boundary's per-worker snapshot, replan on the survivors, move state live, re-run the
 step with the same samples.
 
@@ -37,7 +37,6 @@ they go.
 from __future__ import annotations
 
 import shutil
-import time
 from dataclasses import replace
 
 from nereus.controller import Controller, ControllerConfig, CostModelPlanner, StepReport
@@ -48,26 +47,27 @@ from nereus.planner.notation import format_gpus, format_plan
 from nereus.runtime.durable import driver_side as durable
 from nereus.runtime.durable.scheduling import CheckpointingMixin
 from nereus.runtime.rl.task import DigitTask
+from nereus.runtime.run.config import RLConfig
 from nereus.runtime.run.device_model import cpu_gpu_spec, runtime_job
-from nereus.runtime.run.driver import RLConfig, RLDriver
-from nereus.runtime.run.faults import WorkerLost
+from nereus.runtime.run.driver import RLDriver
 from nereus.runtime.run.plans import shared_plan
-from nereus.runtime.run.pool import WorkerFailure, WorkerPool
+from nereus.runtime.run.pool import WorkerPool
+from nereus.runtime.run.recovery import RecoveryMixin
 from nereus.runtime.run.relayout import intact_replica, train_stages
 from nereus.runtime.transit.driver_side import TransitionExecutor
+from nereus.runtime.worker.failures import WorkerLost
 from nereus.spec.hardware import GIB
 from nereus.spec.job import JobSpec
 from nereus.spec.model import ModelSpec
 from nereus.spec.plan import Plan
 from nereus.spec.workload import WorkloadSpec
 from nereus.transition.calibrate import TransitionCalibration
-from nereus.transition.emu import phi
 from nereus.transition.estimate import estimate_transition
 
 __all__ = ["AdaptiveRun"]
 
 
-class AdaptiveRun(CheckpointingMixin):
+class AdaptiveRun(RecoveryMixin, CheckpointingMixin):
     """The controller (``Controller`` over ``CostModelPlanner``) driving an :class:`RLDriver`.
 
     Args:
@@ -80,17 +80,17 @@ class AdaptiveRun(CheckpointingMixin):
         notice: departures are announced at the boundary before they happen (a spot reclaim
             notice, a scheduler's drain): the controller plans without the leaving workers while
             their state can still be read, then they leave. Without it they vanish at once.
-        checkpoint_dir: durable checkpoints (``durable.py``: every worker writes its own shards with
+        checkpoint_dir: durable checkpoints (``durable/driver_side.py``: every worker writes its own shards with
             ``torch.distributed.checkpoint``) go here; None: a temporary directory removed at the end.
         checkpoint_every: steps between durable checkpoints (one is also taken before step 0).
         checkpoint_sync: write each checkpoint before the run goes on (the step waits for every
             writer's files). Default: asynchronous: at the boundary each writer copies its shards and
             counters into memory of its own and returns, the files are written in its background
             thread, and the run completes the checkpoint later (:meth:`_complete_save`).
-        hang_timeout_s: seconds a worker may leave a heartbeat unanswered (``faults.py``).
+        hang_timeout_s: seconds a worker may leave a heartbeat unanswered (``run/faults.py``).
         faults: ``{step: (point, worker, how)}`` injected faults (tests and ``bench_faults.py``):
             worker ``worker`` dies (``how="kill"``) or hangs (``"stop"``, SIGSTOP) inside its next
-            call of ``point`` (``faults.FAULT_POINTS``) in step ``step``, the transition after it, or
+            call of ``point`` (``worker.fault_tolerant.FAULT_POINTS``) in step ``step``, the transition after it, or
             the checkpoint save after it.
         resume: continue from the durable checkpoint in ``checkpoint_dir`` (its step index, update
             counter and state, in this run's first plan).
@@ -251,108 +251,6 @@ class AdaptiveRun(CheckpointingMixin):
                 shutil.rmtree(self.ckpt_dir, ignore_errors=True)
         return history
 
-    # ------------------------------------------------------------------ checkpoints and faults
-    def _mark(self) -> None:
-        """The rollback point of the next step or transition: every worker snapshots its state. A
-        worker found lost here (e.g. its node went away between steps) is recovered from at once:
-        the survivors' snapshots just taken are the rollback point, so no step is redone."""
-        d = self.driver
-        for _attempt in range(4):
-            self._bnd = {"plan": Plan(candidates=tuple(d.cands.values())), "step_index": d.step_index,
-                         "updates": d.updates}
-            try:
-                d._get([w.snapshot.remote() for w in d.workers if w is not None], "snapshot")
-                return
-            except WorkerLost as e:
-                self._recover(e, d.step_index, "boundary")
-        raise WorkerFailure("workers kept failing at a boundary; gave up after 4 attempts")
-
-    def _inject(self, k: int, phase: str) -> None:
-        """Arm the fault ``faults[k] = (point, worker, how)`` once, just before the ``phase``
-        (``step``, ``transition`` or ``checkpoint``) whose calls contain its point."""
-        f = self.faults.get(k)
-        if not f or len(f) > 3:
-            return
-        point, worker, how = f
-        want = {"transition_run": "transition", "dcp_save": "checkpoint"}.get(point, "step")
-        w = self.driver.workers[worker] if worker < len(self.driver.workers) else None
-        if want != phase or w is None:
-            return
-        self.faults[k] = (point, worker, how, "armed")
-        self.driver._get([w.arm.options(concurrency_group="control").remote(point, how)], "arm a fault")
-        self.log(f"  [fault armed: worker {worker} will be {'stopped (SIGSTOP)' if how == 'stop' else 'killed'} "
-                 f"inside {point} during the {phase} of step {k}]")
-
-    def _step(self, k: int) -> dict:
-        """Step ``k``, re-run from its start after a lost worker (same samples, same counters)."""
-        d = self.driver
-        for _attempt in range(4):
-            self._mark()
-            try:  # a worker may be lost in any call here (e.g. one dying in a background checkpoint write)
-                d.reset_measurements()
-                self._poll_save(k)
-                self._inject(k, "step")
-                return d.step()
-            except WorkerLost as e:
-                self._recover(e, k, "step")
-                k = d.step_index  # a restore from the durable checkpoint goes back further
-        raise WorkerFailure(f"step {k}: workers kept failing; gave up after 4 attempts")
-
-    def _recover(self, e: WorkerLost, k: int, when: str) -> None:
-        """Roll back to the boundary, replan on the survivors and move state there live (module
-        docstring of ``faults.py``); a training model-stage with no intact replica restores the last
-        durable checkpoint."""
-        d, t0 = self.driver, time.perf_counter()
-        self.log(f"  lost worker(s) {format_gpus(e.lost)} during the {when} of step {k} "
-                 f"({'hung' if e.hung else 'died'}; detected in {e.detect_s:.2f}s): rolling back to the boundary")
-        try:  # a save in flight: complete it if its writers survived (a restore may read it), else drop it
-            self._complete_save(k)
-        except WorkerLost as again:
-            self.log(f"  lost worker(s) {format_gpus(again.lost)} too, while completing the checkpoint")
-        alive = frozenset(i for i, w in enumerate(d.workers) if w is not None)
-        bplan = self._bnd["plan"]
-        d.set_plan(bplan)
-        d.step_index, d.updates = self._bnd["step_index"], self._bnd["updates"]
-        intact = [x.uid for c in bplan.candidates for x in phi(self.job, c) if set(x.gpus) <= alive]
-        d._get([d.workers[i].restore.remote(intact) for i in sorted(alive)], "rollback")
-        lost_train = [n for n in train_stages(d) if not any(u.startswith(f"{n}#") for u in intact)]
-        usable = alive - self._announced  # workers announced to leave hold state but get none
-        rep = StepReport(step=max(k - 1, 0), response_len=self.last_len, pool=usable, alive=alive)
-        dec = self.ctl.observe(rep)
-        target = None if isinstance(dec, Keep) else dec.plan
-        if target is None or not target.gpus_used() <= usable:
-            # the controller already saw this pool (e.g. a loss during the transition it chose):
-            # plan on the survivors directly, then tell it with resume
-            target = self._first_plan(usable)
-        target = self._legal(d, target)
-        ev = {"step": k, "when": "recovery", "kind": "recovery", "reason": str(e), "lost": e.lost,
-              "detect_s": e.detect_s, "hung": e.hung}
-        est = None
-        if not lost_train:
-            try:
-                est = estimate_transition(self.calib.apply(self.job_at(self.last_len)), bplan, target, alive,
-                                          params=self.calib.params())
-            except ValueError:
-                est = None
-        if est is not None and est.feasible:
-            rep = TransitionExecutor(d).execute(est, target, adopt=False)
-            ev.update(source="live", transition=rep.to_dict(), steps_lost=0)
-            self.log(f"  recovered live on workers {format_gpus(alive)}: {rep.summary()}; step {k} re-runs")
-        else:
-            why = (f"{', '.join(lost_train)} lost every replica" if lost_train else
-                   (est.reason if est is not None else "no live path from the boundary plan"))
-            d._get([d.workers[i].transition_end.remote("") for i in sorted(alive)], "drop units")
-            info = durable.restart(d, self._ckpt_path(), target)
-            lost = self._bnd["step_index"] - d.step_index
-            ev.update(source="checkpoint", steps_lost=lost, seconds=info["seconds"])
-            self.log(f"  {why}: restored the durable checkpoint of step {d.step_index} in {info['seconds']:.2f}s; "
-                     f"steps lost: {lost}")
-        self.ctl.resume(self.planner.estimate(self.job_at(self.last_len), target, alive))
-        ev["recovery_s"] = time.perf_counter() - t0
-        ev["plan"] = format_plan(target)
-        self.events.append(ev)
-        self.recoveries.append(ev)
-
     def _pool_change(self, pool: WorkerPool, k: int) -> None:
         leaving = self._leaving(pool, self.schedule[k]) if self.notice else []
         if leaving:  # announced: plan without them while their state can still be read
@@ -420,9 +318,9 @@ class AdaptiveRun(CheckpointingMixin):
         """Apply a decision at a safe boundary; returns what happened (also kept in ``events``).
 
         While every training model-stage has an intact replica the change runs live on the workers
-        (``executor.py``): only the shards that must move, moved directly between workers. When a
+        (``transit/driver_side.py``): only the shards that must move, moved directly between workers. When a
         training model-stage lost every replica, or no live DAG exists (e.g. from the time-shared
-        fallback plan), the run restarts from the last durable checkpoint (``durable.py``; taken
+        fallback plan), the run restarts from the last durable checkpoint (``durable/``; taken
         first when every replica 0 is alive, so nothing is lost then).
         """
         d = self.driver

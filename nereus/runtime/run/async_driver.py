@@ -40,7 +40,8 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from nereus.runtime.run.adaptive import AdaptiveRun
-from nereus.runtime.run.driver import RLConfig, RLDriver, _largest_divisor, _seed
+from nereus.runtime.run.config import RLConfig
+from nereus.runtime.run.driver import RLDriver, _largest_divisor, _seed
 from nereus.spec.model import ModelSpec
 from nereus.spec.plan import Candidate, Plan
 from nereus.spec.workload import WorkloadSpec

@@ -8,7 +8,7 @@ the activations saved for backward in training; on GPU the CUDA allocator's peak
 *Predicted*: the cost model's peak of the same worker while ``ms`` runs: the resident bytes of every
 model-stage placed on it plus the transient bytes of ``ms`` (``nereus.cost.memory.stage_memory``:
 gradients, activations, logits, KV cache), in the byte widths the runtime holds
-(``adaptive.runtime_job``: fp32 weights and KV cache, 8 B of Adam moments per trained parameter),
+(``device_model.runtime_job``: fp32 weights and KV cache, 8 B of Adam moments per trained parameter),
 without the per-GPU workspace constant (CUDA context, NCCL buffers), which a CPU worker does not have.
 """
 

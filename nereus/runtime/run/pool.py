@@ -10,11 +10,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-__all__ = ["WorkerFailure", "WorkerPool"]
+from nereus.runtime.worker.failures import WorkerFailure
 
-
-class WorkerFailure(RuntimeError):
-    """A worker died, a collective timed out, or a remote call failed."""
+__all__ = ["WorkerPool"]
 
 
 def _ray_get(futures, what: str, timeout: float):
@@ -55,9 +53,9 @@ class WorkerPool:
     The driver hosts the store; workers connect as clients, so :meth:`add` can grow a running job
     and :meth:`remove` shrink it without any world-wide init.
 
-    Workers are :class:`~nereus.runtime.run.faults.FaultTolerantWorker` actors: :meth:`get` waits for
+    Workers are :class:`~nereus.runtime.worker.fault_tolerant.FaultTolerantWorker` actors: :meth:`get` waits for
     remote calls while pinging every worker, so a worker that dies or hangs is detected, killed and
-    reported (:class:`~nereus.runtime.run.faults.WorkerLost`) instead of blocking the job.
+    reported (:class:`~nereus.runtime.worker.failures.WorkerLost`) instead of blocking the job.
 
     Args:
         num_workers: actors to start.
@@ -124,7 +122,7 @@ class WorkerPool:
         ``i // per_node`` (Ray node affinity); workers past the last node go where Ray puts them."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        from nereus.runtime.run.faults import fault_tolerant_class
+        from nereus.runtime.worker.fault_tolerant import fault_tolerant_class
 
         cls = fault_tolerant_class(num_gpus=1 if torch.cuda.is_available() else 0)
         env = {"env_vars": {"OMP_NUM_THREADS": "1"}}

@@ -20,7 +20,7 @@ re-layout equals the state before, bit for bit.
 
 This is NOT the transition executor of DESIGN.md §4.8: every byte goes through the driver, every
 engine is rebuilt, and nothing overlaps. ``nereus run --adaptive`` no longer uses it (live changes go
-through ``executor.py``, restarts through ``durable.py``); it stays as the simplest reference
+through ``transit/driver_side.py``, restarts through ``durable/``); it stays as the simplest reference
 re-layout for tests (and :func:`intact_replica`, :func:`train_stages` are shared helpers).
 """
 
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import time
 
-from nereus.runtime.run.pool import WorkerFailure
+from nereus.runtime.worker.failures import WorkerFailure
 from nereus.spec.plan import Plan
 
 __all__ = ["checkpoint", "intact_replica", "relayout", "train_stages"]

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 
 from nereus.runtime.comm.parallel import Layout
 from nereus.runtime.model.precision import TRAIN_KINDS, WEIGHT_KINDS
-from nereus.runtime.run.pool import WorkerFailure
 from nereus.runtime.transit.plans import MoveSpec, UnitMeta
+from nereus.runtime.worker.failures import WorkerFailure
 from nereus.spec.plan import Plan
 from nereus.transition.estimate import TransitionEstimate
 from nereus.transition.primitives import STORAGE
@@ -188,7 +188,7 @@ class TransitionExecutor:
         Args:
             adopt: hand the engines of changing model-stages over to units first (the normal case);
                 False when the workers already hold the DAG's initial EMUs as units and no engine
-                (after a rollback, ``faults.py``): every model-stage's engine is then rebuilt.
+                (after a rollback, ``run/recovery.py``): every model-stage's engine is then rebuilt.
 
         Raises:
             ScheduleError: the schedule breaks a transition rule (nothing has moved).
