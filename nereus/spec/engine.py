@@ -118,18 +118,19 @@ class EngineCosts:
 #: ``free_cache_engine=True``, verl <= 0.2 defaults), FSDP training engines. Figures:
 #:
 #: * ``decode_step_s`` 2 ms, ``generate_call_s`` 12.5 s: the two Qwen2.5-0.5B PPO logs of
-#:   ``eric-haibin-lin/verl-data`` (``traces/response_length``; identical settings but the response
-#:   cap, 256 vs 512, whose longest responses hit the cap every step) measured 17.2 and 17.7 s of
-#:   ``timing/gen`` (median over steps): ``F + 256·s`` and ``F + 512·s`` give ``s`` = 2 ms per decode
-#:   step and ``F`` = 16.7 s per call, of which the old-log-prob forward inside the call (about the
-#:   4.4 s of the reference forward the same logs print) is charged separately, leaving 12.5 s for
-#:   the engine's wake (KV-cache re-allocation) and weight loading. 2 ms per step also matches
-#:   eager-mode launch cost: 24 layers x ~15 kernels x ~5 us;
-#: * ``layer_pass_s`` 1.5 ms: the same logs' reference forward, 4.4 s for 64 micro-batches of 4 x
-#:   768 padded tokens, about 1.3 s of it roofline time, is 48 ms per micro-batch over 24 layers
-#:   beyond the kernels (HF layers in eager PyTorch under FSDP);
-#: * ``step_s`` 1 s: ``timing/adv`` plus reward and collation between the timed stages in the same
-#:   logs (the sum of the printed stages falls short of the step by about this).
+#:   ``eric-haibin-lin/verl-data`` (identical settings but the response cap, 256 vs 512, and the
+#:   longest response hits the cap nearly every step) measured 17.2 and 17.7 s of ``timing/gen``
+#:   (medians over steps): ``F + 256·s`` and ``F + 512·s`` give ``s`` = 2 ms per decode step and
+#:   ``F`` = 16.7 s per call. That timer also covers the old-log-prob forward (3.6 s in the cost
+#:   model) and the GPU's prefill and decode (about 0.6 s), leaving 12.5 s for the engine's wake
+#:   (KV-cache re-allocation) and weight loading. 2 ms per step is also what eager-mode launches
+#:   cost: 24 layers x ~15 kernels x ~5 us;
+#: * ``layer_pass_s`` 1.7 ms: the four forward and training stages of the cap-256 log (reference
+#:   forward 4.5 s, values 6.0 s, critic update 16.0 s, actor update 20.4 s; 64-128 micro-batches of
+#:   2-4 x 768 padded tokens) exceed the cost model's kernel time by 1.4, 1.6, 1.8 and 2.1 ms per
+#:   layer per pass (HF layers in eager PyTorch under FSDP): their median;
+#: * ``step_s`` 0.5 s: ``timing/adv`` (0.05-0.9 s in these logs) and the gap between the printed
+#:   step and the sum of its stages (0.0-0.1 s).
 #:
 #: ``verl-eager-rocm``: the same on AMD GPUs (vLLM's ROCm build), plus ``decode_seq_s`` 0.107 ms
 #: per running sequence per decode step: the two deepseek-llm-7b-chat logs on 8 MI300X of
@@ -145,7 +146,7 @@ class EngineCosts:
 ENGINE_PRESETS: dict[str, EngineCosts] = {
     "none": EngineCosts(name="none"),
     "verl-eager": EngineCosts(name="verl-eager", generation="longest", decode_step_s=2e-3, generate_call_s=12.5,
-                              layer_pass_s=1.5e-3, step_s=1.0),
+                              layer_pass_s=1.7e-3, step_s=0.5),
 }
 ENGINE_PRESETS["verl-eager-rocm"] = replace(ENGINE_PRESETS["verl-eager"], name="verl-eager-rocm", decode_seq_s=0.107e-3)
 
