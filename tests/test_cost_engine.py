@@ -166,3 +166,19 @@ def test_flat_zero3_gathers_by_hand():
     assert CostModel(flat).estimate_candidate(cand).time > t0
     with pytest.raises(ValueError, match="zero3_gather"):
         EngineCosts(zero3_gather="tree")
+
+
+def test_tp_overlap_share_by_hand():
+    from nereus.cost.efficiency import OVERLAP_COMPUTE_SLOWDOWN
+    from nereus.cost.latency import _overlap_tp
+
+    parts = {"gemm": 10.0, "allreduce@nvlink": 4.0}
+    full = _overlap_tp(parts)
+    assert full["allreduce@nvlink"] == 0.0 and full["overlap"] == pytest.approx(OVERLAP_COMPUTE_SLOWDOWN * 4.0)
+    half = _overlap_tp(parts, 0.5)  # hides min(0.5 * 4, 10) = 2 s of the 4
+    assert half["allreduce@nvlink"] == pytest.approx(2.0)
+    assert half["overlap"] == pytest.approx(OVERLAP_COMPUTE_SLOWDOWN * 2.0)
+    short = _overlap_tp({"gemm": 1.0, "allreduce@nvlink": 4.0}, 0.5)  # the GEMMs bound it: 1 s hidden
+    assert short["allreduce@nvlink"] == pytest.approx(3.0)
+    with pytest.raises(ValueError, match="tp_overlap_share"):
+        EngineCosts(tp_overlap_share=0.0)

@@ -185,7 +185,7 @@ class CostModel:
             u = rows_of(first, tp, pp, micro_batch, rc, vpp)
             mid, last = lat.microbatch_stage_times("train", model, et.padded_workload(w, eng), cl, eff, u[0], u[1],
                                                    u[2], u[3], vpp=u[4], sp=fw.sequence_parallel,
-                                                   overlap_tp=fw.overlap_tp_comm)
+                                                   overlap_tp=self._tp_overlap())
             if eng is not None and eng.layer_pass_s > 0:
                 launch = et.layer_pass_times(lat.max_layers_rank(model, u[1]), np.where(u[3] == 2, 4, 3), eng, eff,
                                              cl.gpu)
@@ -217,7 +217,7 @@ class CostModel:
             first, inv = unique_rows(dp.shape, tp, pp, micro_batch)
             u = rows_of(first, tp, pp, micro_batch)
             mid, last = lat.microbatch_stage_times("infer", model, et.padded_workload(w, eng), cl, eff, u[0], u[1],
-                                                   u[2], sp=fw.sequence_parallel, overlap_tp=fw.overlap_tp_comm)
+                                                   u[2], sp=fw.sequence_parallel, overlap_tp=self._tp_overlap())
             if eng is not None and eng.layer_pass_s > 0:
                 launch = et.layer_pass_times(lat.max_layers_rank(model, u[1]), 1, eng, eff, cl.gpu)
                 mid, last = _combine(mid, launch), _combine(last, launch)
@@ -313,6 +313,13 @@ class CostModel:
         return {"time": rows(time), "resident": rows(mem["resident"] * corr),
                 "transient": rows(mem["transient"] * corr), "memory": mem,
                 "detail": RowDetail(base["breakdown"], mem, corr, inv=inv, extra=extra)}
+
+    def _tp_overlap(self):
+        """``overlap_tp`` of the passes: False, True, or the engine's ``tp_overlap_share``."""
+        fw = self.job.framework
+        if not fw.overlap_tp_comm or fw.engine is None or fw.engine.tp_overlap_share == 1.0:
+            return fw.overlap_tp_comm
+        return fw.engine.tp_overlap_share
 
     def _longest_generation(self, model, tp, pp, c, prefill: dict, seqs) -> dict:
         """Generation of ``seqs`` sequences per replica at concurrency ``c`` (distinct rows) when a
