@@ -29,8 +29,8 @@ from __future__ import annotations
 
 from nereus.controller.decisions import TransitionCost
 from nereus.controller.engine_start import generation_restart_s, group_init_s
-from nereus.planner.plan import Plan
 from nereus.spec.job import JobSpec
+from nereus.spec.plan import Plan
 
 __all__ = ["estimate_transition_cost", "bandwidth_estimate", "engine_reinit", "SETUP_S", "ENGINE_REINIT_S",
            "dag_estimator"]
