@@ -36,10 +36,14 @@ from nereus.cost.checks import check_candidate, check_train_batch
 from nereus.cost.detail import RowDetail
 from nereus.cost.efficiency import OVERLAP_COMPUTE_SLOWDOWN, EfficiencyTable
 from nereus.cost.host_optimizer import cpu_adam_times
+from nereus.cost.lora import frozen_pass, lora_dp_sync_time, lora_sync_share, trainable_params_rank
 from nereus.cost.memory import OFF_CPU_ADAM, WORKSPACE_BYTES, offload_code, recompute_code, stage_memory
 from nereus.cost.rows import expand, rows_of, unique_rows
+from nereus.cost.seqpar import with_seq_split
+from nereus.cost.shapes import params_rank
 from nereus.cost.sharded_infer import infer_gather_times
 from nereus.cost.step import critical_path, stage_groups
+from nereus.cost.vllm_memory import kv_capacity, preallocated_memory
 from nereus.spec.job import JobSpec
 from nereus.spec.plan import Candidate, Plan, StageEstimate
 from nereus.workflow import ModelStage, Workflow, workflow_for
@@ -70,6 +74,13 @@ def _overlap_dp(comm: dict, last: dict, zero, m) -> dict:
     out = {k: v * keep for k, v in comm.items()}
     out["overlap"] = OVERLAP_COMPUTE_SLOWDOWN * np.minimum(total, window)
     return out
+
+
+def _trainable_share(model, w, tp, pp):
+    """Share of the parameters that the optimizer updates: 1, or the LoRA adapters' share."""
+    if not w.lora_rank:
+        return 1.0
+    return trainable_params_rank(model, w.lora_rank, tp, pp) / params_rank(model, tp, pp)
 
 
 def _sum(d: dict):
@@ -143,7 +154,7 @@ class CostModel:
     # ------------------------------------------------------------------ arrays
     def candidate_arrays(self, ms: ModelStage, tp, pp, dp, *, micro_batch=1, recompute="none",
                          concurrency=0, zero=0, offload=0, vpp=1, multi_node: bool = False,
-                         breakdown: bool = False) -> dict:
+                         breakdown: bool = False, cp: int = 1) -> dict:
         """Time and memory of candidates of ``ms``, elementwise over arrays.
 
         ``tp``, ``pp``, ``dp``, ``micro_batch``, ``recompute`` (mode or codes), ``concurrency``,
@@ -151,6 +162,11 @@ class CostModel:
         :data:`nereus.cost.memory.OFFLOAD_CODES`) and ``vpp`` (interleaving, train) may be scalars or
         arrays of one shape; the caller guarantees valid values (see :func:`check_candidate`). The
         job's framework flags (sequence parallelism, overlaps, reduce dtype) apply to every row.
+        ``cp`` (scalar): sequence-split degree of a train/infer model-stage (:mod:`nereus.cost.seqpar`;
+        Ulysses under a framework that trains without TP/PP, ring context parallelism otherwise);
+        ``dp`` then counts replicas of ``tp·pp·cp`` GPUs. LoRA (``workload.lora_rank``) and vLLM's
+        pre-allocated fraction (``workload.rollout_memory_fraction``) change the terms as
+        :mod:`nereus.cost.lora` and :mod:`nereus.cost.vllm_memory` say.
 
         Returns:
             dict with ``time`` (seconds per step), ``resident`` and ``transient`` (bytes per GPU),
@@ -166,7 +182,8 @@ class CostModel:
         corr = self.memory_correction.get(ms.name, 1.0)
         fw = self.job.framework
         off = offload_code(offload)
-        if not breakdown and ms.stage != "train" and np.ndim(off) and dp.size >= 64:
+        if not breakdown and ms.stage != "train" and np.ndim(off) and dp.size >= 64 and cp == 1 \
+                and w.rollout_memory_fraction is None:
             got = self._by_offload(ms, tp, pp, dp, micro_batch, concurrency, np.broadcast_to(off, dp.shape),
                                    multi_node, corr, np.broadcast_to(np.asarray(zero), dp.shape))
             if got is not None:
@@ -181,22 +198,32 @@ class CostModel:
             # distinct combination (elementwise, so bit-identical to the per-row computation)
             first, inv = unique_rows(dp.shape, tp, pp, micro_batch, rc, vpp)
             u = rows_of(first, tp, pp, micro_batch, rc, vpp)
-            mid, last = lat.microbatch_stage_times("train", model, w, cl, eff, u[0], u[1], u[2], u[3], vpp=u[4],
+            mid, last = lat.microbatch_stage_times("train", model, w, cl, eff, u[0], u[1], u[2] / cp, u[3], vpp=u[4],
                                                    sp=fw.sequence_parallel, overlap_tp=fw.overlap_tp_comm)
+            if w.lora_rank:  # frozen base weights: no weight-gradient GEMMs
+                mid, last = frozen_pass(mid, u[3]), frozen_pass(last, u[3])
+            mid, last = with_seq_split(self.job, eff, model, mid, last, u[0], u[1], u[2], u[3], cp, "train")
             mid, last = expand(mid, inv), expand(last, inv)
-            comm = lat.dp_sync_time(model, w, cl, eff, tp, pp, dp, zero=zero, micro_batches=m,
-                                    reduce_bytes=fw.grad_reduce_bytes)
+            dps = dp * cp  # gradients and ZeRO shard over every GPU of the sequence-split replicas
+            if w.lora_rank:
+                comm = lora_dp_sync_time(lat.LinkModel(cl, eff), model, w, tp, pp, dps, zero, m, fw.grad_reduce_bytes)
+            else:
+                comm = lat.dp_sync_time(model, w, cl, eff, tp, pp, dps, zero=zero, micro_batches=m,
+                                        reduce_bytes=fw.grad_reduce_bytes)
             if fw.overlap_grad_reduce:
                 comm = _overlap_dp(comm, last, zero, m)
-            gpu_adam = np.where(off == OFF_CPU_ADAM, 0.0, lat.optimizer_time(model, w, cl, eff, tp, pp, dp, zero))
+            adam = lat.optimizer_time(model, w, cl, eff, tp, pp, dps, zero) * _trainable_share(model, w, tp, pp)
+            gpu_adam = np.where(off == OFF_CPU_ADAM, 0.0, adam)
             per_mini = _combine(_scale(last, m), {"bubble": (pp - 1) * _sum(mid) / np.maximum(vpp, 1)}, comm,
-                                {"memory_bound": gpu_adam}, cpu_adam_times(model, w, cl, eff, tp, pp, dp, zero, off))
+                                {"memory_bound": gpu_adam},
+                                _scale(cpu_adam_times(model, w, cl, eff, tp, pp, dps, zero, off),
+                                       _trainable_share(model, w, tp, pp)))
             parts = _scale(per_mini, w.updates_per_step)
             if ms.model == "actor":
                 parts = _combine(parts, self._sync(model, tp, pp, dp.shape, "send", multi_node))
             off = np.where(off == 2, 1, off)  # training state cannot be dropped; treat as host offload
-            mem = stage_memory("train", model, w, tp, pp, micro_batch=micro_batch, recompute=recompute,
-                               inflight=np.minimum(pp, m), dp=dp, zero=zero, offload=off, vpp=vpp,
+            mem = stage_memory("train", model, w, tp, pp, micro_batch=micro_batch / cp, recompute=recompute,
+                               inflight=np.minimum(pp, m), dp=dps, zero=zero, offload=off, vpp=vpp,
                                sp=fw.sequence_parallel)
         elif ms.stage == "infer":
             micro_batch = np.asarray(micro_batch)
@@ -204,18 +231,22 @@ class CostModel:
             m = -(-seqs // micro_batch)
             first, inv = unique_rows(dp.shape, tp, pp, micro_batch)
             u = rows_of(first, tp, pp, micro_batch)
-            mid, last = lat.microbatch_stage_times("infer", model, w, cl, eff, u[0], u[1], u[2],
+            mid, last = lat.microbatch_stage_times("infer", model, w, cl, eff, u[0], u[1], u[2] / cp,
                                                    sp=fw.sequence_parallel, overlap_tp=fw.overlap_tp_comm)
+            mid, last = with_seq_split(self.job, eff, model, mid, last, u[0], u[1], u[2], 0, cp, "infer")
             mid, last = expand(mid, inv), expand(last, inv)
             parts = _combine(_scale(last, m), {"bubble": (pp - 1) * _sum(mid)})
             zero = np.asarray(zero)
             if np.any(zero):  # a ZeRO-3 engine: the weights are gathered for every micro-batch
-                comm = infer_gather_times(model, w, cl, eff, tp, pp, dp, zero, m)
+                comm = infer_gather_times(model, w, cl, eff, tp, pp, dp * cp, zero, m)
                 parts = _combine(parts, _overlap_dp(comm, last, zero, m) if fw.overlap_grad_reduce else comm)
-            mem = self._infer_memory(model, tp, pp, micro_batch, off, zero, dp)
+            mem = self._infer_memory(model, tp, pp, micro_batch / cp if cp > 1 else micro_batch, off, zero, dp * cp)
         elif ms.stage == "generate":
             seqs = -(-w.rollouts_per_step // dp)
             c = np.minimum(concurrency, seqs)
+            if w.rollout_memory_fraction is not None:  # the KV blocks that fit cap it; the rest are preempted
+                c = np.maximum(np.minimum(c, kv_capacity(model, w, tp, pp, c, w.rollout_memory_fraction,
+                                                         cl.gpu.memory_bytes, self.workspace)), 1)
             waves = -(-seqs // c)
             # one wave's time depends on (tp, pp, concurrency) only: computed once per combination
             first, inv = unique_rows(dp.shape, tp, pp, c)
@@ -230,6 +261,9 @@ class CostModel:
             first, inv = unique_rows(dp.shape, tp, pp, c, off)
             u = rows_of(first, tp, pp, c, off)
             mem = expand(stage_memory("generate", model, w, u[0], u[1], concurrency=u[2], offload=u[3]), inv)
+            if w.rollout_memory_fraction is not None:  # vLLM takes its fraction whatever the batch needs
+                mem = preallocated_memory(mem, w.rollout_memory_fraction, cl.gpu.memory_bytes, self.workspace,
+                                          np.broadcast_to(off, dp.shape), np.broadcast_to(c, dp.shape))
         else:  # pragma: no cover - ModelStage validates stages
             raise ValueError(ms.stage)
         if np.any(off > 0):
@@ -306,8 +340,10 @@ class CostModel:
         """:func:`nereus.cost.latency.weight_sync_times` per row, computed once per (tp, pp)."""
         first, inv = unique_rows(shape, tp, pp)
         ut, up = rows_of(first, tp, pp)
-        return expand(lat.weight_sync_times(model, self.job.workload, self.job.cluster, self.eff, ut, up, side,
-                                             multi_node), inv)
+        sync = lat.weight_sync_times(model, self.job.workload, self.job.cluster, self.eff, ut, up, side, multi_node)
+        if self.job.workload.lora_rank:  # only the adapters travel (nereus.cost.lora)
+            sync = _scale(sync, lora_sync_share(model, self.job.workload.lora_rank))
+        return expand(sync, inv)
 
     def _estimate_key(self, cand: Candidate, multi_node: bool) -> tuple:
         """What :meth:`estimate_candidate` depends on besides the candidate's layout columns: the
@@ -317,7 +353,7 @@ class CostModel:
         return (self.model_of(ms), ms.stage, ms.model == "actor" and ms.stage != "infer",
                 cand.offload != "none" and ms.model in FROZEN_MODELS, self.memory_correction.get(ms.name, 1.0),
                 cand.tp, cand.pp, cand.dp, cand.micro_batch, cand.recompute, cand.concurrency, cand.zero,
-                cand.offload, cand.vpp, cand.grad_accum, multi_node)
+                cand.offload, cand.vpp, cand.grad_accum, multi_node, cand.cp)
 
     # ------------------------------------------------------------------ one candidate
     def estimate_candidate(self, cand: Candidate, multi_node: bool = False) -> StageEstimate:
@@ -332,7 +368,7 @@ class CostModel:
         a = self.candidate_arrays(ms, cand.tp, cand.pp, [cand.dp], micro_batch=max(cand.micro_batch, 1),
                                   recompute=cand.recompute, concurrency=max(cand.concurrency, 1),
                                   zero=cand.zero, offload=cand.offload, vpp=cand.vpp,
-                                  multi_node=multi_node, breakdown=True)
+                                  multi_node=multi_node, breakdown=True, cp=cand.cp)
         corr = self.memory_correction.get(ms.name, 1.0)
         memory = {k: float(np.asarray(v).reshape(-1)[0]) * corr for k, v in a["memory"].items()
                   if k not in ("resident", "transient")}
