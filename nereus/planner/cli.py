@@ -21,6 +21,7 @@ from nereus.planner.search import NoFeasiblePlan, plan_job, search
 from nereus.planner.whatif import shared_stages
 from nereus.spec import ClusterSpec, JobSpec, WorkloadSpec, get_gpu, get_model
 from nereus.spec.framework import FRAMEWORK_PRESETS, FrameworkSpec, get_framework
+from nereus.spec.job import check_context
 from nereus.spec.workload import ALGORITHMS, RECOMPUTE_MODES
 
 GIB = 1024**3
@@ -34,8 +35,9 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--model", default=None, help="model preset (llama-3.1-8b, llama-3.3-70b, qwen3-14b, "
                    "qwen3-32b, qwen2.5-0.5b, tiny, small), a Hugging Face config.json path or a directory holding one [llama-3.1-8b]")
     g.add_argument("--algo", choices=ALGORITHMS, default=None, help="RL algorithm [ppo]")
-    g.add_argument("--gpu", default=None, help="GPU preset: h100 (alias h100-sxm), h200, a100 (alias a100-80gb), mi250x, cpu (one CPU worker "
-                   "process of `nereus run`) [h100]")
+    g.add_argument("--gpu", default=None, help="GPU preset (h100, h200, a100, a100-40gb, a800, h800, h20, l20, l40s, "
+                   "h100-pcie, h100-nvl, mi300x, b200, mi250x, cpu: one CPU worker of `nereus run`), or a custom GPU: "
+                   "a JSON file or inline JSON object of GPU fields (docs/files.md) [h100]")
     g.add_argument("--nodes", type=int, default=None, help="nodes in the cluster [2]")
     g.add_argument("--gpus-per-node", type=int, default=None, help="GPUs per node [8]")
     g.add_argument("--prompt-len", type=int, default=None, help="prompt tokens [1024]")
@@ -49,6 +51,7 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
                    help="percentile (0-100] of --response-lens that memory is sized for [100: the maximum]")
     g.add_argument("--memory-fraction", type=float, default=None, help="share of each GPU's memory a plan may "
                    "use, in (0, 1] (vLLM's gpu_memory_utilization) [0.9: 10%% headroom]")
+    g.add_argument("--lora-rank", type=int, default=None, help="LoRA adapter rank (frozen base weights) [none]")
     g.add_argument("--prompts-per-step", type=int, default=None, help="prompts per RL step [256]")
     g.add_argument("--samples-per-prompt", type=int, default=None, help="responses per prompt [4]")
     g.add_argument("--mini-batch", type=int, default=None, help="sequences per optimizer update [256]")
@@ -82,7 +85,7 @@ def job_from_args(args) -> JobSpec:
     for opt, field in (("algo", "algorithm"), ("prompt_len", "prompt_len"), ("response_len", "response_len"),
                        ("prompts_per_step", "prompts_per_step"), ("samples_per_prompt", "samples_per_prompt"),
                        ("mini_batch", "mini_batch_size"), ("micro_batch", "micro_batch_size"),
-                       ("ppo_epochs", "ppo_epochs"), ("recompute", "recompute")):
+                       ("ppo_epochs", "ppo_epochs"), ("recompute", "recompute"), ("lora_rank", "lora_rank")):
         v = getattr(args, opt, None)
         if v is not None:
             wl[field] = v
@@ -95,7 +98,8 @@ def job_from_args(args) -> JobSpec:
         wl["samples_per_prompt"] = 4
     fw = get_framework(args.framework) if getattr(args, "framework", None) else (base.framework if base else
                                                                                  FrameworkSpec())
-    return JobSpec(actor=model, cluster=ClusterSpec(gpu, nodes, gpn), workload=WorkloadSpec(**wl), framework=fw)
+    return check_context(JobSpec(actor=model, cluster=ClusterSpec(gpu, nodes, gpn), workload=WorkloadSpec(**wl),
+                                 framework=fw))
 
 
 def _length_options(args, wl: dict) -> None:
@@ -277,6 +281,7 @@ def _imported(args):
     wl = {k: v for k, v in (("prompt_len", args.prompt_len), ("response_len", args.response_len)) if v is not None}
     if wl:
         imp.job = imp.job.with_workload(replace(imp.job.workload, **wl))
+    check_context(imp.job, "prompt + response length")
     return imp
 
 
