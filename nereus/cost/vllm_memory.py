@@ -17,7 +17,8 @@ Terms here (per GPU; :mod:`nereus.cost.memory` gives weights, activations and lo
   sequences grow, so the mean length ``prompt + response`` sets the steady occupancy) and must hold one
   sequence of the memory length (``prompt + response_len_max``), else vLLM refuses to start
   ("max seq len is larger than the maximum number of tokens that can be stored in KV cache"):
-  such rows get infinite bytes (never fit);
+  such rows get the device's whole memory plus the shortfall (never fit, and the excess says by how
+  much);
 * the engine's bytes are ``E``: resident between stages when it keeps its cache (no sleep mode: the
   KV blocks stay allocated), transient when it sleeps (``offload`` host/drop: verl
   ``free_cache_engine``, OpenRLHF ``--vllm_enable_sleep``).
@@ -56,15 +57,17 @@ def kv_capacity(model, workload, tp, pp, concurrency, fraction: float, device_by
 def preallocated_memory(mem: dict, fraction: float, device_bytes: float, workspace: float, offload,
                         concurrency) -> dict:
     """Generation rows' memory terms (:func:`nereus.cost.memory.stage_memory` output) as vLLM holds
-    them: ``kv_cache`` = the KV budget, the engine's ``E`` resident (or transient when it sleeps),
-    infinite where the budget does not hold one sequence's KV at the memory length (``mem`` was
+    them: ``kv_cache`` = the KV budget, the engine's ``E`` resident (or transient when it sleeps);
+    ``device_bytes + shortfall`` where the budget does not hold one sequence's KV at the memory length
+    (vLLM refuses to start; ``mem`` was
     evaluated at ``concurrency``, which the caller capped with :func:`kv_capacity`)."""
     e = engine_bytes(fraction, device_bytes, workspace)
     out = dict(mem)
     budget = e - mem["weights"] - mem["activations"] - mem["logits"]
-    ok = budget >= mem["kv_cache"] / np.maximum(np.asarray(concurrency), 1)
-    out["kv_cache"] = np.where(ok, budget, np.inf)
-    total = np.where(ok, e, np.inf)
+    one = mem["kv_cache"] / np.maximum(np.asarray(concurrency), 1)
+    ok = budget >= one
+    out["kv_cache"] = np.where(ok, budget, one)
+    total = np.where(ok, e, float(device_bytes) + (one - budget))
     sleeps = (np.asarray(offload) == OFF_HOST) | (np.asarray(offload) == OFF_DROP)
     out["resident"] = np.where(sleeps, 0.0, total)
     out["transient"] = np.where(sleeps, total, 0.0)

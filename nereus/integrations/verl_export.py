@@ -15,7 +15,13 @@ from dataclasses import replace
 
 from nereus.cost.model import CostModel
 from nereus.cost.shapes import valid_pp, valid_tp
-from nereus.integrations.common import best_colocated, evaluate_layout, memory_fraction_for, pareto
+from nereus.integrations.common import (
+    best_colocated,
+    evaluate_layout,
+    memory_fraction_for,
+    pareto,
+    without_fraction,
+)
 from nereus.planner.plan import Candidate, Plan
 from nereus.spec import JobSpec
 from nereus.spec.framework import get_framework
@@ -47,6 +53,7 @@ def verl_job(job: JobSpec, backend: str) -> JobSpec:
     """``job`` with the framework flags verl's ``backend`` runs with: the imported ones when the job
     came from the same verl backend, else verl's defaults (Megatron: SP on, no DDP overlap, fp32
     reduce; FSDP: fp32 reduce, overlapped), colocation ``always`` (the hybrid engine)."""
+    job = without_fraction(job)  # the export sizes vLLM's fraction itself (memory_fraction_for)
     fw = job.framework
     if backend == "megatron":
         if fw.name == "verl-megatron":
