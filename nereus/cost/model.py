@@ -163,7 +163,7 @@ class CostModel:
         arrays of one shape; the caller guarantees valid values (see :func:`check_candidate`). The
         job's framework flags (sequence parallelism, overlaps, reduce dtype) apply to every row.
         ``cp`` (scalar): sequence-split degree of a train/infer model-stage (:mod:`nereus.cost.seqpar`;
-        Ulysses under a framework that trains without TP/PP, ring context parallelism otherwise);
+        Ulysses under an FSDP framework, ring attention otherwise);
         ``dp`` then counts replicas of ``tp·pp·cp`` GPUs. LoRA (``workload.lora_rank``) and vLLM's
         pre-allocated fraction (``workload.rollout_memory_fraction``) change the terms as
         :mod:`nereus.cost.lora` and :mod:`nereus.cost.vllm_memory` say.

@@ -67,15 +67,16 @@ def seq_split_comm(links, model, tokens, tp, layers, cp: int, passes, kind: str 
 def with_seq_split(job, eff, model, mid: dict, last: dict, tp, pp, micro_batch, recompute, cp: int,
                    stage: str) -> tuple[dict, dict]:
     """``(mid, last)`` per-micro-batch op-class times with the sequence-split communication of
-    ``cp`` added to both (unchanged at ``cp = 1``): Ulysses when the job's framework trains without
-    TP/PP (verl FSDP, DeepSpeed), ring context parallelism otherwise (Megatron). ``recompute``:
+    ``cp`` added to both (unchanged at ``cp = 1``): Ulysses under an FSDP framework (verl's
+    ``ulysses_sequence_parallel_size``), ring attention otherwise (Megatron's context parallelism,
+    OpenRLHF's ``--ds.ring_attn_size``). ``recompute``:
     codes (2 = full: three communicating passes); ``stage``: ``train`` or ``infer``."""
     if cp <= 1:
         return mid, last
     from nereus.cost.latency import LinkModel
 
     passes = 1 if stage == "infer" else np.where(np.asarray(recompute) == 2, 3, 2)
-    kind = "ring" if job.framework.model_parallel_train else "ulysses"
+    kind = "ulysses" if "fsdp" in job.framework.name else "ring"
     tokens = job.workload.seq_len * np.asarray(micro_batch) / cp
     comm = seq_split_comm(LinkModel(job.cluster, eff), model, tokens, tp, max_layers_rank(model, pp), cp, passes, kind)
 

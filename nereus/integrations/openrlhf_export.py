@@ -22,6 +22,7 @@ from nereus.integrations.common import (
     generation_concurrency,
     memory_fraction_for,
     pareto,
+    without_fraction,
 )
 from nereus.integrations.verl_export import _changes
 from nereus.planner.plan import Candidate, Plan
@@ -45,7 +46,9 @@ def _counts(tp: int, n: int, gpn: int) -> list[int]:
 
 def openrlhf_job(job: JobSpec) -> JobSpec:
     """``job`` with the framework OpenRLHF runs it with: the imported one when the job came from
-    OpenRLHF, else the DeepSpeed defaults (no ``--ds.overlap_comm``, bf16 reduce, AutoTP allowed)."""
+    OpenRLHF, else the DeepSpeed defaults (no ``--ds.overlap_comm``, bf16 reduce, AutoTP allowed); vLLM's
+    fraction left to the export (:func:`~nereus.integrations.common.memory_fraction_for`)."""
+    job = without_fraction(job)
     if job.framework.name == "openrlhf-deepspeed":
         return job.with_framework(replace(job.framework, model_parallel_train=True))
     return job.with_framework(replace(get_framework("deepspeed"), name="openrlhf-deepspeed", overlap_grad_reduce=False,
