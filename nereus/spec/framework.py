@@ -46,6 +46,8 @@ feature                    kind       cost-model consequence (``nereus.cost``)
                                       ``always``
 ``model_parallel_train``   flag       whether training may use TP/PP (verl's FSDP and OpenRLHF's
                                       DeepSpeed backends train with DP/ZeRO only)
+``pipeline_parallel``      flag       whether the training engine's passes (training, inference)
+                                      may use PP (verl FSDP and OpenRLHF DeepSpeed: no)
 ``uneven_pp``              flag       pipeline ranks may hold unequal layer counts (Megatron
                                       ``decoder_first/last_pipeline_num_layers``); otherwise PP must
                                       divide the layers
@@ -102,6 +104,9 @@ class FrameworkSpec:
         model_parallel_train: whether training may use TP > 1 or PP > 1.
         uneven_pp: PP degrees that do not divide the layers are allowed (the first ranks hold one
             layer more).
+        pipeline_parallel: whether training and inference model-stages (the training engine's passes)
+            may use PP > 1 (verl's FSDP and OpenRLHF's DeepSpeed engines have no pipeline; generation
+            is vLLM's and keeps its own degrees).
         drop_model_stages: the model-stages that may use ``drop`` when ``offload`` allows it (None:
             every non-training model-stage; verl, for example, frees only the rollout engine's
             weights, so its frameworks list ``("actor.generate",)``).
@@ -122,6 +127,7 @@ class FrameworkSpec:
     model_parallel_train: bool = True
     uneven_pp: bool = False
     drop_model_stages: tuple | None = None
+    pipeline_parallel: bool = True
 
     def __post_init__(self) -> None:
         if self.drop_model_stages is not None:
@@ -150,7 +156,7 @@ class FrameworkSpec:
         if g is not None and (isinstance(g, bool) or g not in (2, 4)):
             raise ValueError(f"framework field 'grad_reduce_bytes' must be 2 (bf16), 4 (fp32) or null, got {g!r}")
         for f in ("sequence_parallel", "overlap_grad_reduce", "overlap_tp_comm", "model_parallel_train",
-                  "uneven_pp"):
+                  "uneven_pp", "pipeline_parallel"):
             if not isinstance(getattr(self, f), bool):
                 raise ValueError(f"framework field {f!r} must be true or false, got {getattr(self, f)!r}")
 
@@ -160,6 +166,8 @@ class FrameworkSpec:
         d["offload"] = list(self.offload)
         if self.drop_model_stages is not None:
             d["drop_model_stages"] = list(self.drop_model_stages)
+        if self.pipeline_parallel:  # the default: left out so existing documents read the same
+            del d["pipeline_parallel"]
         return d
 
     @classmethod
@@ -208,10 +216,11 @@ FRAMEWORK_PRESETS: dict[str, FrameworkSpec] = {
                               overlap_grad_reduce=True, grad_reduce_bytes=2, offload=("none", "host", "drop"),
                               colocate="auto", uneven_pp=True),
     "fsdp": FrameworkSpec(name="fsdp", zero_stages=(2, 3), overlap_grad_reduce=True, grad_reduce_bytes=4,
-                          offload=("none", "host", "drop"), colocate="auto", model_parallel_train=False),
+                          offload=("none", "host", "drop"), colocate="auto", model_parallel_train=False,
+                          pipeline_parallel=False),
     "deepspeed": FrameworkSpec(name="deepspeed", zero_stages=(0, 1, 2, 3), overlap_grad_reduce=True,
                                grad_reduce_bytes=2, offload=("none", "host", "drop", "cpu_adam"), colocate="auto",
-                               model_parallel_train=False),
+                               model_parallel_train=False, pipeline_parallel=False),
     "generic": FrameworkSpec(name="generic", zero_stages=(0, 1, 2, 3), sequence_parallel=True, max_virtual_stages=4,
                              overlap_grad_reduce=True, overlap_tp_comm=True, grad_reduce_bytes=2,
                              offload=("none", "host", "drop", "cpu_adam"), colocate="auto", uneven_pp=True),
