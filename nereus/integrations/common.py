@@ -72,6 +72,9 @@ class Imported:
     unexpressible: list[Unexpressible] = field(default_factory=list)
     read: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    #: what the user gave, for exports that keep their settings: verl ``{"config", "overrides"}``,
+    #: OpenRLHF ``{"args": tokens}``; None when the import came from a dict
+    source: dict | None = None
 
     @property
     def expressible(self) -> bool:

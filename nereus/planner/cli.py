@@ -268,16 +268,20 @@ def _imported(args):
     """The job and layout of --from-verl / --from-openrlhf; job options (--gpu, --model, lengths) apply."""
     from dataclasses import replace
 
-    if args.from_verl and args.from_openrlhf:
+    if args.from_verl and args.from_openrlhf is not None:
         raise ValueError("--from-verl and --from-openrlhf are exclusive: import one configuration")
     if args.from_verl:
         from nereus.integrations.verl import import_verl, load_verl_config
+        from nereus.integrations.verl_config import verl_launch
 
         imp = import_verl(load_verl_config(args.from_verl[0], args.from_verl[1:]), model=args.model, gpu=args.gpu)
+        config, overrides, _ = verl_launch(args.from_verl)
+        imp.source = {"config": config, "overrides": overrides}
     else:
-        from nereus.integrations.openrlhf import import_openrlhf
+        from nereus.integrations.openrlhf import _tokens, import_openrlhf
 
         imp = import_openrlhf(args.from_openrlhf, model=args.model, gpu=args.gpu)
+        imp.source = {"args": _tokens(args.from_openrlhf)}
     wl = {k: v for k, v in (("prompt_len", args.prompt_len), ("response_len", args.response_len)) if v is not None}
     if wl:
         imp.job = imp.job.with_workload(replace(imp.job.workload, **wl))
@@ -352,7 +356,7 @@ def _main_integrations(args) -> int:
     if args.export:
         if not best["feasible"]:
             raise ValueError(f"--export: Nereus found no plan for the imported job: {best['reason']}")
-        return _export(args, imp.job, plan_from(best["plan"]))
+        return _export(args, imp.job, plan_from(best["plan"]), imp.source if imp.framework == args.export else None)
     if args.json:
         print(json.dumps(rep, indent=2, default=str))
         return 0
@@ -375,7 +379,7 @@ def plan_from(d):
     return Plan.from_dict(d)
 
 
-def _export(args, job, plan) -> int:
+def _export(args, job, plan, source=None) -> int:
     from nereus.planner.notation import format_plan
     from nereus.spec.model import MODEL_PRESETS
 
@@ -385,14 +389,14 @@ def _export(args, job, plan) -> int:
 
         # an FSDP job (imported from verl's FSDP backend, or --framework fsdp) may also export to FSDP
         backends = ("megatron", "fsdp") if "fsdp" in job.framework.name else ("megatron",)
-        ex = export_verl(job, plan, args.headroom, model_path, backends=backends)
+        ex = export_verl(job, plan, args.headroom, model_path, backends=backends, user=source)
         settings = [f"python3 -m verl.trainer.main_ppo --config-name={ex['config_name']} \\"] + \
             [f"    {o} \\" for o in ex["overrides"]]
         settings[-1] = settings[-1][:-2]
     else:
         from nereus.integrations.openrlhf import export_openrlhf
 
-        ex = export_openrlhf(job, plan, args.headroom, model_path)
+        ex = export_openrlhf(job, plan, args.headroom, model_path, user_args=(source or {}).get("args"))
         settings = [ex["command"]]
     ev = ex["evaluation"]
     if args.json:
@@ -416,7 +420,7 @@ def main(args) -> int:
     if getattr(args, "layout", None) and (getattr(args, "from_verl", None) or getattr(args, "from_openrlhf", None)):
         raise ValueError("--layout and --from-verl/--from-openrlhf are exclusive: an import evaluates the "
                          "framework's own layout")
-    if getattr(args, "from_verl", None) or getattr(args, "from_openrlhf", None):
+    if getattr(args, "from_verl", None) or getattr(args, "from_openrlhf", None) is not None:  # "" is refused there
         return _main_integrations(args)
     job = job_from_args(args)
     pool = None
