@@ -53,6 +53,7 @@ from nereus.integrations.openrlhf_export import (  # noqa: F401  (the export sid
     openrlhf_args,
     openrlhf_job,
 )
+from nereus.integrations.openrlhf_keys import classify_args
 from nereus.integrations.verl_features import budget_micro_batch
 from nereus.planner.plan import Candidate
 from nereus.spec import ClusterSpec, JobSpec, WorkloadSpec, get_gpu, get_model
@@ -255,7 +256,8 @@ def import_openrlhf(args, model=None, gpu=None) -> Imported:
     if max_len <= resp:
         raise ValueError(f"OpenRLHF arguments --data.max_len {max_len} must exceed --rollout.max_new_tokens {resp} "
                          "(prompt + response)")
-    reward = bool(g("reward.model_name_or_path")) and not g("reward.remote_url") and not g("train.agent_func_path")
+    rm, url, agent = g("reward.model_name_or_path"), g("reward.remote_url"), g("train.agent_func_path")
+    reward = bool(rm) and not url and not agent
     asynchronous = bool(g("train.async_enable"))
     wl = WorkloadSpec(algorithm=algo, prompts_per_step=g("rollout.batch_size"),
                       samples_per_prompt=g("rollout.n_samples_per_prompt"), prompt_len=max_len - resp,
@@ -392,4 +394,7 @@ def import_openrlhf(args, model=None, gpu=None) -> Imported:
                      "(times add); idle ones keep their resident state unless offloaded")
     order = {m.name: i for i, m in enumerate(workflow_for(wl).model_stages)}
     cands.sort(key=lambda x: order[x.model_stage])
+    parser = openrlhf_parser()
+    if parser is not None:
+        classify_args(a, vars(parser.parse_args([])), read, un, notes)
     return Imported("openrlhf", job, tuple(cands), un, read, notes)

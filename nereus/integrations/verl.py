@@ -66,6 +66,7 @@ from nereus.integrations.verl_features import (  # noqa: F401
     seq_split_degree,
     verl_lora_rank,
 )
+from nereus.integrations.verl_keys import classify_keys
 from nereus.planner.plan import Candidate
 from nereus.spec import ClusterSpec, JobSpec, WorkloadSpec, get_gpu, get_model
 from nereus.spec.framework import FrameworkSpec, get_framework
@@ -419,6 +420,7 @@ def import_verl(cfg: dict, model=None, gpu=None) -> Imported:
                          f"second resident copy on the shared GPUs (an upper bound on their memory)")
     order = {m.name: i for i, m in enumerate(workflow_for(wl).model_stages)}
     cands.sort(key=lambda x: order[x.model_stage])
+    classify_keys(cfg, c.read, un, notes, "ppo_megatron_trainer" if astrat == "megatron" else "ppo_trainer")
     read = {k: v for k, v in c.read.items()}
     return Imported("verl", job, tuple(cands), un, read, notes)
 
