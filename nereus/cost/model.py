@@ -21,7 +21,9 @@ the critical path of the execution-overlap graph is ``Σ_stage max_M t_M``; asyn
 of the next step overlaps inference and training, ``max(t_generate, t_infer + t_train)``.
 
 Per-GPU peak memory: ``workspace + Σ resident of every model-stage on the GPU + the largest
-transient among them`` (stages share GPUs one after another; idle model-stages stay resident).
+transient among them`` (stages share GPUs one after another; idle model-stages stay resident; under a
+framework whose inference passes run on the training engine, ``shared_engine``, such a pass adds no
+resident weights of its own).
 A plan is feasible when every GPU's peak fits ``(1 - headroom) · capacity``, with ``1 - headroom`` the
 workload's ``memory_fraction`` when set (vLLM's ``gpu_memory_utilization``), else 0.9. Memory terms
 use the workload's ``response_len_max`` when set (:mod:`nereus.cost.memory`), times its mean.
@@ -416,10 +418,12 @@ class CostModel:
         l_step = self.stage_latency({k: v.time for k, v in ests.items()}, stage_groups(plan, self.workflow))
         gpu_res: dict = {}
         gpu_tr: dict = {}
+        owned = _engine_owned(plan, self.job.framework)
         for c in plan.candidates:
             e = ests[c.model_stage]
+            res = 0.0 if c.model_stage in owned else e.resident
             for g in c.gpus:
-                gpu_res[g] = gpu_res.get(g, 0.0) + e.resident
+                gpu_res[g] = gpu_res.get(g, 0.0) + res
                 gpu_tr[g] = max(gpu_tr.get(g, 0.0), e.transient)
         gpu_mem = {g: self.workspace + gpu_res[g] + gpu_tr[g] for g in gpu_res}
         peak = {c.model_stage: max((gpu_mem[g] for g in c.gpus), default=self.workspace + ests[c.model_stage].peak_own)
@@ -434,6 +438,22 @@ class CostModel:
         if not plan.gpu_memory:
             plan = self.estimate(plan)
         return all(v <= self.capacity for v in plan.gpu_memory.values())
+
+
+def _engine_owned(plan: Plan, fw) -> set:
+    """Inference model-stages whose weights are their training engine's (``fw.shared_engine``: the
+    same model's ``.train`` candidate on the same GPUs keeps its weights resident), so they add no
+    resident bytes of their own."""
+    if not fw.shared_engine:
+        return set()
+    by = {c.model_stage: c for c in plan.candidates}
+    out = set()
+    for name, c in by.items():
+        t = by.get(name.replace(".infer", ".train")) if name.endswith(".infer") else None
+        if t is not None and set(t.gpus) == set(c.gpus) and t.offload in ("none", "cpu_adam") and t.tp == c.tp \
+                and t.pp == c.pp:
+            out.add(name)
+    return out
 
 
 def default_headroom(job: JobSpec) -> float:

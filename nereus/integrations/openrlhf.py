@@ -213,7 +213,8 @@ def openrlhf_framework(a_get, tp: int) -> FrameworkSpec:
     red = str(a_get("ds.grad_accum_dtype") or "bf16").lower()
     return replace(get_framework("deepspeed"), name="openrlhf-deepspeed", overlap_grad_reduce=bool(a_get("ds.overlap_comm")),
                    grad_reduce_bytes=4 if red in ("fp32", "float32") else 2, model_parallel_train=tp > 1,
-                   drop_model_stages=())  # OpenRLHF's sleep (level 1) and offloads copy state out and back
+                   drop_model_stages=(),  # OpenRLHF's sleep (level 1) and offloads copy state out and back
+                   shared_engine=True)  # log-probs and values on the actor's and critic's DeepSpeed engines
 
 
 def import_openrlhf(args, model=None, gpu=None) -> Imported:
@@ -291,8 +292,7 @@ def import_openrlhf(args, model=None, gpu=None) -> Imported:
     if z == 3:
         notes.append("--ds.zero_stage 3 also shards the weights of OpenRLHF's inference passes (log-probs and values "
                      "on the training engines, the reference and reward engines): zero 3 for the inference "
-                     "model-stages with DP > 1; actor.infer and critic.infer count their shard apart from the "
-                     "training engine's (one shard more than OpenRLHF holds)")
+                     "model-stages with DP > 1 (actor.infer and critic.infer use the training engines' shards)")
     ring = g("ds.ring_attn_size") or 1
     dynamic = bool(g("train.dynamic_batch_enable"))
     engines = g("vllm.num_engines")

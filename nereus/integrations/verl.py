@@ -219,9 +219,10 @@ def verl_framework(engines: dict, colocate: str = "always") -> FrameworkSpec:
         base = get_framework("megatron")
         return replace(base, name="verl-megatron", sequence_parallel=_job_sp(engines), overlap_grad_reduce=a.overlap,
                        grad_reduce_bytes=a.reduce_bytes, colocate=colocate, uneven_pp=False,
-                       max_virtual_stages=max(base.max_virtual_stages, a.vpp), drop_model_stages=VERL_DROP)
+                       max_virtual_stages=max(base.max_virtual_stages, a.vpp), drop_model_stages=VERL_DROP,
+                       shared_engine=True)
     return replace(get_framework("fsdp"), name="verl-fsdp", grad_reduce_bytes=a.reduce_bytes, colocate=colocate,
-                   drop_model_stages=VERL_DROP)
+                   drop_model_stages=VERL_DROP, shared_engine=True)
 
 
 def _job_sp(engines: dict) -> bool:
@@ -413,11 +414,6 @@ def import_verl(cfg: dict, model=None, gpu=None) -> Imported:
                                offload="host" if wsleep else "none", gpus=wgpus))
         notes.append(f"reward.infer micro-batch: verl serves the reward model with an inference engine; "
                      f"Nereus's default {wl.infer_micro_batch_size} is used")
-    for role, name in (("actor", "actor.infer"), ("critic", "critic.infer")):
-        e = engines.get(role)
-        if e is not None and not e.param_offload:
-            notes.append(f"{name} shares {role}.train's engine in verl; the cost model counts its weights as a "
-                         f"second resident copy on the shared GPUs (an upper bound on their memory)")
     order = {m.name: i for i, m in enumerate(workflow_for(wl).model_stages)}
     cands.sort(key=lambda x: order[x.model_stage])
     classify_keys(cfg, c.read, un, notes, "ppo_megatron_trainer" if astrat == "megatron" else "ppo_trainer")

@@ -78,6 +78,9 @@ NO_EFFECT = [
      r"|^reward\.reward_model\.(model\.(external_lib|trust_remote_code|path)|reward_loop_.*|num_workers)$",
      "rule-based reward functions run on the CPU; reward-model paths"),
     (r"^(skip|transfer_queue)\.", "debug dumps and the data transfer queue (host side)"),
+    (r"^distillation\.|^algorithm\.filter_groups\.|(^|\.)multi_turn\.|(^|\.)(qat|mtp|disaggregation|router_replay"
+     r"|turbo_config)(\.|$)|\.quantization_config_file$",
+     "options of features that are off (their switch is refused when on)"),
 ]
 
 NOTED = [
@@ -109,13 +112,15 @@ NOTED = [
 REFUSED = [
     (r"(^|\.)optim\.(optimizer|optimizer_impl|exp_avg_dtype|exp_avg_sq_dtype|use_layer_wise_distributed_optimizer)$",
      "another optimizer or optimizer-state dtype changes the optimizer bytes (Nereus models fp32 Adam, 12 B/param)"),
-    (r"\.(qat\..*|qat|quantization|quantization_config_file)$", "quantized training or rollout is not in the cost model"),
-    (r"(^|\.)(mtp(\..*)?|disaggregation\..*|router_replay\..*|expert_tensor_parallel_size|turbo_config\..*)$",
+    (r"\.(qat\.enable|quantization)$", "quantized training or rollout is not in the cost model"),
+    (r"(^|\.)(mtp\.enable|mtp\.enable_train|mtp\.enable_rollout|disaggregation\.enabled|router_replay\.mode"
+     r"|expert_tensor_parallel_size|turbo_config\.distributed\.(tensor_parallel_size|expert_parallel_size"
+     r"|ulysses_parallel_size|fully_shard_parallel_size|expert_fully_shard_parallel_size))$",
      "multi-token prediction, disaggregated prefill/decode, MoE routing and FSDP-turbo layouts are not in the plan space"),
     (r"\.(fsdp|fsdp_config|megatron)\.(dtype|model_dtype)$", "another parameter dtype changes the weight bytes"),
-    (r"(^|\.)multi_turn\..*$", "multi-turn rollouts (tool calls) change the lengths the cost model assumes"),
-    (r"^algorithm\.filter_groups\..*|\.over_sample_rate$", "dynamic sampling generates more batches than one per step"),
-    (r"^distillation\.", "on-policy distillation runs a teacher model the workflow does not have"),
+    (r"(^|\.)multi_turn\.enable$", "multi-turn rollouts (tool calls) change the lengths the cost model assumes"),
+    (r"^algorithm\.filter_groups\.enable$|\.over_sample_rate$", "dynamic sampling generates more batches than one per step"),
+    (r"^distillation\.enabled$", "on-policy distillation runs a teacher model the workflow does not have"),
     (r"\.model\.enable_activation_offload$", "activation offload to host memory is not in the cost model"),
     (r"^critic\.enable$", "an explicit critic switch: Nereus runs a critic exactly for PPO (gae)"),
 ]

@@ -104,6 +104,10 @@ class FrameworkSpec:
         model_parallel_train: whether training may use TP > 1 or PP > 1.
         uneven_pp: PP degrees that do not divide the layers are allowed (the first ranks hold one
             layer more).
+        shared_engine: an inference model-stage of a trained model (``actor.infer``, ``critic.infer``)
+            runs on that model's training engine when it has the same GPUs (verl's workers,
+            OpenRLHF's DeepSpeed actor and critic): its weights are the training engine's, not a
+            second resident copy.
         pipeline_parallel: whether training and inference model-stages (the training engine's passes)
             may use PP > 1 (verl's FSDP and OpenRLHF's DeepSpeed engines have no pipeline; generation
             is vLLM's and keeps its own degrees).
@@ -128,6 +132,7 @@ class FrameworkSpec:
     uneven_pp: bool = False
     drop_model_stages: tuple | None = None
     pipeline_parallel: bool = True
+    shared_engine: bool = False
 
     def __post_init__(self) -> None:
         if self.drop_model_stages is not None:
@@ -156,7 +161,7 @@ class FrameworkSpec:
         if g is not None and (isinstance(g, bool) or g not in (2, 4)):
             raise ValueError(f"framework field 'grad_reduce_bytes' must be 2 (bf16), 4 (fp32) or null, got {g!r}")
         for f in ("sequence_parallel", "overlap_grad_reduce", "overlap_tp_comm", "model_parallel_train",
-                  "uneven_pp", "pipeline_parallel"):
+                  "uneven_pp", "pipeline_parallel", "shared_engine"):
             if not isinstance(getattr(self, f), bool):
                 raise ValueError(f"framework field {f!r} must be true or false, got {getattr(self, f)!r}")
 
@@ -166,8 +171,10 @@ class FrameworkSpec:
         d["offload"] = list(self.offload)
         if self.drop_model_stages is not None:
             d["drop_model_stages"] = list(self.drop_model_stages)
-        if self.pipeline_parallel:  # the default: left out so existing documents read the same
+        if self.pipeline_parallel:  # the defaults: left out so existing documents read the same
             del d["pipeline_parallel"]
+        if not self.shared_engine:
+            del d["shared_engine"]
         return d
 
     @classmethod
