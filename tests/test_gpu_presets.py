@@ -67,3 +67,16 @@ def test_cli_refuses_lengths_past_the_context(capsys):
     rc = main(["plan", "--model", "qwen2.5-0.5b", "--response-len", "40000"])
     err = capsys.readouterr().err
     assert rc == 2 and "41024 tokens exceeds" in err and "max_position_embeddings=32768" in err
+
+
+def test_gemma2_is_refused_by_name(tmp_path):
+    from nereus.spec import get_model
+
+    d = tmp_path / "gemma2"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({
+        "model_type": "gemma2", "hidden_size": 3584, "intermediate_size": 14336, "num_hidden_layers": 42,
+        "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256, "vocab_size": 256000,
+        "sliding_window": 4096, "hidden_activation": "gelu_pytorch_tanh"}))
+    with pytest.raises(ValueError, match="'gemma2' is not supported .*sliding-window"):
+        get_model(str(d))
