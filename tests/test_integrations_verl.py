@@ -154,7 +154,13 @@ def test_import_grpo_megatron_qwen7b(qwen):
     assert (fw.name, fw.sequence_parallel, fw.overlap_grad_reduce, fw.grad_reduce_bytes) == \
         ("verl-megatron", True, False, 4)
     assert imp.expressible
-    assert any("actor.infer shares actor.train's engine" in n for n in imp.notes)
+    # actor.infer runs on actor.train's engine: one copy of the weights on the shared GPUs
+    assert fw.shared_engine
+    ev = evaluate_layout(imp.job, imp.layout)
+    est = ev.plan.estimates
+    peak = WORKSPACE_BYTES + sum(e.resident for k, e in est.items() if k != "actor.infer") + \
+        max(e.transient for e in est.values())
+    assert est["actor.infer"].resident > 0 and max(ev.plan.gpu_memory.values()) == pytest.approx(peak, rel=1e-9)
 
 
 def test_import_megatron_offload_interleaving_and_flags(qwen):

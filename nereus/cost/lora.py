@@ -39,7 +39,7 @@ import numpy as np
 from nereus.cost.shapes import max_layers_rank, params_rank
 from nereus.spec.model import ModelSpec
 
-__all__ = ["adapter_params_layer", "adapter_params_rank", "frozen_gemm_scale", "frozen_pass", "lora_dp_sync_time", "lora_sync_share",
+__all__ = ["adapter_params_layer", "adapter_params_rank", "frozen_gemm_scale", "frozen_pass", "lora_dp_sync_time", "lora_sync_share", "trainable_share",
            "trainable_params_rank"]
 
 
@@ -115,3 +115,10 @@ def lora_sync_share(model: ModelSpec, rank: int) -> float:
     """Share of the weight sync's bytes left when only the adapters travel: adapter parameters of
     all layers (at TP 1) over the model's parameters."""
     return float(adapter_params_layer(model, rank, 1)) * model.num_layers / model.num_params
+
+
+def trainable_share(model: ModelSpec, lora_rank: int | None, tp, pp):
+    """Share of a GPU's parameters the optimizer updates: 1, or the LoRA adapters' share."""
+    if not lora_rank:
+        return 1.0
+    return trainable_params_rank(model, lora_rank, tp, pp) / params_rank(model, tp, pp)

@@ -38,13 +38,12 @@ from nereus.cost.checks import check_candidate, check_train_batch
 from nereus.cost.detail import RowDetail
 from nereus.cost.efficiency import OVERLAP_COMPUTE_SLOWDOWN, EfficiencyTable
 from nereus.cost.host_optimizer import cpu_adam_times
-from nereus.cost.lora import frozen_pass, lora_dp_sync_time, lora_sync_share, trainable_params_rank
+from nereus.cost.lora import frozen_pass, lora_dp_sync_time, lora_sync_share, trainable_share
 from nereus.cost.memory import OFF_CPU_ADAM, WORKSPACE_BYTES, offload_code, recompute_code, stage_memory
 from nereus.cost.rows import expand, rows_of, unique_rows
 from nereus.cost.seqpar import with_seq_split
-from nereus.cost.shapes import params_rank
 from nereus.cost.sharded_infer import infer_gather_times
-from nereus.cost.step import critical_path, stage_groups
+from nereus.cost.step import critical_path, engine_owned, stage_groups
 from nereus.cost.vllm_memory import kv_capacity, preallocated_memory
 from nereus.spec.job import JobSpec
 from nereus.spec.plan import Candidate, Plan, StageEstimate
@@ -76,13 +75,6 @@ def _overlap_dp(comm: dict, last: dict, zero, m) -> dict:
     out = {k: v * keep for k, v in comm.items()}
     out["overlap"] = OVERLAP_COMPUTE_SLOWDOWN * np.minimum(total, window)
     return out
-
-
-def _trainable_share(model, w, tp, pp):
-    """Share of the parameters that the optimizer updates: 1, or the LoRA adapters' share."""
-    if not w.lora_rank:
-        return 1.0
-    return trainable_params_rank(model, w.lora_rank, tp, pp) / params_rank(model, tp, pp)
 
 
 def _sum(d: dict):
@@ -214,12 +206,12 @@ class CostModel:
                                         reduce_bytes=fw.grad_reduce_bytes)
             if fw.overlap_grad_reduce:
                 comm = _overlap_dp(comm, last, zero, m)
-            adam = lat.optimizer_time(model, w, cl, eff, tp, pp, dps, zero) * _trainable_share(model, w, tp, pp)
+            adam = lat.optimizer_time(model, w, cl, eff, tp, pp, dps, zero) * trainable_share(model, w.lora_rank, tp, pp)
             gpu_adam = np.where(off == OFF_CPU_ADAM, 0.0, adam)
             per_mini = _combine(_scale(last, m), {"bubble": (pp - 1) * _sum(mid) / np.maximum(vpp, 1)}, comm,
                                 {"memory_bound": gpu_adam},
                                 _scale(cpu_adam_times(model, w, cl, eff, tp, pp, dps, zero, off),
-                                       _trainable_share(model, w, tp, pp)))
+                                       trainable_share(model, w.lora_rank, tp, pp)))
             parts = _scale(per_mini, w.updates_per_step)
             if ms.model == "actor":
                 parts = _combine(parts, self._sync(model, tp, pp, dp.shape, "send", multi_node))
@@ -418,7 +410,7 @@ class CostModel:
         l_step = self.stage_latency({k: v.time for k, v in ests.items()}, stage_groups(plan, self.workflow))
         gpu_res: dict = {}
         gpu_tr: dict = {}
-        owned = _engine_owned(plan, self.job.framework)
+        owned = engine_owned(plan, self.job.framework)
         for c in plan.candidates:
             e = ests[c.model_stage]
             res = 0.0 if c.model_stage in owned else e.resident
@@ -438,22 +430,6 @@ class CostModel:
         if not plan.gpu_memory:
             plan = self.estimate(plan)
         return all(v <= self.capacity for v in plan.gpu_memory.values())
-
-
-def _engine_owned(plan: Plan, fw) -> set:
-    """Inference model-stages whose weights are their training engine's (``fw.shared_engine``: the
-    same model's ``.train`` candidate on the same GPUs keeps its weights resident), so they add no
-    resident bytes of their own."""
-    if not fw.shared_engine:
-        return set()
-    by = {c.model_stage: c for c in plan.candidates}
-    out = set()
-    for name, c in by.items():
-        t = by.get(name.replace(".infer", ".train")) if name.endswith(".infer") else None
-        if t is not None and set(t.gpus) == set(c.gpus) and t.offload in ("none", "cpu_adam") and t.tp == c.tp \
-                and t.pp == c.pp:
-            out.add(name)
-    return out
 
 
 def default_headroom(job: JobSpec) -> float:

@@ -52,7 +52,8 @@ def openrlhf_job(job: JobSpec) -> JobSpec:
     if job.framework.name == "openrlhf-deepspeed":
         return job.with_framework(replace(job.framework, model_parallel_train=True))
     return job.with_framework(replace(get_framework("deepspeed"), name="openrlhf-deepspeed", overlap_grad_reduce=False,
-                                      grad_reduce_bytes=2, model_parallel_train=True, drop_model_stages=()))
+                                      grad_reduce_bytes=2, model_parallel_train=True, drop_model_stages=(),
+                                      shared_engine=True))
 
 
 #: (ZeRO stage, training offload) pairs the export searches: --ds.zero_stage, --ds.adam_offload (ZeRO >= 1,

@@ -60,10 +60,10 @@ def verl_job(job: JobSpec, backend: str) -> JobSpec:
             return job.with_framework(replace(fw, colocate="always"))
         return job.with_framework(replace(get_framework("megatron"), name="verl-megatron", sequence_parallel=True,
                                           overlap_grad_reduce=False, grad_reduce_bytes=4, colocate="always",
-                                          uneven_pp=False, drop_model_stages=VERL_DROP))
+                                          uneven_pp=False, drop_model_stages=VERL_DROP, shared_engine=True))
     # the export writes no mixed_precision section: verl reduces in fp32
     return job.with_framework(replace(get_framework("fsdp"), name="verl-fsdp", grad_reduce_bytes=4, colocate="always",
-                                      drop_model_stages=VERL_DROP))
+                                      drop_model_stages=VERL_DROP, shared_engine=True))
 
 
 class _Search:
@@ -288,7 +288,9 @@ def verl_overrides(job: JobSpec, cands, model_path: str | None = None, backend: 
     if "critic.train" in by:
         ct = by["critic.train"]
         ov += megatron("critic", ct, True) if backend == "megatron" else fsdp("critic", "critic.fsdp", "critic.model", ct)
-        ov += ["critic.use_dynamic_bsz=False", f"critic.forward_micro_batch_size_per_gpu={by['critic.infer'].micro_batch}"]
+        ov += ["critic.use_dynamic_bsz=False"]
+        if backend == "fsdp":  # ppo_megatron_trainer's critic has no forward micro-batch key
+            ov += [f"critic.forward_micro_batch_size_per_gpu={by['critic.infer'].micro_batch}"]
     if "reward.infer" in by:
         rw = by["reward.infer"]
         ov += ["reward.reward_model.enable=True",

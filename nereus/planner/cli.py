@@ -98,8 +98,9 @@ def job_from_args(args) -> JobSpec:
         wl["samples_per_prompt"] = 4
     fw = get_framework(args.framework) if getattr(args, "framework", None) else (base.framework if base else
                                                                                  FrameworkSpec())
-    return check_context(JobSpec(actor=model, cluster=ClusterSpec(gpu, nodes, gpn), workload=WorkloadSpec(**wl),
-                                 framework=fw))
+    job = JobSpec(actor=model, cluster=ClusterSpec(gpu, nodes, gpn), workload=WorkloadSpec(**wl), framework=fw)
+    given = [getattr(args, k, None) for k in ("prompt_len", "response_len", "response_len_max", "response_lens")]
+    return check_context(job) if any(v is not None for v in given) else job  # the lengths the user asked for
 
 
 def _length_options(args, wl: dict) -> None:
