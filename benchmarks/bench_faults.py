@@ -1,11 +1,11 @@
 """Fault benchmark: workers killed or hung at random points of real PPO and GRPO runs (docs/faults.md).
 
-Each run is an :class:`~nereus.runtime.adaptive.AdaptiveRun` (``tiny`` model preset) on 4-6 Ray CPU
+Each run is an :class:`~nereus.runtime.run.adaptive.AdaptiveRun` (``tiny`` model preset) on 4-6 Ray CPU
 workers with a pool schedule whose departures are announced (``notice=True``), so live transitions
 happen, and durable checkpoints every 1 or 2 steps. Almost every step gets a fault, drawn from a
 seeded generator:
 
-* **where**: one of ``faults.FAULT_POINTS``: generation, a forward for log-probs or values (PPO's
+* **where**: one of ``worker.fault_tolerant.FAULT_POINTS``: generation, a forward for log-probs or values (PPO's
   critic), the forward+backward+optimizer call (``train_fields``, sometimes its second mini-batch,
   after the first optimizer step already ran), the weight sync, a transition primitive (at a step
   whose boundary has an announced departure) and a durable checkpoint save;
@@ -55,23 +55,21 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import torch  # noqa: E402
 
 from nereus.controller.planning import same_plan  # noqa: E402
-from nereus.planner.plan import Plan  # noqa: E402
-from nereus.runtime.adaptive import parse_pool_schedule  # noqa: E402
-from nereus.runtime.driver import RLDriver  # noqa: E402
-from nereus.runtime.pool import WorkerPool  # noqa: E402
-from nereus.runtime.relayout import relayout, train_stages  # noqa: E402
+from nereus.runtime.run.driver import RLDriver  # noqa: E402
+from nereus.runtime.run.pool import WorkerPool  # noqa: E402
+from nereus.runtime.run.relayout import relayout, train_stages  # noqa: E402
+from nereus.runtime.run.schedules import parse_pool_schedule  # noqa: E402
+from nereus.spec.plan import Plan  # noqa: E402
 
 _HERE = str(Path(__file__).resolve().parent)
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
 from fault_report import summarize, tables  # noqa: E402
-from fault_run import (  # noqa: E402,F401  (re-exported: the tests and docs name them here)
+from fault_run import (  # noqa: E402
     ATOL,
     GROUP_TIMEOUT_S,
     HANG_TIMEOUT_S,
-    NEVER,
-    PHASE_OF,
     RTOL,
     SPEC,
     STEP_POINTS,
@@ -145,7 +143,7 @@ def replay(spec: RunSpec, plans: dict[int, Plan], timeout_s: float) -> dict:
     """The fault-free run a faulty one must match: the same samples and steps, each step on the plan
     it last ran on in the faulty run (``FaultBenchRun.step_plans``), on an :class:`RLDriver` of its
     own with no faults, no controller and no checkpoints; a plan change between two steps goes
-    through the centralized re-layout (``relayout.py``: gathered into the driver, exact), so nothing
+    through the centralized re-layout (``run/relayout.py``: gathered into the driver, exact), so nothing
     it shares with the faulty run's recoveries (live transitions, rollback snapshots, durable
     checkpoints) can hide a difference. Worker ids are renumbered ``0..n-1`` in order (layouts,
     hence every sum's order, are unchanged).

@@ -22,10 +22,10 @@ import sys
 CHILD = r'''
 import dataclasses, math, resource, sys, time
 import torch
-from nereus.runtime.instrument import Meter
-from nereus.runtime.layout import init_full_params, param_shapes
-from nereus.runtime.model import LlamaShard
-from nereus.runtime.parallel import Layout, ParallelContext
+from nereus.runtime.comm.instrument import Meter
+from nereus.runtime.model.sharding import init_full_params, param_shapes
+from nereus.runtime.model.llama import LlamaShard
+from nereus.runtime.comm.parallel import Layout, ParallelContext
 from nereus.spec.model import get_model
 name, layers, tp, mode = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 spec = get_model(name)
@@ -38,7 +38,7 @@ stats = {}
 if mode == "full":
     m = LlamaShard(spec, ctx, 0, Meter(), full=init_full_params(spec, 0))
 else:
-    import nereus.runtime.model as M
+    import nereus.runtime.model.llama as M
     draw = M.init_shard_params
     M.init_shard_params = lambda *a, **k: draw(*a, **k, stats=stats)
     m = LlamaShard(spec, ctx, 0, Meter())

@@ -39,15 +39,16 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
-from nereus.planner.plan import Candidate, Plan  # noqa: E402
-from nereus.runtime import durable  # noqa: E402
-from nereus.runtime.adaptive import runtime_job  # noqa: E402
-from nereus.runtime.driver import RLConfig, RLDriver  # noqa: E402
-from nereus.runtime.executor import TransitionExecutor  # noqa: E402
-from nereus.runtime.faults import fault_tolerant_class  # noqa: E402
-from nereus.runtime.pool import WorkerPool, _ray_get  # noqa: E402
-from nereus.runtime.task import DigitTask  # noqa: E402
+from nereus.runtime.durable import driver_side as durable  # noqa: E402
+from nereus.runtime.rl.task import DigitTask  # noqa: E402
+from nereus.runtime.run.config import RLConfig  # noqa: E402
+from nereus.runtime.run.device_model import runtime_job  # noqa: E402
+from nereus.runtime.run.driver import RLDriver  # noqa: E402
+from nereus.runtime.run.pool import WorkerPool, _ray_get  # noqa: E402
+from nereus.runtime.transit.driver_side import TransitionExecutor  # noqa: E402
+from nereus.runtime.worker.fault_tolerant import fault_tolerant_class  # noqa: E402
 from nereus.spec.model import MODEL_PRESETS  # noqa: E402
+from nereus.spec.plan import Candidate, Plan  # noqa: E402
 from nereus.spec.workload import WorkloadSpec  # noqa: E402
 from nereus.transition.estimate import estimate_transition  # noqa: E402
 

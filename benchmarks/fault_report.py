@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import statistics
 
-from nereus.runtime.faults import FAULT_POINTS
+from nereus.runtime.worker.fault_tolerant import FAULT_POINTS
 
 
 def summarize(runs: list[dict], refs: dict, wall_s: float, args, hang_timeout_s: float) -> dict:

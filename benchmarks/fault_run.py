@@ -1,6 +1,6 @@
 """The fault benchmark's runs (``benchmarks/bench_faults.py``): its constants, the planned
 :class:`Fault` and :class:`RunSpec`, and :class:`FaultBenchRun`, an
-:class:`~nereus.runtime.adaptive.AdaptiveRun` that injects several faults per step and replaces
+:class:`~nereus.runtime.run.adaptive.AdaptiveRun` that injects several faults per step and replaces
 each lost worker a step later."""
 
 from __future__ import annotations
@@ -12,13 +12,14 @@ from dataclasses import dataclass, field
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
-from nereus.planner.plan import Plan  # noqa: E402
-from nereus.runtime.adaptive import AdaptiveRun, runtime_job  # noqa: E402
-from nereus.runtime.driver import RLConfig  # noqa: E402
-from nereus.runtime.executor import move_specs  # noqa: E402
-from nereus.runtime.relayout import train_stages  # noqa: E402
-from nereus.runtime.task import DigitTask  # noqa: E402
+from nereus.runtime.rl.task import DigitTask  # noqa: E402
+from nereus.runtime.run.adaptive import AdaptiveRun  # noqa: E402
+from nereus.runtime.run.config import RLConfig  # noqa: E402
+from nereus.runtime.run.device_model import runtime_job  # noqa: E402
+from nereus.runtime.run.relayout import train_stages  # noqa: E402
+from nereus.runtime.transit.driver_side import move_specs  # noqa: E402
 from nereus.spec.model import MODEL_PRESETS  # noqa: E402
+from nereus.spec.plan import Plan  # noqa: E402
 from nereus.spec.workload import WorkloadSpec  # noqa: E402
 from nereus.transition.estimate import estimate_transition  # noqa: E402
 

@@ -40,7 +40,7 @@ def _layouts(n: int) -> list[tuple[int, int]]:
 
 def _parity_worker(core, layouts, tokens):
     """On every worker: logits and gradients (gathered full) of each layout it is part of."""
-    from nereus.runtime.parallel import Layout
+    from nereus.runtime.comm.parallel import Layout
     from nereus.spec.model import MODEL_PRESETS
 
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -66,10 +66,10 @@ def _parity_worker(core, layouts, tokens):
 
 
 def parity(n: int) -> bool:
-    from nereus.runtime.engine import AdamConfig, Engine
-    from nereus.runtime.instrument import Meter
-    from nereus.runtime.local import run_local
-    from nereus.runtime.parallel import Layout, build_context
+    from nereus.runtime.comm.instrument import Meter
+    from nereus.runtime.comm.parallel import Layout, build_context
+    from nereus.runtime.run.local import run_local
+    from nereus.runtime.worker.engine import AdamConfig, Engine
     from nereus.spec.model import MODEL_PRESETS
 
     spec = MODEL_PRESETS["tiny"]
@@ -96,9 +96,9 @@ def parity(n: int) -> bool:
 
 
 def bf16_step() -> bool:
-    from nereus.runtime.engine import AdamConfig, Engine
-    from nereus.runtime.instrument import Meter
-    from nereus.runtime.parallel import Layout, build_context
+    from nereus.runtime.comm.instrument import Meter
+    from nereus.runtime.comm.parallel import Layout, build_context
+    from nereus.runtime.worker.engine import AdamConfig, Engine
     from nereus.spec.model import MODEL_PRESETS
 
     spec = MODEL_PRESETS["tiny"]
@@ -122,13 +122,14 @@ def bf16_step() -> bool:
 def transition(n: int) -> bool:
     import ray
 
-    from nereus.planner.plan import Candidate, Plan
-    from nereus.runtime.adaptive import runtime_job
-    from nereus.runtime.driver import RLConfig, RLDriver
-    from nereus.runtime.executor import TransitionExecutor
-    from nereus.runtime.pool import WorkerPool
-    from nereus.runtime.task import DigitTask
+    from nereus.runtime.rl.task import DigitTask
+    from nereus.runtime.run.config import RLConfig
+    from nereus.runtime.run.device_model import runtime_job
+    from nereus.runtime.run.driver import RLDriver
+    from nereus.runtime.run.pool import WorkerPool
+    from nereus.runtime.transit.driver_side import TransitionExecutor
     from nereus.spec.model import MODEL_PRESETS
+    from nereus.spec.plan import Candidate, Plan
     from nereus.spec.workload import WorkloadSpec
     from nereus.transition.estimate import estimate_transition
 

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from nereus.cli import main
-from nereus.planner.plan import load_plan
+from nereus.spec.plan import load_plan
 
 
 def test_help_documents_every_option(capsys):

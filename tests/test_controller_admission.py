@@ -16,7 +16,7 @@ from nereus.controller import (
     decision_to_dict,
     payback_ok,
 )
-from nereus.planner.plan import Candidate, Plan
+from nereus.spec.plan import Candidate, Plan
 
 
 def _plan(l_step, tp=1):

@@ -1,8 +1,8 @@
 """Destroy-only and extend-only alternatives, hand-computed."""
 
 from nereus.controller.alternatives import destroy_only, extend_only, resize
-from nereus.planner.plan import Candidate, Plan
 from nereus.spec.hardware import ClusterSpec, get_gpu
+from nereus.spec.plan import Candidate, Plan
 
 CLUSTER = ClusterSpec(get_gpu("h100"), 2, 4)   # GPUs 0-3 on node 0, 4-7 on node 1
 

@@ -9,9 +9,9 @@ from nereus.controller.admission import Option, admit
 from nereus.controller.monitor import POOL_LOSS, Monitor
 from nereus.controller.risk import LossRate, RiskModel, hit_probability, vulnerable_nodes
 from nereus.planner.placement import place
-from nereus.planner.plan import Candidate, Plan
 from nereus.planner.search import SearchOptions, plan_job
 from nereus.spec import hardware, job, model, workload
+from nereus.spec.plan import Candidate, Plan
 from nereus.workflow import workflow_for
 
 CLUSTER = hardware.ClusterSpec(hardware.get_gpu("h100"), 4, 8)

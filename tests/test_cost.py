@@ -8,10 +8,11 @@ from nereus.cost.collectives import allgather_time, allreduce_time, broadcast_ti
 from nereus.cost.efficiency import EfficiencyTable
 from nereus.cost.latency import microbatch_stage_times
 from nereus.cost.memory import activation_bytes_per_layer, stage_memory
-from nereus.cost.model import CostModel, critical_path
+from nereus.cost.model import CostModel
 from nereus.cost.shapes import layers_of_rank, max_params_per_gpu, params_on_rank, valid_tp
-from nereus.planner.plan import Candidate
+from nereus.cost.step import critical_path
 from nereus.spec import ClusterSpec, JobSpec, WorkloadSpec, get_gpu, get_model
+from nereus.spec.plan import Candidate
 from nereus.workflow import workflow_for
 
 GIB = 2**30
@@ -139,7 +140,7 @@ def test_invalid_tp_is_a_clear_error():
 def test_memory_check_uses_headroom_and_coresidency():
     cm = CostModel(_job(prompt_len=1024, response_len=2048))
     assert cm.capacity == pytest.approx(0.9 * 81559 * 2**20)
-    from nereus.planner.plan import Plan
+    from nereus.spec.plan import Plan
     gen = Candidate("actor.generate", 1, 1, 1, concurrency=8, gpus=(0,))
     train = Candidate("actor.train", 1, 1, 1, micro_batch=1, grad_accum=256, gpus=(0,))
     plan = cm.estimate(Plan(candidates=(gen, train)))
@@ -217,7 +218,7 @@ def test_stage_groups_join_chains_of_overlapping_gpu_sets():
     # infer stage: actor.infer {0,1} overlaps reference.infer {1,2}, which overlaps reward.infer
     # {2,3}; actor.infer and reward.infer share no GPU but run in one group through reference.infer.
     # critic.infer {6,7} is alone. Other stages: one model-stage each.
-    from nereus.cost.model import stage_groups
+    from nereus.cost.step import stage_groups
     from nereus.spec.plan import Plan
 
     cm = CostModel(_job())

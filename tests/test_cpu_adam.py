@@ -11,10 +11,10 @@ import pytest
 
 from nereus.cost.efficiency import EfficiencyTable
 from nereus.cost.model import CostModel
-from nereus.planner.plan import Candidate
 from nereus.planner.search import NoFeasiblePlan, plan_job
 from nereus.spec import ClusterSpec, JobSpec, WorkloadSpec, get_gpu, get_model
 from nereus.spec.framework import FrameworkSpec, get_framework
+from nereus.spec.plan import Candidate
 
 P8B = 8_030_261_248
 

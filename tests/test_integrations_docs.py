@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from nereus.integrations.openrlhf import openrlhf_source
-from nereus.integrations.verl import verl_config_dir
+from nereus.integrations.verl_config import verl_config_dir
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "integrations.md"

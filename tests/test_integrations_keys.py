@@ -9,7 +9,8 @@ from omegaconf import OmegaConf
 
 from nereus.integrations import openrlhf_keys, verl_keys
 from nereus.integrations.openrlhf import _DEFAULTS, argument_names, import_openrlhf, openrlhf_source
-from nereus.integrations.verl import import_verl, load_verl_config, verl_config_dir
+from nereus.integrations.verl import import_verl
+from nereus.integrations.verl_config import load_verl_config, verl_config_dir
 
 pytestmark = pytest.mark.skipif(verl_config_dir() is None or openrlhf_source() is None,
                                 reason="needs verl and OpenRLHF installed")

@@ -9,8 +9,8 @@ import pytest
 
 from nereus.cli import main
 from nereus.integrations.openrlhf import import_openrlhf, openrlhf_parser, openrlhf_source
-from nereus.integrations.verl import import_verl, load_verl_config, verl_config_dir
-from nereus.integrations.verl_config import verl_launch
+from nereus.integrations.verl import import_verl
+from nereus.integrations.verl_config import load_verl_config, verl_config_dir, verl_launch
 
 pytestmark = pytest.mark.skipif(verl_config_dir() is None or openrlhf_source() is None,
                                 reason="needs verl and OpenRLHF installed")

@@ -11,7 +11,8 @@ import pytest
 from nereus.cost.memory import WORKSPACE_BYTES
 from nereus.cost.model import CostModel
 from nereus.integrations.common import compare, layout_key
-from nereus.integrations.openrlhf import argument_names, export_openrlhf, import_openrlhf, openrlhf_source
+from nereus.integrations.openrlhf import argument_names, import_openrlhf, openrlhf_source
+from nereus.integrations.openrlhf_export import export_openrlhf
 from nereus.planner.search import plan_job
 from nereus.spec import ClusterSpec, JobSpec, WorkloadSpec, get_gpu, get_model
 

@@ -10,9 +10,12 @@ import pytest
 
 from nereus.cost.memory import WORKSPACE_BYTES
 from nereus.cost.model import CostModel
-from nereus.integrations.common import compare, evaluate_layout, layout_key
-from nereus.integrations.verl import export_verl, import_verl, load_verl_config, verl_config_dir, verl_job
+from nereus.integrations.common import compare, layout_key
+from nereus.integrations.verl import import_verl
+from nereus.integrations.verl_config import load_verl_config, verl_config_dir
+from nereus.integrations.verl_export import export_verl, verl_job
 from nereus.planner.search import plan_job
+from nereus.planner.whatif import evaluate_layout
 
 pytestmark = pytest.mark.skipif(verl_config_dir() is None, reason="verl not installed (pip install -e '.[test]')")
 
@@ -287,7 +290,7 @@ def test_export_picks_the_faster_backend_and_time_is_the_serial_sum(qwen):
 def test_verl_expressible_names_what_verl_cannot_run(qwen):
     from dataclasses import replace
 
-    from nereus.integrations.verl import verl_expressible
+    from nereus.integrations.verl_export import verl_expressible
 
     imp = import_verl(load_verl_config("ppo_megatron_trainer", grpo_megatron_7b(qwen["7b"])))
     assert verl_expressible(imp.job, imp.layout, "megatron") is None  # the user's own layout
@@ -306,7 +309,7 @@ def test_export_takes_the_planners_plan_when_verl_runs_it_and_it_is_faster(qwen,
     from dataclasses import replace
 
     import nereus.integrations.verl_export as v
-    from nereus.planner.plan import Plan
+    from nereus.spec.plan import Plan
 
     imp = import_verl(load_verl_config("ppo_megatron_trainer", grpo_megatron_7b(qwen["7b"])))
     user = Plan(candidates=imp.layout, l_step=1.0)

@@ -7,9 +7,10 @@ import pytest
 
 from nereus.cost.model import CostModel
 from nereus.planner.exhaustive import exhaustive_optimum
-from nereus.planner.plan import Candidate, Plan
-from nereus.planner.search import NoFeasiblePlan, minmax_knapsack, plan_job, search
+from nereus.planner.level_search import minmax_knapsack
+from nereus.planner.search import NoFeasiblePlan, plan_job, search
 from nereus.spec import ClusterSpec, JobSpec, WorkloadSpec, get_gpu, get_model
+from nereus.spec.plan import Candidate, Plan
 from nereus.workflow import ModelStage, Workflow
 
 GIB = 2**30

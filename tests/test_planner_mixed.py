@@ -14,13 +14,16 @@ import random
 import numpy as np
 import pytest
 
-from nereus.cost.model import CostModel, stage_groups
+from nereus.cost.model import CostModel
+from nereus.cost.step import stage_groups
 from nereus.planner import exhaustive as ex_mod
 from nereus.planner import partitions as parts_mod
 from nereus.planner import search as search_mod
 from nereus.planner.candidates import CandidateSet
 from nereus.planner.exhaustive import exhaustive_optimum
-from nereus.planner.search import NoFeasiblePlan, partition_mode, plan_job, search, set_partitions
+from nereus.planner.partitions import set_partitions
+from nereus.planner.search import NoFeasiblePlan, plan_job, search
+from nereus.planner.staircase import partition_mode
 from nereus.spec import ClusterSpec, JobSpec, WorkloadSpec, get_gpu, get_model
 from nereus.spec.framework import FrameworkSpec, get_framework
 from nereus.spec.plan import Candidate, Plan
@@ -280,7 +283,7 @@ def test_real_job_where_mixed_wins():
 
 
 def test_cli_names_the_blocks_of_a_mixed_stage():
-    from nereus.planner.cli import _blocks
+    from nereus.cli.plan import _blocks
 
     c = [Candidate("actor.infer", 1, 1, 2, micro_batch=1, gpus=(0, 1)),
          Candidate("reference.infer", 1, 1, 1, micro_batch=1, gpus=(4,)),

@@ -8,11 +8,13 @@ import random
 import numpy as np
 import pytest
 
-from nereus.cost.model import CostModel, stage_groups
+from nereus.cost.model import CostModel
+from nereus.cost.step import stage_groups
 from nereus.planner import candidates as cand_mod
 from nereus.planner.candidates import enumerate_candidates
 from nereus.planner.exhaustive import exhaustive_optimum
-from nereus.planner.search import NoFeasiblePlan, partition_mode, plan_job, search
+from nereus.planner.search import NoFeasiblePlan, plan_job, search
+from nereus.planner.staircase import partition_mode
 from nereus.spec import ClusterSpec, JobSpec, WorkloadSpec, get_gpu, get_model
 from nereus.spec.framework import FrameworkSpec, get_framework
 from nereus.workflow import ModelStage, Workflow
@@ -374,7 +376,7 @@ def test_cross_class_prune_drops_only_dominated_rows(seed, monkeypatch):
 @pytest.mark.parametrize("seed", range(10))
 def test_knapsack_at_every_level_equals_the_greedy_per_level(seed):
     """The all-levels min-max knapsack against the greedy (slowest model-stage first) per level."""
-    from nereus.planner.search import minmax_knapsack
+    from nereus.planner.level_search import minmax_knapsack
     from nereus.planner.staircase import _minmax_levels
 
     rng = np.random.default_rng(seed)

@@ -14,12 +14,17 @@ import torch
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from nereus.runtime.adaptive import AdaptiveRun, parse_pool_schedule  # noqa: E402
-from nereus.runtime.driver import RLConfig, RLDriver, simple_plan  # noqa: E402
-from nereus.runtime.pool import WorkerPool  # noqa: E402
-from nereus.runtime.relayout import checkpoint, relayout  # noqa: E402
-from nereus.runtime.schedules import parse_digits_schedule  # noqa: E402
-from nereus.runtime.task import DigitTask  # noqa: E402
+from nereus.runtime.rl.task import DigitTask  # noqa: E402
+from nereus.runtime.run.adaptive import AdaptiveRun  # noqa: E402
+from nereus.runtime.run.config import RLConfig  # noqa: E402
+from nereus.runtime.run.driver import RLDriver  # noqa: E402
+from nereus.runtime.run.plans import simple_plan  # noqa: E402
+from nereus.runtime.run.pool import WorkerPool  # noqa: E402
+from nereus.runtime.run.relayout import checkpoint, relayout  # noqa: E402
+from nereus.runtime.run.schedules import (
+    parse_digits_schedule,  # noqa: E402
+    parse_pool_schedule,  # noqa: E402
+)
 from nereus.spec.model import MODEL_PRESETS  # noqa: E402
 from nereus.spec.workload import WorkloadSpec  # noqa: E402
 
@@ -134,7 +139,7 @@ def test_adaptive_run_moves_state_live_off_workers_that_announce_leaving(ray_clu
 def test_digits_schedule_and_scenario_options():
     import argparse
 
-    from nereus.runtime.cli import SCENARIOS, add_arguments, apply_scenario
+    from nereus.cli.run import SCENARIOS, add_arguments, apply_scenario
 
     assert parse_digits_schedule("4:5, 8:7") == {4: 5, 8: 7}
     assert parse_digits_schedule(None) == {}
@@ -157,7 +162,7 @@ def test_a_transition_whose_legal_target_is_the_current_plan_moves_nothing_and_r
     from types import SimpleNamespace
 
     from nereus.controller.decisions import Transition, TransitionCost
-    from nereus.planner.plan import Candidate, Plan
+    from nereus.spec.plan import Candidate, Plan
 
     current = Plan(candidates=(Candidate("actor.train", 1, 1, 2, micro_batch=1, grad_accum=2, gpus=(0, 1)),))
     wider = Plan(candidates=(Candidate("actor.train", 1, 1, 3, micro_batch=1, grad_accum=1, gpus=(0, 1, 2)),))

@@ -1,4 +1,4 @@
-"""One-step-off asynchronous RL (``nereus/runtime/async_driver.py``, ``nereus run --async``).
+"""One-step-off asynchronous RL (``nereus/runtime/run/async_driver.py``, ``nereus run --async``).
 
 Reference values are derived independently: a synchronous :class:`RLDriver` run on the same pool
 (staleness 0 must reproduce its weights), and hand-computed weight versions (batch ``k`` of a
@@ -15,12 +15,14 @@ import torch
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from nereus.planner.plan import Plan  # noqa: E402
-from nereus.runtime.async_driver import AsyncRLDriver, async_plan, overlap_of  # noqa: E402
-from nereus.runtime.driver import RLConfig, RLDriver, simple_plan  # noqa: E402
-from nereus.runtime.parallel import Layout  # noqa: E402
-from nereus.runtime.task import DigitTask  # noqa: E402
+from nereus.runtime.comm.parallel import Layout  # noqa: E402
+from nereus.runtime.rl.task import DigitTask  # noqa: E402
+from nereus.runtime.run.async_driver import AsyncRLDriver, async_plan, overlap_of  # noqa: E402
+from nereus.runtime.run.config import RLConfig  # noqa: E402
+from nereus.runtime.run.driver import RLDriver  # noqa: E402
+from nereus.runtime.run.plans import simple_plan  # noqa: E402
 from nereus.spec.model import MODEL_PRESETS  # noqa: E402
+from nereus.spec.plan import Plan  # noqa: E402
 from nereus.spec.workload import WorkloadSpec  # noqa: E402
 from nereus.workflow import workflow_for  # noqa: E402
 
@@ -43,10 +45,6 @@ def plan_for(w: WorkloadSpec, gen=(1, 1, 2), rest=(1, 1, 2)) -> Plan:
     """Generation on workers 2-3, every other model-stage on workers 0-1."""
     return async_plan(w, layouts(w, gen, rest), 4, micro_batch=1)
 
-
-@pytest.fixture(scope="module")
-def ray_cpus():
-    return 4
 
 
 def _run(driver, pool, steps: int):
@@ -138,9 +136,9 @@ def test_staleness_two_bounded_and_transition_at_sync_boundary(pool):
     after the sync of step 1 while batches 2 and 3 wait on the driver: no sample skipped or repeated,
     versions as computed by hand, the training state unchanged by the transition, and the run ends
     with finite weights."""
-    from nereus.planner.plan import Candidate
-    from nereus.runtime.adaptive import runtime_job
-    from nereus.runtime.executor import TransitionExecutor
+    from nereus.runtime.run.device_model import runtime_job
+    from nereus.runtime.transit.driver_side import TransitionExecutor
+    from nereus.spec.plan import Candidate
     from nereus.transition.estimate import estimate_transition
 
     def explicit(gen, train):  # concurrent model-stages on disjoint workers (the DAG planner's rule)
@@ -188,7 +186,7 @@ def test_cli_async_options_checked_before_ray():
 
 
 def test_default_async_layouts_fit_the_batches():
-    from nereus.runtime.async_cli import default_async_layouts
+    from nereus.cli.run_async import default_async_layouts
 
     w = workload("ppo")
     lay = default_async_layouts(w, 4)

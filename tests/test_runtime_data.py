@@ -14,7 +14,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from nereus.runtime.data import (  # noqa: E402
+from nereus.runtime.rl.data import (  # noqa: E402
     DataTask,
     HFTokenizer,
     char_tokenizer,

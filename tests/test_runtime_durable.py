@@ -1,4 +1,4 @@
-"""Checkpoint/restart through torch.distributed.checkpoint (runtime/durable.py): each worker writes
+"""Checkpoint/restart through torch.distributed.checkpoint (runtime/durable/driver_side.py): each worker writes
 its own shards, a restart in another layout reads only the pieces of each new shard, and the logical
 state comes back bit for bit; training continues as without the restart."""
 
@@ -12,12 +12,14 @@ import torch
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from nereus.planner.plan import Candidate, Plan  # noqa: E402
-from nereus.runtime import durable  # noqa: E402
-from nereus.runtime.driver import RLConfig, RLDriver  # noqa: E402
-from nereus.runtime.pool import WorkerPool  # noqa: E402
-from nereus.runtime.task import DigitTask  # noqa: E402
+from nereus.runtime.durable import driver_side as durable  # noqa: E402
+from nereus.runtime.durable import worker_side as dcp_worker  # noqa: E402
+from nereus.runtime.rl.task import DigitTask  # noqa: E402
+from nereus.runtime.run.config import RLConfig  # noqa: E402
+from nereus.runtime.run.driver import RLDriver  # noqa: E402
+from nereus.runtime.run.pool import WorkerPool  # noqa: E402
 from nereus.spec.model import MODEL_PRESETS  # noqa: E402
+from nereus.spec.plan import Candidate, Plan  # noqa: E402
 from nereus.spec.workload import WorkloadSpec  # noqa: E402
 
 SPEC = MODEL_PRESETS["tiny"]
@@ -42,9 +44,9 @@ def test_piece_keys_round_trip():
     for args in (("params", "model.layers.0.self_attn.q_proj.weight", 0, 4, 8),
                  ("exp_avg_sq", "model.layers.3.mlp.down_proj.weight", 1, 0, 64),
                  ("exp_avg", "model.norm.weight", None, 0, 0)):
-        assert durable.parse_key(durable.piece_key(*args)) == args
+        assert dcp_worker.parse_key(dcp_worker.piece_key(*args)) == args
     with pytest.raises(ValueError):
-        durable.parse_key("params/x/1:2")
+        dcp_worker.parse_key("params/x/1:2")
 
 
 def _states(d: RLDriver) -> dict:
@@ -63,8 +65,8 @@ def _assert_equal(a: dict, b: dict, what: str) -> None:
 
 def _shard_bytes(d: RLDriver, ms: str) -> int:
     """State bytes every rank of every replica of ``ms`` holds (vocab padding excluded)."""
-    from nereus.runtime.layout import names_of_stage, param_shapes
-    from nereus.runtime.shards import region
+    from nereus.runtime.model.sharding import names_of_stage, param_shapes
+    from nereus.runtime.transit.plans import region
 
     wf = next(m for m in d.wf.model_stages if m.name == ms)
     spec, lay = d._spec_of(wf.model), d.layouts[ms]
@@ -193,14 +195,14 @@ def test_live_transition_doc_is_self_contained():
 
 # ------------------------------------------------------------------------------ asynchronous saves
 class _FakeEngine:
-    """What ``durable.save_engine_async``/``load_engine`` touch of an engine: TP rank ``t`` of 2 of the
+    """What ``dcp_worker.save_engine_async``/``load_engine`` touch of an engine: TP rank ``t`` of 2 of the
     tiny spec's shards (column pieces of row-parallel weights too), Adam's moments and counters."""
 
     def __init__(self, t: int, seed: int) -> None:
         import types
 
-        from nereus.runtime.layout import param_shapes
-        from nereus.runtime.shards import region
+        from nereus.runtime.model.sharding import param_shapes
+        from nereus.runtime.transit.plans import region
 
         g = torch.Generator().manual_seed(seed)
         self.spec, self.ctx = SPEC, types.SimpleNamespace(tp=2, t=t, p=0)
@@ -229,7 +231,7 @@ def test_async_save_writes_the_snapshot_not_the_tensors_changed_after_it(tmp_pat
 
     e = _FakeEngine(1, 0)
     ref = str(tmp_path / "sync")
-    durable.save_engine(e, ref)  # the reference: a synchronous save of the same state
+    dcp_worker.save_engine(e, ref)  # the reference: a synchronous save of the same state
     gate, started = threading.Event(), threading.Event()
 
     def hold(phase: str) -> None:  # in the background thread, before DCP writes the data file
@@ -237,7 +239,7 @@ def test_async_save_writes_the_snapshot_not_the_tensors_changed_after_it(tmp_pat
             started.set()
             assert gate.wait(30)
 
-    h = durable.save_engine_async(e, str(tmp_path / "async" / "rank-0"), hook=hold)
+    h = dcp_worker.save_engine_async(e, str(tmp_path / "async" / "rank-0"), hook=hold)
     assert h["snapshot_s"] >= 0 and h["state"] > 0
     assert started.wait(30)  # the write is in flight ...
     for tensors in e.kinds.values():  # ... while "training" changes every tensor and counter in place
@@ -246,13 +248,13 @@ def test_async_save_writes_the_snapshot_not_the_tensors_changed_after_it(tmp_pat
     for k in COUNTERS:
         setattr(e, k, getattr(e, k) + 100)
     gate.set()
-    done = durable.wait_engine_save(h, 60)
+    done = dcp_worker.wait_engine_save(h, 60)
     assert done["written"] > done["state"] == h["state"] and done["write_s"] >= 0
     got, want = _FakeEngine(1, 1), _FakeEngine(1, 2)
-    durable.load_engine(got, str(tmp_path / "async"))
+    dcp_worker.load_engine(got, str(tmp_path / "async"))
     os.makedirs(tmp_path / "ref")
     os.rename(ref, tmp_path / "ref" / "rank-0")
-    durable.load_engine(want, str(tmp_path / "ref"))
+    dcp_worker.load_engine(want, str(tmp_path / "ref"))
     for kind in KINDS:
         for n, t in want.kinds[kind].items():
             assert torch.equal(got.kinds[kind][n], t), (kind, n)
@@ -264,9 +266,9 @@ def test_a_failed_background_write_is_reported_when_waited_for(tmp_path):
     def fail(phase: str) -> None:
         raise OSError("disk full")
 
-    h = durable.save_engine_async(_FakeEngine(0, 0), str(tmp_path / "x"), hook=fail)
+    h = dcp_worker.save_engine_async(_FakeEngine(0, 0), str(tmp_path / "x"), hook=fail)
     with pytest.raises(RuntimeError, match="disk full"):
-        durable.wait_engine_save(h, 60)
+        dcp_worker.wait_engine_save(h, 60)
 
 
 @pytest.mark.slow
@@ -317,7 +319,7 @@ def _adaptive_run(steps: int, faults_at=None, **kw):
     """A 4-worker adaptive PPO run with a checkpoint at every boundary, on a pool of its own; at
     ``faults_at = (step, how)`` the first writer of ``actor.train`` is armed to fail in the
     background write of the checkpoint taken after that step."""
-    from nereus.runtime.adaptive import AdaptiveRun
+    from nereus.runtime.run.adaptive import AdaptiveRun
 
     p = WorkerPool(4, timeout_s=15, hang_timeout_s=3).start()
     lines: list[str] = []
@@ -406,7 +408,7 @@ def test_every_train_replica_lost_in_the_background_write_restores_the_previous_
     model-stage) die in the background write of the checkpoint taken after step 1: no replica of
     actor.train survives, so the run restores the previous complete checkpoint, the one of step 1
     (not the abandoned one of step 2), loses 1 step, re-runs it and ends at the fault-free weights."""
-    from nereus.runtime.adaptive import AdaptiveRun
+    from nereus.runtime.run.adaptive import AdaptiveRun
 
     ref = async_reference[0]
     p = WorkerPool(4, timeout_s=15, hang_timeout_s=3).start()

@@ -13,13 +13,14 @@ import torch
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from nereus.planner.plan import Candidate, Plan  # noqa: E402
-from nereus.runtime.adaptive import runtime_job  # noqa: E402
-from nereus.runtime.driver import RLConfig, RLDriver  # noqa: E402
-from nereus.runtime.executor import TransitionExecutor  # noqa: E402
-from nereus.runtime.layout import param_shapes  # noqa: E402
-from nereus.runtime.task import DigitTask  # noqa: E402
+from nereus.runtime.model.sharding import param_shapes  # noqa: E402
+from nereus.runtime.rl.task import DigitTask  # noqa: E402
+from nereus.runtime.run.config import RLConfig  # noqa: E402
+from nereus.runtime.run.device_model import runtime_job  # noqa: E402
+from nereus.runtime.run.driver import RLDriver  # noqa: E402
+from nereus.runtime.transit.driver_side import TransitionExecutor  # noqa: E402
 from nereus.spec.model import MODEL_PRESETS  # noqa: E402
+from nereus.spec.plan import Candidate, Plan  # noqa: E402
 from nereus.spec.workload import WorkloadSpec  # noqa: E402
 from nereus.transition.estimate import estimate_transition  # noqa: E402
 from nereus.transition.schedule import Schedule  # noqa: E402

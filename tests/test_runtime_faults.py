@@ -12,10 +12,11 @@ import torch
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from nereus.runtime.adaptive import AdaptiveRun, parse_pool_schedule  # noqa: E402
-from nereus.runtime.driver import RLConfig  # noqa: E402
-from nereus.runtime.pool import WorkerPool  # noqa: E402
-from nereus.runtime.task import DigitTask  # noqa: E402
+from nereus.runtime.rl.task import DigitTask  # noqa: E402
+from nereus.runtime.run.adaptive import AdaptiveRun  # noqa: E402
+from nereus.runtime.run.config import RLConfig  # noqa: E402
+from nereus.runtime.run.pool import WorkerPool  # noqa: E402
+from nereus.runtime.run.schedules import parse_pool_schedule  # noqa: E402
 from nereus.spec.model import MODEL_PRESETS  # noqa: E402
 from nereus.spec.workload import WorkloadSpec  # noqa: E402
 

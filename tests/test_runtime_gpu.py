@@ -10,10 +10,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from nereus.runtime import comm
-from nereus.runtime.comm import CommError, Group, backend_for, new_group
-from nereus.runtime.instrument import Meter
-from nereus.runtime.worker import select_device
+from nereus.runtime.comm import groups as comm
+from nereus.runtime.comm.groups import CommError, Group, backend_for, new_group
+from nereus.runtime.comm.instrument import Meter
+from nereus.runtime.worker.device import select_device
 
 
 def test_backend_follows_the_device(monkeypatch):
@@ -108,7 +108,7 @@ def test_one_cuda_device_per_worker():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_worker_uses_its_device():
-    from nereus.runtime.worker import WorkerCore
+    from nereus.runtime.worker.core import WorkerCore
 
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     core = WorkerCore(0, "127.0.0.1", store.port)

@@ -29,10 +29,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 transformers = pytest.importorskip("transformers")
 
-from nereus.runtime.engine import AdamConfig  # noqa: E402
-from nereus.runtime.local import run_local  # noqa: E402
-from nereus.runtime.parallel import Layout  # noqa: E402
-from nereus.runtime.rollout import gumbel_noise  # noqa: E402
+from nereus.runtime.comm.parallel import Layout  # noqa: E402
+from nereus.runtime.run.local import run_local  # noqa: E402
+from nereus.runtime.worker.engine import AdamConfig  # noqa: E402
+from nereus.runtime.worker.rollout import gumbel_noise  # noqa: E402
 from nereus.spec.model import ModelSpec, get_model  # noqa: E402
 
 V = 61  # odd: vocab padding at tp=2 and tp=4
@@ -68,7 +68,7 @@ def _make(root, key):
 
 
 def _rank_main(core, dirs, tokens, padded, prompts, tied_batch, outdir):
-    from nereus.runtime.comm import new_group
+    from nereus.runtime.comm.groups import new_group
 
     new_group(core.store, "hf/warm", (0, 1, 2, 3), core.id, core.meter, timeout_s=120.0).all_reduce(torch.ones(1))
     out = {"fwd": {}, "lp": {}, "pad": {}, "gen": {}, "sample": {}, "train": {}}
@@ -267,8 +267,8 @@ def test_cost_model_counts_equal_runtime_shards(flags):
     """``params_on_rank`` (planner) equals the elements of every rank's shards (runtime), biases and the
     tied output-layer copy under PP included, so moved bytes predicted and executed agree."""
     from nereus.cost.shapes import params_on_rank
-    from nereus.runtime.layout import names_of_stage, param_shapes
-    from nereus.runtime.shards import region
+    from nereus.runtime.model.sharding import names_of_stage, param_shapes
+    from nereus.runtime.transit.plans import region
 
     spec = ModelSpec(name="b", hidden_size=16, intermediate_size=32, num_layers=4, num_attention_heads=4,
                      num_kv_heads=2, head_dim=4, vocab_size=37, **flags)

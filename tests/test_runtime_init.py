@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from nereus.runtime.layout import (
+from nereus.runtime.model.sharding import (
     INIT_TILE,
     init_full_params,
     init_param,

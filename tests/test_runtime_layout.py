@@ -8,8 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nereus.cost.shapes import valid_tp
-from nereus.runtime import algorithms as alg
-from nereus.runtime.layout import (
+from nereus.runtime.model.sharding import (
     init_full_params,
     names_of_stage,
     param_shapes,
@@ -17,6 +16,7 @@ from nereus.runtime.layout import (
     unshard,
     validate_layout,
 )
+from nereus.runtime.rl import algorithms as alg
 from nereus.spec.model import MODEL_PRESETS, ModelSpec
 
 

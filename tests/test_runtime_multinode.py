@@ -11,10 +11,10 @@ import torch
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from nereus.runtime.adaptive import AdaptiveRun  # noqa: E402
-from nereus.runtime.driver import RLConfig  # noqa: E402
-from nereus.runtime.pool import WorkerPool  # noqa: E402
-from nereus.runtime.task import DigitTask  # noqa: E402
+from nereus.runtime.rl.task import DigitTask  # noqa: E402
+from nereus.runtime.run.adaptive import AdaptiveRun  # noqa: E402
+from nereus.runtime.run.config import RLConfig  # noqa: E402
+from nereus.runtime.run.pool import WorkerPool  # noqa: E402
 from nereus.spec.model import MODEL_PRESETS  # noqa: E402
 from nereus.spec.workload import WorkloadSpec  # noqa: E402
 
@@ -39,6 +39,7 @@ def _run(address: str, before_step=None, steps: int = 4):
 
 
 @pytest.mark.slow
+@pytest.mark.own_cluster
 def test_two_node_cluster_survives_losing_a_node():
     ray = pytest.importorskip("ray")
     from ray.cluster_utils import Cluster

@@ -17,12 +17,12 @@ import torch
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from nereus.runtime import algorithms as alg  # noqa: E402
-from nereus.runtime.engine import AdamConfig  # noqa: E402
-from nereus.runtime.layout import init_full_params  # noqa: E402
-from nereus.runtime.local import run_local  # noqa: E402
-from nereus.runtime.parallel import Layout  # noqa: E402
-from nereus.runtime.rollout import gumbel_noise  # noqa: E402
+from nereus.runtime.comm.parallel import Layout  # noqa: E402
+from nereus.runtime.model.sharding import init_full_params  # noqa: E402
+from nereus.runtime.rl import algorithms as alg  # noqa: E402
+from nereus.runtime.run.local import run_local  # noqa: E402
+from nereus.runtime.worker.engine import AdamConfig  # noqa: E402
+from nereus.runtime.worker.rollout import gumbel_noise  # noqa: E402
 from nereus.spec.model import MODEL_PRESETS, ModelSpec  # noqa: E402
 
 SPEC = MODEL_PRESETS["tiny"]
@@ -127,7 +127,7 @@ def _share(x, dp, d):
 
 # ---------------------------------------------------------------------- the rank program
 def _rank_main(core, batch):
-    from nereus.runtime.comm import new_group
+    from nereus.runtime.comm.groups import new_group
 
     # all 4 processes meet once under a generous timeout: start-up skew is not a collective failure
     new_group(core.store, "par/warm", (0, 1, 2, 3), core.id, core.meter, timeout_s=120.0).all_reduce(torch.ones(1))
@@ -304,7 +304,7 @@ def test_bf16_forward_close_to_fp32_reference(results):
 
 
 def test_dtype_resolution():
-    from nereus.runtime.worker import resolve_dtype
+    from nereus.runtime.worker.device import resolve_dtype
 
     assert resolve_dtype("auto", False, "cpu") == torch.float32
     assert resolve_dtype("auto", True, "cpu") == torch.float32
@@ -458,8 +458,8 @@ def test_pure_losses_by_hand():
 def _comm_main(core):
     import time
 
-    from nereus.runtime.comm import CommError, new_group
-    from nereus.runtime.parallel import build_context
+    from nereus.runtime.comm.groups import CommError, new_group
+    from nereus.runtime.comm.parallel import build_context
 
     out = {}
     # rendezvous first under a generous timeout (process start-up skews), then the short-timeout group

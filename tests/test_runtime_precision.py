@@ -1,6 +1,6 @@
-"""Mixed precision as Megatron-LM runs it (``engine.py``, ``--precision bf16``): bf16 weights and
+"""Mixed precision as Megatron-LM runs it (``worker/engine.py``, ``--precision bf16``): bf16 weights and
 compute, fp32 master weights, fp32 gradient accumulation and fp32 Adam moments; the byte counts the
-planners see (``adaptive.runtime_job``) and the state kinds a live transition moves (``shards.py``).
+planners see (``device_model.runtime_job``) and the state kinds a live transition moves (``transit/plans.py``).
 
 Single-process tests (a layout of one worker needs no communicator); the distributed parts are in
 tests/test_runtime_executor.py (a live transition in bf16) and tests/test_runtime_durable.py."""
@@ -14,13 +14,14 @@ import torch
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from nereus.runtime.adaptive import runtime_job  # noqa: E402
-from nereus.runtime.driver import RLConfig  # noqa: E402
-from nereus.runtime.engine import AdamConfig, Engine  # noqa: E402
-from nereus.runtime.instrument import Meter  # noqa: E402
-from nereus.runtime.parallel import Layout, build_context  # noqa: E402
-from nereus.runtime.shards import TRAIN_KINDS, kind_dtype, kinds_for, train_kinds, workload_bytes  # noqa: E402
-from nereus.runtime.worker import resolve_dtype  # noqa: E402
+from nereus.runtime.comm.instrument import Meter  # noqa: E402
+from nereus.runtime.comm.parallel import Layout, build_context  # noqa: E402
+from nereus.runtime.model.precision import TRAIN_KINDS, train_kinds, workload_bytes  # noqa: E402
+from nereus.runtime.run.config import RLConfig  # noqa: E402
+from nereus.runtime.run.device_model import runtime_job  # noqa: E402
+from nereus.runtime.transit.plans import kind_dtype, kinds_for  # noqa: E402
+from nereus.runtime.worker.device import resolve_dtype  # noqa: E402
+from nereus.runtime.worker.engine import AdamConfig, Engine  # noqa: E402
 from nereus.spec.model import MODEL_PRESETS  # noqa: E402
 from nereus.spec.workload import WorkloadSpec  # noqa: E402
 from nereus.transition.emu import state_bytes_per_param  # noqa: E402

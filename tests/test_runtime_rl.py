@@ -16,11 +16,13 @@ import torch
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from nereus.planner.plan import Candidate, Plan  # noqa: E402
-from nereus.runtime.driver import RLConfig, RLDriver, simple_plan  # noqa: E402
-from nereus.runtime.pool import WorkerFailure  # noqa: E402
-from nereus.runtime.task import DigitTask, Tokenizer  # noqa: E402
+from nereus.runtime.rl.task import DigitTask, Tokenizer  # noqa: E402
+from nereus.runtime.run.config import RLConfig  # noqa: E402
+from nereus.runtime.run.driver import RLDriver  # noqa: E402
+from nereus.runtime.run.plans import simple_plan  # noqa: E402
+from nereus.runtime.worker.failures import WorkerFailure  # noqa: E402
 from nereus.spec.model import MODEL_PRESETS, ModelSpec  # noqa: E402
+from nereus.spec.plan import Candidate, Plan  # noqa: E402
 from nereus.spec.workload import WorkloadSpec  # noqa: E402
 
 SPEC = MODEL_PRESETS["tiny"]
@@ -36,10 +38,6 @@ def workload(algo: str, **kw) -> WorkloadSpec:
     base.update(kw)
     return WorkloadSpec(**base)
 
-
-@pytest.fixture(scope="module")
-def ray_cpus():
-    return 5  # 4 workers + 1 that joins later
 
 
 def _finite(x: float) -> bool:
@@ -199,7 +197,7 @@ def test_reward_rises_on_builtin_task(pool):
 def test_cli_rejects_bad_layout_before_starting():
     import argparse
 
-    from nereus.runtime import cli
+    from nereus.cli import run as cli
 
     p = argparse.ArgumentParser()
     cli.add_arguments(p)

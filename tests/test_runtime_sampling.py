@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from nereus.runtime.rollout import gumbel_noise, vocab_parallel_argmax
+from nereus.runtime.worker.rollout import gumbel_noise, vocab_parallel_argmax
 
 
 class _FakeGroup:

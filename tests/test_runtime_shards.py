@@ -1,4 +1,4 @@
-"""Transfer plans of the live executor by hand (``runtime/shards.py``) and the schedule check that
+"""Transfer plans of the live executor by hand (``runtime/transit/plans.py``) and the schedule check that
 runs before anything moves (``transition/verify.py``). Pure: no Ray, no process group."""
 
 from __future__ import annotations
@@ -7,11 +7,12 @@ from dataclasses import replace
 
 import pytest
 
-from nereus.planner.plan import Candidate, Plan
-from nereus.runtime.adaptive import runtime_job
-from nereus.runtime.layout import param_shapes
-from nereus.runtime.shards import WEIGHT_KINDS, MoveSpec, Region, UnitMeta, plan_moves, region, train_kinds
+from nereus.runtime.model.precision import WEIGHT_KINDS, train_kinds
+from nereus.runtime.model.sharding import param_shapes
+from nereus.runtime.run.device_model import runtime_job
+from nereus.runtime.transit.plans import MoveSpec, Region, UnitMeta, plan_moves, region
 from nereus.spec.model import MODEL_PRESETS
+from nereus.spec.plan import Candidate, Plan
 from nereus.spec.workload import WorkloadSpec
 from nereus.transition.estimate import estimate_transition
 from nereus.transition.schedule import Schedule

@@ -10,7 +10,6 @@ from nereus.controller import CostModelPlanner, StepReport
 from nereus.controller.horizon import Horizon
 from nereus.controller.monitor import Monitor
 from nereus.controller.transition_cost import engine_reinit, estimate_transition_cost
-from nereus.planner.plan import StageEstimate
 from nereus.sim.cluster import SimulatedCluster, Truth, unmodelled
 from nereus.sim.growth import growth_scenario
 from nereus.sim.policies import ElasticPolicy, make_policy, restart_pays
@@ -19,6 +18,7 @@ from nereus.sim.traces import AvailabilityTrace, LengthTrace, infer_time_unit, l
 from nereus.spec.hardware import ClusterSpec, get_gpu
 from nereus.spec.job import JobSpec
 from nereus.spec.model import get_model
+from nereus.spec.plan import StageEstimate
 from nereus.spec.workload import WorkloadSpec
 
 JOB = JobSpec(get_model("llama-3.1-8b"), ClusterSpec(get_gpu("h100"), 2, 8),

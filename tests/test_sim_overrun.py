@@ -8,7 +8,6 @@ by hand. The plans are hand-built: ``actor.train`` TP 8 x DP 2 (one whole replic
 import pytest
 
 from nereus.controller import Keep, StepReport, Transition, TransitionCost
-from nereus.planner.plan import Candidate, Plan
 from nereus.sim.cluster import SimulatedCluster, StepOutcome, Truth
 from nereus.sim.growth import growth_scenario
 from nereus.sim.restart import RestartCost
@@ -17,6 +16,7 @@ from nereus.sim.traces import AvailabilityTrace
 from nereus.spec.hardware import ClusterSpec, get_gpu
 from nereus.spec.job import JobSpec
 from nereus.spec.model import get_model
+from nereus.spec.plan import Candidate, Plan
 from nereus.spec.workload import WorkloadSpec
 
 JOB = JobSpec(get_model("llama-3.1-8b"), ClusterSpec(get_gpu("h100"), 2, 8),

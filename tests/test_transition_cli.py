@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from nereus.cli import main
-from nereus.planner.plan import Candidate, Plan
+from nereus.spec.plan import Candidate, Plan
 
 
 def _write(tmp_path):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from nereus.planner.plan import Candidate, Plan
 from nereus.spec.hardware import ClusterSpec, GPUSpec, get_gpu
 from nereus.spec.job import JobSpec
 from nereus.spec.model import get_model
+from nereus.spec.plan import Candidate, Plan
 from nereus.spec.workload import WorkloadSpec
 from nereus.transition import estimate_transition
 from nereus.transition.emu import aligned_gpus, model_of, phi, sub_units

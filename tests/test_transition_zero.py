@@ -19,11 +19,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nereus.cost.shapes import params_on_rank
-from nereus.planner.plan import Candidate, Plan
 from nereus.spec.framework import get_framework
 from nereus.spec.hardware import ClusterSpec, GPUSpec, get_gpu
 from nereus.spec.job import JobSpec
 from nereus.spec.model import get_model
+from nereus.spec.plan import Candidate, Plan
 from nereus.spec.workload import WorkloadSpec
 from nereus.transition import estimate_transition
 from nereus.transition.emu import EMU, model_of, phi, state_parts

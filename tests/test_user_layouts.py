@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from nereus.integrations.openrlhf import openrlhf_source
-from nereus.integrations.verl import verl_config_dir
+from nereus.integrations.verl_config import verl_config_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))

@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 
 from nereus.controller.decisions import Keep, Restart, Transition, TransitionCost
-from nereus.planner.plan import Plan
+from nereus.spec.plan import Plan
 
 __all__ = ["payback_steps", "payback_ok", "Option", "admit"]
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from nereus.planner.plan import Candidate, Plan
 from nereus.spec.hardware import ClusterSpec
+from nereus.spec.plan import Candidate, Plan
 
 __all__ = ["resize", "destroy_only", "extend_only"]
 

@@ -1,5 +1,5 @@
 """The adaptation controller: one policy for every driver (``nereus simulate``, and ``nereus run
---adaptive`` through ``nereus.runtime.adaptive``, whose ``step_report()`` gives the same :class:`StepReport`).
+--adaptive`` through ``nereus.runtime.run.adaptive``, whose ``step_report()`` gives the same :class:`StepReport`).
 
 At every safe boundary the executor hands the controller a :class:`~nereus.controller.monitor.StepReport`;
 :meth:`Controller.observe` calibrates, checks triggers, replans when one fires, and returns a decision
@@ -38,8 +38,8 @@ from nereus.controller.planning import PlannerBackend, same_plan
 from nereus.controller.risk import LossRate, RiskModel
 from nereus.controller.transition_cost import estimate_transition_cost
 from nereus.planner.notation import format_gpus
-from nereus.planner.plan import Plan
 from nereus.spec.job import JobSpec
+from nereus.spec.plan import Plan
 
 __all__ = ["Controller", "ControllerConfig", "state_survives"]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 
-from nereus.planner.plan import Plan
+from nereus.spec.plan import Plan
 
 __all__ = ["TransitionCost", "Keep", "Transition", "Restart", "Decision", "decision_to_dict", "RESTART_CAUSES"]
 

@@ -45,8 +45,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from nereus.planner.plan import Plan
 from nereus.spec.hardware import ClusterSpec
+from nereus.spec.plan import Plan
 
 __all__ = ["LossRate", "RiskModel", "vulnerable_nodes", "hit_probability"]
 

@@ -26,8 +26,8 @@ taking about 10–30 s for 7–8B models). The value is an assumption of the rig
 from __future__ import annotations
 
 from nereus.controller.decisions import TransitionCost
-from nereus.planner.plan import Plan
 from nereus.spec.job import JobSpec
+from nereus.spec.plan import Plan
 
 __all__ = ["estimate_transition_cost", "bandwidth_estimate", "engine_reinit", "SETUP_S", "ENGINE_REINIT_S",
            "dag_estimator"]

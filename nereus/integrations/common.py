@@ -26,13 +26,13 @@ import numpy as np
 
 from nereus.cost.memory import WORKSPACE_BYTES, stage_memory
 from nereus.cost.model import CostModel
-from nereus.planner.plan import Candidate
-from nereus.planner.whatif import LayoutEval, evaluate_layout, shared_stages
+from nereus.planner.whatif import evaluate_layout
 from nereus.spec.job import JobSpec
+from nereus.spec.plan import Candidate
 from nereus.workflow import workflow_for
 
-__all__ = ["Unexpressible", "Imported", "LayoutEval", "evaluate_layout", "shared_stages", "compare", "layout_key",
-           "generation_concurrency", "memory_fraction_for", "without_fraction", "best_colocated", "pareto", "GIB"]
+__all__ = ["Unexpressible", "Imported", "compare", "layout_key", "generation_concurrency",
+           "memory_fraction_for", "without_fraction", "best_colocated", "pareto", "GIB"]
 
 GIB = 1024**3
 

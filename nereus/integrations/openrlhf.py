@@ -46,22 +46,17 @@ from pathlib import Path
 
 from nereus.cost.shapes import valid_tp
 from nereus.integrations.common import Imported, Unexpressible
-from nereus.integrations.openrlhf_export import (  # noqa: F401  (the export side, re-exported)
-    closest_openrlhf_layout,
-    export_openrlhf,
+from nereus.integrations.openrlhf_export import (
     infer_zero,
-    openrlhf_args,
-    openrlhf_job,
 )
 from nereus.integrations.openrlhf_keys import classify_args
 from nereus.integrations.verl_features import budget_micro_batch
-from nereus.planner.plan import Candidate
 from nereus.spec import ClusterSpec, JobSpec, WorkloadSpec, get_gpu, get_model
 from nereus.spec.framework import FrameworkSpec, get_framework
+from nereus.spec.plan import Candidate
 from nereus.workflow import workflow_for
 
-__all__ = ["openrlhf_source", "openrlhf_parser", "argument_names", "import_openrlhf", "export_openrlhf",
-           "ESTIMATORS"]
+__all__ = ["openrlhf_source", "openrlhf_parser", "argument_names", "import_openrlhf", "ESTIMATORS"]
 
 #: ``--algo.advantage.estimator`` values Nereus models.
 ESTIMATORS = {"gae": "ppo", "group_norm": "grpo", "dr_grpo": "grpo"}

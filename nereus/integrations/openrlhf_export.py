@@ -18,16 +18,16 @@ from nereus.cost.model import CostModel
 from nereus.cost.shapes import valid_tp
 from nereus.integrations.common import (
     best_colocated,
-    evaluate_layout,
     generation_concurrency,
     memory_fraction_for,
     pareto,
     without_fraction,
 )
 from nereus.integrations.verl_export import _changes
-from nereus.planner.plan import Candidate, Plan
+from nereus.planner.whatif import evaluate_layout
 from nereus.spec import JobSpec
 from nereus.spec.framework import get_framework
+from nereus.spec.plan import Candidate, Plan
 from nereus.workflow import workflow_for
 
 __all__ = ["closest_openrlhf_layout", "openrlhf_args", "export_openrlhf", "openrlhf_job", "infer_zero"]

@@ -42,23 +42,14 @@ from pathlib import Path
 
 from nereus.cost.shapes import valid_pp, valid_tp
 from nereus.integrations.common import Imported, Unexpressible
-from nereus.integrations.verl_config import (  # noqa: F401  (load_verl_config, verl_config_dir re-exported)
+from nereus.integrations.verl_config import (
     VerlConfig,
-    load_verl_config,
-    verl_config_dir,
 )
-from nereus.integrations.verl_export import (  # noqa: F401  (the export side, re-exported)
+from nereus.integrations.verl_export import (
     ADV_ESTIMATORS,
-    CONFIG_NAMES,
-    DEFAULT_BACKENDS,
     VERL_DROP,
-    closest_verl_layout,
-    export_verl,
-    verl_expressible,
-    verl_job,
-    verl_overrides,
 )
-from nereus.integrations.verl_features import (  # noqa: F401
+from nereus.integrations.verl_features import (
     _recompute,
     _train_offload,
     budget_micro_batch,
@@ -67,12 +58,12 @@ from nereus.integrations.verl_features import (  # noqa: F401
     verl_lora_rank,
 )
 from nereus.integrations.verl_keys import classify_keys
-from nereus.planner.plan import Candidate
 from nereus.spec import ClusterSpec, JobSpec, WorkloadSpec, get_gpu, get_model
 from nereus.spec.framework import FrameworkSpec, get_framework
+from nereus.spec.plan import Candidate
 from nereus.workflow import workflow_for
 
-__all__ = ["verl_config_dir", "load_verl_config", "import_verl", "export_verl", "verl_framework", "ADV_ESTIMATORS"]
+__all__ = ["import_verl", "verl_framework"]
 
 def _model(c: VerlConfig, model, key: str):
     if model is not None:
@@ -235,7 +226,7 @@ def _job_sp(engines: dict) -> bool:
 
 
 def _checked(job: JobSpec, cand: Candidate, keys: str) -> Candidate:
-    from nereus.cost.model import check_candidate
+    from nereus.cost.checks import check_candidate
 
     try:
         check_candidate(job, workflow_for(job.workload).get(cand.model_stage), cand)

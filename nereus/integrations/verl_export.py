@@ -17,14 +17,14 @@ from nereus.cost.model import CostModel
 from nereus.cost.shapes import valid_pp, valid_tp
 from nereus.integrations.common import (
     best_colocated,
-    evaluate_layout,
     memory_fraction_for,
     pareto,
     without_fraction,
 )
-from nereus.planner.plan import Candidate, Plan
+from nereus.planner.whatif import evaluate_layout
 from nereus.spec import JobSpec
 from nereus.spec.framework import get_framework
+from nereus.spec.plan import Candidate, Plan
 from nereus.workflow import workflow_for
 
 __all__ = ["export_verl", "verl_job", "verl_overrides", "verl_expressible", "closest_verl_layout",
@@ -85,7 +85,7 @@ class _Search:
         return self._est[k]
 
     def valid(self, c: Candidate) -> bool:
-        from nereus.cost.model import check_candidate
+        from nereus.cost.checks import check_candidate
 
         try:
             check_candidate(self.job, self.cost.workflow.get(c.model_stage), c)

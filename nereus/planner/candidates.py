@@ -50,11 +50,11 @@ import numpy as np
 from nereus.cost.memory import OFFLOAD_CODES
 from nereus.cost.model import FROZEN_MODELS, CostModel
 from nereus.cost.shapes import valid_pp, valid_tp
-from nereus.planner.plan import Candidate
+from nereus.spec.plan import Candidate
 from nereus.workflow import ModelStage
 
 __all__ = ["CandidateSet", "enumerate_candidates", "frontier", "latency_frontier", "RECOMPUTE_CODES",
-           "OFFLOAD_CODES", "COLUMNS"]
+           "COLUMNS"]
 
 RECOMPUTE_CODES = ("none", "selective", "full")
 #: every column of a :class:`CandidateSet`, in order

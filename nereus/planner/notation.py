@@ -49,7 +49,7 @@ def format_batch(c) -> str:
 def format_candidate(c, unit: str = "workers", batch: bool = False) -> str:
     """``"tp2 pp1 dp4 on workers 0-7"``; with ``batch``, ``"tp2 pp1 dp4 (b2 a64) on workers 0-7"``.
 
-    ``c`` is a :class:`~nereus.planner.plan.Candidate` (anything with ``tp, pp, dp, gpus``); an
+    ``c`` is a :class:`~nereus.spec.plan.Candidate` (anything with ``tp, pp, dp, gpus``); an
     unplaced candidate (no GPUs) prints without the ``on ...`` part.
     """
     s = f"tp{c.tp} pp{c.pp} dp{c.dp}"

@@ -22,15 +22,15 @@ Rules, in order:
    training state) put each replica on nodes no other replica of theirs uses, when the free GPUs
    allow it (a node is the unit a spot provider reclaims); kept replicas follow the same rule.
 
-The GPU order inside a candidate follows :mod:`nereus.planner.plan` (replica, pp rank, tp rank).
+The GPU order inside a candidate follows :mod:`nereus.spec.plan` (replica, pp rank, tp rank).
 """
 
 from __future__ import annotations
 
 import heapq
 
-from nereus.planner.plan import Candidate, Plan
 from nereus.spec.hardware import ClusterSpec
+from nereus.spec.plan import Candidate, Plan
 from nereus.workflow import Workflow
 
 __all__ = ["place", "PlacementError"]

@@ -85,19 +85,16 @@ from nereus.cost.model import FROZEN_MODELS, CostModel
 from nereus.planner import partitions
 from nereus.planner.candidates import COLUMNS, CandidateSet, enumerate_candidates, frontier
 from nereus.planner.diagnose import diagnose_alone, diagnose_joint
-from nereus.planner.level_search import _search_async, _search_sync, _Stage, generation_stair, minmax_knapsack
-from nereus.planner.partitions import (  # noqa: F401  (set_partitions, stage_modes re-exported)
-    memory_free_times,
+from nereus.planner.level_search import _search_async, _search_sync, _Stage, generation_stair
+from nereus.planner.partitions import (
     promising_mixed,
-    set_partitions,
     stage_modes,
 )
-from nereus.planner.plan import Plan
 from nereus.planner.staircase import _convolve, _Group, _member, partition_mode
 from nereus.spec.job import JobSpec
+from nereus.spec.plan import Plan
 
-__all__ = ["NoFeasiblePlan", "SearchResult", "plan_job", "search", "SearchOptions", "minmax_knapsack",
-           "partition_mode", "set_partitions"]
+__all__ = ["NoFeasiblePlan", "SearchResult", "plan_job", "search", "SearchOptions"]
 
 GIB = 1024**3
 #: candidate count above which a knapsack stage's frontier also drops rows dominated across memory

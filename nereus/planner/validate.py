@@ -18,8 +18,8 @@ prompt/response lengths may differ (they drift during a run).
 from __future__ import annotations
 
 from nereus.cost.shapes import valid_pp, valid_tp
-from nereus.planner.plan import Plan
 from nereus.spec.job import JobSpec
+from nereus.spec.plan import Plan
 from nereus.workflow import ModelStage, workflow_for
 
 __all__ = ["check_plan", "check_same_job"]

@@ -28,8 +28,9 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from nereus.cost.checks import check_candidate
 from nereus.cost.memory import OFFLOAD_CODES
-from nereus.cost.model import CostModel, check_candidate
+from nereus.cost.model import CostModel
 from nereus.cost.shapes import valid_pp, valid_tp
 from nereus.spec.job import JobSpec
 from nereus.spec.plan import Candidate, Plan

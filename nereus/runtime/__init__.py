@@ -1,21 +1,44 @@
-"""nereus.runtime: the distributed RL runtime (DESIGN.md §4.7).
+"""nereus.runtime: the distributed RL runtime (DESIGN.md §4.7-§4.9).
 
-Modules, one concept each (imports go down this list, never up):
+Subpackages say where their code runs. Worker-side code runs inside each worker process (one Ray
+actor per device); driver-side code runs in the driver, the controller's process. Worker-side code
+never imports driver-side code (``tests/test_layering.py``).
 
-* ``instrument``: per model-stage and per op-class seconds, tracked peak bytes, bytes sent.
-* ``algorithms``: GAE, PPO, GRPO, ReMax losses and advantages.
-* ``task``: tokenizer, digit reversal/addition task, rule reward.
-* ``comm``: gloo communicators among any subset of workers (``PrefixStore`` + timeout), timed
-  collectives, Megatron f/g autograd wrappers.
-* ``layout``: logical Llama parameters and their TP/PP sharding rules; shard/unshard.
-* ``parallel``: ``Layout`` (tp, pp, dp, worker ids) and the ``ParallelContext`` holding the groups.
-* ``model``: one (TP, PP) shard of a Llama decoder, with a KV cache.
-* ``pipeline``: GPipe forward/backward over micro-batches.
-* ``engine``: the EMU state on a worker (shards, sharded Adam, counters, ``gather_logical_state``).
-* ``rollout``: KV-cache generation (temperature sampling, greedy).
-* ``worker``: ``WorkerCore`` (one per device) and its Ray actor; hardware inventory.
-* ``local``: run workers as plain processes (multi-process checks).
-* ``pool``: Ray worker pool and the driver-hosted store.
-* ``driver``: the RL loop as the Ray driver; ``measurements()`` for the controller.
-* ``cli``: ``nereus run``.
+Worker side:
+
+* ``comm/``: communicators among any subset of workers (``groups.py``: gloo/NCCL on a ``PrefixStore``,
+  timed collectives, Megatron f/g wrappers), the ``Layout`` and ``ParallelContext`` a worker holds in
+  one model-stage (``parallel.py``), and the per-worker ``Meter`` (``instrument.py``).
+* ``model/``: what a parameter is and how a shard computes: logical Llama parameters and their TP/PP
+  sharding rules (``sharding.py``), run precisions (``precision.py``), one (TP, PP) shard of a Llama
+  decoder with its KV cache (``llama.py``), Hugging Face checkpoints read per shard (``hf.py``).
+* ``worker/``: the worker itself: ``WorkerCore`` and its Ray actor (``core.py``), device and dtype
+  choice (``device.py``), the EMU engine with sharded Adam (``engine.py``) and its logical state
+  (``logical_state.py``), pipeline schedules (``pipeline.py``), KV-cache rollouts (``rollout.py``),
+  heartbeats, rollback point and fault injection (``fault_tolerant.py``), the two failure exceptions
+  (``failures.py``).
+* ``rl/``: pure tensor code both sides use: RL advantages and losses (``algorithms.py``), the built-in
+  verifiable task (``task.py``), datasets in verl's layout with rule rewards (``data.py``).
+
+Both halves of one mechanism, in one package:
+
+* ``transit/``: live transitions. ``plans.py`` (pure: which piece of which tensor moves from which
+  worker to which, computed alike by sender and receiver), ``worker_side.py`` (units and primitives run
+  on a worker), ``driver_side.py`` (the executor: checks the DAG and schedule, submits primitives,
+  never receives a state tensor).
+* ``durable/``: DCP checkpoints. ``worker_side.py`` (one engine's shards to and from a checkpoint),
+  ``driver_side.py`` (which replica writes, completion, restart), ``scheduling.py`` (when an adaptive
+  run takes, completes and swaps them).
+
+Driver side:
+
+* ``run/``: the RL loop as the Ray driver (``driver.py``, ``config.py``), one-step-off asynchronous RL
+  (``async_driver.py``), the adaptive run (``adaptive.py``) and its recovery from lost workers
+  (``recovery.py``; ``faults.py``: the heartbeat watch), the worker pool and its store (``pool.py``),
+  plans the runtime builds itself (``plans.py``), the re-shard through the driver (``relayout.py``),
+  how the planners see this runtime's devices (``device_model.py``), scenario schedules
+  (``schedules.py``), reports (``memreport.py``, ``report.py``), and workers as plain local processes
+  for multi-process checks (``local.py``).
+
+The command front ends (``nereus run``) are in :mod:`nereus.cli`.
 """

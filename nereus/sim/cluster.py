@@ -68,10 +68,11 @@ import numpy as np
 from nereus.controller.monitor import StepReport
 from nereus.controller.transition_cost import bandwidth_estimate, engine_reinit, estimate_transition_cost
 from nereus.cost.efficiency import EfficiencyTable
-from nereus.cost.model import CostModel, stage_groups
-from nereus.planner.plan import Plan
+from nereus.cost.model import CostModel
+from nereus.cost.step import stage_groups
 from nereus.sim.traces import AvailabilityTrace, LengthTrace
 from nereus.spec.job import JobSpec
+from nereus.spec.plan import Plan
 
 __all__ = ["TRUE_EFFICIENCY", "Truth", "Congestion", "StepOutcome", "SimulatedCluster", "DriftedTable",
            "unmodelled"]
@@ -174,7 +175,7 @@ OVERLAP_PREFIXES = ("allreduce", "allgather", "reducescatter", "reduce_scatter")
 
 def unmodelled(est, tp: int, train: bool, tp_penalty: float, overlap: float):
     """The "true" seconds and op-class breakdown of one model-stage from the planner-form estimate
-    ``est`` (a :class:`~nereus.planner.plan.StageEstimate` under the true efficiencies), with the
+    ``est`` (a :class:`~nereus.spec.plan.StageEstimate` under the true efficiencies), with the
     effects the planner does not model (module docstring)::
 
         f       = 1 + tp_penalty · log2(tp)

@@ -44,9 +44,9 @@ from nereus.controller import (
 )
 from nereus.controller.risk import RiskModel
 from nereus.cost.efficiency import EfficiencyTable
-from nereus.planner.plan import Plan
 from nereus.sim.restart import RestartCost
 from nereus.spec.job import JobSpec
+from nereus.spec.plan import Plan
 
 __all__ = ["NereusPolicy", "StaticPolicy", "ElasticPolicy", "restart_pays", "make_policy", "POLICY_NAMES"]
 

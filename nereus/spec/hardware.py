@@ -224,7 +224,7 @@ GPU_PRESETS: dict[str, GPUSpec] = {
 }
 #: One CPU worker process of ``nereus run`` (one Ray actor, one thread). ASSUMED figures, not a
 #: datasheet: the runtime replaces ``peak_flops`` with a float32 matmul measured at start-up
-#: (``nereus.runtime.adaptive.cpu_gpu_spec``) and ``memory_bytes`` with its per-worker budget option;
+#: (``nereus.runtime.run.device_model.cpu_gpu_spec``) and ``memory_bytes`` with its per-worker budget option;
 #: gloo over loopback TCP for every collective (one "node").
 GPU_PRESETS["cpu"] = GPUSpec(
     name="cpu", peak_flops=20e9, memory_bytes=2 * GIB, hbm_bandwidth=5e9,

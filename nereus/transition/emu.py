@@ -2,7 +2,7 @@
 
 Source: paper §5 (the EMU boundary; ``Φ(π)``), DESIGN.md §2 and §4.6.
 
-An EMU's GPUs follow the plan convention (``nereus/planner/plan.py``): ``gpus[p*tp + t]`` is pipeline
+An EMU's GPUs follow the plan convention (``nereus/spec/plan.py``): ``gpus[p*tp + t]`` is pipeline
 rank ``p``, tensor rank ``t``. Every GPU at pipeline rank ``p`` holds the same number of bytes,
 ``shard_bytes[p]``: parameters on that rank (``nereus.cost.shapes.params_on_rank``) times the bytes
 per parameter of the model-stage's state (:func:`state_bytes_per_param`).

@@ -10,10 +10,10 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from nereus.planner.plan import Candidate, Plan
 from nereus.spec.hardware import ClusterSpec, GPUSpec
 from nereus.spec.job import JobSpec
 from nereus.spec.model import get_model
+from nereus.spec.plan import Candidate, Plan
 from nereus.spec.workload import WorkloadSpec
 from nereus.transition.emu import phi, stage_of
 

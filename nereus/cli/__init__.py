@@ -1,0 +1,85 @@
+"""The ``nereus`` command: one sub-command per module.
+
+Each sub-command lives in its own module exposing ``add_arguments(parser)`` and ``main(args) -> int``
+(exit status); this file only wires them, so decision code and runtime code stay importable apart.
+
+Bad input never ends in a traceback: argparse errors and the ``ValueError``/``FileNotFoundError``
+that input validation raises (``docs/files.md``) print one line, ``nereus <command>: error: ...``,
+on stderr and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+#: sub-command → (module, one-line help)
+COMMANDS = {
+    "plan": ("nereus.cli.plan", "fastest feasible plan for a job on a GPU pool"),
+    "simulate": ("nereus.cli.simulate", "trace-driven simulation of adaptive vs static policies"),
+    "transition": ("nereus.cli.transition", "transition DAG and schedule between two plans"),
+    "run": ("nereus.cli.run", "RL steps on local Ray workers (fixed layouts, or --adaptive: the controller plans and replans)"),
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with a one-line error: ``nereus plan: error: ... (nereus plan --help lists the options)``."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} ({self.prog} --help lists the options)\n")
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows defaults, except ``None`` (options whose default comes from elsewhere say so)."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False:
+            return action.help
+        return super()._get_help_string(action)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    # allow_abbrev=False: a prefix such as ``--gpus`` must not silently mean ``--gpus-per-node``
+    parser = _Parser(
+        prog="nereus", description="Adaptive parallelism for LLM RL post-training (PPO, GRPO, ReMax).",
+        allow_abbrev=False)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, help_) in COMMANDS.items():
+        try:
+            mod = importlib.import_module(module)
+        except ImportError:
+            continue  # sub-command not built yet, or its optional dependencies are absent
+        p = sub.add_parser(name, help=help_, description=(mod.__doc__ or help_).strip().splitlines()[0],
+                           formatter_class=_HelpFormatter, allow_abbrev=False)
+        mod.add_arguments(p)
+        p.set_defaults(_module=mod)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and getattr(args, "from_verl", None):  # a pasted verl launch line: its tokens, in order
+        args.from_verl, extra = args.from_verl + extra, []
+    if extra:  # name the sub-command whose --help lists the valid options
+        where = f"{parser.prog} {args.command}" if getattr(args, "command", None) else parser.prog
+        parser.exit(2, f"{where}: error: unrecognized arguments: {' '.join(extra)} ({where} --help lists the "
+                       f"options)\n")
+    if not getattr(args, "_module", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args._module.main(args) or 0)
+    except (ValueError, FileNotFoundError) as e:  # bad input: one clear line, exit status 2
+        msg = "; ".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
+        print(f"nereus {args.command}: error: {msg}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # output piped into `head`: stop quietly
+        try:
+            sys.stdout = open(os.devnull, "w")
+        except OSError:
+            pass
+        return 0
+

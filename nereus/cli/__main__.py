@@ -1,0 +1,7 @@
+"""``python -m nereus.cli``: the ``nereus`` command."""
+
+import sys
+
+from nereus.cli import main
+
+sys.exit(main())

@@ -1,0 +1,139 @@
+"""Measurements a worker reports to the controller (DESIGN.md §4.3, §4.7).
+
+The runtime never derives costs; it only measures:
+
+* ``stage_seconds``: wall seconds per model-stage call (e.g. ``"actor.train"``);
+* ``op_seconds``: seconds per op class: ``gemm``, ``attention`` and one per collective, e.g.
+  ``allreduce@gloo``, ``allgather@gloo``, ``broadcast@gloo``, ``p2p@gloo``, ``group_setup@gloo``;
+* ``peak_bytes``: the CUDA allocator peak on GPU; on CPU the peak of *tracked* tensor bytes
+  (parameters, gradients, optimizer state, KV cache and live saved activations);
+* ``bytes_sent``: payload bytes this worker sent in collectives (see ``comm/groups.py`` for the model);
+* ``op_seconds_by_stage`` and ``peak_bytes_by_stage``: the same, attributed to the model-stage whose
+  call was running (the shape ``nereus.controller.monitor.StepReport`` takes).
+
+CPU kernels run synchronously, so ``time.perf_counter`` around an op measures it. On GPU the timers
+synchronize first.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections import defaultdict
+from contextlib import contextmanager
+
+import torch
+
+__all__ = ["Meter"]
+
+
+class Meter:
+    """Accumulates timings, bytes and tracked memory of one worker."""
+
+    def __init__(self) -> None:
+        self.reset()
+        self._static: dict[str, int] = {}
+
+    def reset(self) -> None:
+        """Zero the timings, bytes and peak (static tracked bytes are kept)."""
+        self.stage_seconds: dict[str, float] = defaultdict(float)
+        self.op_seconds: dict[str, float] = defaultdict(float)
+        self.by_stage: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        self.stage_peak: dict[str, int] = defaultdict(int)
+        self.bytes_sent = 0.0
+        self.current = getattr(self, "current", None)
+        self._live = 0
+        self._peak = 0
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+
+    # ---------------------------------------------------------------- time and bytes
+    def add_time(self, op_class: str, seconds: float) -> None:
+        self.op_seconds[op_class] += seconds
+        if self.current is not None:
+            self.by_stage[self.current][op_class] += seconds
+
+    def add_bytes(self, n: float) -> None:
+        self.bytes_sent += n
+
+    @contextmanager
+    def op(self, op_class: str):
+        """Time a block under ``op_class``."""
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
+            self.add_time(op_class, time.perf_counter() - t0)
+
+    @contextmanager
+    def stage(self, model_stage: str):
+        """Time one model-stage call (wall seconds); ops and peaks inside it are attributed to it."""
+        t0 = time.perf_counter()
+        outer, self.current = self.current, model_stage
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+        self._touch()
+        try:
+            yield
+        finally:
+            self.stage_seconds[model_stage] += time.perf_counter() - t0
+            if torch.cuda.is_available():
+                self.stage_peak[model_stage] = max(self.stage_peak[model_stage],
+                                                   int(torch.cuda.max_memory_allocated()))
+            self.current = outer
+
+    # ---------------------------------------------------------------- tracked memory
+    def set_static(self, key: str, nbytes: int) -> None:
+        """Record long-lived bytes under ``key`` (parameters, optimizer state, KV cache)."""
+        self._static[key] = int(nbytes)
+        self._touch()
+
+    def drop_static(self, key: str) -> None:
+        self._static.pop(key, None)
+
+    def _touch(self) -> None:
+        now = sum(self._static.values()) + self._live
+        self._peak = max(self._peak, now)
+        if self.current is not None:
+            self.stage_peak[self.current] = max(self.stage_peak[self.current], now)
+
+    def _free(self, n: int) -> None:
+        self._live -= n
+
+    @contextmanager
+    def track_activations(self, exclude: set[int] | None = None):
+        """Count tensors autograd saves for backward while they are alive.
+
+        Args:
+            exclude: ``id()`` of tensors already counted as static (the parameters).
+        """
+        exclude = exclude or set()
+
+        def pack(t: torch.Tensor):
+            if id(t) not in exclude and not isinstance(t, torch.nn.Parameter):
+                n = t.numel() * t.element_size()
+                self._live += n
+                self._touch()
+                weakref.finalize(t, self._free, n)
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            yield
+
+    @property
+    def peak_bytes(self) -> int:
+        if torch.cuda.is_available():  # stage() resets the CUDA peak, so fold in the stage peaks
+            return max([int(torch.cuda.max_memory_allocated()), *self.stage_peak.values()])
+        return int(self._peak)
+
+    def measurements(self) -> dict:
+        """``{"stage_seconds": {ms: s}, "op_seconds": {op class: s}, "op_seconds_by_stage": {ms: {op
+        class: s}}, "peak_bytes": int, "peak_bytes_by_stage": {ms: int}, "bytes_sent": float}``."""
+        return {"stage_seconds": dict(self.stage_seconds), "op_seconds": dict(self.op_seconds),
+                "op_seconds_by_stage": {k: dict(v) for k, v in self.by_stage.items()},
+                "peak_bytes": self.peak_bytes, "peak_bytes_by_stage": dict(self.stage_peak),
+                "bytes_sent": float(self.bytes_sent)}

@@ -1,0 +1,121 @@
+"""Surviving a worker that dies or hangs in the middle of a step (DESIGN.md §4.9).
+
+The driver side; the worker side (heartbeats answered in a thread of their own, the rollback point,
+fault injection) is :mod:`nereus.runtime.worker.fault_tolerant`.
+
+* **Detection.** :func:`monitored_get` waits for a batch of remote calls and, every ``poll_s``, pings
+  every live worker (:func:`probe`); a worker that is dead, or silent for ``hang_timeout_s``, is
+  killed (``ray.kill``), which closes its TCP connections so every surviving worker blocked in a gloo
+  collective with it fails at once instead of waiting for the group timeout (its communicators are
+  dropped with the engines during recovery). It raises :class:`WorkerLost` naming the lost workers
+  and the detection time.
+* **Recovery** (driven by ``run/adaptive.py``): every survivor rolls back
+  (:meth:`FaultTolerantWorker.restore`: engines, units and communicators dropped, the snapshot's
+  units of intact EMUs kept), the controller replans on the surviving pool (urgent path), and the
+  live executor builds the target from those units (``TransitionExecutor.execute(adopt=False)``).
+  The step then re-runs from its start with the same samples. Only a training model-stage that lost
+  every replica falls back to the last durable checkpoint (``durable/driver_side.py``).
+
+A worker lost in the background write of an asynchronous checkpoint (``durable.begin_save``) is
+found the same way by whatever call comes next; the run abandons that checkpoint and keeps the
+previous complete one (``AdaptiveRun._complete_save``).
+"""
+
+from __future__ import annotations
+
+import time
+
+from nereus.runtime.worker.failures import WorkerFailure, WorkerLost
+
+__all__ = ["WorkerLost", "monitored_get", "probe"]
+
+
+def probe(workers: list, timeout_s: float) -> tuple[list[int], list[int]]:
+    """Ping every live worker's ``control`` group; ``(dead, silent)`` ids within ``timeout_s``."""
+    import ray
+
+    refs = {w.heartbeat.options(concurrency_group="control").remote(): i for i, w in enumerate(workers)
+            if w is not None}
+    ready, pending = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
+    dead = []
+    for r in ready:
+        try:
+            ray.get(r)
+        except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError):
+            dead.append(refs[r])
+    silent = [refs[r] for r in pending]
+    return sorted(dead), sorted(silent)
+
+
+def _cancel_all(pool, timeout_s: float) -> None:
+    """Cancel the survivors' queued calls and wait for every acknowledgement, so no cancel can land
+    after the rollback that clears it."""
+    import ray
+
+    refs = [w.cancel.options(concurrency_group="control").remote() for w in pool.workers if w is not None]
+    ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+
+
+def monitored_get(pool, futures, what: str, timeout_s: float, hang_timeout_s: float, poll_s: float = 1.0):
+    """``ray.get(futures)`` that detects dead and hung workers (module docstring).
+
+    Args:
+        pool: the :class:`~nereus.runtime.run.pool.WorkerPool` (its ``workers`` list; lost ones are
+            killed and set to None there).
+        timeout_s: overall seconds before giving up (a slow but alive run).
+        hang_timeout_s: seconds a worker may leave a heartbeat unanswered.
+        poll_s: seconds between heartbeat rounds.
+
+    Raises:
+        WorkerLost: a worker died or hung (after every other call has ended or failed).
+        WorkerFailure: no loss, but a call failed or the overall timeout passed.
+    """
+    import ray
+
+    t0 = time.perf_counter()
+    pending = list(futures)
+    lost: set[int] = set()
+    hung: set[int] = set()
+    detect = None
+    deadline = t0 + timeout_s
+    while pending:
+        _, pending = ray.wait(pending, num_returns=len(pending), timeout=poll_s)
+        if not pending:
+            break
+        dead, silent = probe(pool.workers, hang_timeout_s)
+        new = set(dead) | set(silent)
+        if new - lost:
+            detect = detect if detect is not None else time.perf_counter() - t0
+            hung |= set(silent)
+            for i in sorted(new - lost):
+                pool.remove(i, force=True)  # its sockets close: peers in a collective with it fail now
+            lost |= new
+            _cancel_all(pool, hang_timeout_s)  # calls queued behind a failed one give up at once
+        if time.perf_counter() > deadline:
+            break
+    errors = []
+    results = []
+    for f in futures:
+        try:
+            results.append(ray.get(f, timeout=max(1.0, hang_timeout_s)))
+        except ray.exceptions.RayActorError as e:
+            errors.append(e)
+        except ray.exceptions.RayTaskError as e:
+            errors.append(e)
+        except ray.exceptions.GetTimeoutError as e:
+            errors.append(e)
+    if errors and not lost:  # a call failed: was it because a worker died?
+        dead, silent = probe(pool.workers, hang_timeout_s)
+        if dead or silent:
+            detect = time.perf_counter() - t0
+            hung |= set(silent)
+            for i in dead + silent:
+                pool.remove(i, force=True)
+            lost |= set(dead) | set(silent)
+            _cancel_all(pool, hang_timeout_s)
+    if lost:
+        raise WorkerLost(f"{what}: worker(s) {sorted(lost)} lost ({'hung' if hung else 'died'}); detected after "
+                         f"{detect or 0.0:.2f}s", sorted(lost), detect or 0.0, sorted(hung))
+    if errors:
+        raise WorkerFailure(f"{what}: {str(errors[0])[-600:]}")
+    return results

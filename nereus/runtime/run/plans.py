@@ -1,0 +1,50 @@
+"""Plans the runtime builds by itself: fixed layouts placed round-robin (``nereus run`` without
+``--adaptive``) and the time-shared fallback of an adaptive run when the planner finds nothing."""
+
+from __future__ import annotations
+
+from nereus.spec.plan import Candidate, Plan
+from nereus.spec.workload import WorkloadSpec
+from nereus.workflow import workflow_for
+
+__all__ = ["simple_plan", "shared_plan"]
+
+
+def simple_plan(workload: WorkloadSpec, layouts: dict[str, tuple[int, int, int]], num_workers: int,
+                micro_batch: int = 0) -> Plan:
+    """A plan placing each model-stage's ``(tp, pp, dp)`` on workers, round-robin within its stage.
+
+    Raises:
+        ValueError: a model-stage of the workflow missing from ``layouts`` or needing more workers
+            than ``num_workers``.
+    """
+    wf = workflow_for(workload)
+    cands, offset = [], {}
+    for ms in wf.model_stages:
+        if ms.name not in layouts:
+            raise ValueError(f"layouts lack model-stage {ms.name!r}; the {wf.algorithm} workflow needs "
+                             f"{[m.name for m in wf.model_stages]}")
+        tp, pp, dp = layouts[ms.name]
+        n = tp * pp * dp
+        if n > num_workers:
+            raise ValueError(f"model-stage {ms.name}: layout tp={tp} pp={pp} dp={dp} needs {n} workers, "
+                             f"only {num_workers} given")
+        o = offset.get(ms.stage, 0)
+        gpus = tuple((o + i) % num_workers for i in range(n))
+        offset[ms.stage] = (o + n) % num_workers
+        b = micro_batch if ms.stage != "generate" else 0
+        cands.append(Candidate(ms.name, tp, pp, dp, micro_batch=b, gpus=gpus))
+    return Plan(candidates=tuple(cands))
+
+
+def shared_plan(workload: WorkloadSpec, workers, micro_batch: int = 0) -> Plan:
+    """Every model-stage at (tp, pp, dp) = (1, 1, 1), round-robin over ``workers`` (ids), model-stages
+    of one stage sharing workers when there are fewer workers than model-stages. The runtime can run
+    it (each worker runs its calls in order); the cost model's plans never share a GPU within a stage.
+    """
+    ids = sorted(workers)
+    if not ids:
+        raise ValueError("shared_plan needs at least one worker")
+    base = simple_plan(workload, {ms.name: (1, 1, 1) for ms in workflow_for(workload).model_stages}, len(ids),
+                       micro_batch=micro_batch)
+    return Plan(candidates=tuple(c.with_gpus(ids[g] for g in c.gpus) for c in base.candidates))

@@ -1,0 +1,137 @@
+"""Recovering an adaptive run from lost workers (DESIGN.md §4.9): rollback points, fault injection, re-run steps.
+
+:class:`RecoveryMixin` is the part of :class:`~nereus.runtime.run.adaptive.AdaptiveRun` that survives a
+worker dying or hanging in the middle of anything. At every boundary each worker snapshots its state
+(:meth:`~RecoveryMixin._mark`; the worker side is :mod:`nereus.runtime.worker.fault_tolerant`); a
+:class:`~nereus.runtime.worker.failures.WorkerLost` from any call makes every survivor roll back to that
+snapshot, the controller replans on the survivors (urgent path), and the live executor builds the target
+from the intact units (:meth:`~RecoveryMixin._recover`); the step then re-runs from its start with the
+same samples (:meth:`~RecoveryMixin._step`). Only a training model-stage that lost every replica falls
+back to the last durable checkpoint (:func:`nereus.runtime.durable.driver_side.restart`).
+"""
+
+from __future__ import annotations
+
+import time
+
+from nereus.controller.decisions import Keep
+from nereus.controller.monitor import StepReport
+from nereus.planner.notation import format_gpus, format_plan
+from nereus.runtime.durable import driver_side as durable
+from nereus.runtime.run.relayout import train_stages
+from nereus.runtime.transit.driver_side import TransitionExecutor
+from nereus.runtime.worker.failures import WorkerFailure, WorkerLost
+from nereus.spec.plan import Plan
+from nereus.transition.emu import phi
+from nereus.transition.estimate import estimate_transition
+
+__all__ = ["RecoveryMixin"]
+
+
+class RecoveryMixin:
+    """Rollback, replanning around lost workers and re-running the step, for :class:`~nereus.runtime.run.adaptive.AdaptiveRun`
+    (which supplies ``driver``, ``ctl``, ``planner``, ``calib``, ``job``, ``faults``, ``log``,
+    ``events``, ``recoveries``, ``_announced``, ``_first_plan``, ``_legal``, ``job_at`` and the
+    checkpointing methods)."""
+
+    # ------------------------------------------------------------------ checkpoints and faults
+    def _mark(self) -> None:
+        """The rollback point of the next step or transition: every worker snapshots its state. A
+        worker found lost here (e.g. its node went away between steps) is recovered from at once:
+        the survivors' snapshots just taken are the rollback point, so no step is redone."""
+        d = self.driver
+        for _attempt in range(4):
+            self._bnd = {"plan": Plan(candidates=tuple(d.cands.values())), "step_index": d.step_index,
+                         "updates": d.updates}
+            try:
+                d._get([w.snapshot.remote() for w in d.workers if w is not None], "snapshot")
+                return
+            except WorkerLost as e:
+                self._recover(e, d.step_index, "boundary")
+        raise WorkerFailure("workers kept failing at a boundary; gave up after 4 attempts")
+
+    def _inject(self, k: int, phase: str) -> None:
+        """Arm the fault ``faults[k] = (point, worker, how)`` once, just before the ``phase``
+        (``step``, ``transition`` or ``checkpoint``) whose calls contain its point."""
+        f = self.faults.get(k)
+        if not f or len(f) > 3:
+            return
+        point, worker, how = f
+        want = {"transition_run": "transition", "dcp_save": "checkpoint"}.get(point, "step")
+        w = self.driver.workers[worker] if worker < len(self.driver.workers) else None
+        if want != phase or w is None:
+            return
+        self.faults[k] = (point, worker, how, "armed")
+        self.driver._get([w.arm.options(concurrency_group="control").remote(point, how)], "arm a fault")
+        self.log(f"  [fault armed: worker {worker} will be {'stopped (SIGSTOP)' if how == 'stop' else 'killed'} "
+                 f"inside {point} during the {phase} of step {k}]")
+
+    def _step(self, k: int) -> dict:
+        """Step ``k``, re-run from its start after a lost worker (same samples, same counters)."""
+        d = self.driver
+        for _attempt in range(4):
+            self._mark()
+            try:  # a worker may be lost in any call here (e.g. one dying in a background checkpoint write)
+                d.reset_measurements()
+                self._poll_save(k)
+                self._inject(k, "step")
+                return d.step()
+            except WorkerLost as e:
+                self._recover(e, k, "step")
+                k = d.step_index  # a restore from the durable checkpoint goes back further
+        raise WorkerFailure(f"step {k}: workers kept failing; gave up after 4 attempts")
+
+    def _recover(self, e: WorkerLost, k: int, when: str) -> None:
+        """Roll back to the boundary, replan on the survivors and move state there live (module
+        docstring); a training model-stage with no intact replica restores the last
+        durable checkpoint."""
+        d, t0 = self.driver, time.perf_counter()
+        self.log(f"  lost worker(s) {format_gpus(e.lost)} during the {when} of step {k} "
+                 f"({'hung' if e.hung else 'died'}; detected in {e.detect_s:.2f}s): rolling back to the boundary")
+        try:  # a save in flight: complete it if its writers survived (a restore may read it), else drop it
+            self._complete_save(k)
+        except WorkerLost as again:
+            self.log(f"  lost worker(s) {format_gpus(again.lost)} too, while completing the checkpoint")
+        alive = frozenset(i for i, w in enumerate(d.workers) if w is not None)
+        bplan = self._bnd["plan"]
+        d.set_plan(bplan)
+        d.step_index, d.updates = self._bnd["step_index"], self._bnd["updates"]
+        intact = [x.uid for c in bplan.candidates for x in phi(self.job, c) if set(x.gpus) <= alive]
+        d._get([d.workers[i].restore.remote(intact) for i in sorted(alive)], "rollback")
+        lost_train = [n for n in train_stages(d) if not any(u.startswith(f"{n}#") for u in intact)]
+        usable = alive - self._announced  # workers announced to leave hold state but get none
+        rep = StepReport(step=max(k - 1, 0), response_len=self.last_len, pool=usable, alive=alive)
+        dec = self.ctl.observe(rep)
+        target = None if isinstance(dec, Keep) else dec.plan
+        if target is None or not target.gpus_used() <= usable:
+            # the controller already saw this pool (e.g. a loss during the transition it chose):
+            # plan on the survivors directly, then tell it with resume
+            target = self._first_plan(usable)
+        target = self._legal(d, target)
+        ev = {"step": k, "when": "recovery", "kind": "recovery", "reason": str(e), "lost": e.lost,
+              "detect_s": e.detect_s, "hung": e.hung}
+        est = None
+        if not lost_train:
+            try:
+                est = estimate_transition(self.calib.apply(self.job_at(self.last_len)), bplan, target, alive,
+                                          params=self.calib.params())
+            except ValueError:
+                est = None
+        if est is not None and est.feasible:
+            rep = TransitionExecutor(d).execute(est, target, adopt=False)
+            ev.update(source="live", transition=rep.to_dict(), steps_lost=0)
+            self.log(f"  recovered live on workers {format_gpus(alive)}: {rep.summary()}; step {k} re-runs")
+        else:
+            why = (f"{', '.join(lost_train)} lost every replica" if lost_train else
+                   (est.reason if est is not None else "no live path from the boundary plan"))
+            d._get([d.workers[i].transition_end.remote("") for i in sorted(alive)], "drop units")
+            info = durable.restart(d, self._ckpt_path(), target)
+            lost = self._bnd["step_index"] - d.step_index
+            ev.update(source="checkpoint", steps_lost=lost, seconds=info["seconds"])
+            self.log(f"  {why}: restored the durable checkpoint of step {d.step_index} in {info['seconds']:.2f}s; "
+                     f"steps lost: {lost}")
+        self.ctl.resume(self.planner.estimate(self.job_at(self.last_len), target, alive))
+        ev["recovery_s"] = time.perf_counter() - t0
+        ev["plan"] = format_plan(target)
+        self.events.append(ev)
+        self.recoveries.append(ev)

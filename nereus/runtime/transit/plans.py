@@ -1,0 +1,261 @@
+"""Which piece of which tensor a primitive moves, from which worker to which (DESIGN.md §4.8).
+
+Pure functions of shapes and EMU metadata, shared by the sender and the receiver of every transfer
+so both compute the same plan without talking: no tensor here, only index ranges.
+
+**Regions.** Under TP rank ``t`` of ``tp`` a logical parameter (``runtime/model/sharding.py`` rules) is held
+as a *region* of the full tensor:
+
+======  ==================================================================================
+rule    region
+======  ==================================================================================
+rep     the whole tensor (``dim`` None)
+col     rows ``[t·n/tp, (t+1)·n/tp)`` of dim 0
+row     columns ``[t·n/tp, (t+1)·n/tp)`` of dim 1
+kv      rows of dim 0: chunk ``t`` when ``tp <= g``; KV head ``t // (tp/g)`` when ``tp > g``
+vocab   rows ``[t·c, (t+1)·c) ∩ [0, V)`` of dim 0, ``c = ceil(V/tp)``; the shard has ``c`` rows, the
+        ones past ``V`` are zero padding (never moved)
+======  ==================================================================================
+
+Adam moments and the fp32 master weights of a bf16 run share their parameter's region (Adam is
+elementwise). PP rank ``p`` holds the names
+:func:`~nereus.runtime.model.sharding.names_of_stage` gives.
+
+**Transfers.** For every produced EMU and every worker of it, in a fixed order (produced EMUs, their
+workers, parameter names, state kinds), the needed region is covered first by what the worker
+already holds in the primitive's *local* units (Split and Merge: the consumed units; Load: the
+train EMU when it shares the worker), then by remote *source* units, preferring the rank-aligned
+holder (same ``(p, t)`` in a source of the same layout: Extend sends each shard from its aligned
+rank), then the source units' workers in order. Every (sender, receiver) pair exchanges one
+contiguous buffer holding its pieces in that order. Split is thus an all-gather-v inside each
+``a × b`` block (each member receives only what its finer ``T_sub`` shard lacks), Merge moves only
+the non-resident parts, Extend copies each shard once from its aligned rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from nereus.runtime.model.precision import TRAIN_KINDS, WEIGHT_KINDS, train_kinds
+from nereus.runtime.model.sharding import names_of_stage, padded_vocab, param_shapes
+from nereus.spec.model import ModelSpec
+
+__all__ = ["Region", "UnitMeta", "MoveSpec", "Piece", "MovePlan", "region", "held", "plan_moves",
+           "kinds_for", "kind_dtype"]
+
+def kinds_for(kinds: tuple[str, ...], precision: str) -> tuple[str, ...]:
+    """``kinds`` (a :class:`MoveSpec`'s) restricted to what a run of ``precision`` holds: the
+    executor names every kind of :data:`TRAIN_KINDS`; an fp32 run has no separate ``master``."""
+    held_kinds = train_kinds(precision)
+    return tuple(k for k in kinds if k in held_kinds or k not in TRAIN_KINDS)
+
+
+def kind_dtype(kind: str, params_dtype):
+    """The dtype a unit holds ``kind`` in: the engine's parameter dtype for ``params``; fp32 for the
+    master weights and Adam moments (whatever the parameter dtype)."""
+    return params_dtype if kind == "params" else torch.float32
+
+
+@dataclass(frozen=True)
+class Region:
+    """Part of a full tensor a shard holds: rows/columns ``[lo, hi)`` of ``dim`` (None: all of it);
+    ``length`` is the shard's extent along ``dim`` (``> hi - lo`` only for vocab padding)."""
+
+    dim: int | None
+    lo: int = 0
+    hi: int = 0
+    length: int = 0
+
+
+def region(spec: ModelSpec, name: str, tp: int, t: int) -> Region:
+    """The region of parameter ``name`` on TP rank ``t`` of ``tp`` (table in the module docstring).
+
+    Raises:
+        KeyError: ``name`` is not a parameter of ``spec``.
+    """
+    shape, rule = param_shapes(spec)[name]
+    if rule == "rep":
+        return Region(None)
+    if rule == "vocab":
+        c = padded_vocab(spec, tp) // tp
+        v = shape[0]
+        return Region(0, min(t * c, v), min((t + 1) * c, v), c)
+    if rule == "kv" and tp > spec.num_kv_heads:
+        j, d = t // (tp // spec.num_kv_heads), spec.head_dim
+        return Region(0, j * d, (j + 1) * d, d)
+    dim = 1 if rule == "row" else 0
+    c = shape[dim] // tp
+    return Region(dim, t * c, (t + 1) * c, c)
+
+
+@dataclass(frozen=True)
+class UnitMeta:
+    """An EMU as the executor sees it: ``gpus`` are worker ids, ``gpus[p*tp + t]``; ``host``: staged
+    in the host memory of those workers (an Offload's output)."""
+
+    uid: str
+    model_stage: str
+    tp: int
+    pp: int
+    gpus: tuple[int, ...]
+    host: bool = False
+
+    def position(self, worker: int) -> tuple[int, int]:
+        return divmod(self.gpus.index(worker), self.tp)
+
+    @classmethod
+    def of(cls, emu) -> UnitMeta:
+        """From a ``nereus.transition.emu.EMU``."""
+        return cls(emu.uid, emu.model_stage, emu.tp, emu.pp, tuple(emu.gpus), bool(emu.host))
+
+
+def held(spec: ModelSpec, unit: UnitMeta, worker: int) -> dict[str, Region]:
+    """Parameter name → region held by ``worker`` in ``unit`` (empty when not a member)."""
+    if worker not in unit.gpus:
+        return {}
+    p, t = unit.position(worker)
+    return {n: region(spec, n, unit.tp, t) for n in names_of_stage(spec, unit.pp, p)}
+
+
+@dataclass(frozen=True)
+class MoveSpec:
+    """One primitive as the workers execute it (built by the driver from the DAG; metadata only).
+
+    Attributes:
+        pid, kind, model_stage: from the primitive.
+        consumes: uids removed when it ends.
+        produces: units created (for an Offload, the host-staged unit).
+        sources: units whose pieces may be sent to other workers.
+        local: units whose pieces count as already present on their own workers.
+        kinds: state kinds moved (:data:`TRAIN_KINDS` or :data:`WEIGHT_KINDS`; a worker drops the
+            kinds its run's precision does not hold, :func:`kinds_for`, before planning).
+        storage_seed: a Load from storage re-creates frozen weights from this seed (-1: not one).
+        workers: every worker that runs it (sends, receives, frees or produces).
+    """
+
+    pid: str
+    kind: str
+    model_stage: str
+    consumes: tuple[str, ...] = ()
+    produces: tuple[UnitMeta, ...] = ()
+    sources: tuple[UnitMeta, ...] = ()
+    local: tuple[UnitMeta, ...] = ()
+    kinds: tuple[str, ...] = WEIGHT_KINDS
+    storage_seed: int = -1
+    workers: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Piece:
+    """``kind`` of ``name`` from the sender's unit ``uid``: rows/columns ``[lo, hi)`` of ``dim`` (all of
+    it when ``dim`` is None)."""
+
+    uid: str
+    kind: str
+    name: str
+    dim: int | None
+    lo: int
+    hi: int
+
+
+@dataclass
+class MovePlan:
+    """Transfers of one primitive.
+
+    Attributes:
+        pairs: ``(sender, receiver)`` → pieces, in buffer order.
+        assembly: ``(receiver, produced uid)`` → ``[(kind, name, target region, segments)]`` where a
+            segment is ``(source, source uid, lo, hi)``; ``source`` is the sending worker, or None
+            when the piece is local (read from ``source uid`` on the receiver).
+    """
+
+    pairs: dict = field(default_factory=dict)
+    assembly: dict = field(default_factory=dict)
+
+    @property
+    def comm_workers(self) -> tuple[int, ...]:
+        """Workers that send or receive (they build the primitive's communicator)."""
+        return tuple(sorted({w for pair in self.pairs for w in pair}))
+
+
+def _subtract(need: list[tuple[int, int]], lo: int, hi: int) -> tuple[list, list]:
+    """Cover ``[lo, hi)`` against the uncovered intervals ``need``: (taken parts, still uncovered)."""
+    taken, rest = [], []
+    for a, b in need:
+        x, y = max(a, lo), min(b, hi)
+        if x >= y:
+            rest.append((a, b))
+            continue
+        taken.append((x, y))
+        if a < x:
+            rest.append((a, x))
+        if y < b:
+            rest.append((y, b))
+    return taken, rest
+
+
+def _holders(spec: ModelSpec, move: MoveSpec, dst: UnitMeta, worker: int) -> list[tuple[int | None, UnitMeta, dict]]:
+    """Candidate holders of pieces for ``worker`` of ``dst``, in preference order: ``(sender or None
+    when on ``worker`` itself, unit, held regions)``. Local units first (and a source unit's shard on
+    ``worker``, e.g. its own host copy in a Restore), then the rank-aligned source worker, then
+    every source worker in order."""
+    p, t = dst.position(worker)
+    local = [(None, u, held(spec, u, worker)) for u in move.local if worker in u.gpus]
+    aligned, rest = [], []
+    for u in move.sources:
+        for w in u.gpus:
+            item = (None if w == worker else w, u, held(spec, u, w))
+            if w == worker:
+                local.append(item)
+            elif (u.tp, u.pp) + u.position(w) == (dst.tp, dst.pp, p, t):
+                aligned.append(item)
+            else:
+                rest.append(item)
+    return local + aligned + rest
+
+
+def plan_moves(spec: ModelSpec, move: MoveSpec) -> MovePlan:
+    """The transfers of ``move`` (see the module docstring); a Load from storage and Offload,
+    Destroy plan none.
+
+    Raises:
+        ValueError: a needed piece has no holder among the local and source units.
+    """
+    plan = MovePlan()
+    if move.kind in ("destroy", "offload") or move.storage_seed >= 0:
+        return plan
+    for dst in move.produces:
+        for w in dst.gpus:
+            holders = _holders(spec, move, dst, w)
+            p, t = dst.position(w)
+            items = []
+            for name in names_of_stage(spec, dst.pp, p):
+                want = region(spec, name, dst.tp, t)
+                need = [(want.lo, want.hi)] if want.dim is not None else [(0, 1)]
+                segs = []
+                for src_w, u, h in holders:
+                    if not need:
+                        break
+                    r = h.get(name)
+                    if r is None:
+                        continue
+                    lo, hi = (r.lo, r.hi) if r.dim is not None else (0, 1)
+                    if want.dim is None:
+                        lo, hi = 0, 1
+                    taken, need = _subtract(need, lo, hi)
+                    segs += [(src_w, u.uid, a, b) for a, b in taken]
+                if need and want.dim is not None and any(b > a for a, b in need):
+                    raise ValueError(f"{move.pid}: no holder of {name} rows {need} for worker {w} of {dst.uid}")
+                if want.dim is None and need:
+                    raise ValueError(f"{move.pid}: no holder of {name} for worker {w} of {dst.uid}")
+                for kind in move.kinds:
+                    items.append((kind, name, want, segs))
+                    for src_w, _uid, a, b in segs:  # noqa: B007
+                        if src_w is not None:
+                            dim = want.dim
+                            plan.pairs.setdefault((src_w, w), []).append(
+                                Piece(_uid, kind, name, dim, a if dim is not None else 0, b if dim is not None else 0))
+            plan.assembly[(w, dst.uid)] = items
+    return plan

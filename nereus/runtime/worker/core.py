@@ -1,0 +1,418 @@
+"""One worker per device: the engines of every model-stage placed on it (DESIGN.md §4.7).
+
+:class:`WorkerCore` is a plain class so tests can run it in spawned processes; :func:`ray_worker_class`
+wraps it as a Ray actor (one per device, ``num_cpus=1`` on CPU, ``num_gpus=1`` on GPU). Every method
+that takes a model-stage name is timed under that name in the worker's :class:`Meter`.
+
+A worker joins the job by connecting to the driver's ``TCPStore``; groups among any subset of
+workers are then built on demand (``comm.new_group``), so no world-wide init is needed.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+import torch
+
+from nereus.runtime.comm.groups import DEFAULT_TIMEOUT_S, connect_store
+from nereus.runtime.comm.instrument import Meter
+from nereus.runtime.comm.parallel import Layout, build_context
+from nereus.runtime.model.precision import WEIGHT_KINDS
+from nereus.runtime.transit.plans import MoveSpec, UnitMeta, kinds_for
+from nereus.runtime.transit.worker_side import COUNTERS, Transit, Unit
+from nereus.runtime.worker.device import inventory, resolve_dtype, select_device
+from nereus.runtime.worker.engine import AdamConfig, Engine
+from nereus.runtime.worker.rollout import generate
+from nereus.spec.model import ModelSpec
+
+__all__ = ["WorkerCore", "ray_worker_class", "PRECISION_KEY"]
+
+#: TCPStore key under which the driver publishes a run's precision (``RLDriver.publish_precision``):
+#: a worker that builds no engine itself (one that joins for a transition) reads it from there
+PRECISION_KEY = "nereus/precision"
+
+
+def _cpu(x):
+    return None if x is None else x.cpu()
+
+
+class WorkerCore:
+    """Holds the store connection, the meter and one :class:`Engine` per model-stage placed here.
+
+    Args:
+        worker_id: this worker's id (its device index in plans).
+        store_host, store_port: the driver's TCPStore.
+        timeout_s: timeout of every group this worker builds.
+    """
+
+    def __init__(self, worker_id: int, store_host: str, store_port: int,
+                 timeout_s: float = DEFAULT_TIMEOUT_S, threads: int = 1) -> None:
+        torch.set_num_threads(threads)
+        self.id = int(worker_id)
+        self.timeout_s = float(timeout_s)
+        self.store = connect_store(store_host, store_port, timeout_s)
+        self.meter = Meter()
+        self.engines: dict[str, Engine] = {}
+        self.groups: dict[str, object] = {}
+        self.device = select_device(self.id)  # one CUDA device per worker (Ray's assigned GPU)
+        if self.device.startswith("cuda"):
+            torch.cuda.set_device(torch.device(self.device))  # NCCL groups bind the current device
+        self.transit = Transit(self.id, self.store, self.meter, self.timeout_s)
+        self.built: dict[str, dict] = {}  # model-stage → how its engine was built (dtype, schedule, recompute)
+
+    def ping(self) -> int:
+        return self.id
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def inventory(self) -> dict:
+        return inventory()
+
+    # ------------------------------------------------------------------ setup
+    def build(self, model_stage: str, spec: ModelSpec, layout: Layout, seed: int, trainable: bool,
+              adam: AdamConfig | None = None, tag: str = "e0", dtype: str = "auto",
+              schedule: str = "1f1b", recompute: str = "none", precision: str = "fp32") -> tuple[int, int, int]:
+        """Build this worker's engine of ``model_stage`` (collective over the layout's workers).
+
+        Args:
+            dtype: with ``precision="fp32"``: ``auto`` (bf16 for forward-only model-stages where the
+                device supports it, else fp32), ``float32`` or ``bfloat16`` (forward-only model-stages
+                only: training keeps fp32 weights, which are also Adam's master weights).
+            precision: ``fp32`` or ``bf16`` (every engine bf16, trainable ones with fp32 master
+                weights, gradients and moments; ``worker/engine.py``).
+            schedule: pipeline schedule of training, ``1f1b`` or ``gpipe``.
+            recompute: activation recomputation of training, ``none``, ``selective`` or ``full``.
+
+        Returns:
+            this worker's (d, p, t).
+
+        Raises:
+            ValueError: invalid layout, an unknown precision, or a dtype that is unknown or bf16 for a
+                trainable stage of an fp32 run.
+        """
+        dt = resolve_dtype(dtype, trainable, self.device, precision)
+        with self.meter.stage(model_stage):
+            ctx = build_context(spec, layout, self.id, self.store, f"{tag}/{model_stage}", self.meter,
+                                self.timeout_s, self.device)
+            self.engines[model_stage] = Engine(spec, ctx, seed, self.meter, trainable, adam, dt, self.device,
+                                               schedule=schedule, recompute=recompute, precision=precision)
+        self.built[model_stage] = {"dtype": dtype, "schedule": schedule, "recompute": recompute,
+                                   "precision": precision}
+        return ctx.d, ctx.p, ctx.t
+
+    def precision_of(self, model_stage: str) -> str:
+        """The precision of ``model_stage`` on this worker: the run's as the driver published it
+        (:data:`PRECISION_KEY`), else how this worker built the stage, else ``fp32``."""
+        try:
+            if self.store.check([PRECISION_KEY]):
+                return self.store.get(PRECISION_KEY).decode()
+        except RuntimeError:  # store unreachable: fall back to what this worker knows
+            pass
+        return self.built.get(model_stage, {}).get("precision", "fp32")
+
+    def _dtype_of(self, model_stage: str, trainable: bool) -> torch.dtype:
+        return resolve_dtype(self.built.get(model_stage, {}).get("dtype", "auto"), trainable, self.device,
+                             self.precision_of(model_stage))
+
+    def destroy(self, model_stage: str) -> None:
+        """Drop this worker's engine of ``model_stage`` (local teardown, no collective)."""
+        e = self.engines.pop(model_stage, None)
+        if e is not None:
+            self.meter.drop_static(f"params:{id(e)}")
+
+    def _engine(self, model_stage: str) -> Engine:
+        if model_stage not in self.engines:
+            raise ValueError(f"worker {self.id} holds no engine for model-stage {model_stage!r}; "
+                             f"it holds {sorted(self.engines)}")
+        return self.engines[model_stage]
+
+    # ------------------------------------------------------------------ model-stage work
+    def generate(self, model_stage: str, prompts: torch.Tensor, seeds: list[int], max_new_tokens: int,
+                 temperature: float = 1.0, greedy: bool = False, eos_id: int = 2, pad_id: int = 0,
+                 concurrency: int = 0):
+        """Responses ``[B, R]`` for this replica's prompts ``[B, P]``, in waves of at most
+        ``concurrency`` sequences (0: all at once), as a KV-cache budget requires."""
+        with self.meter.stage(model_stage):
+            e = self._engine(model_stage)
+            wave = concurrency if concurrency > 0 else prompts.shape[0]
+            outs = [generate(e.model, prompts[i:i + wave].to(self.device), max_new_tokens, seeds[i:i + wave],
+                             temperature, greedy, eos_id, pad_id) for i in range(0, prompts.shape[0], wave)]
+            return torch.cat(outs)
+
+    def logprobs(self, model_stage: str, tokens: torch.Tensor, prompt_len: int, micro_batch: int,
+                 temperature: float = 1.0):
+        with self.meter.stage(model_stage):
+            return _cpu(self._engine(model_stage).logprobs(tokens.to(self.device), prompt_len, micro_batch,
+                                                           temperature))
+
+    def values(self, model_stage: str, tokens: torch.Tensor, prompt_len: int, micro_batch: int):
+        with self.meter.stage(model_stage):
+            return _cpu(self._engine(model_stage).values(tokens.to(self.device), prompt_len, micro_batch))
+
+    def forward(self, model_stage: str, tokens: torch.Tensor, micro_batch: int):
+        with self.meter.stage(model_stage):
+            return _cpu(self._engine(model_stage).forward(tokens.to(self.device), micro_batch))
+
+    def backward_lm(self, model_stage: str, tokens: torch.Tensor, micro_batch: int, denom: float):
+        with self.meter.stage(model_stage):
+            return self._engine(model_stage).backward_lm(tokens.to(self.device), micro_batch, denom)
+
+    def train(self, model_stage: str, batch: dict, loss: dict, micro_batch: int, denom: float,
+              position: int):
+        with self.meter.stage(model_stage):
+            batch = {k: v.to(self.device) for k, v in batch.items()}
+            return self._engine(model_stage).train_step(batch, loss, micro_batch, denom, position)
+
+    def save_hf(self, model_stage: str, directory: str) -> int:
+        """Write replica 0 of ``model_stage`` as a Hugging Face directory (``hf.save_stage``; collective
+        over that replica's TP groups); returns bytes this worker wrote (0 off replica 0)."""
+        from nereus.runtime.model.hf import save_stage
+
+        e = self._engine(model_stage)
+        if e.ctx.d != 0:
+            return 0
+        with self.meter.stage(model_stage):
+            return save_stage(e, directory)
+
+    def train_fields(self, model_stage: str, *xs):
+        """:meth:`train` with the batch given as tensors then their field names: ``(*tensors, names,
+        loss, micro_batch, denom, position)`` (how the driver splits a batch per replica)."""
+        *tensors, names, loss, b, denom, position = xs
+        return self.train(model_stage, dict(zip(names, tensors)), loss, b, denom, position)
+
+    def gather(self, model_stage: str, kind: str = "params") -> dict:
+        return self._engine(model_stage).gather_full(kind)
+
+    def gather_logical_state(self, model_stage: str) -> dict:
+        return self._engine(model_stage).gather_logical_state()
+
+    def load_logical_state(self, model_stage: str, state: dict) -> None:
+        """Load this worker's shards of a gathered logical state (``Engine.load_logical_state``)."""
+        with self.meter.stage(model_stage):
+            self._engine(model_stage).load_logical_state(state)
+
+    def sync_weights(self, src: str, dst: str, src_layout: Layout, dst_layout: Layout, spec: ModelSpec,
+                     policy_version: int, tag: str = "e0") -> dict:
+        """Move ``src``'s parameters (replica 0) into every replica of ``dst``, rank-aligned.
+
+        Each destination rank receives only the parameter pieces of its own shard that it does not
+        already hold in ``src`` on the same worker, from the source ranks that hold them
+        (``shards.plan_moves``, as a live Extend or Load does; DESIGN.md §4.8), one contiguous
+        buffer per (sender, receiver) pair. Collective over the workers that send or receive; the
+        communicator is kept for later steps of the same layouts. Timed under ``dst``.
+
+        Returns:
+            bytes this worker sent and received.
+        """
+        members = set(src_layout.replica(0)) | set(dst_layout.workers)
+        out = {"sent": 0, "recv": 0, "setup_s": 0.0, "transfer_s": 0.0, "header_bytes": 0}
+        if self.id not in members:
+            return out
+        with self.meter.stage(dst):
+            src_meta = UnitMeta(f"{src}#0", src, src_layout.tp, src_layout.pp, src_layout.replica(0))
+            dst_metas = tuple(UnitMeta(f"{dst}#{d}", dst, dst_layout.tp, dst_layout.pp, dst_layout.replica(d))
+                              for d in range(dst_layout.dp))
+            move = MoveSpec(pid=f"sync:{src}->{dst}", kind="sync", model_stage=dst, produces=dst_metas,
+                            sources=(src_meta,), kinds=WEIGHT_KINDS)
+            units = {}
+            if src in self.engines and self.id in src_meta.gpus:
+                e = self.engines[src]
+                units[src_meta.uid] = Unit(src_meta, {"params": {n: w.detach() for n, w in e.model.params.items()}},
+                                           {})
+            d_eng = self.engines.get(dst)
+            dtype = self._dtype_of(dst, False)
+            made = self.transit.exchange(spec, move, units, f"{tag}/sync/{src}->{dst}", dtype, self.device, out,
+                                         cache=self.groups)
+            if d_eng is not None:
+                mine = next(u for u in made.values())
+                with torch.no_grad():
+                    for n, w in d_eng.model.params.items():
+                        w.copy_(mine.tensors["params"][n])
+                d_eng.version += 1
+                d_eng.policy_version = int(policy_version)
+        return out
+
+    # ------------------------------------------------------------------ live transitions (transit.py)
+    def transition_begin(self, model_stages: list[str], metas: list[UnitMeta]) -> list[str]:
+        """Turn the engines of ``model_stages`` into units (``Transit.adopt``) under the uids of
+        ``metas`` that include this worker; an engine of a replica that is not in ``metas`` (it lost
+        a worker) is dropped. Old communicators of those model-stages go with their engines.
+
+        Returns:
+            uids of the units this worker now holds.
+        """
+        for ms in model_stages:
+            e = self.engines.pop(ms, None)
+            if e is None:
+                continue
+            self.meter.drop_static(f"params:{id(e)}")
+            meta = next((m for m in metas if m.model_stage == ms and self.id in m.gpus), None)
+            if meta is not None:
+                self.transit.adopt(e, meta)
+        return sorted(self.transit.units)
+
+    def transition_run(self, spec: ModelSpec, move: MoveSpec, group_name: str, trainable: bool,
+                       *after) -> dict:
+        """Run this worker's part of one primitive (``Transit.run``); ``after`` are the results of
+        primitives it must follow that share no worker with it (Ray resolves them first)."""
+        dtype = self._dtype_of(move.model_stage, trainable)
+        move = replace(move, kinds=kinds_for(move.kinds, self.precision_of(move.model_stage)))
+        live = {}  # a Load may read a train model-stage that is not changing: its engine, as a unit view
+        for m in move.sources:
+            e = self.engines.get(m.model_stage)
+            if m.uid not in self.transit.units and e is not None and self.id in m.gpus:
+                live[m.uid] = Unit(m, {"params": {n: w.detach() for n, w in e.model.params.items()}},
+                                   {k: int(getattr(e, k)) for k in COUNTERS})
+        with self.meter.stage("transition"):
+            return self.transit.run(spec, move, group_name, dtype, self.device, live)
+
+    def transition_finish(self, model_stage: str, spec: ModelSpec, layout: Layout, trainable: bool,
+                          adam: AdamConfig | None, tag: str, recompute: str = "none") -> tuple[int, int, int]:
+        """Build the engine of ``model_stage`` in ``layout`` from this worker's unit of the target EMU
+        (collective over the layout's workers: its new communicators)."""
+        d, _, _ = layout.position(self.id)
+        unit = self.transit.take(model_stage, layout.tp, layout.pp, layout.replica(d))
+        how = self.built.get(model_stage, {})
+        precision = self.precision_of(model_stage)
+        dt = self._dtype_of(model_stage, trainable)
+        with self.meter.stage(model_stage):
+            ctx = build_context(spec, layout, self.id, self.store, f"{tag}/{model_stage}", self.meter,
+                                self.timeout_s, self.device)
+            self.engines[model_stage] = Engine(spec, ctx, 0, self.meter, trainable, adam, dt, self.device,
+                                               schedule=how.get("schedule", "1f1b"), recompute=recompute,
+                                               state={"tensors": unit.tensors, "counters": unit.counters},
+                                               precision=precision)
+        self.built[model_stage] = {**how, "recompute": recompute, "precision": precision}
+        return ctx.d, ctx.p, ctx.t
+
+    def transition_end(self, tag: str) -> list[str]:
+        """Drop the communicators of earlier layouts' weight syncs and any unit left over; returns
+        the uids dropped (none after a transition that reached its target)."""
+        for k in [k for k in self.groups if not k.startswith(f"{tag}/")]:
+            del self.groups[k]
+        left = sorted(self.transit.units)
+        self.transit.units.clear()
+        return left
+
+    def unit_bytes(self) -> dict:
+        """uid → bytes of every unit held (inspection during a transition)."""
+        return {uid: u.nbytes for uid, u in self.transit.units.items()}
+
+    # ------------------------------------------------------------------ measurements and faults
+    def measurements(self) -> dict:
+        m = self.meter.measurements()
+        m["worker"] = self.id
+        return m
+
+    def reset_measurements(self) -> None:
+        self.meter.reset()
+
+    def crash(self) -> None:
+        """Exit the process at once (fault-injection for tests)."""
+        os._exit(1)
+
+    # ------------------------------------------------------------------ checkpoint/restart (durable.py)
+    def dcp_save(self, model_stages, directory: str, background: bool = False) -> dict:
+        """Write this worker's shards of ``model_stages`` with DCP, each under
+        ``<directory>/<model_stage>/rank-<worker>`` (``durable.worker_side.save_engine``); returns byte counts.
+        ``model_stages`` is a list (DP replica 0 writes) or ``{model_stage: replica}``.
+
+        With ``background``: copy the shards and counters into memory of the save's own and return
+        (``durable.worker_side.save_engine_async``); the files are written in a background thread while this
+        worker goes on (training may change its tensors in place). :meth:`dcp_wait` waits for them.
+        A background save still in flight is awaited first.
+        """
+        return self._dcp_save(model_stages, directory, background, None)
+
+    def _dcp_save(self, model_stages, directory: str, background: bool, hook) -> dict:
+        from nereus.runtime.durable.worker_side import save_engine, save_engine_async
+
+        self.dcp_wait(ignore_errors=True)  # one save in flight per worker
+        self._waited = None
+        replica = model_stages if isinstance(model_stages, dict) else dict.fromkeys(model_stages, 0)
+        out = {"written": 0, "state": 0, "seconds": 0.0, "snapshot_s": 0.0, "write_s": 0.0}
+        pending = []
+        for ms, d in replica.items():
+            e = self.engines.get(ms)
+            if e is None or e.ctx.d != d:
+                continue
+            write_hook, hook = hook, None  # a fault fires in the first write only
+            path = os.path.join(directory, ms, f"rank-{self.id}")
+            with self.meter.stage(ms):
+                if background:
+                    h = save_engine_async(e, path, write_hook)
+                    pending.append(h)
+                    out["state"] += h["state"]
+                    out["snapshot_s"] += h["snapshot_s"]
+                    out["seconds"] += h["snapshot_s"]
+                else:
+                    r = save_engine(e, path, write_hook)
+                    for k in out:
+                        out[k] += r[k]
+        self._saving = pending
+        return out
+
+    def dcp_busy(self) -> bool:
+        """Whether a background save of this worker is still writing (:meth:`dcp_save`)."""
+        return any(not h["future"].done() for h in getattr(self, "_saving", []))
+
+    def dcp_wait(self, ignore_errors: bool = False) -> dict:
+        """Wait for this worker's background save (:meth:`dcp_save` with ``background``), if any.
+        Asked again before the next save, it answers the same (a driver whose wait was cut short by
+        another worker's loss asks again).
+
+        Returns:
+            ``{"written", "state", "snapshot_s", "write_s"}`` (``write_s``: the background write, from
+            the end of the snapshot until the last file of this worker was written).
+
+        Raises:
+            RuntimeError: a write failed (unless ``ignore_errors``: the files are then left as they are,
+                and the caller discards the checkpoint).
+        """
+        from nereus.runtime.durable.worker_side import wait_engine_save
+
+        pending, self._saving = getattr(self, "_saving", []), []
+        if pending:
+            out = {"written": 0, "state": 0, "snapshot_s": 0.0, "write_s": 0.0}
+            err = None
+            for h in pending:
+                try:
+                    r = wait_engine_save(h, self.timeout_s)
+                except (RuntimeError, TimeoutError) as e:
+                    err = err or e
+                    continue
+                out["written"] += r["written"]
+                out["state"] += r["state"]
+                out["snapshot_s"] += r["snapshot_s"]
+                out["write_s"] = max(out["write_s"], r["write_s"])  # the stages' writes run side by side
+            self._waited = (out, err)
+        out, err = getattr(self, "_waited", None) or ({"written": 0, "state": 0, "snapshot_s": 0.0, "write_s": 0.0},
+                                                      None)
+        if err is not None and not ignore_errors:
+            raise RuntimeError(f"worker {self.id}: {err}")
+        return dict(out)
+
+    def dcp_load(self, model_stages: list[str], directory: str) -> dict:
+        """Fill this worker's engines of ``model_stages`` from ``<directory>/<model_stage>`` with DCP
+        (``durable.worker_side.load_engine``: only the pieces of its own shard); returns byte counts."""
+        from nereus.runtime.durable.worker_side import load_engine
+
+        out = {"read": 0, "loaded": 0, "seconds": 0.0}
+        for ms in model_stages:
+            e = self.engines.get(ms)
+            if e is None:
+                continue
+            with self.meter.stage(ms):
+                r = load_engine(e, os.path.join(directory, ms))
+            for k in out:
+                out[k] += r[k]
+        return out
+
+
+def ray_worker_class(num_gpus: float = 0):
+    """``WorkerCore`` as a Ray actor class taking one device (one CPU, or one GPU when ``num_gpus``)."""
+    import ray
+
+    return ray.remote(num_cpus=1, num_gpus=num_gpus, max_restarts=0)(WorkerCore)

@@ -1,0 +1,203 @@
+"""The worker side of surviving faults (DESIGN.md §4.9): heartbeats, a local rollback point, fault injection.
+
+:class:`FaultTolerantWorker` is the :class:`~nereus.runtime.worker.core.WorkerCore` every Ray worker
+of a run is (:func:`fault_tolerant_class`). The driver side (:func:`~nereus.runtime.run.faults.monitored_get`:
+heartbeat rounds, killing a hung worker; recovery in ``run/adaptive.py``) is in
+:mod:`nereus.runtime.run.faults`.
+
+* **Heartbeats.** Each worker answers :meth:`FaultTolerantWorker.heartbeat` in Ray's ``control``
+  concurrency group, a thread of its own, so a worker busy in a long collective still answers while a
+  dead process (Ray actor death) or a hung one (stopped, deadlocked, or holding the GIL) does not.
+  :func:`monitored_get` waits for a batch of remote calls and, every ``poll_s``, pings every live
+  worker; a worker that is dead, or silent for ``hang_timeout_s``, is killed (``ray.kill``), which
+  closes its TCP connections so every surviving worker blocked in a gloo collective with it fails at
+  once instead of waiting for the group timeout (its communicators are dropped with the engines
+  during recovery). It raises :class:`WorkerLost` naming the lost workers and the detection time.
+* **Rollback point.** At every safe boundary (before a step, before a transition) each worker copies
+  the state of every engine it holds into local memory (:meth:`FaultTolerantWorker.snapshot`: the
+  parameter shards, Adam moments and counters, tagged with their EMU uid). This is the state the
+  interrupted step or transition started from; no byte of it leaves the worker. On a GPU it would sit
+  in pinned host memory, as Gemini keeps in-memory checkpoints (it is a full extra copy of the
+  worker's state: the price of re-running a step without a storage round trip).
+* **Fault injection** (:meth:`FaultTolerantWorker.arm`, for tests and ``benchmarks/bench_faults.py``):
+  a worker is killed, stopped or slowed at one of :data:`FAULT_POINTS`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from nereus.runtime.transit.plans import UnitMeta
+from nereus.runtime.transit.worker_side import Unit
+from nereus.runtime.worker.core import WorkerCore
+from nereus.runtime.worker.failures import WorkerFailure
+
+__all__ = ["FaultTolerantWorker", "fault_tolerant_class", "FAULT_POINTS"]
+
+
+def _clone_tensors(tensors: dict) -> dict:
+    return {k: {n: t.detach().clone() for n, t in d.items()} for k, d in tensors.items()}
+
+
+class FaultTolerantWorker(WorkerCore):
+    """:class:`~nereus.runtime.worker.core.WorkerCore` with heartbeats and a local rollback point."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        import threading
+
+        super().__init__(*args, **kwargs)
+        self.snap: dict[str, Unit] = {}
+        self._moved_on = threading.Event()  # set by every call after a dcp_save (fault timing)
+
+    def heartbeat(self) -> dict:
+        """Answered in the ``control`` concurrency group, even while the worker is in a collective."""
+        return {"worker": self.id, "pid": os.getpid(), "time": time.time()}
+
+    def snapshot(self) -> list[str]:
+        """Copy every engine's state into local memory as the rollback point (module docstring).
+
+        Returns:
+            uids of the EMUs snapshotted (``"<model_stage>#<replica>"``).
+        """
+        self._moved_on.set()
+        snap = {}
+        for ms, e in self.engines.items():
+            lay, d = e.ctx.layout, e.ctx.d
+            meta = UnitMeta(f"{ms}#{d}", ms, lay.tp, lay.pp, tuple(lay.replica(d)))
+            counters = {k: int(getattr(e, k)) for k in ("step", "update_count", "version", "policy_version",
+                                                        "position")}
+            snap[ms] = Unit(meta, _clone_tensors(e.state_tensors()), counters)  # every kind, bf16's master too
+        self.snap = snap
+        return sorted(u.meta.uid for u in snap.values())
+
+    def restore(self, intact: list[str]) -> list[str]:
+        """Roll back to the snapshot: drop every engine, unit and communicator, and hold (as units, for
+        the live executor) copies of the snapshot's EMUs whose uid is in ``intact``.
+
+        Returns:
+            uids of the units now held.
+        """
+        self._cancelled = False
+        for ms in list(self.engines):
+            self.destroy(ms)
+        self.groups.clear()
+        self.transit.units.clear()
+        keep = set(intact)
+        for u in self.snap.values():
+            if u.meta.uid in keep:
+                self.transit.units[u.meta.uid] = Unit(u.meta, _clone_tensors(u.tensors), dict(u.counters))
+        return sorted(self.transit.units)
+
+    # ------------------------------------------------------------------ fault injection
+    def arm(self, method: str, how: str = "kill", skip: int = 0) -> None:
+        """Fail inside the next call of ``method`` (after ``skip`` calls of it): ``kill`` exits the
+        process, ``stop`` SIGSTOPs it (a hang nothing answers). Its peers are then in the middle of
+        the same collective phase (tests and ``benchmarks/bench_faults.py``).
+
+        Raises:
+            ValueError: an unknown method or ``how``.
+        """
+        if method not in FAULT_POINTS:
+            raise ValueError(f"fault point {method!r} is not one of {FAULT_POINTS}")
+        if how not in ("kill", "stop"):
+            raise ValueError(f"fault 'how' must be 'kill' or 'stop', got {how!r}")
+        self._armed = (method, how, int(skip))
+
+    def cancel(self) -> None:
+        """Refuse every queued call until the next :meth:`restore` (sent in the ``control`` group
+        when a peer is lost, so calls queued behind a failed one do not each wait for a
+        communicator timeout on the lost peer)."""
+        self._cancelled = True
+
+    def _take(self, method: str) -> str | None:
+        """``how`` if a fault armed for ``method`` fires in this call (the arm is then used up)."""
+        armed = getattr(self, "_armed", None)
+        if not armed or armed[0] != method:
+            return None
+        if armed[2] > 0:
+            self._armed = (armed[0], armed[1], armed[2] - 1)
+            return None
+        self._armed = None
+        return armed[1]
+
+    @staticmethod
+    def _fire(how: str) -> None:
+        if how == "stop":
+            import signal
+
+            os.kill(os.getpid(), signal.SIGSTOP)
+        os._exit(1)
+
+    def _trip(self, method: str) -> None:
+        self._moved_on.set()
+        if getattr(self, "_cancelled", False):
+            raise WorkerFailure(f"worker {self.id}: {method} cancelled: a peer was lost; awaiting recovery")
+        how = self._take(method)
+        if how is not None:
+            self._fire(how)
+
+    def generate(self, *a, **k):
+        self._trip("generate")
+        return super().generate(*a, **k)
+
+    def logprobs(self, *a, **k):
+        self._trip("logprobs")
+        return super().logprobs(*a, **k)
+
+    def values(self, *a, **k):
+        self._trip("values")
+        return super().values(*a, **k)
+
+    def train_fields(self, *a, **k):
+        self._trip("train_fields")
+        return super().train_fields(*a, **k)
+
+    def sync_weights(self, *a, **k):
+        self._trip("sync_weights")
+        return super().sync_weights(*a, **k)
+
+    def transition_run(self, *a, **k):
+        self._trip("transition_run")
+        return super().transition_run(*a, **k)
+
+    def build(self, *a, **k):
+        self._trip("build")
+        return super().build(*a, **k)
+
+    def transition_finish(self, *a, **k):
+        self._trip("transition_finish")
+        return super().transition_finish(*a, **k)
+
+    def dcp_save(self, model_stages, directory: str, background: bool = False) -> dict:
+        """A fault armed for ``dcp_save`` fires when the files start being written: inside this call
+        for a synchronous save, in the background thread (after this call returned, while the
+        worker goes on) for an asynchronous one."""
+        if getattr(self, "_cancelled", False):
+            raise WorkerFailure(f"worker {self.id}: dcp_save cancelled: a peer was lost; awaiting recovery")
+        how = self._take("dcp_save")
+        hook = None
+        if how is not None:
+            self._moved_on.clear()
+
+            def hook(phase: str) -> None:
+                if phase != "metadata":  # fire in the middle of the write: data written, not readable yet
+                    return
+                if background:  # and once this worker has gone on to its next call (the next boundary)
+                    self._moved_on.wait(timeout=5.0)
+                self._fire(how)
+        return self._dcp_save(model_stages, directory, background, hook)
+
+
+#: where a fault can be injected: the worker method it fires in (generation, forward for log-probs or
+#: values, forward+backward+optimizer step, weight sync, a transition primitive, a checkpoint save)
+FAULT_POINTS = ("generate", "logprobs", "values", "train_fields", "sync_weights", "transition_run", "dcp_save")
+
+
+def fault_tolerant_class(num_gpus: float = 0):
+    """:class:`FaultTolerantWorker` as a Ray actor taking one device, with a ``control`` concurrency
+    group for heartbeats (calls run there with ``.options(concurrency_group="control")``)."""
+    import ray
+
+    return ray.remote(num_cpus=1, num_gpus=num_gpus, max_restarts=0,
+                      concurrency_groups={"control": 1})(FaultTolerantWorker)
