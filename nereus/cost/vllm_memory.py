@@ -42,11 +42,14 @@ def engine_bytes(fraction: float, device_bytes: float, workspace: float) -> floa
     return float(fraction) * float(device_bytes) - float(workspace)
 
 
-def kv_capacity(model, workload, tp, pp, concurrency, fraction: float, device_bytes: float, workspace: float,
+def kv_capacity(model, workload, tp, pp, concurrency, fraction, device_bytes, workspace: float,
                 mean: bool = True):
     """Sequences the pre-allocated KV cache holds at once (elementwise; 0 when none): ``floor(K /
     kv1)`` with ``K`` at ``concurrency`` (its activations and logits) and ``kv1`` at the mean length
-    (``mean``) or the memory length."""
+    (``mean``) or the memory length. ``fraction`` None: the workload's ``rollout_memory_fraction``;
+    ``device_bytes`` may be a :class:`~nereus.spec.hardware.GPUSpec` (its ``memory_bytes``)."""
+    fraction = workload.rollout_memory_fraction if fraction is None else fraction
+    device_bytes = getattr(device_bytes, "memory_bytes", device_bytes)
     m = stage_memory("generate", model, workload, tp, pp, concurrency=np.maximum(np.asarray(concurrency), 1))
     k = engine_bytes(fraction, device_bytes, workspace) - m["weights"] - m["activations"] - m["logits"]
     s = workload.seq_len if mean else workload.memory_seq_len
