@@ -24,7 +24,7 @@ from nereus.integrations.openrlhf import import_openrlhf  # noqa: E402
 from nereus.integrations.verl import import_verl  # noqa: E402
 from nereus.integrations.verl_config import load_verl_config  # noqa: E402
 from nereus.planner.whatif import evaluate_layout  # noqa: E402
-from nereus.spec.model import MODEL_PRESETS  # noqa: E402
+from nereus.spec.presets import MODEL_PRESETS  # noqa: E402
 
 MODELS = json.loads((HERE / "data" / "user_layout_models.json").read_text())
 

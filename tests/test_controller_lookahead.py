@@ -12,16 +12,16 @@ from nereus.controller.horizon import Horizon
 from nereus.controller.lookahead import LengthTrend, window_steps
 from nereus.controller.monitor import Monitor
 from nereus.controller.pool_process import PoolProcess
-from nereus.spec import hardware, job, model, workload
+from nereus.spec import hardware, job, presets, workload
 from nereus.spec.plan import Candidate, Plan
 
-JOB = job.JobSpec(model.get_model("llama-3.1-8b"), hardware.ClusterSpec(hardware.get_gpu("h100"), 1, 8),
+JOB = job.JobSpec(presets.get_model("llama-3.1-8b"), hardware.ClusterSpec(hardware.get_gpu("h100"), 1, 8),
                   workload.WorkloadSpec(algorithm="grpo", reward_model=False, response_len=1000))
 
 
 # ------------------------------------------------------------------ engine start and group creation
 def test_engine_start_by_model_size_and_tp_by_hand():
-    m8, m70 = model.get_model("llama-3.1-8b"), model.get_model("llama-3.3-70b")
+    m8, m70 = presets.get_model("llama-3.1-8b"), presets.get_model("llama-3.3-70b")
     assert engine_start_s(m8, 1) == pytest.approx(3.1 + 2.74 * m8.num_params / 1e9)
     assert engine_start_s(m8, 2) - engine_start_s(m8, 1) == pytest.approx(5.0)       # one doubling
     # the two anchors the constants are fitted to: ~25 s (8B TP 1) and ~3.5 min (70B TP 8)
@@ -39,7 +39,7 @@ def test_generation_restart_and_group_init_by_hand():
                                         Candidate("actor.train", 2, 1, 2, gpus=(0, 1, 2, 3))))
     relayout = Plan(candidates=(Candidate("actor.generate", 2, 1, 4, gpus=tuple(range(8))),
                                 Candidate("actor.train", 4, 1, 2, gpus=tuple(range(8)))))
-    get = {"actor": model.get_model("llama-3.1-8b")}
+    get = {"actor": presets.get_model("llama-3.1-8b")}
     m = get["actor"]
     assert generation_restart_s(get, a, a) == 0.0 and group_init_s(a, a) == 0.0
     # gaining GPUs at the same layout starts new TP-1 engines; the training stage is unchanged

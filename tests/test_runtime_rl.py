@@ -21,8 +21,9 @@ from nereus.runtime.run.config import RLConfig  # noqa: E402
 from nereus.runtime.run.driver import RLDriver  # noqa: E402
 from nereus.runtime.run.plans import simple_plan  # noqa: E402
 from nereus.runtime.worker.failures import WorkerFailure  # noqa: E402
-from nereus.spec.model import MODEL_PRESETS, ModelSpec  # noqa: E402
+from nereus.spec.model import ModelSpec  # noqa: E402
 from nereus.spec.plan import Candidate, Plan  # noqa: E402
+from nereus.spec.presets import MODEL_PRESETS  # noqa: E402
 from nereus.spec.workload import WorkloadSpec  # noqa: E402
 
 SPEC = MODEL_PRESETS["tiny"]

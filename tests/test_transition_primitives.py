@@ -8,8 +8,8 @@ import pytest
 
 from nereus.spec.hardware import ClusterSpec, get_gpu
 from nereus.spec.job import JobSpec
-from nereus.spec.model import get_model
 from nereus.spec.plan import Candidate, Plan
+from nereus.spec.presets import get_model
 from nereus.spec.workload import WorkloadSpec
 from nereus.transition import estimate_transition
 from nereus.transition.cost import CostParams, duration, min_bytes, ports

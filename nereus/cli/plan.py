@@ -13,11 +13,11 @@ import argparse
 import json
 import sys
 
+from nereus.cli.plan_output import print_layout_eval, print_plan
 from nereus.cost.model import CostModel
 from nereus.planner.candidates import latency_frontier
-from nereus.planner.notation import format_candidate, format_gpus
+from nereus.planner.notation import format_candidate
 from nereus.planner.search import NoFeasiblePlan, plan_job, search
-from nereus.planner.whatif import shared_stages
 from nereus.spec import ClusterSpec, JobSpec, WorkloadSpec, get_gpu, get_model
 from nereus.spec.framework import FRAMEWORK_PRESETS, FrameworkSpec, get_framework
 from nereus.spec.job import check_context
@@ -158,86 +158,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                     help="write the plan as the framework's settings (the closest plan it can express)")
 
 
-def _print_plan(plan, job, breakdown: bool) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    con = Console()
-    w = job.workload
-    con.print(f"[bold]{job.actor.name}[/] {w.algorithm.upper()} on {job.cluster.num_gpus} x "
-              f"{job.cluster.gpu.name} ({job.cluster.num_nodes} node(s) x {job.cluster.gpus_per_node}); "
-              f"prompts {w.prompts_per_step} x {w.samples_per_prompt}, prompt {w.prompt_len}, response "
-              f"{w.response_len} tokens" + (f" (memory sized at {w.response_len_max})"
-                                            if w.response_len_max is not None else "")
-              + (f"; framework {job.framework.name}" if job.framework.name != "nereus" else ""))
-    t = Table(show_lines=False)
-    opts = any(c.zero or c.vpp > 1 or c.offload != "none" for c in plan.candidates)
-    cols = ("model-stage", "tp", "pp", "dp", "batch") + (("options",) if opts else ()) + ("GPUs", "time (s)",
-                                                                                         "peak GiB")
-    for col in cols:
-        t.add_column(col, justify="right" if col not in ("model-stage", "GPUs", "batch", "options") else "left")
-    for c in plan.candidates:
-        e = plan.estimates[c.model_stage]
-        batch = f"c={c.concurrency}" if c.concurrency else f"b={c.micro_batch}"
-        if c.grad_accum:
-            batch += f" a={c.grad_accum}"
-        if c.recompute != "none":
-            batch += f" rc={c.recompute}"
-        extra = [" ".join(x for x in (f"z{c.zero}" if c.zero else "", f"v{c.vpp}" if c.vpp > 1 else "",
-                                      f"off:{c.offload}" if c.offload != "none" else "") if x)] if opts else []
-        t.add_row(c.model_stage, str(c.tp), str(c.pp), str(c.dp), batch, *extra, format_gpus(c.gpus),
-                  f"{e.time:.2f}", f"{plan.peak_memory[c.model_stage] / GIB:.1f}")
-    con.print(t)
-    if opts:
-        con.print("options: zN = ZeRO stage N, vN = N interleaved pipeline chunks per rank, off:host / off:drop = idle "
-                  "state offloaded to host memory / dropped and reloaded, off:cpu_adam = optimizer state and step on "
-                  "the CPU (ZeRO-Offload)")
-    shared = shared_stages(plan.candidates)
-    if shared:
-        con.print(f"colocated (model-stages share GPUs and run one after another): {', '.join(shared)}")
-        for st, blocks in _blocks(plan.candidates).items():
-            if st in shared and len(blocks) > 1:  # mixed: colocated blocks side by side on disjoint GPUs
-                con.print(f"  {st} mixed, blocks side by side: " + " | ".join(" + ".join(b) for b in blocks))
-    if breakdown:
-        b = Table(title="breakdown (own bytes per GPU; seconds per op class)")
-        b.add_column("model-stage")
-        b.add_column("memory GiB")
-        b.add_column("time by op class (s)")
-        for c in plan.candidates:
-            e = plan.estimates[c.model_stage]
-            mem = ", ".join(f"{k} {v / GIB:.1f}" for k, v in e.memory.items() if v > 0)
-            tm = ", ".join(f"{k} {v:.2f}" for k, v in sorted(e.breakdown.items(), key=lambda kv: -kv[1]))
-            b.add_row(c.model_stage, mem, tm)
-        con.print(b)
-    con.print(f"L_step = [bold]{plan.l_step:.2f} s[/]   throughput = [bold]{plan.throughput:,.0f}[/] "
-              f"response tokens/s   max GPU memory = {max(plan.gpu_memory.values()) / GIB:.1f} of "
-              f"{plan.capacity / GIB:.1f} GiB allowed ({_allowed(job, plan)})")
-
-
-def _blocks(cands) -> dict:
-    """Per stage, its model-stages grouped by shared GPUs (connected GPU sets), in candidate order."""
-    out: dict = {}
-    for st in dict.fromkeys(c.model_stage.split(".")[1] for c in cands):
-        groups: list = []  # [names, gpus]
-        for c in (c for c in cands if c.model_stage.split(".")[1] == st):
-            hit = [g for g in groups if g[1] & set(c.gpus)]
-            merged = [[c.model_stage], set(c.gpus)]
-            for g in hit:
-                merged = [g[0] + merged[0], g[1] | merged[1]]
-                groups.remove(g)
-            groups.append(merged)
-        out[st] = [tuple(g[0]) for g in groups]
-    return out
-
-
-def _allowed(job, plan) -> str:
-    dev = job.cluster.gpu.memory_bytes
-    f = job.workload.memory_fraction
-    if f is not None and abs(plan.capacity - f * dev) < 1.0:
-        return f"memory fraction {f:g} of {dev / GIB:.1f} GiB"
-    return "device memory less headroom"
-
-
 def _frontier(job, cost, pool_size, multi, as_json):
     res = search(cost, pool_size, multi, full_frontiers=True)
     out = {}
@@ -290,20 +210,6 @@ def _imported(args):
     return imp
 
 
-def _print_layout_eval(evd: dict, cands, from_nereus=()) -> None:
-    """Per model-stage: layout, time, peak GiB, own memory terms and any overflow; then L_step."""
-    width = max(len(c.model_stage) for c in cands)
-    for c in cands:
-        m = evd["model_stages"][c.model_stage]
-        terms = ", ".join(f"{k} {v:.1f}" for k, v in sorted(m["memory_gib"].items(), key=lambda kv: -kv[1]))
-        tag = "  (from Nereus's plan)" if c.model_stage in from_nereus else ""
-        print(f"  {c.model_stage:<{width}}  {format_candidate(c, 'GPUs', batch=True)}  {m['time_s']:.2f} s, peak "
-              f"{m['peak_gib']:.1f} GiB [{terms}]{tag}" + (f"\n  {'':<{width}}  OVER: {m['overflow']}"
-                                                         if m["overflow"] else ""))
-    fits = "fits" if evd["fits"] else "does NOT fit in memory"
-    print(f"predicted L_step = {evd['l_step']:.2f} s; {fits} ({evd['capacity_gib']:.1f} GiB allowed per GPU)")
-
-
 def _main_layout(args, job, cost, pool, best) -> int:
     """--layout: the user's layout evaluated next to Nereus's best plan (nereus.planner.whatif)."""
     from nereus.planner.whatif import whatif
@@ -317,12 +223,12 @@ def _main_layout(args, job, cost, pool, best) -> int:
         print(json.dumps(doc, indent=2))
         return 0
     print("your layout (--layout):")
-    _print_layout_eval(rep["layout"], ev.plan.candidates, rep["layout"]["from_nereus"])
+    print_layout_eval(rep["layout"], ev.plan.candidates, rep["layout"]["from_nereus"])
     if best is None:
         print(f"Nereus: {rep['nereus']['reason']}")
         return 0
     print("Nereus's best plan for the same job:")
-    _print_plan(best, job, args.breakdown)
+    print_plan(best, job, args.breakdown)
     if "speedup" in rep:
         print(f"predicted speedup of Nereus's plan over yours: {rep['speedup']:.2f}x")
     return 0
@@ -338,7 +244,7 @@ def _print_import(rep: dict, imp) -> None:
     print("your layout:")
     ev = rep["user"].get("evaluation")
     if ev:
-        _print_layout_eval(ev, imp.layout)
+        print_layout_eval(ev, imp.layout)
         return
     width = max(len(c.model_stage) for c in imp.layout)
     for c in imp.layout:
@@ -368,7 +274,7 @@ def _main_integrations(args) -> int:
     print("Nereus's best plan for the same job:")
     from nereus.spec.plan import Plan
 
-    _print_plan(Plan.from_dict(best["plan"]), imp.job, args.breakdown)
+    print_plan(Plan.from_dict(best["plan"]), imp.job, args.breakdown)
     if "speedup" in rep:
         print(f"predicted speedup of Nereus's plan over yours: {rep['speedup']:.2f}x")
     return 0
@@ -382,7 +288,7 @@ def plan_from(d):
 
 def _export(args, job, plan, source=None) -> int:
     from nereus.planner.notation import format_plan
-    from nereus.spec.model import MODEL_PRESETS
+    from nereus.spec.presets import MODEL_PRESETS
 
     model_path = args.model if args.model and args.model.lower() not in MODEL_PRESETS else None
     if args.export == "verl":
@@ -459,7 +365,7 @@ def main(args) -> int:
             doc["frontier"] = _frontier(job, cost, len(pool_set), job.cluster.spans_nodes(pool_set), True)
         print(json.dumps(doc, indent=2))
         return 0
-    _print_plan(plan, job, args.breakdown)
+    print_plan(plan, job, args.breakdown)
     if args.frontier:
         _frontier(job, cost, len(pool_set), job.cluster.spans_nodes(pool_set), False)
     return 0

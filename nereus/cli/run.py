@@ -163,7 +163,7 @@ def main(args) -> int:
 
         return main_async(args)
     from nereus.runtime.run.plans import simple_plan
-    from nereus.spec.model import get_model
+    from nereus.spec.presets import get_model
     from nereus.spec.workload import WorkloadSpec
 
     spec = get_model(args.model)

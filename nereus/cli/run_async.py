@@ -70,7 +70,7 @@ def main_async(args) -> int:
     from nereus.cli.run_adaptive import quiet_ray
     from nereus.cli.run_checks import check_memory, task_lengths, with_given_layouts
     from nereus.planner.notation import format_plan
-    from nereus.spec.model import get_model
+    from nereus.spec.presets import get_model
     from nereus.spec.workload import WorkloadSpec
 
     check_async_args(args)

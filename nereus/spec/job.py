@@ -16,7 +16,8 @@ from pathlib import Path
 
 from nereus.spec.framework import FrameworkSpec
 from nereus.spec.hardware import ClusterSpec
-from nereus.spec.model import ModelSpec, get_model
+from nereus.spec.model import ModelSpec
+from nereus.spec.presets import get_model
 from nereus.spec.workload import WorkloadSpec
 
 __all__ = ["JobSpec", "check_context"]
