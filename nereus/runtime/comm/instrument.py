@@ -24,15 +24,21 @@ from contextlib import contextmanager
 
 import torch
 
-__all__ = ["Meter"]
+__all__ = ["Meter", "DeviceMemoryError"]
+
+
+class DeviceMemoryError(RuntimeError):
+    """The tracked device bytes of a worker would exceed its capacity (``Meter.capacity``): the CPU
+    analogue of a CUDA out-of-memory error (``worker/memory_pool.py``)."""
 
 
 class Meter:
     """Accumulates timings, bytes and tracked memory of one worker."""
 
-    def __init__(self) -> None:
+    def __init__(self, capacity: int | None = None) -> None:
         self.reset()
         self._static: dict[str, int] = {}
+        self.capacity = capacity  # device bytes the tracked total may reach (None: unlimited)
 
     def reset(self) -> None:
         """Zero the timings, bytes and peak (static tracked bytes are kept)."""
@@ -88,9 +94,26 @@ class Meter:
 
     # ---------------------------------------------------------------- tracked memory
     def set_static(self, key: str, nbytes: int) -> None:
-        """Record long-lived bytes under ``key`` (parameters, optimizer state, KV cache)."""
+        """Record long-lived bytes under ``key`` (parameters, optimizer state, KV cache).
+
+        Raises:
+            DeviceMemoryError: the tracked total would exceed ``capacity`` (nothing is recorded).
+        """
+        new = self.device_bytes - self._static.get(key, 0) + int(nbytes)
+        self._check(new, f"{key} ({int(nbytes)} B)")
         self._static[key] = int(nbytes)
         self._touch()
+
+    @property
+    def device_bytes(self) -> int:
+        """Tracked bytes resident now: static state plus live saved activations."""
+        return sum(self._static.values()) + self._live
+
+    def _check(self, total: int, what: str) -> None:
+        if self.capacity is not None and total > self.capacity:
+            held = {k: v for k, v in self._static.items() if v}
+            raise DeviceMemoryError(f"device memory: {what} brings the tracked total to {total} B, over this "
+                                    f"worker's capacity of {self.capacity} B (resident: {held})")
 
     def drop_static(self, key: str) -> None:
         self._static.pop(key, None)
@@ -116,6 +139,7 @@ class Meter:
         def pack(t: torch.Tensor):
             if id(t) not in exclude and not isinstance(t, torch.nn.Parameter):
                 n = t.numel() * t.element_size()
+                self._check(self.device_bytes + n, f"a saved activation ({n} B)")
                 self._live += n
                 self._touch()
                 weakref.finalize(t, self._free, n)
