@@ -160,3 +160,34 @@ def test_relayout_of_sharded_offloaded_colocated_state(pool):
         assert d.gather_logical_state("actor.train")["update_count"] == 8
     finally:
         d.close()
+
+
+@pytest.mark.slow
+def test_nereus_run_accepts_a_job_that_fits_only_colocated(tmp_path):
+    """``nereus run`` with the small model on 2 workers of 0.1 GiB each (enforced): the disjoint
+    layout is refused before Ray starts; colocated with offload and ZeRO-1 it runs, every worker's
+    peak within its capacity and within 10% of the cost model's, the ZeRO reduce-scatter bytes the
+    payload formula gives."""
+    import json
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    base = [sys.executable, "-m", "nereus.cli", "run", "--model", "small", "--workers", "2", "--steps", "2",
+            "--enforce-memory", "--memory-gib", "0.1", "--layout", "actor.train=1,1,2",
+            "--layout", "critic.train=1,1,2"]
+    refused = subprocess.run(base, capture_output=True, text=True, timeout=120, env=env)
+    assert refused.returncode != 0 and "does not fit" in refused.stderr
+    out = tmp_path / "run.json"
+    proc = subprocess.run(base + ["--colocate", "--zero", "1", "--json", str(out)], capture_output=True, text=True,
+                          timeout=400, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("reward=") == 2 and "z1 off:host" in proc.stdout
+    meas = json.loads(out.read_text())["measurements"]
+    cap = int(0.1 * 2**30)
+    for row in meas["workers_vs_predicted"]:
+        assert row["measured"] <= cap
+        assert abs(row["ratio"] - 1) <= 0.10, row
+    rs_meas, rs_pred = meas["moves_vs_predicted"]["reduce_scatter"]
+    assert rs_pred > 0 and rs_meas == pytest.approx(rs_pred, rel=1e-9)
+    assert meas["memory"]["offload_bytes"] > 0

@@ -111,7 +111,7 @@ class Group:
         except RuntimeError as e:
             raise self._error(op, e) from e
         self.meter.add_time(f"{op}@{self.backend}", time.perf_counter() - t0)
-        self.meter.add_bytes(sent_bytes)
+        self.meter.add_bytes(sent_bytes, f"{op}@{self.backend}")
 
     def _error(self, op: str, e: Exception) -> CommError:
         return CommError(f"{op} in group {self.name!r} (members {self.members}, rank {self.rank}) "
@@ -191,7 +191,7 @@ class Group:
         except RuntimeError as e:
             raise self._error("p2p", e) from e
         self.meter.add_time(f"p2p@{self.backend}", time.perf_counter() - t0)
-        self.meter.add_bytes(t.numel() * t.element_size())
+        self.meter.add_bytes(t.numel() * t.element_size(), f"p2p@{self.backend}")
         return work, buf
 
     def wait(self, handle: tuple) -> None:

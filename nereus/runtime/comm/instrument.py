@@ -7,7 +7,8 @@ The runtime never derives costs; it only measures:
   ``allreduce@gloo``, ``allgather@gloo``, ``broadcast@gloo``, ``p2p@gloo``, ``group_setup@gloo``;
 * ``peak_bytes``: the CUDA allocator peak on GPU; on CPU the peak of *tracked* tensor bytes
   (parameters, gradients, optimizer state, KV cache and live saved activations);
-* ``bytes_sent``: payload bytes this worker sent in collectives (see ``comm/groups.py`` for the model);
+* ``bytes_sent``: payload bytes this worker sent in collectives (see ``comm/groups.py`` for the model),
+  and ``op_bytes``: the same per op class (``allreduce@gloo``, ``reducescatter@gloo``, ...);
 * ``op_seconds_by_stage`` and ``peak_bytes_by_stage``: the same, attributed to the model-stage whose
   call was running (the shape ``nereus.controller.monitor.StepReport`` takes).
 
@@ -47,6 +48,7 @@ class Meter:
         self.by_stage: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         self.stage_peak: dict[str, int] = defaultdict(int)
         self.bytes_sent = 0.0
+        self.op_bytes: dict[str, float] = defaultdict(float)
         self.current = getattr(self, "current", None)
         self._live = 0
         self._peak = 0
@@ -59,8 +61,10 @@ class Meter:
         if self.current is not None:
             self.by_stage[self.current][op_class] += seconds
 
-    def add_bytes(self, n: float) -> None:
+    def add_bytes(self, n: float, op_class: str | None = None) -> None:
         self.bytes_sent += n
+        if op_class is not None:
+            self.op_bytes[op_class] += n
 
     @contextmanager
     def op(self, op_class: str):
@@ -160,4 +164,4 @@ class Meter:
         return {"stage_seconds": dict(self.stage_seconds), "op_seconds": dict(self.op_seconds),
                 "op_seconds_by_stage": {k: dict(v) for k, v in self.by_stage.items()},
                 "peak_bytes": self.peak_bytes, "peak_bytes_by_stage": dict(self.stage_peak),
-                "bytes_sent": float(self.bytes_sent)}
+                "bytes_sent": float(self.bytes_sent), "op_bytes": dict(self.op_bytes)}

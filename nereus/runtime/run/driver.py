@@ -349,22 +349,24 @@ class RLDriver:
                       "temperature": cfg.temperature}
         critic_loss = {"kind": "critic", "prompt_len": P, "clip": cfg.value_clip}
         sums = {"actor_loss": 0.0, "critic_loss": 0.0}
-        mb = w.mini_batch_size
-        for _ in range(w.ppo_epochs):
-            for k in range(w.global_batch // mb):
-                sub = {key: v[k * mb:(k + 1) * mb] for key, v in batch.items()}
-                denom = float(sub["mask"].sum())
-                self.updates += 1
-                jobs = [("actor.train", actor_loss, "actor_loss")]
-                if "critic.train" in self.layouts:
-                    jobs.append(("critic.train", critic_loss, "critic_loss"))
-                fields = [sub[f] for f in sorted(sub)]
-                pending = [(key, self._submit(name, "train_fields", fields, sorted(sub), loss,
-                                              self.cands[name].micro_batch or w.micro_batch_size, denom,
-                                              self.updates)) for name, loss, key in jobs]
-                for key, pend in pending:  # actor and critic updates run concurrently
-                    sums[key] += sum(r["loss"] for r in self._collect(pend))
-        n = w.ppo_epochs * (w.global_batch // mb)
+        mb, per_epoch = w.mini_batch_size, w.global_batch // w.mini_batch_size
+        n, base = w.ppo_epochs * per_epoch, self.updates
+        jobs = [("actor.train", actor_loss, "actor_loss")]
+        if "critic.train" in self.layouts:
+            jobs.append(("critic.train", critic_loss, "critic_loss"))
+        pending = []
+        # each model's updates in a row, all submitted before any is collected: on disjoint workers
+        # the actor and the critic update concurrently; colocated, each takes one turn per step
+        for name, loss, key in jobs:
+            for i in range(n):
+                k = i % per_epoch
+                sub = {f: v[k * mb:(k + 1) * mb] for f, v in batch.items()}
+                pending.append((key, self._submit(name, "train_fields", [sub[f] for f in sorted(sub)], sorted(sub),
+                                                  loss, self.cands[name].micro_batch or w.micro_batch_size,
+                                                  float(sub["mask"].sum()), base + i + 1)))
+        self.updates = base + n
+        for key, pend in pending:
+            sums[key] += sum(r["loss"] for r in self._collect(pend))
         return {k: v / n for k, v in sums.items() if k != "critic_loss" or "critic.train" in self.layouts}
 
     def _sync(self) -> dict:
@@ -375,7 +377,8 @@ class RLDriver:
             ``{"sent", "recv"}``: parameter bytes summed over workers (also kept as ``last_sync``).
         """
         futs = []
-        for src, dsts in (("actor.train", ("actor.generate", "actor.infer")), ("critic.train", ("critic.infer",))):
+        # the critic first: colocated, its trained state is the one resident after the updates
+        for src, dsts in (("critic.train", ("critic.infer",)), ("actor.train", ("actor.generate", "actor.infer"))):
             for dst in dsts:
                 if src in self.layouts and dst in self.layouts:
                     sl, dl = self.layouts[src], self.layouts[dst]
@@ -404,7 +407,7 @@ class RLDriver:
             ``stage_seconds`` {model-stage: wall s} (max over workers), ``op_seconds`` {op class: s}
             (summed over workers), ``op_seconds_by_stage`` {model-stage: {op class: s}} (max over
             workers: the slowest rank), ``peak_bytes`` and ``peak_bytes_by_stage`` (max over workers),
-            ``bytes_sent`` (sum), ``memory`` (offload/restore bytes, seconds and counts summed over
+            ``bytes_sent`` and ``op_bytes`` {op class: bytes} (sums), ``memory`` (offload/restore bytes, seconds and counts summed over
             workers, ``worker/memory_pool.py``) and ``per_worker`` (each worker's own numbers).
         """
         per = self._get([wk.measurements.remote() for wk in self.workers if wk is not None], "measurements")
@@ -419,11 +422,16 @@ class RLDriver:
                     by_stage.setdefault(ms, {})[k] = max(by_stage.get(ms, {}).get(k, 0.0), v)
             for ms, v in m["peak_bytes_by_stage"].items():
                 peaks[ms] = max(peaks.get(ms, 0), v)
+        op_bytes: dict[str, float] = {}
+        for m in per:
+            for k, v in m.get("op_bytes", {}).items():
+                op_bytes[k] = op_bytes.get(k, 0.0) + v
         memory = {k: sum(m["memory"][k] for m in per) for k in ("offload_bytes", "restore_bytes", "offload_s",
                                                                    "restore_s", "offloads", "restores")}
         return {"stage_seconds": stage, "op_seconds": ops, "op_seconds_by_stage": by_stage,
                 "peak_bytes": max(m["peak_bytes"] for m in per), "peak_bytes_by_stage": peaks,
-                "bytes_sent": sum(m["bytes_sent"] for m in per), "memory": memory, "per_worker": per}
+                "bytes_sent": sum(m["bytes_sent"] for m in per), "op_bytes": op_bytes, "memory": memory,
+                "per_worker": per}
 
     def step_report(self, metrics: dict):
         """A ``nereus.controller.monitor.StepReport`` for the step ``metrics`` came from, built from the

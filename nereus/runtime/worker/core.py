@@ -234,7 +234,8 @@ class WorkerCore:
         out = {"sent": 0, "recv": 0, "setup_s": 0.0, "transfer_s": 0.0, "header_bytes": 0}
         if self.id not in members:
             return out
-        self.pools.activate(self.engines, {src, dst})  # both take this turn
+        frozen = dst in self.engines and not self.engines[dst].trainable  # a derived copy: all rewritten
+        self.pools.activate(self.engines, {src, dst}, {dst} if frozen else ())  # both take this turn
         with self.meter.stage(dst):
             src_meta = UnitMeta(f"{src}#0", src, src_layout.tp, src_layout.pp, src_layout.replica(0))
             dst_metas = tuple(UnitMeta(f"{dst}#{d}", dst, dst_layout.tp, dst_layout.pp, dst_layout.replica(d))

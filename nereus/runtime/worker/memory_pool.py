@@ -135,13 +135,15 @@ class MemoryPools:
             if ms not in running and ms not in self.offloaded and self.modes.get(ms, "none") != "none":
                 self.offload(ms, e)
 
-    def activate(self, engines: dict, names) -> None:
-        """Make ``names`` resident (restoring those offloaded), after making room for them."""
+    def activate(self, engines: dict, names, overwritten=()) -> None:
+        """Make ``names`` resident (restoring those offloaded), after making room for them; those in
+        ``overwritten`` get device buffers without the copy from host (the caller rewrites every
+        tensor: a weight sync into a derived copy, ``worker/core.py``)."""
         names = {n for n in names if n in engines}
         self.make_room(engines, names)
         for n in sorted(names):
             if n in self.offloaded:
-                self.restore(n, engines[n])
+                self.restore(n, engines[n], copy=n not in overwritten)
 
     def restore_all(self, engines: dict) -> None:
         """Restore every offloaded model-stage (before a transition or checkpoint reads the engines)."""
@@ -192,10 +194,11 @@ class MemoryPools:
         self.moved["offloads"] += 1
         return moved
 
-    def restore(self, model_stage: str, engine) -> int:
+    def restore(self, model_stage: str, engine, copy: bool = True) -> int:
         """Copy ``engine``'s state back from the host pool into new device tensors (accounted against
         the capacity first); returns bytes copied. ``host`` mode frees the host copy afterwards;
-        ``drop`` keeps it.
+        ``drop`` keeps it. ``copy=False``: new device buffers of the same shapes, left unset (their
+        contents are about to be overwritten), 0 bytes copied.
 
         Raises:
             DeviceMemoryError: the state does not fit next to what is resident.
@@ -208,13 +211,15 @@ class MemoryPools:
         t0 = time.perf_counter()
         for kind, slots in self._slots(engine).items():
             for n, (_, put) in slots.items():
-                put(_device_copy(host[kind][n], self.device))
+                h = host[kind][n]
+                put(_device_copy(h, self.device) if copy else torch.empty(h.shape, dtype=h.dtype, device=self.device))
         _sync(self.device)
         self.offloaded.discard(model_stage)
         if self.modes.get(model_stage, "host") != "drop":
             self.host.pop(model_stage, None)
             self.host_version.pop(model_stage, None)
-        self.moved["restore_bytes"] += nbytes
+        moved = nbytes if copy else 0
+        self.moved["restore_bytes"] += moved
         self.moved["restore_s"] += time.perf_counter() - t0
         self.moved["restores"] += 1
-        return nbytes
+        return moved
