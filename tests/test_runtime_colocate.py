@@ -141,7 +141,7 @@ def test_relayout_of_sharded_offloaded_colocated_state(pool):
     try:
         d.step()
         # the critic's sync ran last: the actor's trained state waits in worker 0's host pool
-        assert ray.get(d.workers[0].memory_stats.remote())["host_bytes"] > 0
+        assert ray.get(d.workers[0].measurements.remote())["memory"]["host_bytes"] > 0
         targets = [
             # ZeRO DP 2 -> 4, critic colocated -> disjoint (workers 2-3), actor restored onto new workers
             _relaid(col, **{"actor.train": {"dp": 4, "gpus": (0, 1, 2, 3)}, "critic.train": {"gpus": (2, 3)}}),

@@ -133,7 +133,7 @@ def test_capacity_enforced_and_offload_makes_room(store):
         core.logprobs("reference.infer", batch["tokens"], P, MB)
         core.train("actor.train", batch, LOSS, MB, denom, step + 1)
         core.train("critic.train", vbatch, closs, MB, denom, step + 1)
-    st = core.memory_stats()
+    st = core.measurements()["memory"]
     assert core.measurements()["peak_bytes"] <= cap and st["capacity"] == cap
     # by hand: step 1 offloads the reference (first host copy, F) then the actor (A); step 2 the
     # critic (C), the reference again (unchanged: no bytes) and the actor (A)

@@ -32,7 +32,7 @@ def _batch(seed: int):
             "old_logp": -torch.rand(N, R, generator=g), "adv": torch.randn(N, R, generator=g)}
 
 
-def _rank_main(core):
+def _rank_main(core, ckpt_dir):
     from nereus.runtime.comm.groups import new_group
 
     new_group(core.store, "z/warm", (0, 1, 2, 3), core.id, core.meter, timeout_s=120.0).all_reduce(torch.ones(1))
@@ -55,6 +55,20 @@ def _rank_main(core):
             m = core.measurements()
             e = core.engines[name]
             state = core.gather_logical_state(name)  # every replica calls it (ZeRO all-gathers over DP)
+            if zero:  # a DCP checkpoint of the ZeRO engine, loaded into a plain and a ZeRO engine
+                from nereus.runtime.durable.worker_side import load_engine
+
+                path = os.path.join(ckpt_dir, f"c{i}")
+                core.dcp_save([name], path)  # replica 0 writes; the other replicas join its all-gathers
+                new_group(core.store, f"z/bar{i}", tuple(range(n)), core.id, core.meter).all_reduce(torch.ones(1))
+                for z2 in (0, 1):
+                    core.build(f"l{i}z{z2}", SPEC, lay, 5, True, AdamConfig(lr=1e-2, eps=EPS), tag=f"l{i}",
+                               precision=prec, zero=z2)
+                    load_engine(core.engines[f"l{i}z{z2}"], os.path.join(path, name))
+                    loaded = core.gather_logical_state(f"l{i}z{z2}")
+                    if core.id == 0:
+                        res[f"loaded{z2}"] = loaded
+                    core.destroy(f"l{i}z{z2}")
             res[zero] = {"state": state if core.id == 0 else None, "bytes": e.state_bytes,
                          "numel": sum(w.numel() for w in e.model.params.values()),
                          "rs_s": m["op_seconds"].get("reducescatter@gloo", 0.0),
@@ -65,8 +79,8 @@ def _rank_main(core):
 
 
 @pytest.fixture(scope="module")
-def results():
-    return run_local(4, _rank_main, timeout_s=300, group_timeout_s=30)
+def results(tmp_path_factory):
+    return run_local(4, _rank_main, (str(tmp_path_factory.mktemp("zero")),), timeout_s=400, group_timeout_s=30)
 
 
 def _maxdiff(a, b):
@@ -111,3 +125,17 @@ def test_zero1_shards_optimizer_state_and_reduce_scatters(results, case):
         plain_dp = 2 * (dp - 1) / dp * 4 * numel
         zero_dp = (dp - 1) / dp * 4 * dp * k + (dp - 1) * k * w
         assert z["sent"] - plain["sent"] == pytest.approx(2 * (zero_dp - plain_dp), rel=1e-9)
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_zero1_dcp_checkpoint_restores_into_plain_and_zero(results, case):
+    """The checkpoint holds the unsliced state: a plain and a ZeRO-1 engine loaded from it gather the
+    saved state bit for bit."""
+    saved = results[0][case][1]["state"]
+    for z2 in (0, 1):
+        got = results[0][case][f"loaded{z2}"]
+        for kind in ("params", "exp_avg", "exp_avg_sq") + (("master",) if "master" in saved else ()):
+            for n, t in saved[kind].items():
+                assert torch.equal(got[kind][n], t), (z2, kind, n)
+        for k in ("step", "update_count", "position"):
+            assert got[k] == saved[k]

@@ -145,9 +145,6 @@ class WorkerCore:
         """This worker's device-memory capacity in bytes (None or 0: unlimited; ``MemoryPools``)."""
         self.pools.set_capacity(nbytes)
 
-    def memory_stats(self) -> dict:
-        """Offload/restore bytes and seconds, host-pool and accounted device bytes (``MemoryPools.stats``)."""
-        return self.pools.stats()
 
     # ------------------------------------------------------------------ model-stage work
     def generate(self, model_stage: str, prompts: torch.Tensor, seeds: list[int], max_new_tokens: int,
@@ -366,9 +363,12 @@ class WorkerCore:
         pending = []
         for ms, d in replica.items():
             e = self.engines.get(ms)
+            if e is not None:
+                self.pools.activate(self.engines, {ms})
             if e is None or e.ctx.d != d:
+                if e is not None and hasattr(e, "join_checkpoint"):
+                    e.join_checkpoint()  # ZeRO: the DP all-gather the writing replica runs
                 continue
-            self.pools.activate(self.engines, {ms})
             write_hook, hook = hook, None  # a fault fires in the first write only
             path = os.path.join(directory, ms, f"rank-{self.id}")
             with self.meter.stage(ms):

@@ -32,8 +32,14 @@ wrapped in a ``c10d.ProcessGroup``, looks its ranks up in ``_world.pg_group_rank
 the engine's parameters as ``nn.Module`` parameters (DTensors) while TP here is the engine's own
 sharding (``model/sharding.py``). So ZeRO is built on the engine's own shards and groups.
 
-Not done here: ZeRO-2/3 (parameters sharded and gathered per layer); live transitions and DCP
-checkpoints of a ZeRO engine (their units expect per-name, unsliced optimizer state).
+DCP checkpoints (``durable/worker_side.py``) hold the unsliced state, as of a plain engine: the
+writing replica all-gathers the slices over DP (the other replicas join,
+:meth:`ZeroEngine.join_checkpoint`), and a loading ZeRO engine keeps its own slice, so a checkpoint
+restores into any DP degree, with or without ZeRO.
+
+Not done here: ZeRO-2/3 (parameters sharded and gathered per layer); live transitions of a ZeRO
+engine through the transition executor (its units expect per-name, unsliced optimizer state;
+the re-layout through the driver, ``run/relayout.py``, works: it gathers and loads logical state).
 """
 
 from __future__ import annotations
@@ -172,6 +178,27 @@ class ZeroEngine(Engine):
             self.exp_avg_sq["flat"] = self._my_slice(local(state["exp_avg_sq"]))
         for k in ("step", "update_count", "version", "policy_version", "position"):
             setattr(self, k, int(state[k]))
+
+
+    # ------------------------------------------------------------------ DCP checkpoints (durable/worker_side.py)
+    def checkpoint_tensors(self, gather: bool = True) -> dict[str, dict[str, torch.Tensor]]:
+        """kind → name → this (p, t) shard, as an unsharded engine holds it: ``params`` themselves, the
+        sliced kinds all-gathered over DP (``gather``: collective over the DP group) or zero buffers
+        to load into (then :meth:`load_checkpoint_tensors`)."""
+        out = {"params": {n: w.detach() for n, w in self.model.params.items()}}
+        for kind in [k for k in _SLICED if k != "master" or self.master]:
+            out[kind] = self._unsliced(kind) if gather else \
+                {n: torch.zeros(w.shape, dtype=torch.float32) for n, w in self.model.params.items()}
+        return out
+
+    def join_checkpoint(self) -> None:
+        """A replica that does not write takes part in the writing replica's DP all-gathers."""
+        self.checkpoint_tensors()
+
+    def load_checkpoint_tensors(self, tensors: dict) -> None:
+        """Keep this rank's slices of loaded unsliced kinds."""
+        for kind in [k for k in _SLICED if k != "master" or self.master]:
+            getattr(self, kind)["flat"] = self._my_slice(tensors[kind])
 
 
 def make_engine(zero: int, *args, **kwargs) -> Engine:
