@@ -191,3 +191,25 @@ def test_nereus_run_accepts_a_job_that_fits_only_colocated(tmp_path):
     rs_meas, rs_pred = meas["moves_vs_predicted"]["reduce_scatter"]
     assert rs_pred > 0 and rs_meas == pytest.approx(rs_pred, rel=1e-9)
     assert meas["memory"]["offload_bytes"] > 0
+
+
+@pytest.mark.slow
+def test_nereus_run_async_colocated_zero(tmp_path):
+    """``nereus run --async`` with the trainers and inference colocated on workers 0-1 (offload, ZeRO-1)
+    and generation on worker 2 of its own, under an enforced 0.01 GiB per worker."""
+    import json
+    import math
+    import subprocess
+    import sys
+
+    out = tmp_path / "run.json"
+    proc = subprocess.run([sys.executable, "-m", "nereus.cli", "run", "--async", "--workers", "3", "--steps", "3",
+                           "--colocate", "--zero", "1", "--layout", "actor.train=1,1,2", "--layout",
+                           "critic.train=1,1,2", "--enforce-memory", "--memory-gib", "0.01", "--json", str(out)],
+                          capture_output=True, text=True, timeout=400, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "actor.train      tp1 pp1 dp2 z1 off:host on workers 0-1" in proc.stdout
+    assert "actor.generate   tp1 pp1 dp1 on workers 2" in proc.stdout
+    data = json.loads(out.read_text())
+    assert len(data["steps"]) == 3 and all(math.isfinite(s["actor_loss"]) for s in data["steps"])
+    assert data["steps"][-1]["train_version"] == 2

@@ -158,3 +158,22 @@ def test_meter_capacity_check_by_hand():
         pools.set_capacity(-1)
     pools.set_capacity(0)
     assert m.capacity is None
+
+
+def test_rollback_snapshot_of_an_offloaded_engine_holds_its_state(store):
+    """The fault-tolerance snapshot (``worker/fault_tolerant.py``) of a model-stage waiting in the
+    host pool copies its host state, not the freed device placeholders."""
+    from nereus.runtime.worker.fault_tolerant import FaultTolerantWorker
+
+    core = FaultTolerantWorker(13, "127.0.0.1", store.port, timeout_s=10)
+    lay = Layout(1, 1, 1, (core.id,))
+    core.build("actor.train", SPEC, lay, 0, True, AdamConfig(lr=1e-2), tag="snap", offload="host")
+    core.train("actor.train", _batch(), LOSS, MB, float(N * (T - P)), 1)
+    before = _snapshot(core.engines["actor.train"])
+    core.build("reference.infer", SPEC, lay, 0, False, tag="snap", dtype="float32", offload="drop")
+    assert "actor.train" in core.pools.offloaded
+    core.snapshot()
+    snap = core.snap["actor.train"].tensors
+    for k, d in before.items():
+        for n, t in d.items():
+            assert torch.equal(snap[k][n], t), (k, n)
