@@ -62,7 +62,7 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-reward-model", action="store_true", help="rule-based reward, no reward.infer")
     g.add_argument("--framework", default=None, choices=sorted(FRAMEWORK_PRESETS),
                    help="what your training framework supports, which sets the plan space: nereus (what `nereus "
-                   "run` executes: no ZeRO, offload or colocation), megatron (distributed optimizer, sequence "
+                   "run --adaptive` transitions), runtime (what `nereus run` executes: ZeRO-1, offload, colocation), megatron (distributed optimizer, sequence "
                    "parallel, interleaving, offload, colocation), fsdp (verl FSDP: ZeRO-2/3, offload, colocation, "
                    "no TP/PP training), deepspeed (OpenRLHF: ZeRO 0-3, Adam offload, colocation), generic (all); "
                    "docs/planner.md [the job file's, else nereus]")
