@@ -47,8 +47,8 @@ from nereus.runtime.run.driver import RLDriver  # noqa: E402
 from nereus.runtime.run.pool import WorkerPool, _ray_get  # noqa: E402
 from nereus.runtime.transit.driver_side import TransitionExecutor  # noqa: E402
 from nereus.runtime.worker.fault_tolerant import fault_tolerant_class  # noqa: E402
-from nereus.spec.model import MODEL_PRESETS  # noqa: E402
 from nereus.spec.plan import Candidate, Plan  # noqa: E402
+from nereus.spec.presets import MODEL_PRESETS  # noqa: E402
 from nereus.spec.workload import WorkloadSpec  # noqa: E402
 from nereus.transition.estimate import estimate_transition  # noqa: E402
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from nereus.cost.vllm_kv import block_bytes, concurrent_sequences, gpu_kv_cache_bytes, kv_blocks, waves
-from nereus.spec.model import get_model
+from nereus.spec.presets import get_model
 
 
 def test_block_bytes_by_hand():

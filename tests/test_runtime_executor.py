@@ -19,8 +19,8 @@ from nereus.runtime.run.config import RLConfig  # noqa: E402
 from nereus.runtime.run.device_model import runtime_job  # noqa: E402
 from nereus.runtime.run.driver import RLDriver  # noqa: E402
 from nereus.runtime.transit.driver_side import TransitionExecutor  # noqa: E402
-from nereus.spec.model import MODEL_PRESETS  # noqa: E402
 from nereus.spec.plan import Candidate, Plan  # noqa: E402
+from nereus.spec.presets import MODEL_PRESETS  # noqa: E402
 from nereus.spec.workload import WorkloadSpec  # noqa: E402
 from nereus.transition.estimate import estimate_transition  # noqa: E402
 from nereus.transition.schedule import Schedule  # noqa: E402

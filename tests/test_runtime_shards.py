@@ -11,8 +11,8 @@ from nereus.runtime.model.precision import WEIGHT_KINDS, train_kinds
 from nereus.runtime.model.sharding import param_shapes
 from nereus.runtime.run.device_model import runtime_job
 from nereus.runtime.transit.plans import MoveSpec, Region, UnitMeta, plan_moves, region
-from nereus.spec.model import MODEL_PRESETS
 from nereus.spec.plan import Candidate, Plan
+from nereus.spec.presets import MODEL_PRESETS
 from nereus.spec.workload import WorkloadSpec
 from nereus.transition.estimate import estimate_transition
 from nereus.transition.schedule import Schedule

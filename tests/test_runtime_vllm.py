@@ -55,7 +55,7 @@ def _make(root):
 def _rank_main(core, d, tp, prompts, train_batch):
     from nereus.runtime.comm.parallel import Layout
     from nereus.runtime.worker.engine import AdamConfig
-    from nereus.spec.model import get_model
+    from nereus.spec.presets import get_model
 
     spec = get_model(d)
     lay = Layout(tp, 1, 1, tuple(range(tp)))
@@ -182,7 +182,7 @@ def test_weights_in_the_engine_equal_the_trained_weights_after_sync(engine):
 
 def test_kv_capacity_matches_the_prediction(engine):
     from nereus.cost.vllm_kv import concurrent_sequences, kv_blocks
-    from nereus.spec.model import get_model
+    from nereus.spec.presets import get_model
 
     d, _prompts, res, tp = engine
     kv = res[0]["vllm_build"]["kv"][0]

@@ -24,7 +24,7 @@ from nereus.runtime.rl.task import DigitTask  # noqa: E402
 from nereus.runtime.run.config import RLConfig  # noqa: E402
 from nereus.runtime.run.driver import RLDriver  # noqa: E402
 from nereus.runtime.run.plans import simple_plan  # noqa: E402
-from nereus.spec.model import MODEL_PRESETS  # noqa: E402
+from nereus.spec.presets import MODEL_PRESETS  # noqa: E402
 from nereus.spec.workload import WorkloadSpec  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm, pytest.mark.timeout(2400),

@@ -23,8 +23,10 @@ from nereus.runtime.transit.plans import MoveSpec, UnitMeta, kinds_for
 from nereus.runtime.transit.worker_side import COUNTERS, Transit, Unit
 from nereus.runtime.worker.device import inventory, resolve_dtype, select_device
 from nereus.runtime.worker.engine import AdamConfig, Engine
+from nereus.runtime.worker.memory_pool import MemoryPools
 from nereus.runtime.worker.rollout import generate
 from nereus.runtime.worker.vllm_worker import VllmWorkerMixin
+from nereus.runtime.worker.zero import make_engine
 from nereus.spec.model import ModelSpec
 
 __all__ = ["WorkerCore", "ray_worker_class", "PRECISION_KEY"]
@@ -62,6 +64,7 @@ class WorkerCore(VllmWorkerMixin):
             torch.cuda.set_device(torch.device(self.device))  # NCCL groups bind the current device
         self.transit = Transit(self.id, self.store, self.meter, self.timeout_s)
         self.built: dict[str, dict] = {}  # model-stage → how its engine was built (dtype, schedule, recompute)
+        self.pools = MemoryPools(self.meter, self.device)  # device capacity, host pool (worker/memory_pool.py)
 
     def ping(self) -> int:
         return self.id
@@ -75,7 +78,8 @@ class WorkerCore(VllmWorkerMixin):
     # ------------------------------------------------------------------ setup
     def build(self, model_stage: str, spec: ModelSpec, layout: Layout, seed: int, trainable: bool,
               adam: AdamConfig | None = None, tag: str = "e0", dtype: str = "auto",
-              schedule: str = "1f1b", recompute: str = "none", precision: str = "fp32") -> tuple[int, int, int]:
+              schedule: str = "1f1b", recompute: str = "none", precision: str = "fp32", zero: int = 0,
+              offload: str = "none") -> tuple[int, int, int]:
         """Build this worker's engine of ``model_stage`` (collective over the layout's workers).
 
         Args:
@@ -86,6 +90,9 @@ class WorkerCore(VllmWorkerMixin):
                 weights, gradients and moments; ``worker/engine.py``).
             schedule: pipeline schedule of training, ``1f1b`` or ``gpipe``.
             recompute: activation recomputation of training, ``none``, ``selective`` or ``full``.
+            zero: ZeRO stage of a training model-stage (0 or 1, ``worker/zero.py``).
+            offload: what the state does while another model-stage runs here: ``none``, ``host`` or
+                ``drop`` (``worker/memory_pool.py``); idle offloadable model-stages make room first.
 
         Returns:
             this worker's (d, p, t).
@@ -95,13 +102,16 @@ class WorkerCore(VllmWorkerMixin):
                 trainable stage of an fp32 run.
         """
         dt = resolve_dtype(dtype, trainable, self.device, precision)
+        self.pools.set_mode(model_stage, offload)
+        self.pools.make_room(self.engines, {model_stage})
         with self.meter.stage(model_stage):
             ctx = build_context(spec, layout, self.id, self.store, f"{tag}/{model_stage}", self.meter,
                                 self.timeout_s, self.device)
-            self.engines[model_stage] = Engine(spec, ctx, seed, self.meter, trainable, adam, dt, self.device,
-                                               schedule=schedule, recompute=recompute, precision=precision)
+            self.engines[model_stage] = make_engine(zero, spec, ctx, seed, self.meter, trainable, adam, dt,
+                                                    self.device, schedule=schedule, recompute=recompute,
+                                                    precision=precision)
         self.built[model_stage] = {"dtype": dtype, "schedule": schedule, "recompute": recompute,
-                                   "precision": precision}
+                                   "precision": precision, "zero": zero, "offload": offload}
         return ctx.d, ctx.p, ctx.t
 
     def precision_of(self, model_stage: str) -> str:
@@ -123,12 +133,20 @@ class WorkerCore(VllmWorkerMixin):
         e = self.engines.pop(model_stage, None)
         if e is not None:
             self.meter.drop_static(f"params:{id(e)}")
+        self.pools.forget(model_stage)
 
     def _engine(self, model_stage: str) -> Engine:
+        """The engine of ``model_stage``, made resident for its turn (``MemoryPools.activate``)."""
         if model_stage not in self.engines:
             raise ValueError(f"worker {self.id} holds no engine for model-stage {model_stage!r}; "
                              f"it holds {sorted(self.engines)}")
+        self.pools.activate(self.engines, {model_stage})
         return self.engines[model_stage]
+
+    def set_capacity(self, nbytes: int | None) -> None:
+        """This worker's device-memory capacity in bytes (None or 0: unlimited; ``MemoryPools``)."""
+        self.pools.set_capacity(nbytes)
+
 
     # ------------------------------------------------------------------ model-stage work
     def generate(self, model_stage: str, prompts: torch.Tensor, seeds: list[int], max_new_tokens: int,
@@ -143,8 +161,11 @@ class WorkerCore(VllmWorkerMixin):
         with self.meter.stage(model_stage):
             e = self._engine(model_stage)
             wave = concurrency if concurrency > 0 else prompts.shape[0]
-            outs = [generate(e.model, prompts[i:i + wave].to(self.device), max_new_tokens, seeds[i:i + wave],
-                             temperature, greedy, eos_id, pad_id) for i in range(0, prompts.shape[0], wave)]
+            try:
+                outs = [generate(e.model, prompts[i:i + wave].to(self.device), max_new_tokens, seeds[i:i + wave],
+                                 temperature, greedy, eos_id, pad_id) for i in range(0, prompts.shape[0], wave)]
+            finally:
+                self.meter.drop_static("kv_cache")  # the cache is freed with the rollout
             return torch.cat(outs)
 
     def logprobs(self, model_stage: str, tokens: torch.Tensor, prompt_len: int, micro_batch: int,
@@ -216,6 +237,8 @@ class WorkerCore(VllmWorkerMixin):
         out = {"sent": 0, "recv": 0, "setup_s": 0.0, "transfer_s": 0.0, "header_bytes": 0}
         if self.id not in members:
             return out
+        frozen = dst in self.engines and not self.engines[dst].trainable  # a derived copy: all rewritten
+        self.pools.activate(self.engines, {src, dst}, {dst} if frozen else ())  # both take this turn
         with self.meter.stage(dst):
             src_meta = UnitMeta(f"{src}#0", src, src_layout.tp, src_layout.pp, src_layout.replica(0))
             dst_metas = tuple(UnitMeta(f"{dst}#{d}", dst, dst_layout.tp, dst_layout.pp, dst_layout.replica(d))
@@ -251,6 +274,7 @@ class WorkerCore(VllmWorkerMixin):
         Returns:
             uids of the units this worker now holds.
         """
+        self.pools.restore_all(self.engines)
         for ms in model_stages:
             e = self.engines.pop(ms, None)
             if e is None:
@@ -267,6 +291,7 @@ class WorkerCore(VllmWorkerMixin):
         primitives it must follow that share no worker with it (Ray resolves them first)."""
         dtype = self._dtype_of(move.model_stage, trainable)
         move = replace(move, kinds=kinds_for(move.kinds, self.precision_of(move.model_stage)))
+        self.pools.activate(self.engines, {m.model_stage for m in move.sources if self.id in m.gpus})
         live = {}  # a Load may read a train model-stage that is not changing: its engine, as a unit view
         for m in move.sources:
             e = self.engines.get(m.model_stage)
@@ -312,10 +337,12 @@ class WorkerCore(VllmWorkerMixin):
     def measurements(self) -> dict:
         m = self.meter.measurements()
         m["worker"] = self.id
+        m["memory"] = self.pools.stats()
         return m
 
     def reset_measurements(self) -> None:
         self.meter.reset()
+        self.pools.reset_stats()
 
     def crash(self) -> None:
         """Exit the process at once (fault-injection for tests)."""
@@ -344,7 +371,11 @@ class WorkerCore(VllmWorkerMixin):
         pending = []
         for ms, d in replica.items():
             e = self.engines.get(ms)
+            if e is not None:
+                self.pools.activate(self.engines, {ms})
             if e is None or e.ctx.d != d:
+                if e is not None and hasattr(e, "join_checkpoint"):
+                    e.join_checkpoint()  # ZeRO: the DP all-gather the writing replica runs
                 continue
             write_hook, hook = hook, None  # a fault fires in the first write only
             path = os.path.join(directory, ms, f"rank-{self.id}")
@@ -412,6 +443,7 @@ class WorkerCore(VllmWorkerMixin):
             e = self.engines.get(ms)
             if e is None:
                 continue
+            self.pools.activate(self.engines, {ms})
             with self.meter.stage(ms):
                 r = load_engine(e, os.path.join(directory, ms))
             for k in out:
