@@ -19,8 +19,9 @@ from nereus.runtime.comm.groups import DEFAULT_TIMEOUT_S, connect_store
 from nereus.runtime.comm.instrument import Meter
 from nereus.runtime.comm.parallel import Layout, build_context
 from nereus.runtime.model.precision import WEIGHT_KINDS
+from nereus.runtime.transit.packing import COUNTERS
 from nereus.runtime.transit.plans import MoveSpec, UnitMeta, kinds_for
-from nereus.runtime.transit.worker_side import COUNTERS, Transit, Unit
+from nereus.runtime.transit.worker_side import Transit, Unit
 from nereus.runtime.worker.device import inventory, resolve_dtype, select_device
 from nereus.runtime.worker.engine import AdamConfig, Engine
 from nereus.runtime.worker.rollout import generate
@@ -223,8 +224,7 @@ class WorkerCore:
                                            {})
             d_eng = self.engines.get(dst)
             dtype = self._dtype_of(dst, False)
-            made = self.transit.exchange(spec, move, units, f"{tag}/sync/{src}->{dst}", dtype, self.device, out,
-                                         cache=self.groups)
+            made = self.transit.exchange(spec, move, units, f"{tag}/sync/{src}->{dst}", dtype, self.device, out)
             if d_eng is not None:
                 mine = next(u for u in made.values())
                 with torch.no_grad():
@@ -288,13 +288,21 @@ class WorkerCore:
         return ctx.d, ctx.p, ctx.t
 
     def transition_end(self, tag: str) -> list[str]:
-        """Drop the communicators of earlier layouts' weight syncs and any unit left over; returns
-        the uids dropped (none after a transition that reached its target)."""
-        for k in [k for k in self.groups if not k.startswith(f"{tag}/")]:
-            del self.groups[k]
+        """Drop any unit left over; returns the uids dropped (none after a transition that reached
+        its target). Communicators stay (``transit.comms``, by member set) for the next weight sync
+        and transition."""
         left = sorted(self.transit.units)
         self.transit.units.clear()
         return left
+
+    def forget_worker(self, worker: int) -> list[str]:
+        """Drop the communicators that have ``worker`` as a member (it left the pool); returns their
+        names (``comm/cache.py``)."""
+        return self.transit.comms.forget(worker)
+
+    def comm_stats(self) -> dict:
+        """Communicators built, reused and held, and seconds spent building them (``GroupCache.stats``)."""
+        return self.transit.comms.stats()
 
     def unit_bytes(self) -> dict:
         """uid → bytes of every unit held (inspection during a transition)."""
