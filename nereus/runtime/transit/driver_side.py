@@ -134,8 +134,9 @@ def move_specs(dag, trainable: dict[str, bool], storage_seed: dict[str, int]) ->
         prod = tuple(UnitMeta.of(e) for e in p.produces)
         kinds = TRAIN_KINDS if trainable.get(p.model_stage) and p.kind != "load" else WEIGHT_KINDS
         sources, local, seed = (), (), -1
-        if p.kind in ("split", "merge"):
-            sources = local = tuple(meta[u] for u in p.consumes)
+        if p.kind in ("split", "merge"):  # a growth Merge also reads remote sources (transition/growth.py)
+            local = tuple(meta[u] for u in p.consumes)
+            sources = local + tuple(meta[u] for u in p.reads)
         elif p.kind == "extend":
             sources = tuple(meta[u] for u in p.reads)
         elif p.kind == "restore":
