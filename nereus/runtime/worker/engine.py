@@ -120,10 +120,14 @@ class Engine(LogicalStateMixin):
         self.model = LlamaShard(spec, ctx, seed, meter, dtype, device, full=full, recompute=recompute,
                                 shards=tensors.get("params"))
         self.adam = adam or AdamConfig()
-        zeros = {n: torch.zeros_like(w, dtype=torch.float32) for n, w in self.model.params.items()}
-        self.exp_avg = dict(tensors.get("exp_avg", zeros)) if trainable else {}
-        self.exp_avg_sq = dict(tensors.get("exp_avg_sq", {n: z.clone() for n, z in zeros.items()})) \
-            if trainable else {}
+        def moments(kind: str) -> dict:  # given moments as they are; zeros only when none are given
+            given = tensors.get(kind)
+            if given is not None:
+                return dict(given)
+            return {n: torch.zeros_like(w, dtype=torch.float32) for n, w in self.model.params.items()}
+
+        self.exp_avg = moments("exp_avg") if trainable else {}
+        self.exp_avg_sq = moments("exp_avg_sq") if trainable else {}
         # fp32 master weights of a bf16 trainable engine (fp32: the weights themselves are the master)
         self.master: dict[str, torch.Tensor] = {}
         self.main_grad: dict[str, torch.Tensor] | None = None  # fp32 gradient accumulators (bf16)
