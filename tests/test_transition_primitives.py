@@ -368,7 +368,7 @@ def test_stage_spec_duration_and_ports_by_hand():
     a node holding none of the host copy, so it is fed at the NIC's rate when that is below the
     host link's. In between the state is a host copy that holds no GPU memory and owns no GPU."""
     from nereus.transition.cost import CostParams
-    from nereus.transition.primitives import HOST, HOST_ID, stage
+    from nereus.transition.staging import HOST, HOST_ID, stage
 
     a = emu("critic.train#0", 1, 2, (0, 1), ms="critic.train")
     b = emu("critic.train*0", 2, 1, (1, 4), ms="critic.train")

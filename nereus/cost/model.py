@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from nereus.cost import engine_terms as et
 from nereus.cost import latency as lat
 from nereus.cost.checks import check_candidate, check_train_batch
 from nereus.cost.detail import RowDetail
@@ -40,6 +41,7 @@ from nereus.cost.memory import OFF_CPU_ADAM, WORKSPACE_BYTES, offload_code, reco
 from nereus.cost.rows import expand, rows_of, unique_rows
 from nereus.cost.sharded_infer import infer_gather_times
 from nereus.cost.step import stage_groups
+from nereus.cost.zero3 import flat_zero3_times
 from nereus.spec.job import JobSpec
 from nereus.spec.plan import Candidate, Plan, StageEstimate
 from nereus.workflow import ModelStage, Workflow, workflow_for
@@ -164,6 +166,7 @@ class CostModel:
         pp = np.broadcast_to(np.asarray(pp, dtype=np.int64), dp.shape)
         corr = self.memory_correction.get(ms.name, 1.0)
         fw = self.job.framework
+        eng = fw.engine
         off = offload_code(offload)
         if not breakdown and ms.stage != "train" and np.ndim(off) and dp.size >= 64:
             got = self._by_offload(ms, tp, pp, dp, micro_batch, concurrency, np.broadcast_to(off, dp.shape),
@@ -180,11 +183,21 @@ class CostModel:
             # distinct combination (elementwise, so bit-identical to the per-row computation)
             first, inv = unique_rows(dp.shape, tp, pp, micro_batch, rc, vpp)
             u = rows_of(first, tp, pp, micro_batch, rc, vpp)
-            mid, last = lat.microbatch_stage_times("train", model, w, cl, eff, u[0], u[1], u[2], u[3], vpp=u[4],
-                                                   sp=fw.sequence_parallel, overlap_tp=fw.overlap_tp_comm)
+            mid, last = lat.microbatch_stage_times("train", model, et.padded_workload(w, eng), cl, eff, u[0], u[1],
+                                                   u[2], u[3], vpp=u[4], sp=fw.sequence_parallel,
+                                                   overlap_tp=self._tp_overlap())
+            if eng is not None and eng.layer_pass_s > 0:
+                launch = et.layer_pass_times(lat.max_layers_rank(model, u[1]), np.where(u[3] == 2, 4, 3), eng, eff,
+                                             cl.gpu)
+                mid, last = _combine(mid, launch), _combine(last, launch)
             mid, last = expand(mid, inv), expand(last, inv)
             comm = lat.dp_sync_time(model, w, cl, eff, tp, pp, dp, zero=zero, micro_batches=m,
                                     reduce_bytes=fw.grad_reduce_bytes)
+            if eng is not None and eng.zero3_gather == "flat" and np.any(zero >= 3):
+                flat, mask = flat_zero3_times(model, w, cl, eff, tp, pp, dp, m, fw.grad_reduce_bytes or w.grad_bytes)
+                mask = mask & (zero >= 3)
+                comm = _combine({k: np.where(mask, 0.0, v) for k, v in comm.items()},
+                                {k: np.where(mask, v, 0.0) for k, v in flat.items()})
             if fw.overlap_grad_reduce:
                 comm = _overlap_dp(comm, last, zero, m)
             gpu_adam = np.where(off == OFF_CPU_ADAM, 0.0, lat.optimizer_time(model, w, cl, eff, tp, pp, dp, zero))
@@ -203,8 +216,11 @@ class CostModel:
             m = -(-seqs // micro_batch)
             first, inv = unique_rows(dp.shape, tp, pp, micro_batch)
             u = rows_of(first, tp, pp, micro_batch)
-            mid, last = lat.microbatch_stage_times("infer", model, w, cl, eff, u[0], u[1], u[2],
-                                                   sp=fw.sequence_parallel, overlap_tp=fw.overlap_tp_comm)
+            mid, last = lat.microbatch_stage_times("infer", model, et.padded_workload(w, eng), cl, eff, u[0], u[1],
+                                                   u[2], sp=fw.sequence_parallel, overlap_tp=self._tp_overlap())
+            if eng is not None and eng.layer_pass_s > 0:
+                launch = et.layer_pass_times(lat.max_layers_rank(model, u[1]), 1, eng, eff, cl.gpu)
+                mid, last = _combine(mid, launch), _combine(last, launch)
             mid, last = expand(mid, inv), expand(last, inv)
             parts = _combine(_scale(last, m), {"bubble": (pp - 1) * _sum(mid)})
             zero = np.asarray(zero)
@@ -216,14 +232,21 @@ class CostModel:
             seqs = -(-w.rollouts_per_step // dp)
             c = np.minimum(concurrency, seqs)
             waves = -(-seqs // c)
-            # one wave's time depends on (tp, pp, concurrency) only: computed once per combination
-            first, inv = unique_rows(dp.shape, tp, pp, c)
+            longest = eng is not None and eng.generation == "longest"
+            # one wave's time depends on (tp, pp, concurrency) only (and on the sequences per replica
+            # when the batch ends with its longest response): computed once per combination
+            first, inv = unique_rows(dp.shape, tp, pp, c, *((seqs,) if longest else ()))
             ut, up, uc = rows_of(first, tp, pp, c)
             mb = np.minimum(up, uc)
             pmid, plast = lat.prefill_stage_times(model, w, cl, eff, ut, up, uc / mb)
             prefill = _combine(_scale(plast, mb), {"bubble": (up - 1) * _sum(pmid)})
-            decode = _scale(lat.decode_step_times(model, w, cl, eff, ut, up, uc), w.response_len)
-            parts = _scale(expand(_combine(prefill, decode), inv), waves)
+            if longest:
+                parts = expand(self._longest_generation(model, ut, up, uc, prefill, rows_of(first, seqs)[0]), inv)
+            else:
+                decode = _scale(lat.decode_step_times(model, w, cl, eff, ut, up, uc), w.response_len)
+                parts = _scale(expand(_combine(prefill, decode), inv), waves)
+            if eng is not None and eng.generate_call_s > 0:
+                parts = _combine(parts, et.generate_call_times(eng, eff, cl.gpu))
             if ms.model == "actor":
                 parts = _combine(parts, self._sync(model, tp, pp, dp.shape, "recv", multi_node))
             first, inv = unique_rows(dp.shape, tp, pp, c, off)
@@ -291,6 +314,24 @@ class CostModel:
                 "transient": rows(mem["transient"] * corr), "memory": mem,
                 "detail": RowDetail(base["breakdown"], mem, corr, inv=inv, extra=extra)}
 
+    def _tp_overlap(self):
+        """``overlap_tp`` of the passes: False, True, or the engine's ``tp_overlap_share``."""
+        fw = self.job.framework
+        if not fw.overlap_tp_comm or fw.engine is None or fw.engine.tp_overlap_share == 1.0:
+            return fw.overlap_tp_comm
+        return fw.engine.tp_overlap_share
+
+    def _longest_generation(self, model, tp, pp, c, prefill: dict, seqs) -> dict:
+        """Generation of ``seqs`` sequences per replica at concurrency ``c`` (distinct rows) when a
+        synchronous batch ends with its longest response (:func:`nereus.cost.engine_terms.decode_steps`):
+        the prompts prefilled in ``ceil(seqs/c)`` waves of ``c``, ``S`` decode steps at the mean
+        running count ``r``, and the engine's per-step overhead."""
+        w, cl, eff, eng = self.job.workload, self.job.cluster, self.eff, self.job.framework.engine
+        steps, running = et.decode_steps(seqs, c, w.response_len, w.memory_response_len)
+        decode = _scale(lat.decode_step_times(model, w, cl, eff, tp, pp, running), steps)
+        waves = -(-np.asarray(seqs) // np.asarray(c))
+        return _combine(_scale(prefill, waves), decode, et.decode_overhead_times(steps, running, eng, eff, cl.gpu))
+
     def _infer_memory(self, model, tp, pp, micro_batch, off, zero, dp) -> dict:
         """:func:`~nereus.cost.memory.stage_memory` of inference rows, once per distinct (tp, pp,
         micro-batch, offload, dp where ZeRO-3 shards the weights; the others do not depend on dp)."""
@@ -352,9 +393,10 @@ class CostModel:
         for key, t in totals.items():
             st = ModelStage.parse(key[0]).stage
             per_stage[st] = max(per_stage.get(st, 0.0), t)
+        fixed = et.step_overhead(self.job.framework.engine, self.eff, self.job.cluster.gpu)
         if self.workflow.asynchronous:
-            return max(per_stage.get("generate", 0.0), per_stage.get("infer", 0.0) + per_stage.get("train", 0.0))
-        return sum(per_stage.values())
+            return fixed + max(per_stage.get("generate", 0.0), per_stage.get("infer", 0.0) + per_stage.get("train", 0.0))
+        return fixed + sum(per_stage.values())
 
     def estimate(self, plan: Plan, pool=None, known: dict | None = None) -> Plan:
         """A copy of ``plan`` with estimates, ``L_step``, per-GPU peak memory and throughput.

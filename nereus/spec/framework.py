@@ -75,6 +75,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
+from nereus.spec.engine import EngineCosts
+
 __all__ = ["FrameworkSpec", "FRAMEWORK_PRESETS", "get_framework", "OFFLOAD_MODES", "COLOCATE_MODES",
            "ZERO_STAGES"]
 
@@ -105,6 +107,9 @@ class FrameworkSpec:
         drop_model_stages: the model-stages that may use ``drop`` when ``offload`` allows it (None:
             every non-training model-stage; verl, for example, frees only the rollout engine's
             weights, so its frameworks list ``("actor.generate",)``).
+        engine: the engines' behaviour and fixed costs (:class:`nereus.spec.engine.EngineCosts`:
+            generation to the longest response, per-decode-step and per-call overheads, per-layer
+            launch latency, padding, fixed per-step cost); None: none of them (the old model).
 
     Raises:
         ValueError: a field outside its valid values.
@@ -122,8 +127,11 @@ class FrameworkSpec:
     model_parallel_train: bool = True
     uneven_pp: bool = False
     drop_model_stages: tuple | None = None
+    engine: EngineCosts | None = None
 
     def __post_init__(self) -> None:
+        if self.engine is not None and not isinstance(self.engine, EngineCosts):
+            object.__setattr__(self, "engine", EngineCosts.from_dict(self.engine))
         if self.drop_model_stages is not None:
             if isinstance(self.drop_model_stages, str) or not all(
                     isinstance(m, str) and "." in m and not m.endswith(".train") for m in self.drop_model_stages):
@@ -160,6 +168,8 @@ class FrameworkSpec:
         d["offload"] = list(self.offload)
         if self.drop_model_stages is not None:
             d["drop_model_stages"] = list(self.drop_model_stages)
+        if self.engine is None:
+            d.pop("engine")
         return d
 
     @classmethod

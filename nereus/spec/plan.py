@@ -2,7 +2,7 @@
 
 These types sit in :mod:`nereus.spec`, below both the cost model (:mod:`nereus.cost`, which fills
 :class:`StageEstimate` and :class:`Plan`) and the planner (:mod:`nereus.planner`, which searches
-over :class:`Candidate`); :mod:`nereus.spec.plan` re-exports them for existing imports.
+over :class:`Candidate`).
 
 GPU-set convention (used by placement, the transition planner and the runtime): a candidate with
 degrees (tp, pp, dp) owns ``gpus``, a tuple of ``tp·pp·dp`` global GPU ids ordered replica-major,

@@ -48,7 +48,8 @@ from nereus.spec.hardware import ClusterSpec
 from nereus.spec.model import ModelSpec
 from nereus.transition.emu import EMU
 from nereus.transition.held import held_bytes
-from nereus.transition.primitives import HOST_ID, STORAGE, Primitive
+from nereus.transition.primitives import STORAGE, Primitive
+from nereus.transition.staging import HOST_ID
 
 __all__ = ["CostParams", "duration", "ports", "min_bytes"]
 

@@ -14,11 +14,12 @@ from nereus.spec.job import JobSpec
 from nereus.spec.plan import Plan
 from nereus.transition.cost import CostParams, duration, min_bytes, ports
 from nereus.transition.emu import check_zero, model_of, phi, stage_of, state_parts
-from nereus.transition.global_dag import GlobalDAG, plan_global
+from nereus.transition.global_dag import GlobalDAG, critical_path_length, plan_global
+from nereus.transition.group_ranks import align_group
 from nereus.transition.growth import fuse_growth
-from nereus.transition.local_dag import Infeasible, align_group, build_local_dag
+from nereus.transition.local_dag import Infeasible, build_local_dag
 from nereus.transition.primitives import STORAGE
-from nereus.transition.schedule import Schedule, critical_path_length
+from nereus.transition.schedule import Schedule
 from nereus.workflow import workflow_for
 
 __all__ = ["TransitionEstimate", "estimate_transition", "plan_dag", "capacities", "reload_source", "HEADROOM"]
