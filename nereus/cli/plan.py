@@ -20,6 +20,7 @@ from nereus.planner.search import NoFeasiblePlan, plan_job, search
 from nereus.planner.whatif import shared_stages
 from nereus.spec import ClusterSpec, JobSpec, WorkloadSpec, get_gpu, get_model
 from nereus.spec.framework import FRAMEWORK_PRESETS, FrameworkSpec, get_framework
+from nereus.spec.job import check_context
 from nereus.spec.plan import Candidate
 from nereus.spec.workload import ALGORITHMS, RECOMPUTE_MODES
 
@@ -34,8 +35,9 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--model", default=None, help="model preset (llama-3.1-8b, llama-3.3-70b, qwen3-14b, "
                    "qwen3-32b, qwen2.5-0.5b, tiny, small), a Hugging Face config.json path or a directory holding one [llama-3.1-8b]")
     g.add_argument("--algo", choices=ALGORITHMS, default=None, help="RL algorithm [ppo]")
-    g.add_argument("--gpu", default=None, help="GPU preset: h100 (alias h100-sxm), h200, a100 (alias a100-80gb), mi250x, cpu (one CPU worker "
-                   "process of `nereus run`) [h100]")
+    g.add_argument("--gpu", default=None, help="GPU preset (h100, h200, a100, a100-40gb, a800, h800, h20, l20, l40s, "
+                   "h100-pcie, h100-nvl, mi300x, b200, mi250x, cpu: one CPU worker of `nereus run`), or a custom GPU: "
+                   "a JSON file or inline JSON object of GPU fields (docs/files.md) [h100]")
     g.add_argument("--nodes", type=int, default=None, help="nodes in the cluster [2]")
     g.add_argument("--gpus-per-node", type=int, default=None, help="GPUs per node [8]")
     g.add_argument("--prompt-len", type=int, default=None, help="prompt tokens [1024]")
@@ -49,6 +51,7 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
                    help="percentile (0-100] of --response-lens that memory is sized for [100: the maximum]")
     g.add_argument("--memory-fraction", type=float, default=None, help="share of each GPU's memory a plan may "
                    "use, in (0, 1] (vLLM's gpu_memory_utilization) [0.9: 10%% headroom]")
+    g.add_argument("--lora-rank", type=int, default=None, help="LoRA adapter rank (frozen base weights) [none]")
     g.add_argument("--prompts-per-step", type=int, default=None, help="prompts per RL step [256]")
     g.add_argument("--samples-per-prompt", type=int, default=None, help="responses per prompt [4]")
     g.add_argument("--mini-batch", type=int, default=None, help="sequences per optimizer update [256]")
@@ -82,7 +85,7 @@ def job_from_args(args) -> JobSpec:
     for opt, field in (("algo", "algorithm"), ("prompt_len", "prompt_len"), ("response_len", "response_len"),
                        ("prompts_per_step", "prompts_per_step"), ("samples_per_prompt", "samples_per_prompt"),
                        ("mini_batch", "mini_batch_size"), ("micro_batch", "micro_batch_size"),
-                       ("ppo_epochs", "ppo_epochs"), ("recompute", "recompute")):
+                       ("ppo_epochs", "ppo_epochs"), ("recompute", "recompute"), ("lora_rank", "lora_rank")):
         v = getattr(args, opt, None)
         if v is not None:
             wl[field] = v
@@ -95,7 +98,9 @@ def job_from_args(args) -> JobSpec:
         wl["samples_per_prompt"] = 4
     fw = get_framework(args.framework) if getattr(args, "framework", None) else (base.framework if base else
                                                                                  FrameworkSpec())
-    return JobSpec(actor=model, cluster=ClusterSpec(gpu, nodes, gpn), workload=WorkloadSpec(**wl), framework=fw)
+    job = JobSpec(actor=model, cluster=ClusterSpec(gpu, nodes, gpn), workload=WorkloadSpec(**wl), framework=fw)
+    given = [getattr(args, k, None) for k in ("prompt_len", "response_len", "response_len_max", "response_lens")]
+    return check_context(job) if any(v is not None for v in given) else job  # the lengths the user asked for
 
 
 def _length_options(args, wl: dict) -> None:
@@ -264,20 +269,24 @@ def _imported(args):
     """The job and layout of --from-verl / --from-openrlhf; job options (--gpu, --model, lengths) apply."""
     from dataclasses import replace
 
-    if args.from_verl and args.from_openrlhf:
+    if args.from_verl and args.from_openrlhf is not None:
         raise ValueError("--from-verl and --from-openrlhf are exclusive: import one configuration")
     if args.from_verl:
         from nereus.integrations.verl import import_verl
-        from nereus.integrations.verl_config import load_verl_config
+        from nereus.integrations.verl_config import load_verl_config, verl_launch
 
         imp = import_verl(load_verl_config(args.from_verl[0], args.from_verl[1:]), model=args.model, gpu=args.gpu)
+        config, overrides, _ = verl_launch(args.from_verl)
+        imp.source = {"config": config, "overrides": overrides}
     else:
-        from nereus.integrations.openrlhf import import_openrlhf
+        from nereus.integrations.openrlhf import _tokens, import_openrlhf
 
         imp = import_openrlhf(args.from_openrlhf, model=args.model, gpu=args.gpu)
+        imp.source = {"args": _tokens(args.from_openrlhf)}
     wl = {k: v for k, v in (("prompt_len", args.prompt_len), ("response_len", args.response_len)) if v is not None}
     if wl:
         imp.job = imp.job.with_workload(replace(imp.job.workload, **wl))
+    check_context(imp.job, "prompt + response length")
     return imp
 
 
@@ -348,7 +357,7 @@ def _main_integrations(args) -> int:
     if args.export:
         if not best["feasible"]:
             raise ValueError(f"--export: Nereus found no plan for the imported job: {best['reason']}")
-        return _export(args, imp.job, plan_from(best["plan"]))
+        return _export(args, imp.job, plan_from(best["plan"]), imp.source if imp.framework == args.export else None)
     if args.json:
         print(json.dumps(rep, indent=2, default=str))
         return 0
@@ -371,7 +380,7 @@ def plan_from(d):
     return Plan.from_dict(d)
 
 
-def _export(args, job, plan) -> int:
+def _export(args, job, plan, source=None) -> int:
     from nereus.planner.notation import format_plan
     from nereus.spec.model import MODEL_PRESETS
 
@@ -381,14 +390,14 @@ def _export(args, job, plan) -> int:
 
         # an FSDP job (imported from verl's FSDP backend, or --framework fsdp) may also export to FSDP
         backends = ("megatron", "fsdp") if "fsdp" in job.framework.name else ("megatron",)
-        ex = export_verl(job, plan, args.headroom, model_path, backends=backends)
+        ex = export_verl(job, plan, args.headroom, model_path, backends=backends, user=source)
         settings = [f"python3 -m verl.trainer.main_ppo --config-name={ex['config_name']} \\"] + \
             [f"    {o} \\" for o in ex["overrides"]]
         settings[-1] = settings[-1][:-2]
     else:
         from nereus.integrations.openrlhf_export import export_openrlhf
 
-        ex = export_openrlhf(job, plan, args.headroom, model_path)
+        ex = export_openrlhf(job, plan, args.headroom, model_path, user_args=(source or {}).get("args"))
         settings = [ex["command"]]
     ev = ex["evaluation"]
     if args.json:
@@ -412,7 +421,7 @@ def main(args) -> int:
     if getattr(args, "layout", None) and (getattr(args, "from_verl", None) or getattr(args, "from_openrlhf", None)):
         raise ValueError("--layout and --from-verl/--from-openrlhf are exclusive: an import evaluates the "
                          "framework's own layout")
-    if getattr(args, "from_verl", None) or getattr(args, "from_openrlhf", None):
+    if getattr(args, "from_verl", None) or getattr(args, "from_openrlhf", None) is not None:  # "" is refused there
         return _main_integrations(args)
     job = job_from_args(args)
     pool = None

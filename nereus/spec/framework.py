@@ -46,6 +46,8 @@ feature                    kind       cost-model consequence (``nereus.cost``)
                                       ``always``
 ``model_parallel_train``   flag       whether training may use TP/PP (verl's FSDP and OpenRLHF's
                                       DeepSpeed backends train with DP/ZeRO only)
+``pipeline_parallel``      flag       whether the training engine's passes (training, inference)
+                                      may use PP (verl FSDP and OpenRLHF DeepSpeed: no)
 ``uneven_pp``              flag       pipeline ranks may hold unequal layer counts (Megatron
                                       ``decoder_first/last_pipeline_num_layers``); otherwise PP must
                                       divide the layers
@@ -104,6 +106,13 @@ class FrameworkSpec:
         model_parallel_train: whether training may use TP > 1 or PP > 1.
         uneven_pp: PP degrees that do not divide the layers are allowed (the first ranks hold one
             layer more).
+        shared_engine: an inference model-stage of a trained model (``actor.infer``, ``critic.infer``)
+            runs on that model's training engine when it has the same GPUs (verl's workers,
+            OpenRLHF's DeepSpeed actor and critic): its weights are the training engine's, not a
+            second resident copy.
+        pipeline_parallel: whether training and inference model-stages (the training engine's passes)
+            may use PP > 1 (verl's FSDP and OpenRLHF's DeepSpeed engines have no pipeline; generation
+            is vLLM's and keeps its own degrees).
         drop_model_stages: the model-stages that may use ``drop`` when ``offload`` allows it (None:
             every non-training model-stage; verl, for example, frees only the rollout engine's
             weights, so its frameworks list ``("actor.generate",)``).
@@ -127,6 +136,8 @@ class FrameworkSpec:
     model_parallel_train: bool = True
     uneven_pp: bool = False
     drop_model_stages: tuple | None = None
+    pipeline_parallel: bool = True
+    shared_engine: bool = False
     engine: EngineCosts | None = None
 
     def __post_init__(self) -> None:
@@ -158,7 +169,7 @@ class FrameworkSpec:
         if g is not None and (isinstance(g, bool) or g not in (2, 4)):
             raise ValueError(f"framework field 'grad_reduce_bytes' must be 2 (bf16), 4 (fp32) or null, got {g!r}")
         for f in ("sequence_parallel", "overlap_grad_reduce", "overlap_tp_comm", "model_parallel_train",
-                  "uneven_pp"):
+                  "uneven_pp", "pipeline_parallel", "shared_engine"):
             if not isinstance(getattr(self, f), bool):
                 raise ValueError(f"framework field {f!r} must be true or false, got {getattr(self, f)!r}")
 
@@ -168,6 +179,10 @@ class FrameworkSpec:
         d["offload"] = list(self.offload)
         if self.drop_model_stages is not None:
             d["drop_model_stages"] = list(self.drop_model_stages)
+        if self.pipeline_parallel:  # the defaults: left out so existing documents read the same
+            del d["pipeline_parallel"]
+        if not self.shared_engine:
+            del d["shared_engine"]
         if self.engine is None:
             d.pop("engine")
         return d
@@ -218,10 +233,11 @@ FRAMEWORK_PRESETS: dict[str, FrameworkSpec] = {
                               overlap_grad_reduce=True, grad_reduce_bytes=2, offload=("none", "host", "drop"),
                               colocate="auto", uneven_pp=True),
     "fsdp": FrameworkSpec(name="fsdp", zero_stages=(2, 3), overlap_grad_reduce=True, grad_reduce_bytes=4,
-                          offload=("none", "host", "drop"), colocate="auto", model_parallel_train=False),
+                          offload=("none", "host", "drop"), colocate="auto", model_parallel_train=False,
+                          pipeline_parallel=False),
     "deepspeed": FrameworkSpec(name="deepspeed", zero_stages=(0, 1, 2, 3), overlap_grad_reduce=True,
                                grad_reduce_bytes=2, offload=("none", "host", "drop", "cpu_adam"), colocate="auto",
-                               model_parallel_train=False),
+                               model_parallel_train=False, pipeline_parallel=False),
     "generic": FrameworkSpec(name="generic", zero_stages=(0, 1, 2, 3), sequence_parallel=True, max_virtual_stages=4,
                              overlap_grad_reduce=True, overlap_tp_comm=True, grad_reduce_bytes=2,
                              offload=("none", "host", "drop", "cpu_adam"), colocate="auto", uneven_pp=True),

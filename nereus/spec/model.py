@@ -49,6 +49,11 @@ _MOE_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_inte
                "num_experts_per_tok", "n_shared_experts", "moe_layer_freq", "decoder_sparse_step")
 
 
+#: what a family users run has that Nereus does not model (named in the refusal; Gemma Team 2024, arXiv:2408.00118 §2)
+_FAMILY_GAPS = {"gemma2": "Gemma 2 alternates sliding-window (4,096) and global attention layers, soft-caps attention "
+                "and final logits and norms both before and after each block"}
+
+
 def _refuse_unsupported(config: dict) -> None:
     """Raise ValueError naming the first config field whose math this model does not implement."""
     for k in _MOE_FIELDS:
@@ -58,7 +63,8 @@ def _refuse_unsupported(config: dict) -> None:
                              f"Llama, Qwen2 and Qwen3 decoders only)")
     mt = config.get("model_type", "llama")
     if mt not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(f"model field 'model_type'={mt!r} is not supported; valid: {list(SUPPORTED_MODEL_TYPES)}")
+        why = _FAMILY_GAPS.get(mt, "its layers are not the Llama-style decoder Nereus models")
+        raise ValueError(f"model field 'model_type'={mt!r} is not supported ({why}); valid: {list(SUPPORTED_MODEL_TYPES)}")
     if config.get("mlp_bias"):
         raise ValueError("model field 'mlp_bias'=true is not supported; valid: false (no MLP biases)")
     sw = config.get("sliding_window")
