@@ -10,7 +10,8 @@ move (``worker/vllm_worker.py``). :func:`sync_summary` sums what a step's pushes
 from __future__ import annotations
 
 __all__ = ["GEN_STAGE", "start_vllm_engines", "stop_vllm_engines", "sync_summary", "engine_logp_err",
-           "step_metrics"]
+           "step_metrics", "started", "rollout_tokens", "note_sync", "start_term", "begin_relayout",
+           "finish_relayout"]
 
 #: the model-stage vLLM serves
 GEN_STAGE = "actor.generate"
@@ -38,18 +39,19 @@ def start_vllm_engines(driver) -> dict | None:
     return info
 
 
-def stop_vllm_engines(driver) -> None:
+def stop_vllm_engines(driver) -> bool:
     """Shut every vLLM engine of a ``--rollout vllm`` run down (before its workers' engines are dropped);
-    a lost worker's engine died with it."""
+    a lost worker's engine died with it. Returns False (``RLDriver.close`` goes on with its own teardown)."""
     from nereus.runtime.worker.failures import WorkerFailure
 
     if driver.cfg.rollout != "vllm" or not driver.workers or GEN_STAGE not in getattr(driver, "layouts", {}):
-        return
+        return False
     try:
         driver._get([driver.workers[w].close_vllm.remote(GEN_STAGE) for w in driver.layouts[GEN_STAGE].workers
                      if driver.workers[w] is not None], "stopping vLLM engines", timeout=120)
     except WorkerFailure:
         pass
+    return False
 
 
 def sync_summary(results: list[dict]) -> dict:
@@ -70,9 +72,34 @@ def engine_logp_err(rollout_logp, old_logp, mask) -> float:
     return float(((rollout_logp - old_logp).abs() * mask).max())
 
 
-def step_metrics(driver, batch: dict) -> dict:
+def started(driver):
+    """:func:`start_vllm_engines`, then ``driver`` (``RLDriver.build_engines``' return)."""
+    start_vllm_engines(driver)
+    return driver
+
+
+def rollout_tokens(driver, out: list, greedy: bool):
+    """Responses ``[B, R]`` from the replicas' answers; a vLLM replica answers ``(responses, log-probs)``:
+    the log-probs of a sampled (not greedy) generation are kept as ``driver.rollout_logp`` (None for
+    the built-in engine)."""
+    import torch
+
+    if not greedy:
+        driver.rollout_logp = torch.cat([o[1] for o in out]) if isinstance(out[0], tuple) else None
+    return torch.cat([o[0] if isinstance(o, tuple) else o for o in out])
+
+
+def note_sync(driver, results: list) -> dict:
+    """Keep a weight sync's vLLM summary (:func:`sync_summary`) as ``driver.last_vllm_sync``; returns
+    ``driver.last_sync`` (``RLDriver._sync``' return)."""
+    driver.last_vllm_sync = sync_summary(results)
+    return driver.last_sync
+
+
+def step_metrics(driver, batch: dict, _sync=None) -> dict:
     """A step's vLLM metrics: ``engine_logp_err`` (:func:`engine_logp_err` of the sampled rollouts) and
-    the weight sync's :func:`sync_summary`; empty for the built-in engine."""
+    the weight sync's :func:`sync_summary`; empty for the built-in engine. ``_sync``: the step's weight
+    sync result (passed so the sync runs before these are read)."""
     out = dict(getattr(driver, "last_vllm_sync", None) or {})
     lp = getattr(driver, "rollout_logp", None)
     if lp is not None:

@@ -18,9 +18,11 @@ import torch
 from nereus.runtime.comm.groups import DEFAULT_TIMEOUT_S, connect_store
 from nereus.runtime.comm.instrument import Meter
 from nereus.runtime.comm.parallel import Layout, build_context
+from nereus.runtime.durable.worker_calls import CheckpointCallsMixin
 from nereus.runtime.model.precision import WEIGHT_KINDS
+from nereus.runtime.transit.packing import COUNTERS
 from nereus.runtime.transit.plans import MoveSpec, UnitMeta, kinds_for
-from nereus.runtime.transit.worker_side import COUNTERS, Transit, Unit
+from nereus.runtime.transit.worker_side import Transit, Unit
 from nereus.runtime.worker.device import inventory, resolve_dtype, select_device
 from nereus.runtime.worker.engine import AdamConfig, Engine
 from nereus.runtime.worker.memory_pool import MemoryPools
@@ -40,7 +42,7 @@ def _cpu(x):
     return None if x is None else x.cpu()
 
 
-class WorkerCore(VllmWorkerMixin):
+class WorkerCore(CheckpointCallsMixin, VllmWorkerMixin):
     """Holds the store connection, the meter and one :class:`Engine` per model-stage placed here
     (and, with ``--rollout vllm``, the vLLM engines of generation model-stages: ``vllm_worker.py``).
 
@@ -147,7 +149,6 @@ class WorkerCore(VllmWorkerMixin):
         """This worker's device-memory capacity in bytes (None or 0: unlimited; ``MemoryPools``)."""
         self.pools.set_capacity(nbytes)
 
-
     # ------------------------------------------------------------------ model-stage work
     def generate(self, model_stage: str, prompts: torch.Tensor, seeds: list[int], max_new_tokens: int,
                  temperature: float = 1.0, greedy: bool = False, eos_id: int = 2, pad_id: int = 0,
@@ -252,8 +253,7 @@ class WorkerCore(VllmWorkerMixin):
                                            {})
             d_eng = self.engines.get(dst)
             dtype = self._dtype_of(dst, False)
-            made = self.transit.exchange(spec, move, units, f"{tag}/sync/{src}->{dst}", dtype, self.device, out,
-                                         cache=self.groups)
+            made = self.transit.exchange(spec, move, units, f"{tag}/sync/{src}->{dst}", dtype, self.device, out)
             if d_eng is not None:
                 mine = next(u for u in made.values())
                 with torch.no_grad():
@@ -321,13 +321,21 @@ class WorkerCore(VllmWorkerMixin):
         return ctx.d, ctx.p, ctx.t
 
     def transition_end(self, tag: str) -> list[str]:
-        """Drop the communicators of earlier layouts' weight syncs and any unit left over; returns
-        the uids dropped (none after a transition that reached its target)."""
-        for k in [k for k in self.groups if not k.startswith(f"{tag}/")]:
-            del self.groups[k]
+        """Drop any unit left over; returns the uids dropped (none after a transition that reached
+        its target). Communicators stay (``transit.comms``, by member set) for the next weight sync
+        and transition."""
         left = sorted(self.transit.units)
         self.transit.units.clear()
         return left
+
+    def forget_worker(self, worker: int) -> list[str]:
+        """Drop the communicators that have ``worker`` as a member (it left the pool); returns their
+        names (``comm/cache.py``)."""
+        return self.transit.comms.forget(worker)
+
+    def comm_stats(self) -> dict:
+        """Communicators built, reused and held, and seconds spent building them (``GroupCache.stats``)."""
+        return self.transit.comms.stats()
 
     def unit_bytes(self) -> dict:
         """uid → bytes of every unit held (inspection during a transition)."""
@@ -348,107 +356,10 @@ class WorkerCore(VllmWorkerMixin):
         """Exit the process at once (fault-injection for tests)."""
         os._exit(1)
 
-    # ------------------------------------------------------------------ checkpoint/restart (durable.py)
-    def dcp_save(self, model_stages, directory: str, background: bool = False) -> dict:
-        """Write this worker's shards of ``model_stages`` with DCP, each under
-        ``<directory>/<model_stage>/rank-<worker>`` (``durable.worker_side.save_engine``); returns byte counts.
-        ``model_stages`` is a list (DP replica 0 writes) or ``{model_stage: replica}``.
 
-        With ``background``: copy the shards and counters into memory of the save's own and return
-        (``durable.worker_side.save_engine_async``); the files are written in a background thread while this
-        worker goes on (training may change its tensors in place). :meth:`dcp_wait` waits for them.
-        A background save still in flight is awaited first.
-        """
-        return self._dcp_save(model_stages, directory, background, None)
 
-    def _dcp_save(self, model_stages, directory: str, background: bool, hook) -> dict:
-        from nereus.runtime.durable.worker_side import save_engine, save_engine_async
 
-        self.dcp_wait(ignore_errors=True)  # one save in flight per worker
-        self._waited = None
-        replica = model_stages if isinstance(model_stages, dict) else dict.fromkeys(model_stages, 0)
-        out = {"written": 0, "state": 0, "seconds": 0.0, "snapshot_s": 0.0, "write_s": 0.0}
-        pending = []
-        for ms, d in replica.items():
-            e = self.engines.get(ms)
-            if e is not None:
-                self.pools.activate(self.engines, {ms})
-            if e is None or e.ctx.d != d:
-                if e is not None and hasattr(e, "join_checkpoint"):
-                    e.join_checkpoint()  # ZeRO: the DP all-gather the writing replica runs
-                continue
-            write_hook, hook = hook, None  # a fault fires in the first write only
-            path = os.path.join(directory, ms, f"rank-{self.id}")
-            with self.meter.stage(ms):
-                if background:
-                    h = save_engine_async(e, path, write_hook)
-                    pending.append(h)
-                    out["state"] += h["state"]
-                    out["snapshot_s"] += h["snapshot_s"]
-                    out["seconds"] += h["snapshot_s"]
-                else:
-                    r = save_engine(e, path, write_hook)
-                    for k in out:
-                        out[k] += r[k]
-        self._saving = pending
-        return out
 
-    def dcp_busy(self) -> bool:
-        """Whether a background save of this worker is still writing (:meth:`dcp_save`)."""
-        return any(not h["future"].done() for h in getattr(self, "_saving", []))
-
-    def dcp_wait(self, ignore_errors: bool = False) -> dict:
-        """Wait for this worker's background save (:meth:`dcp_save` with ``background``), if any.
-        Asked again before the next save, it answers the same (a driver whose wait was cut short by
-        another worker's loss asks again).
-
-        Returns:
-            ``{"written", "state", "snapshot_s", "write_s"}`` (``write_s``: the background write, from
-            the end of the snapshot until the last file of this worker was written).
-
-        Raises:
-            RuntimeError: a write failed (unless ``ignore_errors``: the files are then left as they are,
-                and the caller discards the checkpoint).
-        """
-        from nereus.runtime.durable.worker_side import wait_engine_save
-
-        pending, self._saving = getattr(self, "_saving", []), []
-        if pending:
-            out = {"written": 0, "state": 0, "snapshot_s": 0.0, "write_s": 0.0}
-            err = None
-            for h in pending:
-                try:
-                    r = wait_engine_save(h, self.timeout_s)
-                except (RuntimeError, TimeoutError) as e:
-                    err = err or e
-                    continue
-                out["written"] += r["written"]
-                out["state"] += r["state"]
-                out["snapshot_s"] += r["snapshot_s"]
-                out["write_s"] = max(out["write_s"], r["write_s"])  # the stages' writes run side by side
-            self._waited = (out, err)
-        out, err = getattr(self, "_waited", None) or ({"written": 0, "state": 0, "snapshot_s": 0.0, "write_s": 0.0},
-                                                      None)
-        if err is not None and not ignore_errors:
-            raise RuntimeError(f"worker {self.id}: {err}")
-        return dict(out)
-
-    def dcp_load(self, model_stages: list[str], directory: str) -> dict:
-        """Fill this worker's engines of ``model_stages`` from ``<directory>/<model_stage>`` with DCP
-        (``durable.worker_side.load_engine``: only the pieces of its own shard); returns byte counts."""
-        from nereus.runtime.durable.worker_side import load_engine
-
-        out = {"read": 0, "loaded": 0, "seconds": 0.0}
-        for ms in model_stages:
-            e = self.engines.get(ms)
-            if e is None:
-                continue
-            self.pools.activate(self.engines, {ms})
-            with self.meter.stage(ms):
-                r = load_engine(e, os.path.join(directory, ms))
-            for k in out:
-                out[k] += r[k]
-        return out
 
 
 def ray_worker_class(num_gpus: float = 0):

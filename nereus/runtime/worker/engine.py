@@ -135,10 +135,14 @@ class Engine(LogicalStateMixin):
         """Adam moments (and, bf16, the fp32 master weights with their main-gradient hooks) from
         ``tensors`` when given, else zeros (and the weights upcast); sharded ZeRO engines
         (``worker/zero.py``) hold slices instead."""
-        zeros = {n: torch.zeros_like(w, dtype=torch.float32) for n, w in self.model.params.items()}
-        self.exp_avg = dict(tensors.get("exp_avg", zeros)) if self.trainable else {}
-        self.exp_avg_sq = dict(tensors.get("exp_avg_sq", {n: z.clone() for n, z in zeros.items()})) \
-            if self.trainable else {}
+        def moments(kind: str) -> dict:  # given moments as they are; zeros only when none are given
+            given = tensors.get(kind)
+            if given is not None:
+                return dict(given)
+            return {n: torch.zeros_like(w, dtype=torch.float32) for n, w in self.model.params.items()}
+
+        self.exp_avg = moments("exp_avg") if self.trainable else {}
+        self.exp_avg_sq = moments("exp_avg_sq") if self.trainable else {}
         # fp32 master weights of a bf16 trainable engine (fp32: the weights themselves are the master)
         self.master: dict[str, torch.Tensor] = {}
         if self.trainable and self.precision == "bf16":

@@ -84,6 +84,7 @@ class FaultTolerantWorker(WorkerCore):
         for ms in list(self.engines):
             self.destroy(ms)
         self.groups.clear()
+        self.transit.comms.clear()
         self.transit.units.clear()
         keep = set(intact)
         for u in self.snap.values():
