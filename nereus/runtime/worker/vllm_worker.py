@@ -68,9 +68,9 @@ class VllmWorkerMixin:
         out = {"start_s": 0.0, "kv": []}
         if ctx.t == 0:
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # engines share this machine's cores
-            with self.meter.stage(model_stage):
-                eng[model_stage] = VllmRollout(e.spec, ctx.tp, e.model.dtype, seed=ctx.d, options=options,
-                                               device=self.device)
+            # not timed under the model-stage: the start is reported on its own (start_s), not as generation
+            eng[model_stage] = VllmRollout(e.spec, ctx.tp, e.model.dtype, seed=ctx.d, options=options,
+                                           device=self.device)
             out["start_s"] = eng[model_stage].start_s
             out["kv"] = eng[model_stage].kv_report()
         out["push"] = self.vllm_push(model_stage)
