@@ -12,6 +12,7 @@ import torch
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+from nereus.runtime.durable.integrity import job_identity, verify_checkpoint  # noqa: E402
 from nereus.runtime.rl.task import DigitTask  # noqa: E402
 from nereus.runtime.run.adaptive import AdaptiveRun  # noqa: E402
 from nereus.runtime.run.config import RLConfig  # noqa: E402
@@ -92,12 +93,17 @@ def test_resume_continues_a_run_killed_as_a_whole(reference, tmp_path):
     ckpt = str(tmp_path / "ckpt")
     first, hist, _ = _run(steps=2, checkpoint_dir=ckpt, checkpoint_every=1)
     assert [m["update_count"] for m in hist] == [2, 4]
-    assert os.path.exists(os.path.join(ckpt, "current", "driver.json"))
+    ident = job_identity(SPEC, W)  # written by the workers: manifest, identity, markers, counters all check
+    assert verify_checkpoint(os.path.join(ckpt, "current"), ident)["step_index"] == 2
     # the first run is gone (driver and workers); a new one resumes from the checkpoint of step 2
-    run, hist, lines = _run(steps=2, checkpoint_dir=ckpt, checkpoint_every=1, resume=True)
+    run, hist, lines = _run(steps=2, checkpoint_dir=ckpt, checkpoint_every=5, resume=True)
     assert [m["step"] for m in hist] == [2, 3] and [m["update_count"] for m in hist] == [6, 8]
-    assert any(s.startswith("resumed from") for s in lines)
+    assert any(s.startswith("resumed from") and "running 2 more steps, to step 4" in s for s in lines)
     _same_weights(run.final_state, reference)
+    # no checkpoint was due (every 5 steps): the final one is taken at the end of the run
+    assert verify_checkpoint(os.path.join(ckpt, "current"), ident)["step_index"] == 4
+    assert sorted(n for n in os.listdir(ckpt) if not n.startswith(".")) == ["current", os.readlink(
+        os.path.join(ckpt, "current"))]  # one slot: the previous ones went once it was current
 
 
 

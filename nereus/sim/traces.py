@@ -255,6 +255,14 @@ def _read_text(path: Path) -> str:
     return text
 
 
+def _is_number(cell: str) -> bool:
+    try:
+        float(cell)
+    except ValueError:
+        return False
+    return True
+
+
 def _load_event_csv(path: Path, rows) -> list[tuple[float, int]]:
     events = []
     for i, row in rows:
@@ -410,6 +418,8 @@ def load_availability(path: str | Path, time_unit: str | None = None) -> Availab
     else:
         rows = [(i, [c.strip() for c in r]) for i, r in enumerate(csv.reader(text.splitlines()), 1)
                 if r and any(c.strip() for c in r)]
+        if rows and not any(_is_number(c) for c in rows[0][1]):  # a header row names the columns: time,gpus
+            rows = rows[1:]
         if not rows:
             raise ValueError(f"trace file {str(p)!r} has no data rows")
         first = rows[0][1]

@@ -36,7 +36,6 @@ they go.
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import replace
 
 from nereus.controller import Controller, ControllerConfig, CostModelPlanner, StepReport
@@ -116,6 +115,7 @@ class AdaptiveRun(RecoveryMixin, CheckpointingMixin):
         self.hang_timeout_s, self.faults, self.resume = float(hang_timeout_s), dict(faults or {}), bool(resume)
         self.address = address
         self.before_step = None  # optional callable(step) run at each boundary before the step (tests)
+        self.on_end = None  # optional callable(driver) run after the last step, before the workers stop
         self.recoveries: list[dict] = []
         self._announced: set[int] = set()
         self.final_state: dict | None = None  # with keep_final: the gathered training state at the end
@@ -201,11 +201,12 @@ class AdaptiveRun(RecoveryMixin, CheckpointingMixin):
         self.log("plan:\n" + format_plan(plan, indent="  "))
         history: list[dict] = []
         self._setup_checkpoints()
+        ok = False
         try:
             if self.resume:
-                info = durable.restart(driver, self._ckpt_path(), Plan(candidates=tuple(driver.cands.values())))
-                self.log(f"resumed from {self.ckpt_dir} at step {driver.step_index} ({driver.updates} updates)")
-                del info
+                durable.restart(driver, self._ckpt_path(), Plan(candidates=tuple(driver.cands.values())))
+                self.log(f"resumed from {self.ckpt_dir} at step {driver.step_index} ({driver.updates} updates); "
+                         f"running {steps} more steps, to step {driver.step_index + steps}")
             end = driver.step_index + steps
             self._save(force=True)
             done: set[int] = set()  # pool and curriculum changes already applied (a restored step re-runs)
@@ -235,8 +236,13 @@ class AdaptiveRun(RecoveryMixin, CheckpointingMixin):
                 history.append(m)
                 if driver.step_index >= end and self._pending is not None:
                     self._end_save()  # the last checkpoint completes before the run ends
+                if driver.step_index >= end and not self._own_ckpt and self.ckpt_step != driver.step_index:
+                    self._save(k=driver.step_index - 1, sync=True)  # a final checkpoint at the end of the run
             if self.keep_final:  # for checks: gathered into the driver once, at the end
                 self.final_state = {n: driver.gather_logical_state(n) for n in train_stages(driver)}
+            if self.on_end is not None:
+                self.on_end(driver)
+            ok = True
         finally:
             if self._pending is not None:  # an error ended the run: let the writers finish, keep `current`
                 try:
@@ -247,8 +253,7 @@ class AdaptiveRun(RecoveryMixin, CheckpointingMixin):
             driver.close()
             if own:
                 pool.close()
-            if self._own_ckpt and self.ckpt_dir:
-                shutil.rmtree(self.ckpt_dir, ignore_errors=True)
+            self._drop_own_checkpoints(ok)
         return history
 
     def _pool_change(self, pool: WorkerPool, k: int) -> None:
