@@ -282,3 +282,4 @@ def test_a_failed_write_abandons_that_save_in_one_line_and_keeps_the_previous_ch
                      f"checkpoint of step {STEP} stays current"]
     assert not os.path.exists(slot) and run._pending is None
     assert verify_checkpoint(_cur(ckpt), job_identity(SPEC, W))["step_index"] == STEP
+

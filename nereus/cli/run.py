@@ -172,6 +172,8 @@ def add_arguments(p) -> None:
 
 def main(args) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # Ray's C++ failure-signal handler prints a stack for SIGTERM and aborts; the CLI ends in one line
+    os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
     apply_scenario(args)
     check_args(args)
     if args.asynchronous or args.staleness != 1:  # --async: nereus.cli.run_async

@@ -54,7 +54,7 @@ from nereus.runtime.run.pool import WorkerPool
 from nereus.runtime.run.recovery import RecoveryMixin
 from nereus.runtime.run.relayout import intact_replica, train_stages
 from nereus.runtime.transit.driver_side import TransitionExecutor
-from nereus.runtime.worker.failures import WorkerLost
+from nereus.runtime.worker.failures import WorkerFailure, WorkerLost
 from nereus.spec.hardware import GIB
 from nereus.spec.job import JobSpec
 from nereus.spec.model import ModelSpec
@@ -115,10 +115,11 @@ class AdaptiveRun(RecoveryMixin, CheckpointingMixin):
         self.hang_timeout_s, self.faults, self.resume = float(hang_timeout_s), dict(faults or {}), bool(resume)
         self.address = address
         self.before_step = None  # optional callable(step) run at each boundary before the step (tests)
+        self.recovery_faults: dict = {}  # {step: (point, worker, how)}: armed during that step's recovery
         self.on_end = None  # optional callable(driver) run after the last step, before the workers stop
         self.recoveries: list[dict] = []
         self._announced: set[int] = set()
-        self.final_state: dict | None = None  # with keep_final: the gathered training state at the end
+        self.final_state: dict | None = None  # with keep_final: every model-stage's gathered state at the end
         self.keep_final = False
         self.calib = TransitionCalibration()
         self.max_workers = num_workers + sum(max(v, 0) for v in self.schedule.values())
@@ -199,6 +200,7 @@ class AdaptiveRun(RecoveryMixin, CheckpointingMixin):
                               self.planner, transition_cost=self._transition_cost,
                               config=ControllerConfig(gamma=self.gamma))
         self.log("plan:\n" + format_plan(plan, indent="  "))
+        self._set_progress_bound()
         history: list[dict] = []
         self._setup_checkpoints()
         ok = False
@@ -239,7 +241,7 @@ class AdaptiveRun(RecoveryMixin, CheckpointingMixin):
                 if driver.step_index >= end and not self._own_ckpt and self.ckpt_step != driver.step_index:
                     self._save(k=driver.step_index - 1, sync=True)  # a final checkpoint at the end of the run
             if self.keep_final:  # for checks: gathered into the driver once, at the end
-                self.final_state = {n: driver.gather_logical_state(n) for n in train_stages(driver)}
+                self.final_state = {n: driver.gather_logical_state(n) for n in driver.layouts}  # frozen ones too
             if self.on_end is not None:
                 self.on_end(driver)
             ok = True
@@ -352,7 +354,10 @@ class AdaptiveRun(RecoveryMixin, CheckpointingMixin):
         if intact:
             try:
                 report, why = self._live(current, target, alive, k)
-            except WorkerLost as e:  # a worker lost during the transition: roll back, replan, go on
+            except WorkerFailure as fail:  # a worker lost during the transition: roll back, replan, go on
+                e = self._classified(fail)
+                if e is None:
+                    raise
                 self._recover(e, k, "transition")
                 ev.update(source="recovered")
                 self.events.append(ev)
