@@ -134,7 +134,7 @@ def execute(spec: RunSpec, faults: bool, seed: int, timeout_s: float, verbose: b
                         # synchronous saves: a dcp_save fault fires inside the save, so it is settled and
                         # filed under the checkpoint phase (an async write would fire after the boundary)
                         checkpoint_sync=True)
-    run.keep_final = True
+    run.keep_final = "all"  # every model-stage, frozen ones too (compare)
     t0 = time.perf_counter()
 
     def go():

@@ -119,7 +119,8 @@ class AdaptiveRun(RecoveryMixin, CheckpointingMixin):
         self.on_end = None  # optional callable(driver) run after the last step, before the workers stop
         self.recoveries: list[dict] = []
         self._announced: set[int] = set()
-        self.final_state: dict | None = None  # with keep_final: every model-stage's gathered state at the end
+        self.final_state: dict | None = None  # with keep_final: the training model-stages' state at the end
+        # (keep_final = "all": every model-stage's, frozen ones too)
         self.keep_final = False
         self.calib = TransitionCalibration()
         self.max_workers = num_workers + sum(max(v, 0) for v in self.schedule.values())
@@ -241,7 +242,8 @@ class AdaptiveRun(RecoveryMixin, CheckpointingMixin):
                 if driver.step_index >= end and not self._own_ckpt and self.ckpt_step != driver.step_index:
                     self._save(k=driver.step_index - 1, sync=True)  # a final checkpoint at the end of the run
             if self.keep_final:  # for checks: gathered into the driver once, at the end
-                self.final_state = {n: driver.gather_logical_state(n) for n in driver.layouts}  # frozen ones too
+                stages = driver.layouts if self.keep_final == "all" else train_stages(driver)  # "all": frozen too
+                self.final_state = {n: driver.gather_logical_state(n) for n in stages}
             if self.on_end is not None:
                 self.on_end(driver)
             ok = True
