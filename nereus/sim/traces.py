@@ -255,14 +255,6 @@ def _read_text(path: Path) -> str:
     return text
 
 
-def _is_number(cell: str) -> bool:
-    try:
-        float(cell)
-    except ValueError:
-        return False
-    return True
-
-
 def _load_event_csv(path: Path, rows) -> list[tuple[float, int]]:
     events = []
     for i, row in rows:
@@ -418,7 +410,7 @@ def load_availability(path: str | Path, time_unit: str | None = None) -> Availab
     else:
         rows = [(i, [c.strip() for c in r]) for i, r in enumerate(csv.reader(text.splitlines()), 1)
                 if r and any(c.strip() for c in r)]
-        if rows and not any(_is_number(c) for c in rows[0][1]):  # a header row names the columns: time,gpus
+        if rows and not any(c.lstrip("+-").replace(".", "", 1).isdigit() for c in rows[0][1]):  # a header: time,gpus
             rows = rows[1:]
         if not rows:
             raise ValueError(f"trace file {str(p)!r} has no data rows")
