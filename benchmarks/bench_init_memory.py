@@ -26,7 +26,7 @@ from nereus.runtime.comm.instrument import Meter
 from nereus.runtime.model.sharding import init_full_params, param_shapes
 from nereus.runtime.model.llama import LlamaShard
 from nereus.runtime.comm.parallel import Layout, ParallelContext
-from nereus.spec.model import get_model
+from nereus.spec.presets import get_model
 name, layers, tp, mode = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 spec = get_model(name)
 if layers:

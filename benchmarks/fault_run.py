@@ -18,8 +18,8 @@ from nereus.runtime.run.config import RLConfig  # noqa: E402
 from nereus.runtime.run.device_model import runtime_job  # noqa: E402
 from nereus.runtime.run.relayout import train_stages  # noqa: E402
 from nereus.runtime.transit.driver_side import move_specs  # noqa: E402
-from nereus.spec.model import MODEL_PRESETS  # noqa: E402
 from nereus.spec.plan import Plan  # noqa: E402
+from nereus.spec.presets import MODEL_PRESETS  # noqa: E402
 from nereus.spec.workload import WorkloadSpec  # noqa: E402
 from nereus.transition.estimate import estimate_transition  # noqa: E402
 

@@ -41,7 +41,7 @@ def _layouts(n: int) -> list[tuple[int, int]]:
 def _parity_worker(core, layouts, tokens):
     """On every worker: logits and gradients (gathered full) of each layout it is part of."""
     from nereus.runtime.comm.parallel import Layout
-    from nereus.spec.model import MODEL_PRESETS
+    from nereus.spec.presets import MODEL_PRESETS
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
@@ -70,7 +70,7 @@ def parity(n: int) -> bool:
     from nereus.runtime.comm.parallel import Layout, build_context
     from nereus.runtime.run.local import run_local
     from nereus.runtime.worker.engine import AdamConfig, Engine
-    from nereus.spec.model import MODEL_PRESETS
+    from nereus.spec.presets import MODEL_PRESETS
 
     spec = MODEL_PRESETS["tiny"]
     tokens = torch.randint(3, spec.vocab_size, (BATCH, SEQ), generator=torch.Generator().manual_seed(0))
@@ -99,7 +99,7 @@ def bf16_step() -> bool:
     from nereus.runtime.comm.instrument import Meter
     from nereus.runtime.comm.parallel import Layout, build_context
     from nereus.runtime.worker.engine import AdamConfig, Engine
-    from nereus.spec.model import MODEL_PRESETS
+    from nereus.spec.presets import MODEL_PRESETS
 
     spec = MODEL_PRESETS["tiny"]
     tokens = torch.randint(3, spec.vocab_size, (BATCH, SEQ), generator=torch.Generator().manual_seed(0)).cuda()
@@ -128,8 +128,8 @@ def transition(n: int) -> bool:
     from nereus.runtime.run.driver import RLDriver
     from nereus.runtime.run.pool import WorkerPool
     from nereus.runtime.transit.driver_side import TransitionExecutor
-    from nereus.spec.model import MODEL_PRESETS
     from nereus.spec.plan import Candidate, Plan
+    from nereus.spec.presets import MODEL_PRESETS
     from nereus.spec.workload import WorkloadSpec
     from nereus.transition.estimate import estimate_transition
 

@@ -16,6 +16,12 @@ to this checkout (``python -m nereus.cli``) and ``COLUMNS=120`` so tables have o
 shows the command after ``$ `` and its stdout and stderr. Run-dependent text is normalized: progress
 bars are dropped and a wall time ``(12 s)`` at the end of a line prints as ``(N s)``.
 
+A sample of a run on real workers (``<!-- sample (measured): CMD -->``) prints measured seconds, and
+its plan decisions follow from them (the controller calibrates on the matmul speed it measures), so no
+two runs print the same text. It is regenerated like the others; ``--check`` runs it and requires exit
+status 0 and the same first line with every number masked (the run's headline: model, algorithm,
+workers), and says that the rest was not compared.
+
 Usage::
 
     python scripts/regen_docs.py            # rewrite every sample in docs/
@@ -35,13 +41,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = sorted((ROOT / "docs").glob("*.md"))
-BLOCK = re.compile(r"<!-- sample: (?P<cmd>.+?) -->\n```\n(?P<body>.*?)```\n<!-- /sample -->", re.S)
+BLOCK = re.compile(r"<!-- sample(?P<measured> \(measured\))?: (?P<cmd>.+?) -->\n```\n(?P<body>.*?)```\n<!-- /sample -->", re.S)
+NUMBER = re.compile(r"\d+(\.\d+)?")
 PROGRESS = re.compile(r"^\s*\S+ ━+ +\d+% +\d+:\d\d:\d\d\s*$")
 WALL = re.compile(r"\(\d+ s\)$")
 
 
-def run_sample(cmd: str, timeout: float = 600.0) -> str:
-    """The block body for ``cmd``: ``$ cmd`` then its normalized output."""
+def run_sample(cmd: str, timeout: float = 600.0, status: list | None = None) -> str:
+    """The block body for ``cmd``: ``$ cmd`` then its normalized output (``status`` gets the exit code)."""
     env = dict(os.environ, COLUMNS="120", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
                PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), TERM="dumb")
     env.pop("FORCE_COLOR", None)
@@ -50,6 +57,8 @@ def run_sample(cmd: str, timeout: float = 600.0) -> str:
         res = subprocess.run(["bash", "-c", script], cwd=d, env=env, capture_output=True, text=True,
                              timeout=timeout)
     out = res.stdout + res.stderr
+    if status is not None:
+        status.append(res.returncode)
     lines = [WALL.sub("(N s)", ln.rstrip()) for ln in out.splitlines() if not PROGRESS.match(ln)]
     return f"$ {cmd}\n" + "\n".join(lines).rstrip("\n") + "\n"
 
@@ -57,6 +66,11 @@ def run_sample(cmd: str, timeout: float = 600.0) -> str:
 def samples(path: Path) -> list[tuple[str, str]]:
     """``(command, current body)`` of every sample block in ``path``."""
     return [(m["cmd"], m["body"]) for m in BLOCK.finditer(path.read_text())]
+
+
+def _headline(body: str) -> str:
+    lines = body.splitlines()
+    return NUMBER.sub("N", lines[1]) if len(lines) > 1 else ""
 
 
 def selected(cmd: str, only: list[str] | None) -> bool:
@@ -76,10 +90,19 @@ def regen(paths: list[Path], only: list[str] | None = None, check: bool = False)
         def fill(m: re.Match, p: Path = p) -> str:
             if not selected(m["cmd"], only):
                 return m.group(0)
-            body = run_sample(m["cmd"])
-            if body != m["body"]:
+            status: list = []
+            body = run_sample(m["cmd"], status=status)
+            tag = "sample (measured)" if m["measured"] else "sample"
+            if m["measured"]:
+                if status[0] != 0 or _headline(body) != _headline(m["body"]):
+                    differ.append(f"{p.relative_to(ROOT)}: {m['cmd']} (measured: exit {status[0]}, headline "
+                                  f"{_headline(body)!r})")
+                elif check:
+                    print(f"ran: {p.relative_to(ROOT)}: {m['cmd']} (measured: exit 0, same headline; the rest "
+                          f"is not compared)")
+            elif body != m["body"]:
                 differ.append(f"{p.relative_to(ROOT)}: {m['cmd']}")
-            return f"<!-- sample: {m['cmd']} -->\n```\n{body}```\n<!-- /sample -->"
+            return f"<!-- {tag}: {m['cmd']} -->\n```\n{body}```\n<!-- /sample -->"
 
         new = BLOCK.sub(fill, text)
         if not check and new != text:

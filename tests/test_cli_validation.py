@@ -9,8 +9,8 @@ import pytest
 
 from nereus.cli import main
 from nereus.planner.notation import format_candidate, format_gpus, format_plan
-from nereus.spec.model import get_model
 from nereus.spec.plan import Candidate, Plan
+from nereus.spec.presets import get_model
 
 CLUSTER = {"gpu": "h100", "num_nodes": 1, "gpus_per_node": 8}
 

@@ -16,10 +16,10 @@ from nereus.controller import (
     TransitionCost,
     state_survives,
 )
-from nereus.spec import hardware, job, model, workload
+from nereus.spec import hardware, job, presets, workload
 from nereus.spec.plan import Candidate, Plan
 
-JOB = job.JobSpec(model.get_model("llama-3.1-8b"), hardware.ClusterSpec(hardware.get_gpu("h100"), 1, 8),
+JOB = job.JobSpec(presets.get_model("llama-3.1-8b"), hardware.ClusterSpec(hardware.get_gpu("h100"), 1, 8),
                   workload.WorkloadSpec(algorithm="grpo", reward_model=False, response_len=1000))
 
 

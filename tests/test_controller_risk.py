@@ -10,12 +10,12 @@ from nereus.controller.monitor import POOL_LOSS, Monitor
 from nereus.controller.risk import LossRate, RiskModel, hit_probability, vulnerable_nodes
 from nereus.planner.placement import place
 from nereus.planner.search import SearchOptions, plan_job
-from nereus.spec import hardware, job, model, workload
+from nereus.spec import hardware, job, presets, workload
 from nereus.spec.plan import Candidate, Plan
 from nereus.workflow import workflow_for
 
 CLUSTER = hardware.ClusterSpec(hardware.get_gpu("h100"), 4, 8)
-JOB = job.JobSpec(model.get_model("llama-3.1-8b"), CLUSTER, workload.WorkloadSpec(algorithm="ppo", response_len=1000))
+JOB = job.JobSpec(presets.get_model("llama-3.1-8b"), CLUSTER, workload.WorkloadSpec(algorithm="ppo", response_len=1000))
 POOL32 = frozenset(range(32))
 
 

@@ -1,6 +1,7 @@
 """FrameworkSpec: presets, job-file round trip, and one clear error per malformed field."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -61,3 +62,26 @@ def test_offload_modes_per_model_stage():
     assert FrameworkSpec.from_dict(fw.to_dict()) == fw
     with pytest.raises(ValueError, match="'drop_model_stages'"):
         FrameworkSpec(drop_model_stages=("actor.train",))
+
+
+def test_runtime_preset_is_what_nereus_run_executes_and_plans_the_jobs_users_run():
+    """The ``runtime`` preset equals the runtime's feature set (``run/features.py``), and finds plans
+    for the jobs the disjoint default cannot place: Qwen2.5-0.5B PPO on 1 H100, Qwen3-14B PPO on 8,
+    Llama-3.3-70B PPO on 32, each of whose candidates the runtime accepts."""
+    from nereus.planner.search import NoFeasiblePlan, plan_job
+    from nereus.runtime.run.features import RUNTIME_OFFLOAD, RUNTIME_ZERO, check_runtime_features
+    from nereus.spec.hardware import ClusterSpec, get_gpu
+    from nereus.spec.presets import get_model
+    from nereus.spec.workload import WorkloadSpec
+
+    fw = get_framework("runtime")
+    assert fw.zero_stages == RUNTIME_ZERO and fw.offload == RUNTIME_OFFLOAD and fw.max_virtual_stages == 1
+    for model, nodes, gpn in (("qwen2.5-0.5b", 1, 1), ("qwen3-14b", 1, 8), ("llama-3.3-70b", 4, 8)):
+        job = JobSpec(actor=get_model(model), cluster=ClusterSpec(get_gpu("h100"), nodes, gpn),
+                      workload=WorkloadSpec(algorithm="ppo", samples_per_prompt=4), framework=fw)
+        with pytest.raises(NoFeasiblePlan):
+            plan_job(replace(job, framework=FrameworkSpec()))
+        plan = plan_job(job)
+        for c in plan.candidates:
+            check_runtime_features(c.model_stage, c)
+        assert plan.l_step > 0

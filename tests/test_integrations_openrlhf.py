@@ -4,6 +4,7 @@ jobs checked by hand (colocation, ZeRO stages, offload flags), step times recomp
 model's per-candidate estimates, settings still refused named, round trips."""
 
 import shlex
+from dataclasses import replace
 
 import pytest
 
@@ -49,15 +50,18 @@ def test_readme_example_job_and_unexpressible_settings():
     assert imp.job.cluster.num_gpus == 8  # colocate_all: every group on the actor's 8 GPUs
     by = {c.model_stage: c for c in imp.layout}
     assert (by["actor.generate"].tp, by["actor.generate"].dp) == (2, 4)
-    assert (by["actor.train"].dp, by["actor.train"].micro_batch, by["actor.train"].grad_accum) == (8, 1, 16)
+    # --train.dynamic_batch_enable: a budget of --train.max_tokens_per_gpu 16192 (default) tokens holds 16192 // 2048 = 7
+    # full-length sequences; the largest divisor of the 128 / 8 = 16 sequences per replica <= 7 is 4
+    assert (by["actor.train"].dp, by["actor.train"].micro_batch, by["actor.train"].grad_accum) == (8, 4, 4)
     assert by["actor.train"].recompute == "full"
     # --ds.zero_stage 3, --ds.enable_sleep (DeepSpeed states offloaded between phases), --vllm.enable_sleep
     assert [(by[k].zero, by[k].offload) for k in ("actor.train", "critic.train")] == [(3, "host")] * 2
     assert by["actor.generate"].offload == "host" and all(c.gpus == tuple(range(8)) for c in imp.layout)
-    # only the token-budget micro-batches stay outside the cost model
-    assert [u.key for u in imp.unexpressible] == ["--train.dynamic_batch_enable"]
+    # vLLM pre-allocates its 0.5; nothing stays outside the cost model
+    assert imp.job.workload.rollout_memory_fraction == 0.5
+    assert imp.unexpressible == []
     rep = compare(imp)
-    assert rep["user"]["expressible"] is False and "evaluation" not in rep["user"] and "speedup" not in rep
+    assert rep["user"]["expressible"] is True and "evaluation" in rep["user"]
 
 
 COLOCATED = ("--actor.num_nodes 1 --actor.num_gpus_per_node 8 --critic.num_nodes 1 --critic.num_gpus_per_node 8 "
@@ -98,7 +102,11 @@ def test_colocate_all_zero3_adam_offload_by_hand():
     # ZeRO-Offload: no optimizer bytes on the GPU, the weights stay; offloaded inference state: none resident
     assert est["actor.train"].memory["optimizer"] == 0 and est["actor.train"].resident > 0
     assert est["reference.infer"].resident == 0
-    peak = WORKSPACE_BYTES + sum(e.resident for e in est.values()) + max(e.transient for e in est.values())
+    # actor.infer and critic.infer run on the actor's and critic's DeepSpeed engines (shared_engine): no weights
+    # of their own
+    owned = ("actor.infer", "critic.infer")
+    peak = WORKSPACE_BYTES + sum(e.resident for k, e in est.items() if k not in owned) + \
+        max(e.transient for e in est.values())
     assert ev["model_stages"]["actor.generate"]["peak_gib"] * 2**30 == pytest.approx(peak, rel=1e-9)
     assert any("--ds.adam_offload" in n for n in imp.notes) and any("zero_stage 3" in n for n in imp.notes)
 
@@ -120,9 +128,8 @@ def test_partial_colocation_shares_pairs_of_groups():
                                          + max(t["actor.train"], t["critic.train"]), rel=1e-9)
 
 
-@pytest.mark.parametrize("extra,key", [("--ds.ring_attn_size 2", "--ds.ring_attn_size"),
-                                       ("--train.dynamic_batch_enable", "--train.dynamic_batch_enable"),
-                                       ("--ds.zpg 2", "--ds.zpg")])
+@pytest.mark.parametrize("extra,key", [("--ds.zpg 2", "--ds.zpg"), ("--ds.lora.rank 16 --ds.lora.target_modules q_proj",
+                                                                     "--ds.lora.target_modules")])
 def test_settings_still_refused_are_named(extra, key):
     imp = import_openrlhf(COLOCATED + " " + extra, model="llama-3.1-8b")
     assert [u.key for u in imp.unexpressible] == [key]
@@ -179,7 +186,9 @@ def test_export_keys_are_openrlhf_options_and_round_trip(algo, nodes, reward):
     assert used <= names, used - names
     back = import_openrlhf(shlex.join(ex["args"]), model="llama-3.1-8b")
     assert layout_key(back.layout) == layout_key(ex["layout"]) and back.expressible
-    assert back.job.workload == job.workload and back.job.framework.to_dict() == ex["framework_spec"]
+    frac = float(ex["args"][ex["args"].index("--vllm.gpu_memory_utilization") + 1])  # the fraction the export sized
+    assert back.job.workload == replace(job.workload, rollout_memory_fraction=frac)
+    assert back.job.framework.to_dict() == ex["framework_spec"]
     assert ex["evaluation"].fits
     assert compare(back)["user"]["evaluation"]["l_step"] == pytest.approx(ex["l_step"], rel=1e-9)
     # the layout uses what OpenRLHF says it uses: colocation, ZeRO stage, offload flags
@@ -205,3 +214,20 @@ def test_without_the_package_the_keys_read_give_the_same_layout(monkeypatch):
     assert without.layout == with_parser.layout and without.job == with_parser.job
     assert without.job.framework == with_parser.job.framework
     assert any("init_coef 0" in n for n in without.notes) and any("not installed" in n for n in without.notes)
+
+
+def test_ring_attention_lora_and_empty_input():
+    # ring attention 2 on the actor's 8 GPUs: DP = 8 / 2 = 4; 128 / 4 = 32 sequences per replica, micro-batch 4
+    imp = import_openrlhf(COLOCATED + " --ds.ring_attn_size 2 --ds.lora.rank 16", model="llama-3.1-8b")
+    assert imp.expressible, imp.unexpressible
+    a = {c.model_stage: c for c in imp.layout}["actor.train"]
+    assert (a.dp, a.cp, a.micro_batch, a.grad_accum, a.num_gpus) == (4, 2, 4, 8, 8)
+    assert imp.job.workload.lora_rank == 16
+    for empty in ("", "   ", "python3 -m openrlhf.cli.train_ppo_ray"):
+        with pytest.raises(ValueError, match="empty"):
+            import_openrlhf(empty, model="llama-3.1-8b")
+    with pytest.raises(ValueError, match="unknown GPU 'h900'"):  # the GPU is checked before anything else
+        import_openrlhf(COLOCATED.replace("--vllm.num_engines 4", ""), model="llama-3.1-8b", gpu="h900")
+    no_vllm = import_openrlhf(COLOCATED.replace("--vllm.num_engines 4", "").replace("--train.colocate_all", ""),
+                              model="llama-3.1-8b")
+    assert [u.key for u in no_vllm.unexpressible] == ["--vllm.num_engines"]

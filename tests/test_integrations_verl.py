@@ -4,6 +4,7 @@ composed by Hydra over verl's own configs in struct mode, round trips, settings 
 by key, and predicted step times recomputed by hand from the cost model's per-candidate estimates."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -156,7 +157,13 @@ def test_import_grpo_megatron_qwen7b(qwen):
     assert (fw.name, fw.sequence_parallel, fw.overlap_grad_reduce, fw.grad_reduce_bytes) == \
         ("verl-megatron", True, False, 4)
     assert imp.expressible
-    assert any("actor.infer shares actor.train's engine" in n for n in imp.notes)
+    # actor.infer runs on actor.train's engine: one copy of the weights on the shared GPUs
+    assert fw.shared_engine
+    ev = evaluate_layout(imp.job, imp.layout)
+    est = ev.plan.estimates
+    peak = WORKSPACE_BYTES + sum(e.resident for k, e in est.items() if k != "actor.infer") + \
+        max(e.transient for e in est.values())
+    assert est["actor.infer"].resident > 0 and max(ev.plan.gpu_memory.values()) == pytest.approx(peak, rel=1e-9)
 
 
 def test_import_megatron_offload_interleaving_and_flags(qwen):
@@ -184,15 +191,10 @@ def test_import_megatron_offload_interleaving_and_flags(qwen):
 
 
 @pytest.mark.parametrize("config,extra,key", [
-    ("ppo_megatron_trainer", ["actor_rollout_ref.actor.megatron.context_parallel_size=2"],
-     "actor_rollout_ref.actor.megatron.context_parallel_size"),
     ("ppo_megatron_trainer", ["actor_rollout_ref.actor.megatron.param_offload=True"],
      "actor_rollout_ref.actor.megatron.param_offload"),
-    ("ppo_megatron_trainer", ["actor_rollout_ref.actor.use_dynamic_bsz=True"], "actor_rollout_ref.actor.use_dynamic_bsz"),
     ("ppo_megatron_trainer", ["actor_rollout_ref.rollout.data_parallel_size=2"],
      "actor_rollout_ref.rollout.data_parallel_size"),
-    ("ppo_trainer", ["actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size=2"],
-     "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size"),
     ("ppo_trainer", ["actor_rollout_ref.actor.fsdp_config.fsdp_size=4"], "actor_rollout_ref.actor.fsdp_config.fsdp_size"),
     ("ppo_trainer", ["actor_rollout_ref.actor.fsdp_config.offload_policy=True"],
      "actor_rollout_ref.actor.fsdp_config.offload_policy"),
@@ -262,7 +264,9 @@ def test_export_composes_in_struct_mode_and_round_trips(qwen, algo, backend):
     back = import_verl(cfg)
     assert back.expressible, back.unexpressible
     assert layout_key(back.layout) == layout_key(ex["layout"])  # round trip, zero/offload/vpp included
-    assert back.job.workload == imp.job.workload
+    # everything but vLLM's fraction, which the export sets to what the planned concurrency needs
+    frac = float(next(o for o in ex["overrides"] if ".rollout.gpu_memory_utilization=" in o).split("=")[1])
+    assert back.job.workload == replace(imp.job.workload, rollout_memory_fraction=frac)
     assert back.job.framework.to_dict() == ex["framework_spec"]
     ev = compare(back)["user"]["evaluation"]
     assert ev["l_step"] == pytest.approx(ex["l_step"], rel=1e-9) and ev["fits"]
@@ -320,3 +324,35 @@ def test_export_takes_the_planners_plan_when_verl_runs_it_and_it_is_faster(qwen,
     assert layout_key(ex["layout"]) == layout_key(imp.layout) and ex["changes"] == []
     back = import_verl(load_verl_config(ex["config_name"], ex["overrides"]))
     assert layout_key(back.layout) == layout_key(imp.layout)
+
+
+def test_ulysses_lora_dynamic_bsz_are_expressed(qwen):
+    # Ulysses sp 2 on 8 GPUs: verl's DP is 8/2 = 4; mini-batch 64 x 4 = 256 sequences -> 64 per DP rank,
+    # micro-batch 8 -> 8 accumulation steps; the 7B's 28 heads split over 2
+    base = fsdp_offload_05b(qwen["7b"], ["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+                                          "actor_rollout_ref.ref.ulysses_sequence_parallel_size=2",
+                                          "actor_rollout_ref.model.lora_rank=32"])
+    imp = import_verl(load_verl_config("ppo_trainer", base))
+    assert imp.expressible, imp.unexpressible
+    by = {c.model_stage: c for c in imp.layout}
+    a = by["actor.train"]
+    assert (a.dp, a.cp, a.micro_batch, a.grad_accum, a.num_gpus) == (4, 2, 8, 8, 8)
+    assert (by["actor.infer"].dp, by["actor.infer"].cp, by["reference.infer"].cp) == (4, 2, 2)
+    assert imp.job.workload.lora_rank == 32
+    assert imp.job.workload.rollout_memory_fraction == 0.5
+    # token budget 16384 per GPU x sp 2 over prompt 512 + response 1024 = 1536 tokens: 21 sequences fit,
+    # the largest divisor of the 64 sequences per DP rank that is <= 21 is 16
+    dyn = import_verl(load_verl_config("ppo_trainer", base + ["actor_rollout_ref.actor.use_dynamic_bsz=True",
+                                                              "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384"]))
+    d = {c.model_stage: c for c in dyn.layout}["actor.train"]
+    assert (d.micro_batch, d.grad_accum) == (16, 4)
+    with pytest.raises(ValueError, match="ppo_max_token_len_per_gpu=512"):
+        import_verl(load_verl_config("ppo_trainer", base + ["actor_rollout_ref.actor.use_dynamic_bsz=True",
+                                                            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=512"]))
+
+
+def test_single_gpu_fsdp_is_not_zero3(qwen):
+    imp = import_verl(load_verl_config("ppo_trainer", fsdp_offload_05b(qwen["0.5b"], [
+        "trainer.n_gpus_per_node=1", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8"])))
+    by = {c.model_stage: c for c in imp.layout}
+    assert (by["actor.train"].dp, by["actor.train"].zero, by["actor.infer"].zero) == (1, 0, 0)

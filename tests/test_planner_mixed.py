@@ -283,10 +283,10 @@ def test_real_job_where_mixed_wins():
 
 
 def test_cli_names_the_blocks_of_a_mixed_stage():
-    from nereus.cli.plan import _blocks
+    from nereus.cli.plan_output import stage_blocks
 
     c = [Candidate("actor.infer", 1, 1, 2, micro_batch=1, gpus=(0, 1)),
          Candidate("reference.infer", 1, 1, 1, micro_batch=1, gpus=(4,)),
          Candidate("critic.infer", 1, 1, 1, micro_batch=1, gpus=(1,)),
          Candidate("reward.infer", 1, 1, 2, micro_batch=1, gpus=(4, 5))]
-    assert _blocks(c) == {"infer": [("actor.infer", "critic.infer"), ("reference.infer", "reward.infer")]}
+    assert stage_blocks(c) == {"infer": [("actor.infer", "critic.infer"), ("reference.infer", "reward.infer")]}

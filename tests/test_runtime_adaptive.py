@@ -25,7 +25,7 @@ from nereus.runtime.run.schedules import (
     parse_digits_schedule,  # noqa: E402
     parse_pool_schedule,  # noqa: E402
 )
-from nereus.spec.model import MODEL_PRESETS  # noqa: E402
+from nereus.spec.presets import MODEL_PRESETS  # noqa: E402
 from nereus.spec.workload import WorkloadSpec  # noqa: E402
 
 SPEC = MODEL_PRESETS["tiny"]

@@ -21,8 +21,8 @@ from nereus.runtime.run.async_driver import AsyncRLDriver, async_plan, overlap_o
 from nereus.runtime.run.config import RLConfig  # noqa: E402
 from nereus.runtime.run.driver import RLDriver  # noqa: E402
 from nereus.runtime.run.plans import simple_plan  # noqa: E402
-from nereus.spec.model import MODEL_PRESETS  # noqa: E402
 from nereus.spec.plan import Plan  # noqa: E402
+from nereus.spec.presets import MODEL_PRESETS  # noqa: E402
 from nereus.spec.workload import WorkloadSpec  # noqa: E402
 from nereus.workflow import workflow_for  # noqa: E402
 

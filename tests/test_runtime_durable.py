@@ -18,8 +18,8 @@ from nereus.runtime.rl.task import DigitTask  # noqa: E402
 from nereus.runtime.run.config import RLConfig  # noqa: E402
 from nereus.runtime.run.driver import RLDriver  # noqa: E402
 from nereus.runtime.run.pool import WorkerPool  # noqa: E402
-from nereus.spec.model import MODEL_PRESETS  # noqa: E402
 from nereus.spec.plan import Candidate, Plan  # noqa: E402
+from nereus.spec.presets import MODEL_PRESETS  # noqa: E402
 from nereus.spec.workload import WorkloadSpec  # noqa: E402
 
 SPEC = MODEL_PRESETS["tiny"]

@@ -19,8 +19,8 @@ from nereus.runtime.run.config import RLConfig  # noqa: E402
 from nereus.runtime.run.device_model import runtime_job  # noqa: E402
 from nereus.runtime.run.driver import RLDriver  # noqa: E402
 from nereus.runtime.transit.driver_side import TransitionExecutor  # noqa: E402
-from nereus.spec.model import MODEL_PRESETS  # noqa: E402
 from nereus.spec.plan import Candidate, Plan  # noqa: E402
+from nereus.spec.presets import MODEL_PRESETS  # noqa: E402
 from nereus.spec.workload import WorkloadSpec  # noqa: E402
 from nereus.transition.estimate import estimate_transition  # noqa: E402
 from nereus.transition.schedule import Schedule  # noqa: E402
@@ -101,6 +101,8 @@ def test_live_transitions_keep_state_move_planned_bytes_and_training_continues(p
             for r in rep.primitives:  # per primitive too, not only in total
                 assert r.bytes_received == r.predicted_bytes, (name, r.pid, r.bytes_received, r.predicted_bytes)
             assert rep.driver_bytes < 64 * 1024, (name, rep.driver_bytes)  # metadata only
+            if name == "TP 1->2":  # growth: worker 1 receives only its half (transition/growth.py)
+                assert rep.bytes_moved == est.min_bytes > 0 and [r.kind for r in rep.primitives] == ["merge"]
             kinds |= {r.kind for r in rep.primitives}
             for ms, c in d.cands.items():
                 assert (c.tp, c.pp, c.dp, c.gpus) == (target[ms].tp, target[ms].pp, target[ms].dp, target[ms].gpus)
@@ -205,6 +207,14 @@ def test_weight_sync_moves_only_what_each_rank_lacks(pool):
         g0 = d.gather_logical_state("actor.generate", 1)["params"]
         t0 = d.gather_logical_state("actor.train")["params"]
         assert all(torch.equal(g0[n], t0[n]) for n in t0)
+        # the next step's syncs reuse every communicator (comm/cache.py): actor.train -> generate
+        # among workers 0-3, -> infer between 0 and 1 (1 sends the other half), critic 2 -> 3
+        before = d._get([w.comm_stats.remote() for w in d.workers], "comm stats")
+        d.step()
+        after = d._get([w.comm_stats.remote() for w in d.workers], "comm stats")
+        assert [a["built"] for a in after] == [b["built"] for b in before]
+        assert [a["reused"] - b["reused"] for a, b in zip(after, before)] == [2, 2, 2, 2]
+        assert [a["setup_s"] for a in after] == [b["setup_s"] for b in before]
     finally:
         d.close()
 

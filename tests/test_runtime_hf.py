@@ -33,7 +33,8 @@ from nereus.runtime.comm.parallel import Layout  # noqa: E402
 from nereus.runtime.run.local import run_local  # noqa: E402
 from nereus.runtime.worker.engine import AdamConfig  # noqa: E402
 from nereus.runtime.worker.rollout import gumbel_noise  # noqa: E402
-from nereus.spec.model import ModelSpec, get_model  # noqa: E402
+from nereus.spec.model import ModelSpec  # noqa: E402
+from nereus.spec.presets import get_model  # noqa: E402
 
 V = 61  # odd: vocab padding at tp=2 and tp=4
 BASE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,

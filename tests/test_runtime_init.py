@@ -17,7 +17,8 @@ from nereus.runtime.model.sharding import (
     param_shapes,
     shard,
 )
-from nereus.spec.model import MODEL_PRESETS, ModelSpec
+from nereus.spec.model import ModelSpec
+from nereus.spec.presets import MODEL_PRESETS
 
 # vocab 137 is not a multiple of tp=2 or 4 (padded rows); 2 KV heads are replicated at tp=4
 PADDED = ModelSpec(name="padded", hidden_size=80, intermediate_size=136, num_layers=3, num_attention_heads=4,

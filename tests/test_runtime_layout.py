@@ -17,7 +17,8 @@ from nereus.runtime.model.sharding import (
     validate_layout,
 )
 from nereus.runtime.rl import algorithms as alg
-from nereus.spec.model import MODEL_PRESETS, ModelSpec
+from nereus.spec.model import ModelSpec
+from nereus.spec.presets import MODEL_PRESETS
 
 
 @st.composite

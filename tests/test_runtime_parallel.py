@@ -23,7 +23,8 @@ from nereus.runtime.rl import algorithms as alg  # noqa: E402
 from nereus.runtime.run.local import run_local  # noqa: E402
 from nereus.runtime.worker.engine import AdamConfig  # noqa: E402
 from nereus.runtime.worker.rollout import gumbel_noise  # noqa: E402
-from nereus.spec.model import MODEL_PRESETS, ModelSpec  # noqa: E402
+from nereus.spec.model import ModelSpec  # noqa: E402
+from nereus.spec.presets import MODEL_PRESETS  # noqa: E402
 
 SPEC = MODEL_PRESETS["tiny"]
 # From a Hugging Face-style config: Qwen3-style q/k norms, tied embeddings, one KV head (replicated at

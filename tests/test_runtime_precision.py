@@ -22,7 +22,7 @@ from nereus.runtime.run.device_model import runtime_job  # noqa: E402
 from nereus.runtime.transit.plans import kind_dtype, kinds_for  # noqa: E402
 from nereus.runtime.worker.device import resolve_dtype  # noqa: E402
 from nereus.runtime.worker.engine import AdamConfig, Engine  # noqa: E402
-from nereus.spec.model import MODEL_PRESETS  # noqa: E402
+from nereus.spec.presets import MODEL_PRESETS  # noqa: E402
 from nereus.spec.workload import WorkloadSpec  # noqa: E402
 from nereus.transition.emu import state_bytes_per_param  # noqa: E402
 

@@ -21,8 +21,9 @@ from nereus.runtime.run.config import RLConfig  # noqa: E402
 from nereus.runtime.run.driver import RLDriver  # noqa: E402
 from nereus.runtime.run.plans import simple_plan  # noqa: E402
 from nereus.runtime.worker.failures import WorkerFailure  # noqa: E402
-from nereus.spec.model import MODEL_PRESETS, ModelSpec  # noqa: E402
+from nereus.spec.model import ModelSpec  # noqa: E402
 from nereus.spec.plan import Candidate, Plan  # noqa: E402
+from nereus.spec.presets import MODEL_PRESETS  # noqa: E402
 from nereus.spec.workload import WorkloadSpec  # noqa: E402
 
 SPEC = MODEL_PRESETS["tiny"]
@@ -115,10 +116,14 @@ def test_impossible_layouts_and_configs_raise():
     with pytest.raises(ValueError, match="lacks model-stage 'critic.train'"):
         RLDriver(SPEC, w, Plan(candidates=tuple(c for c in bad.candidates if c.model_stage != "critic.train")),
                  TASK, 4)
-    for field, value in (("zero", 1), ("offload", "host")):  # plans of wider frameworks are refused, named
+    for field, value in (("zero", 3), ("offload", "cpu_adam"), ("vpp", 2)):  # what it cannot run is refused, named
         cands = tuple(replace(c, **{field: value}) if c.model_stage == "critic.train" else c for c in bad.candidates)
         with pytest.raises(ValueError, match=f"critic.train: {field}={value!r} is not executed by the Nereus runtime"):
             RLDriver(SPEC, w, Plan(candidates=cands), TASK, 4)
+    cands = tuple(replace(c, zero=1) if c.model_stage == "critic.train" else c for c in bad.candidates)
+    RLDriver(SPEC, w, Plan(candidates=cands), TASK, 4)  # ZeRO-1 training is run
+    with pytest.raises(ValueError, match="rl field 'device_capacity'"):
+        RLConfig(device_capacity=-1)
     small = ModelSpec(name="small-vocab", hidden_size=64, intermediate_size=128, num_layers=2,
                       num_attention_heads=4, num_kv_heads=2, head_dim=16, vocab_size=8)
     with pytest.raises(ValueError, match="vocab_size=8 is smaller"):

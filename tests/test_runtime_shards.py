@@ -10,9 +10,10 @@ import pytest
 from nereus.runtime.model.precision import WEIGHT_KINDS, train_kinds
 from nereus.runtime.model.sharding import param_shapes
 from nereus.runtime.run.device_model import runtime_job
-from nereus.runtime.transit.plans import MoveSpec, Region, UnitMeta, plan_moves, region
-from nereus.spec.model import MODEL_PRESETS
+from nereus.runtime.transit.index import Region
+from nereus.runtime.transit.plans import MoveSpec, UnitMeta, plan_moves, region
 from nereus.spec.plan import Candidate, Plan
+from nereus.spec.presets import MODEL_PRESETS
 from nereus.spec.workload import WorkloadSpec
 from nereus.transition.estimate import estimate_transition
 from nereus.transition.schedule import Schedule

@@ -17,8 +17,8 @@ from nereus.sim.restart import RestartCost
 from nereus.sim.traces import AvailabilityTrace, LengthTrace, infer_time_unit, load_availability
 from nereus.spec.hardware import ClusterSpec, get_gpu
 from nereus.spec.job import JobSpec
-from nereus.spec.model import get_model
 from nereus.spec.plan import StageEstimate
+from nereus.spec.presets import get_model
 from nereus.spec.workload import WorkloadSpec
 
 JOB = JobSpec(get_model("llama-3.1-8b"), ClusterSpec(get_gpu("h100"), 2, 8),
@@ -155,8 +155,15 @@ def test_transition_truth_is_movement_times_factor_plus_engine():
     a = planner.plan(cl.job_at(500), frozenset(range(8)), None, False)
     b = planner.plan(cl.job_at(500), frozenset(range(16)), None, False)
     est = estimate_transition_cost(cl.job_at(500), a, b, frozenset(range(16)))
-    eng = engine_reinit(a, b)
-    assert est.feasible and eng == 20.0
+    assert engine_reinit(a, b) == 20.0                 # the flat assumption without a job
+    eng = engine_reinit(a, b, job=cl.job_at(500))
+    # by hand (engine_start): the slowest new actor.generate engine, 3.1 + 2.74·8.03 + 5·log2(tp·pp),
+    # plus 1 s · log2(N) for the process groups of a re-laid-out *.train stage on N GPUs
+    gen = next(c for c in b.candidates if c.model_stage == "actor.generate")
+    n = max(len(c.gpus) for c in b.candidates if c.model_stage.endswith(".train")
+            and (c.key(), c.gpus) != (a[c.model_stage].key(), a[c.model_stage].gpus))
+    assert eng == pytest.approx(3.1 + 2.74 * 8.030261248 + 5 * math.log2(gen.tp * gen.pp) + math.log2(n))
+    assert est.feasible
     assert cl.transition_time(a, b, frozenset(range(16)), 500) == pytest.approx((est.l_tran - eng) * 1.3 + eng)
 
 

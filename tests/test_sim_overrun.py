@@ -15,8 +15,8 @@ from nereus.sim.run import overrun_at, simulate
 from nereus.sim.traces import AvailabilityTrace
 from nereus.spec.hardware import ClusterSpec, get_gpu
 from nereus.spec.job import JobSpec
-from nereus.spec.model import get_model
 from nereus.spec.plan import Candidate, Plan
+from nereus.spec.presets import get_model
 from nereus.spec.workload import WorkloadSpec
 
 JOB = JobSpec(get_model("llama-3.1-8b"), ClusterSpec(get_gpu("h100"), 2, 8),

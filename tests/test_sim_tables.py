@@ -35,3 +35,23 @@ def test_tables_by_hand():
     # per trace: a = sqrt(2 * 0.5) = 1.00, b = sqrt(0.9995 * 3) = 1.73
     assert "| a | 1.00 |" in md and f"| b | {math.sqrt(100 / 100.05 * 3):.2f} |" in md
     assert "| none | state_lost 1 | no_plan 2 |" in md
+
+
+def test_bench_admission_summary_by_hand():
+    spec = importlib.util.spec_from_file_location("bench_admission", ROOT / "benchmarks" / "bench_admission.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    # two runs of one job class: nereus 200 / 100, static 100 / 125, replan-all 100 / 100
+    res = {("8b", "a", 0, 0.0, "nereus"): 200.0, ("8b", "a", 0, 0.0, "static"): 100.0,
+           ("8b", "a", 0, 0.0, "replan-all"): 100.0,
+           ("8b", "b", 0, 0.0, "nereus"): 100.0, ("8b", "b", 0, 0.0, "static"): 125.0,
+           ("8b", "b", 0, 0.0, "replan-all"): 100.0}
+    keys = [("8b", "a", 0, 0.0), ("8b", "b", 0, 0.0)]
+    s = mod.summarize(res, keys, ["nereus", "static", "replan-all"])
+    st = s[("8b", 0.0, "static")]
+    assert math.isclose(st["geo_mean"], math.sqrt(2.0 * 0.8)) and (st["wins"], st["losses"]) == (1, 1)
+    nr = s[("8b", 0.0, "nereus")]
+    # nereus / static = 2.0 and 0.8: it loses once to static, and that run is below 0.98x
+    assert nr["loses_to_static"] == 1 and nr["below_0.98_static"] == 1 and math.isclose(nr["vs_static_min"], 0.8)
+    rp = s[("all", "all", "replan-all")]
+    assert math.isclose(rp["geo_mean"], math.sqrt(2.0)) and rp["ties"] == 1 and rp["loses_to_static"] == 1

@@ -6,8 +6,8 @@ import pytest
 
 from nereus.spec.hardware import ClusterSpec, GPUSpec, get_gpu
 from nereus.spec.job import JobSpec
-from nereus.spec.model import get_model
 from nereus.spec.plan import Candidate, Plan
+from nereus.spec.presets import get_model
 from nereus.spec.workload import WorkloadSpec
 from nereus.transition import estimate_transition
 from nereus.transition.emu import aligned_gpus, model_of, phi, sub_units
@@ -41,21 +41,21 @@ def test_actor_tp_1_to_2_and_critic_dp_2_to_4_when_the_pool_grows_16_to_32():
     est = estimate_transition(j, cur, tgt, pool=frozenset(range(32)))
     assert est.feasible, est.reason
     kinds = sorted((n.kind, n.model_stage) for n in est.dag.nodes)
-    assert kinds == [("extend", "actor.generate")] * 2 + [("extend", "critic.train")] * 2 + \
-        [("merge", "actor.generate")] * 2
+    # the paper's Extend + Merge of the actor, fused (transition/growth.py): each new TP rank
+    # receives its half from the old replica instead of a whole copy that the Merge then halves
+    assert kinds == [("extend", "critic.train")] * 2 + [("merge", "actor.generate")] * 2
     assert est.dag.local[0].t_sub == (1, 4)
-    # Extend copies one full replica: 2 B/param for generation, 2+12 B/param for training
-    assert est.bytes_moved == 2 * ACTOR_PARAMS * 2 + 2 * CRITIC_PARAMS * 14
     # the new GPUs need only the TP=2 half of the actor (norms replicated), all of the critic copies
     layer2 = (2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336) // 2 + 2 * 4096
     actor_half = 32 * layer2 + EMB // 2 + EMB // 2 + 4096
-    assert est.min_bytes == 2 * actor_half * 2 + 2 * CRITIC_PARAMS * 14
+    assert est.bytes_moved == est.min_bytes == 2 * actor_half * 2 + 2 * CRITIC_PARAMS * 14
     # critic Extend node1 → node3: largest shard (rank 0: 8 layers + embedding) over the NIC
     shard0 = (8 * LAYER + EMB) * 14
     critic_ext = 0.2 + shard0 / 50e9 + 10e-6
-    actor_shard3 = (8 * LAYER + EMB + 4096) * 2  # last rank: 8 layers, lm_head, final norm
-    actor_chain = (0.2 + actor_shard3 / 50e9 + 10e-6) + 0.2  # Extend then Merge (setup only)
-    assert est.l_tran == pytest.approx(max(critic_ext, actor_chain), rel=1e-9)
+    # actor: one Merge over nodes 0 and 2; its largest receive is the last rank's half (8 layers,
+    # half the lm_head, the final norm), bf16
+    actor_merge = 0.2 + (8 * layer2 + EMB // 2 + 4096) * 2 / 50e9 + 10e-6
+    assert est.l_tran == pytest.approx(max(critic_ext, actor_merge), rel=1e-9)
     assert est.l_tran == pytest.approx(critic_ext, rel=1e-9)
     final = sorted(e.signature() for e in est.dag.target)
     assert final == sorted(e.signature() for c in tgt.candidates for e in phi(j, c))

@@ -22,8 +22,8 @@ from nereus.cost.shapes import params_on_rank
 from nereus.spec.framework import get_framework
 from nereus.spec.hardware import ClusterSpec, GPUSpec, get_gpu
 from nereus.spec.job import JobSpec
-from nereus.spec.model import get_model
 from nereus.spec.plan import Candidate, Plan
+from nereus.spec.presets import get_model
 from nereus.spec.workload import WorkloadSpec
 from nereus.transition import estimate_transition
 from nereus.transition.emu import EMU, model_of, phi, state_parts

@@ -79,6 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
+    if extra and getattr(args, "from_verl", None):  # a pasted verl launch line: its tokens, in order
+        args.from_verl, extra = args.from_verl + extra, []
     if extra:  # name the sub-command whose --help lists the valid options
         where = f"{parser.prog} {args.command}" if getattr(args, "command", None) else parser.prog
         parser.exit(2, f"{where}: error: unrecognized arguments: {' '.join(extra)} ({where} --help lists the "

@@ -13,13 +13,14 @@ import argparse
 import json
 import sys
 
+from nereus.cli.plan_output import print_layout_eval, print_plan
 from nereus.cost.model import CostModel
 from nereus.planner.candidates import latency_frontier
-from nereus.planner.notation import format_candidate, format_gpus
+from nereus.planner.notation import format_candidate
 from nereus.planner.search import NoFeasiblePlan, plan_job, search
-from nereus.planner.whatif import shared_stages
 from nereus.spec import ClusterSpec, JobSpec, WorkloadSpec, get_gpu, get_model
 from nereus.spec.framework import FRAMEWORK_PRESETS, FrameworkSpec, get_framework
+from nereus.spec.job import check_context
 from nereus.spec.plan import Candidate
 from nereus.spec.workload import ALGORITHMS, RECOMPUTE_MODES
 
@@ -34,8 +35,9 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--model", default=None, help="model preset (llama-3.1-8b, llama-3.3-70b, qwen3-14b, "
                    "qwen3-32b, qwen2.5-0.5b, tiny, small), a Hugging Face config.json path or a directory holding one [llama-3.1-8b]")
     g.add_argument("--algo", choices=ALGORITHMS, default=None, help="RL algorithm [ppo]")
-    g.add_argument("--gpu", default=None, help="GPU preset: h100 (alias h100-sxm), h200, a100 (alias a100-80gb), mi250x, cpu (one CPU worker "
-                   "process of `nereus run`) [h100]")
+    g.add_argument("--gpu", default=None, help="GPU preset (h100, h200, a100, a100-40gb, a800, h800, h20, l20, l40s, "
+                   "h100-pcie, h100-nvl, mi300x, b200, mi250x, cpu: one CPU worker of `nereus run`), or a custom GPU: "
+                   "a JSON file or inline JSON object of GPU fields (docs/files.md) [h100]")
     g.add_argument("--nodes", type=int, default=None, help="nodes in the cluster [2]")
     g.add_argument("--gpus-per-node", type=int, default=None, help="GPUs per node [8]")
     g.add_argument("--prompt-len", type=int, default=None, help="prompt tokens [1024]")
@@ -49,6 +51,7 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
                    help="percentile (0-100] of --response-lens that memory is sized for [100: the maximum]")
     g.add_argument("--memory-fraction", type=float, default=None, help="share of each GPU's memory a plan may "
                    "use, in (0, 1] (vLLM's gpu_memory_utilization) [0.9: 10%% headroom]")
+    g.add_argument("--lora-rank", type=int, default=None, help="LoRA adapter rank (frozen base weights) [none]")
     g.add_argument("--prompts-per-step", type=int, default=None, help="prompts per RL step [256]")
     g.add_argument("--samples-per-prompt", type=int, default=None, help="responses per prompt [4]")
     g.add_argument("--mini-batch", type=int, default=None, help="sequences per optimizer update [256]")
@@ -59,7 +62,7 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-reward-model", action="store_true", help="rule-based reward, no reward.infer")
     g.add_argument("--framework", default=None, choices=sorted(FRAMEWORK_PRESETS),
                    help="what your training framework supports, which sets the plan space: nereus (what `nereus "
-                   "run` executes: no ZeRO, offload or colocation), megatron (distributed optimizer, sequence "
+                   "run --adaptive` transitions), runtime (what `nereus run` executes: ZeRO-1, offload, colocation), megatron (distributed optimizer, sequence "
                    "parallel, interleaving, offload, colocation), fsdp (verl FSDP: ZeRO-2/3, offload, colocation, "
                    "no TP/PP training), deepspeed (OpenRLHF: ZeRO 0-3, Adam offload, colocation), generic (all); "
                    "docs/planner.md [the job file's, else nereus]")
@@ -82,7 +85,7 @@ def job_from_args(args) -> JobSpec:
     for opt, field in (("algo", "algorithm"), ("prompt_len", "prompt_len"), ("response_len", "response_len"),
                        ("prompts_per_step", "prompts_per_step"), ("samples_per_prompt", "samples_per_prompt"),
                        ("mini_batch", "mini_batch_size"), ("micro_batch", "micro_batch_size"),
-                       ("ppo_epochs", "ppo_epochs"), ("recompute", "recompute")):
+                       ("ppo_epochs", "ppo_epochs"), ("recompute", "recompute"), ("lora_rank", "lora_rank")):
         v = getattr(args, opt, None)
         if v is not None:
             wl[field] = v
@@ -95,7 +98,9 @@ def job_from_args(args) -> JobSpec:
         wl["samples_per_prompt"] = 4
     fw = get_framework(args.framework) if getattr(args, "framework", None) else (base.framework if base else
                                                                                  FrameworkSpec())
-    return JobSpec(actor=model, cluster=ClusterSpec(gpu, nodes, gpn), workload=WorkloadSpec(**wl), framework=fw)
+    job = JobSpec(actor=model, cluster=ClusterSpec(gpu, nodes, gpn), workload=WorkloadSpec(**wl), framework=fw)
+    given = [getattr(args, k, None) for k in ("prompt_len", "response_len", "response_len_max", "response_lens")]
+    return check_context(job) if any(v is not None for v in given) else job  # the lengths the user asked for
 
 
 def _length_options(args, wl: dict) -> None:
@@ -153,86 +158,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                     help="write the plan as the framework's settings (the closest plan it can express)")
 
 
-def _print_plan(plan, job, breakdown: bool) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    con = Console()
-    w = job.workload
-    con.print(f"[bold]{job.actor.name}[/] {w.algorithm.upper()} on {job.cluster.num_gpus} x "
-              f"{job.cluster.gpu.name} ({job.cluster.num_nodes} node(s) x {job.cluster.gpus_per_node}); "
-              f"prompts {w.prompts_per_step} x {w.samples_per_prompt}, prompt {w.prompt_len}, response "
-              f"{w.response_len} tokens" + (f" (memory sized at {w.response_len_max})"
-                                            if w.response_len_max is not None else "")
-              + (f"; framework {job.framework.name}" if job.framework.name != "nereus" else ""))
-    t = Table(show_lines=False)
-    opts = any(c.zero or c.vpp > 1 or c.offload != "none" for c in plan.candidates)
-    cols = ("model-stage", "tp", "pp", "dp", "batch") + (("options",) if opts else ()) + ("GPUs", "time (s)",
-                                                                                         "peak GiB")
-    for col in cols:
-        t.add_column(col, justify="right" if col not in ("model-stage", "GPUs", "batch", "options") else "left")
-    for c in plan.candidates:
-        e = plan.estimates[c.model_stage]
-        batch = f"c={c.concurrency}" if c.concurrency else f"b={c.micro_batch}"
-        if c.grad_accum:
-            batch += f" a={c.grad_accum}"
-        if c.recompute != "none":
-            batch += f" rc={c.recompute}"
-        extra = [" ".join(x for x in (f"z{c.zero}" if c.zero else "", f"v{c.vpp}" if c.vpp > 1 else "",
-                                      f"off:{c.offload}" if c.offload != "none" else "") if x)] if opts else []
-        t.add_row(c.model_stage, str(c.tp), str(c.pp), str(c.dp), batch, *extra, format_gpus(c.gpus),
-                  f"{e.time:.2f}", f"{plan.peak_memory[c.model_stage] / GIB:.1f}")
-    con.print(t)
-    if opts:
-        con.print("options: zN = ZeRO stage N, vN = N interleaved pipeline chunks per rank, off:host / off:drop = idle "
-                  "state offloaded to host memory / dropped and reloaded, off:cpu_adam = optimizer state and step on "
-                  "the CPU (ZeRO-Offload)")
-    shared = shared_stages(plan.candidates)
-    if shared:
-        con.print(f"colocated (model-stages share GPUs and run one after another): {', '.join(shared)}")
-        for st, blocks in _blocks(plan.candidates).items():
-            if st in shared and len(blocks) > 1:  # mixed: colocated blocks side by side on disjoint GPUs
-                con.print(f"  {st} mixed, blocks side by side: " + " | ".join(" + ".join(b) for b in blocks))
-    if breakdown:
-        b = Table(title="breakdown (own bytes per GPU; seconds per op class)")
-        b.add_column("model-stage")
-        b.add_column("memory GiB")
-        b.add_column("time by op class (s)")
-        for c in plan.candidates:
-            e = plan.estimates[c.model_stage]
-            mem = ", ".join(f"{k} {v / GIB:.1f}" for k, v in e.memory.items() if v > 0)
-            tm = ", ".join(f"{k} {v:.2f}" for k, v in sorted(e.breakdown.items(), key=lambda kv: -kv[1]))
-            b.add_row(c.model_stage, mem, tm)
-        con.print(b)
-    con.print(f"L_step = [bold]{plan.l_step:.2f} s[/]   throughput = [bold]{plan.throughput:,.0f}[/] "
-              f"response tokens/s   max GPU memory = {max(plan.gpu_memory.values()) / GIB:.1f} of "
-              f"{plan.capacity / GIB:.1f} GiB allowed ({_allowed(job, plan)})")
-
-
-def _blocks(cands) -> dict:
-    """Per stage, its model-stages grouped by shared GPUs (connected GPU sets), in candidate order."""
-    out: dict = {}
-    for st in dict.fromkeys(c.model_stage.split(".")[1] for c in cands):
-        groups: list = []  # [names, gpus]
-        for c in (c for c in cands if c.model_stage.split(".")[1] == st):
-            hit = [g for g in groups if g[1] & set(c.gpus)]
-            merged = [[c.model_stage], set(c.gpus)]
-            for g in hit:
-                merged = [g[0] + merged[0], g[1] | merged[1]]
-                groups.remove(g)
-            groups.append(merged)
-        out[st] = [tuple(g[0]) for g in groups]
-    return out
-
-
-def _allowed(job, plan) -> str:
-    dev = job.cluster.gpu.memory_bytes
-    f = job.workload.memory_fraction
-    if f is not None and abs(plan.capacity - f * dev) < 1.0:
-        return f"memory fraction {f:g} of {dev / GIB:.1f} GiB"
-    return "device memory less headroom"
-
-
 def _frontier(job, cost, pool_size, multi, as_json):
     res = search(cost, pool_size, multi, full_frontiers=True)
     out = {}
@@ -264,35 +189,25 @@ def _imported(args):
     """The job and layout of --from-verl / --from-openrlhf; job options (--gpu, --model, lengths) apply."""
     from dataclasses import replace
 
-    if args.from_verl and args.from_openrlhf:
+    if args.from_verl and args.from_openrlhf is not None:
         raise ValueError("--from-verl and --from-openrlhf are exclusive: import one configuration")
     if args.from_verl:
         from nereus.integrations.verl import import_verl
-        from nereus.integrations.verl_config import load_verl_config
+        from nereus.integrations.verl_config import load_verl_config, verl_launch
 
         imp = import_verl(load_verl_config(args.from_verl[0], args.from_verl[1:]), model=args.model, gpu=args.gpu)
+        config, overrides, _ = verl_launch(args.from_verl)
+        imp.source = {"config": config, "overrides": overrides}
     else:
-        from nereus.integrations.openrlhf import import_openrlhf
+        from nereus.integrations.openrlhf import _tokens, import_openrlhf
 
         imp = import_openrlhf(args.from_openrlhf, model=args.model, gpu=args.gpu)
+        imp.source = {"args": _tokens(args.from_openrlhf)}
     wl = {k: v for k, v in (("prompt_len", args.prompt_len), ("response_len", args.response_len)) if v is not None}
     if wl:
         imp.job = imp.job.with_workload(replace(imp.job.workload, **wl))
+    check_context(imp.job, "prompt + response length")
     return imp
-
-
-def _print_layout_eval(evd: dict, cands, from_nereus=()) -> None:
-    """Per model-stage: layout, time, peak GiB, own memory terms and any overflow; then L_step."""
-    width = max(len(c.model_stage) for c in cands)
-    for c in cands:
-        m = evd["model_stages"][c.model_stage]
-        terms = ", ".join(f"{k} {v:.1f}" for k, v in sorted(m["memory_gib"].items(), key=lambda kv: -kv[1]))
-        tag = "  (from Nereus's plan)" if c.model_stage in from_nereus else ""
-        print(f"  {c.model_stage:<{width}}  {format_candidate(c, 'GPUs', batch=True)}  {m['time_s']:.2f} s, peak "
-              f"{m['peak_gib']:.1f} GiB [{terms}]{tag}" + (f"\n  {'':<{width}}  OVER: {m['overflow']}"
-                                                         if m["overflow"] else ""))
-    fits = "fits" if evd["fits"] else "does NOT fit in memory"
-    print(f"predicted L_step = {evd['l_step']:.2f} s; {fits} ({evd['capacity_gib']:.1f} GiB allowed per GPU)")
 
 
 def _main_layout(args, job, cost, pool, best) -> int:
@@ -308,12 +223,12 @@ def _main_layout(args, job, cost, pool, best) -> int:
         print(json.dumps(doc, indent=2))
         return 0
     print("your layout (--layout):")
-    _print_layout_eval(rep["layout"], ev.plan.candidates, rep["layout"]["from_nereus"])
+    print_layout_eval(rep["layout"], ev.plan.candidates, rep["layout"]["from_nereus"])
     if best is None:
         print(f"Nereus: {rep['nereus']['reason']}")
         return 0
     print("Nereus's best plan for the same job:")
-    _print_plan(best, job, args.breakdown)
+    print_plan(best, job, args.breakdown)
     if "speedup" in rep:
         print(f"predicted speedup of Nereus's plan over yours: {rep['speedup']:.2f}x")
     return 0
@@ -329,7 +244,7 @@ def _print_import(rep: dict, imp) -> None:
     print("your layout:")
     ev = rep["user"].get("evaluation")
     if ev:
-        _print_layout_eval(ev, imp.layout)
+        print_layout_eval(ev, imp.layout)
         return
     width = max(len(c.model_stage) for c in imp.layout)
     for c in imp.layout:
@@ -348,7 +263,7 @@ def _main_integrations(args) -> int:
     if args.export:
         if not best["feasible"]:
             raise ValueError(f"--export: Nereus found no plan for the imported job: {best['reason']}")
-        return _export(args, imp.job, plan_from(best["plan"]))
+        return _export(args, imp.job, plan_from(best["plan"]), imp.source if imp.framework == args.export else None)
     if args.json:
         print(json.dumps(rep, indent=2, default=str))
         return 0
@@ -359,7 +274,7 @@ def _main_integrations(args) -> int:
     print("Nereus's best plan for the same job:")
     from nereus.spec.plan import Plan
 
-    _print_plan(Plan.from_dict(best["plan"]), imp.job, args.breakdown)
+    print_plan(Plan.from_dict(best["plan"]), imp.job, args.breakdown)
     if "speedup" in rep:
         print(f"predicted speedup of Nereus's plan over yours: {rep['speedup']:.2f}x")
     return 0
@@ -371,9 +286,9 @@ def plan_from(d):
     return Plan.from_dict(d)
 
 
-def _export(args, job, plan) -> int:
+def _export(args, job, plan, source=None) -> int:
     from nereus.planner.notation import format_plan
-    from nereus.spec.model import MODEL_PRESETS
+    from nereus.spec.presets import MODEL_PRESETS
 
     model_path = args.model if args.model and args.model.lower() not in MODEL_PRESETS else None
     if args.export == "verl":
@@ -381,14 +296,14 @@ def _export(args, job, plan) -> int:
 
         # an FSDP job (imported from verl's FSDP backend, or --framework fsdp) may also export to FSDP
         backends = ("megatron", "fsdp") if "fsdp" in job.framework.name else ("megatron",)
-        ex = export_verl(job, plan, args.headroom, model_path, backends=backends)
+        ex = export_verl(job, plan, args.headroom, model_path, backends=backends, user=source)
         settings = [f"python3 -m verl.trainer.main_ppo --config-name={ex['config_name']} \\"] + \
             [f"    {o} \\" for o in ex["overrides"]]
         settings[-1] = settings[-1][:-2]
     else:
         from nereus.integrations.openrlhf_export import export_openrlhf
 
-        ex = export_openrlhf(job, plan, args.headroom, model_path)
+        ex = export_openrlhf(job, plan, args.headroom, model_path, user_args=(source or {}).get("args"))
         settings = [ex["command"]]
     ev = ex["evaluation"]
     if args.json:
@@ -412,7 +327,7 @@ def main(args) -> int:
     if getattr(args, "layout", None) and (getattr(args, "from_verl", None) or getattr(args, "from_openrlhf", None)):
         raise ValueError("--layout and --from-verl/--from-openrlhf are exclusive: an import evaluates the "
                          "framework's own layout")
-    if getattr(args, "from_verl", None) or getattr(args, "from_openrlhf", None):
+    if getattr(args, "from_verl", None) or getattr(args, "from_openrlhf", None) is not None:  # "" is refused there
         return _main_integrations(args)
     job = job_from_args(args)
     pool = None
@@ -450,7 +365,7 @@ def main(args) -> int:
             doc["frontier"] = _frontier(job, cost, len(pool_set), job.cluster.spans_nodes(pool_set), True)
         print(json.dumps(doc, indent=2))
         return 0
-    _print_plan(plan, job, args.breakdown)
+    print_plan(plan, job, args.breakdown)
     if args.frontier:
         _frontier(job, cost, len(pool_set), job.cluster.spans_nodes(pool_set), False)
     return 0

@@ -113,6 +113,14 @@ def add_arguments(p) -> None:
                         "longer prompts and responses), e.g. 4:6")
     p.add_argument("--memory-gib", type=float, default=2.0, help="per-worker memory budget the cost model checks "
                                                                  "the layout against (and plans with, --adaptive)")
+    p.add_argument("--colocate", action="store_true",
+                   help="fixed layouts: every model-stage of a stage on the same workers, taking turns (verl's hybrid "
+                        "engine); idle trained state offloaded to host memory, idle frozen weights dropped")
+    p.add_argument("--zero", type=int, default=0, choices=[0, 1],
+                   help="fixed layouts: ZeRO stage of the training model-stages (1: Adam state sharded over DP)")
+    p.add_argument("--enforce-memory", action="store_true",
+                   help="every worker accounts its tensors against --memory-gib and fails past it (a CPU "
+                        "worker's device capacity)")
     p.add_argument("--gamma", type=float, default=0.5, help="with --adaptive: the controller's payback margin γ "
                                                             "in [0, 1]: a change is adopted when L_tran / ΔL <= γ·H")
     p.add_argument("--scenario", default=None, choices=sorted(SCENARIOS),
@@ -180,8 +188,8 @@ def main(args) -> int:
         from nereus.cli.run_async import main_async
 
         return main_async(args)
-    from nereus.runtime.run.plans import simple_plan
-    from nereus.spec.model import get_model
+    from nereus.runtime.run.plans import arrange, simple_plan
+    from nereus.spec.presets import get_model
     from nereus.spec.workload import WorkloadSpec
 
     spec = get_model(args.model)
@@ -201,8 +209,10 @@ def main(args) -> int:
         base = DEFAULT_LAYOUTS if args.workers >= 4 else {}
         layouts = with_given_layouts(spec, w, args, {n: base.get(n, (1, 1, 1))
                                                      for n in (ms.name for ms in workflow_for(w).model_stages)})
-        plan = simple_plan(w, layouts, args.workers, micro_batch=args.micro_batch)
-    check_memory(spec, w, args.workers + joining(args), args.memory_gib, plan, args.precision or "fp32")
+        plan = arrange(simple_plan(w, layouts, args.workers, micro_batch=args.micro_batch), args.colocate,
+                       args.zero)
+    check_memory(spec, w, args.workers + joining(args), args.memory_gib, plan, args.precision or "fp32",
+                 0.0 if args.enforce_memory else None)
     check_checkpoint_dir(args, spec, w)
     if not args.verbose:
         quiet_ray()
@@ -213,7 +223,8 @@ def main(args) -> int:
 
     task = data_task or DigitTask(args.task, args.digits, seed=args.seed)
     cfg = RLConfig(temperature=args.temperature, actor_lr=args.lr, critic_lr=args.lr, kl_coef=args.kl_coef,
-                   seed=args.seed, timeout_s=args.timeout, precision=args.precision)
+                   seed=args.seed, timeout_s=args.timeout, precision=args.precision,
+                   device_capacity=int(args.memory_gib * 2**30) if args.enforce_memory else 0)
     if args.adaptive:
         return run_adaptive(args, spec, w, task, cfg)
     driver = RLDriver(spec, w, plan, task, args.workers, cfg)
@@ -225,6 +236,8 @@ def main(args) -> int:
         for _ in range(args.steps):
             m = driver.step()
             history.append(m)
+            if len(history) == 1 and args.steps > 1:  # the steady state's moves are counted from here
+                first = driver.measurements()
             print(" ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in m.items()),
                   flush=True)
         meas = driver.measurements()
@@ -232,7 +245,7 @@ def main(args) -> int:
             save_hf(driver, args.save)
     finally:
         driver.close()
-    _memory_report(spec, w, plan, args, meas)
+    _memory_report(spec, w, plan, args, meas, first if args.steps > 1 else None)
     secs = meas.get("stage_seconds", {})
     if secs:
         print("seconds per model-stage (all steps): "
@@ -263,15 +276,20 @@ def _data_task(args, spec):
                     seed=args.seed)
 
 
-def _memory_report(spec, w, plan, args, meas) -> None:
+def _memory_report(spec, w, plan, args, meas, first=None) -> None:
     """Measured vs predicted peak memory per model-stage (``run/memreport.py``)."""
     from nereus.cost.model import CostModel
+    from nereus.runtime.run import memreport as mr
     from nereus.runtime.run.device_model import runtime_job
-    from nereus.runtime.run.memreport import format_rows, memory_rows
 
     job = runtime_job(spec, w, args.workers, precision=args.precision or "fp32")
-    rows = memory_rows(CostModel(job), plan, meas)
-    meas["memory_vs_predicted"] = rows
-    print(format_rows(rows))
+    cost = CostModel(job)
+    meas["memory_vs_predicted"] = mr.memory_rows(cost, plan, meas)
+    meas["workers_vs_predicted"] = mr.worker_rows(cost, plan, meas)
+    meas["moves_vs_predicted"] = mr.move_rows(cost, plan, meas, args.steps,
+                                              w.ppo_epochs * (w.global_batch // w.mini_batch_size), first)
+    print(mr.format_rows(meas["memory_vs_predicted"]))
+    print(mr.format_workers(meas["workers_vs_predicted"]))
+    print(mr.format_moves(meas["moves_vs_predicted"]))
 
 

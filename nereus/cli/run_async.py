@@ -70,7 +70,7 @@ def main_async(args) -> int:
     from nereus.cli.run_adaptive import quiet_ray
     from nereus.cli.run_checks import check_memory, task_lengths, with_given_layouts
     from nereus.planner.notation import format_plan
-    from nereus.spec.model import get_model
+    from nereus.spec.presets import get_model
     from nereus.spec.workload import WorkloadSpec
 
     check_async_args(args)
@@ -89,7 +89,9 @@ def main_async(args) -> int:
     task = DigitTask(args.task, args.digits, seed=args.seed)
     extra = {"precision": args.precision} if getattr(args, "precision", None) is not None else {}
     cfg = RLConfig(temperature=args.temperature, actor_lr=args.lr, critic_lr=args.lr, kl_coef=args.kl_coef,
-                   seed=args.seed, timeout_s=args.timeout, **extra)
+                   seed=args.seed, timeout_s=args.timeout,
+                   device_capacity=int(args.memory_gib * 2**30) if getattr(args, "enforce_memory", False) else 0,
+                   **extra)
     if args.adaptive:
         from nereus.cli.run_checks import check_checkpoint_dir
 
@@ -99,10 +101,13 @@ def main_async(args) -> int:
             quiet_ray()
         return _adaptive_async(args, spec, w, task, cfg)
     from nereus.runtime.run.async_driver import AsyncRLDriver, async_plan
+    from nereus.runtime.run.plans import arrange
 
     layouts = with_given_layouts(spec, w, args, default_async_layouts(w, args.workers))
-    plan = async_plan(w, layouts, args.workers, micro_batch=args.micro_batch)
-    check_memory(spec, w, args.workers, args.memory_gib, plan)
+    plan = arrange(async_plan(w, layouts, args.workers, micro_batch=args.micro_batch), getattr(args, "colocate", False),
+                   getattr(args, "zero", 0), keep=("actor.generate",))
+    check_memory(spec, w, args.workers, args.memory_gib, plan, workspace=0.0 if getattr(args, "enforce_memory", False)
+                 else None)
     if not args.verbose:
         quiet_ray()
     driver = AsyncRLDriver(spec, w, plan, task, args.workers, cfg, staleness=args.staleness)

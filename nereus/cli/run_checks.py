@@ -92,13 +92,17 @@ def _breakdown(est, names) -> str:
     return "; ".join(parts)
 
 
-def check_memory(spec, w, workers: int, memory_gib: float, plan=None, precision: str = "fp32") -> None:
+def check_memory(spec, w, workers: int, memory_gib: float, plan=None, precision: str = "fp32",
+                 workspace: float | None = None) -> None:
     """The cost model's memory check against the per-worker budget, before Ray starts.
 
     With ``plan`` (fixed layouts): every worker's predicted peak (resident state of every
     model-stage on it, the largest transient, the workspace) must fit the budget less the cost model's
     headroom. Without (``--adaptive``): some plan must exist; if no model-stage fits alone on every
     worker, nothing can run (the adaptive run time-shares model-stages that only fit one at a time).
+
+    ``workspace``: bytes per worker the cost model reserves (None: its CUDA default); 0 with
+    ``--enforce-memory``, whose accounted bytes hold no CUDA context.
 
     Raises:
         ValueError: naming the worker, the bytes needed, the budget, and the largest terms.
@@ -112,7 +116,7 @@ def check_memory(spec, w, workers: int, memory_gib: float, plan=None, precision:
     gpu = replace(GPU_PRESETS["cpu"], memory_bytes=int(memory_gib * 2**30))
     # the bytes the runtime holds in this precision, as nereus.runtime.run.device_model.runtime_job counts them
     job = JobSpec(spec, ClusterSpec(gpu, 1, workers), replace(w, **workload_bytes(precision)))
-    cost = CostModel(job)
+    cost = CostModel(job) if workspace is None else CostModel(job, workspace=workspace)
     budget = f"{cost.capacity / 2**30:.2f} GiB allowed per worker (--memory-gib {memory_gib:g} less " \
              f"{cost.headroom:.0%} headroom)"
     if plan is None:

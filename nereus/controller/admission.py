@@ -89,7 +89,7 @@ def admit(current_l_step: float, options: list[Option], *, gamma: float, horizon
             why = (f"urgent: current plan invalid ({', '.join(triggers) or 'unknown'}); profitability waived; "
                    f"L_step {o.plan.l_step:.1f}s, L_tran {o.cost.l_tran:.1f}s")
             if o.l_step > o.plan.l_step:
-                why += f", state-loss risk {o.l_step - o.plan.l_step:.1f}s/step"
+                why += f", state-loss risk or look-ahead {o.l_step - o.plan.l_step:.1f}s/step"
             if skipped:
                 why += f"; {skipped} faster target(s) infeasible"
             return Transition(o.plan, o.cost, why, urgent=True,

@@ -18,7 +18,8 @@ Example::
 
 ``observe`` fields (one step's measurements, :class:`~nereus.controller.monitor.StepReport`):
 ``step``, ``response_len`` (mean tokens), ``step_time`` (s), ``pool`` (GPU ids usable next step),
-optional ``op_seconds`` (model-stage -> op class -> s), ``peak_memory`` (model-stage -> bytes per
+optional ``op_seconds`` (model-stage -> op class -> s; ``{"total": s}`` for a model-stage timed only
+as a whole, e.g. verl's ``timing_s/gen`` for ``actor.generate``), ``peak_memory`` (model-stage -> bytes per
 GPU), ``oom``, ``alive`` (GPUs still running, including those under a preemption notice),
 ``elapsed_s``. :meth:`NereusController.observe_record` takes the same fields as one dict (a line of
 a JSON-lines step log).

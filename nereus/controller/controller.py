@@ -24,6 +24,17 @@ every ``*.train`` model-stage on distinct nodes, and admission compares risk-adj
 ``risk=None`` (the config default, and the runtime's) is the paper's rule; the simulator's policies
 price risk from its restart-cost model (measured 1.04x the paper's rule over 27 runs without a
 notice, identical with one; ``nereus.sim.policies``).
+
+Extensions of issue 29 (off by default; the simulator's ``nereus`` policy turns both on):
+
+* ``pool_horizon="process"``: a pool trigger's ``H`` is the expected steps until the pool next loses
+  GPUs, from the loss process (``nereus.controller.pool_process``: mean residual life of the
+  inter-loss intervals), instead of the EMA of crossing intervals, which bursts drive to 1–3 steps;
+  with it, risk pricing charges the first loss at ``1 / H_loss`` until a loss is seen (:meth:`Controller.loss_rate`);
+* ``lookahead=True``: targets and the current plan are compared by their mean step time over the
+  window they are expected to stay in effect, at the projected response length, with the forced
+  transition charged to a plan that will not fit memory then (``nereus.controller.lookahead``); the
+  planner's best plan for the projected length is one more target.
 """
 
 from __future__ import annotations
@@ -33,8 +44,10 @@ from dataclasses import dataclass, replace
 
 from nereus.controller.admission import Option, admit
 from nereus.controller.decisions import Keep, Restart, Transition, decision_to_dict
+from nereus.controller.lookahead import LengthTrend, window_steps
 from nereus.controller.monitor import Monitor, StepReport, Trigger
 from nereus.controller.planning import PlannerBackend, same_plan
+from nereus.controller.pool_process import PoolProcess
 from nereus.controller.risk import LossRate, RiskModel
 from nereus.controller.transition_cost import estimate_transition_cost
 from nereus.planner.notation import format_gpus
@@ -84,9 +97,14 @@ class ControllerConfig:
         loss_prior: ``(events, seconds)`` pseudo-observations of unannounced GPU losses (e.g.
             ``(1, 3600)`` for a pool known to lose a node about hourly); ``(0, 0)`` waits for the
             first loss.
+        pool_horizon: ``"ema"`` (the paper's ``H_pool``) or ``"process"`` (the expected steps until
+            the next loss, ``nereus.controller.pool_process``).
+        lookahead: compare plans over the window they are expected to last at the projected
+            response length (``nereus.controller.lookahead``).
 
     Raises:
-        ValueError: gamma outside [0, 1], a negative slowdown or a negative prior.
+        ValueError: gamma outside [0, 1], a negative slowdown, a negative prior or an unknown
+            pool_horizon.
     """
 
     gamma: float = 0.5
@@ -96,8 +114,12 @@ class ControllerConfig:
     revisit: bool = False
     risk: RiskModel | None = None
     loss_prior: tuple[float, float] = (0.0, 0.0)
+    pool_horizon: str = "ema"
+    lookahead: bool = False
 
     def __post_init__(self) -> None:
+        if self.pool_horizon not in ("ema", "process"):
+            raise ValueError(f"controller field 'pool_horizon' must be 'ema' or 'process', got {self.pool_horizon!r}")
         if not (0 <= self.gamma <= 1):
             raise ValueError(f"controller field 'gamma' must be in [0, 1], got {self.gamma!r}")
         if self.slowdown < 0:
@@ -133,6 +155,10 @@ class Controller:
         self.log: list[dict] = []
         self.loss = LossRate(*self.config.loss_prior)
         self._pending: tuple[str, int] | None = None  # (signal, step) of a rejected target to revisit
+        self.pool_process = PoolProcess()
+        self.trend = LengthTrend()
+        self._window = None     # (job at the projected length, W) of the current replan, look-ahead only
+        self._forced_to = None  # the planner's best plan at the projected length
 
     def job_at(self, response_len: float) -> JobSpec:
         return self.job.with_workload(self.job.workload.with_response_len(max(1, int(round(response_len)))))
@@ -142,6 +168,8 @@ class Controller:
         pool = frozenset(report.pool)
         alive = frozenset(report.alive) | pool if report.alive is not None else pool
         self.loss.observe(pool, alive, report.elapsed_s, report.step_time)
+        self.pool_process.observe(pool, self.loss.seconds)
+        self.trend.observe(report.step, report.response_len)
         job = self.job_at(report.response_len)
         if report.oom:
             self.planner.note_oom()
@@ -161,10 +189,15 @@ class Controller:
             triggers = [self._stale_trigger(report.step)]
         if not triggers:
             return self._record(report, Keep("no trigger"), [])
-        names = tuple(t.signal for t in triggers)
         urgent = bool(lost) or mem_bad
         if self.config.calibrate:
             current = self.planner.estimate(job, self.plan, pool)  # times under the updated efficiencies
+        if self.config.pool_horizon == "process":
+            h = self.loss_horizon(report, current)
+            triggers = [replace(t, horizon=h, reason=f"{t.reason}; H = {h:.1f} steps to the next expected loss")
+                        if t.signal == "pool" else t for t in triggers]
+        names = tuple(t.signal for t in triggers)
+        self._window = self._lookahead(job, report, current) if self.config.lookahead else None
         decision = self._replan(job, pool, alive, current, urgent, bool(lost), names,
                                 min(t.horizon for t in triggers))
         self.monitor.reset(values, pool)
@@ -177,11 +210,39 @@ class Controller:
             self.plan = decision.plan
         return self._record(report, decision, triggers)
 
+    def loss_horizon(self, report: StepReport, current: Plan) -> float:
+        """Expected steps until the pool next loses GPUs (``PoolProcess``), at the last step's time."""
+        step_s = report.step_time if report.step_time > 0 else current.l_step
+        if not (step_s > 0 and math.isfinite(step_s)):
+            step_s = self.plan.l_step if self.plan.l_step > 0 and math.isfinite(self.plan.l_step) else 1.0
+        return self.pool_process.horizon_steps(step_s)
+
+    def _lookahead(self, job: JobSpec, report: StepReport, current: Plan):
+        """``(job at the projected length, W steps)`` or None when no growth is seen (``lookahead.py``)."""
+        fit = self.trend.fit()
+        if fit is None or fit[1] <= 0:
+            return None
+        w = window_steps(fit[1], self.monitor.threshold("seq_len") or 0.3, self.loss_horizon(report, current))
+        ahead = self.trend.ahead(w)
+        if ahead is None or ahead <= job.workload.response_len:
+            return None
+        return self.job_at(ahead), w
+
     def risk(self, plan: Plan, pool) -> float:
         """Priced state-loss risk of ``plan`` in seconds per step (0 without a risk model or losses)."""
         if self.config.risk is None:
             return 0.0
-        return self.config.risk.risk(plan, self.job.cluster, pool, self.loss.rate, self.loss.mean_event_gpus())
+        return self.config.risk.risk(plan, self.job.cluster, pool, self.loss_rate(), self.loss.mean_event_gpus())
+
+    def loss_rate(self) -> float:
+        """λ of unannounced losses, events/s: ``LossRate.rate``; with ``pool_horizon="process"`` and no
+        loss of either kind seen yet, ``1 / H_loss`` (the Copernican prior of ``pool_process``: no
+        evidence yet that losses are announced, so the first one is priced as unannounced)."""
+        rate = self.loss.rate
+        if rate == 0 and self.config.pool_horizon == "process" and self.pool_process.losses == 0:
+            h = self.pool_process.horizon_s()
+            rate = 1.0 / h if h > 0 else 0.0
+        return rate
 
     def expected_l(self, plan: Plan, pool) -> float:
         """``L_step`` plus :meth:`risk`, s."""
@@ -218,30 +279,75 @@ class Controller:
                            f"taking every replica of the trainable model-stage(s) {', '.join(gone) or '?'}; "
                            "restore from checkpoint", names,
                            cause="state_lost")
-        if not urgent and same_plan(best, self.plan):
+        la = self._ahead_target(job, pool, best, urgent)
+        if not urgent and same_plan(best, self.plan) and (la is None or la[2] is None):
             return Keep("replanned: the current plan is still the best", names)
-        cur_l = math.inf if urgent else self.expected_l(current, pool)
-        options = [self._option(job, best, pool, alive)]
+        cur_l = math.inf if urgent else self._score(job, current, pool, alive, la)
+        options = [self._option(job, best, pool, alive, la)]
+        if la is not None and la[2] is not None and not same_plan(la[2], self.plan):
+            options.append(self._option(job, la[2], pool, alive, la))
+        options = self._order(options, la)
         decision = admit(cur_l, options, gamma=self.config.gamma, horizon=horizon, urgent=urgent,
                          triggers=names, always=self.config.always_admit)
         if isinstance(decision, Transition):
             return decision
         # S* failed feasibility or payback: try slightly slower plans with cheaper transitions
         best_l = options[0].l_step
+        n0 = len(options)
         for alt in self.planner.alternatives(job, pool, self.plan, best):
-            opt = self._option(job, alt, pool, alive)
+            opt = self._option(job, alt, pool, alive, la)
             slow_ok = urgent or opt.l_step <= best_l * (1 + self.config.slowdown)
-            if slow_ok and not same_plan(alt, self.plan) and not same_plan(alt, best):
+            if slow_ok and not same_plan(alt, self.plan) and not any(same_plan(alt, o.plan) for o in options):
                 options.append(opt)
-        if len(options) > 1:
+        if len(options) > n0:
+            options = self._order(options, la)
             decision = admit(cur_l, options, gamma=self.config.gamma, horizon=horizon, urgent=urgent,
                              triggers=names, always=self.config.always_admit)
         if isinstance(decision, Restart) and survives:
             decision = replace(decision, checkpoint_first=True)
         return decision
 
-    def _option(self, job, plan, pool, alive) -> Option:
-        return Option(plan, self.transition_cost(job, self.plan, plan, alive), self.expected_l(plan, pool))
+    def _ahead_target(self, job, pool, best, urgent):
+        """``(job ahead, W, S_ahead or None)`` for look-ahead (None when off or no growth). ``S_ahead`` is
+        the planner's best plan at the projected length, estimated at the current one, when it differs
+        from ``best`` and fits memory now; the forced-transition charge uses it (or ``best``)."""
+        if self._window is None:
+            return None
+        job_ahead, w = self._window
+        try:
+            ahead = self.planner.plan(job_ahead, pool, self.plan, urgent)
+        except ValueError:
+            return None  # nothing fits the projected length: compare plans at the current one
+        self._forced_to = ahead
+        if same_plan(ahead, best):
+            return job_ahead, w, None
+        now = self.planner.estimate(job, ahead, pool)
+        return job_ahead, w, (now if self.planner.memory_ok(job, now) else None)
+
+    def _score(self, job, plan, pool, alive, la) -> float:
+        """``L_eff`` of ``plan`` (``lookahead.py``): its risk-adjusted step time, or with look-ahead the
+        mean of now and ahead plus the forced transition over the window when it will not fit."""
+        now = self.expected_l(plan, pool)
+        if la is None:
+            return now
+        job_ahead, w, _ = la
+        est = self.planner.estimate(job_ahead, plan, pool)
+        score = 0.5 * (now + self.expected_l(est, pool))
+        if not self.planner.memory_ok(job_ahead, est):
+            forced = self.transition_cost(job_ahead, plan, self._forced_to, alive)
+            score += (forced.l_tran if forced.feasible and math.isfinite(forced.l_tran) else 0.0) / w
+        return score
+
+    @staticmethod
+    def _order(options, la):
+        """Targets by the window's total seconds ``L_tran + W · L_eff`` (look-ahead only; else as given)."""
+        if la is None:
+            return options
+        w = la[1]
+        return sorted(options, key=lambda o: (not o.cost.feasible, o.cost.l_tran + w * o.l_step))
+
+    def _option(self, job, plan, pool, alive, la=None) -> Option:
+        return Option(plan, self.transition_cost(job, self.plan, plan, alive), self._score(job, plan, pool, alive, la))
 
     def _stale_trigger(self, step: int) -> Trigger:
         sig = self._pending[0]

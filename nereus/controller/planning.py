@@ -5,7 +5,9 @@ controller testable with small fakes and lets policies differ only in their back
 "uncalibrated offline cost model" policy is :class:`CostModelPlanner` with ``calibrate=False``).
 
 Calibration (DESIGN.md §4.3): measured seconds per op class update the shared
-:class:`~nereus.cost.efficiency.EfficiencyTable`; measured peaks update a per-model-stage memory
+:class:`~nereus.cost.efficiency.EfficiencyTable`; a model-stage measured only as a total
+(``op_seconds[ms]["total"]``, what external trainers time) is fitted with
+:func:`nereus.cost.fit.fit_scales` over the classes its prediction exercises; measured peaks update a per-model-stage memory
 correction (EMA of measured/predicted). The correction enters feasibility as extra headroom:
 ``usable = (1 − headroom) · capacity / max correction`` (conservative: the worst model-stage's factor
 applies to every GPU), so it works whatever the cost model does with per-stage corrections.
@@ -23,10 +25,14 @@ from nereus.cost.efficiency import EfficiencyTable
 from nereus.spec.job import JobSpec
 from nereus.spec.plan import Plan
 
-__all__ = ["PlannerBackend", "CostModelPlanner", "OOM_BACKOFF", "same_plan"]
+__all__ = ["PlannerBackend", "CostModelPlanner", "OOM_BACKOFF", "same_plan", "STAGE_TOTAL"]
 
 OOM_BACKOFF = 1.05
 NOT_OP_CLASSES = {"bubble"}
+#: key of ``op_seconds[model_stage]`` holding the model-stage's measured total seconds
+STAGE_TOTAL = "total"
+#: efficiency box of the stage-total fit (engine overhead classes start at 1, so above 0.95)
+TOTAL_FIT_BOUNDS = (0.02, 1.5)
 
 
 def same_plan(a: Plan, b: Plan) -> bool:
@@ -55,6 +61,30 @@ class PlannerBackend(Protocol):
     def calibrate(self, job: JobSpec, plan: Plan, op_seconds: dict, peak_memory: dict, pool=None) -> None:
         """Update efficiencies and memory corrections from one step's measurements; ``plan`` is the
         running plan as :meth:`estimate` returned it for ``job`` (the predictions to compare with)."""
+
+    def _calibrate_totals(self, job: JobSpec, est: Plan, op_seconds: dict) -> None:
+        """Model-stages measured only as a whole (``op_seconds[ms][STAGE_TOTAL]``, seconds: what an
+        external trainer times, e.g. verl's ``timing_s/gen``): one scale per op-class group fitted on
+        all such totals at once (:func:`nereus.cost.fit.fit_scales`: log-space least squares with a
+        prior towards the current table), over the classes each model-stage's predicted breakdown
+        exercises, on totals moved onto the model's 10% noise band
+        (:func:`nereus.cost.fit.deadband_targets`: a stage already predicted within it changes
+        nothing); the fitted efficiencies replace the current ones. Bounds 0.02-1.5 (overhead
+        classes start at 1)."""
+        from nereus.cost.fit import deadband_targets, fit_scales
+
+        bds, meas = [], []
+        for ms, by_class in op_seconds.items():
+            s = by_class.get(STAGE_TOTAL, 0.0) if isinstance(by_class, dict) else 0.0
+            if ms in est.estimates and s > 0 and est.estimates[ms].time > 0:
+                bds.append(est.estimates[ms].breakdown)
+                meas.append(float(s))
+        if not bds:
+            return
+        meas = deadband_targets([sum(bd.values()) for bd in bds], meas)
+        fit = fit_scales(bds, meas, base=self.efficiency, gpu=job.cluster.gpu, eff_bounds=TOTAL_FIT_BOUNDS)
+        for cls, e in fit.efficiencies.items():
+            self.efficiency.set(cls, e)
 
     def note_oom(self) -> None:
         """The current plan ran out of memory."""
@@ -156,6 +186,7 @@ class CostModelPlanner:
         if not self.calibrate_enabled:
             return
         est = plan if plan.estimates else self.estimate(job, plan, pool)
+        self._calibrate_totals(job, est, op_seconds)
         measured: dict = {}
         predicted: dict = {}
         for ms, by_class in op_seconds.items():
@@ -177,6 +208,30 @@ class CostModelPlanner:
             ratio = peak / pred
             old = self.memory_correction.get(ms, 1.0)
             self.memory_correction[ms] = (1 - self.alpha) * old + self.alpha * ratio
+
+    def _calibrate_totals(self, job: JobSpec, est: Plan, op_seconds: dict) -> None:
+        """Model-stages measured only as a whole (``op_seconds[ms][STAGE_TOTAL]``, seconds: what an
+        external trainer times, e.g. verl's ``timing_s/gen``): one scale per op-class group fitted on
+        all such totals at once (:func:`nereus.cost.fit.fit_scales`: log-space least squares with a
+        prior towards the current table), over the classes each model-stage's predicted breakdown
+        exercises, on totals moved onto the model's 10% noise band
+        (:func:`nereus.cost.fit.deadband_targets`: a stage already predicted within it changes
+        nothing); the fitted efficiencies replace the current ones. Bounds 0.02-1.5 (overhead
+        classes start at 1)."""
+        from nereus.cost.fit import deadband_targets, fit_scales
+
+        bds, meas = [], []
+        for ms, by_class in op_seconds.items():
+            s = by_class.get(STAGE_TOTAL, 0.0) if isinstance(by_class, dict) else 0.0
+            if ms in est.estimates and s > 0 and est.estimates[ms].time > 0:
+                bds.append(est.estimates[ms].breakdown)
+                meas.append(float(s))
+        if not bds:
+            return
+        meas = deadband_targets([sum(bd.values()) for bd in bds], meas)
+        fit = fit_scales(bds, meas, base=self.efficiency, gpu=job.cluster.gpu, eff_bounds=TOTAL_FIT_BOUNDS)
+        for cls, e in fit.efficiencies.items():
+            self.efficiency.set(cls, e)
 
     def note_oom(self) -> None:
         if not self.memory_correction:

@@ -16,16 +16,19 @@ fallback estimates the same quantity coarsely:
 
 Infeasible when the target uses a GPU outside the pool.
 
-Both estimates add :data:`ENGINE_REINIT_S` when a generation model-stage changes layout or gains
-GPUs: state movement does not cover starting the rollout engine on its new layout (vLLM profiles
-memory, allocates the KV cache and captures CUDA graphs; its logs report graph capture alone
-taking about 10–30 s for 7–8B models). The value is an assumption of the right order; removing it
-(``engine_reinit_s=0``) leaves the DAG's pure state-movement cost.
+Both estimates add the rollout-engine start when a generation model-stage changes layout or gains
+GPUs: state movement does not cover starting the engine on its new layout (vLLM spawns workers,
+profiles memory, allocates the KV cache and captures CUDA graphs). Given the job, it is
+``nereus.controller.engine_start.generation_restart_s`` (by model size and TP: 25 s for 8B TP 1,
+3.5 min for 70B TP 8; sources there) plus ``group_init_s`` (creating the process groups of a
+re-laid-out training model-stage at scale); without a job, or with ``engine_reinit_s`` given, the
+flat :data:`ENGINE_REINIT_S`. ``engine_reinit_s=0`` leaves the DAG's pure state-movement cost.
 """
 
 from __future__ import annotations
 
 from nereus.controller.decisions import TransitionCost
+from nereus.controller.engine_start import generation_restart_s, group_init_s
 from nereus.spec.job import JobSpec
 from nereus.spec.plan import Plan
 
@@ -34,12 +37,23 @@ __all__ = ["estimate_transition_cost", "bandwidth_estimate", "engine_reinit", "S
 
 #: seconds of fixed setup per transition in the fallback (communicators); an assumption, see above.
 SETUP_S = 5.0
-#: seconds to start a rollout engine on a new layout or new GPUs; an assumption, see above.
+#: seconds to start a rollout engine on a new layout or new GPUs when the job is not known (the
+#: flat assumption before ``engine_start``); see above.
 ENGINE_REINIT_S = 20.0
 
 
-def engine_reinit(current: Plan, target: Plan, engine_reinit_s: float = ENGINE_REINIT_S) -> float:
-    """:data:`ENGINE_REINIT_S` if a ``*.generate`` model-stage changes layout or gains GPUs, else 0."""
+def engine_reinit(current: Plan, target: Plan, engine_reinit_s: float | None = None,
+                  job: JobSpec | None = None) -> float:
+    """Seconds of engine (re)starts and process-group creation of ``current → target``.
+
+    With ``job`` and no ``engine_reinit_s``: ``generation_restart_s`` (the slowest new engine, by model
+    size and TP) plus ``group_init_s`` (``nereus.controller.engine_start``). Otherwise ``engine_reinit_s``
+    (default :data:`ENGINE_REINIT_S`) if a ``*.generate`` model-stage changes layout or gains GPUs, else 0.
+    """
+    if job is not None and engine_reinit_s is None:
+        return generation_restart_s(job.model, current, target) + group_init_s(current, target)
+    if engine_reinit_s is None:
+        engine_reinit_s = ENGINE_REINIT_S
     for t in target.candidates:
         if not t.model_stage.endswith(".generate"):
             continue
@@ -91,7 +105,7 @@ def bandwidth_estimate(job: JobSpec, current: Plan, target: Plan, pool=None) -> 
 
 
 def estimate_transition_cost(job: JobSpec, current: Plan, target: Plan, pool=None,
-                             engine_reinit_s: float = ENGINE_REINIT_S) -> TransitionCost:
+                             engine_reinit_s: float | None = None) -> TransitionCost:
     """``L_tran`` of ``current → target``: the DAG estimate when ``nereus.transition`` provides one,
     else :func:`bandwidth_estimate`; plus :func:`engine_reinit`."""
     fn = dag_estimator()
@@ -103,6 +117,6 @@ def estimate_transition_cost(job: JobSpec, current: Plan, target: Plan, pool=Non
                              source="dag", reason=str(getattr(e, "reason", "") or ""))
     if not est.feasible:
         return est
-    extra = engine_reinit(current, target, engine_reinit_s)
+    extra = engine_reinit(current, target, engine_reinit_s, job)
     return TransitionCost(est.l_tran + extra, True, est.bytes_moved, est.source,
-                          est.reason + (f"; +{extra:g}s rollout-engine start" if extra else ""))
+                          est.reason + (f"; +{extra:.1f}s engine start and group creation" if extra else ""))

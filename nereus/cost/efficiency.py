@@ -73,6 +73,11 @@ DEFAULT_EFFICIENCY: dict[str, float] = {
     "gemm_fp8": 0.5,
     "attention": 0.45,
     "memory_bound": 0.7,
+    # engine overheads (nereus.cost.engine_terms): fixed latencies, 1 = the figure as configured
+    "decode_overhead": 1.0,
+    "engine": 1.0,
+    "launch": 1.0,
+    "framework": 1.0,
 }
 _LINK_DEFAULT = {"nvlink": 0.6, "xgmi": 0.6, "ib": 0.75, "slingshot": 0.75, "pcie": 0.8}
 UNSEEN_DEFAULT = 0.5

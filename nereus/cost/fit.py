@@ -9,7 +9,8 @@ This module fits **one multiplicative scale per op-class group** to many totals 
 
 * groups (:func:`group_of`): ``gemm``, ``gemm_fp8``, ``attention``, ``memory`` (``memory_bound``) and one per link
   for the collectives (``comm@nvlink``, ``comm@ib``, ...: every ``<collective>@<link>`` class of that
-  link). Everything in a group moves together, so a handful of totals can identify it; a group the
+  link), and each engine overhead class (``decode_overhead``, ``engine``, ``launch``, ``framework``,
+  :mod:`nereus.cost.engine_terms`) on its own. Everything in a group moves together, so a handful of totals can identify it; a group the
   totals cannot separate from another (e.g. attention in short-sequence rows) stays near its default
   through the prior.
 * model: the time of an op class is ``work / (peak · efficiency)`` (:mod:`nereus.cost.latency`), so
@@ -44,7 +45,8 @@ import numpy as np
 
 from nereus.cost.efficiency import EfficiencyTable
 
-__all__ = ["FitResult", "group_of", "fit_scales", "fit_table", "EFF_BOUNDS", "PRIOR_SIGMA", "NOISE_SIGMA"]
+__all__ = ["FitResult", "group_of", "fit_scales", "fit_table", "EFF_BOUNDS", "PRIOR_SIGMA", "NOISE_SIGMA",
+           "deadband_targets"]
 
 #: default box for every fitted class efficiency: well inside EfficiencyTable's (0, 1.5] and below 1
 EFF_BOUNDS = (0.05, 0.95)
@@ -54,6 +56,8 @@ PRIOR_SIGMA = 0.5
 NOISE_SIGMA = 0.1
 
 _MEMORY = ("memory_bound",)
+#: engine overhead classes (nereus.cost.engine_terms), each its own group
+_OVERHEADS = ("decode_overhead", "engine", "launch", "framework")
 
 
 def group_of(op_class: str) -> str | None:
@@ -63,6 +67,8 @@ def group_of(op_class: str) -> str | None:
         return op_class
     if op_class in _MEMORY:
         return "memory"
+    if op_class in _OVERHEADS:
+        return op_class
     kind, sep, link = op_class.partition("@")
     if sep and kind and link:
         return f"comm@{link}"
@@ -204,6 +210,29 @@ def _result(base: EfficiencyTable, groups: list[str], group_classes: dict, x: np
     return FitResult(table=table, scales=scales, efficiencies=effs, log_residuals_before=before,
                      log_residuals_after=after, at_bound=tuple(sorted(at_bound)), n=len(before),
                      success=success, message=message, groups={g: tuple(group_classes[g]) for g in groups})
+
+
+def deadband_targets(predicted: Sequence[float], measured: Sequence[float], band: float = NOISE_SIGMA) -> list:
+    """Measured totals moved onto the edge of a band of ``±band`` (log units) around each
+    prediction: ``P·exp(r - clip(r, -band, band))`` with ``r = log(M/P)``. A total the model already
+    predicts within its expected scatter (:data:`NOISE_SIGMA`, 10%) asks for no change; one outside
+    asks only for the part beyond it. Fitting these instead of the raw totals keeps calibration from
+    chasing step-to-step noise into the efficiencies (which then transfer to the job's other plans).
+
+    Raises:
+        ValueError: lengths differ, a non-positive value, or ``band < 0``.
+    """
+    p, m = list(predicted), list(measured)
+    if len(p) != len(m) or not band >= 0:
+        raise ValueError(f"deadband_targets needs as many predictions as totals and band >= 0, got {len(p)} "
+                         f"predictions, {len(m)} totals, band={band!r}")
+    out = []
+    for i, (a, b) in enumerate(zip(p, m)):
+        if not (a > 0 and b > 0):
+            raise ValueError(f"deadband_targets: predicted[{i}]={a!r} and measured[{i}]={b!r} must be > 0")
+        r = math.log(b / a)
+        out.append(a * math.exp(r - max(-band, min(band, r))))
+    return out
 
 
 def fit_scales(breakdowns: Sequence[Mapping[str, float]], measured: Sequence[float], *,

@@ -206,19 +206,22 @@ def _head_pass(model, tp, tokens, mult, cluster, eff, gcls="gemm") -> dict:
     return out
 
 
-def _overlap_tp(parts: dict) -> dict:
+def _overlap_tp(parts: dict, share: float = 1.0) -> dict:
     """TP collectives overlapped with the GEMMs of the same pass (Megatron ``tp_comm_overlap``):
-    exposed ``max(0, T_tp - T_gemm)``, each TP class scaled down by the same factor, and the GEMMs
-    they overlap slowed by ``overlap = s · min(T_tp, T_gemm)`` (``s`` =
-    :data:`~nereus.cost.efficiency.OVERLAP_COMPUTE_SLOWDOWN`)."""
+    hidden ``H = min(share · T_tp, T_gemm)``, exposed ``T_tp - H`` (each TP class scaled down by the
+    same factor), and the GEMMs they overlap slowed by ``overlap = s · H`` (``s`` =
+    :data:`~nereus.cost.efficiency.OVERLAP_COMPUTE_SLOWDOWN`). ``share`` is the part of the TP
+    communication the implementation can hide (1: all of it, as Transformer Engine's userbuffers;
+    ``EngineCosts.tp_overlap_share`` for others)."""
     tp_classes = [k for k in parts if k.startswith(("allreduce@", "allgather@"))]
     if not tp_classes:
         return parts
     total = sum(np.asarray(parts[k], dtype=float) for k in tp_classes)
     gemm = np.asarray(parts.get("gemm", 0.0), dtype=float) + np.asarray(parts.get("gemm_fp8", 0.0), dtype=float)
-    keep = np.where(total > 0, np.maximum(total - gemm, 0.0) / np.where(total > 0, total, 1.0), 0.0)
+    hidden = np.minimum(share * total, gemm)
+    keep = np.where(total > 0, (total - hidden) / np.where(total > 0, total, 1.0), 0.0)
     out = {k: (v * keep if k in tp_classes else v) for k, v in parts.items()}
-    _add(out, "overlap", OVERLAP_COMPUTE_SLOWDOWN * np.minimum(total, gemm))
+    _add(out, "overlap", OVERLAP_COMPUTE_SLOWDOWN * hidden)
     return out
 
 
@@ -230,7 +233,8 @@ def microbatch_stage_times(stage: str, model: ModelSpec, workload: WorkloadSpec,
     ``vpp`` (interleaved pipeline, array allowed) multiplies the point-to-point traffic by ``v``
     (Narayanan et al. 2021 §2.2); ``sp`` (sequence parallelism) keeps the TP volume (all-gather +
     reduce-scatter instead of all-reduce, cost-model.md §2.5); ``overlap_tp`` hides TP collectives
-    behind the pass's GEMMs (:func:`_overlap_tp`). Selective recompute re-runs each layer's
+    behind the pass's GEMMs (:func:`_overlap_tp`; a number in (0, 1] instead of True: the share of
+    them it can hide). Selective recompute re-runs each layer's
     attention block in backward: its QKV projection, the core attention, and with SP the all-gather
     of its input (:func:`nereus.cost.memory.activation_bytes_per_layer` says what it saves).
     """
@@ -267,7 +271,7 @@ def microbatch_stage_times(stage: str, model: ModelSpec, workload: WorkloadSpec,
         for cls, t in p2p.items():
             _add(body, cls, np.where(pp > 1, t, 0.0) * (2 if stage == "train" else 1) * chunks)
     if overlap_tp:
-        body = _overlap_tp(body)
+        body = _overlap_tp(body, 1.0 if overlap_tp is True else float(overlap_tp))
     # The head is outside the recomputed layers (Megatron checkpoints transformer layers only), so it
     # runs forward + backward (3 forward-equivalents) whatever the recompute mode.
     head_mult = 3 if stage == "train" else 1

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from nereus.cost.lora import trainable_params_rank
 from nereus.cost.shapes import kv_bytes_per_token_rank, layer_params_rank, max_layers_rank, params_rank
 from nereus.spec.framework import OFFLOAD_MODES
 from nereus.spec.model import ModelSpec
@@ -128,6 +129,15 @@ def _logits_bytes(model: ModelSpec, tokens, tp: int):
     return 4.0 * tokens * (model.hidden_size + model.vocab_size) / tp
 
 
+def _weights(model: ModelSpec, workload: WorkloadSpec, params, tp, zero, dp):
+    """Weight bytes per GPU: whole, or with ZeRO-3 over ``dp > 1`` a ``1/dp`` shard plus two gathered
+    layers (the one running and the one prefetched). At ``dp = 1`` ZeRO-3 shards nothing and gathers
+    nothing (the whole weights are already local), so the weights are counted once."""
+    whole = params * workload.param_bytes
+    sharded = whole / dp + 2.0 * layer_params_rank(model, tp) * workload.param_bytes
+    return np.where((zero >= 3) & (dp > 1), sharded, whole)
+
+
 def stage_memory(stage: str, model: ModelSpec, workload: WorkloadSpec, tp, pp, *,
                  micro_batch=1, recompute="none", inflight=1, concurrency=0, dp=1, zero=0, offload=0,
                  vpp=1, sp=False) -> dict:
@@ -144,13 +154,16 @@ def stage_memory(stage: str, model: ModelSpec, workload: WorkloadSpec, tp, pp, *
 
     * ZeRO over ``dp``: stage >= 1 divides the optimizer state, >= 2 also the gradients, 3 also the
       weights, which then need two gathered layers in flight (forward and backward prefetch,
-      llm-analysis's ``unsharded_layer x (fwd_prefetch + bwd_prefetch)``). An ``infer``
+      llm-analysis's ``unsharded_layer x (fwd_prefetch + bwd_prefetch)``); at ``dp = 1`` there is
+      nothing to shard or gather and the weights count once. An ``infer``
       model-stage run by a ZeRO-3 / FSDP engine (OpenRLHF's DeepSpeed reference and reward models
       and its actor's log-prob pass, verl's FSDP ref and ``compute_log_prob``) holds ``1/dp`` of
       its weights and two gathered layers: the one running and the one prefetched (FSDP
       ``forward_prefetch``, DeepSpeed ``stage3_prefetch_bucket_size``); other stages are ignored.
     * Interleaved 1F1B keeps ``1 + (p-1)/(p·v)`` times the first rank's activations (Korthikanti
       et al. 2022 §4.2.3).
+    * LoRA (``workload.lora_rank``, :mod:`nereus.cost.lora`): gradients and optimizer state of the
+      adapters only; the frozen base weights plus the adapters' weights.
     * Offload ``host`` or ``drop``: the weights and optimizer state are not resident between runs;
       they are transient, on the GPU only while the model-stage runs. ``cpu_adam`` (train): the
       optimizer state is in host memory, never on the GPU (``optimizer`` is 0).
@@ -172,11 +185,12 @@ def stage_memory(stage: str, model: ModelSpec, workload: WorkloadSpec, tp, pp, *
         rc = recompute_code(recompute)
         zero, dp = np.asarray(zero), np.asarray(dp)
         on_host = np.asarray(offload) == OFF_CPU_ADAM
-        out["optimizer"] = np.where(on_host, 0.0, params * workload.optimizer_bytes / np.where(zero >= 1, dp, 1))
-        out["gradients"] = params * workload.grad_bytes / np.where(zero >= 2, dp, 1)
-        out["weights"] = np.where(zero >= 3, params * workload.param_bytes / dp
-                                  + 2.0 * layer_params_rank(model, tp) * workload.param_bytes,
-                                  params * workload.param_bytes)
+        trainable = trainable_params_rank(model, workload.lora_rank, tp, pp)
+        out["optimizer"] = np.where(on_host, 0.0, trainable * workload.optimizer_bytes / np.where(zero >= 1, dp, 1))
+        out["gradients"] = trainable * workload.grad_bytes / np.where(zero >= 2, dp, 1)
+        out["weights"] = _weights(model, workload, params, tp, zero, dp)
+        if workload.lora_rank:  # the adapters' own weights, next to the frozen base
+            out["weights"] = out["weights"] + trainable * workload.param_bytes
         tokens = s * np.asarray(micro_batch)
         per_layer = activation_bytes_per_layer(model, tokens, tp, sp, rc == RC_SELECTIVE, s, workload.attention_kernel)
         inputs_only = 2.0 * tokens * model.hidden_size * layers / np.where(sp & (tp > 1), tp, 1)
@@ -192,9 +206,7 @@ def stage_memory(stage: str, model: ModelSpec, workload: WorkloadSpec, tp, pp, *
         out["logits"] = np.where(pp > 1, 0.0, logits)
     elif stage == "infer":
         zero, dp = np.asarray(zero), np.asarray(dp)
-        out["weights"] = np.where(zero >= 3, params * workload.param_bytes / dp
-                                  + 2.0 * layer_params_rank(model, tp) * workload.param_bytes,
-                                  params * workload.param_bytes)
+        out["weights"] = _weights(model, workload, params, tp, zero, dp)
         tokens = s * np.asarray(micro_batch)
         out["activations"] = 2 * activation_bytes_per_layer(model, tokens, tp, sp, seq=s, kernel=workload.attention_kernel)
         out["logits"] = (6.0 * tokens * model.vocab_size / tp) if model.head == "lm" else 4.0 * tokens

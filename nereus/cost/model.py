@@ -21,7 +21,7 @@ the critical path of the execution-overlap graph is ``Σ_stage max_M t_M``; asyn
 of the next step overlaps inference and training, ``max(t_generate, t_infer + t_train)``.
 
 Per-GPU peak memory: ``workspace + Σ resident of every model-stage on the GPU + the largest
-transient among them`` (stages share GPUs one after another; idle model-stages stay resident).
+transient among them`` (idle model-stages stay resident; ``shared_engine``: cost/step.py).
 A plan is feasible when every GPU's peak fits ``(1 - headroom) · capacity``, with ``1 - headroom`` the
 workload's ``memory_fraction`` when set (vLLM's ``gpu_memory_utilization``), else 0.9. Memory terms
 use the workload's ``response_len_max`` when set (:mod:`nereus.cost.memory`), times its mean.
@@ -31,15 +31,21 @@ from __future__ import annotations
 
 import numpy as np
 
+from nereus.cost import engine_terms as et
 from nereus.cost import latency as lat
 from nereus.cost.checks import check_candidate, check_train_batch
 from nereus.cost.detail import RowDetail
-from nereus.cost.efficiency import OVERLAP_COMPUTE_SLOWDOWN, EfficiencyTable
+from nereus.cost.efficiency import EfficiencyTable
 from nereus.cost.host_optimizer import cpu_adam_times
+from nereus.cost.lora import frozen_pass, lora_dp_sync_time, lora_sync_share, trainable_share
 from nereus.cost.memory import OFF_CPU_ADAM, WORKSPACE_BYTES, offload_code, recompute_code, stage_memory
+from nereus.cost.overlap import overlap_dp
 from nereus.cost.rows import expand, rows_of, unique_rows
+from nereus.cost.seqpar import with_seq_split
 from nereus.cost.sharded_infer import infer_gather_times
-from nereus.cost.step import stage_groups
+from nereus.cost.step import engine_owned, stage_groups
+from nereus.cost.vllm_memory import kv_capacity, preallocated_memory
+from nereus.cost.zero3 import flat_zero3_times
 from nereus.spec.job import JobSpec
 from nereus.spec.plan import Candidate, Plan, StageEstimate
 from nereus.workflow import ModelStage, Workflow, workflow_for
@@ -50,25 +56,6 @@ __all__ = ["CostModel", "default_headroom", "DEFAULT_HEADROOM", "FROZEN_MODELS"]
 DEFAULT_HEADROOM = 0.1
 #: models whose weights never change during the run (reloadable from a host copy)
 FROZEN_MODELS = ("reference", "reward")
-_COMPUTE_CLASSES = ("gemm", "gemm_fp8", "attention", "memory_bound")
-
-
-def _overlap_dp(comm: dict, last: dict, zero, m) -> dict:
-    """DP communication overlapped with backward (cost-model.md §2.7, ``T_comp + max(0, T_dp -
-    T_bwd)``): ZeRO-0/1 reduce during the last micro-batch's backward (2/3 of its compute, Megatron's
-    bucketed ``overlap_grad_reduce``); ZeRO-2/3 communicate per micro-batch, prefetched behind
-    every micro-batch's forward and backward (FSDP's prefetch). The compute the communication
-    overlaps runs slower: ``overlap = s · min(T_dp, window)`` more seconds, ``s`` =
-    :data:`~nereus.cost.efficiency.OVERLAP_COMPUTE_SLOWDOWN` (a key of its own, not an op class)."""
-    if not comm:
-        return comm
-    compute = sum(np.asarray(last.get(k, 0.0), dtype=float) for k in _COMPUTE_CLASSES)
-    window = np.where(np.asarray(zero) >= 2, np.asarray(m) * compute, compute * 2.0 / 3.0)
-    total = sum(np.asarray(v, dtype=float) for v in comm.values())
-    keep = np.where(total > 0, np.maximum(total - window, 0.0) / np.where(total > 0, total, 1.0), 0.0)
-    out = {k: v * keep for k, v in comm.items()}
-    out["overlap"] = OVERLAP_COMPUTE_SLOWDOWN * np.minimum(total, window)
-    return out
 
 
 def _sum(d: dict):
@@ -142,7 +129,7 @@ class CostModel:
     # ------------------------------------------------------------------ arrays
     def candidate_arrays(self, ms: ModelStage, tp, pp, dp, *, micro_batch=1, recompute="none",
                          concurrency=0, zero=0, offload=0, vpp=1, multi_node: bool = False,
-                         breakdown: bool = False) -> dict:
+                         breakdown: bool = False, cp: int = 1) -> dict:
         """Time and memory of candidates of ``ms``, elementwise over arrays.
 
         ``tp``, ``pp``, ``dp``, ``micro_batch``, ``recompute`` (mode or codes), ``concurrency``,
@@ -150,6 +137,8 @@ class CostModel:
         :data:`nereus.cost.memory.OFFLOAD_CODES`) and ``vpp`` (interleaving, train) may be scalars or
         arrays of one shape; the caller guarantees valid values (see :func:`check_candidate`). The
         job's framework flags (sequence parallelism, overlaps, reduce dtype) apply to every row.
+        ``cp``: sequence split of train/infer rows (:mod:`nereus.cost.seqpar`; ``dp`` counts replicas of
+        ``tp·pp·cp`` GPUs); LoRA and vLLM's fixed fraction: :mod:`nereus.cost.lora`, ``vllm_memory``.
 
         Returns:
             dict with ``time`` (seconds per step), ``resident`` and ``transient`` (bytes per GPU),
@@ -164,8 +153,10 @@ class CostModel:
         pp = np.broadcast_to(np.asarray(pp, dtype=np.int64), dp.shape)
         corr = self.memory_correction.get(ms.name, 1.0)
         fw = self.job.framework
+        eng = fw.engine
         off = offload_code(offload)
-        if not breakdown and ms.stage != "train" and np.ndim(off) and dp.size >= 64:
+        if not breakdown and ms.stage != "train" and np.ndim(off) and dp.size >= 64 and cp == 1 \
+                and w.rollout_memory_fraction is None:
             got = self._by_offload(ms, tp, pp, dp, micro_batch, concurrency, np.broadcast_to(off, dp.shape),
                                    multi_node, corr, np.broadcast_to(np.asarray(zero), dp.shape))
             if got is not None:
@@ -180,22 +171,39 @@ class CostModel:
             # distinct combination (elementwise, so bit-identical to the per-row computation)
             first, inv = unique_rows(dp.shape, tp, pp, micro_batch, rc, vpp)
             u = rows_of(first, tp, pp, micro_batch, rc, vpp)
-            mid, last = lat.microbatch_stage_times("train", model, w, cl, eff, u[0], u[1], u[2], u[3], vpp=u[4],
-                                                   sp=fw.sequence_parallel, overlap_tp=fw.overlap_tp_comm)
+            mid, last = lat.microbatch_stage_times("train", model, et.padded_workload(w, eng), cl, eff, u[0], u[1],
+                                                   u[2] / cp, u[3], vpp=u[4], sp=fw.sequence_parallel,
+                                                   overlap_tp=self._tp_overlap())
+            if eng is not None and eng.layer_pass_s > 0:
+                launch = et.layer_pass_times(lat.max_layers_rank(model, u[1]), np.where(u[3] == 2, 4, 3), eng, eff,
+                                             cl.gpu)
+                mid, last = _combine(mid, launch), _combine(last, launch)
+            if w.lora_rank:  # frozen base weights: no weight-gradient GEMMs
+                mid, last = frozen_pass(mid, u[3]), frozen_pass(last, u[3])
+            mid, last = with_seq_split(self.job, eff, model, mid, last, u[0], u[1], u[2], u[3], cp, "train")
             mid, last = expand(mid, inv), expand(last, inv)
-            comm = lat.dp_sync_time(model, w, cl, eff, tp, pp, dp, zero=zero, micro_batches=m,
-                                    reduce_bytes=fw.grad_reduce_bytes)
+            dps = dp * cp  # gradients and ZeRO shard over every GPU of the sequence-split replicas
+            comm = (lora_dp_sync_time(lat.LinkModel(cl, eff), model, w, tp, pp, dps, zero, m, fw.grad_reduce_bytes)
+                    if w.lora_rank else lat.dp_sync_time(model, w, cl, eff, tp, pp, dps, zero=zero, micro_batches=m,
+                                                         reduce_bytes=fw.grad_reduce_bytes))
+            if eng is not None and eng.zero3_gather == "flat" and np.any(zero >= 3):
+                flat, mask = flat_zero3_times(model, w, cl, eff, tp, pp, dps, m, fw.grad_reduce_bytes or w.grad_bytes)
+                mask = mask & (zero >= 3)
+                comm = _combine({k: np.where(mask, 0.0, v) for k, v in comm.items()},
+                                {k: np.where(mask, v, 0.0) for k, v in flat.items()})
             if fw.overlap_grad_reduce:
-                comm = _overlap_dp(comm, last, zero, m)
-            gpu_adam = np.where(off == OFF_CPU_ADAM, 0.0, lat.optimizer_time(model, w, cl, eff, tp, pp, dp, zero))
+                comm = overlap_dp(comm, last, zero, m)
+            adam = lat.optimizer_time(model, w, cl, eff, tp, pp, dps, zero) * trainable_share(model, w.lora_rank, tp, pp)
+            gpu_adam = np.where(off == OFF_CPU_ADAM, 0.0, adam)
             per_mini = _combine(_scale(last, m), {"bubble": (pp - 1) * _sum(mid) / np.maximum(vpp, 1)}, comm,
-                                {"memory_bound": gpu_adam}, cpu_adam_times(model, w, cl, eff, tp, pp, dp, zero, off))
+                                {"memory_bound": gpu_adam}, _scale(cpu_adam_times(model, w, cl, eff, tp, pp, dps, zero, off),
+                                                                   trainable_share(model, w.lora_rank, tp, pp)))
             parts = _scale(per_mini, w.updates_per_step)
             if ms.model == "actor":
                 parts = _combine(parts, self._sync(model, tp, pp, dp.shape, "send", multi_node))
             off = np.where(off == 2, 1, off)  # training state cannot be dropped; treat as host offload
-            mem = stage_memory("train", model, w, tp, pp, micro_batch=micro_batch, recompute=recompute,
-                               inflight=np.minimum(pp, m), dp=dp, zero=zero, offload=off, vpp=vpp,
+            mem = stage_memory("train", model, w, tp, pp, micro_batch=micro_batch / cp, recompute=recompute,
+                               inflight=np.minimum(pp, m), dp=dps, zero=zero, offload=off, vpp=vpp,
                                sp=fw.sequence_parallel)
         elif ms.stage == "infer":
             micro_batch = np.asarray(micro_batch)
@@ -203,32 +211,48 @@ class CostModel:
             m = -(-seqs // micro_batch)
             first, inv = unique_rows(dp.shape, tp, pp, micro_batch)
             u = rows_of(first, tp, pp, micro_batch)
-            mid, last = lat.microbatch_stage_times("infer", model, w, cl, eff, u[0], u[1], u[2],
-                                                   sp=fw.sequence_parallel, overlap_tp=fw.overlap_tp_comm)
+            mid, last = lat.microbatch_stage_times("infer", model, et.padded_workload(w, eng), cl, eff, u[0], u[1],
+                                                   u[2] / cp, sp=fw.sequence_parallel, overlap_tp=self._tp_overlap())
+            if eng is not None and eng.layer_pass_s > 0:
+                launch = et.layer_pass_times(lat.max_layers_rank(model, u[1]), 1, eng, eff, cl.gpu)
+                mid, last = _combine(mid, launch), _combine(last, launch)
+            mid, last = with_seq_split(self.job, eff, model, mid, last, u[0], u[1], u[2], 0, cp, "infer")
             mid, last = expand(mid, inv), expand(last, inv)
             parts = _combine(_scale(last, m), {"bubble": (pp - 1) * _sum(mid)})
             zero = np.asarray(zero)
             if np.any(zero):  # a ZeRO-3 engine: the weights are gathered for every micro-batch
-                comm = infer_gather_times(model, w, cl, eff, tp, pp, dp, zero, m)
-                parts = _combine(parts, _overlap_dp(comm, last, zero, m) if fw.overlap_grad_reduce else comm)
-            mem = self._infer_memory(model, tp, pp, micro_batch, off, zero, dp)
+                comm = infer_gather_times(model, w, cl, eff, tp, pp, dp * cp, zero, m)
+                parts = _combine(parts, overlap_dp(comm, last, zero, m) if fw.overlap_grad_reduce else comm)
+            mem = self._infer_memory(model, tp, pp, micro_batch / cp if cp > 1 else micro_batch, off, zero, dp * cp)
         elif ms.stage == "generate":
             seqs = -(-w.rollouts_per_step // dp)
             c = np.minimum(concurrency, seqs)
+            if w.rollout_memory_fraction is not None:  # the KV blocks that fit cap it; the rest are preempted
+                c = np.maximum(np.minimum(c, kv_capacity(model, w, tp, pp, c, None, cl.gpu, self.workspace)), 1)
             waves = -(-seqs // c)
-            # one wave's time depends on (tp, pp, concurrency) only: computed once per combination
-            first, inv = unique_rows(dp.shape, tp, pp, c)
+            longest = eng is not None and eng.generation == "longest"
+            # one wave's time depends on (tp, pp, concurrency) only (and on the sequences per replica
+            # when the batch ends with its longest response): computed once per combination
+            first, inv = unique_rows(dp.shape, tp, pp, c, *((seqs,) if longest else ()))
             ut, up, uc = rows_of(first, tp, pp, c)
             mb = np.minimum(up, uc)
             pmid, plast = lat.prefill_stage_times(model, w, cl, eff, ut, up, uc / mb)
             prefill = _combine(_scale(plast, mb), {"bubble": (up - 1) * _sum(pmid)})
-            decode = _scale(lat.decode_step_times(model, w, cl, eff, ut, up, uc), w.response_len)
-            parts = _scale(expand(_combine(prefill, decode), inv), waves)
+            if longest:
+                parts = expand(self._longest_generation(model, ut, up, uc, prefill, rows_of(first, seqs)[0]), inv)
+            else:
+                decode = _scale(lat.decode_step_times(model, w, cl, eff, ut, up, uc), w.response_len)
+                parts = _scale(expand(_combine(prefill, decode), inv), waves)
+            if eng is not None and eng.generate_call_s > 0:
+                parts = _combine(parts, et.generate_call_times(eng, eff, cl.gpu))
             if ms.model == "actor":
                 parts = _combine(parts, self._sync(model, tp, pp, dp.shape, "recv", multi_node))
             first, inv = unique_rows(dp.shape, tp, pp, c, off)
             u = rows_of(first, tp, pp, c, off)
             mem = expand(stage_memory("generate", model, w, u[0], u[1], concurrency=u[2], offload=u[3]), inv)
+            if w.rollout_memory_fraction is not None:  # vLLM takes its fraction whatever the batch needs
+                mem = preallocated_memory(mem, w.rollout_memory_fraction, cl.gpu.memory_bytes, self.workspace,
+                                          np.broadcast_to(off, dp.shape), np.broadcast_to(c, dp.shape))
         else:  # pragma: no cover - ModelStage validates stages
             raise ValueError(ms.stage)
         if np.any(off > 0):
@@ -291,6 +315,24 @@ class CostModel:
                 "transient": rows(mem["transient"] * corr), "memory": mem,
                 "detail": RowDetail(base["breakdown"], mem, corr, inv=inv, extra=extra)}
 
+    def _tp_overlap(self):
+        """``overlap_tp`` of the passes: False, True, or the engine's ``tp_overlap_share``."""
+        fw = self.job.framework
+        if not fw.overlap_tp_comm or fw.engine is None or fw.engine.tp_overlap_share == 1.0:
+            return fw.overlap_tp_comm
+        return fw.engine.tp_overlap_share
+
+    def _longest_generation(self, model, tp, pp, c, prefill: dict, seqs) -> dict:
+        """Generation of ``seqs`` sequences per replica at concurrency ``c`` (distinct rows) when a
+        synchronous batch ends with its longest response (:func:`nereus.cost.engine_terms.decode_steps`):
+        the prompts prefilled in ``ceil(seqs/c)`` waves of ``c``, ``S`` decode steps at the mean
+        running count ``r``, and the engine's per-step overhead."""
+        w, cl, eff, eng = self.job.workload, self.job.cluster, self.eff, self.job.framework.engine
+        steps, running = et.decode_steps(seqs, c, w.response_len, w.memory_response_len)
+        decode = _scale(lat.decode_step_times(model, w, cl, eff, tp, pp, running), steps)
+        waves = -(-np.asarray(seqs) // np.asarray(c))
+        return _combine(_scale(prefill, waves), decode, et.decode_overhead_times(steps, running, eng, eff, cl.gpu))
+
     def _infer_memory(self, model, tp, pp, micro_batch, off, zero, dp) -> dict:
         """:func:`~nereus.cost.memory.stage_memory` of inference rows, once per distinct (tp, pp,
         micro-batch, offload, dp where ZeRO-3 shards the weights; the others do not depend on dp)."""
@@ -305,8 +347,9 @@ class CostModel:
         """:func:`nereus.cost.latency.weight_sync_times` per row, computed once per (tp, pp)."""
         first, inv = unique_rows(shape, tp, pp)
         ut, up = rows_of(first, tp, pp)
-        return expand(lat.weight_sync_times(model, self.job.workload, self.job.cluster, self.eff, ut, up, side,
-                                             multi_node), inv)
+        sync = lat.weight_sync_times(model, self.job.workload, self.job.cluster, self.eff, ut, up, side, multi_node)
+        lora = self.job.workload.lora_rank  # with LoRA only the adapters travel
+        return expand(_scale(sync, lora_sync_share(model, lora)) if lora else sync, inv)
 
     def _estimate_key(self, cand: Candidate, multi_node: bool) -> tuple:
         """What :meth:`estimate_candidate` depends on besides the candidate's layout columns: the
@@ -316,7 +359,7 @@ class CostModel:
         return (self.model_of(ms), ms.stage, ms.model == "actor" and ms.stage != "infer",
                 cand.offload != "none" and ms.model in FROZEN_MODELS, self.memory_correction.get(ms.name, 1.0),
                 cand.tp, cand.pp, cand.dp, cand.micro_batch, cand.recompute, cand.concurrency, cand.zero,
-                cand.offload, cand.vpp, cand.grad_accum, multi_node)
+                cand.offload, cand.vpp, cand.grad_accum, multi_node, cand.cp)
 
     # ------------------------------------------------------------------ one candidate
     def estimate_candidate(self, cand: Candidate, multi_node: bool = False) -> StageEstimate:
@@ -331,7 +374,7 @@ class CostModel:
         a = self.candidate_arrays(ms, cand.tp, cand.pp, [cand.dp], micro_batch=max(cand.micro_batch, 1),
                                   recompute=cand.recompute, concurrency=max(cand.concurrency, 1),
                                   zero=cand.zero, offload=cand.offload, vpp=cand.vpp,
-                                  multi_node=multi_node, breakdown=True)
+                                  multi_node=multi_node, breakdown=True, cp=cand.cp)
         corr = self.memory_correction.get(ms.name, 1.0)
         memory = {k: float(np.asarray(v).reshape(-1)[0]) * corr for k, v in a["memory"].items()
                   if k not in ("resident", "transient")}
@@ -352,9 +395,10 @@ class CostModel:
         for key, t in totals.items():
             st = ModelStage.parse(key[0]).stage
             per_stage[st] = max(per_stage.get(st, 0.0), t)
+        fixed = et.step_overhead(self.job.framework.engine, self.eff, self.job.cluster.gpu)
         if self.workflow.asynchronous:
-            return max(per_stage.get("generate", 0.0), per_stage.get("infer", 0.0) + per_stage.get("train", 0.0))
-        return sum(per_stage.values())
+            return fixed + max(per_stage.get("generate", 0.0), per_stage.get("infer", 0.0) + per_stage.get("train", 0.0))
+        return fixed + sum(per_stage.values())
 
     def estimate(self, plan: Plan, pool=None, known: dict | None = None) -> Plan:
         """A copy of ``plan`` with estimates, ``L_step``, per-GPU peak memory and throughput.
@@ -379,10 +423,11 @@ class CostModel:
         l_step = self.stage_latency({k: v.time for k, v in ests.items()}, stage_groups(plan, self.workflow))
         gpu_res: dict = {}
         gpu_tr: dict = {}
+        owned = engine_owned(plan, self.job.framework)  # weights of a training engine's own passes count once
         for c in plan.candidates:
-            e = ests[c.model_stage]
+            e, res = ests[c.model_stage], 0.0 if c.model_stage in owned else ests[c.model_stage].resident
             for g in c.gpus:
-                gpu_res[g] = gpu_res.get(g, 0.0) + e.resident
+                gpu_res[g] = gpu_res.get(g, 0.0) + res
                 gpu_tr[g] = max(gpu_tr.get(g, 0.0), e.transient)
         gpu_mem = {g: self.workspace + gpu_res[g] + gpu_tr[g] for g in gpu_res}
         peak = {c.model_stage: max((gpu_mem[g] for g in c.gpus), default=self.workspace + ests[c.model_stage].peak_own)

@@ -11,7 +11,7 @@ import networkx as nx
 from nereus.spec.plan import Plan
 from nereus.workflow import Workflow
 
-__all__ = ["stage_groups", "critical_path"]
+__all__ = ["stage_groups", "critical_path", "engine_owned"]
 
 
 def stage_groups(plan: Plan, workflow: Workflow) -> list[tuple[str, ...]]:
@@ -79,3 +79,19 @@ def critical_path(workflow: Workflow, times: dict, groups=None) -> float:
     for n in nx.topological_sort(g):
         best[n] = g.nodes[n]["w"] + max((best[p] for p in g.predecessors(n)), default=0.0)
     return max(best.values(), default=0.0) if not math.isnan(sum(best.values())) else float("nan")
+
+
+def engine_owned(plan: Plan, fw) -> set:
+    """Inference model-stages whose weights are their training engine's (``fw.shared_engine``: the
+    same model's ``.train`` candidate on the same GPUs keeps its weights resident), so they add no
+    resident bytes of their own."""
+    if not fw.shared_engine:
+        return set()
+    by = {c.model_stage: c for c in plan.candidates}
+    out = set()
+    for name, c in by.items():
+        t = by.get(name.replace(".infer", ".train")) if name.endswith(".infer") else None
+        if t is not None and set(t.gpus) == set(c.gpus) and t.offload in ("none", "cpu_adam") and t.tp == c.tp \
+                and t.pp == c.pp:
+            out.add(name)
+    return out

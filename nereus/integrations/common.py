@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from nereus.cost.memory import stage_memory
+from nereus.cost.memory import WORKSPACE_BYTES, stage_memory
 from nereus.cost.model import CostModel
 from nereus.planner.whatif import evaluate_layout
 from nereus.spec.job import JobSpec
@@ -32,7 +32,7 @@ from nereus.spec.plan import Candidate
 from nereus.workflow import workflow_for
 
 __all__ = ["Unexpressible", "Imported", "compare", "layout_key", "generation_concurrency",
-           "memory_fraction_for", "best_colocated", "pareto", "GIB"]
+           "memory_fraction_for", "without_fraction", "best_colocated", "pareto", "GIB"]
 
 GIB = 1024**3
 
@@ -72,6 +72,9 @@ class Imported:
     unexpressible: list[Unexpressible] = field(default_factory=list)
     read: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    #: what the user gave, for exports that keep their settings: verl ``{"config", "overrides"}``,
+    #: OpenRLHF ``{"args": tokens}``; None when the import came from a dict
+    source: dict | None = None
 
     @property
     def expressible(self) -> bool:
@@ -87,7 +90,7 @@ def layout_key(cands) -> list[tuple]:
 def candidate_dict(c: Candidate) -> dict:
     return {"model_stage": c.model_stage, "tp": c.tp, "pp": c.pp, "dp": c.dp, "micro_batch": c.micro_batch,
             "grad_accum": c.grad_accum, "recompute": c.recompute, "concurrency": c.concurrency, "zero": c.zero,
-            "offload": c.offload, "vpp": c.vpp, "gpus": list(c.gpus)}
+            "offload": c.offload, "vpp": c.vpp, "gpus": list(c.gpus)} | ({"cp": c.cp} if c.cp > 1 else {})
 
 
 def _gen_memory(job: JobSpec, tp: int, concurrency: int) -> tuple[float, float]:
@@ -109,11 +112,24 @@ def generation_concurrency(job: JobSpec, tp: int, fraction: float, max_seqs: int
 
 
 def memory_fraction_for(job: JobSpec, tp: int, concurrency: int) -> float:
-    """Smallest vLLM ``gpu_memory_utilization`` (rounded up to 0.01) holding the weights and the KV
-    cache of ``concurrency`` sequences."""
-    w, kv = _gen_memory(job, tp, concurrency)
-    frac = (w + kv) / job.cluster.gpu.memory_bytes
+    """Smallest vLLM ``gpu_memory_utilization`` (rounded up to 0.01, plus 0.01) whose pre-allocation
+    (:mod:`nereus.cost.vllm_memory`) holds the per-GPU workspace, the weights, the profiled
+    activations and logits, and the KV cache of ``concurrency`` sequences at the memory length, so the
+    engine imported back with it decodes ``concurrency`` sequences at once."""
+    m = stage_memory("generate", job.actor, job.workload, tp, 1, concurrency=concurrency)
+    need = WORKSPACE_BYTES + m["weights"] + m["kv_cache"] + m["activations"] + m["logits"]
+    frac = need / job.cluster.gpu.memory_bytes
     return min(0.99, int(frac * 100 + 0.999999) / 100 + 0.01)
+
+
+def without_fraction(job: JobSpec) -> JobSpec:
+    """``job`` with vLLM's fraction left to the planner (``rollout_memory_fraction`` unset): Nereus's
+    own plans and exports size the engine and write the fraction they need."""
+    if job.workload.rollout_memory_fraction is None:
+        return job
+    from dataclasses import replace
+
+    return job.with_workload(replace(job.workload, rollout_memory_fraction=None))
 
 
 def compare(imp: Imported, headroom: float | None = None, pool=None) -> dict:
@@ -130,7 +146,8 @@ def compare(imp: Imported, headroom: float | None = None, pool=None) -> dict:
         user = evaluate_layout(imp.job, imp.layout, headroom)
         out["user"]["evaluation"] = user.to_dict()
     try:
-        best = plan_job(imp.job, pool=pool, cost=CostModel(imp.job, headroom=headroom))
+        njob = without_fraction(imp.job)
+        best = plan_job(njob, pool=pool, cost=CostModel(njob, headroom=headroom))
         out["nereus"] = {"feasible": True, "plan": best.to_dict(), "l_step": best.l_step}
         if user is not None and user.fits:
             out["speedup"] = user.l_step / best.l_step

@@ -21,8 +21,12 @@ CPU), ``--ds.enable_sleep`` their ``offload='host'``; ``--ref.offload``,
 ``--reward.offload`` and ``--vllm.enable_sleep`` (level 1, with colocate_all) ``host`` for theirs. The
 job's framework is :func:`openrlhf_framework`.
 
-Still refused (named, never approximated): ``--ds.ring_attn_size`` > 1, ``--ds.zpg`` > 1, dynamic
-batches and generation without vLLM.
+Also expressed: ``--ds.ring_attn_size`` (ring attention: candidates' ``cp``, DP = GPUs / (TP x
+ring)), ``--ds.lora.rank`` (the workload's ``lora_rank``), ``--train.dynamic_batch_enable`` (token
+budgets ``--train.max_tokens_per_gpu`` / ``--rollout.max_tokens_per_gpu`` as fixed micro-batches) and
+vLLM's pre-allocated ``--vllm.gpu_memory_utilization`` (the workload's ``rollout_memory_fraction``).
+Still refused (named, never approximated): ``--ds.zpg`` > 1 and generation without vLLM (OpenRLHF 0.11
+has none).
 
 Export (:func:`export_openrlhf`, in :mod:`nereus.integrations.openrlhf_export`, re-exported here):
 the faster of disjoint groups and ``--train.colocate_all``, with a ZeRO stage and Adam offload
@@ -41,10 +45,12 @@ from dataclasses import replace
 from pathlib import Path
 
 from nereus.cost.shapes import valid_tp
-from nereus.integrations.common import Imported, Unexpressible, generation_concurrency
+from nereus.integrations.common import Imported, Unexpressible
 from nereus.integrations.openrlhf_export import (
     infer_zero,
 )
+from nereus.integrations.openrlhf_keys import classify_args
+from nereus.integrations.verl_features import budget_micro_batch
 from nereus.spec import ClusterSpec, JobSpec, WorkloadSpec, get_gpu, get_model
 from nereus.spec.framework import FrameworkSpec, get_framework
 from nereus.spec.plan import Candidate
@@ -55,6 +61,20 @@ __all__ = ["openrlhf_source", "openrlhf_parser", "argument_names", "import_openr
 #: ``--algo.advantage.estimator`` values Nereus models.
 ESTIMATORS = {"gae": "ppo", "group_norm": "grpo", "dr_grpo": "grpo"}
 _ENTRY = "openrlhf.cli.train_ppo_ray"
+#: vLLM's default ``max_num_seqs`` (``EngineArgs``), which OpenRLHF does not set
+VLLM_MAX_NUM_SEQS = 256
+
+
+def openrlhf_lora_rank(g, un: list) -> int | None:
+    """``--ds.lora.rank`` (0: full fine-tuning -> None); target modules other than all-linear are named."""
+    r = g("ds.lora.rank") or 0
+    if not r:
+        return None
+    tm = g("ds.lora.target_modules")
+    if tm not in ("all-linear", ["all-linear"], None):
+        un.append(Unexpressible("--ds.lora.target_modules", tm, "the cost model puts adapters on every linear layer "
+                                "(all-linear); other target modules change the adapters' size"))
+    return int(r)
 
 
 def openrlhf_source() -> Path | None:
@@ -115,16 +135,27 @@ _DEFAULTS = {
     "train.batch_size": 128, "train.micro_batch_size": 1, "train.max_epochs": 1, "data.max_len": 2048,
     "rollout.max_new_tokens": None, "algo.advantage.estimator": "gae", "actor.gradient_checkpointing_enable": False,
     "actor.model_name_or_path": None, "reward.model_name_or_path": None, "reward.remote_url": None,
-    "critic.model_name_or_path": None, "train.agent_func_path": None,
+    "critic.model_name_or_path": None, "train.agent_func_path": None, "ds.lora.rank": 0,
+    "ds.lora.target_modules": "all-linear", "train.max_tokens_per_gpu": 16192, "rollout.max_tokens_per_gpu": None,
 }
 _FLAGS = {k for k, v in _DEFAULTS.items() if v is False}
 
 
 def _tokens(args) -> list[str]:
-    toks = shlex.split(args) if isinstance(args, str) else list(args)
+    """Option tokens of an argument string or list: a whole launch line (``ray job submit ... --
+    python3 -m openrlhf.cli.train_ppo_ray ...``, line continuations included) is cut after the entry
+    point.
+
+    Raises:
+        ValueError: nothing given (an empty string would otherwise plan OpenRLHF's defaults silently).
+    """
+    toks = shlex.split(args.replace("\\\n", " ")) if isinstance(args, str) else list(args)
     toks = [t for t in toks if t != "\\"]
     if _ENTRY in toks:
         toks = toks[toks.index(_ENTRY) + 1:]
+    if not toks:
+        raise ValueError(f"OpenRLHF arguments {args!r}: empty; give train_ppo_ray's options (e.g. "
+                         "'--actor.model_name_or_path ... --rollout.max_new_tokens 1024 --vllm.num_engines 4')")
     return toks
 
 
@@ -177,7 +208,8 @@ def openrlhf_framework(a_get, tp: int) -> FrameworkSpec:
     red = str(a_get("ds.grad_accum_dtype") or "bf16").lower()
     return replace(get_framework("deepspeed"), name="openrlhf-deepspeed", overlap_grad_reduce=bool(a_get("ds.overlap_comm")),
                    grad_reduce_bytes=4 if red in ("fp32", "float32") else 2, model_parallel_train=tp > 1,
-                   drop_model_stages=())  # OpenRLHF's sleep (level 1) and offloads copy state out and back
+                   drop_model_stages=(),  # OpenRLHF's sleep (level 1) and offloads copy state out and back
+                   shared_engine=True)  # log-probs and values on the actor's and critic's DeepSpeed engines
 
 
 def import_openrlhf(args, model=None, gpu=None) -> Imported:
@@ -192,6 +224,7 @@ def import_openrlhf(args, model=None, gpu=None) -> Imported:
         ValueError: unknown or contradictory options, named with the value and what is valid.
     """
     a, notes = parse_args(args)
+    gpu_spec = get_gpu(gpu or "h100") if isinstance(gpu or "h100", str) else gpu  # an unknown GPU is named first
     read: dict = {}
 
     def g(k):
@@ -219,12 +252,14 @@ def import_openrlhf(args, model=None, gpu=None) -> Imported:
     if max_len <= resp:
         raise ValueError(f"OpenRLHF arguments --data.max_len {max_len} must exceed --rollout.max_new_tokens {resp} "
                          "(prompt + response)")
-    reward = bool(g("reward.model_name_or_path")) and not g("reward.remote_url") and not g("train.agent_func_path")
+    rm, url, agent = g("reward.model_name_or_path"), g("reward.remote_url"), g("train.agent_func_path")
+    reward = bool(rm) and not url and not agent
     asynchronous = bool(g("train.async_enable"))
     wl = WorkloadSpec(algorithm=algo, prompts_per_step=g("rollout.batch_size"),
                       samples_per_prompt=g("rollout.n_samples_per_prompt"), prompt_len=max_len - resp,
                       response_len=resp, mini_batch_size=g("train.batch_size"), ppo_epochs=g("train.max_epochs"),
-                      reward_model=reward, asynchronous=asynchronous)
+                      reward_model=reward, asynchronous=asynchronous, lora_rank=openrlhf_lora_rank(g, un),
+                      rollout_memory_fraction=float(g("vllm.gpu_memory_utilization")))
     notes.append("--data.max_len minus --rollout.max_new_tokens is used as the prompt length and "
                  "--rollout.max_new_tokens as the response length (maxima; --prompt-len/--response-len override)")
     if not g("algo.kl.init_coef"):
@@ -252,18 +287,13 @@ def import_openrlhf(args, model=None, gpu=None) -> Imported:
     if z == 3:
         notes.append("--ds.zero_stage 3 also shards the weights of OpenRLHF's inference passes (log-probs and values "
                      "on the training engines, the reference and reward engines): zero 3 for the inference "
-                     "model-stages with DP > 1; actor.infer and critic.infer count their shard apart from the "
-                     "training engine's (one shard more than OpenRLHF holds)")
-    if (g("ds.ring_attn_size") or 1) > 1:
-        un.append(Unexpressible("--ds.ring_attn_size", a["ds.ring_attn_size"], "ring attention (context "
-                                "parallelism) is not in the cost model"))
-    if g("train.dynamic_batch_enable"):
-        un.append(Unexpressible("--train.dynamic_batch_enable", True, "token-budget micro-batches are not in "
-                                "Nereus's plan space; it plans fixed micro-batches (--train.micro_batch_size)"))
+                     "model-stages with DP > 1 (actor.infer and critic.infer use the training engines' shards)")
+    ring = g("ds.ring_attn_size") or 1
+    dynamic = bool(g("train.dynamic_batch_enable"))
     engines = g("vllm.num_engines")
     if not engines:
-        un.append(Unexpressible("--vllm.num_engines", engines, "generation by the DeepSpeed actor (no vLLM engines) "
-                                "is not in Nereus's plan space"))
+        un.append(Unexpressible("--vllm.num_engines", engines, "OpenRLHF 0.11 generates only with vLLM engines "
+                                "(its samples generator has no training-engine path): set --vllm.num_engines"))
         engines = 1
     tp = g("ds.tensor_parallel_size")
     gtp = g("vllm.tensor_parallel_size")
@@ -309,12 +339,10 @@ def import_openrlhf(args, model=None, gpu=None) -> Imported:
     gen_start = 0 if gen_shared else nxt
     total = max(nxt, gen_start + engines * gtp)
     nodes = -(-total // gpn)
-    gpu = gpu or "h100"
-    if gpu == "h100":
+    if gpu is None:
         notes.append("OpenRLHF's arguments do not name the GPU: h100 assumed (--gpu)")
     fw = openrlhf_framework(g, tp)
-    job = JobSpec(actor=actor, cluster=ClusterSpec(get_gpu(gpu) if isinstance(gpu, str) else gpu, nodes, gpn),
-                  workload=wl, framework=fw)
+    job = JobSpec(actor=actor, cluster=ClusterSpec(gpu_spec, nodes, gpn), workload=wl, framework=fw)
     b, bi = g("train.micro_batch_size"), g("rollout.micro_batch_size")
     rc = "full" if g("actor.gradient_checkpointing_enable") else "none"
     mb = wl.mini_batch_size
@@ -323,23 +351,33 @@ def import_openrlhf(args, model=None, gpu=None) -> Imported:
     for r in roles:
         n = size(r)
         gpus = tuple(range(start[r], start[r] + n))
-        if n % tp:
+        if n % (tp * ring):
             raise ValueError(f"OpenRLHF arguments --{r}.num_nodes x --{r}.num_gpus_per_node = {n} GPUs must be a "
-                             f"multiple of --ds.tensor_parallel_size {tp}")
-        dp = n // tp
+                             f"multiple of --ds.tensor_parallel_size {tp} x --ds.ring_attn_size {ring}")
+        dp = n // (tp * ring)  # OpenRLHF: DP = world / (ring_attn_size x tensor_parallel_size)
         name = {"ref": "reference", "reward": "reward"}.get(r, r)
-        cands.append(Candidate(f"{name}.infer", tp, 1, dp, micro_batch=bi, offload=off.get(r, "none"),
-                               zero=infer_zero(z, dp), gpus=gpus))
+        if mb % dp:
+            raise ValueError(f"OpenRLHF arguments --train.batch_size {mb} must be a multiple of DP {dp}")
+        ib = budget_micro_batch(g("rollout.max_tokens_per_gpu") or g("train.max_tokens_per_gpu"),
+                                "--rollout.max_tokens_per_gpu", -(-wl.global_batch // dp), wl.memory_seq_len,
+                                ring) if dynamic else bi
+        cands.append(Candidate(f"{name}.infer", tp, 1, dp, micro_batch=ib, offload=off.get(r, "none"),
+                               zero=infer_zero(z, dp * ring), gpus=gpus, cp=ring))
         if r in ("actor", "critic"):
-            if mb % (dp * b):
+            tb = budget_micro_batch(g("train.max_tokens_per_gpu"), "--train.max_tokens_per_gpu", mb // dp,
+                                    wl.memory_seq_len, ring) if dynamic else b
+            if mb % (dp * tb):
                 raise ValueError(f"OpenRLHF arguments --train.batch_size {mb} must be a multiple of DP {dp} "
-                                 f"({r} GPUs / --ds.tensor_parallel_size) x --train.micro_batch_size {b}")
-            cands.append(Candidate(f"{name}.train", tp, 1, dp, micro_batch=b, grad_accum=mb // (dp * b),
-                                   recompute=rc, zero=z, offload=train_off, gpus=gpus))
-    conc = generation_concurrency(job, gtp, float(g("vllm.gpu_memory_utilization")))
-    if conc < 1:
-        raise ValueError(f"OpenRLHF argument --vllm.gpu_memory_utilization {a['vllm.gpu_memory_utilization']}: "
-                         f"too small to hold the weights at --vllm.tensor_parallel_size {gtp}")
+                                 f"({r} GPUs / --ds.tensor_parallel_size) x --train.micro_batch_size {tb}")
+            cands.append(Candidate(f"{name}.train", tp, 1, dp, micro_batch=tb, grad_accum=mb // (dp * tb),
+                                   recompute=rc, zero=z if dp * ring > 1 else 0, offload=train_off, gpus=gpus,
+                                   cp=ring))
+    # vLLM pre-allocates --vllm.gpu_memory_utilization (the workload's rollout_memory_fraction) and the cost
+    # model caps the concurrency by its KV blocks; OpenRLHF leaves max_num_seqs at vLLM's default
+    conc = VLLM_MAX_NUM_SEQS
+    if dynamic:
+        notes.append("--train.dynamic_batch_enable: token-budget micro-batches stand as the largest fixed micro-batch "
+                     "whose full-length sequences fit --train.max_tokens_per_gpu (--rollout.max_tokens_per_gpu)")
     per = -(-wl.rollouts_per_step // engines)
     cands.append(Candidate("actor.generate", gtp, 1, engines, concurrency=min(conc, per),
                            offload="host" if vllm_sleep else "none",
@@ -351,4 +389,7 @@ def import_openrlhf(args, model=None, gpu=None) -> Imported:
                      "(times add); idle ones keep their resident state unless offloaded")
     order = {m.name: i for i, m in enumerate(workflow_for(wl).model_stages)}
     cands.sort(key=lambda x: order[x.model_stage])
+    parser = openrlhf_parser()
+    if parser is not None:
+        classify_args(a, vars(parser.parse_args([])), read, un, notes)
     return Imported("openrlhf", job, tuple(cands), un, read, notes)

@@ -16,7 +16,13 @@ from dataclasses import replace
 
 from nereus.cost.model import CostModel
 from nereus.cost.shapes import valid_tp
-from nereus.integrations.common import best_colocated, generation_concurrency, memory_fraction_for, pareto
+from nereus.integrations.common import (
+    best_colocated,
+    generation_concurrency,
+    memory_fraction_for,
+    pareto,
+    without_fraction,
+)
 from nereus.integrations.verl_export import _changes
 from nereus.planner.whatif import evaluate_layout
 from nereus.spec import JobSpec
@@ -40,11 +46,14 @@ def _counts(tp: int, n: int, gpn: int) -> list[int]:
 
 def openrlhf_job(job: JobSpec) -> JobSpec:
     """``job`` with the framework OpenRLHF runs it with: the imported one when the job came from
-    OpenRLHF, else the DeepSpeed defaults (no ``--ds.overlap_comm``, bf16 reduce, AutoTP allowed)."""
+    OpenRLHF, else the DeepSpeed defaults (no ``--ds.overlap_comm``, bf16 reduce, AutoTP allowed); vLLM's
+    fraction left to the export (:func:`~nereus.integrations.common.memory_fraction_for`)."""
+    job = without_fraction(job)
     if job.framework.name == "openrlhf-deepspeed":
         return job.with_framework(replace(job.framework, model_parallel_train=True))
     return job.with_framework(replace(get_framework("deepspeed"), name="openrlhf-deepspeed", overlap_grad_reduce=False,
-                                      grad_reduce_bytes=2, model_parallel_train=True, drop_model_stages=()))
+                                      grad_reduce_bytes=2, model_parallel_train=True, drop_model_stages=(),
+                                      shared_engine=True))
 
 
 #: (ZeRO stage, training offload) pairs the export searches: --ds.zero_stage, --ds.adam_offload (ZeRO >= 1,
@@ -205,7 +214,7 @@ def closest_openrlhf_layout(job: JobSpec, headroom: float | None = None) -> tupl
     return tuple(sorted(cands, key=lambda x: order[x.model_stage]))
 
 
-def openrlhf_args(job: JobSpec, cands, model_path: str | None = None) -> list[str]:
+def openrlhf_args(job: JobSpec, cands, model_path: str | None = None, placeholders: bool = True) -> list[str]:
     """OpenRLHF ``train_ppo_ray`` arguments (tokens) for an OpenRLHF-expressible layout; the framework
     flags (``--ds.overlap_comm``, ``--ds.grad_accum_dtype``) are ``job.framework``'s."""
     w, fw = job.workload, job.framework
@@ -250,7 +259,9 @@ def openrlhf_args(job: JobSpec, cands, model_path: str | None = None) -> list[st
         out += ["--ds.grad_accum_dtype", "fp32"]
     if a.recompute != "none":
         out.append("--actor.gradient_checkpointing_enable")
-    if w.reward_model:
+    if not placeholders:  # the user's own model and reward settings are kept instead
+        pass
+    elif w.reward_model:
         out += ["--reward.model_name_or_path", model_path or "REWARD_MODEL_PATH"]
     else:
         out += ["--reward.remote_url", "REWARD_FN_OR_URL"]
@@ -259,13 +270,46 @@ def openrlhf_args(job: JobSpec, cands, model_path: str | None = None) -> list[st
     return out
 
 
-def export_openrlhf(job: JobSpec, best: Plan, headroom: float | None = None, model_path: str | None = None) -> dict:
+#: options whose presence is part of the layout Nereus writes: a user's copy is dropped even where the
+#: export leaves them out (a flag turned off, a degree back to its default)
+LAYOUT_OPTIONS = ("--train.colocate_all", "--train.colocate_actor_ref", "--train.colocate_critic_reward",
+                  "--vllm.enable_sleep", "--ds.enable_sleep", "--ds.adam_offload", "--ref.offload", "--reward.offload",
+                  "--ds.overlap_comm", "--ds.grad_accum_dtype", "--actor.gradient_checkpointing_enable",
+                  "--ds.ring_attn_size", "--train.dynamic_batch_enable", "--train.max_tokens_per_gpu",
+                  "--rollout.max_tokens_per_gpu")
+
+
+def _groups(tokens) -> list[list[str]]:
+    out: list[list[str]] = []
+    for t in tokens:
+        if t.startswith("--") or not out:
+            out.append([t])
+        else:
+            out[-1].append(t)
+    return out
+
+
+def merge_args(user, mine) -> list[str]:
+    """The user's options that Nereus does not set (model paths, reward, data, KL, logging...), then
+    Nereus's; the user's copies of :data:`LAYOUT_OPTIONS` are dropped."""
+    mine_groups = _groups(mine)
+    keys = {g[0] for g in mine_groups} | set(LAYOUT_OPTIONS)
+    kept = [g for g in _groups(user) if g[0] not in keys]
+    return [t for g in kept + mine_groups for t in g]
+
+
+def export_openrlhf(job: JobSpec, best: Plan, headroom: float | None = None, model_path: str | None = None,
+                    user_args=None) -> dict:
     """Nereus's plan ``best`` as OpenRLHF arguments: the closest expressible layout, what changed and
-    both predicted step times; ``framework_spec`` is the framework the prediction used."""
+    both predicted step times; ``framework_spec`` is the framework the prediction used. ``user_args``
+    (the tokens of an imported command line): every option Nereus does not set is kept
+    (:func:`merge_args`), the model and reward paths among them."""
     ojob = openrlhf_job(job)
     cands = closest_openrlhf_layout(ojob, headroom)
     ev = evaluate_layout(ojob, cands, headroom)
-    args = openrlhf_args(ojob, cands, model_path)
+    args = openrlhf_args(ojob, cands, model_path, placeholders=user_args is None)
+    if user_args is not None:
+        args = merge_args(list(user_args), args)
     shared = "--train.colocate_all" in args
     return {"framework": "openrlhf", "args": args, "command": "python3 -m openrlhf.cli.train_ppo_ray " + shlex.join(args),
             "layout": list(cands), "evaluation": ev, "framework_spec": ojob.framework.to_dict(),

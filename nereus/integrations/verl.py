@@ -16,16 +16,17 @@ Keys (verl 0.9 names; docs/integrations.md lists every key read, and why the res
   engine (Megatron TP/PP/VPP, distributed optimizer = ZeRO-1; FSDP: DP over all N,
   ``reshard_after_forward`` = ZeRO-3 else ZeRO-2), ``param_offload`` + ``optimizer_offload`` =
   offload ``host``; ``reference.infer`` with the ref engine, the critic with ``critic.*``; an inference
-  model-stage of a FULL_SHARD engine runs ZeRO-3 (weights sharded over DP, gathered per micro-batch); generation
-  with ``actor_rollout_ref.rollout.tensor_model_parallel_size``, a concurrency from
-  ``gpu_memory_utilization`` and ``max_num_seqs``, and offload ``drop`` under ``free_cache_engine``
-  (vLLM sleep mode, weights re-synced from the actor); micro-batches from the
-  ``*micro_batch_size_per_gpu`` keys.
+  model-stage of a FULL_SHARD engine runs ZeRO-3 (over DP > 1); generation with the rollout TP,
+  ``max_num_seqs`` and vLLM's pre-allocated ``gpu_memory_utilization`` (the workload's
+  ``rollout_memory_fraction``), offload ``drop`` under ``free_cache_engine``; micro-batches from the
+  ``*micro_batch_size_per_gpu`` keys (or the legacy global ones, or a token budget under
+  ``use_dynamic_bsz``); Ulysses / context parallelism as the candidates' ``cp`` (DP = N/(tp·pp·cp));
+  LoRA as the workload's ``lora_rank`` (:mod:`nereus.integrations.verl_features`).
 
-Still refused (named in the report, never approximated): context / Ulysses parallel sizes > 1,
-hybrid FSDP sharding (``fsdp_size``), only one of ``param_offload`` / ``optimizer_offload`` on a
-training engine, FSDP2 ``offload_policy``, activation offload, MoE expert parallelism, dynamic batch
-sizes, in-engine rollout DP/PP, a standalone rollout pool and the asynchronous v1 trainer modes.
+Still refused (named in the report, never approximated): hybrid FSDP sharding (``fsdp_size``), only
+one of ``param_offload`` / ``optimizer_offload`` on a training engine, FSDP2 ``offload_policy``,
+activation offload, MoE expert parallelism, in-engine rollout DP/PP, a standalone rollout pool and
+the asynchronous v1 trainer modes.
 
 Export (:func:`export_verl`, in :mod:`nereus.integrations.verl_export`, re-exported here): the fastest layout verl can express (every model-stage on all N GPUs,
 per-role engines with ZeRO, offload and interleaving, vLLM sleep), searched over verl's Megatron
@@ -40,7 +41,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from nereus.cost.shapes import valid_pp, valid_tp
-from nereus.integrations.common import Imported, Unexpressible, generation_concurrency
+from nereus.integrations.common import Imported, Unexpressible
 from nereus.integrations.verl_config import (
     VerlConfig,
 )
@@ -48,6 +49,15 @@ from nereus.integrations.verl_export import (
     ADV_ESTIMATORS,
     VERL_DROP,
 )
+from nereus.integrations.verl_features import (
+    _recompute,
+    _train_offload,
+    budget_micro_batch,
+    legacy_micro_batch,
+    seq_split_degree,
+    verl_lora_rank,
+)
+from nereus.integrations.verl_keys import classify_keys
 from nereus.spec import ClusterSpec, JobSpec, WorkloadSpec, get_gpu, get_model
 from nereus.spec.framework import FrameworkSpec, get_framework
 from nereus.spec.plan import Candidate
@@ -70,8 +80,6 @@ _ROLES = {"actor": ("actor_rollout_ref.actor", "actor_rollout_ref.model", "actor
           "ref": ("actor_rollout_ref.ref", "actor_rollout_ref.model", "reference"),
           "critic": ("critic", "critic.model", "critic")}
 _FSDP = ("fsdp", "fsdp2")
-_BOTH = ("Nereus's idle-state offload moves a model-stage's weights and optimizer state together "
-         "(offload='host'); set param_offload and optimizer_offload both true or both false")
 
 
 @dataclass
@@ -88,6 +96,7 @@ class _Engine:
     sp: bool = False
     overlap: bool = False
     reduce_bytes: int = 4
+    cp: int = 1  # sequence split: Ulysses (FSDP) or context parallelism (Megatron)
 
 
 def _fsdp_section(c: VerlConfig, role: str) -> str:
@@ -105,11 +114,9 @@ def _engine(c: VerlConfig, role: str, n: int, out: list, notes: list, model, str
     if strategy in _FSDP:
         sec = _fsdp_section(c, role)
         e = _Engine(strategy, overlap=True)
-        for k in (f"{prefix}.ulysses_sequence_parallel_size", f"{sec}.ulysses_sequence_parallel_size"):
-            v = c.get(k, 1)
-            if v and v > 1:
-                out.append(Unexpressible(k, v, "Ulysses sequence parallelism (attention heads split across GPUs "
-                                         "of a data-parallel group) is not in the cost model"))
+        e.cp, key = seq_split_degree(c, prefix, sec, strategy, model)
+        if n % e.cp:
+            raise ValueError(f"verl key {key}={e.cp} must divide the {n} GPUs")
         size = c.get(f"{sec}.fsdp_size", -1)
         if size not in (None, -1, 0, n):
             out.append(Unexpressible(f"{sec}.fsdp_size", size, f"hybrid sharding (shard over groups of {size}, "
@@ -152,13 +159,14 @@ def _engine(c: VerlConfig, role: str, n: int, out: list, notes: list, model, str
         raise ValueError(f"verl keys {m}.tensor_model_parallel_size={tp} x pipeline_model_parallel_size={pp} must "
                          f"divide the {n} GPUs of trainer.nnodes x trainer.n_gpus_per_node")
     e = _Engine("megatron", tp=tp, pp=pp)
-    for k, why in (("context_parallel_size", "context parallelism (sequence split across GPUs) is not in the "
-                    "cost model"),
-                   ("expert_model_parallel_size", "expert parallelism (MoE) is not in the cost model; Nereus "
-                    "models dense transformers")):
-        v = c.get(f"{m}.{k}", 1)
-        if v and v > 1:
-            out.append(Unexpressible(f"{m}.{k}", v, why))
+    e.cp, key = seq_split_degree(c, prefix, None, "megatron", model)
+    if n % (tp * pp * e.cp):
+        raise ValueError(f"verl keys {m}.tensor_model_parallel_size={tp} x pipeline_model_parallel_size={pp} x "
+                         f"{key}={e.cp} must divide the {n} GPUs")
+    v = c.get(f"{m}.expert_model_parallel_size", 1)
+    if v and v > 1:
+        out.append(Unexpressible(f"{m}.expert_model_parallel_size", v, "expert parallelism (MoE) is not in the "
+                                 "cost model; Nereus models dense transformers"))
     if c.get(f"{m}.dynamic_context_parallel", False):
         out.append(Unexpressible(f"{m}.dynamic_context_parallel", True, "dynamic context parallelism is not in "
                                  "the cost model"))
@@ -193,28 +201,6 @@ def _engine(c: VerlConfig, role: str, n: int, out: list, notes: list, model, str
     return e
 
 
-def _train_offload(po: bool, oo: bool, sec: str, out: list) -> str:
-    if po and oo:
-        return "host"
-    if po or oo:
-        key = f"{sec}.param_offload" if po else f"{sec}.optimizer_offload"
-        out.append(Unexpressible(key, True, _BOTH))
-        return "host"
-    return "none"
-
-
-def _recompute(c: VerlConfig, prefix: str, strategy: str, model_prefix: str) -> str:
-    if strategy == "megatron":
-        g = c.get(f"{prefix}.megatron.override_transformer_config.recompute_granularity", None)
-        if g in (None, "null", "none"):
-            return "none"
-        if g not in ("full", "selective"):
-            raise ValueError(f"verl key {prefix}.megatron.override_transformer_config.recompute_granularity={g!r}: "
-                             "valid null, selective, full")
-        return g
-    return "full" if c.get(f"{model_prefix}.enable_gradient_checkpointing", False) else "none"
-
-
 def verl_framework(engines: dict, colocate: str = "always") -> FrameworkSpec:
     """The job's framework for verl engines: the ``megatron`` preset with the actor's sequence
     parallelism, DDP overlap and reduce dtype (verl's defaults: SP on, no overlap, fp32 reduce), or
@@ -224,9 +210,10 @@ def verl_framework(engines: dict, colocate: str = "always") -> FrameworkSpec:
         base = get_framework("megatron")
         return replace(base, name="verl-megatron", sequence_parallel=_job_sp(engines), overlap_grad_reduce=a.overlap,
                        grad_reduce_bytes=a.reduce_bytes, colocate=colocate, uneven_pp=False,
-                       max_virtual_stages=max(base.max_virtual_stages, a.vpp), drop_model_stages=VERL_DROP)
+                       max_virtual_stages=max(base.max_virtual_stages, a.vpp), drop_model_stages=VERL_DROP,
+                       shared_engine=True)
     return replace(get_framework("fsdp"), name="verl-fsdp", grad_reduce_bytes=a.reduce_bytes, colocate=colocate,
-                   drop_model_stages=VERL_DROP)
+                   drop_model_stages=VERL_DROP, shared_engine=True)
 
 
 def _job_sp(engines: dict) -> bool:
@@ -281,10 +268,13 @@ def import_verl(cfg: dict, model=None, gpu=None) -> Imported:
         raise ValueError(f"verl key {arr}.actor.ppo_mini_batch_size={mini_prompts} must divide "
                          f"data.train_batch_size={prompts}")
     reward = bool(c.get("reward.reward_model.enable", None) or c.get("reward_model.enable", None))
+    frac = c.get(f"{arr}.rollout.gpu_memory_utilization", 0.5)
+    if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 < frac < 1:
+        raise ValueError(f"verl key {arr}.rollout.gpu_memory_utilization={frac!r}: must be a number in (0, 1)")
     wl = WorkloadSpec(algorithm=algo, prompts_per_step=prompts, samples_per_prompt=samples,
                       prompt_len=c.int("data.max_prompt_length"), response_len=c.int("data.max_response_length"),
                       mini_batch_size=mini_prompts * samples, ppo_epochs=c.int(f"{arr}.actor.ppo_epochs", 1),
-                      reward_model=reward)
+                      reward_model=reward, lora_rank=verl_lora_rank(c, algo, un), rollout_memory_fraction=float(frac))
     notes.append("data.max_prompt_length and data.max_response_length are used as the prompt and response "
                  "lengths (verl gives maxima; pass --prompt-len/--response-len for measured means)")
     if gpu is None:
@@ -301,7 +291,8 @@ def import_verl(cfg: dict, model=None, gpu=None) -> Imported:
     if (c.get(f"{arr}.rollout.nnodes", 0) or 0) > 0:
         un.append(Unexpressible(f"{arr}.rollout.nnodes", c.get(f"{arr}.rollout.nnodes"),
                                 "a standalone rollout pool is not imported yet"))
-    if not (c.get(f"{arr}.actor.use_kl_loss", False) or c.get("algorithm.use_kl_in_reward", False)):
+    uses_ref = bool(c.get(f"{arr}.actor.use_kl_loss", False) or c.get("algorithm.use_kl_in_reward", False))
+    if not uses_ref:
         notes.append(f"{arr}.actor.use_kl_loss and algorithm.use_kl_in_reward are false: verl runs no reference "
                      "model, but Nereus's workflows always include reference.infer (the predicted step is longer "
                      "by its time, the memory higher by its state)")
@@ -318,43 +309,62 @@ def import_verl(cfg: dict, model=None, gpu=None) -> Imported:
     cands: list[Candidate] = []
     mb = wl.mini_batch_size
 
+    def micro(name, prefix, bkey, dp, cp, dyn_key, budget_key, seqs, default=None):
+        """The per-GPU micro-batch: fixed, legacy global, or a token budget's stand-in."""
+        if c.get(dyn_key, False):
+            b = budget_micro_batch(c.get(budget_key, 16384), budget_key, seqs, wl.memory_seq_len, cp)
+            notes.append(f"{dyn_key}: token-budget micro-batches of {budget_key}={c.get(budget_key)} tokens per GPU "
+                         f"stand as {name} micro-batch {b} (full-length sequences filling the budget)")
+            return b
+        b = legacy_micro_batch(c, bkey, dp)
+        if b is None:
+            b = default
+        if b is None:
+            raise ValueError(f"verl key {bkey}=None: set the per-GPU micro-batch of {name} (an integer >= 1) or "
+                             f"{dyn_key}=True")
+        if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+            raise ValueError(f"verl key {bkey}={b!r}: must be an integer >= 1")
+        return b
+
     def train_cand(name, role, bkey):
         prefix, model_prefix, _ = _ROLES[role]
         e = engines[role]
-        if c.get(f"{prefix}.use_dynamic_bsz", False):
-            un.append(Unexpressible(f"{prefix}.use_dynamic_bsz", True, "token-budget micro-batches "
-                                    "(ppo_max_token_len_per_gpu) are not in Nereus's plan space; it plans fixed "
-                                    "micro-batches"))
-        dp = n // (e.tp * e.pp)
-        b = c.int(bkey, None)
-        if b is None:
-            if not c.get(f"{prefix}.use_dynamic_bsz", False):
-                raise ValueError(f"verl key {bkey}=None: set the per-GPU micro-batch (an integer >= 1)")
-            b = 1
-        if mb % dp or (mb // dp) % b:
+        dp = n // (e.tp * e.pp * e.cp)
+        if mb % dp:
+            raise ValueError(f"verl: the mini-batch {mb} sequences ({arr}.actor.ppo_mini_batch_size={mini_prompts} x "
+                             f"rollout.n={samples}) must be a multiple of the data-parallel size {dp}")
+        b = micro(name, prefix, bkey, dp, e.cp, f"{prefix}.use_dynamic_bsz", f"{prefix}.ppo_max_token_len_per_gpu",
+                  mb // dp)
+        if (mb // dp) % b:
             raise ValueError(f"verl key {bkey}={b}: the mini-batch {mb} sequences ({arr}.actor.ppo_mini_batch_size="
                              f"{mini_prompts} x rollout.n={samples}) over DP={dp} must be a multiple of it")
         rc = _recompute(c, prefix, e.strategy, model_prefix)
-        cand = Candidate(name, e.tp, e.pp, dp, micro_batch=b, grad_accum=mb // (dp * b), recompute=rc, zero=e.zero,
-                         offload=e.offload, vpp=e.vpp, gpus=gpus)
+        # ZeRO over one GPU shards nothing: verl's single-GPU FSDP holds whole weights
+        zero = e.zero if dp * e.cp > 1 else 0
+        cand = Candidate(name, e.tp, e.pp, dp, micro_batch=b, grad_accum=mb // (dp * b), recompute=rc, zero=zero,
+                         offload=e.offload, vpp=e.vpp, gpus=gpus, cp=e.cp)
         keys = (f"{bkey}={b}" + (f", {prefix}.megatron.virtual_pipeline_model_parallel_size={e.vpp}"
                                  if e.vpp > 1 else ""))
         return _checked(job, cand, keys)
 
-    def infer_cand(name, role, bkey, default=None):
+    def infer_cand(name, role, bkey, dyn_key, budget_key, default=None):
         e = engines[role]
-        b = c.int(bkey, default) if default is None else (c.get(bkey, None) or default)
-        if b is None:
-            raise ValueError(f"verl key {bkey}=None: set the per-GPU micro-batch of {name} (an integer >= 1)")
-        dp = n // (e.tp * e.pp)
+        dp = n // (e.tp * e.pp * e.cp)
+        b = micro(name, _ROLES[role][0], bkey, dp, e.cp, dyn_key, budget_key, -(-wl.global_batch // dp), default)
         # a FULL_SHARD FSDP (or Megatron-FSDP) engine runs the forward pass on its shards: ZeRO-3
-        return Candidate(name, e.tp, e.pp, dp, micro_batch=int(b), zero=3 if e.zero == 3 and dp > 1 else 0,
-                         offload="host" if e.param_offload else "none", gpus=gpus)
+        return Candidate(name, e.tp, e.pp, dp, micro_batch=int(b), zero=3 if e.zero == 3 and dp * e.cp > 1 else 0,
+                         offload="host" if e.param_offload else "none", gpus=gpus, cp=e.cp)
 
+    ro = f"{arr}.rollout"
     cands.append(train_cand("actor.train", "actor", f"{arr}.actor.ppo_micro_batch_size_per_gpu"))
     # verl computes old log-probs with the actor's training engine: the actor's degrees and param offload
-    cands.append(infer_cand("actor.infer", "actor", f"{arr}.rollout.log_prob_micro_batch_size_per_gpu"))
-    cands.append(infer_cand("reference.infer", "ref", f"{arr}.ref.log_prob_micro_batch_size_per_gpu"))
+    cands.append(infer_cand("actor.infer", "actor", f"{ro}.log_prob_micro_batch_size_per_gpu",
+                            f"{ro}.log_prob_use_dynamic_bsz", f"{ro}.log_prob_max_token_len_per_gpu"))
+    # without a KL term verl builds no reference model: any micro-batch stands for the pass it skips
+    ref_default = None if uses_ref else (cands[-1].micro_batch)
+    cands.append(infer_cand("reference.infer", "ref", f"{arr}.ref.log_prob_micro_batch_size_per_gpu",
+                            f"{arr}.ref.log_prob_use_dynamic_bsz", f"{arr}.ref.log_prob_max_token_len_per_gpu",
+                            ref_default))
     gtp = c.int(f"{arr}.rollout.tensor_model_parallel_size", 1)
     why = valid_tp(actor_model, gtp)
     if why or n % gtp:
@@ -365,12 +375,10 @@ def import_verl(cfg: dict, model=None, gpu=None) -> Imported:
         if v and v > 1:
             un.append(Unexpressible(f"{arr}.rollout.{k}", v, "Nereus's generation replicas are TP groups "
                                     "(rollout DP is N / TP); in-engine DP/PP/EP is not in its plan space"))
-    frac = c.get(f"{arr}.rollout.gpu_memory_utilization", 0.5)
     max_seqs = c.int(f"{arr}.rollout.max_num_seqs", 256)
-    conc = generation_concurrency(job, gtp, float(frac), max_seqs)
-    if conc < 1:
-        raise ValueError(f"verl key {arr}.rollout.gpu_memory_utilization={frac}: too small to hold the "
-                         f"{actor_model.name} weights at rollout TP {gtp} on {gpu_spec.name}")
+    # vLLM pre-allocates gpu_memory_utilization (workload.rollout_memory_fraction); the cost model caps the
+    # concurrency by the KV blocks that fit it
+    conc = max_seqs
     per_replica = -(-wl.rollouts_per_step // (n // gtp))
     sleep = bool(c.get(f"{arr}.rollout.free_cache_engine", False))
     cands.append(Candidate("actor.generate", gtp, 1, n // gtp, concurrency=min(conc, per_replica),
@@ -378,7 +386,10 @@ def import_verl(cfg: dict, model=None, gpu=None) -> Imported:
     if algo == "ppo":
         cm = c.get("critic.model.path", None)
         cands.append(train_cand("critic.train", "critic", "critic.ppo_micro_batch_size_per_gpu"))
-        cands.append(infer_cand("critic.infer", "critic", "critic.ppo_micro_batch_size_per_gpu"))
+        fwd = "critic.forward_micro_batch_size_per_gpu"
+        cands.append(infer_cand("critic.infer", "critic", fwd if c.get(fwd, None) is not None
+                                or c.get(fwd[:-8], None) is not None else "critic.ppo_micro_batch_size_per_gpu",
+                                "critic.use_dynamic_bsz", "critic.forward_max_token_len_per_gpu"))
         if cm and cm != c.get(f"{arr}.model.path", None):
             notes.append("critic.model.path differs from the actor's: Nereus uses the actor's shapes with a value head")
     if reward:
@@ -394,13 +405,9 @@ def import_verl(cfg: dict, model=None, gpu=None) -> Imported:
                                offload="host" if wsleep else "none", gpus=wgpus))
         notes.append(f"reward.infer micro-batch: verl serves the reward model with an inference engine; "
                      f"Nereus's default {wl.infer_micro_batch_size} is used")
-    for role, name in (("actor", "actor.infer"), ("critic", "critic.infer")):
-        e = engines.get(role)
-        if e is not None and not e.param_offload:
-            notes.append(f"{name} shares {role}.train's engine in verl; the cost model counts its weights as a "
-                         f"second resident copy on the shared GPUs (an upper bound on their memory)")
     order = {m.name: i for i, m in enumerate(workflow_for(wl).model_stages)}
     cands.sort(key=lambda x: order[x.model_stage])
+    classify_keys(cfg, c.read, un, notes, "ppo_megatron_trainer" if astrat == "megatron" else "ppo_trainer")
     read = {k: v for k, v in c.read.items()}
     return Imported("verl", job, tuple(cands), un, read, notes)
 

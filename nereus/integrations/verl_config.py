@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-__all__ = ["verl_config_dir", "load_verl_config", "VerlConfig"]
+__all__ = ["verl_config_dir", "load_verl_config", "verl_launch", "VerlConfig"]
 
 _MISSING = object()
 
@@ -39,6 +39,15 @@ def _set(d: dict, key: str, value) -> None:
     d[parts[-1]] = value
 
 
+def _verl_version() -> str:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("verl")
+    except importlib.metadata.PackageNotFoundError:
+        return "?"
+
+
 def _compose(config_dir: Path, name: str, overrides: list[str]) -> dict:
     try:
         from hydra import compose, initialize_config_dir
@@ -51,25 +60,146 @@ def _compose(config_dir: Path, name: str, overrides: list[str]) -> dict:
         with initialize_config_dir(config_dir=str(config_dir.resolve()), version_base=None):
             cfg = compose(config_name=name, overrides=list(overrides))
     except Exception as e:  # hydra's errors name the override and the key
-        raise ValueError(f"verl config {name!r}: {' '.join(str(e).split())}"[:500]) from e
+        ver = _verl_version()
+        hint = (f" (verl {ver}'s own launcher refuses this line too: it was written for another verl version)"
+                if "Could not override" in str(e) or "Key '" in str(e) else "")
+        raise ValueError(f"verl config {name!r}: {' '.join(str(e).split())}"[:500] + hint) from e
     finally:
         GlobalHydra.instance().clear()
     return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
 
 
+_ENTRY = ("verl.trainer.main_ppo", "verl/trainer/main_ppo.py")
+_SHELL_TAIL = ("$@", '"$@"', "${@}", "2>&1", "|", "&&", ";", "&")
+
+
+def _expand(text: str, env: dict) -> str:
+    """``$NAME``, ``${NAME}`` and ``${NAME:-default}`` replaced from ``env`` then the process environment
+    (unknown names left as written)."""
+    import os
+    import re
+
+    def sub(m):
+        name, default = m.group(1) or m.group(3), m.group(2)
+        if name in env:
+            return env[name]
+        if name in os.environ:
+            return os.environ[name]
+        return default if default is not None else m.group(0)
+
+    return re.sub(r"\$\{(\w+)(?::-([^}]*))?\}|\$(\w+)", sub, text)
+
+
+def _script_tokens(path: Path) -> list[str]:
+    """The ``python3 -m verl.trainer.main_ppo ...`` command of a launch script as tokens: line
+    continuations joined, simple ``NAME=value`` assignments (and ``export NAME=value``) expanded into
+    the command, comments dropped.
+
+    Raises:
+        ValueError: no verl entry point in the script.
+    """
+    import shlex
+
+    env: dict = {}
+    for line in path.read_text().replace("\\\n", " ").splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        body = line[len("export "):] if line.startswith("export ") else line
+        head, eq, _ = body.partition("=")
+        if eq and head.isidentifier() and " " not in head:
+            try:
+                parts = shlex.split(_expand(body, env), comments=True)
+            except ValueError:
+                continue
+            if len(parts) == 1:  # NAME=value alone on its line
+                env[head] = parts[0].partition("=")[2]
+                continue
+        if any(e in line for e in _ENTRY):
+            return shlex.split(_expand(line, env), comments=True)
+    raise ValueError(f"--from-verl {str(path)!r}: no `python3 -m verl.trainer.main_ppo ...` line in the script")
+
+
+def verl_launch(tokens) -> tuple[str, list[str], str | None]:
+    """``(config, overrides, config_path)`` of what a user pastes: a config name or YAML and its
+    overrides, a whole launch line (``[ENV=..] python3 -m verl.trainer.main_ppo --config-path=P
+    --config-name=N key=value ... $@``) or a launch script (``run_*.sh``). verl's ``main_ppo`` uses
+    ``ppo_trainer`` when no ``--config-name`` is given. Hydra overrides may come in any order.
+
+    Raises:
+        ValueError: empty input, or an option verl's launcher does not take (named).
+    """
+    toks = [str(t) for t in tokens]
+    if not toks:
+        raise ValueError("--from-verl: empty; give a verl config (ppo_trainer, a YAML file, a launch script) "
+                         "and its key=value overrides, or a whole `python3 -m verl.trainer.main_ppo ...` line")
+    if len(toks) == 1 and toks[0].endswith(".sh"):
+        p = Path(toks[0]).expanduser()
+        if not p.is_file():
+            raise ValueError(f"--from-verl {toks[0]!r}: no such launch script")
+        toks = _script_tokens(p)
+    if len(toks) == 1 and " " in toks[0]:  # a whole line passed as one string
+        import shlex
+
+        toks = shlex.split(toks[0].replace("\\\n", " "))
+    entry = next((i for i, t in enumerate(toks) if t in _ENTRY or t.endswith("main_ppo.py")), None)
+    if entry is not None:
+        toks = toks[entry + 1:]
+        config = None
+    elif any(t.startswith("--config-") for t in toks) and "=" in toks[0]:
+        config = None
+    else:
+        config, toks = toks[0], toks[1:]
+    overrides, path = [], None
+    i = 0
+    while i < len(toks):
+        t = toks[i]
+        if t in _SHELL_TAIL:
+            if t in ("|", "&&", ";", "&"):
+                break
+            i += 1
+            continue
+        for opt in ("--config-name", "--config-path", "-cn", "-cp"):
+            if t == opt or t.startswith(opt + "="):
+                val = t.split("=", 1)[1] if "=" in t else (toks[i + 1] if i + 1 < len(toks) else "")
+                i += 1 if "=" in t else 2
+                if opt in ("--config-name", "-cn"):
+                    config = val
+                else:
+                    path = val
+                break
+        else:
+            if t.startswith("-"):
+                raise ValueError(f"--from-verl: {t!r} is not an option of verl's launcher (it takes --config-path, "
+                                 "--config-name and key=value overrides)")
+            overrides.append(t)
+            i += 1
+    config = config or "ppo_trainer"
+    if config.endswith(".yaml") and not Path(config).is_file() and not (path and (Path(path) / config).is_file()):
+        config = config[: -len(".yaml")]  # --config-name='ppo_megatron_trainer.yaml' names verl's own config
+    return config, overrides, path
+
+
 def load_verl_config(config: str, overrides=()) -> dict:
     """A verl trainer configuration as a nested dict, with Hydra-style ``key=value`` overrides.
 
-    ``config`` is a YAML file, or the name of a config of the installed verl (``ppo_trainer``,
-    ``ppo_megatron_trainer``). A file with a Hydra ``defaults`` list (verl's own layout) is composed
+    ``config`` is a YAML file, the name of a config of the installed verl (``ppo_trainer``,
+    ``ppo_megatron_trainer``), a launch script, or the first token of a launch line
+    (:func:`verl_launch` reads the rest: ``--config-path``/``--config-name``, overrides in any order). A file with a Hydra ``defaults`` list (verl's own layout) is composed
     by Hydra from its directory; a plain file gets the overrides merged by OmegaConf in struct
     mode, so an override of a key the file does not have is refused (``+key=value`` adds one).
 
     Raises:
         ValueError: missing file, malformed YAML, or an override naming an unknown key.
     """
-    overrides = [str(o) for o in overrides]
+    config, overrides, cpath = verl_launch([config, *overrides])
     p = Path(config)
+    if cpath is not None and not p.exists():
+        for cand in (Path(cpath) / config, Path(cpath) / f"{config}.yaml"):
+            if cand.is_file():
+                p = cand
+                break
+    config = str(p) if p.is_file() else config
     vdir = verl_config_dir()
     if not p.exists() and p.suffix == "" and vdir is not None and (vdir / f"{config}.yaml").is_file():
         return _compose(vdir, config, overrides)

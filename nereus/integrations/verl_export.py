@@ -15,7 +15,12 @@ from dataclasses import replace
 
 from nereus.cost.model import CostModel
 from nereus.cost.shapes import valid_pp, valid_tp
-from nereus.integrations.common import best_colocated, memory_fraction_for, pareto
+from nereus.integrations.common import (
+    best_colocated,
+    memory_fraction_for,
+    pareto,
+    without_fraction,
+)
 from nereus.planner.whatif import evaluate_layout
 from nereus.spec import JobSpec
 from nereus.spec.framework import get_framework
@@ -48,16 +53,17 @@ def verl_job(job: JobSpec, backend: str) -> JobSpec:
     """``job`` with the framework flags verl's ``backend`` runs with: the imported ones when the job
     came from the same verl backend, else verl's defaults (Megatron: SP on, no DDP overlap, fp32
     reduce; FSDP: fp32 reduce, overlapped), colocation ``always`` (the hybrid engine)."""
+    job = without_fraction(job)  # the export sizes vLLM's fraction itself (memory_fraction_for)
     fw = job.framework
     if backend == "megatron":
         if fw.name == "verl-megatron":
             return job.with_framework(replace(fw, colocate="always"))
         return job.with_framework(replace(get_framework("megatron"), name="verl-megatron", sequence_parallel=True,
                                           overlap_grad_reduce=False, grad_reduce_bytes=4, colocate="always",
-                                          uneven_pp=False, drop_model_stages=VERL_DROP))
+                                          uneven_pp=False, drop_model_stages=VERL_DROP, shared_engine=True))
     # the export writes no mixed_precision section: verl reduces in fp32
     return job.with_framework(replace(get_framework("fsdp"), name="verl-fsdp", grad_reduce_bytes=4, colocate="always",
-                                      drop_model_stages=VERL_DROP))
+                                      drop_model_stages=VERL_DROP, shared_engine=True))
 
 
 class _Search:
@@ -239,7 +245,7 @@ def verl_overrides(job: JobSpec, cands, model_path: str | None = None, backend: 
         m = f"{prefix}.megatron"
         out = [f"{prefix}.strategy=megatron", f"{m}.tensor_model_parallel_size={c.tp}",
                f"{m}.pipeline_model_parallel_size={c.pp}", f"{m}.sequence_parallel={_tf(fw.sequence_parallel)}",
-               f"{m}.param_offload={_tf(c.offload == 'host')}"]
+               f"{m}.param_offload={_tf(c.offload == 'host')}", f"{m}.context_parallel_size=1"]
         if train:
             out += [f"{m}.optimizer_offload={_tf(c.offload == 'host')}",
                     f"{m}.use_distributed_optimizer={_tf(c.zero >= 1)}",
@@ -259,7 +265,7 @@ def verl_overrides(job: JobSpec, cands, model_path: str | None = None, backend: 
     def fsdp(prefix, sec, model_prefix, c):
         return [f"{prefix}.strategy=fsdp", f"{sec}.reshard_after_forward={_tf(c.zero == 3)}",
                 f"{sec}.param_offload={_tf(c.offload == 'host')}", f"{sec}.optimizer_offload={_tf(c.offload == 'host')}",
-                f"{prefix}.ppo_micro_batch_size_per_gpu={c.micro_batch}",
+                f"{prefix}.ppo_micro_batch_size_per_gpu={c.micro_batch}", f"{prefix}.ulysses_sequence_parallel_size=1",
                 f"{model_prefix}.enable_gradient_checkpointing={_tf(c.recompute == 'full')}"]
 
     if backend == "megatron":
@@ -271,7 +277,10 @@ def verl_overrides(job: JobSpec, cands, model_path: str | None = None, backend: 
     r = by["reference.infer"]
     if backend == "megatron":
         ov += megatron(f"{arr}.ref", r, False)
-    ov += [f"{arr}.ref.log_prob_micro_batch_size_per_gpu={r.micro_batch}"]
+    elif backend == "fsdp":
+        ov += [f"{arr}.ref.ulysses_sequence_parallel_size=1"]
+    ov += [f"{arr}.ref.log_prob_micro_batch_size_per_gpu={r.micro_batch}", f"{arr}.ref.log_prob_use_dynamic_bsz=False",
+           f"{arr}.rollout.log_prob_use_dynamic_bsz=False"]
     ov += [f"{arr}.rollout.tensor_model_parallel_size={g.tp}",
            f"{arr}.rollout.gpu_memory_utilization={memory_fraction_for(job, g.tp, g.concurrency)}",
            f"{arr}.rollout.max_num_seqs={g.concurrency}",
@@ -279,6 +288,9 @@ def verl_overrides(job: JobSpec, cands, model_path: str | None = None, backend: 
     if "critic.train" in by:
         ct = by["critic.train"]
         ov += megatron("critic", ct, True) if backend == "megatron" else fsdp("critic", "critic.fsdp", "critic.model", ct)
+        ov += ["critic.use_dynamic_bsz=False"]
+        if backend == "fsdp":  # ppo_megatron_trainer's critic has no forward micro-batch key
+            ov += [f"critic.forward_micro_batch_size_per_gpu={by['critic.infer'].micro_batch}"]
     if "reward.infer" in by:
         rw = by["reward.infer"]
         ov += ["reward.reward_model.enable=True",
@@ -352,18 +364,32 @@ def verl_expressible(job: JobSpec, cands, backend: str) -> str | None:
     return None
 
 
+def merge_overrides(user, mine) -> list[str]:
+    """The user's overrides whose keys Nereus does not set (in their order: data files, model paths, KL,
+    reward, logging...), then Nereus's."""
+    keys = {o.partition("=")[0].lstrip("+") for o in mine}
+    return [o for o in user if o.partition("=")[0].lstrip("+") not in keys] + list(mine)
+
+
 def export_verl(job: JobSpec, best: Plan, headroom: float | None = None, model_path: str | None = None,
-                backends=DEFAULT_BACKENDS) -> dict:
+                backends=DEFAULT_BACKENDS, user: dict | None = None) -> dict:
     """Nereus's plan ``best`` as verl overrides: the closest layout verl can express (over
     ``backends``: ``("megatron", "fsdp")`` searches both and ``config_name`` says which config the
     overrides apply to; the default is Megatron only, the config ``nereus plan --export verl``
     prints), what changed, and both predicted step times. When ``best`` itself is a layout a backend
     runs (:func:`verl_expressible`) under that backend's framework and is faster, it is exported as is
-    (the planner searches micro-batches and concurrencies the export's grid does not). JSON-ready but
+    (the planner searches micro-batches and concurrencies the export's grid does not). ``user``
+    (``{"config": name, "overrides": [...]}`` of an imported launch line): the export stays on the
+    user's backend and config and keeps every override whose key it does not set
+    (:func:`merge_overrides`). JSON-ready but
     for ``layout`` and ``evaluation``; ``framework_spec`` is the framework the prediction used
     (:func:`verl_job`)."""
     backend, vjob, cands = closest_verl_layout(job, headroom, backends)
     ev = evaluate_layout(vjob, cands, headroom)
+    if user is not None:  # the user's backend and every setting Nereus does not change
+        backends = ("fsdp",) if "fsdp" in job.framework.name else ("megatron",)
+        backend, vjob, cands = closest_verl_layout(job, headroom, backends)
+        ev = evaluate_layout(vjob, cands, headroom)
     for b in backends:
         bjob = verl_job(job, b)
         if bjob.framework != job.framework or verl_expressible(bjob, best.candidates, b) is not None:
@@ -374,8 +400,12 @@ def export_verl(job: JobSpec, best: Plan, headroom: float | None = None, model_p
             backend, vjob, cands, ev = b, bjob, mine, e2
     what = ("Megatron engines (distributed optimizer = ZeRO-1)" if backend == "megatron" else
             "FSDP engines (reshard_after_forward = ZeRO-3, else ZeRO-2)")
-    return {"framework": "verl", "backend": backend, "config_name": CONFIG_NAMES[backend],
-            "overrides": verl_overrides(vjob, cands, model_path, backend),
+    ov = verl_overrides(vjob, cands, None if user else model_path, backend)
+    config = CONFIG_NAMES[backend]
+    if user is not None:
+        ov, config = merge_overrides(user.get("overrides", ()), ov), user.get("config") or config
+    return {"framework": "verl", "backend": backend, "config_name": config,
+            "overrides": ov,
             "layout": list(cands), "evaluation": ev, "framework_spec": vjob.framework.to_dict(), "nereus_l_step": best.l_step,
             "l_step": ev.l_step, "changes": _changes(best, cands),
             "note": (f"verl runs every model-stage on all GPUs of one resource pool (hybrid engine), one after "

@@ -1,5 +1,1 @@
-"""Plan search: candidates, frontier, dynamic programming, placement, critical path."""
-
-from nereus.spec.plan import Candidate, Plan, StageEstimate, load_plan
-
-__all__ = ["Candidate", "Plan", "StageEstimate", "load_plan"]
+"""Plan search: candidates, frontier, exact search, placement, what-if (the plan data types are in :mod:`nereus.spec.plan`)."""

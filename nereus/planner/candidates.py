@@ -8,7 +8,8 @@ features it names):
   a node when nodes are large enough (groups that cross nodes pay the NIC in the cost model);
 * PP: every degree dividing the layers, or every degree up to the layer count when the framework
   allows uneven stages (``uneven_pp``);
-* training without ``model_parallel_train`` (verl FSDP, OpenRLHF DeepSpeed): TP = PP = 1;
+* training and inference (the training engine's passes) without ``model_parallel_train`` (verl FSDP,
+  OpenRLHF DeepSpeed): TP = PP = 1; without ``pipeline_parallel``: PP = 1;
 * DP: training needs ``dp·b·a = mini_batch``, with ``b`` any divisor of the per-replica batch
   ``mini/dp`` up to the workload's micro-batch; inference and generation take any DP, and among DP
   degrees that give the same per-replica load (``ceil(B/dp)``) only the smallest is kept, since the
@@ -177,6 +178,10 @@ def _layouts(cost: CostModel, ms: ModelStage, num_gpus: int) -> list[tuple[int, 
            if valid_pp(model, p, uneven=uneven) is None]
     if ms.stage == "train" and not fw.model_parallel_train:
         tps, pps = [1], [1]
+    if ms.stage != "generate" and not fw.pipeline_parallel:  # the training engine's passes: no pipeline
+        pps = [1]
+    if ms.stage == "infer" and not fw.model_parallel_train:  # they run on the training engine: no TP either
+        tps = [1]
     return [(t, p) for t in tps for p in pps if t * p <= num_gpus]
 
 

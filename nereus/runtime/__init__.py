@@ -26,7 +26,8 @@ Both halves of one mechanism, in one package:
   worker to which, computed alike by sender and receiver), ``worker_side.py`` (units and primitives run
   on a worker), ``driver_side.py`` (the executor: checks the DAG and schedule, submits primitives,
   never receives a state tensor).
-* ``durable/``: DCP checkpoints. ``worker_side.py`` (one engine's shards to and from a checkpoint),
+* ``durable/``: DCP checkpoints. ``worker_side.py`` (one engine's shards to and from a checkpoint) and
+  ``worker_calls.py`` (the checkpoint calls a worker answers),
   ``driver_side.py`` (which replica writes, completion, restart), ``scheduling.py`` (when an adaptive
   run takes, completes and swaps them).
 

@@ -37,9 +37,10 @@ calibrates from simulated measurements exactly as from real ones. Hidden ground 
   planner's estimate, times log-normal noise with σ = ``transition_noise`` (0.5): the spread of
   measured / predicted seconds per primitive of the live executor after calibration (0.54–1.85,
   log-σ ≈ 0.5, docs/runtime.md "Adaptive run"; measured on CPU workers over gloo with 19–57 MB
-  moves, so it stands for the shape of the tail, not for NVLink/InfiniBand magnitudes). Starting a
-  rollout engine takes the controller's assumed ``engine_reinit`` times log-normal noise with σ =
-  ``engine_noise`` (0.35; vLLM engine start 10–30 s for 8B models).
+  moves, so it stands for the shape of the tail, not for NVLink/InfiniBand magnitudes). Starting
+  rollout engines and creating process groups takes the controller's estimate (``engine_reinit``
+  with the job: ``nereus.controller.engine_start``, by model size and TP, 25 s for 8B TP 1 to
+  3.5 min for 70B TP 8) times log-normal noise with σ = ``engine_noise`` (0.35).
 * **failure detection and teardown**: an *unannounced* loss of a GPU of the running plan is seen
   only after ``detect_s`` seconds, uniform in (15, 50): Ray's GCS declares a node dead after
   ``health_check_failure_threshold`` (5) failed probes ``health_check_period_ms`` (3 s) apart, each
@@ -341,7 +342,7 @@ class SimulatedCluster:
         engine start with its own noise."""
         job = self.job_at(response_len)
         tgt = target if target.estimates else CostModel(job).estimate(target)
-        engine = engine_reinit(current, tgt)
+        engine = engine_reinit(current, tgt, job=job)
         est = estimate_transition_cost(job, current, tgt, pool)
         if est.feasible and math.isfinite(est.l_tran):
             move = max(0.0, est.l_tran - engine)

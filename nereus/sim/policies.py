@@ -9,14 +9,20 @@ With a preemption notice (or before any unannounced loss) it is inert and the ru
 Measured (benchmarks/bench_admission.py, 27 runs without notice): 1.04x the paper's rule, restarts
 75 → 38; with a 2-minute notice identical to it (docs/simulate.md).
 
-* ``nereus``: the controller (``nereus.controller``) with online calibration, γ = 0.5.
+* ``nereus``: the controller (``nereus.controller``) with online calibration, γ = 0.5, the pool
+  horizon from the loss process (``pool_horizon="process"``) and look-ahead plan choice
+  (``lookahead=True``; issue 29).
+* ``nereus-ema``: the same without the issue-29 extensions (``H_pool`` the EMA of crossing intervals,
+  plans compared at the current length): the ``nereus`` policy before issue 29.
 * ``nereus-paper``: the paper's rule exactly (no risk pricing).
 * ``static``: the best plan chosen at start with the *true* costs (what sweeping settings on the real
   cluster and fixing the fastest gives, as the paper's baselines do). It never adapts; when GPUs of
   its plan are lost or it runs out of memory it restarts from a checkpoint, picking the best plan
   for the pool and length at that moment (it may resize then).
-* ``replan-all``: the same controller and planner, replanning on every trigger and admitting every
-  faster feasible target without the payback rule (``replan-all-paper``: without risk pricing).
+* ``replan-all``: the same controller and planner (with the same issue-29 options: look-ahead plan
+  choice, the first-loss prior of risk pricing), replanning on every trigger and admitting every
+  faster feasible target without the payback rule (``replan-all-paper``: without risk pricing;
+  ``replan-all-ema``: without the issue-29 options, the ``replan-all`` before issue 29).
 * ``uncalibrated``: the controller with the offline cost model (defaults, no calibration).
 * ``gamma=<g>``: the controller with another payback margin (the γ sweep).
 * ``nereus+revisit``: with ``ControllerConfig(revisit=True)``, an extension beyond the paper
@@ -51,7 +57,7 @@ from nereus.spec.plan import Plan
 __all__ = ["NereusPolicy", "StaticPolicy", "ElasticPolicy", "restart_pays", "make_policy", "POLICY_NAMES"]
 
 POLICY_NAMES = ("nereus", "nereus-paper", "static", "elastic", "elastic-oracle", "replan-all", "replan-all-paper",
-                "uncalibrated", "nereus-h1")
+                "uncalibrated", "nereus-h1", "nereus-ema", "replan-all-ema")
 
 
 def _job_at(job: JobSpec, response_len: float) -> JobSpec:
@@ -232,6 +238,10 @@ class ElasticPolicy(StaticPolicy):
         return d
 
 
+#: the issue-29 controller options of the ``nereus``, ``gamma=<g>`` and ``uncalibrated`` policies
+ISSUE29 = {"pool_horizon": "process", "lookahead": True}
+
+
 def risk_model(job: JobSpec, restart: RestartCost | None = None) -> RiskModel:
     """The controller's state-loss pricing from the simulator's restart-cost model (whole cluster)."""
     restart = restart or RestartCost()
@@ -258,6 +268,8 @@ def make_policy(name: str, job: JobSpec, gamma: float, true_efficiency: Efficien
     def mon(**kw):
         return Monitor(first_horizon=first_horizon, **kw)
     if name in ("nereus", "nereus+risk"):
+        return NereusPolicy(name, job, ControllerConfig(gamma=gamma, risk=risk, **ISSUE29), mon())
+    if name == "nereus-ema":
         return NereusPolicy(name, job, ControllerConfig(gamma=gamma, risk=risk), mon())
     if name == "nereus-h1":
         return NereusPolicy(name, job, ControllerConfig(gamma=gamma, risk=risk), Monitor())
@@ -272,6 +284,8 @@ def make_policy(name: str, job: JobSpec, gamma: float, true_efficiency: Efficien
     if name == "static":
         return StaticPolicy(name, job, true_efficiency, memory_factor)
     if name == "replan-all":
+        return NereusPolicy(name, job, ControllerConfig(gamma=gamma, always_admit=True, risk=risk, **ISSUE29), mon())
+    if name == "replan-all-ema":
         return NereusPolicy(name, job, ControllerConfig(gamma=gamma, always_admit=True, risk=risk), mon())
     if name == "replan-all-paper":
         return NereusPolicy(name, job, ControllerConfig(gamma=gamma, always_admit=True))
@@ -280,12 +294,12 @@ def make_policy(name: str, job: JobSpec, gamma: float, true_efficiency: Efficien
     if name == "nereus+grow":
         return NereusPolicy(name, job, ControllerConfig(gamma=gamma, risk=risk), mon(grow_horizon=True))
     if name == "uncalibrated":
-        return NereusPolicy(name, job, ControllerConfig(gamma=gamma, calibrate=False, risk=risk), mon())
+        return NereusPolicy(name, job, ControllerConfig(gamma=gamma, calibrate=False, risk=risk, **ISSUE29), mon())
     if name.startswith("gamma="):
         try:
             g = float(name.split("=", 1)[1])
         except ValueError as e:
             raise ValueError(f"policy {name!r}: γ must be a number, e.g. gamma=0.25") from e
-        return NereusPolicy(name, job, ControllerConfig(gamma=g, risk=risk), mon())
+        return NereusPolicy(name, job, ControllerConfig(gamma=g, risk=risk, **ISSUE29), mon())
     raise ValueError(f"unknown policy {name!r}; valid: {list(POLICY_NAMES)}, nereus+revisit, nereus+grow "
                      "or gamma=<g>")

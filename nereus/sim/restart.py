@@ -10,7 +10,9 @@ since the last checkpoint; every policy also pays a periodic checkpoint save. As
   NFS/Lustre client throughput; an assumption, not a measurement).
 * **process restart**: 60 s (job relaunch, Ray/torch.distributed and NCCL init). Sia measured
   restart penalties of 25–250 s per job on a physical cluster (default 30 s; cost-model.md §4).
-* **warm-up**: 60 s (vLLM engine start, KV-cache allocation, CUDA-graph capture; allocator warm-up).
+* **warm-up**: 60 s (vLLM engine start, KV-cache allocation, CUDA-graph capture; allocator warm-up),
+  or the rollout engine's start at TP = GPUs per node when that is longer
+  (``nereus.controller.engine_start.engine_start_s``: 3.5 min for a 70B model at TP 8).
 * Together with the load, an 8B PPO job on 4 nodes restarts in about 150 s plus lost progress, the
   range of Tenplex's measured reconfiguration costs (70–195 s for GPT-3 XL; resharding.md §7) and
   below Tenplex's reported checkpoint/restart overhead (+360 s).
@@ -75,4 +77,10 @@ class RestartCost:
     def restart_s(self, job: JobSpec, num_nodes: int) -> float:
         """Process restart + load + warm-up (lost progress is added by the simulator)."""
         load = self.load_bytes(job) / (self.storage_bandwidth * max(1, num_nodes))
-        return self.process_restart_s + load + self.warmup_s
+        return self.process_restart_s + load + self.warmup(job)
+
+    def warmup(self, job: JobSpec) -> float:
+        """Warm-up seconds: ``warmup_s`` or the actor's engine start at TP = GPUs per node, the larger."""
+        from nereus.controller.engine_start import engine_start_s
+
+        return max(self.warmup_s, engine_start_s(job.model("actor"), job.cluster.gpus_per_node))

@@ -26,7 +26,7 @@ from nereus.sim.traces import (
 from nereus.spec.framework import get_framework
 from nereus.spec.hardware import ClusterSpec, get_gpu
 from nereus.spec.job import JobSpec
-from nereus.spec.model import get_model
+from nereus.spec.presets import get_model
 from nereus.spec.workload import WorkloadSpec
 
 __all__ = ["Scenario", "run_scenario", "DEFAULT_POLICIES", "DEFAULT_GAMMAS"]

@@ -46,6 +46,8 @@ feature                    kind       cost-model consequence (``nereus.cost``)
                                       ``always``
 ``model_parallel_train``   flag       whether training may use TP/PP (verl's FSDP and OpenRLHF's
                                       DeepSpeed backends train with DP/ZeRO only)
+``pipeline_parallel``      flag       whether the training engine's passes (training, inference)
+                                      may use PP (verl FSDP and OpenRLHF DeepSpeed: no)
 ``uneven_pp``              flag       pipeline ranks may hold unequal layer counts (Megatron
                                       ``decoder_first/last_pipeline_num_layers``); otherwise PP must
                                       divide the layers
@@ -53,9 +55,13 @@ feature                    kind       cost-model consequence (``nereus.cost``)
 
 Presets (:data:`FRAMEWORK_PRESETS`), each with its source:
 
-* ``nereus``: what the Nereus runtime executes (``nereus run``): no ZeRO, no SP, no interleaving, no
-  offload, concurrent model-stages on disjoint GPUs. The default, so a default plan is one Nereus
-  can run and transition.
+* ``nereus``: what the Nereus runtime executes *and live-transitions* (``nereus run --adaptive``):
+  no ZeRO, no SP, no interleaving, no offload, concurrent model-stages on disjoint GPUs. The
+  default, so a default plan is one Nereus can run and transition.
+* ``runtime``: what ``nereus run`` executes on fixed layouts (and re-lays out through the driver,
+  ``run/relayout.py``): ZeRO-1 for training (``worker/zero.py``), idle state offloaded to host memory
+  or dropped (``worker/memory_pool.py``), colocation (model-stages of a stage taking turns on the same
+  workers); no SP, no interleaving, no overlap. Its plans are not yet live-transitioned.
 * ``megatron``: Megatron-LM / Megatron-Core (verl's and NeMo-RL's Megatron backends): distributed
   optimizer (ZeRO-1), SP, interleaving, overlapped grad reduce in bf16, param/optimizer offload
   (verl ``actor.megatron.param_offload``), colocation (verl hybrid engine).
@@ -74,6 +80,8 @@ is valid).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
+
+from nereus.spec.engine import EngineCosts
 
 __all__ = ["FrameworkSpec", "FRAMEWORK_PRESETS", "get_framework", "OFFLOAD_MODES", "COLOCATE_MODES",
            "ZERO_STAGES"]
@@ -102,9 +110,19 @@ class FrameworkSpec:
         model_parallel_train: whether training may use TP > 1 or PP > 1.
         uneven_pp: PP degrees that do not divide the layers are allowed (the first ranks hold one
             layer more).
+        shared_engine: an inference model-stage of a trained model (``actor.infer``, ``critic.infer``)
+            runs on that model's training engine when it has the same GPUs (verl's workers,
+            OpenRLHF's DeepSpeed actor and critic): its weights are the training engine's, not a
+            second resident copy.
+        pipeline_parallel: whether training and inference model-stages (the training engine's passes)
+            may use PP > 1 (verl's FSDP and OpenRLHF's DeepSpeed engines have no pipeline; generation
+            is vLLM's and keeps its own degrees).
         drop_model_stages: the model-stages that may use ``drop`` when ``offload`` allows it (None:
             every non-training model-stage; verl, for example, frees only the rollout engine's
             weights, so its frameworks list ``("actor.generate",)``).
+        engine: the engines' behaviour and fixed costs (:class:`nereus.spec.engine.EngineCosts`:
+            generation to the longest response, per-decode-step and per-call overheads, per-layer
+            launch latency, padding, fixed per-step cost); None: none of them (the old model).
 
     Raises:
         ValueError: a field outside its valid values.
@@ -122,8 +140,13 @@ class FrameworkSpec:
     model_parallel_train: bool = True
     uneven_pp: bool = False
     drop_model_stages: tuple | None = None
+    pipeline_parallel: bool = True
+    shared_engine: bool = False
+    engine: EngineCosts | None = None
 
     def __post_init__(self) -> None:
+        if self.engine is not None and not isinstance(self.engine, EngineCosts):
+            object.__setattr__(self, "engine", EngineCosts.from_dict(self.engine))
         if self.drop_model_stages is not None:
             if isinstance(self.drop_model_stages, str) or not all(
                     isinstance(m, str) and "." in m and not m.endswith(".train") for m in self.drop_model_stages):
@@ -150,7 +173,7 @@ class FrameworkSpec:
         if g is not None and (isinstance(g, bool) or g not in (2, 4)):
             raise ValueError(f"framework field 'grad_reduce_bytes' must be 2 (bf16), 4 (fp32) or null, got {g!r}")
         for f in ("sequence_parallel", "overlap_grad_reduce", "overlap_tp_comm", "model_parallel_train",
-                  "uneven_pp"):
+                  "uneven_pp", "pipeline_parallel", "shared_engine"):
             if not isinstance(getattr(self, f), bool):
                 raise ValueError(f"framework field {f!r} must be true or false, got {getattr(self, f)!r}")
 
@@ -160,6 +183,12 @@ class FrameworkSpec:
         d["offload"] = list(self.offload)
         if self.drop_model_stages is not None:
             d["drop_model_stages"] = list(self.drop_model_stages)
+        if self.pipeline_parallel:  # the defaults: left out so existing documents read the same
+            del d["pipeline_parallel"]
+        if not self.shared_engine:
+            del d["shared_engine"]
+        if self.engine is None:
+            d.pop("engine")
         return d
 
     @classmethod
@@ -204,14 +233,16 @@ class FrameworkSpec:
 
 FRAMEWORK_PRESETS: dict[str, FrameworkSpec] = {
     "nereus": FrameworkSpec(),
+    "runtime": FrameworkSpec(name="runtime", zero_stages=(0, 1), offload=("none", "host", "drop"), colocate="auto"),
     "megatron": FrameworkSpec(name="megatron", zero_stages=(0, 1), sequence_parallel=True, max_virtual_stages=4,
                               overlap_grad_reduce=True, grad_reduce_bytes=2, offload=("none", "host", "drop"),
                               colocate="auto", uneven_pp=True),
     "fsdp": FrameworkSpec(name="fsdp", zero_stages=(2, 3), overlap_grad_reduce=True, grad_reduce_bytes=4,
-                          offload=("none", "host", "drop"), colocate="auto", model_parallel_train=False),
+                          offload=("none", "host", "drop"), colocate="auto", model_parallel_train=False,
+                          pipeline_parallel=False),
     "deepspeed": FrameworkSpec(name="deepspeed", zero_stages=(0, 1, 2, 3), overlap_grad_reduce=True,
                                grad_reduce_bytes=2, offload=("none", "host", "drop", "cpu_adam"), colocate="auto",
-                               model_parallel_train=False),
+                               model_parallel_train=False, pipeline_parallel=False),
     "generic": FrameworkSpec(name="generic", zero_stages=(0, 1, 2, 3), sequence_parallel=True, max_virtual_stages=4,
                              overlap_grad_reduce=True, overlap_tp_comm=True, grad_reduce_bytes=2,
                              offload=("none", "host", "drop", "cpu_adam"), colocate="auto", uneven_pp=True),

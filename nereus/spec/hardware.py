@@ -237,17 +237,122 @@ GPU_PRESETS["cpu"] = GPUSpec(
            "1 MFLOP = ~10 us of per-op framework overhead x ~80 GFLOP/s (time = overhead + flops/peak)")
 GPU_PRESETS["h100-sxm"] = GPU_PRESETS["h100"]
 GPU_PRESETS["a100-80gb"] = GPU_PRESETS["a100"]
+MIB = 1024**2
+_DGX_H100_HOST = 76.8e9  # 2 Xeon 8480C x 8 DDR5-4800 channels = 614.4 GB/s per node / 8 GPUs
+_DGX_A100_HOST = 51.2e9  # 2 EPYC 7742 x 8 DDR4-3200 channels = 409.6 GB/s per node / 8 GPUs
+#: GPUs users run RL post-training on (issue 28). Each ``source`` names the datasheet; capacities are
+#: what ``nvidia-smi`` (``rocm-smi``) reports where a public log shows it, else the datasheet's GB
+#: (10^9 B, a little under what the driver reports: conservative). PCIe cards without NVLink take the
+#: PCIe link as their scale-up link (``scaleup_link="pcie"``). GEMM/attention efficiencies: the same
+#: die's measured defaults (H800/H100 PCIe/NVL: H100's; A800, A100-40GB: A100's); the others use the
+#: GPU-independent defaults until calibrated.
+_NEW_GPUS = {
+    "a100-40gb": GPUSpec(
+        name="a100-40gb", peak_flops=312e12, memory_bytes=40536 * MIB, hbm_bandwidth=1.555e12,
+        scaleup_bandwidth=300e9, scaleout_bandwidth=25e9, host_bandwidth=32e9, host_memory_bandwidth=_DGX_A100_HOST,
+        default_efficiency=GPU_DEFAULT_EFFICIENCY["a100"],
+        source="NVIDIA A100 datasheet (A100 40GB SXM): 312 TFLOP/s dense bf16, 40 GB HBM2 1,555 GB/s, NVLink3 600 GB/s "
+               "bidirectional, PCIe Gen4 64 GB/s bidirectional; nvidia-smi A100-SXM4-40GB 40,536 MiB; DGX A100 HDR "
+               "200 Gb/s per GPU"),
+    "a800": GPUSpec(
+        name="a800", peak_flops=312e12, memory_bytes=81920 * MIB, hbm_bandwidth=2.039e12,
+        scaleup_bandwidth=200e9, scaleout_bandwidth=25e9, host_bandwidth=32e9, host_memory_bandwidth=_DGX_A100_HOST,
+        default_efficiency=GPU_DEFAULT_EFFICIENCY["a100"],
+        source="NVIDIA A800 40GB/80GB SXM datasheet: A100's 312 TFLOP/s dense bf16 and 80 GB HBM2e 2,039 GB/s, NVLink "
+               "400 GB/s bidirectional (200 per direction, the export-compliant limit); nvidia-smi as A100 80GB "
+               "(81,920 MiB); HDR 200 Gb/s per GPU"),
+    "h800": GPUSpec(
+        name="h800", peak_flops=989.4e12, memory_bytes=81559 * MIB, hbm_bandwidth=3.35e12,
+        scaleup_bandwidth=200e9, scaleout_bandwidth=50e9, host_bandwidth=64e9, host_memory_bandwidth=_DGX_H100_HOST,
+        peak_flops_fp8=1979e12, default_efficiency=GPU_DEFAULT_EFFICIENCY["h100"],
+        source="NVIDIA H800 SXM5 datasheet: H100 SXM5 compute (989.4 TFLOP/s dense bf16, 1,979 dense FP8), 80 GB HBM3 "
+               "3.35 TB/s, NVLink 400 GB/s bidirectional (200 per direction); nvidia-smi as H100 80GB (81,559 MiB); "
+               "400 Gb/s NIC per GPU; PCIe Gen5"),
+    "h20": GPUSpec(
+        name="h20", peak_flops=148e12, memory_bytes=97871 * MIB, hbm_bandwidth=4.0e12,
+        scaleup_bandwidth=450e9, scaleout_bandwidth=50e9, host_bandwidth=64e9, host_memory_bandwidth=_DGX_H100_HOST,
+        peak_flops_fp8=296e12,
+        source="NVIDIA HGX H20 product brief: 148 TFLOP/s dense bf16 (296 sparse), 296 dense FP8, 96 GB HBM3 4.0 TB/s, "
+               "NVLink 900 GB/s bidirectional, PCIe Gen5 x16; nvidia-smi 97,871 MiB; 400 Gb/s NIC per GPU"),
+    "l20": GPUSpec(
+        name="l20", peak_flops=119.5e12, memory_bytes=46068 * MIB, hbm_bandwidth=0.864e12,
+        scaleup_bandwidth=32e9, scaleout_bandwidth=25e9, scaleup_link="pcie", host_bandwidth=32e9,
+        host_memory_bandwidth=25.6e9, peak_flops_fp8=239e12, scaleup_latency=10e-6,
+        source="NVIDIA L20 datasheet: 119.5 TFLOP/s dense bf16, 239 dense FP8, 48 GB GDDR6 864 GB/s, no NVLink, PCIe "
+               "Gen4 x16 64 GB/s bidirectional (GPU-to-GPU over PCIe, 32 per direction); nvidia-smi 46,068 MiB (as "
+               "L40S); 200 Gb/s NIC per GPU assumed; host DRAM share ASSUMED"),
+    "l40s": GPUSpec(
+        name="l40s", peak_flops=362.05e12, memory_bytes=46068 * MIB, hbm_bandwidth=0.864e12,
+        scaleup_bandwidth=32e9, scaleout_bandwidth=25e9, scaleup_link="pcie", host_bandwidth=32e9,
+        host_memory_bandwidth=25.6e9, peak_flops_fp8=733e12, scaleup_latency=10e-6,
+        source="NVIDIA L40S datasheet: 362.05 TFLOP/s dense bf16 (733 sparse), 733 dense FP8, 48 GB GDDR6 864 GB/s, "
+               "no NVLink, PCIe Gen4 x16 64 GB/s bidirectional (32 per direction); nvidia-smi 46,068 MiB; 200 Gb/s "
+               "NIC per GPU assumed; host DRAM share ASSUMED"),
+    "h100-pcie": GPUSpec(
+        name="h100-pcie", peak_flops=756e12, memory_bytes=81559 * MIB, hbm_bandwidth=2.0e12,
+        scaleup_bandwidth=64e9, scaleout_bandwidth=50e9, scaleup_link="pcie", host_bandwidth=64e9,
+        host_memory_bandwidth=_DGX_H100_HOST, peak_flops_fp8=1513e12, default_efficiency=GPU_DEFAULT_EFFICIENCY["h100"],
+        scaleup_latency=10e-6,
+        source="NVIDIA H100 PCIe datasheet: 756 TFLOP/s dense bf16 (1,513 sparse), 1,513 dense FP8, 80 GB HBM2e "
+               "2.0 TB/s, PCIe Gen5 128 GB/s bidirectional (64 per direction; NVLink bridges join pairs only, so "
+               "collectives over 8 GPUs take PCIe); nvidia-smi 81,559 MiB"),
+    "h100-nvl": GPUSpec(
+        name="h100-nvl", peak_flops=835e12, memory_bytes=95830 * MIB, hbm_bandwidth=3.9e12,
+        scaleup_bandwidth=64e9, scaleout_bandwidth=50e9, scaleup_link="pcie", host_bandwidth=64e9,
+        host_memory_bandwidth=_DGX_H100_HOST, peak_flops_fp8=1671e12, default_efficiency=GPU_DEFAULT_EFFICIENCY["h100"],
+        scaleup_latency=10e-6,
+        source="NVIDIA H100 NVL datasheet: 835 TFLOP/s dense bf16 (1,671 sparse), 1,671 dense FP8, 94 GB HBM3 3.9 TB/s, "
+               "NVLink bridge 600 GB/s between pairs, PCIe Gen5 128 GB/s bidirectional (64 per direction, what 8-GPU "
+               "collectives take); nvidia-smi 95,830 MiB"),
+    "mi300x": GPUSpec(
+        name="mi300x", peak_flops=1307.4e12, memory_bytes=205822885888, hbm_bandwidth=5.3e12,
+        scaleup_bandwidth=448e9, scaleout_bandwidth=50e9, scaleup_link="xgmi", host_bandwidth=64e9,
+        host_memory_bandwidth=_DGX_H100_HOST, peak_flops_fp8=2614.9e12,
+        source="AMD Instinct MI300X datasheet: 1,307.4 TFLOP/s dense bf16, 2,614.9 dense FP8, 192 GB HBM3 5.3 TB/s, "
+               "Infinity Fabric 896 GB/s aggregate bidirectional peer bandwidth (448 per direction), PCIe Gen5 x16 "
+               "128 GB/s; rocm-smi VRAM total 205,822,885,888 B; 400 Gb/s NIC per GPU"),
+    "b200": GPUSpec(
+        name="b200", peak_flops=2250e12, memory_bytes=183359 * MIB, hbm_bandwidth=8.0e12,
+        scaleup_bandwidth=900e9, scaleout_bandwidth=50e9, host_bandwidth=64e9, host_memory_bandwidth=_DGX_H100_HOST,
+        peak_flops_fp8=4500e12,
+        source="NVIDIA DGX B200 datasheet: 72 PFLOP/s FP8 training per 8 GPUs (4.5 PFLOP/s dense FP8, 2.25 dense bf16 "
+               "per GPU), 1,440 GB HBM3e and 64 TB/s per 8 GPUs (8 TB/s per GPU), NVLink5 1.8 TB/s bidirectional (900 "
+               "per direction), 8x ConnectX-7 400 Gb/s; nvidia-smi 183,359 MiB (TensorRT-LLM issue 10278)"),
+}
+GPU_PRESETS.update(_NEW_GPUS)
+GPU_PRESETS["a100-sxm4-40gb"] = GPU_PRESETS["a100-40gb"]
+GPU_PRESETS["h100-94gb"] = GPU_PRESETS["h100-nvl"]
 
 
 def get_gpu(name: str) -> GPUSpec:
-    """A GPU preset by name (case-insensitive).
+    """A GPU preset by name (case-insensitive), or a custom GPU: a JSON file of GPU fields
+    (:meth:`GPUSpec.from_dict`; at least :data:`GPU_REQUIRED`) or the same mapping inline
+    (``'{"name": "mygpu", "peak_flops": 4e14, ...}'``).
 
     Raises:
-        ValueError: unknown name; lists the valid ones.
+        ValueError: unknown name (the valid ones are listed), an unreadable or malformed file, or a
+            bad field (named).
     """
+    import json
+    from pathlib import Path
+
+    if isinstance(name, str) and name.lstrip().startswith("{"):
+        try:
+            return GPUSpec.from_dict(json.loads(name))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"custom GPU {name[:60]!r}: not valid JSON ({e})") from e
+    if isinstance(name, str) and (name.endswith(".json") or "/" in name):
+        p = Path(name).expanduser()
+        if not p.is_file():
+            raise ValueError(f"custom GPU file {name!r} does not exist (give a preset: {sorted(GPU_PRESETS)})")
+        try:
+            return GPUSpec.from_dict(json.loads(p.read_text()))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"custom GPU file {name!r} is not valid JSON: {e}") from e
     key = name.lower() if isinstance(name, str) else None
     if key not in GPU_PRESETS:
-        raise ValueError(f"unknown GPU {name!r}: use one of {sorted(GPU_PRESETS)}")
+        raise ValueError(f"unknown GPU {name!r}: use one of {sorted(GPU_PRESETS)}, or a JSON file / inline JSON "
+                         f"object of GPU fields (at least {list(GPU_REQUIRED)})")
     return GPU_PRESETS[key]
 
 
@@ -309,7 +414,9 @@ class ClusterSpec:
         return pool
 
     def to_dict(self) -> dict:
-        return {"gpu": self.gpu.name, "num_nodes": self.num_nodes, "gpus_per_node": self.gpus_per_node}
+        preset = GPU_PRESETS.get(self.gpu.name) == self.gpu  # a custom GPU travels whole, so it round-trips
+        return {"gpu": self.gpu.name if preset else self.gpu.to_dict(), "num_nodes": self.num_nodes,
+                "gpus_per_node": self.gpus_per_node}
 
     @classmethod
     def from_dict(cls, d) -> ClusterSpec:

@@ -16,10 +16,11 @@ from pathlib import Path
 
 from nereus.spec.framework import FrameworkSpec
 from nereus.spec.hardware import ClusterSpec
-from nereus.spec.model import ModelSpec, get_model
+from nereus.spec.model import ModelSpec
+from nereus.spec.presets import get_model
 from nereus.spec.workload import WorkloadSpec
 
-__all__ = ["JobSpec"]
+__all__ = ["JobSpec", "check_context"]
 
 MODEL_ROLES = ("actor", "critic", "reference", "reward")
 #: sections of a job document (``docs/files.md``)
@@ -151,3 +152,22 @@ class JobSpec:
         if not isinstance(data, dict):
             raise ValueError(f"job file {str(p)!r} must hold a mapping")
         return cls.from_dict(data)
+
+
+def check_context(job: JobSpec, what: str = "--prompt-len + --response-len-max") -> JobSpec:
+    """``job`` when its longest sequence fits the actor's context, else ValueError.
+
+    The longest sequence is ``prompt_len + response_len_max`` (or the mean response when no maximum is
+    set: ``WorkloadSpec.memory_seq_len``); the context is the model config's
+    ``max_position_embeddings`` (a model generates and trains past it only with RoPE scaling the
+    config would declare; vLLM refuses ``max_model_len`` above it).
+
+    Raises:
+        ValueError: naming the lengths, the model and its context.
+    """
+    w, ctx = job.workload, job.actor.max_position_embeddings
+    if w.memory_seq_len > ctx:
+        raise ValueError(f"{what} = {w.prompt_len} + {w.memory_response_len} = {w.memory_seq_len} tokens exceeds "
+                         f"{job.actor.name}'s context (max_position_embeddings={ctx}); valid: a prompt plus response "
+                         f"of at most {ctx} tokens")
+    return job

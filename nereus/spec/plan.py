@@ -2,7 +2,7 @@
 
 These types sit in :mod:`nereus.spec`, below both the cost model (:mod:`nereus.cost`, which fills
 :class:`StageEstimate` and :class:`Plan`) and the planner (:mod:`nereus.planner`, which searches
-over :class:`Candidate`); :mod:`nereus.spec.plan` re-exports them for existing imports.
+over :class:`Candidate`).
 
 GPU-set convention (used by placement, the transition planner and the runtime): a candidate with
 degrees (tp, pp, dp) owns ``gpus``, a tuple of ``tp·pp·dp`` global GPU ids ordered replica-major,
@@ -46,6 +46,11 @@ class Candidate:
             memory with the Adam step on the CPU, ZeRO-Offload).
         vpp: interleaved pipeline: model chunks per pipeline rank (``v``; 1 = plain 1F1B).
         gpus: the GPU set ``R`` in the order above; empty before placement.
+        cp: sequence-split degree of a training or inference model-stage (verl's Ulysses
+            ``ulysses_sequence_parallel_size``, Megatron's ``context_parallel_size``;
+            :mod:`nereus.cost.seqpar`): each sequence is cut over ``cp`` GPUs, so a replica has
+            ``tp·pp·cp`` GPUs and ``dp`` counts replicas (verl: ``dp = N / (tp·pp·cp)``). 1 = none.
+            The planner does not search it; imports of users' layouts set it.
 
     Raises:
         ValueError: degrees not positive, an unknown zero/offload value, or a GPU set of the wrong
@@ -64,9 +69,10 @@ class Candidate:
     offload: str = "none"
     vpp: int = 1
     gpus: tuple[int, ...] = ()
+    cp: int = 1
 
     def __post_init__(self) -> None:
-        for f in ("tp", "pp", "dp", "vpp"):
+        for f in ("tp", "pp", "dp", "vpp", "cp"):
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise ValueError(f"candidate {self.model_stage}: {f} must be a positive integer, got {v!r}")
@@ -78,16 +84,19 @@ class Candidate:
         if self.offload == "cpu_adam" and not self.model_stage.endswith(".train"):
             raise ValueError(f"candidate {self.model_stage}: offload 'cpu_adam' keeps an optimizer on the CPU and "
                              f"applies to training model-stages only; valid here: 'none', 'host', 'drop'")
+        if self.cp > 1 and self.model_stage.endswith(".generate"):
+            raise ValueError(f"candidate {self.model_stage}: cp={self.cp}: generation engines do not split "
+                             f"sequences; valid: cp=1")
         if self.gpus:
             if len(self.gpus) != self.num_gpus:
                 raise ValueError(f"candidate {self.model_stage}: GPU set has {len(self.gpus)} ids, "
-                                 f"tp*pp*dp = {self.num_gpus}")
+                                 f"tp*pp*dp{'*cp' if self.cp > 1 else ''} = {self.num_gpus}")
             if len(set(self.gpus)) != len(self.gpus):
                 raise ValueError(f"candidate {self.model_stage}: GPU set repeats an id: {self.gpus}")
 
     @property
     def num_gpus(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.pp * self.dp * self.cp
 
     @property
     def idle_off_gpu(self) -> bool:
@@ -102,7 +111,7 @@ class Candidate:
 
     def replica_gpus(self, d: int) -> tuple[int, ...]:
         """GPU ids of replica ``d`` (pp-major, then tp)."""
-        k = self.tp * self.pp
+        k = self.tp * self.pp * self.cp
         return self.gpus[d * k:(d + 1) * k]
 
     def gpu_of(self, d: int, p: int, t: int) -> int:
@@ -114,7 +123,7 @@ class Candidate:
     def key(self) -> tuple:
         """Identity without the GPU set."""
         return (self.model_stage, self.tp, self.pp, self.dp, self.micro_batch, self.grad_accum,
-                self.recompute, self.concurrency, self.zero, self.offload, self.vpp)
+                self.recompute, self.concurrency, self.zero, self.offload, self.vpp) + ((self.cp,) if self.cp > 1 else ())
 
     def short(self) -> str:
         """Degrees and batch choices, ``tp2 pp1 dp2 b4 rc:full z1 off:host v2`` (with GPUs:
@@ -132,6 +141,8 @@ class Candidate:
             s += f" off:{self.offload}"
         if self.vpp > 1:
             s += f" v{self.vpp}"
+        if self.cp > 1:
+            s += f" cp{self.cp}"
         return s
 
 
@@ -210,7 +221,7 @@ class Plan:
             "l_step": self.l_step,
             "throughput": self.throughput,
             "capacity": self.capacity,
-            "candidates": [asdict(c) | {"gpus": list(c.gpus)} for c in self.candidates],
+            "candidates": [_candidate_dict(c) for c in self.candidates],
             "estimates": {k: asdict(v) for k, v in self.estimates.items()},
             "peak_memory": self.peak_memory,
             "gpu_memory": {str(k): v for k, v in self.gpu_memory.items()},
@@ -265,7 +276,15 @@ class Plan:
                    throughput=float(d.get("throughput", 0.0)), capacity=float(d.get("capacity", 0.0)))
 
 
-_CANDIDATE_INTS = ("tp", "pp", "dp", "micro_batch", "grad_accum", "concurrency", "zero", "vpp")
+_CANDIDATE_INTS = ("tp", "pp", "dp", "micro_batch", "grad_accum", "concurrency", "zero", "vpp", "cp")
+
+
+def _candidate_dict(c: Candidate) -> dict:
+    """A candidate as a plan document's mapping (``cp`` only when it splits sequences)."""
+    d = asdict(c) | {"gpus": list(c.gpus)}
+    if c.cp == 1:
+        del d["cp"]
+    return d
 
 
 def _candidate_from_dict(c) -> Candidate:

@@ -29,7 +29,8 @@ __all__ = ["WorkloadSpec", "ALGORITHMS", "GEMM_PRECISIONS", "ATTENTION_KERNELS",
 ALGORITHMS = ("ppo", "grpo", "remax")
 RECOMPUTE_MODES = ("none", "selective", "full", "auto")
 #: fields left out of :meth:`WorkloadSpec.to_dict` while unset (None)
-OPTIONAL_FIELDS = ("response_len_max", "memory_fraction", "gemm_precision", "attention_kernel")
+OPTIONAL_FIELDS = ("response_len_max", "memory_fraction", "gemm_precision", "attention_kernel", "lora_rank",
+                   "rollout_memory_fraction")
 #: values of ``gemm_precision`` (None = bf16)
 GEMM_PRECISIONS = ("bf16", "fp8")
 #: values of ``attention_kernel`` (None = flash)
@@ -73,6 +74,16 @@ class WorkloadSpec:
             ``unfused_dropout`` (the same with dropout on the attention probabilities).
             :mod:`nereus.cost.latency` says what each costs; the unfused ones also store the
             ``s x s`` scores (:func:`nereus.cost.memory.activation_bytes_per_layer`).
+        lora_rank: LoRA adapters of this rank on every linear layer of the trained models (verl
+            ``actor_rollout_ref.model.lora_rank``, OpenRLHF ``--lora_rank``; target ``all-linear``;
+            Hu et al. 2021): the base weights are frozen, gradients and optimizer state exist for the
+            adapters only, and the weight sync moves the adapters (:mod:`nereus.cost.lora`). None:
+            full fine-tuning.
+        rollout_memory_fraction: vLLM's ``gpu_memory_utilization`` of the generation engine as the
+            user set it: the engine pre-allocates this share of each GPU's memory (weights, profiled
+            activations, KV blocks) whatever the batch needs, and its concurrency is capped by the KV
+            blocks that fit, the rest waiting (preempted) for blocks (:mod:`nereus.cost.vllm_memory`).
+            None: the engine is sized to what its concurrency needs (an export sets the fraction).
 
     Raises:
         ValueError: at construction, naming the field, the value and what would be valid.
@@ -98,6 +109,8 @@ class WorkloadSpec:
     memory_fraction: float | None = None
     gemm_precision: str | None = None
     attention_kernel: str | None = None
+    lora_rank: int | None = None
+    rollout_memory_fraction: float | None = None
 
     def __post_init__(self) -> None:
         if self.attention_kernel is not None and self.attention_kernel not in ATTENTION_KERNELS:
@@ -133,6 +146,14 @@ class WorkloadSpec:
         if f is not None and (isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= 1):
             raise ValueError(f"workload field 'memory_fraction' must be a number in (0, 1] (the share of each "
                              f"GPU's memory a plan may use) or null, got {f!r}")
+        r = self.lora_rank
+        if r is not None and (isinstance(r, bool) or not isinstance(r, int) or r < 1):
+            raise ValueError(f"workload field 'lora_rank' must be an integer >= 1 (LoRA adapter rank) or null "
+                             f"(full fine-tuning), got {r!r}")
+        f = self.rollout_memory_fraction
+        if f is not None and (isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f < 1):
+            raise ValueError(f"workload field 'rollout_memory_fraction' must be a number in (0, 1) (vLLM's "
+                             f"gpu_memory_utilization) or null, got {f!r}")
         if self.algorithm == "grpo" and self.samples_per_prompt < 2:
             raise ValueError("workload field 'samples_per_prompt' must be >= 2 for GRPO "
                              "(group-normalized advantages need a group)")

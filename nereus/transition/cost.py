@@ -6,9 +6,9 @@ DESIGN.md §4.6.
 
 Time of one primitive, seconds::
 
-    Split   setup + max over all-gather groups  (recv_bytes / B + (k-1)·α)   ring all-gather
-    Merge   setup + (recv_bytes / B + α  if any shard must move)
-    Extend  setup + max over rank pairs        (bytes / B + α)
+    Split   setup + max over all-gather groups  (recv_bytes / B + recv_bytes / C + (k-1)·α)   ring all-gather
+    Merge   setup + (recv_bytes / B + recv_bytes / C + α  if any shard must move)
+    Extend  setup + max over rank pairs        (bytes / B + bytes / C + α)
     Destroy teardown
     Load    from storage:   load_setup + max over nodes (bytes landing on the node / storage_bandwidth)
             from a train EMU: setup + max over source GPUs (bytes it sends / B + α)   weight sync;
@@ -20,7 +20,14 @@ Time of one primitive, seconds::
             node whose host holds none of the staged copy
 
 ``B`` and ``α`` are the scale-up (NVLink) bandwidth and latency when every GPU involved sits on one
-node, else the scale-out (NIC) ones (``GPUSpec``: bytes/s per GPU per direction). Communicators of
+node, else the scale-out (NIC) ones (``GPUSpec``: bytes/s per GPU per direction). ``C`` is the *copy*
+rate of the bytes a worker packs into its send buffers and assembles into the produced shards
+(``runtime/transit/packing.py``: one write per byte at the sender, one at the receiver), bytes/s:
+``CostParams.copy_bandwidth`` (default infinite: on GPUs the copies run at HBM speed, two orders
+above the links, so an uncalibrated estimate ignores them; 0 derives ``hbm_bandwidth / 4``, each
+byte read and written twice). So a primitive's seconds are three terms, *setup* (communicators; whatever per-primitive
+fixed cost the calibration finds), *copy* and *wire*, each calibrated apart from the executor's
+records (``transition/calibrate.py``). Communicators of
 one primitive are created in parallel, so setup is paid once per primitive: ``comm_setup_intra_s``
 inside a node, ``comm_setup_inter_s`` across nodes.
 
@@ -34,13 +41,15 @@ it copies out and a Restore ``(gpu, "host", "rx")`` on those it writes (each GPU
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 from nereus.spec.hardware import ClusterSpec
 from nereus.spec.model import ModelSpec
 from nereus.transition.emu import EMU
 from nereus.transition.held import held_bytes
-from nereus.transition.primitives import HOST_ID, STORAGE, Primitive
+from nereus.transition.primitives import STORAGE, Primitive
+from nereus.transition.staging import HOST_ID
 
 __all__ = ["CostParams", "duration", "ports", "min_bytes"]
 
@@ -66,6 +75,9 @@ class CostParams:
             copies; Gen5 (H100 SXM hosts, 64 GB/s theoretical) reaches about twice that, so the
             default is conservative there. An assumption, not a measurement.
         host_setup_s: fixed seconds of an Offload: allocate and pin host buffers for the shards.
+        copy_bandwidth: bytes/s at which a primitive's busiest receiver's bytes are packed at their
+            senders and assembled at it (module docstring, ``C``); infinite (the default) leaves the
+            copy term out until calibrated, 0 derives it from the device, ``hbm_bandwidth / 4``.
 
     The defaults are assumptions of the right order (NCCL communicator creation takes tens to
     hundreds of milliseconds); calibrate them from measured transitions.
@@ -81,6 +93,7 @@ class CostParams:
     load_setup_s: float = 2.0
     host_bandwidth: float = 25e9
     host_setup_s: float = 0.5
+    copy_bandwidth: float = math.inf
 
     def __post_init__(self) -> None:
         for k, v in asdict(self).items():
@@ -92,6 +105,11 @@ class CostParams:
 
 def _link(cluster: ClusterSpec, gpus) -> tuple[float, float, str]:
     return cluster.link_of(gpus)
+
+
+def _copy_bw(cluster: ClusterSpec, params: CostParams) -> float:
+    """``C`` of the module docstring, bytes/s."""
+    return params.copy_bandwidth or cluster.gpu.hbm_bandwidth / 4
 
 
 def _setup(cluster: ClusterSpec, gpus, params: CostParams) -> float:
@@ -127,17 +145,18 @@ def duration(p: Primitive, cluster: ClusterSpec, params: CostParams = CostParams
         return max((b / (params.host_bandwidth if cluster.node_of(d) in home
                          else min(params.host_bandwidth, cluster.gpu.scaleout_bandwidth))
                     for _, d, b in p.pairs), default=0.0)
+    copy = _copy_bw(cluster, params)
     if p.kind == "extend":
         t = 0.0
         for s, d, b in p.pairs:
             bw, lat, _ = _link(cluster, (s, d))
-            t = max(t, b / bw + lat)
+            t = max(t, b / bw + b / copy + lat)
         return _setup(cluster, p.gpus, params) + t
     t = 0.0
     for gpus, recv in p.groups:
         bw, lat, _ = _link(cluster, gpus)
         steps = len(gpus) - 1 if p.kind == "split" else 1
-        t = max(t, recv / bw + steps * lat)
+        t = max(t, recv / bw + recv / copy + steps * lat)
     return _setup(cluster, p.gpus, params) + t
 
 

@@ -14,10 +14,12 @@ from nereus.spec.job import JobSpec
 from nereus.spec.plan import Plan
 from nereus.transition.cost import CostParams, duration, min_bytes, ports
 from nereus.transition.emu import check_zero, model_of, phi, stage_of, state_parts
-from nereus.transition.global_dag import GlobalDAG, plan_global
-from nereus.transition.local_dag import Infeasible, align_group, build_local_dag
+from nereus.transition.global_dag import GlobalDAG, critical_path_length, plan_global
+from nereus.transition.group_ranks import align_group
+from nereus.transition.growth import fuse_growth
+from nereus.transition.local_dag import Infeasible, build_local_dag
 from nereus.transition.primitives import STORAGE
-from nereus.transition.schedule import Schedule, critical_path_length
+from nereus.transition.schedule import Schedule
 from nereus.workflow import workflow_for
 
 __all__ = ["TransitionEstimate", "estimate_transition", "plan_dag", "capacities", "reload_source", "HEADROOM"]
@@ -289,10 +291,10 @@ def plan_dag(job: JobSpec, current: Plan, target: Plan, pool: frozenset[int] | N
         locals_ = []
         for c in current.candidates:
             ms = c.model_stage
-            locals_.append(build_local_dag(
+            locals_.append(fuse_growth(build_local_dag(  # growth at the minimum bytes (growth.py)
                 ms, tuple(e for e in initial if e.model_stage == ms), tuple(e for e in final if e.model_stage == ms),
                 model_of(job, ms), state_parts(job, ms), job.cluster, relocate=ms in relocate,
-                reload_from=reload_from.get(ms), staged=ms in staged))
+                reload_from=reload_from.get(ms), staged=ms in staged)))
         dur = {n.pid: duration(n, job.cluster, params) for ld in locals_ for n in ld.nodes}
         prt = {n.pid: ports(n, job.cluster) for ld in locals_ for n in ld.nodes}
         try:

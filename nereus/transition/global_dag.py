@@ -36,11 +36,17 @@ Source: paper §6.1-§6.2, DESIGN.md §4.6.
    release-before-acquire; a Split or Merge dropping its buffers). With all such edges the bound is
    at most what step 3 checked, so the loop ends, the DAG stays acyclic (edges point forward in
    ``L``) and the greedy schedule remains valid for it.
+5. A finished DAG: :func:`critical_path_length` (longest path, ignoring link ports: a lower bound on
+   ``L_tran``) and :func:`list_schedule`, a parallel list schedule of it, which is memory-safe in
+   every order the DAG allows, so only edges and ports matter (Destroy first, then longest
+   remaining path, then stage order). The schedulers themselves work on primitives and predecessor
+   sets (``schedule``), so that module does not depend on this one.
 """
 
 from __future__ import annotations
 
 import graphlib
+import heapq
 import random
 from dataclasses import dataclass, field
 
@@ -54,10 +60,12 @@ from nereus.transition.schedule import (
     Schedule,
     critical_chain,
     memory_list_schedule,
+    pop_finished,
     repair_delays,
 )
 
-__all__ = ["GlobalDAG", "build_global_dag", "plan_global", "rule_dag"]
+__all__ = ["GlobalDAG", "build_global_dag", "plan_global", "rule_dag", "tails", "critical_path_length",
+           "list_schedule"]
 
 @dataclass(frozen=True)
 class GlobalDAG:
@@ -325,3 +333,82 @@ def rule_dag(locals_: list[LocalDAG], initial: tuple[EMU, ...], target: tuple[EM
     edges += _ownership_edges(locals_)
     return GlobalDAG(nodes=tuple(nodes), edges=tuple(dict.fromkeys(edges)), initial=tuple(initial),
                      target=tuple(target), capacity=dict(capacity), local=tuple(locals_))
+
+
+def tails(dag: GlobalDAG, dur: dict[str, float]) -> dict[str, float]:
+    """pid → seconds of the longest path from its start to the end of the DAG."""
+    succ: dict[str, list[str]] = {n.pid: [] for n in dag.nodes}
+    for a, b, _ in dag.edges:
+        succ[a].append(b)
+    out: dict[str, float] = {}
+    for n in reversed(dag.nodes):  # nodes are in a topological order
+        out[n.pid] = dur[n.pid] + max((out[s] for s in succ[n.pid]), default=0.0)
+    return out
+
+
+def critical_path_length(dag: GlobalDAG, dur: dict[str, float]) -> float:
+    """Longest path through the DAG in seconds, ignoring link ports (a lower bound on ``L_tran``)."""
+    return max(tails(dag, dur).values(), default=0.0)
+
+
+def list_schedule(dag: GlobalDAG, dur: dict[str, float], ports: dict[str, frozenset]) -> Schedule:
+    """Parallel list schedule of ``dag`` with durations ``dur`` (seconds) and ports per pid."""
+    preds = dag.preds()
+    succ: dict[str, list[str]] = {n.pid: [] for n in dag.nodes}
+    for a, b, _ in dag.edges:
+        succ[a].append(b)
+    tail = tails(dag, dur)
+    nodes = {n.pid: n for n in dag.nodes}
+
+    def key(p: str) -> tuple:
+        n = nodes[p]
+        return (0 if n.kind == "destroy" else 1, -tail[p], priority(n))
+
+    waiting = {p: len(ps) for p, ps in preds.items()}
+    ready = [p for p, k in waiting.items() if k == 0]
+    start: dict[str, float] = {}
+    end: dict[str, float] = {}
+    why: dict[str, str | None] = {}
+    holder: dict = {}  # port → pid holding it
+    last_free: dict = {}  # port → pid that last released it
+    running: list[tuple[float, str]] = []
+    t = 0.0
+    while ready or running:
+        ready.sort(key=key)
+        still = []
+        for p in ready:
+            if any(q in holder for q in ports[p]):
+                still.append(p)
+                continue
+            start[p] = t
+            end[p] = t + dur[p]
+            pe = max(preds[p], key=lambda q: end[q], default=None)
+            if pe is not None and end[pe] >= t - 1e-12:
+                why[p] = pe
+            else:
+                why[p] = next((last_free[q] for q in ports[p] if q in last_free
+                               and end[last_free[q]] >= t - 1e-12), pe)
+            for q in ports[p]:
+                holder[q] = p
+            heapq.heappush(running, (end[p], p))
+        ready = still
+        if not running:
+            break
+        t, done = pop_finished(running)
+        for p in done:
+            for q in ports[p]:
+                del holder[q]
+                last_free[q] = p
+            for s in succ[p]:
+                waiting[s] -= 1
+                if waiting[s] == 0:
+                    ready.append(s)
+    if len(end) != len(nodes):
+        raise RuntimeError("list schedule left primitives unscheduled; the DAG has a cycle")
+    makespan = max(end.values(), default=0.0)
+    path: list[str] = []
+    p = max(end, key=lambda q: end[q]) if end else None
+    while p is not None:
+        path.append(p)
+        p = why.get(p)
+    return Schedule(start, end, makespan, tuple(reversed(path)))

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from nereus.spec.hardware import ClusterSpec, GPUSpec
 from nereus.spec.job import JobSpec
-from nereus.spec.model import get_model
 from nereus.spec.plan import Candidate, Plan
+from nereus.spec.presets import get_model
 from nereus.spec.workload import WorkloadSpec
 from nereus.transition.emu import phi, stage_of
 

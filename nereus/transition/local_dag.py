@@ -35,10 +35,10 @@ ZeRO groups (ours, issue 13): a training model-stage with ``zero >= 1`` is one E
 unsharded, so a group changing TP/PP is split into replicas (its ranks all-gather their slices) and
 the target group is merged from replicas (each rank keeps its slice). A group that keeps its
 ``(tp, pp)`` and some DP blocks (``z`` grows or shrinks, the stage changes) is re-cut by one
-:func:`~nereus.transition.primitives.reshard` instead; :func:`align_group` first orders the target's
-DP ranks so that staying ranks keep the most of their slices.
+:func:`~nereus.transition.primitives.reshard` instead; the caller first orders the target's DP
+ranks so that staying ranks keep the most of their slices (:mod:`nereus.transition.group_ranks`).
 Idle state (``Candidate.offload``): host copies move by ``Offload``/``Restore``
-(:func:`~nereus.transition.primitives.unstage`), a dropped target is Destroyed (:func:`_idle_dag`).
+(:func:`~nereus.transition.staging.unstage`), a dropped target is Destroyed (:func:`_idle_dag`).
 
 Edges are state dependencies only: a primitive follows the primitives that produce what it reads or
 consumes; a Destroy or Merge follows every Extend reading the unit (buffer lifetime) and, when the model-stage
@@ -61,11 +61,10 @@ from nereus.transition.primitives import (
     merge,
     reshard,
     split,
-    stage,
-    unstage,
 )
+from nereus.transition.staging import stage, unstage
 
-__all__ = ["LocalDAG", "build_local_dag", "Infeasible", "align_group"]
+__all__ = ["LocalDAG", "build_local_dag", "Infeasible"]
 
 
 class Infeasible(Exception):
@@ -122,51 +121,6 @@ def _pick_source(slot: EMU, units: list[EMU], uses: dict, cluster: ClusterSpec |
     return best
 
 
-def align_group(current: tuple[EMU, ...], target: tuple[EMU, ...]) -> tuple[EMU, ...]:
-    """``target`` with its ZeRO group's DP ranks ordered to keep the most state in place (ours).
-
-    The DP ranks of a ZeRO group are interchangeable at a step boundary (which rank owns which slice
-    and which micro-batches is a convention), so the transition may choose the order; the DAG's
-    target EMU records it. A target DP block that is a block of a current group of the same
-    ``(tp, pp)`` (rank ``r`` of ``z``, slice ``[r/z, (r+1)/z)``) takes the free target rank whose
-    slice overlaps its own most (ties: the lowest), in order of ``r``; the other blocks take the
-    remaining ranks in plan order. Shrinking ``z = 4 → 2`` onto ranks 0 and 2 keeps them as target
-    ranks 0 and 1 (a Split unit, nothing but the leaving ranks' slices moves); growing ``2 → 4``
-    puts the old ranks at target ranks 0 and 2. ``n`` replicas growing into a larger group count as
-    the group of degree ``n`` they first merge into (:func:`_grow_from_replicas`). Replica targets
-    and host copies are returned unchanged.
-    """
-    if len(target) != 1 or target[0].z == 1 or target[0].host:
-        return target
-    t = target[0]
-    held = {}
-    for e in current:
-        if (e.tp, e.pp) == (t.tp, t.pp) and e.z > 1 and not e.host:
-            for r in range(e.z):
-                held[e.block(r)] = (r, e.z)
-    blocks = [t.block(r) for r in range(t.z)]
-    reps = [e for e in current if e.z == 1 and not e.host and (e.tp, e.pp) == (t.tp, t.pp)]
-    if 1 < len(reps) == len(current) < t.z and all(e.gpus in blocks for e in reps):
-        held = {e.gpus: (i, len(reps)) for i, e in enumerate(reps)}  # merged into a group first
-    if not any(b in held for b in blocks):
-        return target
-    free = list(range(t.z))
-    rank_of: dict[tuple[int, ...], int] = {}
-    for blk in sorted((b for b in blocks if b in held), key=lambda b: held[b][0]):
-        r, z = held[blk]
-
-        def overlap(q: int, r: int = r, z: int = z) -> float:
-            return max(0.0, min((r + 1) / z, (q + 1) / t.z) - max(r / z, q / t.z))
-        q = max(free, key=lambda q: (overlap(q), -q))
-        free.remove(q)
-        rank_of[blk] = q
-    for blk in blocks:
-        if blk not in rank_of:
-            rank_of[blk] = free.pop(0)
-    order = sorted(blocks, key=rank_of.__getitem__)
-    return (replace(t, gpus=tuple(g for b in order for g in b)),)
-
-
 def _sub_layouts(common: tuple[int, ...]) -> list[tuple[int, ...]]:
     """Divisors of a common layout, largest first (ties: larger TP): along TP/PP as in the paper,
     and along the sharding dimension only at the full ``(tp, pp)`` (:func:`~nereus.transition.emu.t_sub`)."""
@@ -184,9 +138,9 @@ def _idle_dag(model_stage: str, current: tuple[EMU, ...], target: tuple[EMU, ...
 
     * target empty (``drop``): Destroy every current EMU (frozen or derived state only);
     * current in host memory: nothing when the target is the same host copy, else one Restore
-      (:func:`~nereus.transition.primitives.unstage`) onto the target GPUs or into the target's host
+      (:func:`~nereus.transition.staging.unstage`) onto the target GPUs or into the target's host
       layout;
-    * current on GPUs, target in host memory: Offload (:func:`~nereus.transition.primitives.stage`)
+    * current on GPUs, target in host memory: Offload (:func:`~nereus.transition.staging.stage`)
       then the Restore into the target's host layout.
     """
     if not target:
@@ -264,7 +218,7 @@ def build_local_dag(model_stage: str, current: tuple[EMU, ...], target: tuple[EM
         reload_from: where a Load reads the state: ``"storage"`` or an EMU of the model's
             ``*.train`` (module docstring). With ``current`` empty (every replica lost) it rebuilds
             the model-stage; otherwise every current EMU is destroyed first (drop and reload).
-        staged: move the model-stage through host memory, :func:`~nereus.transition.primitives.stage`'s
+        staged: move the model-stage through host memory, :func:`~nereus.transition.staging.stage`'s
             Offload then Restore (used when no GPU-resident path fits; training state included).
 
     Idle state (``Candidate.offload``, ours): an empty ``target`` (``drop``) destroys every current

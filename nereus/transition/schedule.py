@@ -8,25 +8,21 @@ requirements are satisfied; ready primitives run concurrently across GPU groups"
   and whose peak memory fits every GPU it touches (running primitives counted at their peak, ended
   ones at their net effect). Raises ``Infeasible`` when nothing runs and nothing ready fits.
 * :func:`repair_delays`: a local search over delays that a non-delay list schedule cannot make.
-* :func:`list_schedule`: a parallel list schedule of a finished DAG, which is memory-safe in every
-  order it allows, so only edges and ports matter (Destroy first, then longest remaining path,
-  then stage order).
+
+Both work on primitives and predecessor sets, not on a :class:`~nereus.transition.global_dag.GlobalDAG`;
+what schedules or measures a finished global DAG (``list_schedule``, ``critical_path_length``) lives
+with it in ``global_dag``.
 """
 
 from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from nereus.transition.local_dag import Infeasible
-from nereus.transition.primitives import Primitive, priority
+from nereus.transition.primitives import Primitive
 
-if TYPE_CHECKING:
-    from nereus.transition.global_dag import GlobalDAG
-
-__all__ = ["Schedule", "list_schedule", "critical_path_length", "tails", "critical_chain",
-           "memory_list_schedule", "repair_delays"]
+__all__ = ["Schedule", "critical_chain", "memory_list_schedule", "repair_delays", "pop_finished"]
 
 #: Extra list-schedule passes with seeded noise on the path-length priority (``order="critical"``);
 #: each costs about a millisecond at 64 GPUs and the best pass is kept.
@@ -64,7 +60,7 @@ class Schedule:
 
 
 
-def _pop_finished(running: list) -> tuple[float, list[int]]:
+def pop_finished(running: list) -> tuple[float, list[int]]:
     """Pop the earliest end time and every primitive ending at it from the ``(end, id)`` heap."""
     t, p = heapq.heappop(running)
     done = [p]
@@ -90,85 +86,6 @@ def critical_chain(start: dict, end: dict, preds: dict[str, set[str]], ports: di
         path.append(nxt)
         p = nxt
     return tuple(reversed(path))
-
-
-def tails(dag: GlobalDAG, dur: dict[str, float]) -> dict[str, float]:
-    """pid → seconds of the longest path from its start to the end of the DAG."""
-    succ: dict[str, list[str]] = {n.pid: [] for n in dag.nodes}
-    for a, b, _ in dag.edges:
-        succ[a].append(b)
-    out: dict[str, float] = {}
-    for n in reversed(dag.nodes):  # nodes are in a topological order
-        out[n.pid] = dur[n.pid] + max((out[s] for s in succ[n.pid]), default=0.0)
-    return out
-
-
-def critical_path_length(dag: GlobalDAG, dur: dict[str, float]) -> float:
-    """Longest path through the DAG in seconds, ignoring link ports (a lower bound on ``L_tran``)."""
-    return max(tails(dag, dur).values(), default=0.0)
-
-
-def list_schedule(dag: GlobalDAG, dur: dict[str, float], ports: dict[str, frozenset]) -> Schedule:
-    """Parallel list schedule of ``dag`` with durations ``dur`` (seconds) and ports per pid."""
-    preds = dag.preds()
-    succ: dict[str, list[str]] = {n.pid: [] for n in dag.nodes}
-    for a, b, _ in dag.edges:
-        succ[a].append(b)
-    tail = tails(dag, dur)
-    nodes = {n.pid: n for n in dag.nodes}
-
-    def key(p: str) -> tuple:
-        n = nodes[p]
-        return (0 if n.kind == "destroy" else 1, -tail[p], priority(n))
-
-    waiting = {p: len(ps) for p, ps in preds.items()}
-    ready = [p for p, k in waiting.items() if k == 0]
-    start: dict[str, float] = {}
-    end: dict[str, float] = {}
-    why: dict[str, str | None] = {}
-    holder: dict = {}  # port → pid holding it
-    last_free: dict = {}  # port → pid that last released it
-    running: list[tuple[float, str]] = []
-    t = 0.0
-    while ready or running:
-        ready.sort(key=key)
-        still = []
-        for p in ready:
-            if any(q in holder for q in ports[p]):
-                still.append(p)
-                continue
-            start[p] = t
-            end[p] = t + dur[p]
-            pe = max(preds[p], key=lambda q: end[q], default=None)
-            if pe is not None and end[pe] >= t - 1e-12:
-                why[p] = pe
-            else:
-                why[p] = next((last_free[q] for q in ports[p] if q in last_free
-                               and end[last_free[q]] >= t - 1e-12), pe)
-            for q in ports[p]:
-                holder[q] = p
-            heapq.heappush(running, (end[p], p))
-        ready = still
-        if not running:
-            break
-        t, done = _pop_finished(running)
-        for p in done:
-            for q in ports[p]:
-                del holder[q]
-                last_free[q] = p
-            for s in succ[p]:
-                waiting[s] -= 1
-                if waiting[s] == 0:
-                    ready.append(s)
-    if len(end) != len(nodes):
-        raise RuntimeError("list schedule left primitives unscheduled; the DAG has a cycle")
-    makespan = max(end.values(), default=0.0)
-    path: list[str] = []
-    p = max(end, key=lambda q: end[q]) if end else None
-    while p is not None:
-        path.append(p)
-        p = why.get(p)
-    return Schedule(start, end, makespan, tuple(reversed(path)))
 
 
 def blocked_reason(blocked: list[Primitive], used: dict, capacity: dict) -> str:
@@ -237,7 +154,7 @@ def memory_list_schedule(nodes: dict[str, Primitive], preds: dict[str, set[str]]
             if ready:
                 raise Infeasible(blocked_reason([nodes[p] for p in ready], used, capacity), tuple(ready))
             break
-        t, done = _pop_finished(running)
+        t, done = pop_finished(running)
         for p in done:
             holder -= ports[p]
             for g, d in end_delta[p]:

@@ -10,7 +10,7 @@ collective whose peer died raises instead of hanging.
 
 Collectives call the process group's own methods and record, in the worker's :class:`Meter`, the
 seconds spent under op class ``"<collective>@<backend>"`` (``@gloo`` or ``@nccl``) and the bytes this rank sent (payload model:
-all-reduce ``2·(n-1)/n·B`` (ring), all-gather ``(n-1)/n·B_out``, broadcast ``B`` at the root, p2p ``B``).
+all-reduce ``2·(n-1)/n·B`` (ring), reduce-scatter ``(n-1)/n·B_in``, all-gather ``(n-1)/n·B_out``, broadcast ``B`` at the root, p2p ``B``).
 
 Gloo caveats (resharding.md §2.2): receive into contiguous buffers, then copy into views; all-gather
 inputs must have equal sizes. Gloo runs on host memory, so a CUDA tensor given to a gloo group is
@@ -112,7 +112,7 @@ class Group:
         except RuntimeError as e:
             raise self._error(op, e) from e
         self.meter.add_time(f"{op}@{self.backend}", time.perf_counter() - t0)
-        self.meter.add_bytes(sent_bytes)
+        self.meter.add_bytes(sent_bytes, f"{op}@{self.backend}")
 
     def _error(self, op: str, e: Exception) -> CommError:
         return CommError(f"{op} in group {self.name!r} (members {self.members}, rank {self.rank}) "
@@ -145,6 +145,23 @@ class Group:
         self._run("allgather", lambda: self.pg.allgather([out], [src]), (n - 1) * t.numel() * t.element_size())
         return [o.to(t.device) for o in out]
 
+    def reduce_scatter(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum of contiguous ``t`` (``numel`` divisible by the group size) over the group, this rank's
+        ``1/n`` slice of it (rank ``r`` gets elements ``[r·k, (r+1)·k)``, ``k = numel/n``); payload
+        ``(n-1)/n·B`` (ring). ZeRO's gradient reduce (``worker/zero.py``)."""
+        n = self.size
+        if n == 1:
+            return t.clone()
+        if t.numel() % n:
+            raise ValueError(f"reduce_scatter in group {self.name!r}: {t.numel()} elements do not split "
+                             f"into {n} equal slices")
+        src = self._host(t.contiguous())
+        out = torch.empty(t.numel() // n, dtype=t.dtype, device=src.device)
+        pieces = list(src.view(n, -1).unbind(0))
+        self._run("reducescatter", lambda: self.pg.reduce_scatter([out], [pieces], dist.ReduceScatterOptions()),
+                  (n - 1) / n * t.numel() * t.element_size())
+        return out.to(t.device)
+
     def broadcast(self, t: torch.Tensor, root: int) -> torch.Tensor:
         """In-place broadcast of contiguous ``t`` from group rank ``root``; returns ``t``."""
         if self.size == 1:
@@ -175,7 +192,7 @@ class Group:
         except RuntimeError as e:
             raise self._error("p2p", e) from e
         self.meter.add_time(f"p2p@{self.backend}", time.perf_counter() - t0)
-        self.meter.add_bytes(t.numel() * t.element_size())
+        self.meter.add_bytes(t.numel() * t.element_size(), f"p2p@{self.backend}")
         return work, buf
 
     def wait(self, handle: tuple) -> None:

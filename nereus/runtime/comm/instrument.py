@@ -7,7 +7,8 @@ The runtime never derives costs; it only measures:
   ``allreduce@gloo``, ``allgather@gloo``, ``broadcast@gloo``, ``p2p@gloo``, ``group_setup@gloo``;
 * ``peak_bytes``: the CUDA allocator peak on GPU; on CPU the peak of *tracked* tensor bytes
   (parameters, gradients, optimizer state, KV cache and live saved activations);
-* ``bytes_sent``: payload bytes this worker sent in collectives (see ``comm/groups.py`` for the model);
+* ``bytes_sent``: payload bytes this worker sent in collectives (see ``comm/groups.py`` for the model),
+  and ``op_bytes``: the same per op class (``allreduce@gloo``, ``reducescatter@gloo``, ...);
 * ``op_seconds_by_stage`` and ``peak_bytes_by_stage``: the same, attributed to the model-stage whose
   call was running (the shape ``nereus.controller.monitor.StepReport`` takes).
 
@@ -24,19 +25,25 @@ from contextlib import contextmanager
 
 import torch
 
-__all__ = ["Meter"]
+__all__ = ["Meter", "DeviceMemoryError"]
+
+
+class DeviceMemoryError(RuntimeError):
+    """The tracked device bytes of a worker would exceed its capacity (``Meter.capacity``): the CPU
+    analogue of a CUDA out-of-memory error (``worker/memory_pool.py``)."""
 
 
 class Meter:
     """Accumulates timings, bytes and tracked memory of one worker."""
 
-    def __init__(self) -> None:
+    def __init__(self, capacity: int | None = None) -> None:
         self.reset()
         self._static: dict[str, int] = {}
         # progress, for the driver's hang detection (run/faults.py): ops timed so far (never reset),
         # and the communication this worker is waiting in now, if any (a collective or a rendezvous)
         self.ops = 0
         self.waiting: str | None = None
+        self.capacity = capacity  # device bytes the tracked total may reach (None: unlimited)
 
     def reset(self) -> None:
         """Zero the timings, bytes and peak (static tracked bytes are kept)."""
@@ -45,6 +52,7 @@ class Meter:
         self.by_stage: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         self.stage_peak: dict[str, int] = defaultdict(int)
         self.bytes_sent = 0.0
+        self.op_bytes: dict[str, float] = defaultdict(float)
         self.current = getattr(self, "current", None)
         self._live = 0
         self._peak = 0
@@ -58,8 +66,10 @@ class Meter:
         if self.current is not None:
             self.by_stage[self.current][op_class] += seconds
 
-    def add_bytes(self, n: float) -> None:
+    def add_bytes(self, n: float, op_class: str | None = None) -> None:
         self.bytes_sent += n
+        if op_class is not None:
+            self.op_bytes[op_class] += n
 
     @contextmanager
     def op(self, op_class: str):
@@ -103,9 +113,26 @@ class Meter:
 
     # ---------------------------------------------------------------- tracked memory
     def set_static(self, key: str, nbytes: int) -> None:
-        """Record long-lived bytes under ``key`` (parameters, optimizer state, KV cache)."""
+        """Record long-lived bytes under ``key`` (parameters, optimizer state, KV cache).
+
+        Raises:
+            DeviceMemoryError: the tracked total would exceed ``capacity`` (nothing is recorded).
+        """
+        new = self.device_bytes - self._static.get(key, 0) + int(nbytes)
+        self._check(new, f"{key} ({int(nbytes)} B)")
         self._static[key] = int(nbytes)
         self._touch()
+
+    @property
+    def device_bytes(self) -> int:
+        """Tracked bytes resident now: static state plus live saved activations."""
+        return sum(self._static.values()) + self._live
+
+    def _check(self, total: int, what: str) -> None:
+        if self.capacity is not None and total > self.capacity:
+            held = {k: v for k, v in self._static.items() if v}
+            raise DeviceMemoryError(f"device memory: {what} brings the tracked total to {total} B, over this "
+                                    f"worker's capacity of {self.capacity} B (resident: {held})")
 
     def drop_static(self, key: str) -> None:
         self._static.pop(key, None)
@@ -131,6 +158,7 @@ class Meter:
         def pack(t: torch.Tensor):
             if id(t) not in exclude and not isinstance(t, torch.nn.Parameter):
                 n = t.numel() * t.element_size()
+                self._check(self.device_bytes + n, f"a saved activation ({n} B)")
                 self._live += n
                 self._touch()
                 weakref.finalize(t, self._free, n)
@@ -151,4 +179,4 @@ class Meter:
         return {"stage_seconds": dict(self.stage_seconds), "op_seconds": dict(self.op_seconds),
                 "op_seconds_by_stage": {k: dict(v) for k, v in self.by_stage.items()},
                 "peak_bytes": self.peak_bytes, "peak_bytes_by_stage": dict(self.stage_peak),
-                "bytes_sent": float(self.bytes_sent)}
+                "bytes_sent": float(self.bytes_sent), "op_bytes": dict(self.op_bytes)}

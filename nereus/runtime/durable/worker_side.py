@@ -46,8 +46,12 @@ def parse_key(key: str) -> tuple[str, str, int | None, int, int]:
     return kind, name, dim, lo, hi
 
 
-def _kinds(engine) -> dict[str, dict[str, torch.Tensor]]:
-    """Every state kind the engine holds (``Engine.state_tensors``: ``master`` too in a bf16 run)."""
+def _kinds(engine, load: bool = False) -> dict[str, dict[str, torch.Tensor]]:
+    """Every state kind the engine holds (``Engine.state_tensors``: ``master`` too in a bf16 run); a
+    ZeRO engine's sliced kinds unsliced over DP (``ZeroEngine.checkpoint_tensors``: a collective when
+    saving; buffers to slice from when loading)."""
+    if hasattr(engine, "checkpoint_tensors"):
+        return engine.checkpoint_tensors(gather=not load)
     return engine.state_tensors()
 
 
@@ -261,7 +265,7 @@ def load_engine(engine, path: str) -> dict:
 
     t0 = time.perf_counter()
     spec, ctx = engine.spec, engine.ctx
-    dest = _kinds(engine)
+    dest = _kinds(engine, load=True)
     want = {n: region(spec, n, ctx.tp, ctx.t) for n in engine.model.names}
     need = {(k, n): [(w.lo, w.hi)] if w.dim is not None else [(0, 1)] for k in dest for n, w in want.items()}
     for tensors in dest.values():
@@ -319,5 +323,7 @@ def load_engine(engine, path: str) -> dict:
         raise ValueError(f"{path}: no counters saved")
     for k, v in zip(_COUNTERS, counters.tolist()):
         setattr(engine, k, int(v))
+    if hasattr(engine, "load_checkpoint_tensors"):  # ZeRO: keep this rank's slices
+        engine.load_checkpoint_tensors(dest)
     out["seconds"] = time.perf_counter() - t0
     return out

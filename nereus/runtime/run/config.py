@@ -18,6 +18,8 @@ class RLConfig:
     ``precision``: ``fp32`` (default) or ``bf16`` (bf16 weights and compute with fp32 master weights,
     gradients and Adam moments, ``worker/engine.py``), for every engine of the run; None picks
     :func:`default_precision` (bf16 on a CUDA device that supports it, fp32 on CPU).
+    ``device_capacity``: bytes of device memory every worker may hold (0: unlimited); the worker's
+    meter refuses more (``worker/memory_pool.py``), so a plan must fit by colocation, offload or ZeRO.
 
     Raises:
         ValueError: naming the field when a value is out of range.
@@ -35,6 +37,7 @@ class RLConfig:
     seed: int = 0
     timeout_s: float = 60.0
     precision: str | None = "fp32"
+    device_capacity: int = 0  # bytes of device memory each worker may account (0: unlimited)
 
     def __post_init__(self) -> None:
         if self.precision is None:  # the device's default: bf16 where CUDA supports it, else fp32
@@ -47,6 +50,10 @@ class RLConfig:
         for f in ("gamma", "lam"):
             if not 0 <= getattr(self, f) <= 1:
                 raise ValueError(f"rl field {f!r} must be in [0, 1], got {getattr(self, f)}")
+        if isinstance(self.device_capacity, bool) or not isinstance(self.device_capacity, int) \
+                or self.device_capacity < 0:
+            raise ValueError(f"rl field 'device_capacity' must be a non-negative integer of bytes, "
+                             f"got {self.device_capacity!r}")
         if self.kl_coef < 0 or self.max_new_tokens < 0:
             raise ValueError("rl fields 'kl_coef' and 'max_new_tokens' must be >= 0")
 

@@ -28,6 +28,7 @@ from nereus.runtime.model.sharding import validate_layout
 from nereus.runtime.rl import algorithms as alg
 from nereus.runtime.rl.task import DigitTask
 from nereus.runtime.run.config import RLConfig
+from nereus.runtime.run.features import check_runtime_features
 from nereus.runtime.run.pool import WorkerPool, _ray_get
 from nereus.runtime.worker.engine import AdamConfig
 from nereus.runtime.worker.failures import WorkerFailure
@@ -42,17 +43,6 @@ __all__ = ["RLDriver"]
 
 def _seed(*parts) -> int:
     return zlib.crc32(repr(parts).encode()) & 0x7FFFFFFF
-
-
-def _check_runtime_features(name: str, c: Candidate) -> None:
-    """The runtime executes the ``nereus`` framework's plan space: whole replicas (no ZeRO), state
-    resident between stages (no offload), plain 1F1B (no interleaving); ValueError otherwise."""
-    bad = [f"{k}={v!r}" for k, v, ok in (("zero", c.zero, 0), ("offload", c.offload, "none"), ("vpp", c.vpp, 1))
-           if v != ok]
-    if bad:
-        raise ValueError(f"model-stage {name}: {', '.join(bad)} is not executed by the Nereus runtime (it runs the "
-                         f"'nereus' framework's plan space: zero=0, offload='none', vpp=1; plan with "
-                         f"--framework nereus)")
 
 
 def _largest_divisor(n: int, cap: int) -> int:
@@ -107,7 +97,7 @@ class RLDriver:
                                  f"{c.gpus} but only {self.num_workers} workers are given")
             validate_layout(self._spec_of(ms.model), c.tp, c.pp)
             self._check_batches(ms.name, ms.stage, c)
-            _check_runtime_features(ms.name, c)
+            check_runtime_features(ms.name, c)
             cands[ms.name] = c
         self.cands = cands  # assigned only once every candidate passed
         self.layouts = {k: Layout(c.tp, c.pp, c.dp, c.gpus) for k, c in cands.items()}
@@ -176,13 +166,17 @@ class RLDriver:
     def build_engines(self) -> RLDriver:
         """Build every model-stage's engines in the current layouts (frozen ones from their seeds)."""
         self.publish_precision()
+        if self.cfg.device_capacity:
+            used = sorted({i for lay in self.layouts.values() for i in lay.workers})
+            self._get([self.workers[i].set_capacity.remote(self.cfg.device_capacity) for i in used], "capacity")
         for ms in self.wf.model_stages:
-            lay = self.layouts[ms.name]
+            lay, c = self.layouts[ms.name], self.cands[ms.name]
             adam = self.adam_config(ms.name) if ms.trainable else None
             self._get([self.workers[i].build.remote(ms.name, self._spec_of(ms.model), lay, self.seed_of(ms.model),
                                                     ms.trainable, adam, self.tag,
                                                     recompute=self.recompute_of(ms.name),
-                                                    precision=self.cfg.precision) for i in lay.workers],
+                                                    precision=self.cfg.precision, zero=c.zero, offload=c.offload)
+                       for i in lay.workers],
                       f"building {ms.name}")
         return self
 
@@ -355,22 +349,24 @@ class RLDriver:
                       "temperature": cfg.temperature}
         critic_loss = {"kind": "critic", "prompt_len": P, "clip": cfg.value_clip}
         sums = {"actor_loss": 0.0, "critic_loss": 0.0}
-        mb = w.mini_batch_size
-        for _ in range(w.ppo_epochs):
-            for k in range(w.global_batch // mb):
-                sub = {key: v[k * mb:(k + 1) * mb] for key, v in batch.items()}
-                denom = float(sub["mask"].sum())
-                self.updates += 1
-                jobs = [("actor.train", actor_loss, "actor_loss")]
-                if "critic.train" in self.layouts:
-                    jobs.append(("critic.train", critic_loss, "critic_loss"))
-                fields = [sub[f] for f in sorted(sub)]
-                pending = [(key, self._submit(name, "train_fields", fields, sorted(sub), loss,
-                                              self.cands[name].micro_batch or w.micro_batch_size, denom,
-                                              self.updates)) for name, loss, key in jobs]
-                for key, pend in pending:  # actor and critic updates run concurrently
-                    sums[key] += sum(r["loss"] for r in self._collect(pend))
-        n = w.ppo_epochs * (w.global_batch // mb)
+        mb, per_epoch = w.mini_batch_size, w.global_batch // w.mini_batch_size
+        n, base = w.ppo_epochs * per_epoch, self.updates
+        jobs = [("actor.train", actor_loss, "actor_loss")]
+        if "critic.train" in self.layouts:
+            jobs.append(("critic.train", critic_loss, "critic_loss"))
+        pending = []
+        # each model's updates in a row, all submitted before any is collected: on disjoint workers
+        # the actor and the critic update concurrently; colocated, each takes one turn per step
+        for name, loss, key in jobs:
+            for i in range(n):
+                k = i % per_epoch
+                sub = {f: v[k * mb:(k + 1) * mb] for f, v in batch.items()}
+                pending.append((key, self._submit(name, "train_fields", [sub[f] for f in sorted(sub)], sorted(sub),
+                                                  loss, self.cands[name].micro_batch or w.micro_batch_size,
+                                                  float(sub["mask"].sum()), base + i + 1)))
+        self.updates = base + n
+        for key, pend in pending:
+            sums[key] += sum(r["loss"] for r in self._collect(pend))
         return {k: v / n for k, v in sums.items() if k != "critic_loss" or "critic.train" in self.layouts}
 
     def _sync(self) -> dict:
@@ -381,7 +377,8 @@ class RLDriver:
             ``{"sent", "recv"}``: parameter bytes summed over workers (also kept as ``last_sync``).
         """
         futs = []
-        for src, dsts in (("actor.train", ("actor.generate", "actor.infer")), ("critic.train", ("critic.infer",))):
+        # the critic first: colocated, its trained state is the one resident after the updates
+        for src, dsts in (("critic.train", ("critic.infer",)), ("actor.train", ("actor.generate", "actor.infer"))):
             for dst in dsts:
                 if src in self.layouts and dst in self.layouts:
                     sl, dl = self.layouts[src], self.layouts[dst]
@@ -397,9 +394,11 @@ class RLDriver:
     def gather_logical_state(self, model_stage: str, replica: int = 0) -> dict:
         """Full unsharded state of one replica of ``model_stage`` (see ``Engine.gather_logical_state``)."""
         lay = self.layouts[model_stage]
-        res = self._get([self.workers[i].gather_logical_state.remote(model_stage) for i in lay.replica(replica)],
+        # a ZeRO engine all-gathers its optimizer slices over DP: every replica takes part
+        ids = lay.workers if self.cands[model_stage].zero else lay.replica(replica)
+        res = self._get([self.workers[i].gather_logical_state.remote(model_stage) for i in ids],
                         f"gather {model_stage}")
-        return res[0]
+        return res[list(ids).index(lay.replica(replica)[0])]
 
     def measurements(self) -> dict:
         """What the controller calibrates from, over all workers since the last reset.
@@ -408,7 +407,8 @@ class RLDriver:
             ``stage_seconds`` {model-stage: wall s} (max over workers), ``op_seconds`` {op class: s}
             (summed over workers), ``op_seconds_by_stage`` {model-stage: {op class: s}} (max over
             workers: the slowest rank), ``peak_bytes`` and ``peak_bytes_by_stage`` (max over workers),
-            ``bytes_sent`` (sum) and ``per_worker`` (each worker's own numbers).
+            ``bytes_sent`` and ``op_bytes`` {op class: bytes} (sums), ``memory`` (offload/restore bytes, seconds and counts summed over
+            workers, ``worker/memory_pool.py``) and ``per_worker`` (each worker's own numbers).
         """
         per = self._get([wk.measurements.remote() for wk in self.workers if wk is not None], "measurements")
         stage, ops, by_stage, peaks = {}, {}, {}, {}
@@ -422,9 +422,16 @@ class RLDriver:
                     by_stage.setdefault(ms, {})[k] = max(by_stage.get(ms, {}).get(k, 0.0), v)
             for ms, v in m["peak_bytes_by_stage"].items():
                 peaks[ms] = max(peaks.get(ms, 0), v)
+        op_bytes: dict[str, float] = {}
+        for m in per:
+            for k, v in m.get("op_bytes", {}).items():
+                op_bytes[k] = op_bytes.get(k, 0.0) + v
+        memory = {k: sum(m["memory"][k] for m in per) for k in ("offload_bytes", "restore_bytes", "offload_s",
+                                                                   "restore_s", "offloads", "restores")}
         return {"stage_seconds": stage, "op_seconds": ops, "op_seconds_by_stage": by_stage,
                 "peak_bytes": max(m["peak_bytes"] for m in per), "peak_bytes_by_stage": peaks,
-                "bytes_sent": sum(m["bytes_sent"] for m in per), "per_worker": per}
+                "bytes_sent": sum(m["bytes_sent"] for m in per), "op_bytes": op_bytes, "memory": memory,
+                "per_worker": per}
 
     def step_report(self, metrics: dict):
         """A ``nereus.controller.monitor.StepReport`` for the step ``metrics`` came from, built from the

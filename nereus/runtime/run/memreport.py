@@ -14,7 +14,7 @@ without the per-GPU workspace constant (CUDA context, NCCL buffers), which a CPU
 
 from __future__ import annotations
 
-__all__ = ["memory_rows", "format_rows"]
+__all__ = ["memory_rows", "format_rows", "move_rows", "format_moves", "worker_rows", "format_workers"]
 
 
 def memory_rows(cost, plan, measurements: dict) -> list[dict]:
@@ -55,4 +55,79 @@ def format_rows(rows: list[dict]) -> str:
         ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}"
         out.append(f"  {r['model_stage']:<16} measured {r['measured'] / 1e6:9.1f}  predicted "
                    f"{r['predicted'] / 1e6:9.1f}  measured/predicted {ratio}")
+    return "\n".join(out)
+
+
+def move_rows(cost, plan, measurements: dict, steps: int, updates_per_step: int, first: dict | None = None) -> dict:
+    """Offload and ZeRO bytes per RL step, measured next to the cost model's figure.
+
+    *Offload* (``cost/latency.py`` ``offload_times``): per step a ``host`` model-stage copies its
+    state ``S`` (weights and optimizer state per GPU, the cost model's ``weights + optimizer``) out and
+    back (``2·S``), a dropped frozen one reloads it (``S``), a dropped derived copy is re-synced (0
+    offload bytes; this runtime keeps a host copy of it after the sync and restores it: ``2·S``), each
+    times its GPUs. Measured: the workers' offload plus restore bytes per step, from ``first`` (the
+    measurements after the first step: the steady state) when given, else over the run (the build's
+    first copies included).
+
+    *ZeRO-1 reduce-scatter* (``comm/groups.py`` payload model, ``worker/zero.py``): per optimizer
+    update every rank sends ``(dp-1)/dp · 4 · dp·k`` bytes (``k = ceil(P/dp)``, ``P`` the parameters
+    per rank, from the cost model's weights term); measured: ``op_bytes["reducescatter@gloo"] / steps``.
+
+    Returns:
+        ``{"offload": (measured, predicted), "reduce_scatter": (measured, predicted)}`` bytes per step.
+    """
+    est = cost.estimate(plan)
+    pred_off = pred_rs = 0.0
+    for c in plan.candidates:
+        mem = est.estimates[c.model_stage].memory
+        state = float(mem.get("weights", 0.0)) + float(mem.get("optimizer", 0.0))
+        frozen = c.model_stage.split(".")[0] in ("reference", "reward")
+        ways = {"host": 2.0, "drop": 1.0 if frozen else 0.0}.get(c.offload, 0.0)
+        pred_off += ways * state * c.num_gpus
+        if c.zero and c.dp > 1:
+            p = float(mem.get("weights", 0.0)) / cost.job.workload.param_bytes
+            k = -(-int(round(p)) // c.dp)
+            pred_rs += c.num_gpus * updates_per_step * (c.dp - 1) / c.dp * 4 * c.dp * k
+    def since(key: str, sub: str) -> float:
+        now = float(measurements.get(key, {}).get(sub, 0.0))
+        return now - (float(first.get(key, {}).get(sub, 0.0)) if first else 0.0)
+
+    n = max(steps - 1, 1) if first else max(steps, 1)
+    meas_off = (since("memory", "offload_bytes") + since("memory", "restore_bytes")) / n
+    meas_rs = since("op_bytes", "reducescatter@gloo") / n
+    return {"offload": (meas_off, pred_off), "reduce_scatter": (meas_rs, pred_rs),
+            "offload_s": (since("memory", "offload_s") + since("memory", "restore_s")) / n}
+
+
+def format_moves(rows: dict) -> str:
+    """Two lines: offload and ZeRO reduce-scatter MB per step, measured and predicted."""
+    (mo, po), (mr, pr) = rows["offload"], rows["reduce_scatter"]
+    return (f"offload per step (MB): measured {mo / 1e6:.2f} in {rows['offload_s']:.3f} s, predicted {po / 1e6:.2f}\n"
+            f"ZeRO reduce-scatter per step (MB): measured {mr / 1e6:.2f}, predicted {pr / 1e6:.2f}")
+
+
+def worker_rows(cost, plan, measurements: dict) -> list[dict]:
+    """``[{"worker", "measured", "predicted", "ratio"}]``: each worker's peak tracked device bytes over
+    the run (``peak_bytes``, every model-stage's turn and the weight syncs included) next to the cost
+    model's peak of that GPU (``Plan.gpu_memory``: resident state of every model-stage whose idle
+    state stays plus the largest running model-stage's own state and transient bytes) less the
+    workspace constant (the CPU worker has none)."""
+    est = cost.estimate(plan)
+    rows = []
+    for m in measurements.get("per_worker", []):
+        g = m.get("worker")
+        if g not in est.gpu_memory:
+            continue
+        pred = float(est.gpu_memory[g]) - float(cost.workspace)
+        meas = int(m.get("peak_bytes", 0))
+        rows.append({"worker": g, "measured": meas, "predicted": pred, "ratio": meas / pred if pred > 0 else None})
+    return sorted(rows, key=lambda r: r["worker"])
+
+
+def format_workers(rows: list[dict]) -> str:
+    out = ["peak device memory per worker (MB; measured = tracked tensor bytes, predicted = cost model, no workspace):"]
+    for r in rows:
+        ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}"
+        out.append(f"  worker {r['worker']:<3} measured {r['measured'] / 1e6:9.1f}  predicted {r['predicted'] / 1e6:9.1f}"
+                   f"  measured/predicted {ratio}")
     return "\n".join(out)

@@ -7,7 +7,7 @@ from nereus.spec.plan import Candidate, Plan
 from nereus.spec.workload import WorkloadSpec
 from nereus.workflow import workflow_for
 
-__all__ = ["simple_plan", "shared_plan"]
+__all__ = ["simple_plan", "shared_plan", "arrange"]
 
 
 def simple_plan(workload: WorkloadSpec, layouts: dict[str, tuple[int, int, int]], num_workers: int,
@@ -48,3 +48,28 @@ def shared_plan(workload: WorkloadSpec, workers, micro_batch: int = 0) -> Plan:
     base = simple_plan(workload, {ms.name: (1, 1, 1) for ms in workflow_for(workload).model_stages}, len(ids),
                        micro_batch=micro_batch)
     return Plan(candidates=tuple(c.with_gpus(ids[g] for g in c.gpus) for c in base.candidates))
+
+
+def arrange(plan: Plan, colocate: bool = False, zero: int = 0, keep: tuple = ()) -> Plan:
+    """``plan`` with its training model-stages at ZeRO stage ``zero`` and, with ``colocate``, every
+    model-stage of a stage on the same workers (the first ``tp·pp·dp`` ids of the stage's largest
+    GPU set) taking turns, as verl's hybrid engine runs them: idle trained state offloaded to host
+    memory (``offload="host"``), idle frozen weights and derived actor copies dropped and reloaded
+    (``offload="drop"``; ``worker/memory_pool.py``). Model-stages in ``keep`` stay where they are
+    (``--async``: generation keeps workers of its own, after the others').
+
+    Raises:
+        ValueError: ``zero`` not 0 or 1 (what the runtime executes).
+    """
+    from dataclasses import replace
+
+    if zero not in (0, 1):
+        raise ValueError(f"--zero must be 0 or 1 (the ZeRO stages the runtime executes), got {zero!r}")
+    out = []
+    for c in plan.candidates:
+        train = c.model_stage.endswith(".train")
+        c = replace(c, zero=zero if train and c.dp > 1 else 0)
+        if colocate and c.model_stage not in keep:
+            c = replace(c, gpus=tuple(range(c.num_gpus)), offload="host" if train else "drop")
+        out.append(c)
+    return Plan(candidates=tuple(out))

@@ -188,6 +188,11 @@ class WorkerPool:
             self.workers[i] = None
             if force:
                 _kill_local(self.pids[i] if i < len(self.pids) else None)
+            # every remaining worker drops the communicators it shared with ``i`` (comm/cache.py);
+            # queued behind each actor's earlier calls, not waited on here
+            for w in self.workers:
+                if w is not None:
+                    w.forget_worker.remote(i)
 
     def close(self) -> None:
         for i in range(len(self.workers)):

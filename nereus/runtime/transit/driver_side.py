@@ -49,6 +49,7 @@ class PrimitiveRecord:
         measured_s: from its first worker's start to its last worker's end (wall seconds).
         setup_s: the slowest worker's communicator setup, seconds.
         transfer_s: the slowest worker's send/receive time, seconds.
+        copy_s: the slowest worker's packing plus assembly time, seconds (``transit/packing.py``).
         predicted_bytes: the planner's ``bytes_moved``.
         bytes_received: state bytes that arrived at its workers over links, from host memory
             (Restore) or storage (Load), summed; headers excluded.
@@ -68,6 +69,7 @@ class PrimitiveRecord:
     sent: dict = field(default_factory=dict)
     received: dict = field(default_factory=dict)
     header_bytes: int = 0
+    copy_s: float = 0.0
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -134,8 +136,9 @@ def move_specs(dag, trainable: dict[str, bool], storage_seed: dict[str, int]) ->
         prod = tuple(UnitMeta.of(e) for e in p.produces)
         kinds = TRAIN_KINDS if trainable.get(p.model_stage) and p.kind != "load" else WEIGHT_KINDS
         sources, local, seed = (), (), -1
-        if p.kind in ("split", "merge"):
-            sources = local = tuple(meta[u] for u in p.consumes)
+        if p.kind in ("split", "merge"):  # a growth Merge also reads remote sources (transition/growth.py)
+            local = tuple(meta[u] for u in p.consumes)
+            sources = local + tuple(meta[u] for u in p.reads)
         elif p.kind == "extend":
             sources = tuple(meta[u] for u in p.reads)
         elif p.kind == "restore":
@@ -262,7 +265,8 @@ class TransitionExecutor:
                 predicted_bytes=int(p.bytes_moved), bytes_received=int(recv),
                 sent={r["worker"]: r["sent"] for r in rs if r["sent"]},
                 received={r["worker"]: r["recv"] for r in rs if r["recv"]},
-                header_bytes=sum(r["header_bytes"] for r in rs)))
+                header_bytes=sum(r["header_bytes"] for r in rs),
+                copy_s=max(r.get("pack_s", 0.0) + r.get("assemble_s", 0.0) for r in rs)))
         return TransitionReport(primitives=recs, predicted_l_tran=float(est.l_tran),
                                 measured_l_tran=max(0.0, t_last - t_first), seconds=seconds,
                                 predicted_bytes=int(est.bytes_moved),

@@ -34,16 +34,19 @@ the non-resident parts, Extend copies each shard once from its aligned rank.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import torch
 
 from nereus.runtime.model.precision import TRAIN_KINDS, WEIGHT_KINDS, train_kinds
-from nereus.runtime.model.sharding import names_of_stage, padded_vocab, param_shapes
+from nereus.runtime.transit.index import Region, stage_regions, tp_regions
+from nereus.runtime.transit.index import cache_clear as index_cache_clear
 from nereus.spec.model import ModelSpec
 
 __all__ = ["Region", "UnitMeta", "MoveSpec", "Piece", "MovePlan", "region", "held", "plan_moves",
-           "kinds_for", "kind_dtype"]
+           "kinds_for", "kind_dtype", "cache_clear"]
 
 def kinds_for(kinds: tuple[str, ...], precision: str) -> tuple[str, ...]:
     """``kinds`` (a :class:`MoveSpec`'s) restricted to what a run of ``precision`` holds: the
@@ -58,36 +61,14 @@ def kind_dtype(kind: str, params_dtype):
     return params_dtype if kind == "params" else torch.float32
 
 
-@dataclass(frozen=True)
-class Region:
-    """Part of a full tensor a shard holds: rows/columns ``[lo, hi)`` of ``dim`` (None: all of it);
-    ``length`` is the shard's extent along ``dim`` (``> hi - lo`` only for vocab padding)."""
-
-    dim: int | None
-    lo: int = 0
-    hi: int = 0
-    length: int = 0
-
-
 def region(spec: ModelSpec, name: str, tp: int, t: int) -> Region:
-    """The region of parameter ``name`` on TP rank ``t`` of ``tp`` (table in the module docstring).
+    """The region of parameter ``name`` on TP rank ``t`` of ``tp`` (table in the module docstring;
+    memoized per ``(spec, tp, t)`` in :func:`~nereus.runtime.transit.index.tp_regions`).
 
     Raises:
         KeyError: ``name`` is not a parameter of ``spec``.
     """
-    shape, rule = param_shapes(spec)[name]
-    if rule == "rep":
-        return Region(None)
-    if rule == "vocab":
-        c = padded_vocab(spec, tp) // tp
-        v = shape[0]
-        return Region(0, min(t * c, v), min((t + 1) * c, v), c)
-    if rule == "kv" and tp > spec.num_kv_heads:
-        j, d = t // (tp // spec.num_kv_heads), spec.head_dim
-        return Region(0, j * d, (j + 1) * d, d)
-    dim = 1 if rule == "row" else 0
-    c = shape[dim] // tp
-    return Region(dim, t * c, (t + 1) * c, c)
+    return tp_regions(spec, tp, t)[name]
 
 
 @dataclass(frozen=True)
@@ -111,12 +92,13 @@ class UnitMeta:
         return cls(emu.uid, emu.model_stage, emu.tp, emu.pp, tuple(emu.gpus), bool(emu.host))
 
 
-def held(spec: ModelSpec, unit: UnitMeta, worker: int) -> dict[str, Region]:
-    """Parameter name → region held by ``worker`` in ``unit`` (empty when not a member)."""
+def held(spec: ModelSpec, unit: UnitMeta, worker: int) -> Mapping[str, Region]:
+    """Parameter name → region held by ``worker`` in ``unit`` (empty when not a member); read-only,
+    memoized per layout position (:func:`~nereus.runtime.transit.index.stage_regions`)."""
     if worker not in unit.gpus:
         return {}
     p, t = unit.position(worker)
-    return {n: region(spec, n, unit.tp, t) for n in names_of_stage(spec, unit.pp, p)}
+    return stage_regions(spec, unit.tp, unit.pp, p, t)
 
 
 @dataclass(frozen=True)
@@ -173,10 +155,14 @@ class MovePlan:
 
     pairs: dict = field(default_factory=dict)
     assembly: dict = field(default_factory=dict)
+    members: tuple[int, ...] | None = None
 
     @property
     def comm_workers(self) -> tuple[int, ...]:
-        """Workers that send or receive (they build the primitive's communicator)."""
+        """Workers that send or receive anywhere in the primitive (they build its communicator),
+        also when the plan was restricted to one worker's pairs (``members``)."""
+        if self.members is not None:
+            return self.members
         return tuple(sorted({w for pair in self.pairs for w in pair}))
 
 
@@ -196,43 +182,74 @@ def _subtract(need: list[tuple[int, int]], lo: int, hi: int) -> tuple[list, list
     return taken, rest
 
 
-def _holders(spec: ModelSpec, move: MoveSpec, dst: UnitMeta, worker: int) -> list[tuple[int | None, UnitMeta, dict]]:
+def _source_items(spec: ModelSpec, move: MoveSpec) -> list[tuple[int, UnitMeta, tuple, Mapping]]:
+    """Every source worker once: ``(worker, unit, (tp, pp, p, t), held regions)``, in order."""
+    out = []
+    for u in move.sources:
+        for i, w in enumerate(u.gpus):
+            up, ut = divmod(i, u.tp)
+            out.append((w, u, (u.tp, u.pp, up, ut), stage_regions(spec, u.tp, u.pp, up, ut)))
+    return out
+
+
+def _holders(spec: ModelSpec, move: MoveSpec, dst: UnitMeta, worker: int,
+             sources: list) -> list[tuple[int | None, UnitMeta, Mapping]]:
     """Candidate holders of pieces for ``worker`` of ``dst``, in preference order: ``(sender or None
     when on ``worker`` itself, unit, held regions)``. Local units first (and a source unit's shard on
     ``worker``, e.g. its own host copy in a Restore), then the rank-aligned source worker, then
-    every source worker in order."""
+    every source worker in order (``sources``: :func:`_source_items`)."""
     p, t = dst.position(worker)
+    key = (dst.tp, dst.pp, p, t)
     local = [(None, u, held(spec, u, worker)) for u in move.local if worker in u.gpus]
     aligned, rest = [], []
-    for u in move.sources:
-        for w in u.gpus:
-            item = (None if w == worker else w, u, held(spec, u, w))
-            if w == worker:
-                local.append(item)
-            elif (u.tp, u.pp) + u.position(w) == (dst.tp, dst.pp, p, t):
-                aligned.append(item)
-            else:
-                rest.append(item)
+    for w, u, pos, regs in sources:
+        if w == worker:
+            local.append((None, u, regs))
+        elif pos == key:
+            aligned.append((w, u, regs))
+        else:
+            rest.append((w, u, regs))
     return local + aligned + rest
 
 
-def plan_moves(spec: ModelSpec, move: MoveSpec) -> MovePlan:
+def plan_moves(spec: ModelSpec, move: MoveSpec, worker: int | None = None) -> MovePlan:
     """The transfers of ``move`` (see the module docstring); a Load from storage and Offload,
     Destroy plan none.
+
+    Memoized per ``(spec, move, worker)`` (both frozen): a weight sync that runs every step plans
+    once. Cost: one pass over the produced shards' parameter names per produced worker, with
+    regions from :mod:`~nereus.runtime.transit.index` (issue 26: the per-piece recomputation of every
+    parameter's shape made a Llama-3.3-70B TP4 PP16 Extend take 21 s per worker).
+
+    Args:
+        worker: keep only the pairs this worker sends or receives and its own assembly (what a
+            worker executes); ``comm_workers`` still names every worker that sends or receives.
+            None: the whole plan.
+
+    Returns:
+        the :class:`MovePlan`; shared between callers, so read-only.
 
     Raises:
         ValueError: a needed piece has no holder among the local and source units.
     """
+    return _plan(spec, move, worker)
+
+
+@lru_cache(maxsize=128)
+def _plan(spec: ModelSpec, move: MoveSpec, worker: int | None) -> MovePlan:
     plan = MovePlan()
     if move.kind in ("destroy", "offload") or move.storage_seed >= 0:
         return plan
+    everyone: set[int] = set()
+    sources = _source_items(spec, move)
     for dst in move.produces:
         for w in dst.gpus:
-            holders = _holders(spec, move, dst, w)
+            mine = worker is None or w == worker
+            holders = _holders(spec, move, dst, w, sources)
             p, t = dst.position(w)
             items = []
-            for name in names_of_stage(spec, dst.pp, p):
-                want = region(spec, name, dst.tp, t)
+            want_regions = stage_regions(spec, dst.tp, dst.pp, p, t)
+            for name, want in want_regions.items():
                 need = [(want.lo, want.hi)] if want.dim is not None else [(0, 1)]
                 segs = []
                 for src_w, u, h in holders:
@@ -241,21 +258,32 @@ def plan_moves(spec: ModelSpec, move: MoveSpec) -> MovePlan:
                     r = h.get(name)
                     if r is None:
                         continue
-                    lo, hi = (r.lo, r.hi) if r.dim is not None else (0, 1)
-                    if want.dim is None:
-                        lo, hi = 0, 1
+                    lo, hi = (r.lo, r.hi) if r.dim is not None and want.dim is not None else (0, 1)
                     taken, need = _subtract(need, lo, hi)
                     segs += [(src_w, u.uid, a, b) for a, b in taken]
                 if need and want.dim is not None and any(b > a for a, b in need):
                     raise ValueError(f"{move.pid}: no holder of {name} rows {need} for worker {w} of {dst.uid}")
                 if want.dim is None and need:
                     raise ValueError(f"{move.pid}: no holder of {name} for worker {w} of {dst.uid}")
-                for kind in move.kinds:
-                    items.append((kind, name, want, segs))
-                    for src_w, _uid, a, b in segs:  # noqa: B007
-                        if src_w is not None:
-                            dim = want.dim
-                            plan.pairs.setdefault((src_w, w), []).append(
-                                Piece(_uid, kind, name, dim, a if dim is not None else 0, b if dim is not None else 0))
-            plan.assembly[(w, dst.uid)] = items
+                dim = want.dim
+                remote = [(src_w, uid, a if dim is not None else 0, b if dim is not None else 0)
+                          for src_w, uid, a, b in segs if src_w is not None]
+                for src_w, _uid, _a, _b in remote:
+                    everyone.update((src_w, w))
+                remote = [x for x in remote if mine or x[0] == worker]
+                for kind in move.kinds:  # buffer order: name, kind, segment (the assembly's order)
+                    for src_w, uid, a, b in remote:
+                        plan.pairs.setdefault((src_w, w), []).append(Piece(uid, kind, name, dim, a, b))
+                if mine:
+                    items += [(kind, name, want, segs) for kind in move.kinds]
+            if mine:
+                plan.assembly[(w, dst.uid)] = items
+    if worker is not None:
+        plan.members = tuple(sorted(everyone))
     return plan
+
+
+def cache_clear() -> None:
+    """Forget every memoized plan and layout index (benchmarks time cold bookkeeping with it)."""
+    _plan.cache_clear()
+    index_cache_clear()

@@ -12,9 +12,11 @@ A transition on one worker goes through three calls, all sent by the driver's
    (``"actor.train#1"``); the engine and its communicators are dropped.
 2. :meth:`Transit.run`: one primitive (a :class:`~nereus.runtime.transit.plans.MoveSpec`). Both ends of
    every transfer compute the same :func:`~nereus.runtime.transit.plans.plan_moves`; the workers that send
-   or receive build one gloo communicator among exactly themselves, post every send (one contiguous
-   ``uint8`` buffer per receiver: the pieces, then a 40-byte header of the counters), receive from
-   each sender in worker order, assemble the produced shards (local pieces copied, padding zero),
+   or receive share one communicator among exactly themselves (kept by member set across
+   transitions and weight syncs: ``comm/cache.py``), post every send (one contiguous ``uint8``
+   buffer per receiver: a 40-byte header of the counters, then the pieces; ``transit/packing.py``),
+   receive from each sender in worker order, assemble the produced shards (each element written
+   once; padding zero),
    and only then free the consumed units (source buffers live until the transfers end). Destroy
    frees; Offload moves a replica's shards to host memory (``.cpu()``; on a CPU worker host and
    device memory are one, so this only re-labels); Load from storage re-creates frozen weights from
@@ -38,14 +40,12 @@ from dataclasses import dataclass
 
 import torch
 
-from nereus.runtime.comm.groups import new_group
-from nereus.runtime.model.sharding import init_shard_params, param_shapes
-from nereus.runtime.transit.plans import MoveSpec, UnitMeta, held, kind_dtype, plan_moves
+from nereus.runtime.comm.cache import GroupCache
+from nereus.runtime.model.sharding import init_shard_params
+from nereus.runtime.transit.packing import COUNTERS, HEADER_BYTES, assemble, pack, recv_sizes
+from nereus.runtime.transit.plans import MoveSpec, UnitMeta, plan_moves
 
-__all__ = ["Unit", "Transit", "COUNTERS"]
-
-#: the counters every unit carries, in header order (int64 each)
-COUNTERS = ("step", "update_count", "version", "policy_version", "position")
+__all__ = ["Unit", "Transit"]
 
 
 @dataclass
@@ -61,11 +61,6 @@ class Unit:
         return sum(t.numel() * t.element_size() for d in self.tensors.values() for t in d.values())
 
 
-def _piece(t: torch.Tensor, dim: int | None, lo: int, hi: int, off: int) -> torch.Tensor:
-    """Rows/columns ``[lo, hi)`` (full-tensor coordinates) of a shard whose region starts at ``off``."""
-    return t if dim is None else t.narrow(dim, lo - off, hi - lo)
-
-
 class Transit:
     """Units held by one worker during transitions (see the module docstring).
 
@@ -79,6 +74,7 @@ class Transit:
     def __init__(self, worker_id: int, store, meter, timeout_s: float) -> None:
         self.id, self.store, self.meter, self.timeout_s = worker_id, store, meter, timeout_s
         self.units: dict[str, Unit] = {}
+        self.comms = GroupCache(store, worker_id, meter, timeout_s)
 
     # ------------------------------------------------------------------ engines <-> units
     def adopt(self, engine, meta: UnitMeta) -> None:
@@ -112,14 +108,17 @@ class Transit:
             readable: more units it may read pieces from (engines that are not changing).
 
         Returns:
-            ``{"pid", "worker", "seconds", "setup_s", "transfer_s", "sent", "recv", "header_bytes",
-            "host_bytes", "storage_bytes"}`` (bytes; ``recv`` counts state bytes that arrived).
+            ``{"pid", "worker", "seconds", "setup_s", "pack_s", "transfer_s", "assemble_s", "sent", "recv",
+            "header_bytes", "host_bytes", "storage_bytes"}`` (seconds: communicator setup, 0 when
+            reused; packing the send buffers; sends and receives; assembling the produced shards;
+            bytes; ``recv`` counts state bytes that arrived).
 
         Raises:
             ValueError: a unit it reads or consumes is not here.
         """
         t0, wall = time.perf_counter(), time.time()
-        out = {"pid": move.pid, "worker": self.id, "t_start": wall, "setup_s": 0.0, "transfer_s": 0.0, "sent": 0, "recv": 0,
+        out = {"pid": move.pid, "worker": self.id, "t_start": wall, "setup_s": 0.0, "transfer_s": 0.0, "pack_s": 0.0,
+               "assemble_s": 0.0, "sent": 0, "recv": 0,
                "header_bytes": 0, "host_bytes": 0, "storage_bytes": 0}
         if move.kind == "destroy":
             for uid in move.consumes:
@@ -169,13 +168,16 @@ class Transit:
 
         Args:
             units: uid → :class:`Unit` this worker reads pieces from.
-            cache: communicators kept by name across calls (the per-step weight sync reuses its
-                own); None builds one for this call only.
+            group_name: a name unique to this call; the communicator among the workers that send or
+                receive is taken from :attr:`comms` (kept by member set across transitions and weight
+                syncs, ``comm/cache.py``) and built under this name only when none is held.
+            cache: ignored (communicators are kept in :attr:`comms`); kept for callers.
 
         Returns:
             produced uid → :class:`Unit` (counters from a local source, else from a sender's header).
         """
-        plan = plan_moves(spec, move)
+        del cache
+        plan = plan_moves(spec, move, self.id)
         me = self.id
         comm = plan.comm_workers
 
@@ -187,123 +189,40 @@ class Transit:
 
         group = None
         if me in comm and len(comm) > 1:
-            group = (cache or {}).get(group_name)
-            if group is None:
-                t0 = time.perf_counter()
-                group = new_group(self.store, group_name, comm, me, self.meter, self.timeout_s, device)
-                out["setup_s"] = time.perf_counter() - t0
-                if cache is not None:
-                    cache[group_name] = group
+            group, out["setup_s"] = self.comms.get(comm, group_name, device)
         t1 = time.perf_counter()
-        handles, outgoing = [], {}
-        # sends: one contiguous buffer per receiver (pieces, then the counters header)
-        for (s, d), pieces in sorted(plan.pairs.items()):
-            if s != me:
-                continue
-            parts, counters = [], None
-            for pc in pieces:
-                u = source(pc.uid)
-                r = _region_of(spec, u.meta, me, pc.name)
-                t = u.tensors[pc.kind][pc.name]
-                parts.append(_piece(t, pc.dim, pc.lo, pc.hi, r.lo).to(kind_dtype(pc.kind, dtype)).contiguous()
-                             .reshape(-1).view(torch.uint8))
-                counters = u.counters
-            header = torch.tensor([counters.get(k, 0) for k in COUNTERS], dtype=torch.int64).view(torch.uint8)
-            buf = torch.cat([header.to(parts[0].device)] + parts)  # header first: every piece stays aligned
-            out["sent"] += buf.numel() - header.numel()
-            out["header_bytes"] += header.numel()
-            if group.direct:  # NCCL: sent below, pair by pair in one global order
-                outgoing[d] = buf
-            else:
-                handles.append(group.isend(buf, comm.index(d)))
-        # receives, in sender order
-        recv: dict[int, tuple[torch.Tensor, dict]] = {}
-        h = 8 * len(COUNTERS)
-        incoming: dict[int, torch.Tensor] = {}
-        for (s, d), pieces in sorted(plan.pairs.items()):
-            if d != me:
-                continue
-            n = sum(_numel(spec, pc) * _itemsize(kind_dtype(pc.kind, dtype)) for pc in pieces)
-            incoming[s] = torch.empty(h + n, dtype=torch.uint8, device=group.device)
-            if not group.direct:
-                group.recv(incoming[s], comm.index(s))
-            out["recv"] += n
-        if group is not None and group.direct:
-            # NCCL shares one stream per pair: every worker visits the pairs in the same global order
-            # and exchanges both directions of a pair with the lower rank sending first
-            for a, b in sorted({tuple(sorted(p)) for p in plan.pairs if me in p}):
-                peer = b if a == me else a
-                group.sendrecv(outgoing.get(peer), incoming.get(peer), comm.index(peer))
-        for s, buf in incoming.items():
-            recv[s] = (buf[h:], dict(zip(COUNTERS, buf[:h].view(torch.int64).tolist())))
-        for hd in handles:
-            group.wait(hd)
+        handles, outgoing, incoming = [], {}, {}
+        if group is not None:
+            # sends: one contiguous buffer per receiver (the counters header, then the pieces)
+            bufs = pack(spec, plan, me, source, dtype, group.device)
+            out["pack_s"] = time.perf_counter() - t1
+            t1 = time.perf_counter()
+            for d, (buf, n) in bufs.items():
+                out["sent"] += n
+                out["header_bytes"] += HEADER_BYTES
+                if group.direct:  # NCCL: sent below, pair by pair in one global order
+                    outgoing[d] = buf
+                else:
+                    handles.append(group.isend(buf, comm.index(d)))
+            # receives, in sender order
+            for s, n in recv_sizes(spec, plan, me, dtype).items():
+                incoming[s] = torch.empty(HEADER_BYTES + n, dtype=torch.uint8, device=group.device)
+                if not group.direct:
+                    group.recv(incoming[s], comm.index(s))
+                out["recv"] += n
+            if group.direct:
+                # NCCL shares one stream per pair: every worker visits the pairs in the same global order
+                # and exchanges both directions of a pair with the lower rank sending first
+                for a, b in sorted({tuple(sorted(p)) for p in plan.pairs if me in p}):
+                    peer = b if a == me else a
+                    group.sendrecv(outgoing.get(peer), incoming.get(peer), comm.index(peer))
+            for hd in handles:
+                group.wait(hd)
+        recv = {s: (buf[HEADER_BYTES:], dict(zip(COUNTERS, buf[:HEADER_BYTES].view(torch.int64).tolist())))
+                for s, buf in incoming.items()}
         out["transfer_s"] = time.perf_counter() - t1
-        # assemble every produced shard on this worker
-        shapes = param_shapes(spec)
-        cursor = dict.fromkeys(recv, 0)
-        made = {}
-        for dst in move.produces:
-            if me not in dst.gpus:
-                continue
-            tensors: dict = {}
-            counters = None
-            for kind, name, want, segs in plan.assembly[(me, dst.uid)]:
-                shape = list(shapes[name][0])
-                if want.dim is not None:
-                    shape[want.dim] = want.length
-                kdt = kind_dtype(kind, dtype)
-                t = torch.zeros(shape, dtype=kdt, device=device)
-                for src_w, uid, a, b in segs:
-                    if src_w is None:
-                        u = source(uid)
-                        r = _region_of(spec, u.meta, me, name)
-                        piece = _piece(u.tensors[kind][name], want.dim, a, b, r.lo)
-                        counters = counters or u.counters
-                    else:
-                        raw, hdr = recv[src_w]
-                        k = (b - a) * _row_numel(shapes[name][0], want.dim) if want.dim is not None else \
-                            _full_numel(shapes[name][0])
-                        nb = k * _itemsize(kdt)
-                        piece = raw[cursor[src_w]:cursor[src_w] + nb]
-                        if piece.storage_offset() % _itemsize(kdt):  # bf16 pieces before fp32 ones
-                            piece = piece.clone()
-                        piece = piece.view(kdt)
-                        piece = piece.view(_piece_shape(shapes[name][0], want.dim, b - a))
-                        cursor[src_w] += nb
-                        counters = counters or hdr
-                    _piece(t, want.dim, a, b, want.lo).copy_(piece)
-                tensors.setdefault(kind, {})[name] = t
-            made[dst.uid] = Unit(dst, tensors, dict(counters))
+        t2 = time.perf_counter()
+        made = {uid: Unit(next(m for m in move.produces if m.uid == uid), tensors, counters)
+                for uid, (tensors, counters) in assemble(spec, plan, move, me, recv, source, dtype, device).items()}
+        out["assemble_s"] = time.perf_counter() - t2
         return made
-
-
-def _region_of(spec, meta: UnitMeta, worker: int, name: str):
-    return held(spec, meta, worker).get(name)
-
-
-def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
-
-
-def _full_numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
-
-
-def _row_numel(shape, dim: int) -> int:
-    return _full_numel(shape) // shape[dim]
-
-
-def _piece_shape(shape, dim: int | None, rows: int) -> list[int]:
-    out = list(shape)
-    if dim is not None:
-        out[dim] = rows
-    return out
-
-
-def _numel(spec, pc) -> int:
-    shape = param_shapes(spec)[pc.name][0]
-    return _full_numel(shape) if pc.dim is None else (pc.hi - pc.lo) * _row_numel(shape, pc.dim)

@@ -18,12 +18,16 @@ import torch
 from nereus.runtime.comm.groups import DEFAULT_TIMEOUT_S, connect_store
 from nereus.runtime.comm.instrument import Meter
 from nereus.runtime.comm.parallel import Layout, build_context
+from nereus.runtime.durable.worker_calls import CheckpointCallsMixin
 from nereus.runtime.model.precision import WEIGHT_KINDS
+from nereus.runtime.transit.packing import COUNTERS
 from nereus.runtime.transit.plans import MoveSpec, UnitMeta, kinds_for
-from nereus.runtime.transit.worker_side import COUNTERS, Transit, Unit
+from nereus.runtime.transit.worker_side import Transit, Unit
 from nereus.runtime.worker.device import inventory, resolve_dtype, select_device
 from nereus.runtime.worker.engine import AdamConfig, Engine
+from nereus.runtime.worker.memory_pool import MemoryPools
 from nereus.runtime.worker.rollout import generate
+from nereus.runtime.worker.zero import make_engine
 from nereus.spec.model import ModelSpec
 
 __all__ = ["WorkerCore", "ray_worker_class", "PRECISION_KEY"]
@@ -37,7 +41,7 @@ def _cpu(x):
     return None if x is None else x.cpu()
 
 
-class WorkerCore:
+class WorkerCore(CheckpointCallsMixin):
     """Holds the store connection, the meter and one :class:`Engine` per model-stage placed here.
 
     Args:
@@ -60,6 +64,7 @@ class WorkerCore:
             torch.cuda.set_device(torch.device(self.device))  # NCCL groups bind the current device
         self.transit = Transit(self.id, self.store, self.meter, self.timeout_s)
         self.built: dict[str, dict] = {}  # model-stage → how its engine was built (dtype, schedule, recompute)
+        self.pools = MemoryPools(self.meter, self.device)  # device capacity, host pool (worker/memory_pool.py)
 
     def ping(self) -> int:
         return self.id
@@ -73,7 +78,8 @@ class WorkerCore:
     # ------------------------------------------------------------------ setup
     def build(self, model_stage: str, spec: ModelSpec, layout: Layout, seed: int, trainable: bool,
               adam: AdamConfig | None = None, tag: str = "e0", dtype: str = "auto",
-              schedule: str = "1f1b", recompute: str = "none", precision: str = "fp32") -> tuple[int, int, int]:
+              schedule: str = "1f1b", recompute: str = "none", precision: str = "fp32", zero: int = 0,
+              offload: str = "none") -> tuple[int, int, int]:
         """Build this worker's engine of ``model_stage`` (collective over the layout's workers).
 
         Args:
@@ -84,6 +90,9 @@ class WorkerCore:
                 weights, gradients and moments; ``worker/engine.py``).
             schedule: pipeline schedule of training, ``1f1b`` or ``gpipe``.
             recompute: activation recomputation of training, ``none``, ``selective`` or ``full``.
+            zero: ZeRO stage of a training model-stage (0 or 1, ``worker/zero.py``).
+            offload: what the state does while another model-stage runs here: ``none``, ``host`` or
+                ``drop`` (``worker/memory_pool.py``); idle offloadable model-stages make room first.
 
         Returns:
             this worker's (d, p, t).
@@ -93,13 +102,16 @@ class WorkerCore:
                 trainable stage of an fp32 run.
         """
         dt = resolve_dtype(dtype, trainable, self.device, precision)
+        self.pools.set_mode(model_stage, offload)
+        self.pools.make_room(self.engines, {model_stage})
         with self.meter.stage(model_stage):
             ctx = build_context(spec, layout, self.id, self.store, f"{tag}/{model_stage}", self.meter,
                                 self.timeout_s, self.device)
-            self.engines[model_stage] = Engine(spec, ctx, seed, self.meter, trainable, adam, dt, self.device,
-                                               schedule=schedule, recompute=recompute, precision=precision)
+            self.engines[model_stage] = make_engine(zero, spec, ctx, seed, self.meter, trainable, adam, dt,
+                                                    self.device, schedule=schedule, recompute=recompute,
+                                                    precision=precision)
         self.built[model_stage] = {"dtype": dtype, "schedule": schedule, "recompute": recompute,
-                                   "precision": precision}
+                                   "precision": precision, "zero": zero, "offload": offload}
         return ctx.d, ctx.p, ctx.t
 
     def precision_of(self, model_stage: str) -> str:
@@ -121,12 +133,19 @@ class WorkerCore:
         e = self.engines.pop(model_stage, None)
         if e is not None:
             self.meter.drop_static(f"params:{id(e)}")
+        self.pools.forget(model_stage)
 
     def _engine(self, model_stage: str) -> Engine:
+        """The engine of ``model_stage``, made resident for its turn (``MemoryPools.activate``)."""
         if model_stage not in self.engines:
             raise ValueError(f"worker {self.id} holds no engine for model-stage {model_stage!r}; "
                              f"it holds {sorted(self.engines)}")
+        self.pools.activate(self.engines, {model_stage})
         return self.engines[model_stage]
+
+    def set_capacity(self, nbytes: int | None) -> None:
+        """This worker's device-memory capacity in bytes (None or 0: unlimited; ``MemoryPools``)."""
+        self.pools.set_capacity(nbytes)
 
     # ------------------------------------------------------------------ model-stage work
     def generate(self, model_stage: str, prompts: torch.Tensor, seeds: list[int], max_new_tokens: int,
@@ -137,8 +156,11 @@ class WorkerCore:
         with self.meter.stage(model_stage):
             e = self._engine(model_stage)
             wave = concurrency if concurrency > 0 else prompts.shape[0]
-            outs = [generate(e.model, prompts[i:i + wave].to(self.device), max_new_tokens, seeds[i:i + wave],
-                             temperature, greedy, eos_id, pad_id) for i in range(0, prompts.shape[0], wave)]
+            try:
+                outs = [generate(e.model, prompts[i:i + wave].to(self.device), max_new_tokens, seeds[i:i + wave],
+                                 temperature, greedy, eos_id, pad_id) for i in range(0, prompts.shape[0], wave)]
+            finally:
+                self.meter.drop_static("kv_cache")  # the cache is freed with the rollout
             return torch.cat(outs)
 
     def logprobs(self, model_stage: str, tokens: torch.Tensor, prompt_len: int, micro_batch: int,
@@ -210,6 +232,8 @@ class WorkerCore:
         out = {"sent": 0, "recv": 0, "setup_s": 0.0, "transfer_s": 0.0, "header_bytes": 0}
         if self.id not in members:
             return out
+        frozen = dst in self.engines and not self.engines[dst].trainable  # a derived copy: all rewritten
+        self.pools.activate(self.engines, {src, dst}, {dst} if frozen else ())  # both take this turn
         with self.meter.stage(dst):
             src_meta = UnitMeta(f"{src}#0", src, src_layout.tp, src_layout.pp, src_layout.replica(0))
             dst_metas = tuple(UnitMeta(f"{dst}#{d}", dst, dst_layout.tp, dst_layout.pp, dst_layout.replica(d))
@@ -223,8 +247,7 @@ class WorkerCore:
                                            {})
             d_eng = self.engines.get(dst)
             dtype = self._dtype_of(dst, False)
-            made = self.transit.exchange(spec, move, units, f"{tag}/sync/{src}->{dst}", dtype, self.device, out,
-                                         cache=self.groups)
+            made = self.transit.exchange(spec, move, units, f"{tag}/sync/{src}->{dst}", dtype, self.device, out)
             if d_eng is not None:
                 mine = next(u for u in made.values())
                 with torch.no_grad():
@@ -243,6 +266,7 @@ class WorkerCore:
         Returns:
             uids of the units this worker now holds.
         """
+        self.pools.restore_all(self.engines)
         for ms in model_stages:
             e = self.engines.pop(ms, None)
             if e is None:
@@ -259,6 +283,7 @@ class WorkerCore:
         primitives it must follow that share no worker with it (Ray resolves them first)."""
         dtype = self._dtype_of(move.model_stage, trainable)
         move = replace(move, kinds=kinds_for(move.kinds, self.precision_of(move.model_stage)))
+        self.pools.activate(self.engines, {m.model_stage for m in move.sources if self.id in m.gpus})
         live = {}  # a Load may read a train model-stage that is not changing: its engine, as a unit view
         for m in move.sources:
             e = self.engines.get(m.model_stage)
@@ -288,13 +313,21 @@ class WorkerCore:
         return ctx.d, ctx.p, ctx.t
 
     def transition_end(self, tag: str) -> list[str]:
-        """Drop the communicators of earlier layouts' weight syncs and any unit left over; returns
-        the uids dropped (none after a transition that reached its target)."""
-        for k in [k for k in self.groups if not k.startswith(f"{tag}/")]:
-            del self.groups[k]
+        """Drop any unit left over; returns the uids dropped (none after a transition that reached
+        its target). Communicators stay (``transit.comms``, by member set) for the next weight sync
+        and transition."""
         left = sorted(self.transit.units)
         self.transit.units.clear()
         return left
+
+    def forget_worker(self, worker: int) -> list[str]:
+        """Drop the communicators that have ``worker`` as a member (it left the pool); returns their
+        names (``comm/cache.py``)."""
+        return self.transit.comms.forget(worker)
+
+    def comm_stats(self) -> dict:
+        """Communicators built, reused and held, and seconds spent building them (``GroupCache.stats``)."""
+        return self.transit.comms.stats()
 
     def unit_bytes(self) -> dict:
         """uid → bytes of every unit held (inspection during a transition)."""
@@ -304,111 +337,21 @@ class WorkerCore:
     def measurements(self) -> dict:
         m = self.meter.measurements()
         m["worker"] = self.id
+        m["memory"] = self.pools.stats()
         return m
 
     def reset_measurements(self) -> None:
         self.meter.reset()
+        self.pools.reset_stats()
 
     def crash(self) -> None:
         """Exit the process at once (fault-injection for tests)."""
         os._exit(1)
 
-    # ------------------------------------------------------------------ checkpoint/restart (durable.py)
-    def dcp_save(self, model_stages, directory: str, background: bool = False) -> dict:
-        """Write this worker's shards of ``model_stages`` with DCP, each under
-        ``<directory>/<model_stage>/rank-<worker>`` (``durable.worker_side.save_engine``); returns byte counts.
-        ``model_stages`` is a list (DP replica 0 writes) or ``{model_stage: replica}``.
 
-        With ``background``: copy the shards and counters into memory of the save's own and return
-        (``durable.worker_side.save_engine_async``); the files are written in a background thread while this
-        worker goes on (training may change its tensors in place). :meth:`dcp_wait` waits for them.
-        A background save still in flight is awaited first.
-        """
-        return self._dcp_save(model_stages, directory, background, None)
 
-    def _dcp_save(self, model_stages, directory: str, background: bool, hook) -> dict:
-        from nereus.runtime.durable.worker_side import save_engine, save_engine_async
 
-        self.dcp_wait(ignore_errors=True)  # one save in flight per worker
-        self._waited = None
-        replica = model_stages if isinstance(model_stages, dict) else dict.fromkeys(model_stages, 0)
-        out = {"written": 0, "state": 0, "seconds": 0.0, "snapshot_s": 0.0, "write_s": 0.0}
-        pending = []
-        for ms, d in replica.items():
-            e = self.engines.get(ms)
-            if e is None or e.ctx.d != d:
-                continue
-            write_hook, hook = hook, None  # a fault fires in the first write only
-            path = os.path.join(directory, ms, f"rank-{self.id}")
-            with self.meter.stage(ms):
-                if background:
-                    h = save_engine_async(e, path, write_hook)
-                    pending.append(h)
-                    out["state"] += h["state"]
-                    out["snapshot_s"] += h["snapshot_s"]
-                    out["seconds"] += h["snapshot_s"]
-                else:
-                    r = save_engine(e, path, write_hook)
-                    for k in out:
-                        out[k] += r[k]
-        self._saving = pending
-        return out
 
-    def dcp_busy(self) -> bool:
-        """Whether a background save of this worker is still writing (:meth:`dcp_save`)."""
-        return any(not h["future"].done() for h in getattr(self, "_saving", []))
-
-    def dcp_wait(self, ignore_errors: bool = False) -> dict:
-        """Wait for this worker's background save (:meth:`dcp_save` with ``background``), if any.
-        Asked again before the next save, it answers the same (a driver whose wait was cut short by
-        another worker's loss asks again).
-
-        Returns:
-            ``{"written", "state", "snapshot_s", "write_s"}`` (``write_s``: the background write, from
-            the end of the snapshot until the last file of this worker was written).
-
-        Raises:
-            RuntimeError: a write failed (unless ``ignore_errors``: the files are then left as they are,
-                and the caller discards the checkpoint).
-        """
-        from nereus.runtime.durable.worker_side import wait_engine_save
-
-        pending, self._saving = getattr(self, "_saving", []), []
-        if pending:
-            out = {"written": 0, "state": 0, "snapshot_s": 0.0, "write_s": 0.0}
-            err = None
-            for h in pending:
-                try:
-                    r = wait_engine_save(h, self.timeout_s)
-                except (RuntimeError, TimeoutError) as e:
-                    err = err or e
-                    continue
-                out["written"] += r["written"]
-                out["state"] += r["state"]
-                out["snapshot_s"] += r["snapshot_s"]
-                out["write_s"] = max(out["write_s"], r["write_s"])  # the stages' writes run side by side
-            self._waited = (out, err)
-        out, err = getattr(self, "_waited", None) or ({"written": 0, "state": 0, "snapshot_s": 0.0, "write_s": 0.0},
-                                                      None)
-        if err is not None and not ignore_errors:
-            raise RuntimeError(f"worker {self.id}: {err}")
-        return dict(out)
-
-    def dcp_load(self, model_stages: list[str], directory: str) -> dict:
-        """Fill this worker's engines of ``model_stages`` from ``<directory>/<model_stage>`` with DCP
-        (``durable.worker_side.load_engine``: only the pieces of its own shard); returns byte counts."""
-        from nereus.runtime.durable.worker_side import load_engine
-
-        out = {"read": 0, "loaded": 0, "seconds": 0.0}
-        for ms in model_stages:
-            e = self.engines.get(ms)
-            if e is None:
-                continue
-            with self.meter.stage(ms):
-                r = load_engine(e, os.path.join(directory, ms))
-            for k in out:
-                out[k] += r[k]
-        return out
 
 
 def ray_worker_class(num_gpus: float = 0):

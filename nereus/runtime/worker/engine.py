@@ -120,19 +120,8 @@ class Engine(LogicalStateMixin):
         self.model = LlamaShard(spec, ctx, seed, meter, dtype, device, full=full, recompute=recompute,
                                 shards=tensors.get("params"))
         self.adam = adam or AdamConfig()
-        zeros = {n: torch.zeros_like(w, dtype=torch.float32) for n, w in self.model.params.items()}
-        self.exp_avg = dict(tensors.get("exp_avg", zeros)) if trainable else {}
-        self.exp_avg_sq = dict(tensors.get("exp_avg_sq", {n: z.clone() for n, z in zeros.items()})) \
-            if trainable else {}
-        # fp32 master weights of a bf16 trainable engine (fp32: the weights themselves are the master)
-        self.master: dict[str, torch.Tensor] = {}
         self.main_grad: dict[str, torch.Tensor] | None = None  # fp32 gradient accumulators (bf16)
-        if trainable and precision == "bf16":
-            given = tensors.get("master")
-            self.master = {n: (given[n] if given is not None else w.detach().float().clone())
-                           for n, w in self.model.params.items()}
-            for n, w in self.model.params.items():
-                w.register_post_accumulate_grad_hook(self._accumulate_hook(n))
+        self._init_optimizer(tensors)
         self.step = 0            # Adam step (replicated)
         self.update_count = 0    # c
         self.version = 0         # model-stage version (bumped by every update or weight sync)
@@ -141,6 +130,27 @@ class Engine(LogicalStateMixin):
         for k, v in (state or {}).get("counters", {}).items():
             setattr(self, k, int(v))
         self.meter.set_static(f"params:{id(self)}", self.state_bytes)
+
+    def _init_optimizer(self, tensors: dict) -> None:
+        """Adam moments (and, bf16, the fp32 master weights with their main-gradient hooks) from
+        ``tensors`` when given, else zeros (and the weights upcast); sharded ZeRO engines
+        (``worker/zero.py``) hold slices instead."""
+        def moments(kind: str) -> dict:  # given moments as they are; zeros only when none are given
+            given = tensors.get(kind)
+            if given is not None:
+                return dict(given)
+            return {n: torch.zeros_like(w, dtype=torch.float32) for n, w in self.model.params.items()}
+
+        self.exp_avg = moments("exp_avg") if self.trainable else {}
+        self.exp_avg_sq = moments("exp_avg_sq") if self.trainable else {}
+        # fp32 master weights of a bf16 trainable engine (fp32: the weights themselves are the master)
+        self.master: dict[str, torch.Tensor] = {}
+        if self.trainable and self.precision == "bf16":
+            given = tensors.get("master")
+            self.master = {n: (given[n] if given is not None else w.detach().float().clone())
+                           for n, w in self.model.params.items()}
+            for n, w in self.model.params.items():
+                w.register_post_accumulate_grad_hook(self._accumulate_hook(n))
 
     @property
     def state_bytes(self) -> int:

@@ -78,7 +78,9 @@ class FaultTolerantWorker(WorkerCore):
             meta = UnitMeta(f"{ms}#{d}", ms, lay.tp, lay.pp, tuple(lay.replica(d)))
             counters = {k: int(getattr(e, k)) for k in ("step", "update_count", "version", "policy_version",
                                                         "position")}
-            snap[ms] = Unit(meta, _clone_tensors(e.state_tensors()), counters)  # every kind, bf16's master too
+            # every kind, bf16's master too; an offloaded engine's state is its host copy
+            held = self.pools.host[ms] if ms in self.pools.offloaded else e.state_tensors()
+            snap[ms] = Unit(meta, _clone_tensors(held), counters)
         self.snap = snap
         return sorted(u.meta.uid for u in snap.values())
 
@@ -93,6 +95,7 @@ class FaultTolerantWorker(WorkerCore):
         for ms in list(self.engines):
             self.destroy(ms)
         self.groups.clear()
+        self.transit.comms.clear()
         self.transit.units.clear()
         keep = set(intact)
         for u in self.snap.values():

@@ -1,0 +1,81 @@
+"""Fits/OOM verdicts on users' RL layouts (issue 28): each row of ``benchmarks/data/user_layouts.csv``
+(a published working layout or a public OOM report, with its source) is imported as the user wrote
+it (verl overrides or an OpenRLHF command line), evaluated by the cost model at the lengths the row
+gives (measured means where a log exists, else the launch line's maxima), and the verdict (fits /
+OOM / refused by name) compared with the published outcome. Prints one line per row and the score.
+
+    python benchmarks/user_layouts.py [--csv FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+from nereus.integrations.openrlhf import import_openrlhf  # noqa: E402
+from nereus.integrations.verl import import_verl  # noqa: E402
+from nereus.integrations.verl_config import load_verl_config  # noqa: E402
+from nereus.planner.whatif import evaluate_layout  # noqa: E402
+from nereus.spec.presets import MODEL_PRESETS  # noqa: E402
+
+MODELS = json.loads((HERE / "data" / "user_layout_models.json").read_text())
+
+
+def _model(name: str, tmp: Path) -> str:
+    if name in MODEL_PRESETS:
+        return name
+    d = tmp / name
+    d.mkdir(exist_ok=True)
+    (d / "config.json").write_text(json.dumps(MODELS[name]))
+    return str(d)
+
+
+def verdict(row: dict, tmp: Path) -> tuple[str, str]:
+    """``(fits | oom | refused, detail)`` of one row."""
+    model = _model(row["model"], tmp)
+    if row["framework"] == "verl":
+        imp = import_verl(load_verl_config(row["config"], json.loads(row["launch"])), model=model, gpu=row["gpu"])
+    else:
+        imp = import_openrlhf(row["launch"], model=model, gpu=row["gpu"])
+    if not imp.expressible:
+        return "refused", "; ".join(str(u) for u in imp.unexpressible)[:160]
+    w = imp.job.workload
+    lens = {k: int(row[k]) for k in ("prompt_len", "response_len") if row[k]}
+    job = imp.job.with_workload(replace(w, **lens)) if lens else imp.job
+    ev = evaluate_layout(job, imp.layout)
+    peak = max(ev.plan.gpu_memory.values())
+    return ("fits" if ev.fits else "oom"), f"peak {peak / 2**30:.1f} of {ev.plan.capacity / 2**30:.1f} GiB"
+
+
+def score(path: Path) -> tuple[int, int, list]:
+    rows = list(csv.DictReader(path.open()))
+    out = []
+    with tempfile.TemporaryDirectory() as t:
+        for r in rows:
+            v, detail = verdict(r, Path(t))
+            out.append((r["id"], r["outcome"], v, detail, r["source"]))
+    right = sum(1 for _, want, got, _, _ in out if want == got)
+    return right, len(out), out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--csv", default=str(HERE / "data" / "user_layouts.csv"))
+    a = p.parse_args(argv)
+    right, n, out = score(Path(a.csv))
+    for i, want, got, detail, src in out:
+        print(f"{i:>3} {'ok ' if want == got else 'MISS'} published {want:<5} Nereus {got:<7} {detail}  [{src}]")
+    print(f"fits/OOM right on {right} of {n} layouts ({100 * right / n:.0f}%)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,134 @@
+"""What a user pastes: verl launch lines and scripts unedited (Hydra overrides in any order,
+``--config-name``, ``python3 -m verl.trainer.main_ppo``), OpenRLHF command lines, exports that keep the
+user's settings and compose with the frameworks' own configuration, and empty inputs refused."""
+
+import json
+import shlex
+
+import pytest
+
+from nereus.cli import main
+from nereus.integrations.openrlhf import import_openrlhf, openrlhf_parser, openrlhf_source
+from nereus.integrations.verl import import_verl
+from nereus.integrations.verl_config import load_verl_config, verl_config_dir, verl_launch
+
+pytestmark = pytest.mark.skipif(verl_config_dir() is None or openrlhf_source() is None,
+                                reason="needs verl and OpenRLHF installed")
+
+Q05 = {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
+       "num_key_value_heads": 2, "vocab_size": 151936, "max_position_embeddings": 32768, "tie_word_embeddings": True,
+       "rope_theta": 1000000.0, "rms_norm_eps": 1e-06, "model_type": "qwen2"}
+
+# verl's examples/grpo_trainer style launch script, unedited shell (variables, continuations, $@)
+SCRIPT = """set -x
+
+gsm8k_train_path=$HOME/data/gsm8k/train.parquet
+train_files="['$gsm8k_train_path']"
+
+python3 -m verl.trainer.main_ppo \\
+    algorithm.adv_estimator=grpo \\
+    data.train_files="$train_files" \\
+    data.val_files=$HOME/data/gsm8k/test.parquet \\
+    data.train_batch_size=256 \\
+    data.max_prompt_length=512 \\
+    data.max_response_length=1024 \\
+    actor_rollout_ref.model.path={model} \\
+    actor_rollout_ref.actor.ppo_mini_batch_size=64 \\
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8 \\
+    actor_rollout_ref.actor.use_kl_loss=True \\
+    actor_rollout_ref.actor.kl_loss_coef=0.001 \\
+    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16 \\
+    actor_rollout_ref.rollout.tensor_model_parallel_size=1 \\
+    actor_rollout_ref.rollout.name=vllm \\
+    actor_rollout_ref.rollout.gpu_memory_utilization=0.5 \\
+    actor_rollout_ref.rollout.n=4 \\
+    actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16 \\
+    trainer.logger='["console","wandb"]' \\
+    trainer.n_gpus_per_node=8 \\
+    trainer.nnodes=1 $@
+"""
+
+
+@pytest.fixture
+def model(tmp_path):
+    d = tmp_path / "Qwen2.5-0.5B"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(Q05))
+    return str(d)
+
+
+def test_script_line_and_overrides_in_any_order_import_alike(tmp_path, model, monkeypatch):
+    monkeypatch.setenv("HOME", "/home/u")
+    sh = tmp_path / "run_qwen.sh"
+    sh.write_text(SCRIPT.format(model=model))
+    config, overrides, _ = verl_launch([str(sh)])
+    assert config == "ppo_trainer"  # verl's main_ppo default
+    assert "data.train_files=['/home/u/data/gsm8k/train.parquet']" in overrides
+    line = "HYDRA_FULL_ERROR=1 python3 -m verl.trainer.main_ppo --config-name=ppo_trainer " + " ".join(
+        shlex.quote(o) for o in reversed(overrides)) + " 2>&1 | tee log.txt"
+    a = import_verl(load_verl_config(str(sh)))
+    b = import_verl(load_verl_config(line))
+    assert a.layout == b.layout and a.job.workload == b.job.workload and a.expressible
+    with pytest.raises(ValueError, match="empty"):
+        verl_launch([])
+    with pytest.raises(ValueError, match="not an option of verl's launcher"):
+        verl_launch(["python3", "-m", "verl.trainer.main_ppo", "--bogus", "a=1"])
+
+
+def test_cli_export_keeps_the_users_settings_and_round_trips(tmp_path, model, capsys, monkeypatch):
+    monkeypatch.setenv("HOME", "/home/u")
+    sh = tmp_path / "run_qwen.sh"
+    sh.write_text(SCRIPT.format(model=model))
+    _, overrides, _ = verl_launch([str(sh)])
+    # --export before the overrides, the launch line's own tokens after it
+    rc = main(["plan", "--export", "verl", "--json", "--from-verl", "python3", "-m", "verl.trainer.main_ppo",
+               *overrides])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    ex = json.loads(out.out)
+    ov = ex["overrides"]
+    assert ex["config_name"] == "ppo_trainer" and ex["backend"] == "fsdp"  # the user's FSDP backend
+    for kept in ("data.train_files=['/home/u/data/gsm8k/train.parquet']", f"actor_rollout_ref.model.path={model}",
+                 "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.actor.kl_loss_coef=0.001",
+                 "actor_rollout_ref.rollout.name=vllm", "data.val_files=/home/u/data/gsm8k/test.parquet"):
+        assert kept in ov, kept
+    assert not any(".megatron." in o for o in ov)
+    # verl's own config composes with the export, and importing it back gives the exported layout
+    back = import_verl(load_verl_config(ex["config_name"], ov))
+    assert back.expressible and back.job.workload.lora_rank is None
+    keys = ("tp", "pp", "dp", "micro_batch", "grad_accum", "recompute", "concurrency", "zero", "offload", "vpp")
+    got = {c.model_stage: tuple(getattr(c, k) for k in keys) for c in back.layout}
+    want = {n: tuple(m[k] for k in keys) for n, m in ex["evaluation"]["model_stages"].items()}
+    assert got == want
+    frac = float(next(o for o in ov if ".rollout.gpu_memory_utilization=" in o).split("=")[1])
+    assert back.job.workload.rollout_memory_fraction == frac
+
+OPENRLHF = ("python3 -m openrlhf.cli.train_ppo_ray --actor.num_nodes 1 --actor.num_gpus_per_node 8 "
+            "--ref.num_nodes 1 --ref.num_gpus_per_node 8 --vllm.num_engines 8 --vllm.tensor_parallel_size 1 "
+            "--train.colocate_all --vllm.enable_sleep --ds.enable_sleep --vllm.gpu_memory_utilization 0.6 "
+            "--actor.model_name_or_path {model} --reward.remote_url http://rm:5000/get_reward "
+            "--algo.advantage.estimator group_norm --rollout.n_samples_per_prompt 8 --rollout.batch_size 128 "
+            "--train.batch_size 128 --train.micro_batch_size 4 --rollout.micro_batch_size 8 --data.max_len 3072 "
+            "--rollout.max_new_tokens 2048 --ds.zero_stage 3 --data.prompt_dataset my/prompts --algo.kl.init_coef 0.001 "
+            "--actor.gradient_checkpointing_enable")
+
+
+def test_openrlhf_export_keeps_paths_and_parses(model, capsys):
+    line = OPENRLHF.format(model=model)
+    rc = main(["plan", "--from-openrlhf", line, "--export", "openrlhf", "--json"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    args = json.loads(out.out)["args"]
+    for kept in (["--actor.model_name_or_path", model], ["--reward.remote_url", "http://rm:5000/get_reward"],
+                 ["--data.prompt_dataset", "my/prompts"], ["--algo.kl.init_coef", "0.001"]):
+        i = args.index(kept[0])
+        assert args[i:i + 2] == kept
+    assert "REWARD_FN_OR_URL" not in args and "REWARD_MODEL_PATH" not in args
+    openrlhf_parser().parse_args(args)  # OpenRLHF's own parser takes it
+    back = import_openrlhf(shlex.join(args))
+    assert back.expressible
+
+
+def test_empty_inputs_are_refused(capsys):
+    assert main(["plan", "--from-openrlhf", ""]) == 2
+    assert "empty" in capsys.readouterr().err

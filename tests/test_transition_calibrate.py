@@ -1,0 +1,76 @@
+"""The transition cost's three terms (setup, copy, wire) and their calibration from executor records
+(``transition/cost.py``, ``transition/calibrate.py``), by hand."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from nereus.spec.hardware import ClusterSpec
+from nereus.transition.calibrate import TransitionCalibration
+from nereus.transition.cost import CostParams, duration
+from nereus.transition.emu import EMU
+from nereus.transition.primitives import Primitive, extend
+
+
+def _cluster() -> ClusterSpec:
+    from nereus.runtime.run.device_model import runtime_job
+    from nereus.spec.presets import MODEL_PRESETS
+    from nereus.spec.workload import WorkloadSpec
+
+    w = WorkloadSpec(algorithm="grpo", prompts_per_step=4, samples_per_prompt=2, prompt_len=5, response_len=4,
+                     mini_batch_size=4, micro_batch_size=1, infer_micro_batch_size=4, reward_model=False)
+    return runtime_job(MODEL_PRESETS["tiny"], w, 4).cluster
+
+
+def test_duration_is_setup_plus_copy_plus_wire():
+    c = _cluster()
+    bw, lat, _ = c.link_of((0, 1))
+    m = Primitive(pid="merge:x", kind="merge", model_stage="actor.train", gpus=(0, 1), groups=(((0, 1), 4e6),))
+    base = CostParams(comm_setup_intra_s=0.1)
+    assert duration(m, c, base) == pytest.approx(0.1 + 4e6 / bw + lat)  # uncalibrated: no copy term
+    p = CostParams(comm_setup_intra_s=0.1, copy_bandwidth=2e9)
+    assert duration(m, c, p) == pytest.approx(0.1 + 4e6 / bw + 4e6 / 2e9 + lat)
+    derived = CostParams(comm_setup_intra_s=0.1, copy_bandwidth=0.0)  # 0: HBM / 4
+    assert duration(m, c, derived) == pytest.approx(0.1 + 4e6 / bw + 4e6 / (c.gpu.hbm_bandwidth / 4) + lat)
+    a = EMU("a#0", "actor.train", 1, 1, (0,), (3_000_000,))
+    b = EMU("a#1", "actor.train", 1, 1, (1,), (3_000_000,))
+    x = extend(a, b)
+    assert duration(x, c, p) == pytest.approx(0.1 + 3e6 / bw + 3e6 / 2e9 + lat)
+    assert CostParams().copy_bandwidth == math.inf
+    with pytest.raises(ValueError, match="copy_bandwidth"):
+        CostParams(copy_bandwidth=-1.0)
+
+
+def test_calibration_separates_setup_copy_and_wire():
+    cal = TransitionCalibration(weight=1.0)
+    recs = [
+        # a Merge: 0.9 s wall of which 0.2 s on the wire and 0.3 s packing/assembling 60 MB
+        {"kind": "merge", "received": {1: 60e6}, "transfer_s": 0.2, "copy_s": 0.3, "setup_s": 0.25,
+         "measured_s": 0.9},
+        # an Extend that reused its communicator: 0.1 s fixed, 40 MB in 0.2 s wire + 0.1 s copy
+        {"kind": "extend", "received": {2: 40e6}, "transfer_s": 0.2, "copy_s": 0.1, "setup_s": 0.0,
+         "measured_s": 0.4},
+        {"kind": "destroy", "received": {}, "transfer_s": 0.0, "copy_s": 0.0, "setup_s": 0.0, "measured_s": 0.02},
+    ]
+    cal.observe(recs)
+    assert cal.bandwidth == pytest.approx(100e6 / 0.4)  # Σ bytes / Σ wire seconds
+    assert cal.copy_bandwidth == pytest.approx(100e6 / 0.4)  # Σ bytes / Σ copy seconds
+    assert cal.setup_s == pytest.approx((0.4 + 0.1) / 2)  # mean of wall - wire - copy
+    assert cal.teardown_s == pytest.approx(0.02)
+    p = cal.params(CostParams(comm_setup_inter_s=0.5))
+    assert (p.comm_setup_intra_s, p.comm_setup_inter_s, p.copy_bandwidth, p.teardown_s) == \
+        pytest.approx((0.25, 0.5, 100e6 / 0.4, 0.02))
+    # an EMA of weight 1/2 halves the way to a new measurement
+    half = TransitionCalibration(weight=0.5)
+    half.observe(recs[:1])
+    half.observe([{**recs[0], "copy_s": 0.6, "measured_s": 1.2}])
+    assert half.copy_bandwidth == pytest.approx(0.5 * 60e6 / 0.3 + 0.5 * 60e6 / 0.6)
+    assert half.setup_s == pytest.approx(0.4)
+
+
+def test_records_without_wall_seconds_fall_back_to_setup():
+    cal = TransitionCalibration()
+    cal.observe([{"kind": "split", "received": {0: 1e6}, "transfer_s": 0.01, "setup_s": 0.05}])
+    assert cal.setup_s == pytest.approx(0.05) and cal.copy_bandwidth is None
