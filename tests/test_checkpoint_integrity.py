@@ -29,7 +29,7 @@ from nereus.runtime.durable.integrity import (  # noqa: E402
     write_manifest,
 )
 from nereus.runtime.worker.engine import AdamConfig, Engine  # noqa: E402
-from nereus.spec.model import MODEL_PRESETS  # noqa: E402
+from nereus.spec.presets import MODEL_PRESETS  # noqa: E402
 from nereus.spec.workload import WorkloadSpec  # noqa: E402
 from nereus.workflow import workflow_for  # noqa: E402
 
