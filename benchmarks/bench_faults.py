@@ -9,8 +9,17 @@ seeded generator:
   critic), the forward+backward+optimizer call (``train_fields``, sometimes its second mini-batch,
   after the first optimizer step already ran), the weight sync, a transition primitive (at a step
   whose boundary has an announced departure) and a durable checkpoint save;
-* **how**: killed (the process exits) or hung (SIGSTOP: alive, answering nothing);
-* **how many**: one worker, or two at once (both armed for the same call).
+* **how**: killed (the process exits), hung (SIGSTOP: alive, answering nothing) or slow but alive
+  (asleep for a minute inside the call while its heartbeats answer: only the progress check in
+  ``run/faults.py`` catches it);
+* **how many**: one worker, or two at once (both armed for the same call), the second sometimes a
+  second after the first (``late:1``); and sometimes one more worker killed inside the live
+  transition of the recovery the fault causes (a fault during a recovery);
+* **when**: transition faults also hit the growth onto joining workers (a join's boundary), not only
+  announced departures.
+
+The check covers every model-stage, trained and frozen, and every state kind: parameters, the fp32
+master, both Adam moments, the Adam step, update counter and data position (:func:`compare`).
 
 The first worker of a fault is armed through ``AdaptiveRun(faults={step: (point, worker, how)})``;
 the second (and a fault in a later call of the same method, ``skip``) is armed through the pool with
@@ -57,7 +66,7 @@ import torch  # noqa: E402
 from nereus.controller.planning import same_plan  # noqa: E402
 from nereus.runtime.run.driver import RLDriver  # noqa: E402
 from nereus.runtime.run.pool import WorkerPool  # noqa: E402
-from nereus.runtime.run.relayout import relayout, train_stages  # noqa: E402
+from nereus.runtime.run.relayout import relayout  # noqa: E402
 from nereus.runtime.run.schedules import parse_pool_schedule  # noqa: E402
 from nereus.spec.plan import Plan  # noqa: E402
 
@@ -125,7 +134,7 @@ def execute(spec: RunSpec, faults: bool, seed: int, timeout_s: float, verbose: b
                         # synchronous saves: a dcp_save fault fires inside the save, so it is settled and
                         # filed under the checkpoint phase (an async write would fire after the boundary)
                         checkpoint_sync=True)
-    run.keep_final = True
+    run.keep_final = "all"  # every model-stage, frozen ones too (compare)
     t0 = time.perf_counter()
 
     def go():
@@ -169,7 +178,7 @@ def replay(spec: RunSpec, plans: dict[int, Plan], timeout_s: float) -> dict:
                 if k and not same_plan(plan, seq[k - 1]):
                     relayout(driver, plan)
                 driver.step()
-            return {n: driver.gather_logical_state(n) for n in train_stages(driver)}
+            return {n: driver.gather_logical_state(n) for n in driver.layouts}  # frozen model-stages too
         finally:
             driver.close()
             pool.close()
@@ -188,18 +197,29 @@ def same_layouts(a: dict[int, Plan], b: dict[int, Plan]) -> bool:
     return a.keys() == b.keys() and all(shape(a[k]) == shape(b[k]) for k in a)
 
 
+#: the tensor kinds of a gathered logical state (``Engine.gather_logical_state``) and its counters
+KINDS = ("params", "master", "exp_avg", "exp_avg_sq")
+COUNTERS = ("step", "update_count", "position")
+
+
 def compare(a: dict | None, b: dict | None) -> tuple[bool, float]:
-    """Same training state (update counters, data position, parameters within fp32 tolerance)?"""
+    """Same state of every model-stage, trained and frozen (issue 30): the same kinds, every tensor of
+    every kind (parameters, fp32 master, Adam's two moments) within fp32 tolerance, and for a
+    trained model-stage its Adam step, update counter and data position; ``(equal, max |difference|)``."""
     if not a or not b or a.keys() != b.keys():
         return False, float("inf")
     ok, worst = True, 0.0
     for ms in a:
-        if a[ms]["update_count"] != b[ms]["update_count"] or a[ms]["position"] != b[ms]["position"]:
-            ok = False
-        for n in a[ms]["params"]:
-            x, y = a[ms]["params"][n], b[ms]["params"][n]
-            worst = max(worst, float((x - y).abs().max()))
-            ok &= bool(torch.allclose(x, y, atol=ATOL, rtol=RTOL))
+        if "exp_avg" in a[ms] and any(a[ms].get(c) != b[ms].get(c) for c in COUNTERS):
+            ok = False  # a trained model-stage's counters (a frozen copy's are not state)
+        kinds = [k for k in KINDS if k in a[ms] or k in b[ms]]
+        for kind in kinds:
+            if kind not in a[ms] or kind not in b[ms] or a[ms][kind].keys() != b[ms][kind].keys():
+                return False, float("inf")
+            for n, x in a[ms][kind].items():
+                y = b[ms][kind][n]
+                worst = max(worst, float((x - y).abs().max()))
+                ok &= bool(torch.allclose(x, y, atol=ATOL, rtol=RTOL))
     return ok, worst
 
 
@@ -213,25 +233,40 @@ def plan_run(rng: random.Random, index: int, quick: bool) -> RunSpec:
         workers = (5, 4, 6)[(index // 2) % 3]
         steps, every = 10, (1, 2)[(index // 2) % 2]
         schedule = "2:-1,4:+1,6:-1,8:+1"
-    departures = {k for k, v in parse_pool_schedule(schedule).items() if v < 0}
+    sched = parse_pool_schedule(schedule)
+    departures = {k for k, v in sched.items() if v < 0}
+    joins = {k for k, v in sched.items() if v > 0}
     points = [p for p in STEP_POINTS if algorithm == "ppo" or p != "values"]
     faults: list[Fault] = []
     for k in range(steps):
-        how = rng.choice(("kill", "stop")) if not quick else ("stop", "kill", "kill", "stop")[k]
+        how = rng.choice(HOWS) if not quick else ("stop", "kill", "kill", "stop")[k]
         saves = (k + 1) % every == 0
+        second, nested = "", False
         if quick:
             phase = ("step", "step", "transition", "checkpoint")[k]
             count = 2 if k in (1, 3) else 1
         else:
             r = rng.random()
-            phase = ("transition" if k in departures and r < 0.7 else
+            # a transition fault at an announced departure, or during the growth onto joining workers
+            phase = ("transition" if (k in departures and r < 0.7) or (k in joins and r < 0.5) else
                      "checkpoint" if saves and r < 0.3 else "step")
             count = 2 if rng.random() < 0.3 else 1
+            second = "late:1" if count == 2 and rng.random() < 0.5 else ""  # a second fault a second later
+            nested = phase == "step" and rng.random() < 0.25  # one more inside the recovery it causes
+        if how == "slow":
+            how = f"slow:{SLOW_S:g}"  # asleep in the call, answering heartbeats: caught by the progress check
         point = ("transition_run" if phase == "transition" else "dcp_save" if phase == "checkpoint" else
                  rng.choice(points))
         skip = rng.choice((0, 1)) if point == "train_fields" else 0
-        faults.append(Fault(step=k, point=point, how=how, count=count, skip=skip))
+        faults.append(Fault(step=k, point=point, how=how, count=count, skip=skip, second_how=second,
+                            in_recovery=nested))
     return RunSpec(algorithm, workers, steps, schedule, every, faults)
+
+
+#: how a fault fails its worker (``FaultTolerantWorker.arm``): killed, hung (SIGSTOP), or slow but alive
+HOWS = ("kill", "stop", "slow")
+#: seconds a slow worker sleeps: longer than the progress bound (4x a step), so it is caught first
+SLOW_S = 60.0
 
 
 def _events(run) -> list[dict]:

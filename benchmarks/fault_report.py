@@ -8,6 +8,11 @@ import statistics
 from nereus.runtime.worker.fault_tolerant import FAULT_POINTS
 
 
+def _how(f: dict, w: int) -> str:
+    """How worker ``w`` of fault ``f`` failed: the second worker of a double fault may fail later."""
+    return f.get("second_how") or f["how"] if f["workers"][1:2] == [w] else f["how"]
+
+
 def summarize(runs: list[dict], refs: dict, wall_s: float, args, hang_timeout_s: float) -> dict:
     faults = [f for r in runs for f in r["faults"] if f["state"] == "fired"]
     per_worker = [(f, w) for f in faults for w in f["fired"]]
@@ -27,8 +32,11 @@ def summarize(runs: list[dict], refs: dict, wall_s: float, args, hang_timeout_s:
         "faults_survived": survived,
         "faults_not_fired": sum(1 for r in runs for f in r["faults"] if f["state"] in ("not fired", "no caller", "pool too small")),
         "by_point": by_point,
-        "by_how": {h: sum(1 for f, _ in per_worker if f["how"] == h) for h in ("kill", "stop")},
-        "by_phase": {p: sum(1 for f, _ in per_worker if f["phase"] == p) for p in ("step", "transition", "checkpoint")},
+        "by_how": {h: sum(1 for f, w in per_worker if _how(f, w).split(":")[0] == h)
+                   for h in ("kill", "stop", "slow", "late")},
+        "by_phase": {p: sum(1 for f, _ in per_worker if f["phase"] == p)
+                     for p in ("step", "transition", "checkpoint", "recovery")},
+        "slow_detected": sum(1 for ev in recs if ev.get("slow")),
         "runs": len(runs),
         "runs_hung": sum(1 for r in runs if r["hung"]),
         "runs_failed": sum(1 for r in runs if r["error"] and not r["hung"]),
@@ -79,9 +87,11 @@ def tables(summary: dict, runs: list[dict]):
     rows = [
         ("faults injected (workers lost)", f"{s['faults_injected']} ({s['double_faults']} double)"),
         ("  by point", ", ".join(f"{p} {n}" for p, n in s["by_point"].items())),
-        ("  killed / hung (SIGSTOP)", f"{s['by_how']['kill']} / {s['by_how']['stop']}"),
-        ("  in a step / transition / checkpoint save",
-         f"{s['by_phase']['step']} / {s['by_phase']['transition']} / {s['by_phase']['checkpoint']}"),
+        ("  killed / hung (SIGSTOP) / slow but alive / killed a second later",
+         f"{s['by_how']['kill']} / {s['by_how']['stop']} / {s['by_how']['slow']} / {s['by_how']['late']}"),
+        ("  in a step / transition / checkpoint save / recovery",
+         f"{s['by_phase']['step']} / {s['by_phase']['transition']} / {s['by_phase']['checkpoint']} / "
+         f"{s['by_phase']['recovery']}"),
         ("faults survived", f"{s['faults_survived']} / {s['faults_injected']}"),
         ("runs hung (wall-clock bound exceeded)", f"{s['runs_hung']} / {s['runs']}"),
         ("runs failed", f"{s['runs_failed']} / {s['runs']}"),

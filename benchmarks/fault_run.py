@@ -53,12 +53,15 @@ class Fault:
     count: int = 1
     skip: int = 0
     phase: str = ""
+    second_how: str = ""  # how the second worker fails (e.g. ``late:1``: a second later); "" as the first
+    in_recovery: bool = False  # also kill one more worker inside the recovery's live transition
     state: str = "planned"  # planned → armed → fired | not fired
     workers: list[int] = field(default_factory=list)
     fired: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.phase = PHASE_OF.get(self.point, "step")
+        if not self.phase:
+            self.phase = PHASE_OF.get(self.point, "step")
 
 
 @dataclass
@@ -153,7 +156,7 @@ class FaultBenchRun(AdaptiveRun):
             # departure that leaves PPO 2 workers hits the shared-plan bug in docs/faults.md)
             alive = sum(1 for w in d.workers if w is not None) - len(self._announced)
             need = 2 if phase == "transition" else 4 if k + 1 in self._departures else 3
-            room = alive - need  # (a loss in the transition is replanned without the leaver)
+            room = alive - need - (1 if f.in_recovery else 0)  # (a loss in the transition: without the leaver)
             f.count = min(f.count, len(callers), room)  # e.g. everything time-shared on one worker
             if f.count < 1:
                 f.state = "pool too small"
@@ -161,14 +164,24 @@ class FaultBenchRun(AdaptiveRun):
             f.workers = sorted(self.rng.sample(callers, f.count))
             f.state = "armed"
             for i, w in enumerate(f.workers):
+                how = f.second_how if i == 1 and f.second_how else f.how
                 if i == 0 and f.skip == 0:  # through the run's fault API
-                    self.faults[k] = (f.point, w, f.how)
+                    self.faults[k] = (f.point, w, how)
                     super()._inject(k, phase)
                 else:  # a second worker, or a later call of the method: through the pool
-                    d._get([d.workers[w].arm.options(concurrency_group="control").remote(f.point, f.how, f.skip)],
+                    d._get([d.workers[w].arm.options(concurrency_group="control").remote(f.point, how, f.skip)],
                            "arm a fault")
-                    self.log(f"  [fault armed: worker {w} will be {'stopped' if f.how == 'stop' else 'killed'} "
-                             f"inside call {f.skip + 1} of {f.point} during the {phase} of step {k}]")
+                    self.log(f"  [fault armed: worker {w} will be {how} inside call {f.skip + 1} of {f.point} "
+                             f"during the {phase} of step {k}]")
+            if f.in_recovery:  # one more, inside the recovery this fault causes (its live transition)
+                rest = [i for i, w in enumerate(d.workers) if w is not None and i not in f.workers
+                        and i not in self._announced]
+                if rest:
+                    w = self.rng.choice(rest)
+                    nested = Fault(step=k, point="transition_run", how="kill", phase="recovery", workers=[w],
+                                   state="waiting")  # armed when the recovery starts (_inject_in_recovery)
+                    self.bench.append(nested)
+                    self.recovery_faults[k] = ("transition_run", w, "kill")
 
     def _settle(self) -> None:
         """Armed faults: the workers lost are fired; survivors still armed are disarmed."""
@@ -204,9 +217,15 @@ class FaultBenchRun(AdaptiveRun):
             self._target = None
             self._settle()
 
-    def _save(self, force: bool = False, k: int = -1) -> None:
+    def _inject_in_recovery(self, k: int) -> None:
+        super()._inject_in_recovery(k)
+        for f in self.bench:
+            if f.step == k and f.phase == "recovery" and f.state == "waiting":
+                f.state = "armed"
+
+    def _save(self, force: bool = False, k: int = -1, sync: bool = False) -> None:
         try:
-            super()._save(force=force, k=k)
+            super()._save(force=force, k=k, sync=sync)
         finally:
             self._settle()
 
@@ -223,12 +242,16 @@ class FaultBenchRun(AdaptiveRun):
             full &= any(set(r) <= alive for r in reps)
         since = self._bnd["step_index"] - self.ckpt_step
         n_before = len(self.recoveries)
-        super()._recover(e, k, when)
+        try:
+            super()._recover(e, k, when)
+        finally:
+            self._settle()  # a fault armed inside the recovery: fired, or disarmed now
         for ev in self.recoveries[n_before:]:
             ev.update(full_copy=full, since_checkpoint=since, phase=when)
+        lost = {w for ev in self.recoveries[n_before:] for w in ev["lost"]} | set(e.lost)
         # spot replacements: as many fresh workers as were lost, before the next step with no change
         j = self.driver.step_index + 1
         while j in self.base_schedule:
             j += 1
-        self.schedule[j] = self.schedule.get(j, 0) + len(e.lost)
-        self.replacements += len(e.lost)
+        self.schedule[j] = self.schedule.get(j, 0) + len(lost)
+        self.replacements += len(lost)

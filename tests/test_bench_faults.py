@@ -2,12 +2,13 @@
 workers killed or hung (SIGSTOP) in a step, a transition and a checkpoint save of a PPO run on Ray
 CPU workers; every fault is survived, no run hangs, and the run ends at the weights of its replay
 (the fault-free run of the same samples on the same per-step plans). And its check itself: a PPO run
-recovered onto other layouts ends bit for bit at its replay, while the fault-free run on the
-reference's own layouts drifts past fp32 tolerance (issue 11)."""
+recovered onto other layouts ends bit for bit at its replay (issue 11); how far the fault-free run
+on the reference's own layouts drifts depends on the CPU's kernels and is not asserted (issue 30)."""
 
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import pathlib
 import sys
@@ -56,7 +57,6 @@ def test_a_ppo_run_recovered_onto_other_layouts_ends_bit_for_bit_at_its_replay(r
     # durable-checkpoint restore at step 4). About 100 s on 2 cores (three runs, three pools).
     bench = _bench()
     from fault_run import (  # the benchmark's run machinery (bench_faults put its folder on sys.path)
-        ATOL,
         Fault,
         RunSpec,
     )
@@ -72,5 +72,7 @@ def test_a_ppo_run_recovered_onto_other_layouts_ends_bit_for_bit_at_its_replay(r
     assert {ev["source"] for ev in r["recoveries"]} == {"live", "checkpoint"}, r["recoveries"]
     assert not r["layouts_as_reference"]  # steps ran on other layouts than the fault-free run's
     assert r["weights_equal"] and r["max_abs_diff"] == 0.0, (r["max_abs_diff"], r["replay_error"])
-    # what the benchmark compared with before: the same samples, other sums, drifted past fp32 tolerance
-    assert not r["reference_equal"] and r["layout_drift"] > ATOL, r["layout_drift"]
+    # How far the fault-free run on the reference's own layouts drifted (other fp32 summation orders
+    # grown by Adam) depends on the CPU's kernels (issue 30: 0 on some machines), so it is reported,
+    # not asserted; only bit-exact equality with the replay is machine-independent.
+    assert r["layout_drift"] >= 0.0 and math.isfinite(r["layout_drift"]), r["layout_drift"]

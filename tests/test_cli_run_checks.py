@@ -83,3 +83,61 @@ def test_simulate_rejects_unknown_policies_before_any_progress(capsys, tmp_path,
     assert not (tmp_path / "o").exists()
     for w in words:
         assert w in err
+
+
+# ---- a new user's first hour (issue 30): each refused up front, in one line, before Ray starts
+def test_notice_without_a_pool_schedule_is_refused(capsys):
+    _, err = _err(capsys, ["run", "--adaptive", "--notice"])
+    assert "--notice announces the departures of --pool-schedule" in err
+
+
+def test_save_onto_an_existing_file_or_the_source_model_directory_is_refused(capsys, tmp_path):
+    f = tmp_path / "model.bin"
+    f.write_text("x")
+    for extra in ([], ["--adaptive"], ["--async"]):
+        _, err = _err(capsys, ["run", "--save", str(f), "--steps", "1"] + extra)
+        assert f"--save {str(f)!r} is an existing file" in err
+    src = tmp_path / "hf"
+    src.mkdir()
+    import json
+
+    (src / "config.json").write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128, "max_position_embeddings": 256}))
+    _, err = _err(capsys, ["run", "--model", str(src), "--save", str(src), "--steps", "1"])
+    assert "is the --model directory the run reads its weights from" in err
+
+
+def test_saving_over_an_earlier_model_removes_its_stale_weights(tmp_path):
+    import json
+
+    from nereus.cli.run_save import remove_stale_weights
+
+    d = tmp_path / "out"
+    d.mkdir()
+    for n in ("model.safetensors", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+              "tokenizer.json"):
+        (d / n).write_text("x")
+    (d / "model.safetensors.index.json").write_text(json.dumps(
+        {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}))
+    assert remove_stale_weights(str(d)) == ["model.safetensors"]  # Transformers would load it first
+    assert sorted(p.name for p in d.iterdir()) == ["model-00001-of-00002.safetensors",
+                                                   "model-00002-of-00002.safetensors",
+                                                   "model.safetensors.index.json", "tokenizer.json"]
+
+
+def test_run_help_states_the_payback_rule_and_what_resume_steps_count(capsys):
+    with pytest.raises(SystemExit):
+        main(["run", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "L_tran / ΔL <= γ·H" in out and "(1+γ)" not in out  # the rule admission.payback_ok applies
+    assert "--steps N then runs N MORE steps" in out
+
+
+def test_resume_of_a_missing_checkpoint_and_an_unwritable_dir_are_refused(capsys, tmp_path):
+    _, err = _err(capsys, ["run", "--adaptive", "--checkpoint-dir", str(tmp_path), "--resume"])
+    assert "no checkpoint in" in err
+    f = tmp_path / "f"
+    f.write_text("x")
+    _, err = _err(capsys, ["run", "--adaptive", "--checkpoint-dir", str(f / "ck"), "--steps", "1"])
+    assert "cannot write there" in err

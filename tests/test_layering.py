@@ -29,7 +29,7 @@ WORKER_SIDE = ("nereus.runtime.comm", "nereus.runtime.model", "nereus.runtime.wo
                "nereus.runtime.transit.index", "nereus.runtime.transit.packing",
                "nereus.runtime.durable.worker_side", "nereus.runtime.durable.worker_calls")
 DRIVER_SIDE = ("nereus.runtime.run", "nereus.runtime.transit.driver_side", "nereus.runtime.durable.driver_side",
-               "nereus.runtime.durable.scheduling")
+               "nereus.runtime.durable.scheduling", "nereus.runtime.durable.integrity", "nereus.runtime.durable.store")
 
 
 def _module_name(path: Path, root: Path) -> str:

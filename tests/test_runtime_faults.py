@@ -12,6 +12,7 @@ import torch
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+from nereus.runtime.durable.integrity import job_identity, verify_checkpoint  # noqa: E402
 from nereus.runtime.rl.task import DigitTask  # noqa: E402
 from nereus.runtime.run.adaptive import AdaptiveRun  # noqa: E402
 from nereus.runtime.run.config import RLConfig  # noqa: E402
@@ -27,7 +28,7 @@ W = WorkloadSpec(algorithm="ppo", prompts_per_step=4, samples_per_prompt=2, prom
 STEPS = 4
 
 
-def _run(faults=None, schedule=None, steps=STEPS, workers=4, precision="fp32", **kw):
+def _run(faults=None, schedule=None, steps=STEPS, workers=4, precision="fp32", recovery_faults=None, **kw):
     pool = WorkerPool(workers, timeout_s=15, hang_timeout_s=3).start()
     lines: list[str] = []
     cfg = RLConfig(actor_lr=1e-2, critic_lr=1e-2, timeout_s=15, precision=precision)
@@ -35,6 +36,7 @@ def _run(faults=None, schedule=None, steps=STEPS, workers=4, precision="fp32", *
                       schedule=parse_pool_schedule(schedule), notice=True, hang_timeout_s=3, faults=faults,
                       log=lines.append, measure=False, **kw)
     run.keep_final = True
+    run.recovery_faults = dict(recovery_faults or {})
     try:
         hist = run.run(steps, pool)
     finally:
@@ -49,8 +51,9 @@ def reference(ray_cluster):
 
 
 def _same_weights(a: dict, b: dict) -> None:
-    for ms in a:
-        assert a[ms]["update_count"] == b[ms]["update_count"] and a[ms]["position"] == b[ms]["position"]
+    for ms in a:  # every model-stage; the counters of the trained ones (a frozen copy's are not state)
+        if "exp_avg" in a[ms]:
+            assert a[ms]["update_count"] == b[ms]["update_count"] and a[ms]["position"] == b[ms]["position"]
         for n in a[ms]["params"]:
             assert torch.allclose(a[ms]["params"][n], b[ms]["params"][n], atol=1e-5, rtol=1e-4), (ms, n)
 
@@ -60,6 +63,7 @@ def _same_weights(a: dict, b: dict) -> None:
     ("logprobs", 0, "kill"),        # mid-forward (inference log-probs)
     ("train_fields", 3, "kill"),    # mid forward/backward/optimizer step
     ("sync_weights", 1, "stop"),    # mid weight sync, hung by SIGSTOP
+    ("train_fields", 2, "slow:40"),  # slow but alive: asleep in a training step, answering heartbeats
 ])
 def test_a_worker_lost_mid_step_is_recovered_live_and_training_continues(reference, point, worker, how):
     run, hist, lines = _run(faults={1: (point, worker, how)})
@@ -69,7 +73,11 @@ def test_a_worker_lost_mid_step_is_recovered_live_and_training_continues(referen
     assert len(rec) == 1 and rec[0]["lost"] == [worker] and rec[0]["source"] == "live"
     # a stopped process answers nothing: Ray may report it dead or the heartbeat finds it silent
     assert rec[0]["steps_lost"] == 0 and set(rec[0]["hung"]) <= {worker}
-    assert rec[0]["detect_s"] < 15  # well before any group timeout (heartbeats, not timeouts)
+    if how.startswith("slow"):  # no progress for the bound (4x the step time at least): well before it wakes
+        assert rec[0]["slow"] == [worker] and rec[0]["detect_s"] < 40, rec[0]
+        assert any("slow (no progress)" in s for s in lines)
+    else:
+        assert rec[0]["detect_s"] < 15  # well before any group timeout (heartbeats, not timeouts)
     assert any("rolling back" in s for s in lines) and any("re-runs" in s for s in lines)
     assert all(worker not in c.gpus for c in run.driver.cands.values())
     _same_weights(run.final_state, reference)
@@ -88,16 +96,36 @@ def test_a_worker_lost_mid_transition_is_recovered(reference):
 
 
 @pytest.mark.slow
+def test_a_worker_lost_during_the_recovery_is_recovered_again(reference):
+    # issue 30: a second fault inside the first one's recovery transition ended the run. Worker 3 dies
+    # in a training step of step 1; worker 0 dies inside the recovery's live transition: the recovery
+    # starts over on the 3 survivors and the run ends at the fault-free weights
+    run, hist, lines = _run(faults={1: ("train_fields", 3, "kill")}, recovery_faults={1: ("transition_run", 0, "kill")},
+                            workers=5)
+    assert [m["update_count"] for m in hist] == [2, 4, 6, 8], lines
+    lost = sorted(w for ev in run.recoveries for w in ev["lost"])
+    assert lost == [0, 3], (run.recoveries, lines)
+    assert any("during the recovery: recovering again" in s for s in lines)
+    assert all(g in (1, 2, 4) for c in run.driver.cands.values() for g in c.gpus)
+    _same_weights(run.final_state, reference)
+
+
+@pytest.mark.slow
 def test_resume_continues_a_run_killed_as_a_whole(reference, tmp_path):
     ckpt = str(tmp_path / "ckpt")
     first, hist, _ = _run(steps=2, checkpoint_dir=ckpt, checkpoint_every=1)
     assert [m["update_count"] for m in hist] == [2, 4]
-    assert os.path.exists(os.path.join(ckpt, "current", "driver.json"))
+    ident = job_identity(SPEC, W)  # written by the workers: manifest, identity, markers, counters all check
+    assert verify_checkpoint(os.path.join(ckpt, "current"), ident)["step_index"] == 2
     # the first run is gone (driver and workers); a new one resumes from the checkpoint of step 2
-    run, hist, lines = _run(steps=2, checkpoint_dir=ckpt, checkpoint_every=1, resume=True)
+    run, hist, lines = _run(steps=2, checkpoint_dir=ckpt, checkpoint_every=5, resume=True)
     assert [m["step"] for m in hist] == [2, 3] and [m["update_count"] for m in hist] == [6, 8]
-    assert any(s.startswith("resumed from") for s in lines)
+    assert any(s.startswith("resumed from") and "running 2 more steps, to step 4" in s for s in lines)
     _same_weights(run.final_state, reference)
+    # no checkpoint was due (every 5 steps): the final one is taken at the end of the run
+    assert verify_checkpoint(os.path.join(ckpt, "current"), ident)["step_index"] == 4
+    assert sorted(n for n in os.listdir(ckpt) if not n.startswith(".")) == ["current", os.readlink(
+        os.path.join(ckpt, "current"))]  # one slot: the previous ones went once it was current
 
 
 

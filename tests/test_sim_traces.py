@@ -48,6 +48,20 @@ def test_count_series_time_units(tmp_path):
         load_availability(p, time_unit="days")
 
 
+def test_a_header_row_naming_the_columns_is_skipped(tmp_path):
+    # issue 30: `simulate --trace` refused a count series with a `time,gpus` header
+    p = tmp_path / "h.csv"
+    p.write_text("time,gpus\n0,4\n1800,2\n")
+    tr = load_availability(p)
+    assert tr.times == (0.0, 1800.0) and tr.counts == (4, 2)
+    q = tmp_path / "e.csv"
+    q.write_text("time_ms,event,node\n0,add,a\n0,add,b\n60000,remove,a\n")
+    assert load_availability(q).counts == (2, 1)
+    (tmp_path / "only.csv").write_text("time,gpus\n")
+    with pytest.raises(ValueError, match="no data rows"):
+        load_availability(tmp_path / "only.csv")
+
+
 def test_jsonl_and_skypilot(tmp_path):
     p = tmp_path / "s.txt"
     p.write_text('[0, "add", {"nodes": ["a", "b"]}]\n[60000, "remove", {"nodes": ["a"]}]\n[120000, "DONE", {"nodes": []}]\n')

@@ -5,7 +5,8 @@ Each sub-command lives in its own module exposing ``add_arguments(parser)`` and 
 
 Bad input never ends in a traceback: argparse errors and the ``ValueError``/``FileNotFoundError``
 that input validation raises (``docs/files.md``) print one line, ``nereus <command>: error: ...``,
-on stderr and exit with status 2.
+on stderr and exit with status 2. Ctrl-C and SIGTERM print one line too (exit status 130 and 143,
+the shell's 128 + signal number) after the command's own clean-up ran.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
+import threading
 
 #: sub-command → (module, one-line help)
 COMMANDS = {
@@ -22,6 +25,21 @@ COMMANDS = {
     "transition": ("nereus.cli.transition", "transition DAG and schedule between two plans"),
     "run": ("nereus.cli.run", "RL steps on local Ray workers (fixed layouts, or --adaptive: the controller plans and replans)"),
 }
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread like Ctrl-C so every ``finally`` (workers, checkpoints) runs."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
+
+
+def _on_sigterm():
+    """SIGTERM raises :class:`Terminated` (main thread only); returns the previous handler, or None."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _raise_terminated)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -70,8 +88,18 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "_module", None):
         parser.print_help()
         return 2
+    previous = _on_sigterm()
     try:
         return int(args._module.main(args) or 0)
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM: the run's own clean-up ran; one line, no traceback
+        what = "terminated (SIGTERM)" if isinstance(e, Terminated) else "interrupted (Ctrl-C)"
+        print(f"nereus {args.command}: {what}; the workers were stopped", file=sys.stderr)
+        return 143 if isinstance(e, Terminated) else 130
+    except SystemExit as e:  # Ray's own SIGTERM handler (installed by ray.init) exits with the signal number
+        if e.code == signal.SIGTERM:
+            print(f"nereus {args.command}: terminated (SIGTERM); the workers were stopped", file=sys.stderr)
+            return 143
+        raise
     except (ValueError, FileNotFoundError) as e:  # bad input: one clear line, exit status 2
         msg = "; ".join(line.strip() for line in str(e).splitlines() if line.strip()) or type(e).__name__
         print(f"nereus {args.command}: error: {msg}", file=sys.stderr)
@@ -82,4 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         except OSError:
             pass
         return 0
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 

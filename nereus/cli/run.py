@@ -17,7 +17,15 @@ import os
 from dataclasses import replace
 
 from nereus.cli.run_adaptive import quiet_ray, run_adaptive
-from nereus.cli.run_checks import check_args, check_memory, joining, task_lengths, with_given_layouts
+from nereus.cli.run_checks import (
+    check_args,
+    check_checkpoint_dir,
+    check_memory,
+    joining,
+    task_lengths,
+    with_given_layouts,
+)
+from nereus.cli.run_save import check_save_target, save_hf
 from nereus.planner.notation import format_plan
 from nereus.workflow import workflow_for
 
@@ -62,8 +70,10 @@ def apply_scenario(args) -> None:
 def add_arguments(p) -> None:
     p.epilog = ("terms: a layout tp,pp,dp is tensor, pipeline and data parallel degrees (tp*pp*dp workers); "
                 "plans print as 'tp2 pp1 dp2 on workers 0-3'; L_tran is the predicted seconds of a transition "
-                "between plans; γ (--gamma) is the payback margin: a new plan is adopted when its saving over "
-                "the expected horizon H exceeds (1+γ)·L_tran.")
+                "between plans; γ (--gamma) is the payback margin: a new plan is adopted when it repays L_tran "
+                "within γ·H steps, L_tran / ΔL <= γ·H (ΔL: the predicted seconds saved per step; H: the steps "
+                "the plan is expected to stay useful), so a smaller γ adopts fewer changes and γ = 0 only urgent "
+                "ones (lost workers).")
     p.add_argument("--model", default="tiny", help="model preset, or a Hugging Face config.json path or directory")
     p.add_argument("--algo", "--algorithm", dest="algorithm", default="ppo", choices=["ppo", "grpo", "remax"],
                    help="RL algorithm")
@@ -117,7 +127,7 @@ def add_arguments(p) -> None:
                    help="every worker accounts its tensors against --memory-gib and fails past it (a CPU "
                         "worker's device capacity)")
     p.add_argument("--gamma", type=float, default=0.5, help="with --adaptive: the controller's payback margin γ "
-                                                            "in [0, 1]")
+                                                            "in [0, 1]: a change is adopted when L_tran / ΔL <= γ·H")
     p.add_argument("--scenario", default=None, choices=sorted(SCENARIOS),
                    help="an embedded adaptive scenario; options given on the command line win; 'elastic': "
                         + " ".join(
@@ -125,7 +135,9 @@ def add_arguments(p) -> None:
                        for k, v in SCENARIOS["elastic"].items()))
     p.add_argument("--checkpoint-dir", default=None, metavar="DIR",
                    help="with --adaptive: durable checkpoints (each worker writes its own shards with "
-                        "torch.distributed.checkpoint) go here; default: a temporary directory removed at the end")
+                        "torch.distributed.checkpoint) go here, and a final one at the end of the run; default: a "
+                        "temporary directory, removed when the run completes and kept (its path printed) when an "
+                        "error ends it")
     p.add_argument("--checkpoint-every", type=int, default=5, metavar="K",
                    help="with --adaptive: steps between durable checkpoints (one is also taken before the first "
                         "step). Checkpoints are asynchronous: at the step boundary each writing worker only copies "
@@ -137,7 +149,10 @@ def add_arguments(p) -> None:
                    help="with --adaptive: write each durable checkpoint synchronously (the step boundary waits "
                         "for every writer's files), as before asynchronous checkpoints")
     p.add_argument("--resume", action="store_true",
-                   help="with --adaptive: continue from the checkpoint in --checkpoint-dir (step, counters, state)")
+                   help="with --adaptive: continue from the checkpoint in --checkpoint-dir (step, counters, state); "
+                        "--steps N then runs N MORE steps (a checkpoint of step 7 with --steps 12 ends at step 19). "
+                        "The checkpoint is verified first (manifest checksums, model, algorithm, model-stages, "
+                        "shapes, step against the shards) and refused with a one-line reason")
     p.add_argument("--hang-timeout", type=float, default=10.0,
                    help="with --adaptive: seconds a worker may leave a heartbeat unanswered before it is "
                         "declared hung, killed and recovered from")
@@ -160,7 +175,8 @@ def add_arguments(p) -> None:
     p.add_argument("--max-prompt-len", type=int, default=256, help="with --data: longer prompts keep their last "
                                                                     "tokens")
     p.add_argument("--save", default=None, metavar="DIR",
-                   help="write the trained actor (and critic, DIR/critic) as Hugging Face directories at the end")
+                   help="write the trained actor (and critic, DIR/critic) as Hugging Face directories at the end (also "
+                        "with --adaptive and --async); DIR must not be an existing file or the --model directory")
     # asynchronous RL (nereus.cli.run_async): --async, --staleness
     from nereus.cli.run_async import add_async_arguments
 
@@ -169,6 +185,8 @@ def add_arguments(p) -> None:
 
 def main(args) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # Ray's C++ failure-signal handler prints a stack for SIGTERM and aborts; the CLI ends in one line
+    os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
     apply_scenario(args)
     check_args(args)
     if args.asynchronous or args.staleness != 1:  # --async: nereus.cli.run_async
@@ -180,6 +198,7 @@ def main(args) -> int:
     from nereus.spec.workload import WorkloadSpec
 
     spec = get_model(args.model)
+    check_save_target(args.save, spec, args.model)
     data_task = _data_task(args, spec) if args.data else None
     if data_task is not None:  # workers mask the left padding of the dataset's prompts
         spec = replace(spec, extra={**spec.extra, "pad_id": data_task.tokenizer.pad_id})
@@ -199,6 +218,7 @@ def main(args) -> int:
                        args.zero)
     check_memory(spec, w, args.workers + joining(args), args.memory_gib, plan, args.precision or "fp32",
                  0.0 if args.enforce_memory else None)
+    check_checkpoint_dir(args, spec, w)
     if not args.verbose:
         quiet_ray()
 
@@ -228,7 +248,7 @@ def main(args) -> int:
                   flush=True)
         meas = driver.measurements()
         if args.save:
-            _save(driver, args.save)
+            save_hf(driver, args.save)
     finally:
         driver.close()
     _memory_report(spec, w, plan, args, meas, first if args.steps > 1 else None)
@@ -260,17 +280,6 @@ def _data_task(args, spec):
     return DataTask(args.data, HFTokenizer(spec.checkpoint), response_len=args.response_len,
                     prompt_key=args.prompt_key, answer_key=args.answer_key, max_prompt_len=args.max_prompt_len,
                     seed=args.seed)
-
-
-def _save(driver, directory: str) -> None:
-    """Write replica 0 of actor.train (and critic.train) as Hugging Face directories."""
-    for ms, sub in (("actor.train", ""), ("critic.train", "critic")):
-        if ms not in driver.layouts:
-            continue
-        d = os.path.join(directory, sub) if sub else directory
-        lay = driver.layouts[ms]
-        n = sum(driver._get([driver.workers[i].save_hf.remote(ms, d) for i in lay.replica(0)], f"saving {ms}"))
-        print(f"wrote {ms} to {d} ({n / 1e6:.1f} MB)")
 
 
 def _memory_report(spec, w, plan, args, meas, first=None) -> None:

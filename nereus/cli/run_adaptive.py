@@ -37,6 +37,10 @@ def run_adaptive(args, spec, w, task, cfg, run_class=None, **extra) -> int:
         hang_timeout_s=args.hang_timeout, resume=args.resume, address=args.address, **extra)
     if args.verbose:
         print(f"device model: {run.job.cluster.gpu.source}")
+    if getattr(args, "save", None):  # the trained weights, written before the workers stop
+        from nereus.cli.run_save import save_hf
+
+        run.on_end = lambda driver: save_hf(driver, args.save)
     history = run.run(args.steps)
     _summary(history, run)
     if args.plot and history:

@@ -75,6 +75,9 @@ def main_async(args) -> int:
 
     check_async_args(args)
     spec = get_model(args.model)
+    from nereus.cli.run_save import check_save_target
+
+    check_save_target(args.save, spec, args.model)
     plen, rlen = task_lengths(args.task, args.digits)
     w = WorkloadSpec(algorithm=args.algorithm, prompts_per_step=args.prompts, samples_per_prompt=args.samples,
                      prompt_len=plen, response_len=rlen, mini_batch_size=args.mini_batch,
@@ -90,7 +93,10 @@ def main_async(args) -> int:
                    device_capacity=int(args.memory_gib * 2**30) if getattr(args, "enforce_memory", False) else 0,
                    **extra)
     if args.adaptive:
+        from nereus.cli.run_checks import check_checkpoint_dir
+
         check_memory(spec, w, args.workers, args.memory_gib, None)
+        check_checkpoint_dir(args, spec, w)
         if not args.verbose:
             quiet_ray()
         return _adaptive_async(args, spec, w, task, cfg)
@@ -120,6 +126,10 @@ def main_async(args) -> int:
             print(" ".join(f"{k}={m[k]:.4f}" if isinstance(m[k], float) else f"{k}={m[k]}" for k in keys if k in m),
                   flush=True)
         meas = driver.measurements()
+        if args.save:
+            from nereus.cli.run_save import save_hf
+
+            save_hf(driver, args.save)
     finally:
         driver.close()
     from nereus.runtime.run.device_model import cpu_gpu_spec

@@ -13,7 +13,7 @@ from nereus.runtime.run.schedules import parse_digits_schedule, parse_schedule_i
 from nereus.workflow import workflow_for
 
 __all__ = ["check_args", "check_pool_schedule", "check_memory", "parse_layouts", "with_given_layouts",
-           "task_lengths", "joining"]
+           "task_lengths", "joining", "check_checkpoint_dir", "checkpoint_bytes"]
 
 
 def check_args(args) -> None:
@@ -59,6 +59,9 @@ def check_args(args) -> None:
         raise ValueError("--resume needs --checkpoint-dir DIR (the checkpoint to continue from)")
     if args.resume and not os.path.exists(os.path.join(args.checkpoint_dir, "current", "driver.json")):
         raise ValueError(f"--resume: no checkpoint in {args.checkpoint_dir!r} (current/driver.json missing)")
+    if args.notice and not args.pool_schedule:
+        raise ValueError("--notice announces the departures of --pool-schedule; without --pool-schedule no worker "
+                         "leaves (add --pool-schedule STEP:-N or drop --notice)")
     if args.digits_schedule:
         if not args.adaptive:
             raise ValueError("--digits-schedule needs --adaptive")
@@ -195,3 +198,42 @@ def joining(args) -> int:
     if not (args.adaptive and args.pool_schedule):
         return 0
     return sum(max(dn, 0) for _, _, dn in parse_schedule_items(args.pool_schedule))
+
+
+def checkpoint_bytes(spec, w, precision: str = "fp32") -> int:
+    """Bytes of one durable checkpoint of the job: every model-stage's parameters (4 B each in fp32,
+    2 B in bf16) and, for a trainable one, Adam's two fp32 moments (8 B) and in bf16 the fp32 master
+    (4 B) (``durable/worker_side.py`` saves exactly these kinds, without vocab padding)."""
+    from nereus.runtime.model.sharding import param_shapes
+
+    total = 0
+    for ms in workflow_for(w).model_stages:
+        s = spec if ms.model in ("actor", "reference") else spec.value_head()
+        n = 0
+        for shape, _ in param_shapes(s).values():
+            k = 1
+            for x in shape:
+                k *= x
+            n += k
+        per = (2 if precision == "bf16" else 4) + ((8 + (4 if precision == "bf16" else 0)) if ms.trainable else 0)
+        total += n * per
+    return total
+
+
+def check_checkpoint_dir(args, spec, w) -> None:
+    """Before Ray starts, with ``--adaptive``: ``--checkpoint-dir`` can be written and has room for two
+    checkpoints (the new one is complete before the old one goes); with ``--resume``, the checkpoint
+    there passes every integrity check against this job (``durable/integrity.py``: manifest, model,
+    algorithm, model-stages, shapes, step against the shards).
+
+    Raises:
+        ValueError: one line naming the directory and the reason.
+    """
+    from nereus.runtime.durable import store
+    from nereus.runtime.durable.integrity import job_identity, verify_checkpoint
+
+    if not args.adaptive or not args.checkpoint_dir:
+        return
+    if args.resume:
+        verify_checkpoint(store.current_dir(args.checkpoint_dir), job_identity(spec, w))
+    store.check_writable(args.checkpoint_dir, 2 * checkpoint_bytes(spec, w, args.precision or "fp32"))

@@ -410,6 +410,8 @@ def load_availability(path: str | Path, time_unit: str | None = None) -> Availab
     else:
         rows = [(i, [c.strip() for c in r]) for i, r in enumerate(csv.reader(text.splitlines()), 1)
                 if r and any(c.strip() for c in r)]
+        if rows and not any(c.lstrip("+-").replace(".", "", 1).isdigit() for c in rows[0][1]):  # a header: time,gpus
+            rows = rows[1:]
         if not rows:
             raise ValueError(f"trace file {str(p)!r} has no data rows")
         first = rows[0][1]

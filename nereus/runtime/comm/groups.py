@@ -107,7 +107,8 @@ class Group:
     def _run(self, op: str, work_fn, sent_bytes: float) -> None:
         t0 = time.perf_counter()
         try:
-            work_fn().wait()
+            with self.meter.wait_in(op):
+                work_fn().wait()
         except RuntimeError as e:
             raise self._error(op, e) from e
         self.meter.add_time(f"{op}@{self.backend}", time.perf_counter() - t0)
@@ -198,7 +199,8 @@ class Group:
         """Finish an :meth:`isend`."""
         t0 = time.perf_counter()
         try:
-            handle[0].wait()
+            with self.meter.wait_in("p2p"):
+                handle[0].wait()
         except RuntimeError as e:
             raise self._error("p2p", e) from e
         self.meter.add_time(f"p2p@{self.backend}", time.perf_counter() - t0)
@@ -268,11 +270,12 @@ def new_group(store: dist.Store, name: str, members: tuple[int, ...], me: int, m
         timeout = datetime.timedelta(seconds=timeout_s)
         t0 = time.perf_counter()
         try:
-            prefixed = dist.PrefixStore(name, store)
-            if backend == "nccl":
-                pg = _nccl_group(prefixed, rank, len(members), timeout)
-            else:
-                pg = dist.ProcessGroupGloo(prefixed, rank, len(members), timeout)
+            with meter.wait_in("group_setup"):
+                prefixed = dist.PrefixStore(name, store)
+                if backend == "nccl":
+                    pg = _nccl_group(prefixed, rank, len(members), timeout)
+                else:
+                    pg = dist.ProcessGroupGloo(prefixed, rank, len(members), timeout)
         except RuntimeError as e:
             raise CommError(f"could not build group {name!r} among workers {members} within "
                             f"{timeout_s:.0f}s: {str(e)[:300]}") from e

@@ -39,6 +39,10 @@ class Meter:
     def __init__(self, capacity: int | None = None) -> None:
         self.reset()
         self._static: dict[str, int] = {}
+        # progress, for the driver's hang detection (run/faults.py): ops timed so far (never reset),
+        # and the communication this worker is waiting in now, if any (a collective or a rendezvous)
+        self.ops = 0
+        self.waiting: str | None = None
         self.capacity = capacity  # device bytes the tracked total may reach (None: unlimited)
 
     def reset(self) -> None:
@@ -57,6 +61,7 @@ class Meter:
 
     # ---------------------------------------------------------------- time and bytes
     def add_time(self, op_class: str, seconds: float) -> None:
+        self.ops = getattr(self, "ops", 0) + 1
         self.op_seconds[op_class] += seconds
         if self.current is not None:
             self.by_stage[self.current][op_class] += seconds
@@ -78,6 +83,16 @@ class Meter:
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
             self.add_time(op_class, time.perf_counter() - t0)
+
+    @contextmanager
+    def wait_in(self, what: str):
+        """Mark a block as waiting for peers (a collective, a point-to-point transfer, a group
+        rendezvous): a worker that makes no progress outside such a block is the slow one."""
+        outer, self.waiting = getattr(self, "waiting", None), what
+        try:
+            yield
+        finally:
+            self.waiting = outer
 
     @contextmanager
     def stage(self, model_stage: str):

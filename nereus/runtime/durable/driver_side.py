@@ -20,7 +20,8 @@ and counters into host memory of the save's own (a stager for ``dcp.async_save``
 ``no_dist`` and needs no process group) and returns at once; ``dcp.async_save`` writes the files
 from that copy in a background thread of the worker while training changes the engines in place.
 :func:`finish_save` waits for the writers (``WorkerCore.dcp_wait``) and only then writes
-``driver.json``, so a checkpoint directory without it is incomplete. :func:`save` is both at once.
+``driver.json`` and, last, ``manifest.json`` (every file's size and SHA-256, ``durable/integrity.py``),
+so a checkpoint directory without the manifest is incomplete. :func:`save` is both at once.
 
 **Format.** ``<directory>/<model_stage>/rank-<worker>/`` is one DCP checkpoint (``.metadata`` plus
 ``__0_0.distcp``) per saving worker, holding flat keys:
@@ -37,12 +38,15 @@ key                                          tensor
 ``<kind>/<name>/full``                       the whole tensor (replicated: norms, value head)
 ``counters``                                 int64 ``[step, update_count, version,
                                              policy_version, position]``
+``model_stage:<name>``                       int8 ``[0]``: the model-stage it belongs to
+                                             (``durable/integrity.py``)
 ===========================================  ====================================================
 
 The key alone says which part of which full tensor a piece is, so a reader in any layout finds the
 pieces it needs from each rank directory's DCP metadata (``FileSystemReader.read_metadata``) without
 knowing the layout that wrote them. ``<directory>/driver.json`` holds the driver's ``step_index``,
-``updates`` and the saved model-stages with the layout each was saved in.
+``updates``, the saved model-stages with the layout each was saved in, and the job identity
+(``integrity.job_identity``); ``<directory>/manifest.json`` every other file's size and SHA-256.
 
 **Partial reads.** A custom :class:`~torch.distributed.checkpoint.planner.LoadPlanner` asks DCP for
 the overlap of a saved piece with the new shard only (a ``ReadItem`` per overlap); DCP's file reader
@@ -138,7 +142,10 @@ def begin_save(driver, directory: str, model_stages: list[str] | None = None, ba
     for m in stages:  # pieces of an earlier save in another layout must not be read back
         shutil.rmtree(os.path.join(directory, m), ignore_errors=True)
     os.makedirs(directory, exist_ok=True)
+    from nereus.runtime.durable.integrity import job_identity
+
     meta = {"step_index": driver.step_index, "updates": driver.updates, "model_stages": stages,
+            "identity": job_identity(driver.spec, driver.workload),
             "layouts": {m: {"tp": driver.layouts[m].tp, "pp": driver.layouts[m].pp, "dp": driver.layouts[m].dp,
                             "workers": list(driver.layouts[m].workers), "replica": replica[m]} for m in stages}}
     what = "dcp save (snapshot)" if background else "dcp save"
@@ -172,11 +179,15 @@ def finish_save(driver, pending: PendingSave) -> dict:
         done = driver._get([driver.workers[w].dcp_wait.remote() for w in pending.writers],
                            "dcp save (background write)")
         res = dict(zip(pending.writers, done))
+    from nereus.runtime.durable.integrity import MANIFEST, write_manifest
+
     path = os.path.join(pending.directory, "driver.json")
     with open(path, "w") as f:
         json.dump(pending.meta, f)
+    write_manifest(pending.directory)  # last: a checkpoint without it is incomplete
     wait_s = time.perf_counter() - t0 if pending.background else 0.0
-    written = sum(r["written"] for r in res.values()) + os.path.getsize(path)
+    written = (sum(r["written"] for r in res.values()) + os.path.getsize(path)
+               + os.path.getsize(os.path.join(pending.directory, MANIFEST)))
     return {"seconds": pending.blocking_s + wait_s, "blocking_s": pending.blocking_s, "wait_s": wait_s,
             "background_s": max((r["write_s"] for r in res.values()), default=0.0) if pending.background else 0.0,
             "snapshot_s": max((r["snapshot_s"] for r in res.values()), default=0.0),

@@ -1,10 +1,11 @@
 """Durable checkpoints of an adaptive run: when they are taken, completed and swapped.
 
 :class:`CheckpointingMixin` is the part of :class:`~nereus.runtime.run.adaptive.AdaptiveRun` that owns
-the checkpoint directory: every save is written into ``<checkpoint_dir>/next`` by the workers
-(``durable.begin_save``, asynchronously unless ``checkpoint_sync``) and swapped with ``current`` only
-once every writer is done (:meth:`_complete_save`); a writer lost mid-write abandons that save and
-the previous complete checkpoint stays current. The run supplies ``driver``, ``log``, ``_inject``,
+the checkpoint directory: every save is written into a fresh slot of ``<checkpoint_dir>`` by the
+workers (``durable.begin_save``, asynchronously unless ``checkpoint_sync``) and made ``current`` with
+one rename only once every writer is done and its manifest is written (:meth:`_complete_save`,
+``durable/store.py``); a writer lost mid-write, or a write that fails (disk full, permissions),
+abandons that save with one line, and the previous complete checkpoint stays current. The run supplies ``driver``, ``log``, ``_inject``,
 ``_mark`` and ``_recover`` (fault injection, snapshots and recovery live in ``run/recovery.py``).
 """
 
@@ -16,6 +17,9 @@ import tempfile
 
 from nereus.planner.notation import format_gpus
 from nereus.runtime.durable import driver_side as durable
+from nereus.runtime.durable import store
+from nereus.runtime.durable.integrity import job_identity, verify_checkpoint
+from nereus.runtime.durable.store import write_error
 from nereus.runtime.worker.failures import WorkerFailure, WorkerLost
 
 __all__ = ["CheckpointingMixin"]
@@ -25,12 +29,22 @@ class CheckpointingMixin:
     """Checkpoint scheduling of an adaptive run (module docstring)."""
 
     def _setup_checkpoints(self) -> None:
+        """Make the checkpoint directory (a temporary one without ``checkpoint_dir``), check it can be
+        written, remove what an interrupted save left (``store.cleanup``) and, with ``resume``, verify
+        the current checkpoint against this job (``integrity.verify_checkpoint``).
+
+        Raises:
+            ValueError: one line: the directory cannot be written, or (``CheckpointRefused``) the
+                checkpoint to resume from is missing, incomplete, corrupted or another job's.
+        """
         if self.ckpt_dir is None:
             self.ckpt_dir = tempfile.mkdtemp(prefix="nereus-ckpt-")
-        elif self.resume and not os.path.exists(os.path.join(self.ckpt_dir, "current", "driver.json")):
-            raise ValueError(f"--resume: no checkpoint in {self.ckpt_dir!r} (current/driver.json missing)")
+        store.check_writable(self.ckpt_dir)
+        store.cleanup(self.ckpt_dir)
+        if self.resume:
+            verify_checkpoint(store.current_dir(self.ckpt_dir), job_identity(self.spec, self.workload))
 
-    def _save(self, force: bool = False, k: int = -1) -> None:
+    def _save(self, force: bool = False, k: int = -1, sync: bool = False) -> None:
         """A durable checkpoint of every model-stage at this boundary (``durable.begin_save``), written
         into ``<checkpoint_dir>/next`` and swapped with ``current`` only once complete
         (:meth:`_complete_save`; at once with ``checkpoint_sync``, else later, while training goes on).
@@ -38,15 +52,14 @@ class CheckpointingMixin:
         from (the checkpoint is then taken at the next boundary; the previous one stays valid)."""
         if self.resume and force:
             return  # the checkpoint we resumed from is this boundary's
-        nxt = os.path.join(self.ckpt_dir, "next")
+        nxt = store.new_slot(self.ckpt_dir, self.driver.step_index)
         began = False
         try:
             self._inject(k, "checkpoint")
             self._mark()
             self._complete_save(k)
-            shutil.rmtree(nxt, ignore_errors=True)
             began = True
-            background = not (self.ckpt_sync or force)  # the first one is complete before step 0
+            background = not (self.ckpt_sync or force or sync)  # the first one is complete before step 0
             self._pending = p = durable.begin_save(self.driver, nxt, background=background)
             if not background:
                 self._complete_save(k)
@@ -59,12 +72,18 @@ class CheckpointingMixin:
                                    "a worker was lost while it began")
             self._recover(e, k, "checkpoint save")
             return
+        except (WorkerFailure, OSError) as e:  # a write failed (disk full, permissions): the run goes on
+            if self._pending is None:
+                self._abandon_save(durable.PendingSave(nxt, [], {"step_index": self.driver.step_index}, True, 0.0),
+                                   f"write failed: {write_error(e)}")
 
     def _complete_save(self, k: int = -1) -> None:
         """Complete the save in flight, if any: wait for its writers' background writes
         (``durable.finish_save``, a monitored wait: a writer that dies or hangs is detected), write
-        ``driver.json``, then swap ``next`` and ``current``. If a writer is lost before its files are
-        complete, the save is abandoned and ``current`` (the previous complete checkpoint) stays.
+        ``driver.json`` and the manifest, then make it ``current`` with one rename (``store.commit``). If
+        a writer is lost before its files are complete, or a write fails (disk full, permissions: one
+        line in the log), the save is abandoned and ``current`` (the previous complete checkpoint)
+        stays.
 
         Called before the next save, before a transition or a restore, at the start of a recovery
         and at the end of the run.
@@ -93,15 +112,17 @@ class CheckpointingMixin:
                                           "lost before it was complete")
                     raise
                 # a worker that writes nothing was lost: the writers are still there, wait again
+            except (OSError, WorkerFailure) as e:  # a write failed: keep the previous checkpoint
+                self._abandon_save(p, f"write failed: {write_error(e)}")
+                return
         else:
             self._abandon_save(p, "workers kept failing while it completed")
             raise lost
-        cur, old = os.path.join(self.ckpt_dir, "current"), os.path.join(self.ckpt_dir, "old")
-        shutil.rmtree(old, ignore_errors=True)  # swap only once the new checkpoint is complete
-        if os.path.exists(cur):
-            os.replace(cur, old)
-        os.replace(p.directory, cur)
-        shutil.rmtree(old, ignore_errors=True)
+        try:
+            store.commit(self.ckpt_dir, p.directory)  # one rename: current -> the new slot
+        except OSError as e:
+            self._abandon_save(p, f"could not make it current: {write_error(e)}")
+            return
         self.ckpt_step = p.step_index
         self.checkpoints.append({"step": p.step_index, "background": info["background"],
                                  "blocking_s": info["blocking_s"], "snapshot_s": info["snapshot_s"],
@@ -142,7 +163,7 @@ class CheckpointingMixin:
 
     def _abandon_save(self, p: durable.PendingSave, why: str) -> None:
         """Drop a save that cannot complete: let every live worker's background write end (so no file
-        lands in ``next`` later), then remove ``next``. ``current`` is untouched."""
+        lands in its slot later), then remove the slot. ``current`` is untouched."""
         d = self.driver
         live = [w for w in d.workers if w is not None]
         try:
@@ -164,5 +185,17 @@ class CheckpointingMixin:
             self._recover(e, k, "checkpoint save")
 
     def _ckpt_path(self) -> str:
-        """The last complete durable checkpoint (``<checkpoint_dir>/current``)."""
-        return os.path.join(self.ckpt_dir, "current")
+        """The last complete durable checkpoint (``<checkpoint_dir>/current``, a link to its slot)."""
+        return store.current_dir(self.ckpt_dir)
+
+    def _drop_own_checkpoints(self, completed: bool) -> None:
+        """At the end of a run without ``checkpoint_dir``: remove the temporary checkpoint directory
+        when the run completed; when an error ended it, keep it (it is the only copy of the state
+        since the last checkpoint) and say how to resume from it."""
+        if not (self._own_ckpt and self.ckpt_dir):
+            return
+        if completed or not os.path.islink(store.current_dir(self.ckpt_dir)):
+            shutil.rmtree(self.ckpt_dir, ignore_errors=True)
+            return
+        self.log(f"the run ended early; its last checkpoint (step {self.ckpt_step}) is kept in {self.ckpt_dir}: "
+                 f"continue with --checkpoint-dir {self.ckpt_dir} --resume")

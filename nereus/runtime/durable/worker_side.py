@@ -60,9 +60,16 @@ def _dir_bytes(path: str) -> int:
 
 
 # ---------------------------------------------------------------------------------------- worker side
-def _pieces(engine, contiguous: bool = True) -> tuple[dict[str, torch.Tensor], int]:
+def _stage_of(path: str) -> str:
+    """The model-stage a rank directory belongs to: ``<directory>/<model_stage>/rank-<worker>``."""
+    return os.path.basename(os.path.dirname(os.path.normpath(path)))
+
+
+def _pieces(engine, contiguous: bool = True, stage: str | None = None) -> tuple[dict[str, torch.Tensor], int]:
     """``engine``'s own shards and counters as the flat DCP state dict (views of the live tensors;
-    with ``contiguous`` a column piece is copied to be contiguous) and its state bytes."""
+    with ``contiguous`` a column piece is copied to be contiguous) and its state bytes; with
+    ``stage``, the marker key ``model_stage:<stage>`` (``durable/integrity.py``: ``--resume`` refuses a
+    rank directory moved under another model-stage)."""
     spec, ctx = engine.spec, engine.ctx
     sd: dict[str, torch.Tensor] = {}
     state = 0
@@ -75,6 +82,8 @@ def _pieces(engine, contiguous: bool = True) -> tuple[dict[str, torch.Tensor], i
             sd[piece_key(kind, name, r.dim, r.lo, r.hi)] = t.contiguous() if contiguous else t
             state += t.numel() * t.element_size()
     sd["counters"] = torch.tensor([int(getattr(engine, k)) for k in _COUNTERS], dtype=torch.int64)
+    if stage:
+        sd[f"model_stage:{stage}"] = torch.zeros(1, dtype=torch.int8)
     return sd, state
 
 
@@ -134,7 +143,7 @@ def save_engine(engine, path: str, hook=None) -> dict:
     import torch.distributed.checkpoint as dcp
 
     t0 = time.perf_counter()
-    sd, state = _pieces(engine)
+    sd, state = _pieces(engine, stage=_stage_of(path))
     os.makedirs(path, exist_ok=True)
     dcp.save(sd, storage_writer=_writer(path, hook), no_dist=True)
     dt = time.perf_counter() - t0
@@ -153,7 +162,7 @@ def save_engine_async(engine, path: str, hook=None) -> dict:
     import torch.distributed.checkpoint as dcp
 
     t0 = time.perf_counter()
-    sd, state = _pieces(engine, contiguous=False)  # the stager's copy is contiguous
+    sd, state = _pieces(engine, contiguous=False, stage=_stage_of(path))  # the stager's copy is contiguous
     os.makedirs(path, exist_ok=True)
     fut = dcp.async_save(sd, storage_writer=_writer(path, hook), async_stager=_snapshot_stager(),
                          no_dist=True)
@@ -271,6 +280,8 @@ def load_engine(engine, path: str) -> dict:
         out["read"] += os.path.getsize(md_path)
         requests: dict[str, list] = {}
         for key in md.state_dict_metadata:
+            if key.startswith("model_stage:"):  # the marker (durable/integrity.py): nothing to load
+                continue
             if key == "counters":
                 if counters is None:
                     counters = torch.zeros(len(_COUNTERS), dtype=torch.int64)

@@ -36,7 +36,6 @@ they go.
 
 from __future__ import annotations
 
-import shutil
 from dataclasses import replace
 
 from nereus.controller import Controller, ControllerConfig, CostModelPlanner, StepReport
@@ -56,7 +55,7 @@ from nereus.runtime.run.pool import WorkerPool
 from nereus.runtime.run.recovery import RecoveryMixin
 from nereus.runtime.run.relayout import intact_replica, train_stages
 from nereus.runtime.transit.driver_side import TransitionExecutor
-from nereus.runtime.worker.failures import WorkerLost
+from nereus.runtime.worker.failures import WorkerFailure, WorkerLost
 from nereus.spec.hardware import GIB
 from nereus.spec.job import JobSpec
 from nereus.spec.model import ModelSpec
@@ -117,9 +116,12 @@ class AdaptiveRun(RecoveryMixin, CheckpointingMixin):
         self.hang_timeout_s, self.faults, self.resume = float(hang_timeout_s), dict(faults or {}), bool(resume)
         self.address = address
         self.before_step = None  # optional callable(step) run at each boundary before the step (tests)
+        self.recovery_faults: dict = {}  # {step: (point, worker, how)}: armed during that step's recovery
+        self.on_end = None  # optional callable(driver) run after the last step, before the workers stop
         self.recoveries: list[dict] = []
         self._announced: set[int] = set()
-        self.final_state: dict | None = None  # with keep_final: the gathered training state at the end
+        self.final_state: dict | None = None  # with keep_final: the training model-stages' state at the end
+        # (keep_final = "all": every model-stage's, frozen ones too)
         self.keep_final = False
         self.calib = TransitionCalibration()
         self.max_workers = num_workers + sum(max(v, 0) for v in self.schedule.values())
@@ -200,13 +202,15 @@ class AdaptiveRun(RecoveryMixin, CheckpointingMixin):
                               self.planner, transition_cost=self._transition_cost,
                               config=ControllerConfig(gamma=self.gamma))
         self.log("plan:\n" + format_plan(plan, indent="  "))
+        self._set_progress_bound()
         history: list[dict] = []
         self._setup_checkpoints()
+        ok = False
         try:
             if self.resume:
-                info = durable.restart(driver, self._ckpt_path(), Plan(candidates=tuple(driver.cands.values())))
-                self.log(f"resumed from {self.ckpt_dir} at step {driver.step_index} ({driver.updates} updates)")
-                del info
+                durable.restart(driver, self._ckpt_path(), Plan(candidates=tuple(driver.cands.values())))
+                self.log(f"resumed from {self.ckpt_dir} at step {driver.step_index} ({driver.updates} updates); "
+                         f"running {steps} more steps, to step {driver.step_index + steps}")
             end = driver.step_index + steps
             self._save(force=True)
             done: set[int] = set()  # pool and curriculum changes already applied (a restored step re-runs)
@@ -236,8 +240,14 @@ class AdaptiveRun(RecoveryMixin, CheckpointingMixin):
                 history.append(m)
                 if driver.step_index >= end and self._pending is not None:
                     self._end_save()  # the last checkpoint completes before the run ends
+                if driver.step_index >= end and not self._own_ckpt and self.ckpt_step != driver.step_index:
+                    self._save(k=driver.step_index - 1, sync=True)  # a final checkpoint at the end of the run
             if self.keep_final:  # for checks: gathered into the driver once, at the end
-                self.final_state = {n: driver.gather_logical_state(n) for n in train_stages(driver)}
+                stages = driver.layouts if self.keep_final == "all" else train_stages(driver)  # "all": frozen too
+                self.final_state = {n: driver.gather_logical_state(n) for n in stages}
+            if self.on_end is not None:
+                self.on_end(driver)
+            ok = True
         finally:
             if self._pending is not None:  # an error ended the run: let the writers finish, keep `current`
                 try:
@@ -248,8 +258,7 @@ class AdaptiveRun(RecoveryMixin, CheckpointingMixin):
             driver.close()
             if own:
                 pool.close()
-            if self._own_ckpt and self.ckpt_dir:
-                shutil.rmtree(self.ckpt_dir, ignore_errors=True)
+            self._drop_own_checkpoints(ok)
         return history
 
     def _pool_change(self, pool: WorkerPool, k: int) -> None:
@@ -349,7 +358,10 @@ class AdaptiveRun(RecoveryMixin, CheckpointingMixin):
         if intact:
             try:
                 report, why = self._live(current, target, alive, k)
-            except WorkerLost as e:  # a worker lost during the transition: roll back, replan, go on
+            except WorkerFailure as fail:  # a worker lost during the transition: roll back, replan, go on
+                e = self._classified(fail)
+                if e is None:
+                    raise
                 self._recover(e, k, "transition")
                 ev.update(source="recovered")
                 self.events.append(ev)

@@ -16,6 +16,14 @@ fault injection) is :mod:`nereus.runtime.worker.fault_tolerant`.
   The step then re-runs from its start with the same samples. Only a training model-stage that lost
   every replica falls back to the last durable checkpoint (``durable/driver_side.py``).
 
+**Slow peers.** A worker that is slow but alive answers heartbeats, so silence never catches it.
+Each heartbeat also reports whether the worker is in a compute call, how many ops it has timed
+(``Meter.ops``) and whether it waits for peers (``Meter.waiting``). When the pool has a
+``progress_bound_s`` (the adaptive run sets it to ``max(hang_timeout, 4 × the predicted step
+time)``, the cost model's ``l_step`` of the plan in effect, or the last measured step if longer), a
+worker busy outside any communication wait whose op count has not moved for that long is declared
+lost (``WorkerLost``, its ``slow`` ids), killed, and recovered from like a hung one.
+
 A worker lost in the background write of an asynchronous checkpoint (``durable.begin_save``) is
 found the same way by whatever call comes next; the run abandons that checkpoint and keeps the
 previous complete one (``AdaptiveRun._complete_save``).
@@ -27,24 +35,59 @@ import time
 
 from nereus.runtime.worker.failures import WorkerFailure, WorkerLost
 
-__all__ = ["WorkerLost", "monitored_get", "probe"]
+__all__ = ["WorkerLost", "monitored_get", "probe", "probe_info", "Progress"]
 
 
 def probe(workers: list, timeout_s: float) -> tuple[list[int], list[int]]:
     """Ping every live worker's ``control`` group; ``(dead, silent)`` ids within ``timeout_s``."""
+    dead, silent, _ = probe_info(workers, timeout_s)
+    return dead, silent
+
+
+def probe_info(workers: list, timeout_s: float) -> tuple[list[int], list[int], dict[int, dict]]:
+    """:func:`probe`, with each answering worker's heartbeat (``FaultTolerantWorker.heartbeat``:
+    ``busy``, ``ops``, ``waiting``) by id."""
     import ray
 
     refs = {w.heartbeat.options(concurrency_group="control").remote(): i for i, w in enumerate(workers)
             if w is not None}
     ready, pending = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
-    dead = []
+    dead, info = [], {}
     for r in ready:
         try:
-            ray.get(r)
+            info[refs[r]] = ray.get(r)
         except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError):
             dead.append(refs[r])
     silent = [refs[r] for r in pending]
-    return sorted(dead), sorted(silent)
+    return sorted(dead), sorted(silent), info
+
+
+class Progress:
+    """The progress check of one wait (module docstring, "Slow peers"): a worker that is busy in a
+    compute call, not waiting for peers, and has timed no op (``Meter.ops``) for ``bound_s`` seconds
+    makes no progress; its peers that wait in a collective with it would otherwise wait for the
+    communicator timeout (4x ``--timeout``, minutes)."""
+
+    def __init__(self, bound_s: float | None) -> None:
+        self.bound_s = bound_s
+        self.seen: dict[int, tuple[int, float]] = {}  # worker -> (ops, since when unchanged)
+
+    def stalled(self, info: dict[int, dict], now: float) -> dict[int, float]:
+        """``{worker: seconds without progress}`` of the workers past the bound."""
+        out = {}
+        if self.bound_s is None:
+            return out
+        for i, hb in info.items():
+            if not isinstance(hb, dict) or not hb.get("busy") or hb.get("waiting"):
+                self.seen.pop(i, None)
+                continue
+            ops = int(hb.get("ops", 0))
+            prev = self.seen.get(i)
+            if prev is None or prev[0] != ops:
+                self.seen[i] = (ops, now)
+            elif now - prev[1] > self.bound_s:
+                out[i] = now - prev[1]
+        return out
 
 
 def _cancel_all(pool, timeout_s: float) -> None:
@@ -78,11 +121,16 @@ def monitored_get(pool, futures, what: str, timeout_s: float, hang_timeout_s: fl
     hung: set[int] = set()
     detect = None
     deadline = t0 + timeout_s
+    progress = Progress(getattr(pool, "progress_bound_s", None))
+    slow: dict[int, float] = {}
     while pending:
         _, pending = ray.wait(pending, num_returns=len(pending), timeout=poll_s)
         if not pending:
             break
-        dead, silent = probe(pool.workers, hang_timeout_s)
+        dead, silent, info = probe_info(pool.workers, hang_timeout_s)
+        stalled = progress.stalled(info, time.perf_counter())
+        slow.update({i: s for i, s in stalled.items() if i not in lost})
+        silent = sorted(set(silent) | set(stalled))
         new = set(dead) | set(silent)
         if new - lost:
             detect = detect if detect is not None else time.perf_counter() - t0
@@ -114,8 +162,12 @@ def monitored_get(pool, futures, what: str, timeout_s: float, hang_timeout_s: fl
             lost |= set(dead) | set(silent)
             _cancel_all(pool, hang_timeout_s)
     if lost:
-        raise WorkerLost(f"{what}: worker(s) {sorted(lost)} lost ({'hung' if hung else 'died'}); detected after "
-                         f"{detect or 0.0:.2f}s", sorted(lost), detect or 0.0, sorted(hung))
+        how = (f"slow: no progress for {max(slow.values()):.1f}s" if slow else "hung") if hung else "died"
+        err = WorkerLost(f"{what}: worker(s) {sorted(lost)} lost ({how}); detected after {detect or 0.0:.2f}s, "
+                         f"the calls ended after {time.perf_counter() - t0:.2f}s", sorted(lost), detect or 0.0,
+                         sorted(hung))
+        err.slow, err.wait_s = sorted(slow), time.perf_counter() - t0
+        raise err
     if errors:
         raise WorkerFailure(f"{what}: {str(errors[0])[-600:]}")
     return results

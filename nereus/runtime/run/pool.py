@@ -1,7 +1,9 @@
 """A pool of Ray worker actors, one per device, and the store they rendezvous through (DESIGN.md §4.7).
 
 The driver (the controller's process) hosts the ``TCPStore``; workers connect to it as clients and
-build groups among any subset of themselves on demand. Growing or shrinking the pool needs no
+build groups among any subset of themselves on demand. The store listens on the loopback address for
+a local run and on the driver's node address for a multi-node one, never on every interface
+(:func:`host_store`; docs/runtime.md, "What listens where"). Growing or shrinking the pool needs no
 world-wide init: new workers only join the groups built after they arrive.
 """
 
@@ -12,7 +14,7 @@ import torch.distributed as dist
 
 from nereus.runtime.worker.failures import WorkerFailure
 
-__all__ = ["WorkerPool"]
+__all__ = ["WorkerPool", "host_store"]
 
 
 def _ray_get(futures, what: str, timeout: float):
@@ -26,6 +28,30 @@ def _ray_get(futures, what: str, timeout: float):
         raise WorkerFailure(f"{what}: a worker died: {str(e)[:300]}") from e
     except ray.exceptions.RayTaskError as e:
         raise WorkerFailure(f"{what}: {str(e)[-600:]}") from e
+
+
+def host_store(host: str):
+    """The job's ``TCPStore`` master, listening on ``host`` only: ``(store, listening socket)``.
+
+    ``TCPStore(host, 0, is_master=True)`` alone listens on every interface (``host`` only tells
+    clients where to connect), with no authentication, so anyone who can reach the node could read
+    and overwrite the rendezvous keys. Here the socket is bound to ``host`` first (the loopback
+    ``127.0.0.1`` for a local run; the driver's node address for a multi-node run) and handed to the
+    store (``master_listen_fd``). Keep the socket object alive as long as the store.
+
+    Raises:
+        OSError: ``host`` cannot be bound.
+    """
+    import socket
+
+    family = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0][0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, 0))
+    sock.listen(1024)
+    store = dist.TCPStore(host, sock.getsockname()[1], is_master=True, wait_for_workers=False,
+                          master_listen_fd=sock.fileno())
+    return store, sock
 
 
 def _kill_local(pid: int | None) -> None:
@@ -81,6 +107,7 @@ class WorkerPool:
         self.node_of: list[int] = []     # node index of each worker
         self.per_node = num_workers
         self.host = "127.0.0.1"
+        self.progress_bound_s: float | None = None  # seconds without progress before a busy worker is slow
 
     def start(self) -> WorkerPool:
         """Attach to (``address``) or start Ray, host the store and start the workers.
@@ -108,7 +135,7 @@ class WorkerPool:
             raise ValueError(f"{self.num_workers} workers do not split evenly over the cluster's "
                              f"{len(self.nodes)} nodes; use a multiple of {len(self.nodes)}")
         self.host = ray.util.get_node_ip_address() if self.nodes or self.address else "127.0.0.1"
-        self.store = dist.TCPStore(self.host, 0, is_master=True, wait_for_workers=False)
+        self.store, self._listen = host_store(self.host)  # listens on self.host only
         self.per_node = self.num_workers // len(self.nodes) if self.nodes else self.num_workers
         self.add(self.num_workers)
         return self

@@ -63,8 +63,34 @@ class RecoveryMixin:
             return
         self.faults[k] = (point, worker, how, "armed")
         self.driver._get([w.arm.options(concurrency_group="control").remote(point, how)], "arm a fault")
-        self.log(f"  [fault armed: worker {worker} will be {'stopped (SIGSTOP)' if how == 'stop' else 'killed'} "
-                 f"inside {point} during the {phase} of step {k}]")
+        self._log_armed(worker, how, point, f"the {phase} of step {k}")
+
+    def _log_armed(self, worker: int, how: str, point: str, where: str) -> None:
+        what = {"stop": "stopped (SIGSTOP)", "kill": "killed"}.get(how, f"slowed ({how.split(':', 1)[-1]}s asleep, "
+                                                                     "answering heartbeats)")
+        self.log(f"  [fault armed: worker {worker} will be {what} inside {point} during {where}]")
+
+    def _inject_in_recovery(self, k: int) -> None:
+        """Arm ``recovery_faults[k] = (point, worker, how)`` once, at the start of the first recovery in
+        step ``k`` (a fault during a recovery: tests and ``bench_faults.py``)."""
+        f = getattr(self, "recovery_faults", {}).get(k)
+        if not f or len(f) > 3:
+            return
+        point, worker, how = f
+        w = self.driver.workers[worker] if worker < len(self.driver.workers) else None
+        if w is None:
+            return
+        self.recovery_faults[k] = (point, worker, how, "armed")
+        self.driver._get([w.arm.options(concurrency_group="control").remote(point, how)], "arm a fault")
+        self._log_armed(worker, how, point, f"the recovery in step {k}")
+
+    def _set_progress_bound(self, measured_s: float = 0.0) -> None:
+        """The pool's progress bound (``run/faults.py``, "Slow peers"): ``max(hang_timeout_s, 4 ×
+        max(predicted step seconds, measured_s))``, the predicted ``l_step`` being the cost model's for
+        the plan in effect (the controller's estimate). A compute call that times no op for that long
+        is stalled: no single op of a step takes longer than the whole step."""
+        predicted = float(getattr(getattr(self, "ctl", None) and self.ctl.plan, "l_step", 0.0) or 0.0)
+        self.driver.pool.progress_bound_s = max(self.hang_timeout_s, 4.0 * max(predicted, float(measured_s)))
 
     def _step(self, k: int) -> dict:
         """Step ``k``, re-run from its start after a lost worker (same samples, same counters)."""
@@ -75,19 +101,80 @@ class RecoveryMixin:
                 d.reset_measurements()
                 self._poll_save(k)
                 self._inject(k, "step")
-                return d.step()
-            except WorkerLost as e:
+                m = d.step()
+                self._set_progress_bound(m.get("seconds", 0.0))
+                return m
+            except WorkerFailure as fail:  # lost, or a communicator failure a lost worker explains
+                e = self._classified(fail)
+                if e is None:
+                    raise
                 self._recover(e, k, "step")
                 k = d.step_index  # a restore from the durable checkpoint goes back further
         raise WorkerFailure(f"step {k}: workers kept failing; gave up after 4 attempts")
 
+    def _classified(self, fail: WorkerFailure) -> WorkerLost | None:
+        """A failure that is not a detected loss (a communicator error or timeout, a failed call),
+        classified: the workers now dead or silent are killed and returned as a ``WorkerLost``
+        (``faults.probe``); None when every worker answers (the failure is not a lost worker's)."""
+        from nereus.runtime.run.faults import probe
+
+        if isinstance(fail, WorkerLost):
+            return fail
+        pool = self.driver.pool
+        dead, silent = probe(pool.workers, self.hang_timeout_s)
+        if not dead and not silent:
+            return None
+        for i in dead + silent:
+            pool.remove(i, force=True)
+        lost = WorkerLost(f"{str(fail)[:200]}: worker(s) {sorted(dead + silent)} lost", sorted(dead + silent),
+                          0.0, sorted(silent))
+        lost.wait_s = None
+        return lost
+
     def _recover(self, e: WorkerLost, k: int, when: str) -> None:
+        """Recover from ``e`` (:meth:`_recover_once`); a fault during the recovery itself (a worker
+        lost, or a communicator failure or timeout, classified by :meth:`_classified`) starts it over
+        from the same boundary on the survivors; after two live attempts, or a failure no worker
+        explains, it restores the last durable checkpoint.
+
+        Raises:
+            WorkerFailure: still failing after 4 attempts (the durable checkpoint is kept).
+        """
+        force = False
+        for attempt in range(4):
+            try:
+                self._recover_once(e, k, when if attempt == 0 else f"recovery (attempt {attempt + 1}) of the {when}",
+                                   force_checkpoint=force)
+                return
+            except WorkerFailure as fail:
+                again = self._classified(fail)
+                if again is None:
+                    self.log(f"  the recovery failed ({str(fail)[:160]}); no worker was lost: restoring the durable "
+                             "checkpoint")
+                    force = True
+                    e = WorkerLost(str(fail)[:200], [], 0.0)
+                    continue
+                self.log(f"  lost worker(s) {format_gpus(again.lost)} during the recovery: recovering again")
+                again.lost = sorted(set(again.lost) | set(e.lost))  # the event names every worker lost since
+                again.hung = sorted(set(again.hung) | set(e.hung))
+                again.slow = sorted(set(getattr(again, "slow", []) or []) | set(getattr(e, "slow", []) or []))
+                e, force = again, force or attempt >= 1
+        raise WorkerFailure(f"step {k}: the recovery kept failing; gave up after 4 attempts (the durable checkpoint "
+                            f"of step {self.ckpt_step} is kept)")
+
+    def _recover_once(self, e: WorkerLost, k: int, when: str, force_checkpoint: bool = False) -> None:
         """Roll back to the boundary, replan on the survivors and move state there live (module
-        docstring); a training model-stage with no intact replica restores the last
-        durable checkpoint."""
+        docstring); a training model-stage with no intact replica (or ``force_checkpoint``) restores
+        the last durable checkpoint."""
         d, t0 = self.driver, time.perf_counter()
-        self.log(f"  lost worker(s) {format_gpus(e.lost)} during the {when} of step {k} "
-                 f"({'hung' if e.hung else 'died'}; detected in {e.detect_s:.2f}s): rolling back to the boundary")
+        if not e.lost:
+            self.log(f"  recovering from a failure during the {when} of step {k} ({str(e)[:160]})")
+        self._inject_in_recovery(k)
+        how = ("slow (no progress)" if getattr(e, "slow", None) else "hung") if e.hung else "died"
+        waited = getattr(e, "wait_s", None)
+        self.log(f"  lost worker(s) {format_gpus(e.lost)} during the {when} of step {k} ({how}; detected in "
+                 f"{e.detect_s:.2f}s" + (f", its calls ended after {waited:.2f}s" if waited is not None else "")
+                 + "): rolling back to the boundary")
         try:  # a save in flight: complete it if its writers survived (a restore may read it), else drop it
             self._complete_save(k)
         except WorkerLost as again:
@@ -109,9 +196,10 @@ class RecoveryMixin:
             target = self._first_plan(usable)
         target = self._legal(d, target)
         ev = {"step": k, "when": "recovery", "kind": "recovery", "reason": str(e), "lost": e.lost,
-              "detect_s": e.detect_s, "hung": e.hung}
+              "detect_s": e.detect_s, "hung": e.hung, "slow": list(getattr(e, "slow", []) or []),
+              "attempt": when}
         est = None
-        if not lost_train:
+        if not lost_train and not force_checkpoint:
             try:
                 est = estimate_transition(self.calib.apply(self.job_at(self.last_len)), bplan, target, alive,
                                           params=self.calib.params())
@@ -123,6 +211,7 @@ class RecoveryMixin:
             self.log(f"  recovered live on workers {format_gpus(alive)}: {rep.summary()}; step {k} re-runs")
         else:
             why = (f"{', '.join(lost_train)} lost every replica" if lost_train else
+                   "the live recovery failed" if force_checkpoint else
                    (est.reason if est is not None else "no live path from the boundary plan"))
             d._get([d.workers[i].transition_end.remote("") for i in sorted(alive)], "drop units")
             info = durable.restart(d, self._ckpt_path(), target)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import contextmanager
 
 from nereus.runtime.transit.plans import UnitMeta
 from nereus.runtime.transit.worker_side import Unit
@@ -51,8 +52,18 @@ class FaultTolerantWorker(WorkerCore):
         self._moved_on = threading.Event()  # set by every call after a dcp_save (fault timing)
 
     def heartbeat(self) -> dict:
-        """Answered in the ``control`` concurrency group, even while the worker is in a collective."""
-        return {"worker": self.id, "pid": os.getpid(), "time": time.time()}
+        """Answered in the ``control`` concurrency group, even while the worker is in a collective.
+
+        Returns:
+            ``{"worker", "pid", "time", "busy": the compute call running (its method name) or None,
+            "ops": ops timed so far (``Meter.ops``: every GEMM, attention and collective), "waiting":
+            the communication it waits in now (``Meter.waiting``) or None}``: the driver's progress
+            check (``run/faults.py``) declares a worker that is busy, not waiting for peers, and has
+            timed no op for its bound slow, and recovers from it as from a hung one.
+        """
+        busy = getattr(self, "_busy", None)
+        return {"worker": self.id, "pid": os.getpid(), "time": time.time(), "busy": busy,
+                "ops": int(getattr(self.meter, "ops", 0)), "waiting": getattr(self.meter, "waiting", None)}
 
     def snapshot(self) -> list[str]:
         """Copy every engine's state into local memory as the rollback point (module docstring).
@@ -95,7 +106,9 @@ class FaultTolerantWorker(WorkerCore):
     # ------------------------------------------------------------------ fault injection
     def arm(self, method: str, how: str = "kill", skip: int = 0) -> None:
         """Fail inside the next call of ``method`` (after ``skip`` calls of it): ``kill`` exits the
-        process, ``stop`` SIGSTOPs it (a hang nothing answers). Its peers are then in the middle of
+        process, ``stop`` SIGSTOPs it (a hang nothing answers), ``slow:<seconds>`` sleeps that long
+        while still answering heartbeats (a slow but alive peer), ``late:<seconds>`` exits that long
+        after the call began (a second fault a moment after another). Its peers are then in the middle of
         the same collective phase (tests and ``benchmarks/bench_faults.py``).
 
         Raises:
@@ -103,8 +116,8 @@ class FaultTolerantWorker(WorkerCore):
         """
         if method not in FAULT_POINTS:
             raise ValueError(f"fault point {method!r} is not one of {FAULT_POINTS}")
-        if how not in ("kill", "stop"):
-            raise ValueError(f"fault 'how' must be 'kill' or 'stop', got {how!r}")
+        if how not in ("kill", "stop") and not how.startswith(("slow:", "late:")):
+            raise ValueError(f"fault 'how' must be 'kill', 'stop', 'slow:<seconds>' or 'late:<seconds>', got {how!r}")
         self._armed = (method, how, int(skip))
 
     def cancel(self) -> None:
@@ -126,11 +139,25 @@ class FaultTolerantWorker(WorkerCore):
 
     @staticmethod
     def _fire(how: str) -> None:
+        if how.startswith(("slow:", "late:")):
+            time.sleep(float(how.split(":", 1)[1]))
+            if how.startswith("slow:"):
+                return
         if how == "stop":
             import signal
 
             os.kill(os.getpid(), signal.SIGSTOP)
         os._exit(1)
+
+    @contextmanager
+    def _compute(self, method: str):
+        """A compute call: its fault point fires inside it, and the heartbeat reports it as busy."""
+        self._busy = method
+        try:
+            self._trip(method)
+            yield
+        finally:
+            self._busy = None
 
     def _trip(self, method: str) -> None:
         self._moved_on.set()
@@ -141,24 +168,24 @@ class FaultTolerantWorker(WorkerCore):
             self._fire(how)
 
     def generate(self, *a, **k):
-        self._trip("generate")
-        return super().generate(*a, **k)
+        with self._compute("generate"):
+            return super().generate(*a, **k)
 
     def logprobs(self, *a, **k):
-        self._trip("logprobs")
-        return super().logprobs(*a, **k)
+        with self._compute("logprobs"):
+            return super().logprobs(*a, **k)
 
     def values(self, *a, **k):
-        self._trip("values")
-        return super().values(*a, **k)
+        with self._compute("values"):
+            return super().values(*a, **k)
 
     def train_fields(self, *a, **k):
-        self._trip("train_fields")
-        return super().train_fields(*a, **k)
+        with self._compute("train_fields"):
+            return super().train_fields(*a, **k)
 
     def sync_weights(self, *a, **k):
-        self._trip("sync_weights")
-        return super().sync_weights(*a, **k)
+        with self._compute("sync_weights"):
+            return super().sync_weights(*a, **k)
 
     def transition_run(self, *a, **k):
         self._trip("transition_run")
