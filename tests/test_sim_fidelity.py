@@ -14,7 +14,8 @@ from nereus.sim.cluster import SimulatedCluster, Truth, unmodelled
 from nereus.sim.growth import growth_scenario
 from nereus.sim.policies import ElasticPolicy, make_policy, restart_pays
 from nereus.sim.restart import RestartCost
-from nereus.sim.traces import AvailabilityTrace, LengthTrace, infer_time_unit, load_availability
+from nereus.sim.trace_formats import infer_time_unit
+from nereus.sim.traces import AvailabilityTrace, LengthTrace, load_availability
 from nereus.spec.hardware import ClusterSpec, get_gpu
 from nereus.spec.job import JobSpec
 from nereus.spec.plan import StageEstimate

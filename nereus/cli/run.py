@@ -91,6 +91,11 @@ def add_arguments(p) -> None:
     p.add_argument("--kl-coef", type=float, default=0.0,
                    help="weight of the KL penalty against the reference model (0: none)")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of rollouts (> 0)")
+    p.add_argument("--rollout", default="builtin", choices=["builtin", "vllm"],
+                   help="generation engine of actor.generate: the runtime's KV-cache decode loop, or one vLLM "
+                        "engine per replica with its TP (needs vllm: docs/runtime.md, 'Generating with vLLM')")
+    p.add_argument("--vllm-kv-mib", type=int, default=256, metavar="MIB",
+                   help="with --rollout vllm: KV cache each engine pre-allocates (vLLM's kv_cache_memory_bytes)")
     p.add_argument("--reward-model", action="store_true", help="score with a reward model stage")
     p.add_argument("--layout", action="append", default=[], metavar="STAGE=TP,PP,DP",
                    help="layout of one model-stage, e.g. actor.train=2,1,2 (repeatable); default: "
@@ -223,7 +228,8 @@ def main(args) -> int:
 
     task = data_task or DigitTask(args.task, args.digits, seed=args.seed)
     cfg = RLConfig(temperature=args.temperature, actor_lr=args.lr, critic_lr=args.lr, kl_coef=args.kl_coef,
-                   seed=args.seed, timeout_s=args.timeout, precision=args.precision,
+                   seed=args.seed, timeout_s=args.timeout, precision=args.precision, rollout=args.rollout,
+                   vllm={"kv_cache_bytes": args.vllm_kv_mib << 20},
                    device_capacity=int(args.memory_gib * 2**30) if args.enforce_memory else 0)
     if args.adaptive:
         return run_adaptive(args, spec, w, task, cfg)
@@ -291,5 +297,6 @@ def _memory_report(spec, w, plan, args, meas, first=None) -> None:
     print(mr.format_rows(meas["memory_vs_predicted"]))
     print(mr.format_workers(meas["workers_vs_predicted"]))
     print(mr.format_moves(meas["moves_vs_predicted"]))
+    print(mr.generation_line(cost, plan, meas, args.steps, args.rollout))
 
 

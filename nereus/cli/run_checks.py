@@ -32,6 +32,11 @@ def check_args(args) -> None:
         if not (v > lo if strict else v >= lo) or v != v or v == float("inf"):
             raise ValueError(f"--{opt.replace('_', '-')} must be a finite number {'>' if strict else '>='} {lo:g}, "
                              f"got {v}")
+    if getattr(args, "rollout", "builtin") == "vllm":
+        if args.asynchronous or args.staleness != 1:
+            raise ValueError("--rollout vllm runs synchronous RL only; drop --async/--staleness")
+        if args.vllm_kv_mib < 1:
+            raise ValueError(f"--vllm-kv-mib must be >= 1, got {args.vllm_kv_mib}")
     if not 0.0 <= args.gamma <= 1.0:
         raise ValueError(f"--gamma must be in [0, 1], got {args.gamma}")
     if args.json:

@@ -43,6 +43,10 @@ MODEL_PRESETS: dict[str, ModelSpec] = {
     "tiny": _preset("tiny", hidden_size=64, intermediate_size=128, num_layers=4, num_attention_heads=4,
                     num_kv_heads=2, head_dim=16, vocab_size=64, rope_theta=10000.0,
                     max_position_embeddings=256, rms_norm_eps=1e-5),
+    # The tiny model with vLLM's head size (vLLM's CPU attention refuses head_dim 16): --rollout vllm on CPU
+    "tiny-d64": _preset("tiny-d64", hidden_size=256, intermediate_size=512, num_layers=4, num_attention_heads=4,
+                        num_kv_heads=2, head_dim=64, vocab_size=64, rope_theta=10000.0,
+                        max_position_embeddings=256, rms_norm_eps=1e-5),
     # A small Llama for CPU runs where compute should dominate communicator setup (the adaptive
     # scenario): 8 layers, 8 query / 4 KV heads, about 4.7M parameters.
     "small": _preset("small", hidden_size=256, intermediate_size=512, num_layers=8, num_attention_heads=8,

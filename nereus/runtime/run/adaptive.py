@@ -46,6 +46,7 @@ from nereus.planner.notation import format_gpus, format_plan
 from nereus.runtime.durable import driver_side as durable
 from nereus.runtime.durable.scheduling import CheckpointingMixin
 from nereus.runtime.rl.task import DigitTask
+from nereus.runtime.run import vllm_driver as vd
 from nereus.runtime.run.config import RLConfig
 from nereus.runtime.run.device_model import cpu_gpu_spec, runtime_job
 from nereus.runtime.run.driver import RLDriver
@@ -291,7 +292,8 @@ class AdaptiveRun(RecoveryMixin, CheckpointingMixin):
             e = estimate_transition(self.calib.apply(job), current, target, pool, params=self.calib.params())
         except ValueError:
             return bandwidth_estimate(job, current, target, pool)
-        return TransitionCost(float(e.l_tran), bool(e.feasible), float(e.bytes_moved), "dag", e.reason)
+        return TransitionCost(float(e.l_tran) + vd.start_term(self, current, target), bool(e.feasible),
+                              float(e.bytes_moved), "dag", e.reason)  # + vLLM's engine start (run/vllm_driver.py)
 
     def _set_digits(self, digits: int, k: int) -> None:
         """Switch the task to ``digits``-digit problems before step ``k`` (longer prompts and responses)."""
@@ -389,7 +391,10 @@ class AdaptiveRun(RecoveryMixin, CheckpointingMixin):
             return ev
         before = d.step_index
         d._get([w.transition_end.remote("") for w in d.workers if w is not None], "drop units")
+        vd.stop_vllm_engines(d)  # --rollout vllm: the engines restart in the target layout after the load
         info = durable.restart(d, self._ckpt_path(), target)
+        if vd.start_vllm_engines(d):
+            self.log(f"  vLLM engines restarted: start {max(d.vllm_info['start_s']):.1f}s")
         self.ctl.resume(self.planner.estimate(self.job_at(self.last_len), target, alive))
         ev.update(source="checkpoint", seconds=info["seconds"], steps_lost=before - d.step_index,
                   plan=format_plan(target))
@@ -417,6 +422,9 @@ class AdaptiveRun(RecoveryMixin, CheckpointingMixin):
         self._mark()
         self._complete_save(k)  # the transition changes the workers: the save in flight completes first
         self._inject(k, "transition")
+        restart = vd.begin_relayout(self, current, target)  # vLLM: the old engines stop, new ones start after
         report = TransitionExecutor(self.driver).execute(est, target)
         self.calib.observe(report.primitives)
+        if restart is not None:
+            report.engine_start = vd.finish_relayout(self, restart, report)
         return report, None

@@ -8,7 +8,10 @@ import torch
 
 from nereus.runtime.model.precision import PRECISIONS
 
-__all__ = ["RLConfig", "default_precision"]
+__all__ = ["RLConfig", "default_precision", "ROLLOUTS"]
+
+#: rollout engines of ``actor.generate``
+ROLLOUTS = ("builtin", "vllm")
 
 
 @dataclass(frozen=True)
@@ -37,9 +40,13 @@ class RLConfig:
     seed: int = 0
     timeout_s: float = 60.0
     precision: str | None = "fp32"
+    rollout: str = "builtin"  # the generation engine: builtin (worker/rollout.py) or vllm (worker/vllm_engine.py)
+    vllm: dict | None = None  # vLLM engine options (worker/vllm_engine.py VllmOptions)
     device_capacity: int = 0  # bytes of device memory each worker may account (0: unlimited)
 
     def __post_init__(self) -> None:
+        if self.rollout not in ROLLOUTS:
+            raise ValueError(f"rl field 'rollout' must be one of {ROLLOUTS}, got {self.rollout!r}")
         if self.precision is None:  # the device's default: bf16 where CUDA supports it, else fp32
             object.__setattr__(self, "precision", default_precision())
         if self.precision not in PRECISIONS:

@@ -27,6 +27,7 @@ from nereus.runtime.comm.parallel import Layout
 from nereus.runtime.model.sharding import validate_layout
 from nereus.runtime.rl import algorithms as alg
 from nereus.runtime.rl.task import DigitTask
+from nereus.runtime.run import vllm_driver as vd
 from nereus.runtime.run.config import RLConfig
 from nereus.runtime.run.features import check_runtime_features
 from nereus.runtime.run.pool import WorkerPool, _ray_get
@@ -178,7 +179,7 @@ class RLDriver:
                                                     precision=self.cfg.precision, zero=c.zero, offload=c.offload)
                        for i in lay.workers],
                       f"building {ms.name}")
-        return self
+        return vd.started(self)  # with --rollout vllm, actor.generate's vLLM engines (run/vllm_driver.py)
 
     def publish_precision(self) -> None:
         """Write the run's precision into the pool's TCPStore (``worker.PRECISION_KEY``), where workers
@@ -191,7 +192,7 @@ class RLDriver:
 
     def close(self) -> None:
         """Drop this run's engines (and stop the pool if this driver started it)."""
-        if getattr(self, "_own_pool", False):
+        if vd.stop_vllm_engines(self) or getattr(self, "_own_pool", False):  # vLLM engines stop first
             self.pool.close()
         elif self.workers:
             try:
@@ -250,7 +251,7 @@ class RLDriver:
         out = self._per_replica("actor.generate", "generate", [prompts, seeds], self.R, self.cfg.temperature,
                                 greedy, self.task.tokenizer.eos_id, self.task.tokenizer.pad_id,
                                 self.cands["actor.generate"].concurrency, out_at="first")
-        return torch.cat(out)
+        return vd.rollout_tokens(self, out, greedy)  # vLLM engines also answer their log-probs
 
     def _submit_scores(self, tokens: torch.Tensor, P: int):
         if "reward.infer" in self.layouts:
@@ -283,7 +284,7 @@ class RLDriver:
             prompts, idx, rep, rep_idx, resp, self.task,
             lambda: self._generate(prompts, [0] * Pn, greedy=True))
         metrics.update(self._train(batch, prompts.shape[1], kl_in_loss))
-        self._sync()
+        metrics.update(vd.step_metrics(self, batch, self._sync()))  # vLLM: engine log-probs vs actor.infer's
         self.step_index += 1
         metrics["seconds"] = time.perf_counter() - t0
         return metrics
@@ -388,7 +389,7 @@ class RLDriver:
                              for m in members]
         res = self._get(futs, "weight sync")
         self.last_sync = {k: sum(r[k] for r in res) for k in ("sent", "recv")}
-        return self.last_sync
+        return vd.note_sync(self, res)  # also what the pushes into vLLM engines moved
 
     # ------------------------------------------------------------------ checks and measurements
     def gather_logical_state(self, model_stage: str, replica: int = 0) -> dict:

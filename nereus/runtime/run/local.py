@@ -34,8 +34,12 @@ def _child(i: int, port: int, group_timeout_s: float, fn, args, q) -> None:
         raise SystemExit(1) from None
 
 
-def run_local(n: int, fn, args: tuple = (), timeout_s: float = 120.0, group_timeout_s: float = 20.0) -> list:
+def run_local(n: int, fn, args: tuple = (), timeout_s: float = 120.0, group_timeout_s: float = 20.0,
+              daemon: bool = True) -> list:
     """Results of ``fn(core, *args)`` on workers ``0..n-1``, in worker order.
+
+    ``daemon=False`` lets the workers start processes of their own (a vLLM engine does); they are
+    still terminated when the run ends or fails.
 
     Raises:
         ValueError: ``n < 1``.
@@ -46,7 +50,7 @@ def run_local(n: int, fn, args: tuple = (), timeout_s: float = 120.0, group_time
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    procs = [ctx.Process(target=_child, args=(i, store.port, group_timeout_s, fn, args, q), daemon=True)
+    procs = [ctx.Process(target=_child, args=(i, store.port, group_timeout_s, fn, args, q), daemon=daemon)
              for i in range(n)]
     for p in procs:
         p.start()

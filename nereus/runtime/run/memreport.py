@@ -14,7 +14,8 @@ without the per-GPU workspace constant (CUDA context, NCCL buffers), which a CPU
 
 from __future__ import annotations
 
-__all__ = ["memory_rows", "format_rows", "move_rows", "format_moves", "worker_rows", "format_workers"]
+__all__ = ["memory_rows", "format_rows", "move_rows", "format_moves", "worker_rows", "format_workers",
+           "generation_line"]
 
 
 def memory_rows(cost, plan, measurements: dict) -> list[dict]:
@@ -56,6 +57,17 @@ def format_rows(rows: list[dict]) -> str:
         out.append(f"  {r['model_stage']:<16} measured {r['measured'] / 1e6:9.1f}  predicted "
                    f"{r['predicted'] / 1e6:9.1f}  measured/predicted {ratio}")
     return "\n".join(out)
+
+
+def generation_line(cost, plan, measurements: dict, steps: int, rollout: str) -> str:
+    """The generation stage's seconds per step, the cost model's prediction (``estimate_candidate`` of
+    ``actor.generate``: decode with vLLM-style fused attention, plus its side of the weight sync) against
+    the measured ``stage_seconds`` (the slowest worker, averaged over ``steps``), for the engine used."""
+    c = plan["actor.generate"]
+    pred = cost.estimate_candidate(c).time
+    meas = measurements.get("stage_seconds", {}).get("actor.generate", 0.0) / max(steps, 1)
+    return (f"actor.generate ({rollout} engine): predicted {pred:.3f}s per step, measured {meas:.3f}s "
+            f"(ratio {meas / pred if pred > 0 else float('nan'):.2f})")
 
 
 def move_rows(cost, plan, measurements: dict, steps: int, updates_per_step: int, first: dict | None = None) -> dict:

@@ -27,6 +27,7 @@ from nereus.runtime.worker.device import inventory, resolve_dtype, select_device
 from nereus.runtime.worker.engine import AdamConfig, Engine
 from nereus.runtime.worker.memory_pool import MemoryPools
 from nereus.runtime.worker.rollout import generate
+from nereus.runtime.worker.vllm_worker import VllmWorkerMixin
 from nereus.runtime.worker.zero import make_engine
 from nereus.spec.model import ModelSpec
 
@@ -41,8 +42,9 @@ def _cpu(x):
     return None if x is None else x.cpu()
 
 
-class WorkerCore(CheckpointCallsMixin):
-    """Holds the store connection, the meter and one :class:`Engine` per model-stage placed here.
+class WorkerCore(CheckpointCallsMixin, VllmWorkerMixin):
+    """Holds the store connection, the meter and one :class:`Engine` per model-stage placed here
+    (and, with ``--rollout vllm``, the vLLM engines of generation model-stages: ``vllm_worker.py``).
 
     Args:
         worker_id: this worker's id (its device index in plans).
@@ -152,7 +154,11 @@ class WorkerCore(CheckpointCallsMixin):
                  temperature: float = 1.0, greedy: bool = False, eos_id: int = 2, pad_id: int = 0,
                  concurrency: int = 0):
         """Responses ``[B, R]`` for this replica's prompts ``[B, P]``, in waves of at most
-        ``concurrency`` sequences (0: all at once), as a KV-cache budget requires."""
+        ``concurrency`` sequences (0: all at once), as a KV-cache budget requires. A model-stage served
+        by vLLM (:meth:`build_vllm`) returns ``(responses, log-probs)`` from its engine instead."""
+        if self.serves_vllm(model_stage):
+            return self.vllm_generate(model_stage, prompts, seeds, max_new_tokens, temperature, greedy, eos_id,
+                                      pad_id)
         with self.meter.stage(model_stage):
             e = self._engine(model_stage)
             wave = concurrency if concurrency > 0 else prompts.shape[0]
@@ -255,6 +261,8 @@ class WorkerCore(CheckpointCallsMixin):
                         w.copy_(mine.tensors["params"][n])
                 d_eng.version += 1
                 d_eng.policy_version = int(policy_version)
+        if self.serves_vllm(dst):  # served by vLLM: hand the new shards over
+            out["vllm"] = self.vllm_push(dst)
         return out
 
     # ------------------------------------------------------------------ live transitions (transit.py)

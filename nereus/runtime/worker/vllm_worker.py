@@ -1,0 +1,150 @@
+"""The worker-side half of ``--rollout vllm``: a generation EMU served by a vLLM engine.
+
+:class:`VllmWorkerMixin` (a base of ``WorkerCore``) keeps, per generation model-stage, the vLLM engine
+(``worker/vllm_engine.py``) on TP rank 0 of each replica. The runtime's own engine of that
+model-stage stays on every rank as the weight-sync *receiver*: ``WorkerCore.sync_weights`` moves into
+it, rank-aligned, only the pieces each rank lacks (``transit/plans.py``), and :meth:`vllm_push` then
+hands each rank's shard to the vLLM rank of the same TP index (``worker/vllm_ext.py``): rank ``t``
+writes ``rank-<t>.safetensors`` into the replica's hand-off directory (memory-backed ``/dev/shm``)
+and says so in the job's TCPStore, and TP rank 0, once every rank's file is there, asks every vLLM rank to copy its own file in
+(``collective_rpc``). So each vLLM rank receives its own shard and no process gathers the model.
+
+Measured per push (returned and kept in :attr:`vllm_syncs`): bytes written by this rank, bytes the
+engine ranks read, the write, barrier and load seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+__all__ = ["VllmWorkerMixin", "handoff_dir"]
+
+
+def handoff_dir(tag: str, model_stage: str, replica: int) -> str:
+    """The hand-off directory of one replica's weight pushes (the same path on every rank)."""
+    from nereus.runtime.worker.vllm_engine import HANDOFF_ROOT
+
+    return os.path.join(HANDOFF_ROOT, f"nereus-vllm-{tag}-{model_stage}-d{replica}")
+
+
+class VllmWorkerMixin:
+    """vLLM engines of this worker (TP rank 0 of a generation replica holds one)."""
+
+    def _vllm(self) -> dict:
+        if not hasattr(self, "_vllm_engines"):
+            self._vllm_engines, self._vllm_tags, self.vllm_syncs = {}, {}, []
+        return self._vllm_engines
+
+    def serves_vllm(self, model_stage: str) -> bool:
+        """Whether ``model_stage`` is served by vLLM on this worker's replica (every TP rank says yes)."""
+        self._vllm()
+        return model_stage in self._vllm_tags
+
+    def build_vllm(self, model_stage: str, tag: str, options: dict | None = None) -> dict:
+        """Start the vLLM engine of this worker's replica of ``model_stage`` (its runtime engine must
+        be built) and push the runtime engine's weights into it. Collective over the replica's TP group.
+
+        Returns:
+            ``{"start_s": engine start seconds (TP rank 0; 0 elsewhere), "kv": kv_report, "push": ...}``.
+
+        Raises:
+            ValueError: PP > 1 (vLLM's pipeline parallelism is not driven by this runtime).
+        """
+        from nereus.runtime.worker.vllm_engine import VllmRollout
+
+        eng = self._vllm()
+        if model_stage in eng or model_stage in self._vllm_tags:  # a restart in a new layout: the old one goes
+            self.close_vllm(model_stage)
+        e = self._engine(model_stage)
+        ctx = e.ctx
+        if ctx.pp != 1:
+            raise ValueError(f"--rollout vllm: model-stage {model_stage} has pp={ctx.pp}; vLLM engines here run "
+                             f"TP only (give actor.generate pp=1)")
+        self._vllm_tags[model_stage] = tag
+        self._vllm_dirs = {**getattr(self, "_vllm_dirs", {}), model_stage: handoff_dir(tag, model_stage, ctx.d)}
+        out = {"start_s": 0.0, "kv": []}
+        if ctx.t == 0:
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # engines share this machine's cores
+            # not timed under the model-stage: the start is reported on its own (start_s), not as generation
+            eng[model_stage] = VllmRollout(e.spec, ctx.tp, e.model.dtype, seed=ctx.d, options=options,
+                                           device=self.device)
+            out["start_s"] = eng[model_stage].start_s
+            out["kv"] = eng[model_stage].kv_report()
+        out["push"] = self.vllm_push(model_stage)
+        return out
+
+    def vllm_push(self, model_stage: str) -> dict:
+        """Hand this rank's shard of ``model_stage`` to its vLLM rank (module docstring); collective
+        over the replica's TP group. Returns bytes and seconds of this rank's part."""
+        from safetensors.torch import save_file
+
+        e = self._engine(model_stage)
+        ctx = e.ctx
+        d = handoff_dir(self._vllm_tags[model_stage], model_stage, ctx.d)
+        os.makedirs(d, exist_ok=True)
+        t0 = time.perf_counter()
+        shard = {n: w.detach().contiguous().cpu() for n, w in e.model.params.items()}
+        save_file(shard, os.path.join(d, f"rank-{ctx.t}.safetensors"))
+        t1 = time.perf_counter()
+        self._files_written(model_stage, ctx)  # TP rank 0 waits until every rank's file is there
+        t2 = time.perf_counter()
+        out = {"written": sum(x.numel() * x.element_size() for x in shard.values()), "read": 0,
+               "write_s": t1 - t0, "barrier_s": t2 - t1, "load_s": 0.0, "ranks": []}
+        if ctx.t == 0:
+            ranks = self._vllm()[model_stage].load_shards(d, ctx.tp)
+            out["read"] = sum(r["bytes"] for r in ranks)
+            out["ranks"] = ranks
+            out["load_s"] = time.perf_counter() - t2
+        self.vllm_syncs.append(out)
+        return out
+
+    def _files_written(self, model_stage: str, ctx) -> None:
+        """This rank's file of push ``n`` is written: a TCPStore key; TP rank 0 waits for every rank's
+        (the store, not the TP group: while rank 0 starts its engine, minutes on a loaded machine, the
+        others wait past any collective's timeout). A rank rewrites its file only in the next sync,
+        which the driver starts after this push, rank 0's load included, has returned."""
+        from datetime import timedelta
+
+        seqs = self.__dict__.setdefault("_vllm_seq", {})
+        seqs[model_stage] = n = seqs.get(model_stage, 0) + 1
+        base = f"nereus/vllm/{self._vllm_tags[model_stage]}/{model_stage}/d{ctx.d}/{n}"
+        self.store.set(f"{base}/rank-{ctx.t}", "1")
+        if ctx.t == 0 and ctx.tp > 1:
+            self.store.wait([f"{base}/rank-{r}" for r in range(1, ctx.tp)], timedelta(seconds=max(self.timeout_s, 1800)))
+
+    def vllm_generate(self, model_stage: str, prompts: torch.Tensor, seeds: list[int], max_new_tokens: int,
+                      temperature: float, greedy: bool, eos_id: int, pad_id: int):
+        """``(responses [B, R], log-probs [B, R])`` from the replica's vLLM engine on TP rank 0; None on
+        the other ranks (vLLM's own TP workers do their part)."""
+        eng = self._vllm().get(model_stage)
+        if eng is None:
+            return None
+        with self.meter.stage(model_stage):
+            return eng.generate(prompts, seeds, max_new_tokens, temperature, greedy, eos_id, pad_id)
+
+    def vllm_prompt_logprobs(self, model_stage: str, tokens: torch.Tensor, prompt_len: int):
+        """The engine's log-probs of fixed sequences (``VllmRollout.prompt_logprobs``); None off TP rank 0."""
+        eng = self._vllm().get(model_stage)
+        return None if eng is None else eng.prompt_logprobs(tokens, prompt_len)
+
+    def vllm_report(self, model_stage: str) -> dict:
+        """KV report and weight pushes of this worker's engine of ``model_stage``."""
+        eng = self._vllm().get(model_stage)
+        return {"kv": eng.kv_report() if eng is not None else [], "start_s": eng.start_s if eng else 0.0,
+                "syncs": list(self.vllm_syncs)}
+
+    def close_vllm(self, model_stage: str) -> None:
+        """Shut this worker's vLLM engine of ``model_stage`` down (if any) and remove its hand-off directory;
+        the model-stage is no longer served by vLLM here (local, no collective)."""
+        import shutil
+
+        eng = self._vllm().pop(model_stage, None)
+        self._vllm_tags.pop(model_stage, None)
+        if eng is not None:
+            eng.close()
+        d = getattr(self, "_vllm_dirs", {}).pop(model_stage, None)
+        if d:
+            shutil.rmtree(d, ignore_errors=True)
