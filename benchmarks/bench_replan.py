@@ -20,8 +20,11 @@ import time
 
 from nereus.cost.model import CostModel
 from nereus.planner.search import plan_job, search
-from nereus.spec import ClusterSpec, JobSpec, WorkloadSpec, get_gpu, get_model
 from nereus.spec.framework import get_framework
+from nereus.spec.hardware import ClusterSpec, get_gpu
+from nereus.spec.job import JobSpec
+from nereus.spec.presets import get_model
+from nereus.spec.workload import WorkloadSpec
 
 
 def main() -> None:

@@ -74,27 +74,27 @@ for _p in (ROOT, ROOT / "benchmarks"):
 from nereus.cost.efficiency import EfficiencyTable, default_efficiency  # noqa: E402
 from nereus.cost.fit import fit_scales, fit_table  # noqa: E402
 from nereus.cost.model import CostModel  # noqa: E402
-from nereus.spec import ClusterSpec, JobSpec, WorkloadSpec, get_gpu  # noqa: E402
+from nereus.spec.hardware import ClusterSpec, get_gpu  # noqa: E402
+from nereus.spec.job import JobSpec  # noqa: E402
 from nereus.spec.plan import Candidate  # noqa: E402
+from nereus.spec.workload import WorkloadSpec  # noqa: E402
 from nereus.workflow import ModelStage, Workflow  # noqa: E402
 
 try:  # optional: the framework flags arrived with issue 13 item 3
     from nereus.spec.framework import FrameworkSpec  # noqa: E402
 except ImportError:  # pragma: no cover - older cost model
     FrameworkSpec = None
-from validation_data import (  # noqa: E402,F401  (re-exported)
+from validation_data import (  # noqa: E402
     DEFAULT_CSV,
     DEFAULT_PNG,
     GIB,
-    MODEL_CONFIGS,
     NEUTRAL,
     STAGE,
     Row,
     load_rows,
-    measured_iter_time,
     model_spec,
 )
-from validation_report import markdown, plot, report  # noqa: E402,F401
+from validation_report import markdown, plot, report  # noqa: E402
 
 
 def capabilities() -> dict:

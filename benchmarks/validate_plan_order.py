@@ -120,7 +120,7 @@ def calibration_within_job(rows=ROWS, zero3_gather: str = "flat") -> dict:
     model's other rows; for every choice of calibration row. Returns per model: the median APE of
     the other rows uncalibrated, and per calibration row the median APE after."""
     from nereus.cost.fit import deadband_targets, fit_scales
-    from nereus.spec import get_gpu
+    from nereus.spec.hardware import get_gpu
 
     gpu = get_gpu("a100")
     out: dict = {}

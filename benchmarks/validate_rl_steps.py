@@ -57,13 +57,18 @@ from nereus.cost.efficiency import EfficiencyTable  # noqa: E402
 from nereus.cost.fit import deadband_targets, fit_scales  # noqa: E402
 from nereus.cost.model import CostModel  # noqa: E402
 from nereus.cost.shapes import kv_bytes_per_token_rank  # noqa: E402
-from nereus.spec import ClusterSpec, JobSpec, WorkloadSpec  # noqa: E402
 from nereus.spec.engine import get_engine  # noqa: E402
 from nereus.spec.framework import get_framework  # noqa: E402
-from nereus.spec.hardware import GPUSpec, get_gpu  # noqa: E402
+from nereus.spec.hardware import (  # noqa: E402
+    ClusterSpec,  # noqa: E402
+    GPUSpec,
+    get_gpu,
+)
+from nereus.spec.job import JobSpec  # noqa: E402
 from nereus.spec.model import ModelSpec  # noqa: E402
 from nereus.spec.plan import Candidate  # noqa: E402
 from nereus.spec.presets import get_model  # noqa: E402
+from nereus.spec.workload import WorkloadSpec  # noqa: E402
 
 CSV = ROOT / "benchmarks" / "data" / "rl_measurements.csv"
 #: vLLM's default ``max_num_seqs`` in verl's rollout config (the 0.5B logs print 1024)

@@ -8,8 +8,9 @@ import csv
 import dataclasses
 from pathlib import Path
 
-from nereus.spec import get_gpu, get_model
+from nereus.spec.hardware import get_gpu
 from nereus.spec.model import ModelSpec
+from nereus.spec.presets import get_model
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from nereus.controller.api import NereusController, read_step_log
 from nereus.planner.notation import format_plan
-from nereus.spec import JobSpec
+from nereus.spec.job import JobSpec
 
 HERE = Path(__file__).resolve().parent
 

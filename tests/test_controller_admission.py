@@ -4,18 +4,10 @@ import json
 
 import pytest
 
-from nereus.controller import (
-    Horizon,
-    Keep,
-    Monitor,
-    Option,
-    Restart,
-    Transition,
-    TransitionCost,
-    admit,
-    decision_to_dict,
-    payback_ok,
-)
+from nereus.controller.admission import Option, admit, payback_ok
+from nereus.controller.decisions import Keep, Restart, Transition, TransitionCost, decision_to_dict
+from nereus.controller.horizon import Horizon
+from nereus.controller.monitor import Monitor
 from nereus.spec.plan import Candidate, Plan
 
 

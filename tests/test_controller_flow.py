@@ -6,16 +6,9 @@ from dataclasses import replace
 
 import pytest
 
-from nereus.controller import (
-    Controller,
-    ControllerConfig,
-    Keep,
-    Restart,
-    StepReport,
-    Transition,
-    TransitionCost,
-    state_survives,
-)
+from nereus.controller.controller import Controller, ControllerConfig, state_survives
+from nereus.controller.decisions import Keep, Restart, Transition, TransitionCost
+from nereus.controller.monitor import StepReport
 from nereus.spec import hardware, job, presets, workload
 from nereus.spec.plan import Candidate, Plan
 

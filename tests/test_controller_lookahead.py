@@ -6,11 +6,12 @@ from dataclasses import replace
 
 import pytest
 
-from nereus.controller import Controller, ControllerConfig, Keep, StepReport, Transition, TransitionCost
+from nereus.controller.controller import Controller, ControllerConfig
+from nereus.controller.decisions import Keep, Transition, TransitionCost
 from nereus.controller.engine_start import engine_start_s, generation_restart_s, group_init_s
 from nereus.controller.horizon import Horizon
 from nereus.controller.lookahead import LengthTrend, window_steps
-from nereus.controller.monitor import Monitor
+from nereus.controller.monitor import Monitor, StepReport
 from nereus.controller.pool_process import PoolProcess
 from nereus.spec import hardware, job, presets, workload
 from nereus.spec.plan import Candidate, Plan

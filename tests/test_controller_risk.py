@@ -4,8 +4,9 @@ from dataclasses import replace
 
 import pytest
 
-from nereus.controller import Controller, ControllerConfig, TransitionCost
 from nereus.controller.admission import Option, admit
+from nereus.controller.controller import Controller, ControllerConfig
+from nereus.controller.decisions import TransitionCost
 from nereus.controller.monitor import POOL_LOSS, Monitor
 from nereus.controller.risk import LossRate, RiskModel, hit_probability, vulnerable_nodes
 from nereus.planner.placement import place

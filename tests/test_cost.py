@@ -11,8 +11,11 @@ from nereus.cost.memory import activation_bytes_per_layer, stage_memory
 from nereus.cost.model import CostModel
 from nereus.cost.shapes import layers_of_rank, max_params_per_gpu, params_on_rank, valid_tp
 from nereus.cost.step import critical_path
-from nereus.spec import ClusterSpec, JobSpec, WorkloadSpec, get_gpu, get_model
+from nereus.spec.hardware import ClusterSpec, get_gpu
+from nereus.spec.job import JobSpec
 from nereus.spec.plan import Candidate
+from nereus.spec.presets import get_model
+from nereus.spec.workload import WorkloadSpec
 from nereus.workflow import workflow_for
 
 GIB = 2**30

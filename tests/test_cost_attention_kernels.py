@@ -9,7 +9,9 @@ import pytest
 
 from nereus.cost import latency as lat
 from nereus.cost.efficiency import TRITON_FA_SLOWDOWN, EfficiencyTable
-from nereus.spec import ClusterSpec, WorkloadSpec, get_gpu, get_model
+from nereus.spec.hardware import ClusterSpec, get_gpu
+from nereus.spec.presets import get_model
+from nereus.spec.workload import WorkloadSpec
 
 M8 = get_model("llama-3.1-8b")  # q_dim 4096 = 32 heads x 128, 32 layers
 H100, A100 = get_gpu("h100"), get_gpu("a100")
@@ -105,7 +107,8 @@ def test_unfused_attention_stores_the_score_matrix_korthikanti_5asb():
     # for its scores (softmax output 2, dropout mask 1, dropout output 2); without dropout the
     # softmax output 2·a·s²·b/t. Llama-3.1-8B (a = 32), s = 4096, b = 1:
     from nereus.cost.memory import activation_bytes_per_layer, stage_memory
-    from nereus.spec import WorkloadSpec, get_model
+    from nereus.spec.presets import get_model
+    from nereus.spec.workload import WorkloadSpec
 
     m8 = get_model("llama-3.1-8b")
     flash = activation_bytes_per_layer(m8, 4096, 1)
@@ -133,8 +136,11 @@ def test_unfused_attention_stores_the_score_matrix_korthikanti_5asb():
 
 def test_generation_time_ignores_the_training_engines_attention_kernel():
     from nereus.cost.model import CostModel
-    from nereus.spec import ClusterSpec, JobSpec, WorkloadSpec, get_gpu, get_model
+    from nereus.spec.hardware import ClusterSpec, get_gpu
+    from nereus.spec.job import JobSpec
     from nereus.spec.plan import Candidate
+    from nereus.spec.presets import get_model
+    from nereus.spec.workload import WorkloadSpec
 
     def est(kernel):
         job = JobSpec(get_model("llama-3.1-8b"), ClusterSpec(get_gpu("h100"), 1, 8),

@@ -11,10 +11,13 @@ from nereus.cost import engine_terms as et
 from nereus.cost.efficiency import EfficiencyTable
 from nereus.cost.fit import group_of
 from nereus.cost.model import CostModel
-from nereus.spec import ClusterSpec, JobSpec, WorkloadSpec, get_gpu, get_model
 from nereus.spec.engine import ENGINE_PRESETS, EngineCosts, get_engine
 from nereus.spec.framework import FrameworkSpec, get_framework
+from nereus.spec.hardware import ClusterSpec, get_gpu
+from nereus.spec.job import JobSpec
 from nereus.spec.plan import Candidate
+from nereus.spec.presets import get_model
+from nereus.spec.workload import WorkloadSpec
 
 
 def _job(engine=None, **wkw):

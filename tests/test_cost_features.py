@@ -8,9 +8,12 @@ from nereus.cost.efficiency import EfficiencyTable
 from nereus.cost.memory import activation_bytes_per_layer, stage_memory
 from nereus.cost.model import CostModel
 from nereus.cost.shapes import max_params_per_gpu
-from nereus.spec import ClusterSpec, JobSpec, WorkloadSpec, get_gpu, get_model
 from nereus.spec.framework import FrameworkSpec, get_framework
+from nereus.spec.hardware import ClusterSpec, get_gpu
+from nereus.spec.job import JobSpec
 from nereus.spec.plan import Candidate, Plan
+from nereus.spec.presets import get_model
+from nereus.spec.workload import WorkloadSpec
 
 GIB = 2**30
 M8 = get_model("llama-3.1-8b")

@@ -12,8 +12,11 @@ import pytest
 from nereus.cost.efficiency import EfficiencyTable
 from nereus.cost.fit import EFF_BOUNDS, fit_scales, fit_table, group_of
 from nereus.cost.model import CostModel
-from nereus.spec import ClusterSpec, JobSpec, WorkloadSpec, get_gpu, get_model
+from nereus.spec.hardware import ClusterSpec, get_gpu
+from nereus.spec.job import JobSpec
 from nereus.spec.plan import Candidate
+from nereus.spec.presets import get_model
+from nereus.spec.workload import WorkloadSpec
 
 M8 = get_model("llama-3.1-8b")
 #: the GPU of every case: uncalibrated classes take its default efficiencies

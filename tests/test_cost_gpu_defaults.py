@@ -8,8 +8,9 @@ import pytest
 
 from nereus.cost import latency as lat
 from nereus.cost.efficiency import ATTN_SEQ_HALF, EfficiencyTable, attention_seq_factor, default_efficiency
-from nereus.spec import ClusterSpec, WorkloadSpec, get_gpu, get_model
-from nereus.spec.hardware import GPUSpec
+from nereus.spec.hardware import ClusterSpec, GPUSpec, get_gpu
+from nereus.spec.presets import get_model
+from nereus.spec.workload import WorkloadSpec
 
 M8 = get_model("llama-3.1-8b")
 H100, A100, MI250X = get_gpu("h100"), get_gpu("a100"), get_gpu("mi250x")

@@ -11,9 +11,12 @@ from nereus.cost.model import CostModel
 from nereus.cost.seqpar import seq_split_comm
 from nereus.cost.shapes import layer_params_rank, params_rank
 from nereus.cost.vllm_memory import kv_capacity
-from nereus.spec import ClusterSpec, JobSpec, WorkloadSpec, get_gpu, get_model
 from nereus.spec.framework import get_framework
+from nereus.spec.hardware import ClusterSpec, get_gpu
+from nereus.spec.job import JobSpec
 from nereus.spec.plan import Candidate
+from nereus.spec.presets import get_model
+from nereus.spec.workload import WorkloadSpec
 
 M8 = get_model("llama-3.1-8b")
 H100 = get_gpu("h100")

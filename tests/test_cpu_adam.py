@@ -12,9 +12,12 @@ import pytest
 from nereus.cost.efficiency import EfficiencyTable
 from nereus.cost.model import CostModel
 from nereus.planner.search import NoFeasiblePlan, plan_job
-from nereus.spec import ClusterSpec, JobSpec, WorkloadSpec, get_gpu, get_model
 from nereus.spec.framework import FrameworkSpec, get_framework
+from nereus.spec.hardware import ClusterSpec, get_gpu
+from nereus.spec.job import JobSpec
 from nereus.spec.plan import Candidate
+from nereus.spec.presets import get_model
+from nereus.spec.workload import WorkloadSpec
 
 P8B = 8_030_261_248
 

@@ -5,8 +5,8 @@ from dataclasses import replace
 
 import pytest
 
-from nereus.spec import JobSpec
 from nereus.spec.framework import FRAMEWORK_PRESETS, FrameworkSpec, get_framework
+from nereus.spec.job import JobSpec
 
 BASE = {"model": "tiny", "cluster": {"gpu": "h100", "num_nodes": 1, "gpus_per_node": 8}}
 

@@ -5,8 +5,7 @@ import json
 import pytest
 
 from nereus.cli import main
-from nereus.spec import get_gpu
-from nereus.spec.hardware import GPU_PRESETS, GPUSpec
+from nereus.spec.hardware import GPU_PRESETS, GPUSpec, get_gpu
 
 MIB = 2**20
 
@@ -70,7 +69,7 @@ def test_cli_refuses_lengths_past_the_context(capsys):
 
 
 def test_gemma2_is_refused_by_name(tmp_path):
-    from nereus.spec import get_model
+    from nereus.spec.presets import get_model
 
     d = tmp_path / "gemma2"
     d.mkdir()

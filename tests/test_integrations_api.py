@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from nereus.controller.api import NereusController, read_step_log
-from nereus.spec import JobSpec
+from nereus.spec.job import JobSpec
 
 ROOT = Path(__file__).resolve().parents[1]
 

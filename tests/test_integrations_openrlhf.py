@@ -14,7 +14,10 @@ from nereus.integrations.common import compare, layout_key
 from nereus.integrations.openrlhf import argument_names, import_openrlhf, openrlhf_source
 from nereus.integrations.openrlhf_export import export_openrlhf
 from nereus.planner.search import plan_job
-from nereus.spec import ClusterSpec, JobSpec, WorkloadSpec, get_gpu, get_model
+from nereus.spec.hardware import ClusterSpec, get_gpu
+from nereus.spec.job import JobSpec
+from nereus.spec.presets import get_model
+from nereus.spec.workload import WorkloadSpec
 
 pytestmark = pytest.mark.skipif(openrlhf_source() is None, reason="OpenRLHF not installed (pip install --no-deps openrlhf)")
 

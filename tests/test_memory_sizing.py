@@ -8,9 +8,11 @@ from nereus.cli import main
 from nereus.cost.memory import stage_memory
 from nereus.cost.model import CostModel
 from nereus.planner.search import plan_job
-from nereus.spec import ClusterSpec, JobSpec, WorkloadSpec, get_gpu, get_model
+from nereus.spec.hardware import ClusterSpec, get_gpu
+from nereus.spec.job import JobSpec
 from nereus.spec.plan import Plan
-from nereus.spec.workload import read_response_lengths, response_len_stats
+from nereus.spec.presets import get_model
+from nereus.spec.workload import WorkloadSpec, read_response_lengths, response_len_stats
 
 GIB = 2**30
 M8 = get_model("llama-3.1-8b")

@@ -9,8 +9,11 @@ from nereus.cost.model import CostModel
 from nereus.planner.exhaustive import exhaustive_optimum
 from nereus.planner.level_search import minmax_knapsack
 from nereus.planner.search import NoFeasiblePlan, plan_job, search
-from nereus.spec import ClusterSpec, JobSpec, WorkloadSpec, get_gpu, get_model
+from nereus.spec.hardware import ClusterSpec, get_gpu
+from nereus.spec.job import JobSpec
 from nereus.spec.plan import Candidate, Plan
+from nereus.spec.presets import get_model
+from nereus.spec.workload import WorkloadSpec
 from nereus.workflow import ModelStage, Workflow
 
 GIB = 2**30

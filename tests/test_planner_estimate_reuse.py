@@ -6,9 +6,12 @@ import pytest
 from nereus.cost.model import CostModel
 from nereus.planner.candidates import enumerate_candidates
 from nereus.planner.search import plan_job
-from nereus.spec import ClusterSpec, JobSpec, WorkloadSpec, get_gpu, get_model
 from nereus.spec.framework import get_framework
+from nereus.spec.hardware import ClusterSpec, get_gpu
+from nereus.spec.job import JobSpec
 from nereus.spec.plan import Plan
+from nereus.spec.presets import get_model
+from nereus.spec.workload import WorkloadSpec
 
 
 @pytest.mark.parametrize("model,nodes,fw,wl", [

@@ -24,9 +24,12 @@ from nereus.planner.exhaustive import exhaustive_optimum
 from nereus.planner.partitions import set_partitions
 from nereus.planner.search import NoFeasiblePlan, plan_job, search
 from nereus.planner.staircase import partition_mode
-from nereus.spec import ClusterSpec, JobSpec, WorkloadSpec, get_gpu, get_model
 from nereus.spec.framework import FrameworkSpec, get_framework
+from nereus.spec.hardware import ClusterSpec, get_gpu
+from nereus.spec.job import JobSpec
 from nereus.spec.plan import Candidate, Plan
+from nereus.spec.presets import get_model
+from nereus.spec.workload import WorkloadSpec
 from nereus.workflow import ModelStage, Workflow
 
 GIB = 2**30

@@ -6,9 +6,9 @@ import math
 import pytest
 
 from nereus.cli import main
-from nereus.controller import CostModelPlanner, StepReport
 from nereus.controller.horizon import Horizon
-from nereus.controller.monitor import Monitor
+from nereus.controller.monitor import Monitor, StepReport
+from nereus.controller.planning import CostModelPlanner
 from nereus.controller.transition_cost import engine_reinit, estimate_transition_cost
 from nereus.sim.cluster import SimulatedCluster, Truth, unmodelled
 from nereus.sim.growth import growth_scenario

@@ -7,7 +7,8 @@ by hand. The plans are hand-built: ``actor.train`` TP 8 x DP 2 (one whole replic
 
 import pytest
 
-from nereus.controller import Keep, StepReport, Transition, TransitionCost
+from nereus.controller.decisions import Keep, Transition, TransitionCost
+from nereus.controller.monitor import StepReport
 from nereus.sim.cluster import SimulatedCluster, StepOutcome, Truth
 from nereus.sim.growth import growth_scenario
 from nereus.sim.restart import RestartCost

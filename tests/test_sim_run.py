@@ -2,7 +2,9 @@
 
 import pytest
 
-from nereus.controller import Controller, ControllerConfig, CostModelPlanner, StepReport
+from nereus.controller.controller import Controller, ControllerConfig
+from nereus.controller.monitor import StepReport
+from nereus.controller.planning import CostModelPlanner
 from nereus.sim.cluster import TRUE_EFFICIENCY, SimulatedCluster, Truth
 from nereus.sim.growth import growth_scenario
 from nereus.sim.policies import make_policy

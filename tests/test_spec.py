@@ -4,7 +4,11 @@ import json
 
 import pytest
 
-from nereus.spec import ClusterSpec, JobSpec, ModelSpec, WorkloadSpec, get_gpu, get_model
+from nereus.spec.hardware import ClusterSpec, get_gpu
+from nereus.spec.job import JobSpec
+from nereus.spec.model import ModelSpec
+from nereus.spec.presets import get_model
+from nereus.spec.workload import WorkloadSpec
 from nereus.workflow import ModelStage, workflow_for
 
 

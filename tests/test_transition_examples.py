@@ -9,8 +9,8 @@ from nereus.spec.job import JobSpec
 from nereus.spec.plan import Candidate, Plan
 from nereus.spec.presets import get_model
 from nereus.spec.workload import WorkloadSpec
-from nereus.transition import estimate_transition
 from nereus.transition.emu import aligned_gpus, model_of, phi, sub_units
+from nereus.transition.estimate import estimate_transition
 
 # Llama-3.1-8B by hand (h=4096, F=14336, a=32, g=8, d=128, V=128256, L=32):
 LAYER = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096  # 218,112,000

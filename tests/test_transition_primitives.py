@@ -11,9 +11,9 @@ from nereus.spec.job import JobSpec
 from nereus.spec.plan import Candidate, Plan
 from nereus.spec.presets import get_model
 from nereus.spec.workload import WorkloadSpec
-from nereus.transition import estimate_transition
 from nereus.transition.cost import CostParams, duration, min_bytes, ports
 from nereus.transition.emu import EMU, aligned_gpus, phi, state_bytes_per_param, sub_units, t_sub
+from nereus.transition.estimate import estimate_transition
 from nereus.transition.exact import exact_schedule
 from nereus.transition.primitives import STORAGE, TransitionState, apply, destroy, extend, load, merge, split
 

@@ -16,8 +16,8 @@ import networkx as nx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nereus.transition import estimate_transition
 from nereus.transition.emu import stage_of
+from nereus.transition.estimate import estimate_transition
 from nereus.transition.instances import random_instance
 from nereus.transition.primitives import STORAGE
 

@@ -25,8 +25,8 @@ from nereus.spec.job import JobSpec
 from nereus.spec.plan import Candidate, Plan
 from nereus.spec.presets import get_model
 from nereus.spec.workload import WorkloadSpec
-from nereus.transition import estimate_transition
 from nereus.transition.emu import EMU, model_of, phi, state_parts
+from nereus.transition.estimate import estimate_transition
 from nereus.transition.exact import exact_schedule
 from nereus.transition.global_dag import GlobalDAG
 from nereus.transition.primitives import Primitive, destroy, split

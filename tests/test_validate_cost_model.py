@@ -13,8 +13,10 @@ import pytest
 
 from nereus.cost.efficiency import EfficiencyTable
 from nereus.cost.model import CostModel
-from nereus.spec import ClusterSpec, JobSpec, WorkloadSpec, get_gpu
+from nereus.spec.hardware import ClusterSpec, get_gpu
+from nereus.spec.job import JobSpec
 from nereus.spec.plan import Candidate
+from nereus.spec.workload import WorkloadSpec
 from nereus.workflow import ModelStage, Workflow
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -23,6 +25,8 @@ _spec = importlib.util.spec_from_file_location("validate_cost_model", ROOT / "be
 V = importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = V  # dataclasses look their module up there
 _spec.loader.exec_module(V)
+import validation_data as VD  # noqa: E402  (the benchmark put benchmarks/ on sys.path)
+import validation_report as VR  # noqa: E402
 
 SOURCES = {"llm-foundry-h100", "llm-foundry-a100", "nemo-megatron-h100-fp8", "nemo-automodel-h100-bf16",
            "nemo-launcher-a100-bf16"}
@@ -30,7 +34,7 @@ SOURCES = {"llm-foundry-h100", "llm-foundry-a100", "nemo-megatron-h100-fp8", "ne
 
 @pytest.fixture(scope="module")
 def rows():
-    return V.load_rows(CSV)
+    return VD.load_rows(CSV)
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +57,7 @@ def test_every_row_parsed_with_a_named_source(rows):
         assert r.tp * r.pp * r.cp * r.dp == r.num_gpus
         assert r.dp * r.micro_batch * r.grad_accum == r.global_batch
         assert r.precision in ("bf16", "fp8")
-        V.model_spec(r.model)  # every model maps to a preset or a config the benchmark defines
+        VD.model_spec(r.model)  # every model maps to a preset or a config the benchmark defines
 
 
 def test_conversions_by_hand(rows):
@@ -75,7 +79,7 @@ def test_conversions_by_hand(rows):
     assert by["L11"].attention_kernel == "unfused_dropout" and by["F019"].attention_kernel == "flash_triton"
     assert by["F001"].attention_kernel == "flash" and by["N01"].attention_kernel == "flash"
     # the MPT configs carry the published parameter counts (plus MPT's learned position embedding)
-    m = V.model_spec("mpt-7b")
+    m = VD.model_spec("mpt-7b")
     assert m.num_params + 2048 * 4096 == pytest.approx(6658859008, rel=5e-4)
 
 
@@ -94,7 +98,7 @@ def test_prediction_matches_an_independent_query(rows, result):
 
         kw["framework"] = FrameworkSpec(name="validation", zero_stages=(0, 1), overlap_grad_reduce=True,
                                         overlap_tp_comm=False, grad_reduce_bytes=2, sequence_parallel=False)
-    job = JobSpec(V.model_spec("llama-2-7b"), ClusterSpec(get_gpu("h100"), 1, 8), wl, **kw)
+    job = JobSpec(VD.model_spec("llama-2-7b"), ClusterSpec(get_gpu("h100"), 1, 8), wl, **kw)
     wf = Workflow(algorithm="ppo", model_stages=(ModelStage("reference", "train"),))
     ckw = {"zero": 1} if caps["zero"] else {}
     est = CostModel(job, workflow=wf).estimate_candidate(
@@ -146,11 +150,11 @@ def test_report_structure(result, tmp_path):
         assert "cp (as dp*cp replicas)" in a01["not_modelled"]
     for d in result["spearman"].values():
         assert -1 <= d["time"] <= 1
-    text = V.report(result)
+    text = VR.report(result)
     for s in SOURCES:
         assert s in text
     png = tmp_path / "v.png"
-    V.plot(result, png)
+    VR.plot(result, png)
     assert png.stat().st_size > 10_000
 
 
@@ -178,7 +182,7 @@ def test_bad_rows_are_named(tmp_path):
             w.writeheader()
             w.writerow(first | change)
         with pytest.raises(ValueError) as e:
-            V.load_rows(p)
+            VD.load_rows(p)
         assert needle in str(e.value) and first["id"] in str(e.value)
 
 

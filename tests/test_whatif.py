@@ -9,8 +9,11 @@ from nereus.cost.memory import WORKSPACE_BYTES
 from nereus.cost.model import CostModel
 from nereus.planner.search import plan_job
 from nereus.planner.whatif import parse_layout, whatif
-from nereus.spec import ClusterSpec, JobSpec, WorkloadSpec, get_gpu, get_model
+from nereus.spec.hardware import ClusterSpec, get_gpu
+from nereus.spec.job import JobSpec
 from nereus.spec.plan import Candidate
+from nereus.spec.presets import get_model
+from nereus.spec.workload import WorkloadSpec
 
 GIB = 2**30
 
@@ -120,8 +123,11 @@ def test_cli_layout_errors_are_one_line(capsys, layout, words):
 def test_whatif_colocates_under_a_colocating_framework_and_adds_the_times():
     from nereus.cost.model import CostModel
     from nereus.planner.whatif import whatif
-    from nereus.spec import ClusterSpec, JobSpec, WorkloadSpec, get_gpu, get_model
     from nereus.spec.framework import get_framework
+    from nereus.spec.hardware import ClusterSpec, get_gpu
+    from nereus.spec.job import JobSpec
+    from nereus.spec.presets import get_model
+    from nereus.spec.workload import WorkloadSpec
 
     job = JobSpec(get_model("qwen2.5-0.5b"), ClusterSpec(get_gpu("h100"), 1, 1),
                   WorkloadSpec(prompts_per_step=64, mini_batch_size=64, prompt_len=512, response_len=512),

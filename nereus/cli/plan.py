@@ -18,11 +18,12 @@ from nereus.cost.model import CostModel
 from nereus.planner.candidates import latency_frontier
 from nereus.planner.notation import format_candidate
 from nereus.planner.search import NoFeasiblePlan, plan_job, search
-from nereus.spec import ClusterSpec, JobSpec, WorkloadSpec, get_gpu, get_model
 from nereus.spec.framework import FRAMEWORK_PRESETS, FrameworkSpec, get_framework
-from nereus.spec.job import check_context
+from nereus.spec.hardware import ClusterSpec, get_gpu
+from nereus.spec.job import JobSpec, check_context
 from nereus.spec.plan import Candidate
-from nereus.spec.workload import ALGORITHMS, RECOMPUTE_MODES
+from nereus.spec.presets import get_model
+from nereus.spec.workload import ALGORITHMS, RECOMPUTE_MODES, WorkloadSpec
 
 GIB = 1024**3
 

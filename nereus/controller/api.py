@@ -94,7 +94,7 @@ class NereusController:
         out = decision_to_dict(decision)
         out["step"] = report.step
         if isinstance(decision, Transition):
-            from nereus.transition import estimate_transition
+            from nereus.transition.estimate import estimate_transition
 
             job = self.controller.job_at(report.response_len)
             alive_set = report.alive | report.pool if report.alive is not None else report.pool

@@ -66,7 +66,7 @@ def engine_reinit(current: Plan, target: Plan, engine_reinit_s: float | None = N
 def dag_estimator():
     """``nereus.transition.estimate_transition`` if the module provides it, else None."""
     try:
-        from nereus.transition import estimate_transition  # noqa: PLC0415
+        from nereus.transition.estimate import estimate_transition  # noqa: PLC0415
     except ImportError:
         return None
     return estimate_transition

@@ -51,9 +51,12 @@ from nereus.integrations.openrlhf_export import (
 )
 from nereus.integrations.openrlhf_keys import classify_args
 from nereus.integrations.verl_features import budget_micro_batch
-from nereus.spec import ClusterSpec, JobSpec, WorkloadSpec, get_gpu, get_model
 from nereus.spec.framework import FrameworkSpec, get_framework
+from nereus.spec.hardware import ClusterSpec, get_gpu
+from nereus.spec.job import JobSpec
 from nereus.spec.plan import Candidate
+from nereus.spec.presets import get_model
+from nereus.spec.workload import WorkloadSpec
 from nereus.workflow import workflow_for
 
 __all__ = ["openrlhf_source", "openrlhf_parser", "argument_names", "import_openrlhf", "ESTIMATORS"]

@@ -25,8 +25,8 @@ from nereus.integrations.common import (
 )
 from nereus.integrations.verl_export import _changes
 from nereus.planner.whatif import evaluate_layout
-from nereus.spec import JobSpec
 from nereus.spec.framework import get_framework
+from nereus.spec.job import JobSpec
 from nereus.spec.plan import Candidate, Plan
 from nereus.workflow import workflow_for
 

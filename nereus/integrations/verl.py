@@ -58,9 +58,12 @@ from nereus.integrations.verl_features import (
     verl_lora_rank,
 )
 from nereus.integrations.verl_keys import classify_keys
-from nereus.spec import ClusterSpec, JobSpec, WorkloadSpec, get_gpu, get_model
 from nereus.spec.framework import FrameworkSpec, get_framework
+from nereus.spec.hardware import ClusterSpec, get_gpu
+from nereus.spec.job import JobSpec
 from nereus.spec.plan import Candidate
+from nereus.spec.presets import get_model
+from nereus.spec.workload import WorkloadSpec
 from nereus.workflow import workflow_for
 
 __all__ = ["import_verl", "verl_framework"]

@@ -22,8 +22,8 @@ from nereus.integrations.common import (
     without_fraction,
 )
 from nereus.planner.whatif import evaluate_layout
-from nereus.spec import JobSpec
 from nereus.spec.framework import get_framework
+from nereus.spec.job import JobSpec
 from nereus.spec.plan import Candidate, Plan
 from nereus.workflow import workflow_for
 

@@ -38,16 +38,10 @@ from __future__ import annotations
 
 import math
 
-from nereus.controller import (
-    Controller,
-    ControllerConfig,
-    CostModelPlanner,
-    Keep,
-    Monitor,
-    Restart,
-    StepReport,
-    state_survives,
-)
+from nereus.controller.controller import Controller, ControllerConfig, state_survives
+from nereus.controller.decisions import Keep, Restart
+from nereus.controller.monitor import Monitor, StepReport
+from nereus.controller.planning import CostModelPlanner
 from nereus.controller.risk import RiskModel
 from nereus.cost.efficiency import EfficiencyTable
 from nereus.sim.restart import RestartCost

@@ -27,7 +27,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from nereus.controller import Restart, Transition, state_survives
+from nereus.controller.controller import state_survives
+from nereus.controller.decisions import Restart, Transition
 from nereus.sim.cluster import SimulatedCluster
 from nereus.sim.restart import RestartCost
 

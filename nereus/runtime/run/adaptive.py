@@ -38,9 +38,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from nereus.controller import Controller, ControllerConfig, CostModelPlanner, StepReport
+from nereus.controller.controller import Controller, ControllerConfig
 from nereus.controller.decisions import Keep, Transition, TransitionCost
-from nereus.controller.planning import same_plan
+from nereus.controller.monitor import StepReport
+from nereus.controller.planning import CostModelPlanner, same_plan
 from nereus.controller.transition_cost import bandwidth_estimate
 from nereus.planner.notation import format_gpus, format_plan
 from nereus.runtime.durable import driver_side as durable
