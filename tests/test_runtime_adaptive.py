@@ -120,7 +120,7 @@ def test_adaptive_run_moves_state_live_off_workers_that_announce_leaving(ray_clu
     with every update counted once."""
     pool = WorkerPool(4, timeout_s=30).start()
     run = AdaptiveRun(SPEC, W, TASK, 4, RLConfig(timeout_s=30), parse_pool_schedule("2:-1"), notice=True,
-                      digits=parse_digits_schedule("3:4"), measure=False)
+                      digits=parse_digits_schedule("3:4"))
     try:
         hist = run.run(4, pool)
     finally:
