@@ -62,30 +62,6 @@ class PlannerBackend(Protocol):
         """Update efficiencies and memory corrections from one step's measurements; ``plan`` is the
         running plan as :meth:`estimate` returned it for ``job`` (the predictions to compare with)."""
 
-    def _calibrate_totals(self, job: JobSpec, est: Plan, op_seconds: dict) -> None:
-        """Model-stages measured only as a whole (``op_seconds[ms][STAGE_TOTAL]``, seconds: what an
-        external trainer times, e.g. verl's ``timing_s/gen``): one scale per op-class group fitted on
-        all such totals at once (:func:`nereus.cost.fit.fit_scales`: log-space least squares with a
-        prior towards the current table), over the classes each model-stage's predicted breakdown
-        exercises, on totals moved onto the model's 10% noise band
-        (:func:`nereus.cost.fit.deadband_targets`: a stage already predicted within it changes
-        nothing); the fitted efficiencies replace the current ones. Bounds 0.02-1.5 (overhead
-        classes start at 1)."""
-        from nereus.cost.fit import deadband_targets, fit_scales
-
-        bds, meas = [], []
-        for ms, by_class in op_seconds.items():
-            s = by_class.get(STAGE_TOTAL, 0.0) if isinstance(by_class, dict) else 0.0
-            if ms in est.estimates and s > 0 and est.estimates[ms].time > 0:
-                bds.append(est.estimates[ms].breakdown)
-                meas.append(float(s))
-        if not bds:
-            return
-        meas = deadband_targets([sum(bd.values()) for bd in bds], meas)
-        fit = fit_scales(bds, meas, base=self.efficiency, gpu=job.cluster.gpu, eff_bounds=TOTAL_FIT_BOUNDS)
-        for cls, e in fit.efficiencies.items():
-            self.efficiency.set(cls, e)
-
     def note_oom(self) -> None:
         """The current plan ran out of memory."""
 
