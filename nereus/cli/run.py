@@ -16,7 +16,7 @@ import json
 import os
 from dataclasses import replace
 
-from nereus.cli.run_adaptive import quiet_ray, run_adaptive
+from nereus.cli.run_adaptive import quiet_ray, run_adaptive, step_line
 from nereus.cli.run_checks import (
     check_args,
     check_checkpoint_dir,
@@ -244,8 +244,7 @@ def main(args) -> int:
             history.append(m)
             if len(history) == 1 and args.steps > 1:  # the steady state's moves are counted from here
                 first = driver.measurements()
-            print(" ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in m.items()),
-                  flush=True)
+            print(step_line(m), flush=True)
         meas = driver.measurements()
         if args.save:
             save_hf(driver, args.save)

@@ -9,7 +9,13 @@ import os
 
 from nereus.runtime.run.schedules import parse_digits_schedule
 
-__all__ = ["run_adaptive", "quiet_ray"]
+__all__ = ["run_adaptive", "quiet_ray", "step_line"]
+
+
+def step_line(metrics: dict, keys=None) -> str:
+    """One step's metrics as ``key=value`` pairs (floats to 4 decimals), in ``keys`` order when given."""
+    return " ".join(f"{k}={metrics[k]:.4f}" if isinstance(metrics[k], float) else f"{k}={metrics[k]}"
+                    for k in (keys if keys is not None else metrics) if k in metrics)
 
 
 def quiet_ray() -> None:

@@ -67,7 +67,7 @@ def predict(spec, w, plan, workers: int, gpu=None) -> dict:
 
 
 def main_async(args) -> int:
-    from nereus.cli.run_adaptive import quiet_ray
+    from nereus.cli.run_adaptive import quiet_ray, step_line
     from nereus.cli.run_checks import check_memory, task_lengths, with_given_layouts
     from nereus.planner.notation import format_plan
     from nereus.spec.presets import get_model
@@ -123,8 +123,7 @@ def main_async(args) -> int:
         for _ in range(args.steps):
             m = driver.step()
             history.append(m)
-            print(" ".join(f"{k}={m[k]:.4f}" if isinstance(m[k], float) else f"{k}={m[k]}" for k in keys if k in m),
-                  flush=True)
+            print(step_line(m, keys), flush=True)
         meas = driver.measurements()
         if args.save:
             from nereus.cli.run_save import save_hf

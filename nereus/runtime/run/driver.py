@@ -31,6 +31,7 @@ from nereus.runtime.run import vllm_driver as vd
 from nereus.runtime.run.config import RLConfig
 from nereus.runtime.run.features import check_runtime_features
 from nereus.runtime.run.pool import WorkerPool, _ray_get
+from nereus.runtime.worker.core import PRECISION_KEY
 from nereus.runtime.worker.engine import AdamConfig
 from nereus.runtime.worker.failures import WorkerFailure
 from nereus.runtime.worker.rollout import response_mask
@@ -186,13 +187,12 @@ class RLDriver:
         that did not build a model-stage themselves (joiners in a live transition) read it."""
         store = getattr(getattr(self, "pool", None), "store", None)
         if store is not None:
-            from nereus.runtime.worker.core import PRECISION_KEY
-
             store.set(PRECISION_KEY, self.cfg.precision)
 
     def close(self) -> None:
         """Drop this run's engines (and stop the pool if this driver started it)."""
-        if vd.stop_vllm_engines(self) or getattr(self, "_own_pool", False):  # vLLM engines stop first
+        vd.stop_vllm_engines(self)  # vLLM engines stop first (nothing without --rollout vllm)
+        if getattr(self, "_own_pool", False):
             self.pool.close()
         elif self.workers:
             try:

@@ -39,19 +39,18 @@ def start_vllm_engines(driver) -> dict | None:
     return info
 
 
-def stop_vllm_engines(driver) -> bool:
+def stop_vllm_engines(driver) -> None:
     """Shut every vLLM engine of a ``--rollout vllm`` run down (before its workers' engines are dropped);
-    a lost worker's engine died with it. Returns False (``RLDriver.close`` goes on with its own teardown)."""
+    a lost worker's engine died with it. Nothing for other runs."""
     from nereus.runtime.worker.failures import WorkerFailure
 
     if driver.cfg.rollout != "vllm" or not driver.workers or GEN_STAGE not in getattr(driver, "layouts", {}):
-        return False
+        return
     try:
         driver._get([driver.workers[w].close_vllm.remote(GEN_STAGE) for w in driver.layouts[GEN_STAGE].workers
                      if driver.workers[w] is not None], "stopping vLLM engines", timeout=120)
     except WorkerFailure:
         pass
-    return False
 
 
 def sync_summary(results: list[dict]) -> dict:

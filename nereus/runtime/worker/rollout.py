@@ -30,7 +30,7 @@ import torch
 
 from nereus.runtime.model.llama import LlamaShard, left_pad
 
-__all__ = ["generate", "response_mask", "gumbel_noise", "vocab_parallel_argmax"]
+__all__ = ["generate", "check_sampling", "response_mask", "gumbel_noise", "vocab_parallel_argmax"]
 
 _M32 = 0xFFFFFFFF
 
@@ -110,6 +110,21 @@ def response_mask(responses: torch.Tensor, eos_id: int) -> torch.Tensor:
 
 
 @torch.no_grad()
+def check_sampling(batch: int, seeds: list[int], max_new_tokens: int, temperature: float, greedy: bool) -> None:
+    """The sampling arguments every rollout engine takes (this one and ``vllm_engine.py``).
+
+    Raises:
+        ValueError: ``seeds`` length differs from ``batch``, ``max_new_tokens`` < 1, or a
+            non-positive ``temperature`` when sampling.
+    """
+    if len(seeds) != batch:
+        raise ValueError(f"generate: {len(seeds)} seeds for {batch} prompts")
+    if max_new_tokens < 1:
+        raise ValueError(f"generate: max_new_tokens must be >= 1, got {max_new_tokens}")
+    if not greedy and not temperature > 0:
+        raise ValueError(f"generate: temperature must be > 0, got {temperature}")
+
+
 def generate(model: LlamaShard, prompts: torch.Tensor, max_new_tokens: int, seeds: list[int],
              temperature: float = 1.0, greedy: bool = False, eos_id: int = 2, pad_id: int = 0) -> torch.Tensor:
     """Generate responses ``[B, R]`` (int64, R = max_new_tokens) for prompts ``[B, P]``.
@@ -122,12 +137,7 @@ def generate(model: LlamaShard, prompts: torch.Tensor, max_new_tokens: int, seed
     """
     B, P = prompts.shape
     R = int(max_new_tokens)
-    if len(seeds) != B:
-        raise ValueError(f"generate: {len(seeds)} seeds for {B} prompts")
-    if R < 1:
-        raise ValueError(f"generate: max_new_tokens must be >= 1, got {R}")
-    if not greedy and not temperature > 0:
-        raise ValueError(f"generate: temperature must be > 0, got {temperature}")
+    check_sampling(B, seeds, R, temperature, greedy)
     if P + R > model.spec.max_position_embeddings:
         raise ValueError(f"generate: prompt {P} + response {R} exceeds max_position_embeddings "
                          f"{model.spec.max_position_embeddings}")

@@ -140,13 +140,10 @@ class VllmRollout:
         """
         from vllm import SamplingParams
 
+        from nereus.runtime.worker.rollout import check_sampling
+
         B, R = prompts.shape[0], int(max_new_tokens)
-        if len(seeds) != B:
-            raise ValueError(f"generate: {len(seeds)} seeds for {B} prompts")
-        if R < 1:
-            raise ValueError(f"generate: max_new_tokens must be >= 1, got {R}")
-        if not greedy and not temperature > 0:
-            raise ValueError(f"generate: temperature must be > 0, got {temperature}")
+        check_sampling(B, seeds, R, temperature, greedy)
         lpad = self.spec.extra.get("pad_id") if isinstance(self.spec.extra, dict) else None
         reqs, params = [], []
         for i in range(B):
