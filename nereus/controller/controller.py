@@ -45,6 +45,7 @@ from dataclasses import dataclass, replace
 from nereus.controller.admission import Option, admit
 from nereus.controller.decisions import Keep, Restart, Transition, decision_to_dict
 from nereus.controller.lookahead import LengthTrend, window_steps
+from nereus.controller.loss_sites import LossSites
 from nereus.controller.monitor import Monitor, StepReport, Trigger
 from nereus.controller.planning import PlannerBackend, same_plan
 from nereus.controller.pool_process import PoolProcess
@@ -101,6 +102,9 @@ class ControllerConfig:
             the next loss, ``nereus.controller.pool_process``).
         lookahead: compare plans over the window they are expected to last at the projected
             response length (``nereus.controller.lookahead``).
+        loss_sites: price risk with per-node hit probabilities learned from the losses seen
+            (``nereus.controller.loss_sites``) instead of uniform hits, and also consider the
+            fastest plan on the nodes least likely to be hit (:meth:`Controller.best_plan`).
 
     Raises:
         ValueError: gamma outside [0, 1], a negative slowdown, a negative prior or an unknown
@@ -116,6 +120,7 @@ class ControllerConfig:
     loss_prior: tuple[float, float] = (0.0, 0.0)
     pool_horizon: str = "ema"
     lookahead: bool = False
+    loss_sites: bool = False
 
     def __post_init__(self) -> None:
         if self.pool_horizon not in ("ema", "process"):
@@ -156,6 +161,7 @@ class Controller:
         self.loss = LossRate(*self.config.loss_prior)
         self._pending: tuple[str, int] | None = None  # (signal, step) of a rejected target to revisit
         self.pool_process = PoolProcess()
+        self.sites = LossSites(job.cluster)
         self.trend = LengthTrend()
         self._window = None     # (job at the projected length, W) of the current replan, look-ahead only
         self._forced_to = None  # the planner's best plan at the projected length
@@ -169,6 +175,7 @@ class Controller:
         alive = frozenset(report.alive) | pool if report.alive is not None else pool
         self.loss.observe(pool, alive, report.elapsed_s, report.step_time)
         self.pool_process.observe(pool, self.loss.seconds)
+        self.sites.observe(pool, alive)
         self.trend.observe(report.step, report.response_len)
         job = self.job_at(report.response_len)
         if report.oom:
@@ -232,7 +239,8 @@ class Controller:
         """Priced state-loss risk of ``plan`` in seconds per step (0 without a risk model or losses)."""
         if self.config.risk is None:
             return 0.0
-        return self.config.risk.risk(plan, self.job.cluster, pool, self.loss_rate(), self.loss.mean_event_gpus())
+        return self.config.risk.risk(plan, self.job.cluster, pool, self.loss_rate(), self.loss.mean_event_gpus(),
+                                     self.sites if self.config.loss_sites else None)
 
     def loss_rate(self) -> float:
         """λ of unannounced losses, events/s: ``LossRate.rate``; with ``pool_horizon="process"`` and no
@@ -249,17 +257,38 @@ class Controller:
         return plan.l_step + self.risk(plan, pool)
 
     def best_plan(self, job: JobSpec, pool, current: Plan | None, urgent: bool) -> Plan:
-        """The planner's fastest plan, or the fastest with redundant training state when that one has
-        the smaller risk-adjusted step time. Raises ``ValueError`` when nothing fits."""
+        """The planner's fastest plan, or, when that one carries risk, the one with the smallest
+        risk-adjusted step time among it, the fastest with redundant training state, and (with
+        ``loss_sites``) the fastest plan on the ``k`` nodes least likely to be hit, for every ``k``
+        smaller than the pool's node count. Raises ``ValueError`` when nothing fits."""
         best = self.planner.plan(job, pool, current, urgent)
-        if self.risk(best, pool) > 0:
+        if self.risk(best, pool) <= 0:
+            return best
+        cands = [best]
+        try:
+            cands.append(self.planner.plan(job, pool, current, urgent, min_train_replicas=2))
+        except ValueError:
+            pass
+        if self.config.loss_sites and self.sites.events > 0:
+            cands += self._safe_node_plans(job, pool, current, urgent)
+        return min(cands, key=lambda p: self.expected_l(p, pool))
+
+    def _safe_node_plans(self, job, pool, current, urgent) -> list[Plan]:
+        """The fastest plan on the ``k`` safest nodes of ``pool`` (``LossSites.safest_nodes``), each
+        ``k`` from 1 to the node count − 1; sizes where nothing fits are skipped."""
+        cluster = self.job.cluster
+        nodes_n = len({cluster.node_of(g) for g in pool})
+        m = max(1.0, self.loss.mean_event_gpus() / cluster.gpus_per_node)
+        order = self.sites.safest_nodes(pool, min(1.0, m / nodes_n) if nodes_n else 0.0)
+        out = []
+        for k in range(1, len(order)):
+            keep = set(order[:k])
+            sub = frozenset(g for g in pool if cluster.node_of(g) in keep)
             try:
-                safe = self.planner.plan(job, pool, current, urgent, min_train_replicas=2)
+                out.append(self.planner.plan(job, sub, current, urgent))
             except ValueError:
-                return best
-            if self.expected_l(safe, pool) < self.expected_l(best, pool):
-                return safe
-        return best
+                continue
+        return out
 
     def _replan(self, job, pool, alive, current, urgent, lost, names, horizon):
         survives = state_survives(self.plan, alive)

@@ -233,7 +233,7 @@ class ElasticPolicy(StaticPolicy):
 
 
 #: the issue-29 controller options of the ``nereus``, ``gamma=<g>`` and ``uncalibrated`` policies
-ISSUE29 = {"pool_horizon": "process", "lookahead": True}
+ISSUE29 = {"pool_horizon": "process", "lookahead": True, "loss_sites": True}
 
 
 def risk_model(job: JobSpec, restart: RestartCost | None = None) -> RiskModel:
