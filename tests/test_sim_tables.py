@@ -37,6 +37,24 @@ def test_tables_by_hand():
     assert "| none | state_lost 1 | no_plan 2 |" in md
 
 
+def test_tables_per_job_class_by_hand():
+    def run(job, trace, policy, thr):
+        return _run(trace, 0, policy, thr) | {"job": job}
+    runs = [run("70b-ppo", "a", "nereus", 300.0), run("70b-ppo", "a", "static", 100.0),
+            run("70b-ppo", "b", "nereus", 90.0), run("70b-ppo", "b", "static", 100.0),
+            run("qwen3-32b-grpo", "a", "nereus", 50.0), run("qwen3-32b-grpo", "a", "static", 50.0),
+            _run("a", 0, "nereus", 120.0), _run("a", 0, "static", 100.0)]  # no job field: the 8b class
+    md = _module().tables(runs)
+    # 70b-ppo: ratios 3.0 and 0.9, geometric mean sqrt(2.7); one run below 0.98x static (0.900)
+    assert f"| 70b-ppo | none | 2 | {math.sqrt(2.7):.3f} | 0.900 | 1 |" in md
+    assert "| qwen3-32b-grpo | none | 1 | 1.000 | 1.000 | 0 |" in md
+    assert "| 8b | none | 1 | 1.200 | 1.200 | 0 |" in md
+    # the per-job tables keep the classes apart: trace a is 3.00 for 70b-ppo and 1.00 for qwen3
+    body70 = md.split("**70b-ppo**")[1].split("**qwen3-32b-grpo**")[0]
+    assert "| a | 3.00 |" in body70 and "| b | 0.90 |" in body70
+    assert "| a | 1.00 |" in md.split("**qwen3-32b-grpo**")[1].split("**8b**")[0]
+
+
 def test_bench_admission_summary_by_hand():
     spec = importlib.util.spec_from_file_location("bench_admission", ROOT / "benchmarks" / "bench_admission.py")
     mod = importlib.util.module_from_spec(spec)
