@@ -73,3 +73,21 @@ def test_bench_admission_summary_by_hand():
     assert nr["loses_to_static"] == 1 and nr["below_0.98_static"] == 1 and math.isclose(nr["vs_static_min"], 0.8)
     rp = s[("all", "all", "replan-all")]
     assert math.isclose(rp["geo_mean"], math.sqrt(2.0)) and rp["ties"] == 1 and rp["loses_to_static"] == 1
+
+
+def test_bench_admission_takes_the_plan_space_from_the_job_class():
+    spec = importlib.util.spec_from_file_location("bench_admission", ROOT / "benchmarks" / "bench_admission.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.scenario("70b-ppo", "bamboo-p3", 0, 1.0, 0.0, "x.csv").framework == "megatron"
+    assert mod.scenario("8b", "bamboo-p3", 0, 1.0, 0.0, "x.csv").framework == "nereus"
+    assert mod.scenario("70b-ppo", "bamboo-p3", 0, 1.0, 0.0, "x.csv", "nereus").framework == "nereus"
+    jobs = ["8b", "70b-ppo"]
+    assert mod.parse_frameworks(None, jobs) == {}
+    assert mod.parse_frameworks("megatron", jobs) == {"8b": "megatron", "70b-ppo": "megatron"}
+    assert mod.parse_frameworks("70b-ppo=nereus", jobs) == {"70b-ppo": "nereus"}
+    import pytest
+    with pytest.raises(ValueError, match="unknown framework 'nope'"):
+        mod.parse_frameworks("nope", jobs)
+    with pytest.raises(ValueError, match="unknown job class '1b'"):
+        mod.parse_frameworks("1b=megatron", jobs)
