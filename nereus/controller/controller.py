@@ -259,8 +259,8 @@ class Controller:
     def best_plan(self, job: JobSpec, pool, current: Plan | None, urgent: bool) -> Plan:
         """The planner's fastest plan, or, when that one carries risk, the one with the smallest
         risk-adjusted step time among it, the fastest with redundant training state, and (with
-        ``loss_sites``) the fastest plan on the ``k`` nodes least likely to be hit, for every ``k``
-        smaller than the pool's node count. Raises ``ValueError`` when nothing fits."""
+        ``loss_sites``) the fastest plans on the nodes least likely to be hit (:meth:`_safe_node_plans`).
+        Raises ``ValueError`` when nothing fits."""
         best = self.planner.plan(job, pool, current, urgent)
         if self.risk(best, pool) <= 0:
             return best
@@ -270,24 +270,32 @@ class Controller:
         except ValueError:
             pass
         if self.config.loss_sites and self.sites.events > 0:
-            cands += self._safe_node_plans(job, pool, current, urgent)
+            bound = min(self.expected_l(p, pool) for p in cands)
+            if bound > best.l_step:
+                cands += self._safe_node_plans(job, pool, current, urgent, bound)
         return min(cands, key=lambda p: self.expected_l(p, pool))
 
-    def _safe_node_plans(self, job, pool, current, urgent) -> list[Plan]:
-        """The fastest plan on the ``k`` safest nodes of ``pool`` (``LossSites.safest_nodes``), each
-        ``k`` from 1 to the node count − 1; sizes where nothing fits are skipped."""
+    def _safe_node_plans(self, job, pool, current, urgent, bound: float) -> list[Plan]:
+        """The fastest plan on the ``k`` safest nodes of ``pool`` (``LossSites.safest_nodes``), for
+        ``k`` = node count − 1 down to 1. Stops at the first ``k`` where nothing fits or whose plan's
+        ``L_step`` alone reaches ``bound`` (the best risk-adjusted step time so far, s): fewer GPUs
+        neither fit more nor run faster, so no smaller ``k`` can win. Called only when ``bound``
+        exceeds the fastest plan's ``L_step`` (else no plan on fewer GPUs can win)."""
         cluster = self.job.cluster
         nodes_n = len({cluster.node_of(g) for g in pool})
         m = max(1.0, self.loss.mean_event_gpus() / cluster.gpus_per_node)
         order = self.sites.safest_nodes(pool, min(1.0, m / nodes_n) if nodes_n else 0.0)
         out = []
-        for k in range(1, len(order)):
+        for k in range(len(order) - 1, 0, -1):
             keep = set(order[:k])
             sub = frozenset(g for g in pool if cluster.node_of(g) in keep)
             try:
-                out.append(self.planner.plan(job, sub, current, urgent))
+                p = self.planner.plan(job, sub, current, urgent)
             except ValueError:
-                continue
+                break
+            if p.l_step >= bound:
+                break
+            out.append(p)
         return out
 
     def _replan(self, job, pool, alive, current, urgent, lost, names, horizon):
