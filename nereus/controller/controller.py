@@ -25,7 +25,7 @@ every ``*.train`` model-stage on distinct nodes, and admission compares risk-adj
 price risk from its restart-cost model (measured 1.04x the paper's rule over 27 runs without a
 notice, identical with one; ``nereus.sim.policies``).
 
-Extensions of issue 29 (off by default; the simulator's ``nereus`` policy turns both on):
+Extensions of issue 29 (off by default; the simulator's ``nereus`` policy turns all three on):
 
 * ``pool_horizon="process"``: a pool trigger's ``H`` is the expected steps until the pool next loses
   GPUs, from the loss process (``nereus.controller.pool_process``: mean residual life of the
@@ -34,7 +34,10 @@ Extensions of issue 29 (off by default; the simulator's ``nereus`` policy turns 
 * ``lookahead=True``: targets and the current plan are compared by their mean step time over the
   window they are expected to stay in effect, at the projected response length, with the forced
   transition charged to a plan that will not fit memory then (``nereus.controller.lookahead``); the
-  planner's best plan for the projected length is one more target.
+  planner's best plan for the projected length is one more target;
+* ``loss_sites=True``: risk pricing uses per-node hit probabilities learned from the unannounced
+  losses seen (``nereus.controller.loss_sites``) instead of uniform hits, and :meth:`Controller.best_plan`
+  also considers the fastest plan on the nodes least likely to be hit.
 """
 
 from __future__ import annotations
