@@ -58,25 +58,32 @@ def tables(runs: list[dict]) -> str:
 
 
 def overview(runs: list[dict]) -> str:
-    """One row per (job class, notice): runs, Nereus / policy geometric means over the runs where
-    both ran, Nereus / static minimum and the runs below 0.98x static."""
+    """One row per (job class, notice), and per notice over all job classes when there are several:
+    runs compared (those where Nereus and static both made tokens), runs without tokens for either,
+    Nereus / policy geometric means over the runs where both made tokens, Nereus / static minimum
+    and the runs below 0.98x static."""
     thr = {(job_of(r), r["trace"], r["seed"], r["notice"], r["policy"]): r["tokens_per_s"] for r in runs}
     policies = [p for p in ("static", "elastic-oracle", "replan-all", "nereus-paper", "nereus-ema")
                 if any(r["policy"] == p for r in runs)]
-    out = ["| job | notice | runs | " + " | ".join(f"vs {p}" for p in policies)
-           + " | min vs static | runs < 0.98x static |", "|---" * (len(policies) + 5) + "|"]
+    out = ["| job | notice | runs | no tokens | " + " | ".join(f"vs {p}" for p in policies)
+           + " | min vs static | runs < 0.98x static |", "|---" * (len(policies) + 6) + "|"]
     jobs = list(dict.fromkeys(job_of(r) for r in runs))
-    for j, n in sorted({(job_of(r), r["notice"]) for r in runs}, key=lambda g: (jobs.index(g[0]), g[1])):
-        keys = sorted({k[1:3] for k in thr if k[0] == j and k[3] == n and k[4] == "nereus"})
+    notices = sorted({r["notice"] for r in runs})
+    groups = [(j, n) for j in jobs for n in notices] + ([("all", n) for n in notices] if len(jobs) > 1 else [])
+    for j, n in groups:
+        keys = sorted({k[:3] for k in thr if (j == "all" or k[0] == j) and k[3] == n and k[4] == "nereus"})
+        if not keys:
+            continue
         cells, st = [], []
         for p in policies:
-            rs = [thr[(j, t, s, n, "nereus")] / thr[(j, t, s, n, p)] for t, s in keys
-                  if thr.get((j, t, s, n, p), 0) > 0]
+            rs = [thr[(*k, n, "nereus")] / thr[(*k, n, p)] for k in keys
+                  if thr.get((*k, n, p), 0) > 0 and thr[(*k, n, "nereus")] > 0]
             cells.append(f"{_geo(rs):.3f}" if rs else "-")
             if p == "static":
                 st = rs
+        none = sum(thr[(*k, n, "nereus")] <= 0 and thr.get((*k, n, "static"), 0) <= 0 for k in keys)
         low = f"{min(st):.3f}" if st else "-"
-        out.append(f"| {j} | {_notice(n)} | {len(keys)} | " + " | ".join(cells)
+        out.append(f"| {j} | {_notice(n)} | {len(st)} | {none} | " + " | ".join(cells)
                    + f" | {low} | {sum(x < 0.98 for x in st) if st else '-'} |")
     return "\n".join(out)
 

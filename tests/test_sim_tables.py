@@ -43,12 +43,15 @@ def test_tables_per_job_class_by_hand():
     runs = [run("70b-ppo", "a", "nereus", 300.0), run("70b-ppo", "a", "static", 100.0),
             run("70b-ppo", "b", "nereus", 90.0), run("70b-ppo", "b", "static", 100.0),
             run("qwen3-32b-grpo", "a", "nereus", 50.0), run("qwen3-32b-grpo", "a", "static", 50.0),
+            run("qwen3-32b-grpo", "b", "nereus", 0.0), run("qwen3-32b-grpo", "b", "static", 0.0),
             _run("a", 0, "nereus", 120.0), _run("a", 0, "static", 100.0)]  # no job field: the 8b class
     md = _module().tables(runs)
     # 70b-ppo: ratios 3.0 and 0.9, geometric mean sqrt(2.7); one run below 0.98x static (0.900)
-    assert f"| 70b-ppo | none | 2 | {math.sqrt(2.7):.3f} | 0.900 | 1 |" in md
-    assert "| qwen3-32b-grpo | none | 1 | 1.000 | 1.000 | 0 |" in md
-    assert "| 8b | none | 1 | 1.200 | 1.200 | 0 |" in md
+    assert f"| 70b-ppo | none | 2 | 0 | {math.sqrt(2.7):.3f} | 0.900 | 1 |" in md
+    assert "| qwen3-32b-grpo | none | 1 | 1 | 1.000 | 1.000 | 0 |" in md  # trace b made no tokens
+    assert "| 8b | none | 1 | 0 | 1.200 | 1.200 | 0 |" in md
+    # over all classes: 3.0, 0.9, 1.0, 1.2
+    assert f"| all | none | 4 | 1 | {(3.0 * 0.9 * 1.0 * 1.2) ** 0.25:.3f} | 0.900 | 1 |" in md
     # the per-job tables keep the classes apart: trace a is 3.00 for 70b-ppo and 1.00 for qwen3
     body70 = md.split("**70b-ppo**")[1].split("**qwen3-32b-grpo**")[0]
     assert "| a | 3.00 |" in body70 and "| b | 0.90 |" in body70
