@@ -51,6 +51,7 @@ import numpy as np
 
 from nereus.cost.collectives import allgather_time, allreduce_time, broadcast_time, p2p_time
 from nereus.cost.efficiency import OVERLAP_COMPUTE_SLOWDOWN, EfficiencyTable
+from nereus.cost.fp8 import fp8_cast_times
 from nereus.cost.kernels import ACT_BYTES, attention_times, gemm_class, gemm_peak, gemm_rank_params, gemm_time
 from nereus.cost.memory import RC_FULL, RC_NONE, RC_SELECTIVE, recompute_code
 from nereus.cost.recompute import selective_recompute_times
@@ -256,6 +257,9 @@ def microbatch_stage_times(stage: str, model: ModelSpec, workload: WorkloadSpec,
         rc, mult, n_ar, passes = RC_NONE, 1, 2, (1, 0)
     body = _layer_pass(model, tp, tokens, s, layers, mult, cluster, eff, links, n_ar, gcls, passes, sp,
                        workload.attention_kernel)
+    if stage == "train":
+        for cls, t in fp8_cast_times(model, workload, cluster.gpu, eff, tp, tokens, layers).items():
+            _add(body, cls, t)
     if stage == "train" and np.any(rc == RC_SELECTIVE):
         sel = rc == RC_SELECTIVE
         for cls, t in selective_recompute_times(model, workload.attention_kernel, links, tp, tokens, s, layers, sp,
