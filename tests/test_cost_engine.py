@@ -202,6 +202,32 @@ def test_deepspeed_2021_forward_gathers_by_hand():
         zero3_train_comm("tree", comm, last, *args, 2, True)
 
 
+def test_zero3_infer_gathers_by_hand():
+    from nereus.cost.overlap import overlap_dp
+    from nereus.cost.shapes import params_rank
+    from nereus.cost.zero3 import zero3_infer_comm
+
+    job = _job()
+    model, cl = job.actor, ClusterSpec(gpu=get_gpu("h100"), num_nodes=2, gpus_per_node=8)
+    p = float(params_rank(model, 1, 1))
+    one = 15 / 16 * 2 * p / (50e9 * 0.75) + 24 * 15 * 10e-6  # one flat ring gather of the bf16 weights
+    comm = {"allgather@nvlink": np.array([0.1]), "allgather@ib": np.array([0.2])}  # the default model's
+    last = {"gemm": np.array([0.05])}
+    args = (model, job.workload, cl, EfficiencyTable(), 1, 1, 16, np.array([3]), 3)
+    # deepspeed-2021: one gather per micro-batch (3), flat across the two nodes, nothing hidden
+    got = zero3_infer_comm("deepspeed-2021", comm, last, *args, True)
+    assert float(got["allgather@ib"][0]) == pytest.approx(3 * one)
+    assert float(got["allgather@nvlink"][0]) == 0.0 and "overlap" not in got
+    # deepspeed: the same bytes, hidden behind the 3 micro-batches' compute as the default overlap
+    flat = {"allgather@ib": np.array([3 * one])}
+    ref = overlap_dp(flat, last, np.array([3]), 3)
+    got = zero3_infer_comm("deepspeed", comm, last, *args, True)
+    assert float(got["allgather@ib"][0]) == pytest.approx(float(ref["allgather@ib"][0]))
+    # fsdp without overlap: the default model's gathers as given
+    got = zero3_infer_comm("fsdp", comm, last, *args, False)
+    assert float(got["allgather@ib"][0]) == 0.2
+
+
 def test_tp_overlap_share_by_hand():
     from nereus.cost.efficiency import OVERLAP_COMPUTE_SLOWDOWN
     from nereus.cost.latency import _overlap_tp

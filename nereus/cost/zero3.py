@@ -41,7 +41,9 @@ calls torch.cuda.synchronize()"). So each micro-batch's forward gather of the ra
 to the forward compute; the backward gathers and the reduce-scatters (``overlap_comm`` on its own
 stream) overlap the backward only: window ``m · share · T_compute`` with ``share`` the backward's
 part of a micro-batch's compute, 3/4 with full recompute (forward, recomputed forward, backward of
-twice the forward) and 2/3 otherwise. Inference passes keep their overlap (not modelled).
+twice the forward) and 2/3 otherwise. Inference passes (forward only) of a ZeRO-3 engine
+(:func:`zero3_infer_comm`): one gather per micro-batch, flat across nodes for both DeepSpeed kinds,
+and with ``deepspeed-2021`` not overlapped.
 
 Elementwise over NumPy arrays.
 """
@@ -54,7 +56,7 @@ from nereus.cost.collectives import allgather_time
 from nereus.cost.overlap import overlap_dp
 from nereus.cost.shapes import max_layers_rank, params_rank
 
-__all__ = ["flat_zero3_times", "zero3_train_comm", "backward_share"]
+__all__ = ["flat_zero3_times", "zero3_train_comm", "zero3_infer_comm", "backward_share"]
 
 
 def backward_share(recompute) -> np.ndarray:
@@ -66,6 +68,29 @@ def backward_share(recompute) -> np.ndarray:
 def _where(mask, a: dict, b: dict) -> dict:
     """Per op class: ``a`` where ``mask``, else ``b`` (a missing class counts 0)."""
     return {k: np.where(mask, a.get(k, 0.0), b.get(k, 0.0)) for k in set(a) | set(b)}
+
+
+def zero3_infer_comm(impl: str, comm: dict, last: dict, model, workload, cluster, eff, tp, pp, dp, zero,
+                     micro_batches, overlap: bool) -> dict:
+    """ZeRO-3 weight-gather op-class seconds per step of an inference model-stage, after overlap:
+    ``comm`` is :func:`nereus.cost.sharded_infer.infer_gather_times`'s (before overlap). ``fsdp``:
+    :func:`overlap_dp` when ``overlap``; ``deepspeed``: groups spanning nodes take the forward half
+    of :func:`flat_zero3_times`'s all-gather (one gather per micro-batch) instead; ``deepspeed-2021``:
+    the same, never overlapped (forward fetched on demand).
+
+    Raises:
+        ValueError: ``impl`` is not one of ``fsdp``, ``deepspeed``, ``deepspeed-2021``.
+    """
+    if impl not in ("fsdp", "deepspeed", "deepspeed-2021"):
+        raise ValueError(f"zero3_impl must be one of ['fsdp', 'deepspeed', 'deepspeed-2021'], got {impl!r}")
+    z3 = np.asarray(zero) >= 3
+    if impl != "fsdp" and np.any(z3):
+        flat, mask = flat_zero3_times(model, workload, cluster, eff, tp, pp, dp, micro_batches, workload.grad_bytes)
+        flat = {k: 0.5 * v for k, v in flat.items() if k.startswith("allgather@")}
+        comm = _where(mask & z3, flat, comm)
+    if not overlap or impl == "deepspeed-2021":
+        return comm
+    return overlap_dp(comm, last, zero, micro_batches)
 
 
 def zero3_train_comm(impl: str, comm: dict, last: dict, model, workload, cluster, eff, tp, pp, dp, zero,
