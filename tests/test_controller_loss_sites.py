@@ -78,6 +78,15 @@ class SizePlanner:
         self.pools.append(len(pool))
         return _single(pool, 320.0 / len(pool))
 
+    def estimate(self, job, plan, pool=None):
+        return plan
+
+    def memory_ok(self, job, plan):
+        return True
+
+    def alternatives(self, job, pool, current, best):
+        return []
+
 
 @pytest.mark.parametrize("sites, gpus", [(True, 16), (False, 20)])
 def test_best_plan_moves_the_state_to_the_nodes_never_hit(sites, gpus):
@@ -99,3 +108,19 @@ def test_best_plan_moves_the_state_to_the_nodes_never_hit(sites, gpus):
         assert fp.pools[-2:] == [16, 8]  # 3 nodes - 1 down to 1
     else:
         assert ctl.expected_l(best, P20) == pytest.approx(16 + 16 * 0.02 * 1.0 * 180)
+
+
+def test_a_plan_on_gpus_gone_before_the_first_report_is_urgent():
+    """The first report only sets the monitor's pool reference; GPUs lost in step 0 must still make
+    the plan invalid (before the fix: Keep "no trigger" forever, the simulator's 70B livelock)."""
+    from nereus.controller.decisions import Keep, Restart
+    from nereus.controller.monitor import StepReport
+
+    fp = SizePlanner()
+    ctl = Controller(JOB, fp.plan(JOB, P32, None, False), fp, transition_cost=lambda *a: TransitionCost(1.0),
+                     config=ControllerConfig(calibrate=False))
+    d = ctl.observe(StepReport(step=0, response_len=1000, pool=P24, alive=P24, elapsed_s=104.0))
+    assert not isinstance(d, Keep)
+    # the single training replica spanned GPUs 24-31 too: restore from checkpoint onto the 24 left
+    assert isinstance(d, Restart) and d.cause == "state_lost" and len(d.plan.gpus_used()) == 24
+    assert ctl.log[-1]["triggers"][0]["reason"] == "the plan uses 8 GPU(s) outside P_gpu"

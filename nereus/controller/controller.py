@@ -195,6 +195,13 @@ class Controller:
         if self.config.calibrate:
             values |= self.planner.efficiencies()
         triggers = self.monitor.check(report.step, values, pool, mem_bad, mem_reason)
+        if lost and not any(t.signal == "pool" for t in triggers):
+            # the plan is invalid although P_gpu equals the monitor's reference (the GPUs left before
+            # the first report, which only set the reference): still urgent, or the executor would
+            # retry the same plan on GPUs that are gone forever
+            triggers.append(Trigger("pool", True, len(pool), len(self.plan.gpus_used()),
+                                    self.monitor.horizon("pool").value,
+                                    f"the plan uses {len(lost)} GPU(s) outside P_gpu"))
         if not triggers and self._pending is not None and report.step >= self._pending[1]:
             triggers = [self._stale_trigger(report.step)]
         if not triggers:
