@@ -104,7 +104,7 @@ def job_tables(runs: list[dict]) -> str:
         return a["tokens_per_s"] / b["tokens_per_s"]
 
     nruns = len(traces) * len(seeds)
-    out.append(f"Nereus / policy, geometric mean over {nruns} runs (range); runs Nereus won / lost / tied "
+    out.append(f"Nereus / policy, geometric mean over the runs of {nruns} where both made tokens (range); runs Nereus won / lost / tied "
                f"(within {TIE:.1%}):\n")
     out.append("| notice | " + " | ".join(f"vs {p}" for p in policies) + " |")
     out.append("|---" * (len(policies) + 1) + "|")
