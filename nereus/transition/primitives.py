@@ -385,18 +385,21 @@ class TransitionState:
         return sum(1 for e in self.emus.values() if e.model_stage == model_stage)
 
 
-def check_pre(state: TransitionState, prim: Primitive, exclusive: bool = True) -> str | None:
+def check_pre(state: TransitionState, prim: Primitive, exclusive: bool = True,
+              shared: frozenset = frozenset()) -> str | None:
     """Why ``prim`` cannot start in ``state`` (ignoring memory), or None.
 
     ``exclusive=False`` (a job whose framework colocates model-stages of one stage) lets an
-    acquisition share a GPU with a concurrent model-stage.
+    acquisition share a GPU with a concurrent model-stage; ``shared`` names model-stages that may
+    share GPUs with each other during this transition (``GlobalDAG.shared``).
     """
     for uid in prim.reads + prim.consumes:
         if uid not in state.emus:
             return f"{prim.pid}: EMU {uid} does not exist"
     for g in prim.acquires if exclusive else ():
         for other in state.owners(g):
-            if other != prim.model_stage and other.partition(".")[2] == prim.stage:
+            if other != prim.model_stage and other.partition(".")[2] == prim.stage and not (
+                    other in shared and prim.model_stage in shared):
                 return f"{prim.pid}: GPU {g} is owned by concurrent model-stage {other}"
     return None
 
