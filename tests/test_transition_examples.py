@@ -9,6 +9,7 @@ from nereus.spec.job import JobSpec
 from nereus.spec.plan import Candidate, Plan
 from nereus.spec.presets import get_model
 from nereus.spec.workload import WorkloadSpec
+from nereus.transition.cost import CostParams
 from nereus.transition.emu import aligned_gpus, model_of, phi, sub_units
 from nereus.transition.estimate import estimate_transition
 
@@ -303,7 +304,10 @@ def test_ownership_cycle_between_concurrent_copies_shares_the_gpus_during_the_sw
 def test_training_split_with_no_room_anywhere_is_staged_through_host_memory():
     """critic.train (2,2) → (1,4) on the same 4 GPUs of a 90 GiB device shared with actor.generate
     and reward.infer: through T_sub = (1,2) each GPU would hold half the model's state (56 GB), which
-    fits neither in place nor on free GPUs (none). Staged through host memory (Offload frees the
+    fits neither in place nor on free GPUs (none). Fused into one Merge on the same GPUs
+    (``relayout.py``) the runtime's executor allocates the new shard beside the old one
+    (``CostParams.transit_buffers``): the 31.78 GB new shard does not fit in the 26.7 GB left
+    either. Staged through host memory (Offload frees the
     old shards, Restore writes the new) each GPU never holds more than its target shard. By hand (14 B/param of train state; TP splits
     everything but the two norms per layer):
     old shard on GPU 0 = ((16·(LAYER − 8192) + EMB) / 2 + 16·8192) · 14 = 28,106,817,536 B,
@@ -315,8 +319,15 @@ def test_training_split_with_no_room_anywhere_is_staged_through_host_memory():
     co = (Candidate("actor.generate", 1, 1, 4, gpus=(0, 1, 2, 3)), Candidate("reward.infer", 1, 1, 4, gpus=(0, 1, 2, 3)))
     cur = Plan(co + (Candidate("critic.train", 2, 2, 1, gpus=(0, 1, 2, 3)),))
     tgt = Plan(co + (Candidate("critic.train", 1, 4, 1, gpus=(0, 1, 2, 3)),))
-    est = estimate_transition(j, cur, tgt)
+    # the paper's in-place rule: the fused Merge needs only max(received, new - old) and fits
+    inplace = estimate_transition(j, cur, tgt)
+    assert [n.pid for n in inplace.dag.nodes] == ["merge:critic.train*0"]
+    assert inplace.bytes_moved == inplace.min_bytes
+    est = estimate_transition(j, cur, tgt, params=CostParams(transit_buffers=True))
     assert est.feasible, est.reason
+    weights = (32 * LAYER + 2 * EMB + 4096) * 2  # actor.generate's and reward.infer's copies per GPU
+    room = int(90 * 2**30 * 0.9) - 2 * weights - 28_106_817_536
+    assert 26.6e9 < room < 31_783_256_064  # the new shard alone does not fit beside the old
     assert "staged through host memory" in est.reason and "critic.train" in est.reason
     assert [n.pid for n in est.dag.nodes] == ["offload:critic.train", "restore:critic.train"]
     off, back = est.dag.nodes

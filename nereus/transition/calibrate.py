@@ -124,8 +124,10 @@ class TransitionCalibration:
         return replace(gpu, scaleup_bandwidth=self.bandwidth, scaleout_bandwidth=self.bandwidth)
 
     def params(self, base: CostParams | None = None) -> CostParams:
-        """``base`` with the measured setup (inside and across nodes), copy bandwidth and teardown."""
-        base = base or CostParams()
+        """``base`` with the measured setup (inside and across nodes), copy bandwidth and teardown;
+        without ``base``, the defaults with the runtime executor's buffers counted in the memory
+        check (``CostParams.transit_buffers``: these constants describe that executor)."""
+        base = base or CostParams(transit_buffers=True)
         out = base
         if self.setup_s is not None:
             out = replace(out, comm_setup_intra_s=self.setup_s,

@@ -78,6 +78,11 @@ class CostParams:
         copy_bandwidth: bytes/s at which a primitive's busiest receiver's bytes are packed at their
             senders and assembled at it (module docstring, ``C``); infinite (the default) leaves the
             copy term out until calibrated, 0 derives it from the device, ``hbm_bandwidth / 4``.
+        transit_buffers: count the transient memory of the runtime's executor in the memory
+            check (its send and receive buffers, new shards allocated beside the old:
+            :func:`~nereus.transition.buffers.with_buffers`); False (the default) keeps the paper's
+            in-place rule. :class:`~nereus.transition.calibrate.TransitionCalibration` sets it, as
+            its constants are the runtime's.
 
     The defaults are assumptions of the right order (NCCL communicator creation takes tens to
     hundreds of milliseconds); calibrate them from measured transitions.
@@ -94,6 +99,7 @@ class CostParams:
     host_bandwidth: float = 25e9
     host_setup_s: float = 0.5
     copy_bandwidth: float = math.inf
+    transit_buffers: bool = False
 
     def __post_init__(self) -> None:
         for k, v in asdict(self).items():

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 from nereus.spec.job import JobSpec
 from nereus.spec.plan import Plan
+from nereus.transition.buffers import with_buffers
 from nereus.transition.cost import CostParams, duration, min_bytes, ports
 from nereus.transition.emu import check_zero, model_of, phi, stage_of, state_parts
 from nereus.transition.global_dag import GlobalDAG, critical_path_length, plan_global
@@ -19,6 +20,7 @@ from nereus.transition.group_ranks import align_group
 from nereus.transition.growth import fuse_growth
 from nereus.transition.local_dag import Infeasible, build_local_dag
 from nereus.transition.primitives import STORAGE
+from nereus.transition.relayout import fuse_relayout
 from nereus.transition.schedule import Schedule
 from nereus.workflow import workflow_for
 
@@ -285,6 +287,7 @@ def plan_dag(job: JobSpec, current: Plan, target: Plan, pool: frozenset[int] | N
     dropped: set[str] = set()
     staged: set[str] = set()
     shared: set[str] = set()  # model-stages let share GPUs during the transition (a circular wait)
+    unfused: set[str] = set()  # model-stages whose same-GPU re-layout is not fused (relayout.py)
     first: Infeasible | None = None
 
     def give_up(e: Infeasible) -> Infeasible:
@@ -298,13 +301,20 @@ def plan_dag(job: JobSpec, current: Plan, target: Plan, pool: frozenset[int] | N
         return Infeasible(msg, e0.blocked, e0.cycle)
 
     while True:
-        locals_ = []
+        locals_, fused = [], set()
         for c in current.candidates:
             ms = c.model_stage
-            locals_.append(fuse_growth(build_local_dag(  # growth at the minimum bytes (growth.py)
-                ms, tuple(e for e in initial if e.model_stage == ms), tuple(e for e in final if e.model_stage == ms),
+            cur = tuple(e for e in initial if e.model_stage == ms)
+            ld = fuse_growth(build_local_dag(  # growth at the minimum bytes (growth.py)
+                ms, cur, tuple(e for e in final if e.model_stage == ms),
                 model_of(job, ms), state_parts(job, ms), job.cluster, relocate=ms in relocate,
-                reload_from=reload_from.get(ms), staged=ms in staged)))
+                reload_from=reload_from.get(ms), staged=ms in staged))
+            if ms not in unfused:  # same-GPU re-layout at the minimum bytes (relayout.py)
+                ld, pids = fuse_relayout(ld, cur, model_of(job, ms), state_parts(job, ms))
+                fused |= pids
+            if params.transit_buffers:  # the executor's buffers and new shards (buffers.py)
+                ld = replace(ld, nodes=tuple(with_buffers(n) for n in ld.nodes))
+            locals_.append(ld)
         dur = {n.pid: duration(n, job.cluster, params) for ld in locals_ for n in ld.nodes}
         prt = {n.pid: ports(n, job.cluster) for ld in locals_ for n in ld.nodes}
         try:
@@ -323,6 +333,11 @@ def plan_dag(job: JobSpec, current: Plan, target: Plan, pool: frozenset[int] | N
             cyc = {node[p].model_stage for p in e.blocked if p in node} if e.cycle else set()
             if cyc - shared:
                 shared |= cyc
+                continue
+            # a fused same-GPU re-layout does not fit: the Split → Merge it replaced
+            unfuse = set() if e.cycle else {node[p].model_stage for p in e.blocked if p in fused} - unfused
+            if unfuse:
+                unfused |= unfuse
                 continue
             splits = set() if e.cycle else {node[p].model_stage for p in e.blocked
                                             if p.startswith("split:") and node[p].model_stage not in idle}
