@@ -94,3 +94,25 @@ def test_merge_of_aligned_replicas_into_a_tp_layout_allocates_the_narrower_shard
     assert with_buffers(m).mem_hi == {4: HALF, 5: HALF}  # another TP slicing: no tensor reused
     pp = emu("p", 1, 2, (4, 5))  # the same TP slicing: every tensor of the stage is reused
     assert with_buffers(merge([emu("u0", 1, 1, (4,)), emu("u1", 1, 1, (5,))], pp, TINY, 2)).mem_hi == {4: 0, 5: 0}
+
+
+def test_copy_bytes_count_sends_and_every_new_shard_byte():
+    """``cost.copy_bytes``: the busiest GPU's sends plus the new-shard bytes it writes. TP 1 -> 2
+    growth (a remote-source Merge): GPU 0 sends GPU 1 its half (HALF) and re-slices its own half
+    (HALF) locally, GPU 1 writes HALF: K = 2·HALF, twice the received bytes. The fused TP 2 -> PP 2:
+    GPU 1 sends LACK and writes its new stage 1: K = LACK + STAGE1. Duration = setup + recv / B + α +
+    K / C (cost.py)."""
+    from nereus.transition.cost import copy_bytes, duration
+
+    grow = estimate_transition(JOB, Plan((Candidate("actor.generate", 1, 1, 1, gpus=(0,)),)),
+                               Plan((Candidate("actor.generate", 2, 1, 1, gpus=(0, 1)),))).dag.nodes
+    m = next(n for n in grow if n.kind == "merge")
+    assert m.recv == {1: HALF} and m.sent == {0: HALF} and m.alloc == {0: HALF, 1: HALF}
+    assert copy_bytes(m) == 2 * HALF
+    cur = Plan((Candidate("actor.generate", 2, 1, 1, gpus=(0, 1)),))
+    tgt = Plan((Candidate("actor.generate", 1, 2, 1, gpus=(0, 1)),))
+    f = estimate_transition(JOB, cur, tgt).dag.nodes[0]
+    assert copy_bytes(f) == LACK + STAGE1 == 234_112
+    bw, lat, _ = JOB.cluster.link_of((0, 1))
+    p = CostParams(comm_setup_intra_s=0.1, copy_bandwidth=1e9)
+    assert duration(f, JOB.cluster, p) == pytest.approx(0.1 + LACK / bw + lat + 234_112 / 1e9)
