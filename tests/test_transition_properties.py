@@ -16,6 +16,7 @@ import networkx as nx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from nereus.transition.cost import CostParams
 from nereus.transition.emu import stage_of
 from nereus.transition.estimate import estimate_transition
 from nereus.transition.instances import random_instance
@@ -107,7 +108,10 @@ def test_random_transitions_are_safe_in_every_order(seed):
     reserved = None
     if rng.random() < 0.3:  # workspace kept during the transition tightens memory
         reserved = {g: rng.uniform(0, 16 * 2**30) for g in range(inst.job.cluster.num_gpus)}
-    est = estimate_transition(inst.job, inst.current, inst.target, pool=inst.pool, reserved_bytes=reserved)
+    # the runtime executor's buffers in the memory check (CostParams.transit_buffers) half of the time
+    params = CostParams(transit_buffers=rng.random() < 0.5)
+    est = estimate_transition(inst.job, inst.current, inst.target, pool=inst.pool, reserved_bytes=reserved,
+                              params=params)
     if not est.feasible:
         assert est.dag is None and est.schedule is None and math.isinf(est.l_tran) and est.reason
         return
