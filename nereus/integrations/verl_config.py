@@ -55,18 +55,41 @@ def _compose(config_dir: Path, name: str, overrides: list[str]) -> dict:
         from omegaconf import OmegaConf
     except ImportError as e:
         raise ValueError(f"verl config {name!r} uses Hydra defaults; install hydra-core (or verl) to read it") from e
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(config_dir.resolve()), version_base=None):
-            cfg = compose(config_name=name, overrides=list(overrides))
-    except Exception as e:  # hydra's errors name the override and the key
-        ver = _verl_version()
-        hint = (f" (verl {ver}'s own launcher refuses this line too: it was written for another verl version)"
-                if "Could not override" in str(e) or "Key '" in str(e) else "")
-        raise ValueError(f"verl config {name!r}: {' '.join(str(e).split())}"[:500] + hint) from e
-    finally:
+    overrides = list(overrides)
+    while True:
         GlobalHydra.instance().clear()
+        try:
+            with initialize_config_dir(config_dir=str(config_dir.resolve()), version_base=None):
+                cfg = compose(config_name=name, overrides=overrides)
+            break
+        except Exception as e:  # hydra's errors name the override and the key
+            redo = _append_to_existing(e, overrides)
+            if redo is not None:
+                overrides = redo
+                continue
+            ver = _verl_version()
+            hint = (f" (verl {ver}'s own launcher refuses this line too: it was written for another verl version)"
+                    if "Could not override" in str(e) or "Key '" in str(e) else "")
+            raise ValueError(f"verl config {name!r}: {' '.join(str(e).split())}"[:500] + hint) from e
+        finally:
+            GlobalHydra.instance().clear()
     return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
+
+
+def _append_to_existing(err: Exception, overrides: list[str]) -> list[str] | None:
+    """Overrides with ``+key=value`` made ``++key=value`` where Hydra says the key already exists
+    ("Could not append to config. An item is already at 'key'"): a line written for a verl release
+    that did not have the key yet (TinyZero's ``+trainer.val_before_train=False`` for verl 0.1) sets
+    it in a later release, which is what Hydra's ``++`` (add or override) does. None: another error."""
+    import re
+
+    m = re.search(r"An item is already at '([^']+)'", str(err))
+    if m is None:
+        return None
+    key = m.group(1)
+    out = [("+" + o) if o.startswith("+") and not o.startswith("++") and o[1:].partition("=")[0] == key else o
+           for o in overrides]
+    return out if out != overrides else None
 
 
 _ENTRY = ("verl.trainer.main_ppo", "verl/trainer/main_ppo.py")
