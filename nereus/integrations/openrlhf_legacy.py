@@ -142,11 +142,12 @@ def translate_legacy(toks) -> tuple[list[str], list[str], list[tuple[str, object
             refused.append((k, " ".join(vals) or True, REFUSED[k]))
         else:
             out += [RENAMED.get(k, k)] + vals
-    filled = [k for k in LEGACY_DEFAULTS if k not in given]
+    dotted = {"--prompt_max_len": "--data.max_len", "--generate_max_len": "--rollout.max_new_tokens"}
+    filled = [k for k in LEGACY_DEFAULTS if k not in given and RENAMED.get(k, dotted.get(k)) not in given]
     for k in ("--micro_train_batch_size", "--micro_rollout_batch_size"):
         if k in filled:
             out += [RENAMED[k], LEGACY_DEFAULTS[k]]
-    if "--max_len" not in given and "--max_new_tokens" not in given:
+    if not given & {"--max_len", "--max_new_tokens", "--data.max_len", "--rollout.max_new_tokens"}:
         p = lens.get("--prompt_max_len", int(LEGACY_DEFAULTS["--prompt_max_len"]))
         r = lens.get("--generate_max_len", int(LEGACY_DEFAULTS["--generate_max_len"]))
         out += ["--data.max_len", str(p + r), "--rollout.max_new_tokens", str(r)]

@@ -407,6 +407,8 @@ def export_verl(job: JobSpec, best: Plan, headroom: float | None = None, model_p
     config = CONFIG_NAMES[backend]
     if user is not None:
         ov, config = merge_overrides(user.get("overrides", ()), ov), user.get("config") or config
+    else:  # verl builds a reference model only for a KL term (the user's own KL keys are kept above)
+        ov.append(f"actor_rollout_ref.actor.use_kl_loss={_tf(job.workload.reference_model)}")
     return {"framework": "verl", "backend": backend, "config_name": config,
             "overrides": ov,
             "layout": list(cands), "evaluation": ev, "framework_spec": vjob.framework.to_dict(), "nereus_l_step": best.l_step,
