@@ -110,23 +110,75 @@ def _expand(text: str, env: dict) -> str:
             return os.environ[name]
         return default if default is not None else m.group(0)
 
-    return re.sub(r"\$\{(\w+)(?::-([^}]*))?\}|\$(\w+)", sub, text)
+    text = re.sub(r"\$\{(\w+)(?::-([^}]*))?\}|\$(\w+)", sub, text)
+    return re.sub(r"\$\(\(([0-9+\-*/%() ]+)\)\)", _arith, text)
+
+
+def _arith(m) -> str:
+    """bash's integer ``$((...))`` of literal numbers (``+ - * / %``, parentheses): ``/`` truncates."""
+    import ast
+
+    def ev(n):
+        if isinstance(n, ast.Expression):
+            return ev(n.body)
+        if isinstance(n, ast.Constant) and isinstance(n.value, int):
+            return n.value
+        if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub):
+            return -ev(n.operand)
+        if isinstance(n, ast.BinOp):
+            a, b = ev(n.left), ev(n.right)
+            if isinstance(n.op, ast.Add):
+                return a + b
+            if isinstance(n.op, ast.Sub):
+                return a - b
+            if isinstance(n.op, ast.Mult):
+                return a * b
+            if isinstance(n.op, (ast.Div, ast.Mod)) and b:
+                q = abs(a) // abs(b) * (1 if (a >= 0) == (b >= 0) else -1)
+                return q if isinstance(n.op, ast.Div) else a - q * b
+        raise ValueError
+    try:
+        return str(ev(ast.parse(m.group(1).strip(), mode="eval")))
+    except (ValueError, SyntaxError):
+        return m.group(0)
 
 
 def _script_tokens(path: Path) -> list[str]:
     """The ``python3 -m verl.trainer.main_ppo ...`` command of a launch script as tokens: line
     continuations joined, simple ``NAME=value`` assignments (and ``export NAME=value``) expanded into
-    the command, comments dropped.
+    the command, bash arrays (``NAME=(a b ...)`` over one or more lines, ``NAME+=(...)``) expanded
+    where the command says ``"${NAME[@]}"`` (as verl's newer example scripts write their override
+    groups), comments dropped.
 
     Raises:
         ValueError: no verl entry point in the script.
     """
+    import re
     import shlex
 
     env: dict = {}
+    arrays: dict[str, list[str]] = {}
+    open_array: tuple[str, list[str]] | None = None
     for line in path.read_text().replace("\\\n", " ").splitlines():
         line = line.strip()
+        if open_array is not None:  # inside NAME=( ... ) spanning lines
+            body = "" if line.startswith("#") else _expand(line, env)
+            body, closed = (body[: body.index(")")], True) if ")" in body else (body, False)
+            open_array[1].extend(shlex.split(body, comments=True))
+            if closed:
+                arrays[open_array[0]] = open_array[1]
+                open_array = None
+            continue
         if not line or line.startswith("#"):
+            continue
+        m = re.match(r"(?:export\s+)?(\w+)(\+?)=\((.*)$", line)
+        if m:
+            name, add, rest = m.groups()
+            items = arrays.get(name, []) if add else []
+            if ")" in rest:
+                arrays[name] = items + shlex.split(_expand(rest[: rest.rindex(")")], env), comments=True)
+            else:
+                open_array = (name, items + shlex.split(_expand(rest, env), comments=True))
             continue
         body = line[len("export "):] if line.startswith("export ") else line
         head, eq, _ = body.partition("=")
@@ -139,7 +191,11 @@ def _script_tokens(path: Path) -> list[str]:
                 env[head] = parts[0].partition("=")[2]
                 continue
         if any(e in line for e in _ENTRY):
-            return shlex.split(_expand(line, env), comments=True)
+            out: list[str] = []
+            for t in shlex.split(_expand(line, env), comments=True):
+                a = re.fullmatch(r"\$\{(\w+)\[[@*]\]\}", t)
+                out.extend(arrays.get(a.group(1), []) if a else [t])
+            return out
     raise ValueError(f"--from-verl {str(path)!r}: no `python3 -m verl.trainer.main_ppo ...` line in the script")
 
 
