@@ -23,16 +23,18 @@ import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-__all__ = ["WorkloadSpec", "ALGORITHMS", "GEMM_PRECISIONS", "ATTENTION_KERNELS", "RECOMPUTE_MODES", "OPTIONAL_FIELDS", "read_response_lengths",
+__all__ = ["WorkloadSpec", "ALGORITHMS", "GEMM_PRECISIONS", "FP8_RECIPES", "ATTENTION_KERNELS", "RECOMPUTE_MODES", "OPTIONAL_FIELDS", "read_response_lengths",
            "response_len_stats"]
 
 ALGORITHMS = ("ppo", "grpo", "remax")
 RECOMPUTE_MODES = ("none", "selective", "full", "auto")
 #: fields left out of :meth:`WorkloadSpec.to_dict` while unset (None)
 OPTIONAL_FIELDS = ("response_len_max", "memory_fraction", "gemm_precision", "attention_kernel", "lora_rank",
-                   "rollout_memory_fraction")
+                   "rollout_memory_fraction", "fp8_recipe")
 #: values of ``gemm_precision`` (None = bf16)
 GEMM_PRECISIONS = ("bf16", "fp8")
+#: values of ``fp8_recipe`` (None = Transformer Engine: casts fused into the neighbouring kernels)
+FP8_RECIPES = ("tensorwise", "rowwise")
 #: values of ``attention_kernel`` (None = flash)
 ATTENTION_KERNELS = ("flash", "flash_triton", "unfused", "unfused_dropout")
 
@@ -71,6 +73,10 @@ class WorkloadSpec:
             (None, the default) or ``fp8`` (Transformer Engine style: GEMM inputs in FP8 on the GPU's
             FP8 peak, op class ``gemm_fp8``; attention, memory-bound kernels, weights, gradients and
             optimizer state stay as above, so memory is unchanged).
+        fp8_recipe: with ``gemm_precision="fp8"``, how the GEMM operands are scaled and cast
+            (:mod:`nereus.cost.fp8`): None (Transformer Engine: casts fused into neighbouring
+            kernels, not charged), ``tensorwise`` or ``rowwise`` (torchao ``Float8LinearConfig``
+            recipes: their cast kernels' HBM traffic is charged, rowwise's larger).
         attention_kernel: how the training engine's passes (training and inference
             model-stages) compute attention; generation (vLLM) always runs its own fused kernel:
             ``flash`` (None, the default: a FlashAttention-2-class fused kernel),
@@ -118,8 +124,12 @@ class WorkloadSpec:
     attention_kernel: str | None = None
     lora_rank: int | None = None
     rollout_memory_fraction: float | None = None
+    fp8_recipe: str | None = None
 
     def __post_init__(self) -> None:
+        if self.fp8_recipe is not None and self.fp8_recipe not in FP8_RECIPES:
+            raise ValueError(f"workload field 'fp8_recipe' must be one of {FP8_RECIPES} or null (Transformer "
+                             f"Engine), got {self.fp8_recipe!r}")
         if self.attention_kernel is not None and self.attention_kernel not in ATTENTION_KERNELS:
             raise ValueError(f"workload field 'attention_kernel' must be one of {ATTENTION_KERNELS} or null "
                              f"(flash), got {self.attention_kernel!r}")
