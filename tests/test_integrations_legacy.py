@@ -4,7 +4,7 @@ names translated to 0.11's, their release's defaults filled in, PPO-ptx refused 
 
 import pytest
 
-from nereus.integrations.openrlhf import argument_names, import_openrlhf, openrlhf_source
+from nereus.integrations.openrlhf import argument_names, import_openrlhf, openrlhf_source, parse_args
 from nereus.integrations.openrlhf_legacy import LEGACY_DEFAULTS, RENAMED, is_legacy, translate_legacy
 from nereus.integrations.verl_config import load_verl_config, verl_config_dir
 
@@ -51,6 +51,9 @@ def test_flat_line_imports_as_its_011_translation_and_ptx_is_named():
               "--rollout.n_samples_per_prompt 4 --actor.gradient_checkpointing_enable --ds.adam_offload")
     a, b = import_openrlhf(flat, model="qwen2.5-0.5b"), import_openrlhf(dotted, model="qwen2.5-0.5b")
     assert a.job == b.job and a.layout == b.layout and a.expressible
+    # 0.5-0.6's --use_kl_estimator_k3 is 0.11's --algo.kl.estimator k3 (default k1), parsed by OpenRLHF's parser
+    assert parse_args(flat + " --use_kl_estimator_k3")[0]["algo.kl.estimator"] == "k3"
+    assert parse_args(flat)[0]["algo.kl.estimator"] == "k1"
     ptx = import_openrlhf(flat + " --pretrain_data d --ptx_coef 0.05", model="qwen2.5-0.5b")
     assert {u.key for u in ptx.unexpressible} >= {"--pretrain_data", "--ptx_coef"}
 

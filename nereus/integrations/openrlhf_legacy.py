@@ -7,7 +7,8 @@ hierarchy", OpenRLHF/OpenRLHF, 2026-04-19) of ``openrlhf/cli/train_ppo_ray.py``,
 the options whose help changed there (:data:`RENAMED` lists both). Older names still: ``--prompt_max_len``
 and ``--generate_max_len`` (until ``d0e088b6``, 2026-03-24) become ``--data.max_len`` (their sum) and
 ``--rollout.max_new_tokens``; ``--bf16`` is ``--ds.param_dtype bf16``; ``--ref_reward_offload`` is
-``--ref.offload --reward.offload``; ``examples/train_ppo_ray.py`` (0.2-0.3) is the entry point.
+``--ref.offload --reward.offload``; ``--use_kl_estimator_k3`` (0.5-0.6) is ``--algo.kl.estimator k3``;
+``examples/train_ppo_ray.py`` (0.2-0.3) is the entry point.
 
 Defaults: a flat-name line that leaves an option out ran with that release's default, not 0.11's.
 Where they differ and the cost model reads the option, the flat-name default is filled in
@@ -84,7 +85,7 @@ REFUSED = {
 #: OpenRLHF v0.8.0 defaults of the options the cost model reads, where 0.11's differ
 LEGACY_DEFAULTS = {"--micro_train_batch_size": "4", "--micro_rollout_batch_size": "8",
                    "--prompt_max_len": "1024", "--generate_max_len": "1024"}
-_SPECIAL = ("--prompt_max_len", "--generate_max_len", "--bf16", "--ref_reward_offload")
+_SPECIAL = ("--prompt_max_len", "--generate_max_len", "--bf16", "--ref_reward_offload", "--use_kl_estimator_k3")
 _ENTRIES = ("openrlhf.cli.train_ppo_ray", "examples/train_ppo_ray.py", "train_ppo_ray.py",
             "openrlhf/cli/train_ppo_ray.py")
 
@@ -136,6 +137,8 @@ def translate_legacy(toks) -> tuple[list[str], list[str], list[tuple[str, object
             out += ["--ds.param_dtype", "bf16"]
         elif k == "--ref_reward_offload":
             out += ["--ref.offload", "--reward.offload"]
+        elif k == "--use_kl_estimator_k3":  # v0.5-0.6; --kl_estimator k3 from v0.7
+            out += ["--algo.kl.estimator", "k3"]
         elif k in DROPPED:
             dropped.append(k)
         elif k in REFUSED:
