@@ -160,8 +160,8 @@ class MemoryPools:
         for kind, d in engine.state_tensors().items():
             slots = {}
             for n in d:
-                if kind == "params":
-                    w = engine.model.params[n]
+                if kind == "params":  # a ZeRO-3 engine's are its slice leaves (worker/zero3.py)
+                    w = engine.model.params[n] if n in engine.model.params else d[n]
                     slots[n] = (lambda w=w: w.data, lambda t, w=w: setattr(w, "data", t))
                 else:
                     slots[n] = (lambda d=d, n=n: d[n], lambda t, d=d, n=n: d.__setitem__(n, t))
