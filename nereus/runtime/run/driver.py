@@ -383,7 +383,7 @@ class RLDriver:
             for dst in dsts:
                 if src in self.layouts and dst in self.layouts:
                     sl, dl = self.layouts[src], self.layouts[dst]
-                    members = sorted(set(sl.replica(0)) | set(dl.workers))
+                    members = sorted(set(sl.workers if self.cands[src].zero == 3 else sl.replica(0)) | set(dl.workers))
                     spec = self._spec_of(src.split(".")[0])
                     futs += [self.workers[m].sync_weights.remote(src, dst, sl, dl, spec, self.updates, self.tag)
                              for m in members]

@@ -236,29 +236,38 @@ class WorkerCore(CheckpointCallsMixin, VllmWorkerMixin):
         """
         members = set(src_layout.replica(0)) | set(dst_layout.workers)
         out = {"sent": 0, "recv": 0, "setup_s": 0.0, "transfer_s": 0.0, "header_bytes": 0}
-        if self.id not in members:
+        e = self.engines.get(src)
+        sharded = e is not None and getattr(e, "zero", 0) == 3 and self.id in src_layout.workers
+        if self.id not in members and not sharded:
             return out
         frozen = dst in self.engines and not self.engines[dst].trainable  # a derived copy: all rewritten
-        self.pools.activate(self.engines, {src, dst}, {dst} if frozen else ())  # both take this turn
+        self.pools.activate(self.engines, {src, dst} if self.id in members else {src},
+                            {dst} if frozen else ())  # both take this turn
         with self.meter.stage(dst):
+            # a ZeRO-3 source: every replica joins the DP all-gather of its (p, t) shard (worker/zero3.py)
+            shards = e.shard_params() if sharded else None
+            if self.id not in members:
+                return out
             src_meta = UnitMeta(f"{src}#0", src, src_layout.tp, src_layout.pp, src_layout.replica(0))
             dst_metas = tuple(UnitMeta(f"{dst}#{d}", dst, dst_layout.tp, dst_layout.pp, dst_layout.replica(d))
                               for d in range(dst_layout.dp))
             move = MoveSpec(pid=f"sync:{src}->{dst}", kind="sync", model_stage=dst, produces=dst_metas,
                             sources=(src_meta,), kinds=WEIGHT_KINDS)
             units = {}
-            if src in self.engines and self.id in src_meta.gpus:
-                e = self.engines[src]
-                units[src_meta.uid] = Unit(src_meta, {"params": {n: w.detach() for n, w in e.model.params.items()}},
-                                           {})
+            if e is not None and self.id in src_meta.gpus:
+                params = shards if shards is not None else {n: w.detach() for n, w in e.model.params.items()}
+                units[src_meta.uid] = Unit(src_meta, {"params": params}, {})
             d_eng = self.engines.get(dst)
             dtype = self._dtype_of(dst, False)
             made = self.transit.exchange(spec, move, units, f"{tag}/sync/{src}->{dst}", dtype, self.device, out)
             if d_eng is not None:
                 mine = next(u for u in made.values())
-                with torch.no_grad():
-                    for n, w in d_eng.model.params.items():
-                        w.copy_(mine.tensors["params"][n])
+                if hasattr(d_eng, "load_shard_params"):  # a ZeRO-3 destination keeps its slices
+                    d_eng.load_shard_params(mine.tensors["params"])
+                else:
+                    with torch.no_grad():
+                        for n, w in d_eng.model.params.items():
+                            w.copy_(mine.tensors["params"][n])
                 d_eng.version += 1
                 d_eng.policy_version = int(policy_version)
         if self.serves_vllm(dst):  # served by vLLM: hand the new shards over
