@@ -29,6 +29,7 @@ from nereus.runtime.worker.memory_pool import MemoryPools
 from nereus.runtime.worker.rollout import generate
 from nereus.runtime.worker.vllm_worker import VllmWorkerMixin
 from nereus.runtime.worker.zero import make_engine
+from nereus.runtime.worker.zero3 import colocated_sync
 from nereus.spec.model import ModelSpec
 
 __all__ = ["WorkerCore", "ray_worker_class", "PRECISION_KEY"]
@@ -241,11 +242,14 @@ class WorkerCore(CheckpointCallsMixin, VllmWorkerMixin):
         if self.id not in members and not sharded:
             return out
         frozen = dst in self.engines and not self.engines[dst].trainable  # a derived copy: all rewritten
-        self.pools.activate(self.engines, {src, dst} if self.id in members else {src},
-                            {dst} if frozen else ())  # both take this turn
+        if sharded and colocated_sync(src_layout, dst_layout):  # unit by unit, in place (worker/zero3.py)
+            return self._sync_from_slices(e, src, dst, policy_version, frozen, out)
+        self.pools.activate(self.engines, {src, dst}, {dst} if frozen else ())  # both take this turn
         with self.meter.stage(dst):
             # a ZeRO-3 source: every replica joins the DP all-gather of its (p, t) shard (worker/zero3.py)
             shards = e.shard_params() if sharded else None
+            if shards is not None:  # held while the exchange runs
+                self.meter.set_static("sync_shard", sum(t.numel() * t.element_size() for t in shards.values()))
             if self.id not in members:
                 return out
             src_meta = UnitMeta(f"{src}#0", src, src_layout.tp, src_layout.pp, src_layout.replica(0))
@@ -270,8 +274,25 @@ class WorkerCore(CheckpointCallsMixin, VllmWorkerMixin):
                             w.copy_(mine.tensors["params"][n])
                 d_eng.version += 1
                 d_eng.policy_version = int(policy_version)
+            self.meter.drop_static("sync_shard")
         if self.serves_vllm(dst):  # served by vLLM: hand the new shards over
             out["vllm"] = self.vllm_push(dst)
+        return out
+
+    def _sync_from_slices(self, e, src: str, dst: str, policy_version: int, frozen: bool, out: dict) -> dict:
+        """A weight sync from a ZeRO-3 source into destinations of the same (p, t) shards on the same
+        workers: only the destination is made resident; the source's parameter slices are read where
+        they are (the host pool when offloaded) and gathered one unit at a time
+        (``ShardedEngine.sync_units``)."""
+        d_eng = self.engines.get(dst)
+        self.pools.activate(self.engines, {dst} if d_eng is not None else set(), {dst} if frozen else ())
+        held = self.pools.host.get(src, {}).get("params") if src in self.pools.offloaded else None
+        with self.meter.stage(dst):
+            out["sent"] = e.sync_units(d_eng, None if held is None else
+                                       {u: h.to(self.device) for u, h in held.items()})
+        if d_eng is not None:
+            d_eng.version += 1
+            d_eng.policy_version = int(policy_version)
         return out
 
     # ------------------------------------------------------------------ live transitions (transit.py)

@@ -59,7 +59,7 @@ from nereus.runtime.model.sharding import param_shapes, shard, tied_copy
 from nereus.runtime.worker.engine import Engine
 from nereus.runtime.worker.logical_state import broadcast_stages
 
-__all__ = ["ShardedEngine", "unit_names"]
+__all__ = ["ShardedEngine", "unit_names", "colocated_sync"]
 
 _KV = ("k_proj.weight", "v_proj.weight", "k_proj.bias", "v_proj.bias")
 
@@ -75,6 +75,15 @@ def unit_names(names: list[str]) -> list[tuple[str, list[str]]]:
     out = [("embed", embed)] if embed else []
     out += [(f"layer{i}", layers[i]) for i in sorted(layers)]
     return out + ([("head", head)] if head else [])
+
+
+def colocated_sync(src, dst) -> bool:
+    """Whether every worker of layout ``dst`` holds, in layout ``src``, the shard of the same (p, t)
+    (same TP and PP degrees): a ZeRO-3 source then fills its destinations unit by unit in place
+    (:meth:`ShardedEngine.sync_units`), with no exchange between workers."""
+    if (src.tp, src.pp) != (dst.tp, dst.pp):
+        return False
+    return all(w in src.workers and src.position(w)[1:] == dst.position(w)[1:] for w in dst.workers)
 
 
 def _in_backward() -> bool:
@@ -334,6 +343,29 @@ class ShardedEngine(Engine):
         if self.zero == 3:
             return self._unsliced(self.pslice)
         return {n: w.detach() for n, w in self.model.params.items()}
+
+    @torch.no_grad()
+    def sync_units(self, dst: Engine | None, slices: dict[str, torch.Tensor] | None = None) -> int:
+        """A weight sync into ``dst``, a forward-only engine of the same (p, t) shard on this worker
+        (or None: this rank only joins the gathers): each unit all-gathered over DP and written into
+        ``dst`` at once, so one unit is gathered at a time (verl's layered FSDP → rollout sync).
+        ``slices``: this rank's parameter slices by unit when not the resident ones (an offloaded
+        engine's host copies). Collective over the DP group; returns the bytes this rank sent."""
+        sent = 0
+        slices = slices if slices is not None else self.pslice
+        for u, _, N, _, _ in self.layout():
+            piece = slices[u].detach()
+            flat = self._all_gather(u, piece)
+            sent += (self.ctx.dp_group.size - 1) * piece.numel() * piece.element_size()
+            if isinstance(dst, ShardedEngine) and dst.zero == 3:
+                _, _, _, k2, lo2 = next(x for x in dst.layout() if x[0] == u)
+                full = torch.cat([flat[:N], flat.new_zeros(max(lo2 + k2 - N, 0))])
+                dst.pslice[u].data.copy_(full[lo2:lo2 + k2])
+            elif dst is not None:
+                for n, x in self._views(u, flat).items():
+                    dst.model.params[n].copy_(x)
+            self._release(u)
+        return sent
 
     def _kind(self, kind: str) -> dict[str, torch.Tensor]:
         if kind == "params":
