@@ -78,10 +78,11 @@ def move_rows(cost, plan, measurements: dict, steps: int, updates_per_step: int,
     *Offload* (``cost/latency.py`` ``offload_times``): per step a ``host`` model-stage copies its
     state ``S`` (weights and optimizer state per GPU, the cost model's ``weights + optimizer``) out and
     back (``2·S``), a dropped frozen one reloads it (``S``), a dropped derived copy is re-synced (0
-    offload bytes; this runtime keeps a host copy of it after the sync and restores it: ``2·S``), each
-    times its GPUs. Measured: the workers' offload plus restore bytes per step, from ``first`` (the
-    measurements after the first step: the steady state) when given, else over the run (the build's
-    first copies included).
+    offload bytes: where its shards sit on its source's workers the runtime defers the sync to its
+    turn and fills it from the source's host copy, ``MemoryPools.defer``; those bytes are reported as
+    ``resync``, the weight sync's, not offload), each times its GPUs. Measured: the workers' offload
+    plus restore bytes per step, from ``first`` (the measurements after the first step: the steady
+    state) when given, else over the run (the build's first copies included).
 
     *ZeRO collectives* (``comm/groups.py`` payload model; ``cost/latency.py`` ``dp_sync_time``, the
     same counts; ``worker/zero.py``, ``worker/zero3.py``): per optimizer update of ``m`` micro-batches
@@ -117,6 +118,7 @@ def move_rows(cost, plan, measurements: dict, steps: int, updates_per_step: int,
     meas_rs = since("op_bytes", "reducescatter@gloo") / n
     meas_ag = since("op_bytes", "allgather@gloo") / n
     return {"offload": (meas_off, pred_off), "reduce_scatter": (meas_rs, pred_rs), "all_gather": (meas_ag, pred_ag),
+            "resync_bytes": since("memory", "resync_bytes") / n,
             "offload_s": (since("memory", "offload_s") + since("memory", "restore_s")) / n}
 
 
@@ -146,7 +148,8 @@ def format_moves(rows: dict) -> str:
     """Three lines: offload, ZeRO reduce-scatter and ZeRO all-gather MB per step, measured and predicted."""
     (mo, po), (mr, pr) = rows["offload"], rows["reduce_scatter"]
     ma, pa = rows.get("all_gather", (0.0, 0.0))
-    return (f"offload per step (MB): measured {mo / 1e6:.2f} in {rows['offload_s']:.3f} s, predicted {po / 1e6:.2f}\n"
+    return (f"offload per step (MB): measured {mo / 1e6:.2f} in {rows['offload_s']:.3f} s, predicted {po / 1e6:.2f}"
+            f" (deferred weight syncs from host: {rows.get('resync_bytes', 0.0) / 1e6:.2f})\n"
             f"ZeRO reduce-scatter per step (MB): measured {mr / 1e6:.2f}, predicted {pr / 1e6:.2f}\n"
             f"ZeRO all-gather per step (MB): measured {ma / 1e6:.2f}, predicted {pa / 1e6:.2f}")
 

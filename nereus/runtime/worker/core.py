@@ -244,6 +244,8 @@ class WorkerCore(CheckpointCallsMixin, VllmWorkerMixin):
         frozen = dst in self.engines and not self.engines[dst].trainable  # a derived copy: all rewritten
         if sharded and colocated_sync(src_layout, dst_layout):  # unit by unit, in place (worker/zero3.py)
             return self._sync_from_slices(e, src, dst, policy_version, frozen, out)
+        if colocated_sync(src_layout, dst_layout):  # every destination shard is on its source's worker
+            return self._sync_local(e, src, dst, policy_version, frozen, out)
         self.pools.activate(self.engines, {src, dst}, {dst} if frozen else ())  # both take this turn
         with self.meter.stage(dst):
             # a ZeRO-3 source: every replica joins the DP all-gather of its (p, t) shard (worker/zero3.py)
@@ -277,6 +279,30 @@ class WorkerCore(CheckpointCallsMixin, VllmWorkerMixin):
             self.meter.drop_static("sync_shard")
         if self.serves_vllm(dst):  # served by vLLM: hand the new shards over
             out["vllm"] = self.vllm_push(dst)
+        return out
+
+    @torch.no_grad()
+    def _sync_local(self, e, src: str, dst: str, policy_version: int, frozen: bool, out: dict) -> dict:
+        """A weight sync whose destination shards all sit on workers holding the same source shard:
+        deferred to the destination's turn when it is a dropped derived copy
+        (``MemoryPools.defer``), else copied here from the source's parameters where they are (its
+        host copy when offloaded: the source is not restored for the sync)."""
+        d_eng = self.engines.get(dst)
+        if d_eng is None:
+            return out
+        version = d_eng.version + 1
+        if not (frozen and not hasattr(d_eng, "load_shard_params")
+                and self.pools.defer(dst, d_eng, src, self.engines, version)):
+            self.pools.activate(self.engines, {dst}, {dst} if frozen else ())
+            with self.meter.stage(dst):
+                params = self.pools.params_of(src, e)
+                if hasattr(d_eng, "load_shard_params"):
+                    d_eng.load_shard_params(params)
+                else:
+                    for n, w in d_eng.model.params.items():
+                        w.copy_(params[n])
+        d_eng.version = version
+        d_eng.policy_version = int(policy_version)
         return out
 
     def _sync_from_slices(self, e, src: str, dst: str, policy_version: int, frozen: bool, out: dict) -> dict:
