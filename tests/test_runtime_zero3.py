@@ -204,3 +204,37 @@ def test_zero3_checkpoint_round_trips(results, case):
                 assert torch.equal(got[kind][n], t), (key, kind, n)
         for k in ("step", "update_count", "position"):
             assert got[k] == saved[k]
+
+
+def test_zero_bytes_report_formula_by_hand():
+    """``memreport.zero_bytes`` per rank: the small model's 4,755,712 parameters per rank (16,384 each
+    for the embedding and the head, 256 for the final norm, 8 layers of 590,336; dp 2: k = 2,377,856), fp32 (w = 4), a mini-batch of 32 over dp 2 at micro-batch 4 (m = 4 micro-batches),
+    4 updates per step (128 sequences / 32). ZeRO-1: one reduce-scatter of 4·k and one all-gather of
+    w·k per update; ZeRO-2: the reduce-scatter per micro-batch; ZeRO-3: two all-gathers per
+    micro-batch plus, per step, one per weight sync it sources (actor: generate and infer, spread
+    over the 4 updates); a ZeRO-3 infer pass of 128 sequences at micro-batch 4 over dp 2: 16 gathers."""
+    from dataclasses import replace as rep
+
+    from nereus.cost.model import CostModel
+    from nereus.runtime.run.device_model import runtime_job
+    from nereus.runtime.run.memreport import zero_bytes
+    from nereus.runtime.run.plans import arrange, simple_plan
+    from nereus.spec.workload import WorkloadSpec
+
+    spec = MODEL_PRESETS["small"]
+    w = WorkloadSpec(algorithm="ppo", prompts_per_step=32, samples_per_prompt=4, prompt_len=8, response_len=8,
+                     mini_batch_size=32, micro_batch_size=4, infer_micro_batch_size=4)
+    from nereus.workflow import workflow_for
+
+    lay = {ms.name: (1, 1, 2) if ms.name in ("actor.train", "actor.infer") else (1, 1, 1)
+           for ms in workflow_for(w).model_stages}
+    base = simple_plan(w, lay, 2, micro_batch=4)
+    cost = CostModel(runtime_job(spec, w, 2))
+    k = 4_755_712 // 2
+    assert w.updates_per_step == 4
+    for zero, rs, ag in ((1, 4 * k, 4 * k), (2, 4 * 4 * k, 4 * k), (3, 4 * 4 * k, 2 * 4 * 4 * k + 2 * 4 * k / 4)):
+        plan = arrange(base, zero=zero)
+        assert zero_bytes(cost, plan, plan["actor.train"]) == (rs, ag), zero
+    plan = arrange(base, zero=3)
+    assert zero_bytes(cost, plan, plan["actor.infer"]) == (0.0, 16 * 4 * k)
+    assert zero_bytes(cost, plan, rep(plan["actor.infer"], zero=0)) == (0.0, 0.0)
