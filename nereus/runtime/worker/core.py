@@ -291,8 +291,9 @@ class WorkerCore(CheckpointCallsMixin, VllmWorkerMixin):
         if d_eng is None:
             return out
         version = d_eng.version + 1
-        if not (frozen and not hasattr(d_eng, "load_shard_params")
-                and self.pools.defer(dst, d_eng, src, self.engines, version)):
+        vllm = self.serves_vllm(dst)  # its engine is read by the push below: written now
+        if vllm or not (frozen and not hasattr(d_eng, "load_shard_params")
+                        and self.pools.defer(dst, d_eng, src, self.engines, version)):
             self.pools.activate(self.engines, {dst}, {dst} if frozen else ())
             with self.meter.stage(dst):
                 params = self.pools.params_of(src, e)
@@ -303,6 +304,8 @@ class WorkerCore(CheckpointCallsMixin, VllmWorkerMixin):
                         w.copy_(params[n])
         d_eng.version = version
         d_eng.policy_version = int(policy_version)
+        if vllm:
+            out["vllm"] = self.vllm_push(dst)
         return out
 
     def _sync_from_slices(self, e, src: str, dst: str, policy_version: int, frozen: bool, out: dict) -> dict:
@@ -319,6 +322,8 @@ class WorkerCore(CheckpointCallsMixin, VllmWorkerMixin):
         if d_eng is not None:
             d_eng.version += 1
             d_eng.policy_version = int(policy_version)
+            if self.serves_vllm(dst):
+                out["vllm"] = self.vllm_push(dst)
         return out
 
     # ------------------------------------------------------------------ live transitions (transit.py)
