@@ -33,6 +33,9 @@ one after another):
   old-log-prob forward (verl <= 0.1, the 0.5B logs), the measured generation is compared with
   ``actor.generate + actor.infer``.
 
+Held-out generation rows (vLLM serving runs no constant was derived from,
+:mod:`heldout_generation`) are predicted and reported separately, in the line before the last.
+
 Run: ``python benchmarks/validate_rl_steps.py [--csv PATH] [--engine PRESET] [--json PATH]``; takes a
 few seconds on a CPU. The last line reads ``RL step time: median APE X% uncalibrated, Y% calibrated
 over N runs; generation Z%``.
