@@ -65,7 +65,8 @@ Presets (:data:`FRAMEWORK_PRESETS`), each with its source:
   no ZeRO, no SP, no interleaving, no offload, concurrent model-stages on disjoint GPUs. The
   default, so a default plan is one Nereus can run and transition.
 * ``runtime``: what ``nereus run`` executes on fixed layouts (and re-lays out through the driver,
-  ``run/relayout.py``): ZeRO-1 for training (``worker/zero.py``), idle state offloaded to host memory
+  ``run/relayout.py``): ZeRO 0-3 for training and ZeRO-3 for infer passes (``worker/zero.py``,
+  ``worker/zero3.py``), idle state offloaded to host memory
   or dropped (``worker/memory_pool.py``), colocation (model-stages of a stage taking turns on the same
   workers); no SP, no interleaving, no overlap. Its plans are not yet live-transitioned.
 * ``megatron``: Megatron-LM / Megatron-Core (verl's and NeMo-RL's Megatron backends): distributed
@@ -249,7 +250,7 @@ class FrameworkSpec:
 
 FRAMEWORK_PRESETS: dict[str, FrameworkSpec] = {
     "nereus": FrameworkSpec(),
-    "runtime": FrameworkSpec(name="runtime", zero_stages=(0, 1), offload=("none", "host", "drop"), colocate="auto"),
+    "runtime": FrameworkSpec(name="runtime", zero_stages=(0, 1, 2, 3), offload=("none", "host", "drop"), colocate="auto"),
     "megatron": FrameworkSpec(name="megatron", zero_stages=(0, 1), sequence_parallel=True, max_virtual_stages=4,
                               overlap_grad_reduce=True, grad_reduce_bytes=2, offload=("none", "host", "drop"),
                               colocate="auto", uneven_pp=True),

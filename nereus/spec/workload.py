@@ -55,6 +55,12 @@ class WorkloadSpec:
         recompute: activation recomputation for training: ``none``, ``selective``, ``full`` or
             ``auto`` (the planner chooses per candidate).
         reward_model: whether ``reward.infer`` runs a reward model (else a rule-based reward on CPU).
+        reference_model: whether ``reference.infer`` runs (a frozen reference model's log-probs for a
+            KL term). False where the framework builds no reference: verl without
+            ``actor.use_kl_loss`` and ``algorithm.use_kl_in_reward`` (``need_reference_policy`` in
+            ``verl/trainer/ppo/utils.py``), OpenRLHF with ``--algo.kl.init_coef`` 0
+            (``openrlhf/cli/train_ppo_ray.py`` builds ``ref_model`` only for ``init_coef > 0``). Left out
+            of :meth:`to_dict` while True (the default).
         asynchronous: overlap generation of step k+1 with training of step k (one-step off-policy).
         param_bytes, grad_bytes: bytes per parameter of weights and gradients (bf16 weights, fp32
             main gradients as Megatron keeps them).
@@ -106,6 +112,7 @@ class WorkloadSpec:
     ppo_epochs: int = 1
     recompute: str = "auto"
     reward_model: bool = True
+    reference_model: bool = True
     asynchronous: bool = False
     param_bytes: int = 2
     grad_bytes: int = 4
@@ -140,7 +147,7 @@ class WorkloadSpec:
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise ValueError(f"workload field {f!r} must be a positive integer, got {v!r}")
-        for f in ("reward_model", "asynchronous"):
+        for f in ("reward_model", "reference_model", "asynchronous"):
             if not isinstance(getattr(self, f), bool):
                 raise ValueError(f"workload field {f!r} must be a JSON boolean (true or false), got "
                                  f"{getattr(self, f)!r}")
@@ -207,8 +214,10 @@ class WorkloadSpec:
         return replace(self, response_len=r, response_len_max=m)
 
     def to_dict(self) -> dict:
-        """The fields as a mapping; unset optional fields (:data:`OPTIONAL_FIELDS`) are left out."""
-        return {k: v for k, v in asdict(self).items() if not (k in OPTIONAL_FIELDS and v is None)}
+        """The fields as a mapping; unset optional fields (:data:`OPTIONAL_FIELDS`) and
+        ``reference_model`` while True are left out."""
+        return {k: v for k, v in asdict(self).items()
+                if not (k in OPTIONAL_FIELDS and v is None) and not (k == "reference_model" and v)}
 
     @classmethod
     def from_dict(cls, d) -> WorkloadSpec:
