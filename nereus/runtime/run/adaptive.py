@@ -293,8 +293,8 @@ class AdaptiveRun(RecoveryMixin, CheckpointingMixin):
             e = estimate_transition(self.calib.apply(job), current, target, pool, params=self.calib.params())
         except ValueError:
             return bandwidth_estimate(job, current, target, pool)
-        return TransitionCost(float(e.l_tran) + vd.start_term(self, current, target), bool(e.feasible),
-                              float(e.bytes_moved), "dag", e.reason)  # + vLLM's engine start (run/vllm_driver.py)
+        return TransitionCost(float(e.l_tran) + vd.start_term(self, current, target, float(e.l_tran)), bool(e.feasible),
+                              float(e.bytes_moved), "dag", e.reason)  # + vLLM's engine start not hidden by the DAG
 
     def _set_digits(self, digits: int, k: int) -> None:
         """Switch the task to ``digits``-digit problems before step ``k`` (longer prompts and responses)."""
