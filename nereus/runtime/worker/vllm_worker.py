@@ -82,6 +82,9 @@ class VllmWorkerMixin:
         keep serving; :meth:`build_vllm` of that replica adopts it. A second call for the same model-stage
         replaces (closes) the first's engine."""
         self._vllm()
+        slot = self._vllm_pre.get(model_stage)
+        if slot is not None and slot["key"] == (int(tp), int(replica)):
+            return {"started": False}  # already starting (or started) for this replica
         self._drop_prestart(model_stage)
         dtype = torch.bfloat16 if precision == "bf16" else torch.float32
         slot = {"key": (int(tp), int(replica)), "engine": None, "error": None, "t0": time.perf_counter()}
@@ -109,7 +112,9 @@ class VllmWorkerMixin:
 
     def _adopt_prestart(self, model_stage: str, tp: int, replica: int):
         """The engine :meth:`prestart_vllm` started for ``(tp, replica)``, once its start is done, with the
-        seconds this call waited for it (None when none was started for that replica)."""
+        seconds this call waited for it (None when none was started for that replica). Its ``start_s``
+        becomes the whole start from the prestart call (importing vllm, in a thread that shares the
+        interpreter with this worker's other calls, included)."""
         slot = self._vllm_pre.get(model_stage)
         if slot is None or slot["key"] != (int(tp), int(replica)):
             self._drop_prestart(model_stage)
@@ -124,6 +129,7 @@ class VllmWorkerMixin:
         reaper = self._reaper()
         entry = reaper.owned.pop(f"{model_stage}#pre")
         reaper.track(model_stage, entry["pids"], entry["paths"])
+        slot["engine"].start_s = slot["t1"] - slot["t0"]  # the whole start, from the prestart call
         return slot["engine"], waited
 
     def serves_vllm(self, model_stage: str) -> bool:
