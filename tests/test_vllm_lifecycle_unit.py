@@ -179,3 +179,33 @@ def test_start_pushes_into_kept_replicas_and_a_failed_start_closes_every_engine(
         vd.start_vllm_engines(d)
     closes = sorted(w for w, n, _ in log if n == "close_all_vllm")
     assert closes == [0, 1, 2, 3]  # every live worker, prestarted engines included
+
+
+def test_a_planner_plan_with_pipelined_generation_is_folded_to_pp1_for_vllm():
+    from dataclasses import replace
+
+    from nereus.runtime.rl.task import DigitTask
+    from nereus.runtime.run import vllm_driver as vd
+    from nereus.runtime.run.config import RLConfig
+    from nereus.runtime.run.driver import RLDriver
+    from nereus.runtime.run.plans import simple_plan
+    from nereus.spec.presets import MODEL_PRESETS
+    from nereus.spec.workload import WorkloadSpec
+
+    w = WorkloadSpec(algorithm="ppo", prompts_per_step=8, samples_per_prompt=2, prompt_len=4, response_len=3,
+                     mini_batch_size=16, micro_batch_size=8, infer_micro_batch_size=8, reward_model=False)
+    stages = ("actor.generate", "actor.infer", "reference.infer", "critic.infer", "actor.train", "critic.train")
+    plan = simple_plan(w, {k: (1, 1, 1) for k in stages}, 4, micro_batch=8)
+    pp2 = replace(plan, candidates=tuple(Candidate("actor.generate", 1, 2, 1, gpus=(2, 3)) if c.model_stage ==
+                                         "actor.generate" else c for c in plan.candidates))
+    spec = MODEL_PRESETS["tiny-d64"]  # 4 query heads, 2 KV heads: TP 2 is valid
+    d = RLDriver(spec, w, plan, DigitTask("reverse", 2), 4, RLConfig(rollout="vllm"))
+    g = vd.vllm_legal(d, pp2)["actor.generate"]
+    assert (g.tp, g.pp, g.dp, tuple(g.gpus)) == (2, 1, 1, (2, 3))  # PP 2 -> TP 2 on the same workers
+    # PP 3: TP 3 does not divide the 4 heads, 3 replicas do not divide the 8 prompts: PP 1 on its first worker
+    pp3 = replace(plan, candidates=tuple(Candidate("actor.generate", 1, 3, 1, gpus=(1, 2, 3)) if c.model_stage ==
+                                         "actor.generate" else c for c in plan.candidates))
+    g = vd.vllm_legal(d, pp3)["actor.generate"]
+    assert (g.tp, g.pp, g.dp, tuple(g.gpus)) == (1, 1, 1, (1,))
+    d.cfg = RLConfig()  # the built-in engine pipelines generation: unchanged
+    assert vd.vllm_legal(d, pp2) is pp2

@@ -17,13 +17,39 @@ starting the new ones beside the transition (:func:`prestart_vllm_engines`).
 
 from __future__ import annotations
 
-__all__ = ["GEN_STAGE", "replica_keys", "start_vllm_engines", "stop_vllm_engines", "sync_summary", "engine_logp_err",
+__all__ = ["GEN_STAGE", "vllm_legal", "replica_keys", "start_vllm_engines", "stop_vllm_engines", "sync_summary", "engine_logp_err",
            "step_metrics", "started", "rollout_tokens", "note_sync", "start_term", "begin_relayout",
            "finish_relayout", "prestart_vllm_engines",
            "stop_changed"]
 
 #: the model-stage vLLM serves
 GEN_STAGE = "actor.generate"
+
+
+def vllm_legal(driver, plan):
+    """``plan`` with ``actor.generate`` at PP 1 when the run generates with vLLM (its engines here run TP
+    only): a PP > 1 generation candidate becomes TP·PP-way TP on the same workers if the model's heads
+    allow it and the batch rules hold, else PP-fold more replicas, else PP 1 on its first ``tp·dp``
+    workers. Unchanged for the built-in engine or PP 1 (the planner does not know vLLM's limit)."""
+    from dataclasses import replace
+
+    from nereus.runtime.model.sharding import validate_layout
+
+    if driver.cfg.rollout != "vllm" or GEN_STAGE not in plan or plan[GEN_STAGE].pp == 1:
+        return plan
+    c = plan[GEN_STAGE]
+    gpus = tuple(c.gpus) if c.gpus else tuple(range(c.num_gpus))
+    cand = replace(c, pp=1, gpus=gpus[:c.tp * c.dp])
+    for tp, dp in ((c.tp * c.pp, c.dp), (c.tp, c.dp * c.pp)):
+        x = replace(c, tp=tp, pp=1, dp=dp, gpus=gpus)
+        try:
+            validate_layout(driver.spec, tp, 1)
+            driver._check_batches(GEN_STAGE, "generate", x)
+        except ValueError:
+            continue
+        cand = x
+        break
+    return replace(plan, candidates=tuple(cand if k.model_stage == GEN_STAGE else k for k in plan.candidates))
 
 
 def replica_keys(layout) -> dict[tuple, int]:
