@@ -56,10 +56,16 @@ def _gone_within(pids, paths, seconds: float = 30.0) -> bool:
 def test_a_lost_engine_worker_is_recovered_with_engines_in_the_new_layout(ray_cluster):
     import ray
 
-    pool = WorkerPool(4, timeout_s=60, hang_timeout_s=10).start()
+    # hang timeout 30 s: engine starts and shutdowns on a loaded 2-core machine must not read as hangs
+    pool = WorkerPool(4, timeout_s=60, hang_timeout_s=30).start()
     lines: list[str] = []
+
+    def log(x):
+        lines.append(x)
+        print(x, flush=True)
+
     cfg = RLConfig(actor_lr=2e-3, critic_lr=2e-3, timeout_s=60, rollout="vllm", vllm={"kv_cache_bytes": 32 << 20})
-    run = AdaptiveRun(SPEC, W, DigitTask("reverse", 2), 4, cfg, hang_timeout_s=10, log=lines.append, measure=False)
+    run = AdaptiveRun(SPEC, W, DigitTask("reverse", 2), 4, cfg, hang_timeout_s=30, log=log, measure=False)
     seen: dict = {}
 
     def before(k):
@@ -81,7 +87,6 @@ def test_a_lost_engine_worker_is_recovered_with_engines_in_the_new_layout(ray_cl
         hist = run.run(STEPS, pool)
     finally:
         pool.close()
-    print("\n".join(lines))
     victim = seen["victim"]
     assert len(run.recoveries) == 1 and run.recoveries[0]["lost"] == [victim], run.recoveries
     u = hist[0]["update_count"]
