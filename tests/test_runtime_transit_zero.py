@@ -143,3 +143,77 @@ def test_plain_dp1_to_zero_group_is_planned_as_a_grow():
     est = estimate_transition(job, cur, plan(actor_train=(1, 1, 2, (0, 1))), frozenset(range(4)))
     assert est.feasible, est.reason
     assert est.bytes_moved == (4 + 8 / 2) * N_ACTOR
+
+
+#: bytes each worker may account (test_runtime_colocate.py): a trained tiny model's state with its
+#: activations fits, all seven model-stages of worker 0 resident at once do not
+CAPACITY = 4_000_000
+W_RM = replace(W, reward_model=True)
+COL_CFG = replace(CFG, kl_coef=0.05, device_capacity=CAPACITY)
+
+
+def colocated() -> Plan:
+    """Every inference model-stage on worker 0 and generation on 0-1, their idle copies dropped; both
+    trainers on workers 0-1 taking turns, idle state offloaded to the host pool, the actor ZeRO-1."""
+    out = []
+    for ms in ("actor.generate", "actor.infer", "reference.infer", "reward.infer", "critic.infer",
+               "actor.train", "critic.train"):
+        if ms.endswith("generate"):
+            out.append(Candidate(ms, 1, 1, 2, gpus=(0, 1), offload="drop"))
+        elif ms.endswith("train"):
+            out.append(Candidate(ms, 1, 1, 2, micro_batch=1, gpus=(0, 1), offload="host",
+                                 zero=1 if ms.startswith("actor") else 0))
+        else:
+            out.append(Candidate(ms, 1, 1, 1, micro_batch=4, gpus=(0,), offload="drop"))
+    return Plan(candidates=tuple(out))
+
+
+def _relaid(p: Plan, **changes) -> Plan:
+    return Plan(candidates=tuple(replace(c, **changes.get(c.model_stage, {})) for c in p.candidates))
+
+
+@pytest.mark.slow
+def test_colocated_offloaded_state_live_transitions(pool):
+    """Colocated -> disjoint: the critic's idle state, in workers 0-1's host pools, is restored onto
+    workers 2-3 (every target byte from host memory: 2 replicas x 12 B x N_critic); disjoint ->
+    colocated: one replica is offloaded to worker 2's host pool (12 B x N) and the host copies on
+    workers 0-1 are cut from it (2 x 12 B x N); the actor's ZeRO-1 slices, offloaded at DP 2, restored
+    as a device-resident DP 4 group on all four workers (4 ranks x (4 + 8/4) B x N_actor). Steps after
+    the first two equal a run without transitions bit for bit (colocated and disjoint steps are equal,
+    test_runtime_colocate.py); accounted device bytes stay within the capacity throughout."""
+    import ray
+
+    n_critic = flat_numel(SPEC.value_head(), 1, 1, 0, 0)
+    col = colocated()
+    dis = _relaid(col, **{"critic.train": {"gpus": (2, 3), "offload": "none"}})
+    chain = [("colocated -> disjoint (host -> new workers)", dis, {"restore": 2 * 12 * n_critic}),
+             ("disjoint -> colocated", col, {"offload": 12 * n_critic, "restore": 2 * 12 * n_critic}),
+             ("offloaded ZeRO DP 2 -> resident DP 4 on new workers",
+              _relaid(col, **{"actor.train": {"dp": 4, "gpus": (0, 1, 2, 3), "offload": "none"}}),
+              {"restore": 4 * (4 + 8 // 4) * N_ACTOR})]
+    ref = RLDriver(SPEC, W_RM, col, TASK, 4, COL_CFG).start(pool)
+    try:
+        for _ in range(3):
+            ref.step()
+        want = _states(ref)
+    finally:
+        ref.close()
+    d = RLDriver(SPEC, W_RM, col, TASK, 4, COL_CFG).start(pool)
+    try:
+        d.step()
+        assert ray.get(d.workers[0].measurements.remote())["memory"]["host_bytes"] > 0  # idle state offloaded
+        for i, (name, target, kinds) in enumerate(chain):
+            before = _states(d)
+            est, rep = _live(d, target, W_RM)
+            _assert_equal(_states(d), before, name)
+            _assert_bytes(est, rep, name)
+            assert {r.kind: r.bytes_received for r in rep.primitives} == kinds, (name, rep.summary())
+            d.reset_measurements()
+            d.step()
+            for pw in d.measurements()["per_worker"]:
+                assert pw["peak_bytes"] <= CAPACITY, (name, pw["worker"])
+            if i == 1:  # back where the reference run is, after the same three steps
+                _assert_equal(_states(d), want, "training continues as without the transitions")
+        assert d.gather_logical_state("actor.train")["update_count"] == 8
+    finally:
+        d.close()
