@@ -55,7 +55,9 @@ from nereus.runtime.run.plans import shared_plan
 from nereus.runtime.run.pool import WorkerPool
 from nereus.runtime.run.recovery import RecoveryMixin
 from nereus.runtime.run.relayout import intact_replica, train_stages
+from nereus.runtime.run.restart_cost import restart_charge
 from nereus.runtime.transit.driver_side import TransitionExecutor
+from nereus.runtime.transit.sharded import live_unsupported
 from nereus.runtime.worker.failures import WorkerFailure, WorkerLost
 from nereus.spec.hardware import GIB
 from nereus.spec.job import JobSpec
@@ -293,6 +295,9 @@ class AdaptiveRun(RecoveryMixin, CheckpointingMixin):
             e = estimate_transition(self.calib.apply(job), current, target, pool, params=self.calib.params())
         except ValueError:
             return bandwidth_estimate(job, current, target, pool)
+        why = live_unsupported(e.dag) if e.feasible and e.dag is not None else None
+        if why:  # run through the durable checkpoint (_live): its cost is what admission charges
+            return restart_charge(self, e, why)
         return TransitionCost(float(e.l_tran) + vd.start_term(self, current, target), bool(e.feasible),
                               float(e.bytes_moved), "dag", e.reason)  # + vLLM's engine start (run/vllm_driver.py)
 
@@ -420,6 +425,9 @@ class AdaptiveRun(RecoveryMixin, CheckpointingMixin):
             return None, str(e)
         if not est.feasible:
             return None, est.reason
+        why = live_unsupported(est.dag)  # e.g. a ZeRO group changing TP/PP: the checkpoint restart does it
+        if why:
+            return None, why
         self._mark()
         self._complete_save(k)  # the transition changes the workers: the save in flight completes first
         self._inject(k, "transition")

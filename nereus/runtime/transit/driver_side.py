@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from nereus.runtime.comm.parallel import Layout
 from nereus.runtime.model.precision import TRAIN_KINDS, WEIGHT_KINDS
 from nereus.runtime.transit.plans import MoveSpec, UnitMeta
-from nereus.runtime.transit.sharded import aligned_target, live_unsupported
+from nereus.runtime.transit.sharded import aligned_target, dropped_targets, live_unsupported, rebuild_dropped
 from nereus.runtime.worker.failures import WorkerFailure
 from nereus.spec.plan import Plan
 from nereus.transition.estimate import TransitionEstimate
@@ -238,7 +238,8 @@ class TransitionExecutor:
                     spec, m, f"{d.tag}/x{n}/{pid}", bool(self._trainable().get(p.model_stage)), *after))
         results = {pid: d._get(f, pid) for pid, f in futs.items()}
         finish = []
-        for ms in changed:
+        fresh = dropped_targets(d, dag, changed)  # target drop: no unit; built as at the start, re-synced
+        for ms in [m for m in changed if m not in fresh]:
             wf_ms = next(x for x in d.wf.model_stages if x.name == ms)
             lay = d.layouts[ms]
             adam = d.adam_config(ms) if wf_ms.trainable else None
@@ -249,6 +250,7 @@ class TransitionExecutor:
                                                              zero=c.zero, offload=c.offload)
                        for i in lay.workers]
         d._get(finish, "transition finish: building engines in the target layouts")
+        rebuild_dropped(d, fresh)
         left = d._get([d.workers[i].transition_end.remote(d.tag) for i in live], "transition end")
         stray = sorted({u for x in left for u in x})
         if stray:

@@ -28,7 +28,7 @@ from nereus.runtime.transit.worker_side import Transit, Unit
 from nereus.runtime.worker.memory_pool import MemoryPools
 from nereus.runtime.worker.zero import make_engine
 
-__all__ = ["adopt_engine", "build_engine"]
+__all__ = ["adopt_engine", "build_engine", "snapshot_meta"]
 
 
 def adopt_engine(transit: Transit, pools: MemoryPools, model_stage: str, engine, meta: UnitMeta, me: int) -> Unit:
@@ -71,3 +71,15 @@ def build_engine(pools: MemoryPools, engines: dict, model_stage: str, unit: Unit
     if unit.meta.host:
         pools.offload(model_stage, engine)
     return engine
+
+
+def snapshot_meta(model_stage: str, engine, built: dict) -> UnitMeta:
+    """The EMU an engine's rollback snapshot is (``worker/fault_tolerant.py``), as the transition
+    planner's ``phi`` names it: replica ``d`` is ``"<ms>#d"`` on its workers; a ZeRO group
+    (``built["zero"] >= 1`` and DP > 1) is one EMU ``"<ms>#0"`` on all its workers with ``z = dp``;
+    ``offload == "host"`` makes it a host copy."""
+    lay, d = engine.ctx.layout, engine.ctx.d
+    zero, host = int(built.get("zero", 0)), built.get("offload", "none") == "host"
+    if zero and lay.dp > 1:
+        return UnitMeta(f"{model_stage}#0", model_stage, lay.tp, lay.pp, tuple(lay.workers), host, lay.dp, zero)
+    return UnitMeta(f"{model_stage}#{d}", model_stage, lay.tp, lay.pp, tuple(lay.replica(d)), host)

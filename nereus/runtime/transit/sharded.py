@@ -21,7 +21,7 @@ from dataclasses import replace
 from nereus.runtime.transit.flat import sliced_kinds
 from nereus.spec.plan import Plan
 
-__all__ = ["aligned_target", "live_unsupported"]
+__all__ = ["aligned_target", "live_unsupported", "dropped_targets", "rebuild_dropped"]
 
 
 def aligned_target(dag, target: Plan) -> Plan:
@@ -57,3 +57,27 @@ def live_unsupported(dag) -> str | None:
         if any(u.z > 1 for u in units) and len({(u.tp, u.pp) for u in units}) > 1:
             return f"{p.pid}: moves ZeRO slices between layouts {sorted({(u.tp, u.pp) for u in units})}"
     return None
+
+
+def dropped_targets(driver, dag, changed: list[str]) -> list[str]:
+    """The changed model-stages whose target drops its idle state (no EMU in ``dag.target``)."""
+    have = {e.model_stage for e in dag.target}
+    return [ms for ms in changed if driver.cands[ms].offload == "drop" and ms not in have]
+
+
+def rebuild_dropped(driver, names: list[str]) -> None:
+    """Build the engines of ``names`` (:func:`dropped_targets`), whose idle state is dropped in the target
+    (``offload == "drop"``: ``phi`` gives them no EMU, so no unit reaches them) as at the run's start:
+    frozen ones from their seeds (the stored weights, the planner's reload from storage); derived
+    copies (``actor.generate``, ``actor.infer``, ``critic.infer``) then take their training
+    model-stage's weights by the driver's weight sync (the planner's re-sync), which is not part of
+    the transition's bytes. Runs after the other model-stages' engines are built."""
+    for ms in names:
+        wf_ms = next(x for x in driver.wf.model_stages if x.name == ms)
+        lay, c = driver.layouts[ms], driver.cands[ms]
+        driver._get([driver.workers[i].build.remote(ms, driver._spec_of(wf_ms.model), lay, driver.seed_of(wf_ms.model),
+                                                    False, None, driver.tag, precision=driver.cfg.precision,
+                                                    zero=c.zero, offload=c.offload) for i in lay.workers],
+                    f"building {ms} (idle state dropped)")
+    if any(ms.split(".")[0] in ("actor", "critic") for ms in names):
+        driver._sync()
