@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nereus.spec.framework import DEFAULT_FRAMEWORK, FrameworkSpec
+from nereus.spec.framework import DEFAULT_FRAMEWORK, FrameworkSpec, get_framework
 from nereus.spec.hardware import ClusterSpec
 from nereus.spec.model import ModelSpec
 from nereus.spec.presets import get_model
@@ -83,7 +83,7 @@ class JobSpec:
             "cluster": self.cluster.to_dict(),
             "workload": self.workload.to_dict(),
         }
-        if self.framework != FrameworkSpec():
+        if self.framework != get_framework(DEFAULT_FRAMEWORK):  # from_dict's default when absent
             d["framework"] = self.framework.to_dict()
         return d
 

@@ -1,7 +1,7 @@
 """Which of a plan's features the runtime executes (checked by ``RLDriver.set_plan`` before any worker
 builds): ZeRO 0-1 for training model-stages (``worker/zero.py``), idle state resident, offloaded to
-host memory or dropped (``worker/memory_pool.py``), plain 1F1B. The planner's default plan space
-(``nereus.spec.framework``'s ``nereus`` preset) is kept to this set."""
+host memory or dropped (``worker/memory_pool.py``), plain 1F1B. The commands' default plan space
+(``nereus.spec.framework``'s ``runtime`` preset, ``DEFAULT_FRAMEWORK``) is kept to this set."""
 
 from __future__ import annotations
 
