@@ -217,3 +217,16 @@ def test_colocated_offloaded_state_live_transitions(pool):
         assert d.gather_logical_state("actor.train")["update_count"] == 8
     finally:
         d.close()
+
+
+def test_lost_training_state_held_in_host_memory_is_not_re_created():
+    """A training model-stage whose only copy (idle, in host memory) was on workers that left cannot
+    be re-created by its next run as a frozen or derived copy can: the transition is infeasible (the
+    durable checkpoint restores it). Before issue 24's fix the planner skipped it as "no state to
+    move" when the target kept it in host memory too."""
+    job = _job(W_RM)
+    col = colocated()
+    away = _relaid(col, **{"critic.train": {"gpus": (2, 3)}})
+    est = estimate_transition(job, away, col, frozenset((0, 1)))
+    assert not est.feasible and "critic.train" in est.reason and "unique" in est.reason, est.reason
+    assert estimate_transition(job, away, col, frozenset(range(4))).feasible
