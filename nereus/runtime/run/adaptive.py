@@ -11,7 +11,10 @@ device below) and applies its decision:
   schedule (``nereus.transition.estimate_transition`` on the calibrated link bandwidth and
   communicator setup) run on the workers that hold the state, Split/Merge/Extend/Destroy (and
   Offload/Restore/Load where the planner needs them), each printed with its bytes and predicted and
-  measured seconds; the measurements calibrate the next estimates (``transition/calibrate.py``);
+  measured seconds; the measurements calibrate the next estimates (``transition/calibrate.py``).
+  ZeRO-1 slices, host-pool copies and colocated state move live too (``transit/flat.py``,
+  ``transit/residency.py``); a DAG the live executor cannot run (``transit/sharded.py``) goes the
+  restart path below, and the admission charges that restart (``run/restart_cost.py``);
 * ``Restart(plan)``, or a change whose DAG is infeasible or whose training state lost every
   replica: restore the last durable checkpoint (``durable/driver_side.py``: each worker writes and reads its own
   shards with ``torch.distributed.checkpoint``; taken first when a full copy is alive, so nothing is
