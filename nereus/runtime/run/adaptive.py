@@ -298,7 +298,7 @@ class AdaptiveRun(RecoveryMixin, CheckpointingMixin):
             e = estimate_transition(self.calib.apply(job), current, target, pool, params=self.calib.params())
         except ValueError:
             return bandwidth_estimate(job, current, target, pool)
-        why = live_unsupported(e.dag) if e.feasible and e.dag is not None else None
+        why = live_unsupported(e.dag, current, target) if e.feasible and e.dag is not None else None
         if why:  # run through the durable checkpoint (_live): its cost is what admission charges
             return restart_charge(self, e, why)
         return TransitionCost(float(e.l_tran) + vd.start_term(self, current, target), bool(e.feasible),
@@ -428,7 +428,7 @@ class AdaptiveRun(RecoveryMixin, CheckpointingMixin):
             return None, str(e)
         if not est.feasible:
             return None, est.reason
-        why = live_unsupported(est.dag)  # e.g. a ZeRO group changing TP/PP: the checkpoint restart does it
+        why = live_unsupported(est.dag, current, target)  # e.g. ZeRO-2/3: the checkpoint restart does it
         if why:
             return None, why
         self._mark()

@@ -33,6 +33,7 @@ from nereus.runtime.transit.plans import MoveSpec, UnitMeta
 from nereus.runtime.transit.sharded import aligned_target, dropped_targets, live_unsupported, rebuild_dropped
 from nereus.runtime.worker.failures import WorkerFailure
 from nereus.spec.plan import Plan
+from nereus.transition.cost import copy_bytes
 from nereus.transition.estimate import TransitionEstimate
 from nereus.transition.primitives import STORAGE
 from nereus.transition.verify import verify_schedule
@@ -56,6 +57,8 @@ class PrimitiveRecord:
             (Restore) or storage (Load), summed; headers excluded.
         sent, received: worker → state bytes.
         header_bytes: counters headers sent (40 B per buffer).
+        copy_bytes: the planner's copy bytes of it (``cost.copy_bytes``), what ``copy_s`` is
+            calibrated against.
     """
 
     pid: str
@@ -71,6 +74,7 @@ class PrimitiveRecord:
     received: dict = field(default_factory=dict)
     header_bytes: int = 0
     copy_s: float = 0.0
+    copy_bytes: int = 0
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -207,7 +211,7 @@ class TransitionExecutor:
             raise ValueError(f"transition is infeasible: {est.reason}")
         t0 = time.perf_counter()
         dag, sched = est.dag, est.schedule
-        why = live_unsupported(dag)
+        why = live_unsupported(dag, target, Plan(candidates=tuple(d.cands.values())))
         if why:
             raise ValueError(f"the live executor cannot run this transition: {why}")
         target = aligned_target(dag, target)  # a ZeRO group's DP rank order as the DAG chose it
@@ -276,7 +280,7 @@ class TransitionExecutor:
                 sent={r["worker"]: r["sent"] for r in rs if r["sent"]},
                 received={r["worker"]: r["recv"] for r in rs if r["recv"]},
                 header_bytes=sum(r["header_bytes"] for r in rs),
-                copy_s=max(r.get("pack_s", 0.0) + r.get("assemble_s", 0.0) for r in rs)))
+                copy_s=max(r.get("pack_s", 0.0) + r.get("assemble_s", 0.0) for r in rs), copy_bytes=copy_bytes(p)))
         return TransitionReport(primitives=recs, predicted_l_tran=float(est.l_tran),
                                 measured_l_tran=max(0.0, t_last - t_first), seconds=seconds,
                                 predicted_bytes=int(est.bytes_moved),

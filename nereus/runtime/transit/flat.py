@@ -45,14 +45,15 @@ def sliced_kinds(zero: int) -> tuple[str, ...]:
     """State kinds a ZeRO group of stage ``zero`` holds as flat slices (``worker/zero.py``).
 
     Raises:
-        ValueError: a stage the runtime's transitions do not move (3: the weights are sliced too,
-            ``worker/zero.py`` does not hold them that way).
+        ValueError: a stage the runtime's transitions do not move (2, 3: ``worker/zero3.py``'s
+            engines, whose layout the executor does not read).
     """
-    if zero in (1, 2):
+    if zero == 1:
         return ("master", "exp_avg", "exp_avg_sq")
     if zero == 0:
         return ()
-    raise ValueError(f"zero={zero}: live transitions move ZeRO stages 1 and 2 (weights replicated); valid: 0, 1, 2")
+    raise ValueError(f"zero={zero}: live transitions move ZeRO-1 slices (worker/zero.py); ZeRO-2/3 engines "
+                     "(worker/zero3.py) hold their state otherwise; valid: 0, 1")
 
 
 @lru_cache(maxsize=256)

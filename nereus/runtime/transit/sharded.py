@@ -42,8 +42,14 @@ def aligned_target(dag, target: Plan) -> Plan:
     return replace(target, candidates=tuple(out))
 
 
-def live_unsupported(dag) -> str | None:
-    """Why the executor cannot run ``dag`` live (module docstring), or None."""
+def live_unsupported(dag, *plans: Plan) -> str | None:
+    """Why the executor cannot run ``dag`` live (module docstring), or None; ``plans`` (the current
+    and target) are checked too: a ZeRO-2/3 engine (``worker/zero3.py``) is never moved live, also
+    with one DP rank (a replica to the planner)."""
+    for plan in plans:
+        for c in plan.candidates:
+            if c.zero not in (0, 1):
+                return f"{c.model_stage}: zero={c.zero} state (worker/zero3.py) is not moved live"
     emus = list(dag.initial) + list(dag.target) + [e for p in dag.nodes for e in p.produces]
     for e in emus:
         if e.z > 1:
