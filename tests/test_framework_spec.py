@@ -16,7 +16,7 @@ def test_default_is_what_the_runtime_executes():
     colocation); the library's ``FrameworkSpec()`` stays the paper's disjoint space."""
     fw = JobSpec.from_dict(BASE).framework
     assert DEFAULT_FRAMEWORK == "runtime" and fw == get_framework("runtime")
-    assert fw.zero_stages == (0, 1) and fw.offload == ("none", "host", "drop") and fw.colocate == "auto"
+    assert fw.zero_stages == (0, 1, 2, 3) and fw.offload == ("none", "host", "drop") and fw.colocate == "auto"
     assert FrameworkSpec() == get_framework("nereus") and FrameworkSpec().colocate == "never"
     assert "framework" not in JobSpec.from_dict(BASE).to_dict()  # default job files stay unchanged
     paper = JobSpec.from_dict(BASE | {"framework": "nereus"})
