@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from nereus.cli import main
+from nereus.spec.job import JobSpec
 from nereus.spec.plan import load_plan
 
 
@@ -67,3 +68,24 @@ def test_console_script_runs():
     r = subprocess.run([sys.executable, "-m", "nereus.cli", "plan", "--nodes", "1", "--json"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and json.loads(r.stdout)["feasible"]
+
+
+@pytest.mark.parametrize("model,nodes,gpn", [("qwen2.5-0.5b", 1, 1), ("qwen3-14b", 1, 8), ("llama-3.3-70b", 4, 8)])
+def test_default_framework_plans_what_users_run(capsys, model, nodes, gpn):
+    """The default plan space is the runtime's (ZeRO-1, offload, colocation; issue 24): PPO jobs that
+    verl and OpenRLHF users run at these sizes get a plan, where the paper's disjoint space (``--framework
+    nereus``) finds none (at least 4 GPUs for the 0.5B model, 509.6 GiB of resident state for 14B on 8,
+    at least 40 GPUs for 70B)."""
+    argv = ["plan", "--model", model, "--algo", "ppo", "--gpu", "h100", "--nodes", str(nodes),
+            "--gpus-per-node", str(gpn), "--json"]
+    assert main(argv) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["feasible"] and JobSpec.from_dict(doc["job"]).framework.name == "runtime"
+    used = {g for c in doc["plan"]["candidates"] for g in c["gpus"]}
+    assert used <= set(range(nodes * gpn))
+    # the plan uses what only the wider space has: colocation (shared GPUs), offload or ZeRO
+    cands = doc["plan"]["candidates"]
+    shared = sum(len(c["gpus"]) for c in cands) > len(used)
+    assert shared or any(c.get("offload", "none") != "none" or c.get("zero", 0) for c in cands)
+    assert main(argv[:-1] + ["--framework", "nereus", "--json"]) == 1
+    capsys.readouterr()

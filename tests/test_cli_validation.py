@@ -70,7 +70,8 @@ def test_plan_json_output_is_a_job_file(tmp_path, capsys):
 def test_no_plan_fits_says_memory_is_the_cause(capsys):
     # 4 GPUs is the smallest layout count of a stage for Llama-3.1-8B PPO, so memory, not GPU count,
     # is what does not fit
-    rc, _, err = _run(capsys, ["plan", "--nodes", "1", "--gpus-per-node", "4"])
+    # (in the paper's disjoint space: the default, runtime, space fits it by colocation and ZeRO-1)
+    rc, _, err = _run(capsys, ["plan", "--nodes", "1", "--gpus-per-node", "4", "--framework", "nereus"])
     assert rc == 1 and "need 4 GPU(s), which the pool has" in err and "memory is the cause" in err
 
 
@@ -96,9 +97,11 @@ def test_transition_between_plans_of_two_cluster_sizes_uses_their_jobs(grown, ca
     rc, out, err = _run(capsys, ["transition", "--from", str(a), "--to", str(b)])
     assert rc == 0, err
     assert "on 32 x h100 (4 node(s) x 8); pool: all 32 GPUs" in out
-    assert "L_tran = " in out and "local DAGs" in out and "extend:actor.generate" in out
+    # the default (runtime) plans drop the generation copies between runs (off:drop: nothing to
+    # Extend) and grow the inference replicas by Extend onto the new GPUs
+    assert "L_tran = " in out and "local DAGs" in out and "extend:critic.infer" in out
     # the GPU ids of the larger plan appear in the DAG's text
-    assert "tp4 pp1 dp4 on GPUs 0-15 -> tp4 pp1 dp8 on GPUs 0-31" in out
+    assert "tp4 pp1 dp4 off:drop on GPUs 0-15 -> tp4 pp1 dp8 off:drop on GPUs 0-31" in out
     rc, out, _ = _run(capsys, ["transition", "--from", str(b), "--to", str(a), "--pool", "16"])
     assert rc == 1 and "outside the pool" in out
 

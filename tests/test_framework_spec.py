@@ -5,17 +5,22 @@ from dataclasses import replace
 
 import pytest
 
-from nereus.spec.framework import FRAMEWORK_PRESETS, FrameworkSpec, get_framework
+from nereus.spec.framework import DEFAULT_FRAMEWORK, FRAMEWORK_PRESETS, FrameworkSpec, get_framework
 from nereus.spec.job import JobSpec
 
 BASE = {"model": "tiny", "cluster": {"gpu": "h100", "num_nodes": 1, "gpus_per_node": 8}}
 
 
 def test_default_is_what_the_runtime_executes():
+    """A job file without a framework gets the runtime's plan space (issue 24: ZeRO-1, offload,
+    colocation); the library's ``FrameworkSpec()`` stays the paper's disjoint space."""
     fw = JobSpec.from_dict(BASE).framework
-    assert fw == FrameworkSpec() == get_framework("nereus")
-    assert fw.zero_stages == (0,) and fw.offload == ("none",) and fw.colocate == "never"
+    assert DEFAULT_FRAMEWORK == "runtime" and fw == get_framework("runtime")
+    assert fw.zero_stages == (0, 1, 2, 3) and fw.offload == ("none", "host", "drop") and fw.colocate == "auto"
+    assert FrameworkSpec() == get_framework("nereus") and FrameworkSpec().colocate == "never"
     assert "framework" not in JobSpec.from_dict(BASE).to_dict()  # default job files stay unchanged
+    paper = JobSpec.from_dict(BASE | {"framework": "nereus"})
+    assert paper.to_dict()["framework"]["name"] == "nereus"  # written out: it is no longer the default
 
 
 @pytest.mark.parametrize("name", sorted(FRAMEWORK_PRESETS))

@@ -110,7 +110,8 @@ def test_cli_layout_table_and_json(capsys):
     ("actor.train=1,1,x", ["degree dp = 'x' must be an integer >= 1"]),
     ("actor.generate=1,1,2,b=2", ["option(s) ['b'] do not apply to a generate model-stage", "valid: ['c', 'off']"]),
     ("actor.train=1,1,2,rc=some", ["rc = 'some' must be one of"]),
-    ("actor.train=8,4,1 critic.train=8,4,1", ["stage 'train' needs 64 GPUs", "the pool has 16"]),
+    # the default (runtime) space colocates: the stage needs its largest model-stage, 8x4x1 = 32
+    ("actor.train=8,4,1 critic.train=8,4,1", ["stage 'train' needs 32 GPUs", "largest counts", "the pool has 16"]),
 ])
 def test_cli_layout_errors_are_one_line(capsys, layout, words):
     rc = main(["plan", "--nodes", "2", "--layout", *layout.split()])

@@ -18,7 +18,7 @@ from nereus.cost.model import CostModel
 from nereus.planner.candidates import latency_frontier
 from nereus.planner.notation import format_candidate
 from nereus.planner.search import NoFeasiblePlan, plan_job, search
-from nereus.spec.framework import FRAMEWORK_PRESETS, FrameworkSpec, get_framework
+from nereus.spec.framework import DEFAULT_FRAMEWORK, FRAMEWORK_PRESETS, get_framework
 from nereus.spec.hardware import ClusterSpec, get_gpu
 from nereus.spec.job import JobSpec, check_context
 from nereus.spec.plan import Candidate
@@ -62,11 +62,12 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
                    help="activation recomputation for training [auto]")
     g.add_argument("--no-reward-model", action="store_true", help="rule-based reward, no reward.infer")
     g.add_argument("--framework", default=None, choices=sorted(FRAMEWORK_PRESETS),
-                   help="what your training framework supports, which sets the plan space: nereus (what `nereus "
-                   "run --adaptive` transitions), runtime (what `nereus run` executes: ZeRO-1, offload, colocation), megatron (distributed optimizer, sequence "
+                   help="what your training framework supports, which sets the plan space: runtime (what `nereus "
+                   "run` executes and transitions: ZeRO-1, offload, colocation), nereus (the paper's: disjoint "
+                   "TP/PP/DP), megatron (distributed optimizer, sequence "
                    "parallel, interleaving, offload, colocation), fsdp (verl FSDP: ZeRO-2/3, offload, colocation, "
                    "no TP/PP training), deepspeed (OpenRLHF: ZeRO 0-3, Adam offload, colocation), generic (all); "
-                   "docs/planner.md [the job file's, else nereus]")
+                   f"docs/planner.md [the job file's, else {DEFAULT_FRAMEWORK}]")
     g.add_argument("--async", dest="asynchronous", action="store_true",
                    help="one-step-off asynchronous RL (generation overlaps training)")
 
@@ -98,7 +99,7 @@ def job_from_args(args) -> JobSpec:
     if wl["algorithm"] != "grpo" and args.samples_per_prompt is None and not base:
         wl["samples_per_prompt"] = 4
     fw = get_framework(args.framework) if getattr(args, "framework", None) else (base.framework if base else
-                                                                                 FrameworkSpec())
+                                                                                 get_framework(DEFAULT_FRAMEWORK))
     job = JobSpec(actor=model, cluster=ClusterSpec(gpu, nodes, gpn), workload=WorkloadSpec(**wl), framework=fw)
     given = [getattr(args, k, None) for k in ("prompt_len", "response_len", "response_len_max", "response_lens")]
     return check_context(job) if any(v is not None for v in given) else job  # the lengths the user asked for

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from nereus.planner.notation import format_candidate, format_gpus
 from nereus.planner.whatif import shared_stages
+from nereus.spec.framework import DEFAULT_FRAMEWORK
 from nereus.spec.hardware import GIB
 
 __all__ = ["print_plan", "print_layout_eval", "stage_blocks", "allowed_memory"]
@@ -23,7 +24,7 @@ def print_plan(plan, job, breakdown: bool) -> None:
               f"prompts {w.prompts_per_step} x {w.samples_per_prompt}, prompt {w.prompt_len}, response "
               f"{w.response_len} tokens" + (f" (memory sized at {w.response_len_max})"
                                             if w.response_len_max is not None else "")
-              + (f"; framework {job.framework.name}" if job.framework.name != "nereus" else ""))
+              + (f"; framework {job.framework.name}" if job.framework.name != DEFAULT_FRAMEWORK else ""))
     t = Table(show_lines=False)
     opts = any(c.zero or c.vpp > 1 or c.offload != "none" for c in plan.candidates)
     cols = ("model-stage", "tp", "pp", "dp", "batch") + (("options",) if opts else ()) + ("GPUs", "time (s)",

@@ -19,7 +19,7 @@ from pathlib import Path
 from nereus.sim.cluster import Truth
 from nereus.sim.scenario import DEFAULT_GAMMAS, Scenario, run_scenario
 from nereus.sim.traces import DEFAULT_TRACE, SHIPPED_TRACES
-from nereus.spec.framework import FRAMEWORK_PRESETS
+from nereus.spec.framework import DEFAULT_FRAMEWORK, FRAMEWORK_PRESETS
 
 __all__ = ["add_arguments", "main"]
 
@@ -29,9 +29,9 @@ def add_arguments(p) -> None:
     p.add_argument("--algo", default="ppo", choices=["ppo", "grpo", "remax"], help="RL algorithm")
     p.add_argument("--gpu", default="h100", help="GPU preset: h100, h200, a100, mi250x, cpu")
     p.add_argument("--nodes", type=int, default=4, help="nodes in the cluster")
-    p.add_argument("--framework", default="nereus", choices=sorted(FRAMEWORK_PRESETS),
+    p.add_argument("--framework", default=DEFAULT_FRAMEWORK, choices=sorted(FRAMEWORK_PRESETS),
                    help="what the training framework supports, which sets the plan space every policy searches "
-                        "(docs/planner.md, Frameworks) [nereus]")
+                        f"(docs/planner.md, Frameworks) [{DEFAULT_FRAMEWORK}: what `nereus run` executes]")
     p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node")
     p.add_argument("--trace", default=DEFAULT_TRACE,
                    help=f"GPU availability trace: a path, or a shipped trace {sorted(SHIPPED_TRACES)}")

@@ -61,14 +61,17 @@ feature                    kind       cost-model consequence (``nereus.cost``)
 
 Presets (:data:`FRAMEWORK_PRESETS`), each with its source:
 
-* ``nereus``: what the Nereus runtime executes *and live-transitions* (``nereus run --adaptive``):
-  no ZeRO, no SP, no interleaving, no offload, concurrent model-stages on disjoint GPUs. The
-  default, so a default plan is one Nereus can run and transition.
-* ``runtime``: what ``nereus run`` executes on fixed layouts (and re-lays out through the driver,
-  ``run/relayout.py``): ZeRO 0-3 for training and ZeRO-3 for infer passes (``worker/zero.py``,
-  ``worker/zero3.py``), idle state offloaded to host memory
-  or dropped (``worker/memory_pool.py``), colocation (model-stages of a stage taking turns on the same
-  workers); no SP, no interleaving, no overlap. Its plans are not yet live-transitioned.
+* ``nereus``: the paper's plan space: no ZeRO, no SP, no interleaving, no offload, concurrent
+  model-stages on disjoint GPUs (the library's ``FrameworkSpec()`` default, so the paper's results
+  and the tests written for them keep their space).
+* ``runtime`` (:data:`DEFAULT_FRAMEWORK`, the commands' default): what ``nereus run`` executes and
+  ``nereus run --adaptive`` transitions: ZeRO 0-3 for training and ZeRO-3 for infer passes
+  (``worker/zero.py``, ``worker/zero3.py``), idle state offloaded to host memory or dropped
+  (``worker/memory_pool.py``), colocation (model-stages of a stage taking turns on the same
+  workers); no SP, no interleaving, no overlap. Live transitions move ZeRO-1 slices, host-pool
+  copies and colocated state (``runtime/transit/flat.py``, ``residency.py``); a change the live
+  executor cannot make (ZeRO-2/3 slices, a ZeRO group changing TP/PP in one primitive) goes through
+  the durable checkpoint.
 * ``megatron``: Megatron-LM / Megatron-Core (verl's and NeMo-RL's Megatron backends): distributed
   optimizer (ZeRO-1), SP, interleaving, overlapped grad reduce in bf16, param/optimizer offload
   (verl ``actor.megatron.param_offload``), colocation (verl hybrid engine).
@@ -92,7 +95,7 @@ from dataclasses import asdict, dataclass, replace
 from nereus.spec.engine import EngineCosts
 
 __all__ = ["FrameworkSpec", "FRAMEWORK_PRESETS", "get_framework", "OFFLOAD_MODES", "COLOCATE_MODES",
-           "ZERO_STAGES", "ZERO3_IMPLS"]
+           "ZERO_STAGES", "ZERO3_IMPLS", "DEFAULT_FRAMEWORK"]
 
 OFFLOAD_MODES = ("none", "host", "drop", "cpu_adam")
 COLOCATE_MODES = ("never", "auto", "always")
@@ -264,6 +267,11 @@ FRAMEWORK_PRESETS: dict[str, FrameworkSpec] = {
                              overlap_grad_reduce=True, overlap_tp_comm=True, grad_reduce_bytes=2,
                              offload=("none", "host", "drop", "cpu_adam"), colocate="auto", uneven_pp=True),
 }
+
+
+#: the plan space ``nereus plan``, ``nereus simulate`` and ``nereus run`` use unless ``--framework``
+#: (or a job file's ``framework``) says otherwise: what the runtime executes and live-transitions
+DEFAULT_FRAMEWORK = "runtime"
 
 
 def get_framework(name: str) -> FrameworkSpec:

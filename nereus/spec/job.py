@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nereus.spec.framework import FrameworkSpec
+from nereus.spec.framework import DEFAULT_FRAMEWORK, FrameworkSpec, get_framework
 from nereus.spec.hardware import ClusterSpec
 from nereus.spec.model import ModelSpec
 from nereus.spec.presets import get_model
@@ -37,8 +37,9 @@ class JobSpec:
         workload: algorithm, batches, lengths.
         models: optional overrides per role (``critic``, ``reference``, ``reward``).
         framework: what the user's framework supports (ZeRO, SP, interleaving, offload,
-            colocation; :mod:`nereus.spec.framework`); default ``nereus``, what the Nereus
-            runtime executes.
+            colocation; :mod:`nereus.spec.framework`); default ``nereus`` (the paper's space); a job
+            file without a ``framework`` section and the commands use ``runtime``
+            (:data:`~nereus.spec.framework.DEFAULT_FRAMEWORK`), what the Nereus runtime executes.
     """
 
     actor: ModelSpec
@@ -82,7 +83,7 @@ class JobSpec:
             "cluster": self.cluster.to_dict(),
             "workload": self.workload.to_dict(),
         }
-        if self.framework != FrameworkSpec():
+        if self.framework != get_framework(DEFAULT_FRAMEWORK):  # from_dict's default when absent
             d["framework"] = self.framework.to_dict()
         return d
 
@@ -119,7 +120,7 @@ class JobSpec:
                              f"got {m!r}")
         return cls(actor=actor, cluster=ClusterSpec.from_dict(d["cluster"]),
                    workload=WorkloadSpec.from_dict(d.get("workload", {})),
-                   framework=FrameworkSpec.from_dict(d.get("framework", "nereus")))
+                   framework=FrameworkSpec.from_dict(d.get("framework", DEFAULT_FRAMEWORK)))
 
     @classmethod
     def from_file(cls, path: str | Path) -> JobSpec:

@@ -243,14 +243,15 @@ def plan_dag(job: JobSpec, current: Plan, target: Plan, pool: frozenset[int] | N
         if not cur and c.offload != "drop":
             lost.append(ms)
         tgt = phi(job, t, prefix="*")
-        if not cur and all(e.host for e in tgt):
+        if not cur and all(e.host for e in tgt) and not ms.endswith(".train"):
             tgt = ()  # no state to move: the model-stage's next run re-creates it and offloads it
         initial += cur
         final += align_group(cur, tgt)
     names = set(current.model_stages)
     reload_from: dict = {}
     have = {e.model_stage for e in initial}
-    need = {e.model_stage for e in final if not e.host}
+    # a lost training model-stage needs its state whatever the target keeps it in (it is unique)
+    need = {e.model_stage for e in final if not e.host} | {ms for ms in lost if ms.endswith(".train")}
     reload = lost + sorted(ms for ms in names - have - set(lost) if ms in need)  # dropped idle state
     for ms in sorted(reload, key=lambda m: (not m.endswith(".train"), m)):  # unique state first
         if ms not in need:

@@ -149,8 +149,14 @@ def begin_save(driver, directory: str, model_stages: list[str] | None = None, ba
             "layouts": {m: {"tp": driver.layouts[m].tp, "pp": driver.layouts[m].pp, "dp": driver.layouts[m].dp,
                             "workers": list(driver.layouts[m].workers), "replica": replica[m]} for m in stages}}
     what = "dcp save (snapshot)" if background else "dcp save"
-    res = driver._get([driver.workers[w].dcp_save.remote(replica, directory, background) for w in writers], what)
-    return PendingSave(directory, writers, meta, bool(background), time.perf_counter() - t0, dict(zip(writers, res)))
+    # a ZeRO group's writing replica all-gathers the optimizer slices over DP: its other replicas join
+    # (``ZeroEngine.join_checkpoint``), so every worker of a ZeRO model-stage takes the call
+    joiners = sorted({w for m in stages if getattr(driver.cands.get(m), "zero", 0) for w in driver.layouts[m].workers}
+                     - set(writers))
+    calls = writers + joiners
+    res = driver._get([driver.workers[w].dcp_save.remote(replica, directory, background) for w in calls], what)
+    return PendingSave(directory, writers, meta, bool(background), time.perf_counter() - t0,
+                       dict(zip(writers, res[:len(writers)])))
 
 
 def finish_save(driver, pending: PendingSave) -> dict:

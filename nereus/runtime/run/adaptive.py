@@ -11,7 +11,10 @@ device below) and applies its decision:
   schedule (``nereus.transition.estimate_transition`` on the calibrated link bandwidth and
   communicator setup) run on the workers that hold the state, Split/Merge/Extend/Destroy (and
   Offload/Restore/Load where the planner needs them), each printed with its bytes and predicted and
-  measured seconds; the measurements calibrate the next estimates (``transition/calibrate.py``);
+  measured seconds; the measurements calibrate the next estimates (``transition/calibrate.py``).
+  ZeRO-1 slices, host-pool copies and colocated state move live too (``transit/flat.py``,
+  ``transit/residency.py``); a DAG the live executor cannot run (``transit/sharded.py``) goes the
+  restart path below, and the admission charges that restart (``run/restart_cost.py``);
 * ``Restart(plan)``, or a change whose DAG is infeasible or whose training state lost every
   replica: restore the last durable checkpoint (``durable/driver_side.py``: each worker writes and reads its own
   shards with ``torch.distributed.checkpoint``; taken first when a full copy is alive, so nothing is
@@ -55,7 +58,9 @@ from nereus.runtime.run.plans import shared_plan
 from nereus.runtime.run.pool import WorkerPool
 from nereus.runtime.run.recovery import RecoveryMixin
 from nereus.runtime.run.relayout import intact_replica, train_stages
+from nereus.runtime.run.restart_cost import restart_charge
 from nereus.runtime.transit.driver_side import TransitionExecutor
+from nereus.runtime.transit.sharded import live_unsupported
 from nereus.runtime.worker.failures import WorkerFailure, WorkerLost
 from nereus.spec.hardware import GIB
 from nereus.spec.job import JobSpec
@@ -294,6 +299,9 @@ class AdaptiveRun(RecoveryMixin, CheckpointingMixin):
             e = estimate_transition(self.calib.apply(job), current, target, pool, params=self.calib.params())
         except ValueError:
             return bandwidth_estimate(job, current, target, pool)
+        why = live_unsupported(e.dag, current, target) if e.feasible and e.dag is not None else None
+        if why:  # run through the durable checkpoint (_live): its cost is what admission charges
+            return restart_charge(self, e, why)
         return TransitionCost(float(e.l_tran) + vd.start_term(self, current, target, float(e.l_tran)), bool(e.feasible),
                               float(e.bytes_moved), "dag", e.reason)  # + vLLM's engine start not hidden by the DAG
 
@@ -421,6 +429,9 @@ class AdaptiveRun(RecoveryMixin, CheckpointingMixin):
             return None, str(e)
         if not est.feasible:
             return None, est.reason
+        why = live_unsupported(est.dag, current, target)  # e.g. ZeRO-2/3: the checkpoint restart does it
+        if why:
+            return None, why
         self._mark()
         self._complete_save(k)  # the transition changes the workers: the save in flight completes first
         self._inject(k, "transition")

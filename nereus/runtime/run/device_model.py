@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import torch
 
+from nereus.spec.framework import DEFAULT_FRAMEWORK, get_framework
 from nereus.spec.hardware import GIB, GPU_PRESETS, ClusterSpec, GPUSpec
 from nereus.spec.job import JobSpec
 from nereus.spec.model import ModelSpec
@@ -46,20 +47,22 @@ def cpu_gpu_spec(memory_bytes: int = 2 * GIB, measure: bool = True) -> GPUSpec:
 
 
 def runtime_job(spec: ModelSpec, workload: WorkloadSpec, num_workers: int, gpu: GPUSpec | None = None,
-                num_nodes: int = 1, precision: str = "fp32") -> JobSpec:
+                num_nodes: int = 1, precision: str = "fp32", framework: str = DEFAULT_FRAMEWORK) -> JobSpec:
     """The job as the cost and transition planners see this runtime: ``num_workers`` devices of
     ``gpu`` (default: the ``cpu`` preset) on one node, and the bytes the runtime really holds in
     ``precision`` (``precision.workload_bytes``): ``fp32``: fp32 weights and KV cache (4 B), and for
     training only Adam's two moments on top (8 B): the fp32 weights are Adam's master weights, so
     there is no separate master copy; ``bf16``: bf16 weights and KV cache (2 B) and for training a
     12 B fp32 master and moments (``WorkloadSpec``'s GPU default). Fp32 gradients (4 B) in both.
+    The plan space is ``framework`` (default: the ``runtime`` preset, what the runtime executes and
+    transitions: ZeRO-1, offload, colocation; ``nereus.spec.framework``).
 
     Raises:
-        ValueError: workers not splitting evenly over nodes, or an unknown precision."""
+        ValueError: workers not splitting evenly over nodes, an unknown precision or framework."""
     from nereus.runtime.model.precision import workload_bytes
 
     gpu = gpu or GPU_PRESETS["cpu"]
     if num_workers % num_nodes:
         raise ValueError(f"{num_workers} workers do not split evenly over {num_nodes} nodes")
     return JobSpec(spec, ClusterSpec(gpu, num_nodes, num_workers // num_nodes),
-                   replace(workload, **workload_bytes(precision)))
+                   replace(workload, **workload_bytes(precision)), framework=get_framework(framework))

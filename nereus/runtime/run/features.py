@@ -1,8 +1,8 @@
 """Which of a plan's features the runtime executes (checked by ``RLDriver.set_plan`` before any worker
 builds): ZeRO 0-3 for training model-stages (``worker/zero.py``, ``worker/zero3.py``) and ZeRO-3 for
 forward-only ones, idle state resident, offloaded to host memory or dropped
-(``worker/memory_pool.py``), plain 1F1B. The planner's ``runtime`` preset
-(``nereus.spec.framework``) is kept to this set."""
+(``worker/memory_pool.py``), plain 1F1B. The commands' default plan space (``nereus.spec.framework``'s
+``runtime`` preset, ``DEFAULT_FRAMEWORK``) is kept to this set."""
 
 from __future__ import annotations
 

@@ -39,8 +39,11 @@ def train_stages(driver) -> list[str]:
 
 
 def intact_replica(driver, model_stage: str) -> int | None:
-    """The first DP replica of ``model_stage`` whose workers are all still in the pool, else None."""
+    """The first DP replica of ``model_stage`` whose workers are all still in the pool, else None (a
+    ZeRO group, whose DP ranks hold one optimizer slice each, is intact only whole: replica 0)."""
     lay = driver.layouts[model_stage]
+    if driver.cands[model_stage].zero and lay.dp > 1:
+        return 0 if all(i < len(driver.workers) and driver.workers[i] is not None for i in lay.workers) else None
     for d in range(lay.dp):
         if all(i < len(driver.workers) and driver.workers[i] is not None for i in lay.replica(d)):
             return d

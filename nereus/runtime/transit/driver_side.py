@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from nereus.runtime.comm.parallel import Layout
 from nereus.runtime.model.precision import TRAIN_KINDS, WEIGHT_KINDS
 from nereus.runtime.transit.plans import MoveSpec, UnitMeta
+from nereus.runtime.transit.sharded import aligned_target, dropped_targets, live_unsupported, rebuild_dropped
 from nereus.runtime.worker.failures import WorkerFailure
 from nereus.spec.plan import Plan
 from nereus.transition.cost import copy_bytes
@@ -185,7 +186,8 @@ class TransitionExecutor:
         for ms in d.wf.model_stages:
             c = target[ms.name]
             lay = Layout(c.tp, c.pp, c.dp, tuple(c.gpus))
-            if ms.name in touched or lay != d.layouts[ms.name]:
+            now = d.cands[ms.name]
+            if ms.name in touched or lay != d.layouts[ms.name] or (c.zero, c.offload) != (now.zero, now.offload):
                 out.append(ms.name)
         return out
 
@@ -209,6 +211,10 @@ class TransitionExecutor:
             raise ValueError(f"transition is infeasible: {est.reason}")
         t0 = time.perf_counter()
         dag, sched = est.dag, est.schedule
+        why = live_unsupported(dag, target, Plan(candidates=tuple(d.cands.values())))
+        if why:
+            raise ValueError(f"the live executor cannot run this transition: {why}")
+        target = aligned_target(dag, target)  # a ZeRO group's DP rank order as the DAG chose it
         order = verify_schedule(dag, sched)
         specs = move_specs(dag, self._trainable(), d.storage_seeds())
         need = sorted({w for m in specs.values() for w in m.workers} | set(target.gpus_used()))
@@ -236,15 +242,19 @@ class TransitionExecutor:
                     spec, m, f"{d.tag}/x{n}/{pid}", bool(self._trainable().get(p.model_stage)), *after))
         results = {pid: d._get(f, pid) for pid, f in futs.items()}
         finish = []
-        for ms in changed:
+        fresh = dropped_targets(d, dag, changed)  # target drop: no unit; built as at the start, re-synced
+        for ms in [m for m in changed if m not in fresh]:
             wf_ms = next(x for x in d.wf.model_stages if x.name == ms)
             lay = d.layouts[ms]
             adam = d.adam_config(ms) if wf_ms.trainable else None
             rc = d.recompute_of(ms)
             spec = d._spec_of(wf_ms.model)
-            finish += [d.workers[i].transition_finish.remote(ms, spec, lay, wf_ms.trainable, adam, d.tag, rc)
+            c = d.cands[ms]
+            finish += [d.workers[i].transition_finish.remote(ms, spec, lay, wf_ms.trainable, adam, d.tag, rc,
+                                                             zero=c.zero, offload=c.offload)
                        for i in lay.workers]
         d._get(finish, "transition finish: building engines in the target layouts")
+        rebuild_dropped(d, fresh)
         left = d._get([d.workers[i].transition_end.remote(d.tag) for i in live], "transition end")
         stray = sorted({u for x in left for u in x})
         if stray:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import torch
 
+from nereus.runtime.transit.flat import FLAT, flat_range, flatten, unflatten
 from nereus.runtime.transit.index import full_numel, piece_numel, row_numel, shapes
 from nereus.runtime.transit.plans import MovePlan, MoveSpec, held, kind_dtype
 
@@ -45,6 +46,20 @@ def itemsize(dtype: torch.dtype) -> int:
 def _narrow(t: torch.Tensor, dim: int | None, lo: int, hi: int, off: int) -> torch.Tensor:
     """Rows/columns ``[lo, hi)`` (full-tensor coordinates) of a shard whose region starts at ``off``."""
     return t if dim is None else t.narrow(dim, lo - off, hi - lo)
+
+
+def _numel(spec, name: str, dim: int | None, lo: int, hi: int) -> int:
+    """Elements of a piece: a flat ZeRO range (``transit/flat.py``) or rows/columns of a parameter."""
+    return hi - lo if name == FLAT else piece_numel(spec, name, dim, lo, hi)
+
+
+def _flat_source(spec, u, me: int, kind: str, memo: dict) -> tuple[torch.Tensor, int]:
+    """``(flat vector of kind, its first element's index)`` of unit ``u`` on ``me`` (memoized per
+    unit and kind: a replica's per-name shards are concatenated once)."""
+    key = (id(u), kind)
+    if key not in memo:
+        memo[key] = (flatten(spec, u.meta, me, u.tensors[kind]), flat_range(spec, u.meta, me)[0])
+    return memo[key]
 
 
 def _piece_shape(shape, dim: int | None, rows: int) -> list[int]:
@@ -78,21 +93,26 @@ def pack(spec, plan: MovePlan, me: int, source, dtype: torch.dtype, device) -> d
         the unit the last piece came from.
     """
     shp = shapes(spec)
-    out = {}
+    out, memo = {}, {}
     for (s, d), pieces in sorted(plan.pairs.items()):
         if s != me:
             continue
-        sizes = [piece_numel(spec, pc.name, pc.dim, pc.lo, pc.hi) * itemsize(kind_dtype(pc.kind, dtype))
+        sizes = [_numel(spec, pc.name, pc.dim, pc.lo, pc.hi) * itemsize(kind_dtype(pc.kind, dtype))
                  for pc in pieces]
         n = sum(sizes)
         buf = torch.empty(HEADER_BYTES + n, dtype=torch.uint8, device=device)
         off, counters = HEADER_BYTES, {}
         for pc, nb in zip(pieces, sizes):
             u = source(pc.uid)
-            r = held(spec, u.meta, me)[pc.name]
-            src = _narrow(u.tensors[pc.kind][pc.name], pc.dim, pc.lo, pc.hi, r.lo)
+            if pc.name == FLAT:
+                flat, at = _flat_source(spec, u, me, pc.kind, memo)
+                src, pshape = flat.narrow(0, pc.lo - at, pc.hi - pc.lo), [pc.hi - pc.lo]
+            else:
+                r = held(spec, u.meta, me)[pc.name]
+                src = _narrow(u.tensors[pc.kind][pc.name], pc.dim, pc.lo, pc.hi, r.lo)
+                pshape = _piece_shape(shp[pc.name][0], pc.dim, pc.hi - pc.lo)
             kdt = kind_dtype(pc.kind, dtype)
-            view, aligned = _typed(buf, off, nb, kdt, _piece_shape(shp[pc.name][0], pc.dim, pc.hi - pc.lo))
+            view, aligned = _typed(buf, off, nb, kdt, pshape)
             view.copy_(src)
             if not aligned:
                 buf[off:off + nb].copy_(view.reshape(-1).view(torch.uint8))
@@ -107,7 +127,7 @@ def pack(spec, plan: MovePlan, me: int, source, dtype: torch.dtype, device) -> d
 
 def recv_sizes(spec, plan: MovePlan, me: int, dtype: torch.dtype) -> dict[int, int]:
     """sender → state bytes of its buffer to ``me`` (header excluded), in sender order."""
-    return {s: sum(piece_numel(spec, pc.name, pc.dim, pc.lo, pc.hi) * itemsize(kind_dtype(pc.kind, dtype))
+    return {s: sum(_numel(spec, pc.name, pc.dim, pc.lo, pc.hi) * itemsize(kind_dtype(pc.kind, dtype))
                    for pc in pieces)
             for (s, d), pieces in sorted(plan.pairs.items()) if d == me}
 
@@ -125,6 +145,7 @@ def assemble(spec, plan: MovePlan, move: MoveSpec, me: int, recv: dict, source, 
     the target's dtype and shape is taken as is (no copy).
     """
     shp = shapes(spec)
+    memo: dict = {}
     consumed = set(move.consumes)
     cursor = dict.fromkeys(recv, 0)
     taken: set[int] = set()  # tensors handed over as is (never twice)
@@ -135,6 +156,15 @@ def assemble(spec, plan: MovePlan, move: MoveSpec, me: int, recv: dict, source, 
         tensors: dict = {}
         counters = None
         for kind, name, want, segs in plan.assembly[(me, dst.uid)]:
+            if name == FLAT:  # a ZeRO slice, or a replica's whole flat vector (transit/flat.py)
+                t = _assemble_flat(spec, me, kind, want, segs, recv, cursor, source, kind_dtype(kind, dtype), device, memo)
+                if dst.z == 1:
+                    tensors.setdefault(kind, {}).update(unflatten(spec, dst, me, t))
+                else:
+                    tensors.setdefault(kind, {})[FLAT] = t
+                counters = counters or next((source(u).counters for w, u, _a, _b in segs if w is None), None) or \
+                    next((recv[w][1] for w, *_ in segs if w is not None), None)
+                continue
             full = shp[name][0]
             shape = _piece_shape(full, want.dim, want.length) if want.dim is not None else list(full)
             kdt = kind_dtype(kind, dtype)
@@ -165,6 +195,28 @@ def assemble(spec, plan: MovePlan, move: MoveSpec, me: int, recv: dict, source, 
             tensors.setdefault(kind, {})[name] = t
         made[dst.uid] = (tensors, dict(counters or {}))
     return made
+
+
+def _assemble_flat(spec, me, kind, want, segs, recv, cursor, source, kdt, device, memo) -> torch.Tensor:
+    """One flat target ``[want.length]``: elements ``[want.lo, want.hi)`` of its position's flat
+    vector from the segments (local ones read from the unit's flat vector), padding zero."""
+    t = torch.empty(want.length, dtype=kdt, device=device)
+    if want.hi - want.lo < want.length:
+        t[want.hi - want.lo:].zero_()
+    for src_w, uid, a, b in segs:
+        dst = t.narrow(0, a - want.lo, b - a)
+        if src_w is None:
+            flat, at = _flat_source(spec, source(uid), me, kind, memo)
+            dst.copy_(flat.narrow(0, a - at, b - a))
+        else:
+            raw = recv[src_w][0]
+            nb = (b - a) * itemsize(kdt)
+            piece, aligned = _typed(raw, cursor[src_w], nb, kdt, [b - a])
+            if not aligned:
+                piece.reshape(-1).view(torch.uint8).copy_(raw[cursor[src_w]:cursor[src_w] + nb])
+            cursor[src_w] += nb
+            dst.copy_(piece)
+    return t
 
 
 def _whole_local(spec, segs, consumed, source, me, kind, name, shape, kdt, taken, device):

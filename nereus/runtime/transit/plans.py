@@ -41,6 +41,7 @@ from functools import lru_cache
 import torch
 
 from nereus.runtime.model.precision import TRAIN_KINDS, WEIGHT_KINDS, train_kinds
+from nereus.runtime.transit.flat import FLAT, check_flat, flat_mode, flat_numel, flat_range, sliced_kinds
 from nereus.runtime.transit.index import Region, stage_regions, tp_regions
 from nereus.runtime.transit.index import cache_clear as index_cache_clear
 from nereus.spec.model import ModelSpec
@@ -73,8 +74,9 @@ def region(spec: ModelSpec, name: str, tp: int, t: int) -> Region:
 
 @dataclass(frozen=True)
 class UnitMeta:
-    """An EMU as the executor sees it: ``gpus`` are worker ids, ``gpus[p*tp + t]``; ``host``: staged
-    in the host memory of those workers (an Offload's output)."""
+    """An EMU as the executor sees it: ``gpus`` are worker ids, ``gpus[(r*pp + p)*tp + t]``; ``host``:
+    staged in the host memory of those workers (an Offload's output, or idle state offloaded);
+    ``z``, ``zero``: a ZeRO group of ``z`` DP ranks (``transit/flat.py``), 1 and 0 for a replica."""
 
     uid: str
     model_stage: str
@@ -82,14 +84,21 @@ class UnitMeta:
     pp: int
     gpus: tuple[int, ...]
     host: bool = False
+    z: int = 1
+    zero: int = 0
 
     def position(self, worker: int) -> tuple[int, int]:
-        return divmod(self.gpus.index(worker), self.tp)
+        return divmod(self.gpus.index(worker) % (self.tp * self.pp), self.tp)
+
+    def rank(self, worker: int) -> int:
+        """DP (sharding) rank of ``worker`` in a ZeRO group (0 in a replica)."""
+        return self.gpus.index(worker) // (self.tp * self.pp)
 
     @classmethod
     def of(cls, emu) -> UnitMeta:
         """From a ``nereus.transition.emu.EMU``."""
-        return cls(emu.uid, emu.model_stage, emu.tp, emu.pp, tuple(emu.gpus), bool(emu.host))
+        return cls(emu.uid, emu.model_stage, emu.tp, emu.pp, tuple(emu.gpus), bool(emu.host),
+                   int(getattr(emu, "z", 1)), int(getattr(emu, "zero", 0)))
 
 
 def held(spec: ModelSpec, unit: UnitMeta, worker: int) -> Mapping[str, Region]:
@@ -186,8 +195,8 @@ def _source_items(spec: ModelSpec, move: MoveSpec) -> list[tuple[int, UnitMeta, 
     """Every source worker once: ``(worker, unit, (tp, pp, p, t), held regions)``, in order."""
     out = []
     for u in move.sources:
-        for i, w in enumerate(u.gpus):
-            up, ut = divmod(i, u.tp)
+        for w in u.gpus:
+            up, ut = u.position(w)
             out.append((w, u, (u.tp, u.pp, up, ut), stage_regions(spec, u.tp, u.pp, up, ut)))
     return out
 
@@ -242,12 +251,19 @@ def _plan(spec: ModelSpec, move: MoveSpec, worker: int | None) -> MovePlan:
         return plan
     everyone: set[int] = set()
     sources = _source_items(spec, move)
+    zero = flat_mode(move.produces + move.sources + move.local)
+    flat_kinds = tuple(k for k in move.kinds if k in sliced_kinds(zero))
+    name_kinds = tuple(k for k in move.kinds if k not in flat_kinds)
+    if flat_kinds:
+        check_flat(move.pid, move.produces + move.sources + move.local)
     for dst in move.produces:
         for w in dst.gpus:
             mine = worker is None or w == worker
             holders = _holders(spec, move, dst, w, sources)
             p, t = dst.position(w)
             items = []
+            if flat_kinds:
+                items += _plan_flat(spec, move, plan, dst, w, holders, flat_kinds, everyone, mine, worker)
             want_regions = stage_regions(spec, dst.tp, dst.pp, p, t)
             for name, want in want_regions.items():
                 need = [(want.lo, want.hi)] if want.dim is not None else [(0, 1)]
@@ -271,16 +287,47 @@ def _plan(spec: ModelSpec, move: MoveSpec, worker: int | None) -> MovePlan:
                 for src_w, _uid, _a, _b in remote:
                     everyone.update((src_w, w))
                 remote = [x for x in remote if mine or x[0] == worker]
-                for kind in move.kinds:  # buffer order: name, kind, segment (the assembly's order)
+                for kind in name_kinds:  # buffer order: name, kind, segment (the assembly's order)
                     for src_w, uid, a, b in remote:
                         plan.pairs.setdefault((src_w, w), []).append(Piece(uid, kind, name, dim, a, b))
                 if mine:
-                    items += [(kind, name, want, segs) for kind in move.kinds]
+                    items += [(kind, name, want, segs) for kind in name_kinds]
             if mine:
                 plan.assembly[(w, dst.uid)] = items
     if worker is not None:
         plan.members = tuple(sorted(everyone))
     return plan
+
+
+def _plan_flat(spec: ModelSpec, move: MoveSpec, plan: MovePlan, dst: UnitMeta, w: int, holders: list,
+               kinds: tuple[str, ...], everyone: set, mine: bool, worker: int | None) -> list:
+    """The flat pieces of ZeRO-sliced ``kinds`` for worker ``w`` of ``dst`` (``transit/flat.py``): its
+    range of its position's flat vector, covered by the holders at the same ``(p, t)`` in order
+    (local first); adds the pairs, returns the assembly items (first in buffer order)."""
+    pos = dst.position(w)
+    lo, hi = flat_range(spec, dst, w)
+    length = hi - lo if dst.z == 1 else -(-flat_numel(spec, dst.tp, dst.pp, *pos) // dst.z)
+    need, segs = [(lo, hi)] if hi > lo else [], []
+    for src_w, u, _h in holders:
+        if not need:
+            break
+        at = w if src_w is None else src_w
+        if (u.tp, u.pp) != (dst.tp, dst.pp) or u.position(at) != pos:
+            continue
+        a, b = flat_range(spec, u, at)
+        taken, need = _subtract(need, a, b)
+        segs += [(src_w, u.uid, x, y) for x, y in taken]
+    if need:
+        raise ValueError(f"{move.pid}: no holder of flat elements {need} for worker {w} of {dst.uid}")
+    remote = [x for x in segs if x[0] is not None]
+    for src_w, *_ in remote:
+        everyone.update((src_w, w))
+    for kind in kinds:
+        for src_w, uid, a, b in remote:
+            if mine or src_w == worker:
+                plan.pairs.setdefault((src_w, w), []).append(Piece(uid, kind, FLAT, 0, a, b))
+    want = Region(0, lo, hi, length)
+    return [(kind, FLAT, want, segs) for kind in kinds] if mine else []
 
 
 def cache_clear() -> None:

@@ -91,7 +91,7 @@ class Transit:
         """
         for uid, u in self.units.items():
             m = u.meta
-            if (m.model_stage, m.tp, m.pp, m.gpus, m.host) == (model_stage, tp, pp, tuple(gpus), False):
+            if (m.model_stage, m.tp, m.pp, m.gpus) == (model_stage, tp, pp, tuple(gpus)):
                 return self.units.pop(uid)
         raise ValueError(f"worker {self.id}: no unit of {model_stage} with layout tp={tp} pp={pp} on "
                          f"workers {list(gpus)}; it holds {sorted(self.units)}")
@@ -134,6 +134,9 @@ class Transit:
             self.units.update(made)
             if move.kind == "restore":  # every produced byte came from host memory
                 out["host_bytes"] = sum(u.nbytes for u in made.values())
+                for u in made.values():  # re-cut in host memory: the target is a host copy too
+                    if u.meta.host:
+                        u.tensors = {k: {n: t.cpu() for n, t in d.items()} for k, d in u.tensors.items()}
         out["seconds"] = time.perf_counter() - t0
         out["t_end"] = wall + out["seconds"]
         return out

@@ -22,6 +22,7 @@ from nereus.runtime.durable.worker_calls import CheckpointCallsMixin
 from nereus.runtime.model.precision import WEIGHT_KINDS
 from nereus.runtime.transit.packing import COUNTERS
 from nereus.runtime.transit.plans import MoveSpec, UnitMeta, kinds_for
+from nereus.runtime.transit.residency import adopt_engine, build_engine
 from nereus.runtime.transit.worker_side import Transit, Unit
 from nereus.runtime.worker.device import inventory, resolve_dtype, select_device
 from nereus.runtime.worker.engine import AdamConfig, Engine
@@ -335,15 +336,16 @@ class WorkerCore(CheckpointCallsMixin, VllmWorkerMixin):
         Returns:
             uids of the units this worker now holds.
         """
-        self.pools.restore_all(self.engines)
         for ms in model_stages:
             e = self.engines.pop(ms, None)
             if e is None:
                 continue
-            self.meter.drop_static(f"params:{id(e)}")
             meta = next((m for m in metas if m.model_stage == ms and self.id in m.gpus), None)
-            if meta is not None:
-                self.transit.adopt(e, meta)
+            if meta is not None:  # host copies and ZeRO slices as the planner sees them (transit/residency.py)
+                adopt_engine(self.transit, self.pools, ms, e, meta, self.id)
+            else:
+                self.pools.forget(ms)
+            self.meter.drop_static(f"params:{id(e)}")
         return sorted(self.transit.units)
 
     def transition_run(self, spec: ModelSpec, move: MoveSpec, group_name: str, trainable: bool,
@@ -363,22 +365,25 @@ class WorkerCore(CheckpointCallsMixin, VllmWorkerMixin):
             return self.transit.run(spec, move, group_name, dtype, self.device, live)
 
     def transition_finish(self, model_stage: str, spec: ModelSpec, layout: Layout, trainable: bool,
-                          adam: AdamConfig | None, tag: str, recompute: str = "none") -> tuple[int, int, int]:
-        """Build the engine of ``model_stage`` in ``layout`` from this worker's unit of the target EMU
-        (collective over the layout's workers: its new communicators)."""
+                          adam: AdamConfig | None, tag: str, recompute: str = "none", zero: int = 0,
+                          offload: str = "none") -> tuple[int, int, int]:
+        """Build the engine of ``model_stage`` in ``layout`` (ZeRO stage ``zero``, idle residency
+        ``offload``) from this worker's unit of the target EMU (collective over the layout's workers:
+        its new communicators; ``transit/residency.py``)."""
         d, _, _ = layout.position(self.id)
-        unit = self.transit.take(model_stage, layout.tp, layout.pp, layout.replica(d))
+        group = zero and layout.dp > 1  # a ZeRO group is one unit on all its workers
+        unit = self.transit.take(model_stage, layout.tp, layout.pp, tuple(layout.workers) if group else layout.replica(d))
         how = self.built.get(model_stage, {})
         precision = self.precision_of(model_stage)
         dt = self._dtype_of(model_stage, trainable)
         with self.meter.stage(model_stage):
             ctx = build_context(spec, layout, self.id, self.store, f"{tag}/{model_stage}", self.meter,
                                 self.timeout_s, self.device)
-            self.engines[model_stage] = Engine(spec, ctx, 0, self.meter, trainable, adam, dt, self.device,
-                                               schedule=how.get("schedule", "1f1b"), recompute=recompute,
-                                               state={"tensors": unit.tensors, "counters": unit.counters},
-                                               precision=precision)
-        self.built[model_stage] = {**how, "recompute": recompute, "precision": precision}
+            build_engine(self.pools, self.engines, model_stage, unit, zero, offload, spec, ctx, 0, self.meter,
+                         trainable, adam, dt, self.device, schedule=how.get("schedule", "1f1b"),
+                         recompute=recompute, precision=precision)
+        self.built[model_stage] = {**how, "recompute": recompute, "precision": precision, "zero": zero,
+                                   "offload": offload}
         return ctx.d, ctx.p, ctx.t
 
     def transition_end(self, tag: str) -> list[str]:

@@ -29,7 +29,7 @@ import os
 import time
 from contextlib import contextmanager
 
-from nereus.runtime.transit.plans import UnitMeta
+from nereus.runtime.transit.residency import snapshot_meta
 from nereus.runtime.transit.worker_side import Unit
 from nereus.runtime.worker.core import WorkerCore
 from nereus.runtime.worker.failures import WorkerFailure
@@ -74,8 +74,7 @@ class FaultTolerantWorker(WorkerCore):
         self._moved_on.set()
         snap = {}
         for ms, e in self.engines.items():
-            lay, d = e.ctx.layout, e.ctx.d
-            meta = UnitMeta(f"{ms}#{d}", ms, lay.tp, lay.pp, tuple(lay.replica(d)))
+            meta = snapshot_meta(ms, e, self.built.get(ms, {}))  # ZeRO groups and host copies as phi names them
             counters = {k: int(getattr(e, k)) for k in ("step", "update_count", "version", "policy_version",
                                                         "position")}
             # every kind, bf16's master too; an offloaded engine's state is its host copy

@@ -37,10 +37,18 @@ writing replica all-gathers the slices over DP (the other replicas join,
 :meth:`ZeroEngine.join_checkpoint`), and a loading ZeRO engine keeps its own slice, so a checkpoint
 restores into any DP degree, with or without ZeRO.
 
-ZeRO-2 and ZeRO-3 (gradients, and parameters, sharded per layer) are in ``worker/zero3.py``. Not done
-here: live transitions of a ZeRO
-engine through the transition executor (its units expect per-name, unsliced optimizer state;
-the re-layout through the driver, ``run/relayout.py``, works: it gathers and loads logical state).
+**Live transitions** (``transit/flat.py``, ``transit/residency.py``; issue 24, kept for the executor):
+they rely on this layout as it is: the flat order is ``model.params``' order, which is
+``transit.index.stage_names``' order; ``N`` counts the shards' elements (vocab padding included);
+``k = ceil(N/dp)``; rank ``r`` = ``ctx.dp_group.rank`` holds ``[r·k, (r+1)·k)`` zero-padded; the sliced
+kinds are ``{"flat": [k]}`` entries of ``exp_avg``, ``exp_avg_sq`` and (bf16) ``master``, which
+``state_tensors()`` returns. ``transit/residency.build_engine`` builds a ``ZeroEngine`` from the
+weights alone and then sets those three ``"flat"`` entries to the slices the transition delivered
+(same shape). A change of this layout must keep ``transit/flat.py`` in step.
+
+ZeRO-2 and ZeRO-3 (gradients, and parameters, sharded per layer) are in ``worker/zero3.py``; the
+live executor does not move their state (``transit/flat.py: sliced_kinds``): ``nereus run
+--adaptive`` changes them through the durable checkpoint.
 """
 
 from __future__ import annotations

@@ -1,0 +1,85 @@
+"""Engines to units and back when the state is ZeRO-sliced or offloaded to the host pool (worker side).
+
+Source: DESIGN.md §4.8; issue 24 item 4. Called by ``WorkerCore.transition_begin`` and
+``transition_finish`` (``worker/core.py``).
+
+**Into a unit** (:func:`adopt_engine`). The transition planner sees a model-stage whose idle state is
+offloaded (``Candidate.offload == "host"``) as host EMUs (``transition/emu.py``: ``phi``), so its unit
+must be in the host pool at the start: an engine that is still resident (it ran last) is offloaded
+first (a real, measured copy, ``worker/memory_pool.py``), and the unit *is* its host copy (no device
+bytes). A unit the planner sees on the device is restored first if offloaded. The pool forgets the
+engine either way (its host copy is of the old layout). A ZeRO-1 engine's sliced kinds are
+``{"flat": slice}`` (``worker/zero.py``); one with a single DP rank (``z = 1``, a replica to the
+planner) holds the whole flat vector, which is unflattened per name here.
+
+**Out of a unit** (:func:`build_engine`). The engine of the target layout is built from the unit (no
+copy) after idle offloadable model-stages here made room (as before a turn); a ZeRO target takes
+its slices as they came (:class:`~nereus.runtime.worker.zero.ZeroEngine` is built from the weights
+and its slices are set to the unit's, the only use of its ``exp_avg`` / ``exp_avg_sq`` / ``master``
+``"flat"`` entries from outside); a target host EMU is offloaded into the pool right away.
+"""
+
+from __future__ import annotations
+
+from nereus.runtime.transit.flat import FLAT, unflatten
+from nereus.runtime.transit.packing import COUNTERS
+from nereus.runtime.transit.plans import UnitMeta
+from nereus.runtime.transit.worker_side import Transit, Unit
+from nereus.runtime.worker.memory_pool import MemoryPools
+from nereus.runtime.worker.zero import make_engine
+
+__all__ = ["adopt_engine", "build_engine", "snapshot_meta"]
+
+
+def adopt_engine(transit: Transit, pools: MemoryPools, model_stage: str, engine, meta: UnitMeta, me: int) -> Unit:
+    """``engine``'s state as the unit ``meta`` on worker ``me`` (module docstring); returns the unit."""
+    counters = {k: int(getattr(engine, k)) for k in COUNTERS}
+    if meta.host:
+        if model_stage not in pools.offloaded:
+            pools.offload(model_stage, engine)
+        tensors = {k: dict(d) for k, d in pools.host[model_stage].items()}
+    else:
+        pools.restore(model_stage, engine)
+        tensors = {k: dict(d) for k, d in engine.state_tensors().items()}
+    pools.forget(model_stage)
+    if meta.z == 1:
+        for k, d in tensors.items():
+            if FLAT in d:  # a ZeRO engine of one DP rank: the whole flat vector, per name for a replica
+                tensors[k] = unflatten(engine.spec, meta, me, d[FLAT][:sum(w.numel() for w in engine.model.params.values())])
+    unit = Unit(meta, tensors, counters)
+    transit.units[meta.uid] = unit
+    return unit
+
+
+def build_engine(pools: MemoryPools, engines: dict, model_stage: str, unit: Unit, zero: int, offload: str,
+                 *args, **kwargs):
+    """The engine of ``model_stage`` from ``unit`` (module docstring): ``make_engine(zero, *args,
+    state=..., **kwargs)``, registered in ``engines`` and in the pool with residency ``offload``.
+
+    Raises:
+        DeviceMemoryError: the engine does not fit next to what stays resident.
+        ValueError: an offload mode the runtime does not execute.
+    """
+    pools.set_mode(model_stage, offload)
+    pools.make_room(engines, {model_stage})
+    flats = {k: d[FLAT] for k, d in unit.tensors.items() if FLAT in d}
+    tensors = {k: d for k, d in unit.tensors.items() if FLAT not in d}
+    engine = make_engine(zero, *args, state={"tensors": tensors, "counters": unit.counters}, **kwargs)
+    for k, t in flats.items():  # the ZeRO slices as they came (same shape as the ones built)
+        getattr(engine, k)["flat"] = t
+    engines[model_stage] = engine
+    if unit.meta.host:
+        pools.offload(model_stage, engine)
+    return engine
+
+
+def snapshot_meta(model_stage: str, engine, built: dict) -> UnitMeta:
+    """The EMU an engine's rollback snapshot is (``worker/fault_tolerant.py``), as the transition
+    planner's ``phi`` names it: replica ``d`` is ``"<ms>#d"`` on its workers; a ZeRO group
+    (``built["zero"] >= 1`` and DP > 1) is one EMU ``"<ms>#0"`` on all its workers with ``z = dp``;
+    ``offload == "host"`` makes it a host copy."""
+    lay, d = engine.ctx.layout, engine.ctx.d
+    zero, host = int(built.get("zero", 0)), built.get("offload", "none") == "host"
+    if zero and lay.dp > 1:
+        return UnitMeta(f"{model_stage}#0", model_stage, lay.tp, lay.pp, tuple(lay.workers), host, lay.dp, zero)
+    return UnitMeta(f"{model_stage}#{d}", model_stage, lay.tp, lay.pp, tuple(lay.replica(d)), host)

@@ -1,0 +1,89 @@
+"""What the live-transition executor needs to know about ZeRO groups and offloaded state (driver side).
+
+Source: DESIGN.md §4.8; issue 24 item 4; ``transit/flat.py`` (how slices move).
+
+* :func:`aligned_target`: the transition planner may order a target ZeRO group's DP ranks so that
+  staying ranks keep most of their slices (``transition/group_ranks.py``); the DAG's target EMU
+  records that order, and the engines must be built in it, so the plan the driver adopts takes each
+  ZeRO group's GPU order from the DAG (the same GPUs and degrees: which rank owns which slice and
+  which micro-batches is a convention at a step boundary).
+* :func:`live_unsupported`: why the executor cannot run a DAG (None when it can): a ZeRO stage whose
+  slices it does not move (3: the weights are sliced too), or a primitive that moves ZeRO slices
+  between units of different ``(tp, pp)`` (the planner splits such a group into replicas first, so
+  this only guards against another planner). ``nereus run --adaptive`` sends such a change through
+  the checkpoint restart, which holds the unsliced logical state (``durable/``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from nereus.runtime.transit.flat import sliced_kinds
+from nereus.spec.plan import Plan
+
+__all__ = ["aligned_target", "live_unsupported", "dropped_targets", "rebuild_dropped"]
+
+
+def aligned_target(dag, target: Plan) -> Plan:
+    """``target`` with each ZeRO group's GPUs in the order of the DAG's target EMU.
+
+    Raises:
+        ValueError: a target EMU's GPUs are not the candidate's (another plan than the DAG's).
+    """
+    out = []
+    for c in target.candidates:
+        emu = next((e for e in dag.target if e.model_stage == c.model_stage and e.z > 1), None)
+        if emu is not None and tuple(emu.gpus) != tuple(c.gpus):
+            if sorted(emu.gpus) != sorted(c.gpus):
+                raise ValueError(f"{c.model_stage}: the DAG's target group is on {list(emu.gpus)}, the plan's "
+                                 f"on {list(c.gpus)}")
+            c = replace(c, gpus=tuple(emu.gpus))
+        out.append(c)
+    return replace(target, candidates=tuple(out))
+
+
+def live_unsupported(dag, *plans: Plan) -> str | None:
+    """Why the executor cannot run ``dag`` live (module docstring), or None; ``plans`` (the current
+    and target) are checked too: a ZeRO-2/3 engine (``worker/zero3.py``) is never moved live, also
+    with one DP rank (a replica to the planner)."""
+    for plan in plans:
+        for c in plan.candidates:
+            if c.zero not in (0, 1):
+                return f"{c.model_stage}: zero={c.zero} state (worker/zero3.py) is not moved live"
+    emus = list(dag.initial) + list(dag.target) + [e for p in dag.nodes for e in p.produces]
+    for e in emus:
+        if e.z > 1:
+            try:
+                sliced_kinds(e.zero)
+            except ValueError as err:
+                return f"{e.model_stage}: {err}"
+    by_uid = {e.uid: e for e in emus}
+    for p in dag.nodes:
+        units = [by_uid[u] for u in p.reads + p.consumes if u in by_uid] + list(p.produces)
+        if any(u.z > 1 for u in units) and len({(u.tp, u.pp) for u in units}) > 1:
+            return f"{p.pid}: moves ZeRO slices between layouts {sorted({(u.tp, u.pp) for u in units})}"
+    return None
+
+
+def dropped_targets(driver, dag, changed: list[str]) -> list[str]:
+    """The changed model-stages whose target drops its idle state (no EMU in ``dag.target``)."""
+    have = {e.model_stage for e in dag.target}
+    return [ms for ms in changed if driver.cands[ms].offload == "drop" and ms not in have]
+
+
+def rebuild_dropped(driver, names: list[str]) -> None:
+    """Build the engines of ``names`` (:func:`dropped_targets`), whose idle state is dropped in the target
+    (``offload == "drop"``: ``phi`` gives them no EMU, so no unit reaches them) as at the run's start:
+    frozen ones from their seeds (the stored weights, the planner's reload from storage); derived
+    copies (``actor.generate``, ``actor.infer``, ``critic.infer``) then take their training
+    model-stage's weights by the driver's weight sync (the planner's re-sync), which is not part of
+    the transition's bytes. Runs after the other model-stages' engines are built."""
+    for ms in names:
+        wf_ms = next(x for x in driver.wf.model_stages if x.name == ms)
+        lay, c = driver.layouts[ms], driver.cands[ms]
+        driver._get([driver.workers[i].build.remote(ms, driver._spec_of(wf_ms.model), lay, driver.seed_of(wf_ms.model),
+                                                    False, None, driver.tag, precision=driver.cfg.precision,
+                                                    zero=c.zero, offload=c.offload) for i in lay.workers],
+                    f"building {ms} (idle state dropped)")
+    if any(ms.split(".")[0] in ("actor", "critic") for ms in names):
+        driver._sync()
