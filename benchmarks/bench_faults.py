@@ -60,6 +60,14 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# this checkout's package first, here and in the Ray workers (they inherit the environment, not
+# sys.path, and would otherwise import an installed copy): ``python benchmarks/bench_faults.py`` runs
+# from any directory with no PYTHONPATH; then this folder's helper modules (below)
+_ROOT = str(Path(__file__).resolve().parents[1])
+if _ROOT not in sys.path[:1]:
+    sys.path.insert(0, _ROOT)
+if os.environ.get("PYTHONPATH", "").split(os.pathsep)[0] != _ROOT:
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p)
 
 import torch  # noqa: E402
 
