@@ -7,7 +7,10 @@ fault injection) is :mod:`nereus.runtime.worker.fault_tolerant`.
   every live worker (:func:`probe`); a worker that is dead, or silent for ``hang_timeout_s``, is
   killed (``ray.kill``), which closes its TCP connections so every surviving worker blocked in a gloo
   collective with it fails at once instead of waiting for the group timeout (its communicators are
-  dropped with the engines during recovery). It raises :class:`WorkerLost` naming the lost workers
+  dropped with the engines during recovery). A survivor waiting in a group *rendezvous* for it (whose
+  store wait no socket ends) is released by the cancel every survivor then gets
+  (``FaultTolerantWorker.cancel`` sets the abort event ``comm/rendezvous.py`` polls): its call fails
+  at once and the recovery starts, instead of after the communicator timeout. It raises :class:`WorkerLost` naming the lost workers
   and the detection time.
 * **Recovery** (driven by ``run/adaptive.py``): every survivor rolls back
   (:meth:`FaultTolerantWorker.restore`: engines, units and communicators dropped, the snapshot's
@@ -17,7 +20,9 @@ fault injection) is :mod:`nereus.runtime.worker.fault_tolerant`.
   every replica falls back to the last durable checkpoint (``durable/driver_side.py``).
 
 **Slow peers.** A worker that is slow but alive answers heartbeats, so silence never catches it.
-Each heartbeat also reports whether the worker is in a compute call, how many ops it has timed
+Each heartbeat also reports the watched call the worker is in (a compute call, a transition
+primitive ``transition_run:<kind>:<pid>`` or its ``transition_finish``, a synchronous checkpoint
+write ``dcp_save``, or ``dcp_wait`` for a background one), how many ops it has timed
 (``Meter.ops``) and whether it waits for peers (``Meter.waiting``). When the pool has a
 ``progress_bound_s`` (the adaptive run sets it to ``max(hang_timeout, 4 × the predicted step
 time)``, the cost model's ``l_step`` of the plan in effect, or the last measured step if longer), a
@@ -33,6 +38,7 @@ from __future__ import annotations
 
 import time
 
+from nereus.runtime.comm.rendezvous import RELEASED
 from nereus.runtime.worker.failures import WorkerFailure, WorkerLost
 
 __all__ = ["WorkerLost", "monitored_get", "probe", "probe_info", "Progress"]
@@ -64,13 +70,14 @@ def probe_info(workers: list, timeout_s: float) -> tuple[list[int], list[int], d
 
 class Progress:
     """The progress check of one wait (module docstring, "Slow peers"): a worker that is busy in a
-    compute call, not waiting for peers, and has timed no op (``Meter.ops``) for ``bound_s`` seconds
+    watched call (a compute call, a transition primitive, a checkpoint write), not waiting for peers, and has timed no op (``Meter.ops``) for ``bound_s`` seconds
     makes no progress; its peers that wait in a collective with it would otherwise wait for the
     communicator timeout (4x ``--timeout``, minutes)."""
 
     def __init__(self, bound_s: float | None) -> None:
         self.bound_s = bound_s
         self.seen: dict[int, tuple[int, float]] = {}  # worker -> (ops, since when unchanged)
+        self.phase: dict[int, str] = {}  # worker -> the watched call it was last seen busy in
 
     def stalled(self, info: dict[int, dict], now: float) -> dict[int, float]:
         """``{worker: seconds without progress}`` of the workers past the bound."""
@@ -83,8 +90,9 @@ class Progress:
                 continue
             ops = int(hb.get("ops", 0))
             prev = self.seen.get(i)
-            if prev is None or prev[0] != ops:
+            if prev is None or prev[0] != ops or self.phase.get(i) != hb["busy"]:
                 self.seen[i] = (ops, now)
+                self.phase[i] = hb["busy"]
             elif now - prev[1] > self.bound_s:
                 out[i] = now - prev[1]
         return out
@@ -162,11 +170,15 @@ def monitored_get(pool, futures, what: str, timeout_s: float, hang_timeout_s: fl
             lost |= set(dead) | set(silent)
             _cancel_all(pool, hang_timeout_s)
     if lost:
-        how = (f"slow: no progress for {max(slow.values()):.1f}s" if slow else "hung") if hung else "died"
+        where = sorted({progress.phase[i] for i in slow if i in progress.phase})
+        how = ((f"slow: no progress for {max(slow.values()):.1f}s in {', '.join(where)}" if slow else "hung")
+               if hung else "died")
         err = WorkerLost(f"{what}: worker(s) {sorted(lost)} lost ({how}); detected after {detect or 0.0:.2f}s, "
                          f"the calls ended after {time.perf_counter() - t0:.2f}s", sorted(lost), detect or 0.0,
                          sorted(hung))
         err.slow, err.wait_s = sorted(slow), time.perf_counter() - t0
+        err.slow_in = where
+        err.released = sum(RELEASED in str(e) for e in errors)  # calls a released rendezvous ended
         raise err
     if errors:
         raise WorkerFailure(f"{what}: {str(errors[0])[-600:]}")

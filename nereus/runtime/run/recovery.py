@@ -197,7 +197,8 @@ class RecoveryMixin:
         target = self._legal(d, target)
         ev = {"step": k, "when": "recovery", "kind": "recovery", "reason": str(e), "lost": e.lost,
               "detect_s": e.detect_s, "hung": e.hung, "slow": list(getattr(e, "slow", []) or []),
-              "attempt": when}
+              "attempt": when, "wait_s": waited, "slow_in": list(getattr(e, "slow_in", []) or []),
+              "released": getattr(e, "released", 0)}
         est = None
         if not lost_train and not force_checkpoint:
             try:
