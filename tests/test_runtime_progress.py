@@ -35,3 +35,10 @@ def test_a_checkpoint_write_is_watched_and_progress_or_a_new_phase_restarts_the_
 
 def test_no_bound_no_check():
     assert Progress(None).stalled({0: _hb("train_fields", 0)}, 1e9) == {}
+
+
+def test_a_checkpoint_write_gets_its_own_longer_bound():
+    p = Progress(2.0, {"dcp_save": 15.0})
+    p.stalled({0: _hb("dcp_save", 1), 1: _hb("train_fields", 1)}, 0.0)
+    assert p.stalled({0: _hb("dcp_save", 1), 1: _hb("train_fields", 1)}, 3.0) == {1: 3.0}  # past 2 s
+    assert p.stalled({0: _hb("dcp_save", 1)}, 15.5) == {0: 15.5}  # past its own 15 s

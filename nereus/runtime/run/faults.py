@@ -27,7 +27,11 @@ write ``dcp_save``, or ``dcp_wait`` for a background one), how many ops it has t
 ``progress_bound_s`` (the adaptive run sets it to ``max(hang_timeout, 4 × the predicted step
 time)``, the cost model's ``l_step`` of the plan in effect, or the last measured step if longer), a
 worker busy outside any communication wait whose op count has not moved for that long is declared
-lost (``WorkerLost``, its ``slow`` ids), killed, and recovered from like a hung one.
+lost (``WorkerLost``, its ``slow`` ids), killed, and recovered from like a hung one. A checkpoint
+write (``dcp_save``, ``dcp_wait``) gets the longer of that bound and the pool's ``phase_bounds_s``
+(the adaptive run sets ``max(communicator timeout, 4 × the longest checkpoint so far)``): its
+duration is the file system's, which a step's time does not bound (a healthy save of the tiny model
+took 3.5 s on a loaded machine where a step took under 1 s).
 
 A worker lost in the background write of an asynchronous checkpoint (``durable.begin_save``) is
 found the same way by whatever call comes next; the run abandons that checkpoint and keeps the
@@ -74,8 +78,11 @@ class Progress:
     makes no progress; its peers that wait in a collective with it would otherwise wait for the
     communicator timeout (4x ``--timeout``, minutes)."""
 
-    def __init__(self, bound_s: float | None) -> None:
+    def __init__(self, bound_s: float | None, phase_bounds_s: dict[str, float] | None = None) -> None:
         self.bound_s = bound_s
+        # a longer bound for some phases, by the phase's first word (``dcp_save``, ``dcp_wait``: a
+        # checkpoint write's duration is the disk's and the file system's, not a step's)
+        self.phase_bounds_s = dict(phase_bounds_s or {})
         self.seen: dict[int, tuple[int, float]] = {}  # worker -> (ops, since when unchanged)
         self.phase: dict[int, str] = {}  # worker -> the watched call it was last seen busy in
 
@@ -93,7 +100,7 @@ class Progress:
             if prev is None or prev[0] != ops or self.phase.get(i) != hb["busy"]:
                 self.seen[i] = (ops, now)
                 self.phase[i] = hb["busy"]
-            elif now - prev[1] > self.bound_s:
+            elif now - prev[1] > max(self.bound_s, self.phase_bounds_s.get(hb["busy"].split(":")[0], 0.0)):
                 out[i] = now - prev[1]
         return out
 
@@ -129,7 +136,7 @@ def monitored_get(pool, futures, what: str, timeout_s: float, hang_timeout_s: fl
     hung: set[int] = set()
     detect = None
     deadline = t0 + timeout_s
-    progress = Progress(getattr(pool, "progress_bound_s", None))
+    progress = Progress(getattr(pool, "progress_bound_s", None), getattr(pool, "phase_bounds_s", None))
     slow: dict[int, float] = {}
     while pending:
         _, pending = ray.wait(pending, num_returns=len(pending), timeout=poll_s)

@@ -108,6 +108,7 @@ class WorkerPool:
         self.per_node = num_workers
         self.host = "127.0.0.1"
         self.progress_bound_s: float | None = None  # seconds without progress before a busy worker is slow
+        self.phase_bounds_s: dict[str, float] = {}  # longer bounds of some phases (run/faults.py, Progress)
 
     def start(self) -> WorkerPool:
         """Attach to (``address``) or start Ray, host the store and start the workers.
