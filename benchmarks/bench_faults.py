@@ -121,16 +121,21 @@ def _bounded(fn, timeout_s: float, on_timeout):
     return box.get("result"), box.get("error"), False
 
 
+#: seconds a pool's workers may take to start: at a load average of 70-90 on 2 cores, starting 5-6
+#: workers (each importing torch) took over the 120 s default twice in a row, ending the benchmark
+START_TIMEOUT_S = 600.0
+
+
 def start_pool(n: int, tries: int = 3) -> WorkerPool:
-    """A started pool of ``n`` workers. A start that times out (``WorkerFailure``: on a loaded machine
-    workers importing torch took over the 120 s ``WorkerPool.add`` allows, and that ended a whole
-    benchmark) is retried, up to ``tries`` times: no fault has been injected yet, so it is not a
-    fault outcome.
+    """A started pool of ``n`` workers, allowed :data:`START_TIMEOUT_S` to start. A start that still
+    times out (``WorkerFailure``) is retried, up to ``tries`` times: no fault has been injected yet,
+    so it is not a fault outcome.
 
     Raises:
         WorkerFailure: every try failed."""
     for attempt in range(tries):
         pool = WorkerPool(n, timeout_s=GROUP_TIMEOUT_S, hang_timeout_s=HANG_TIMEOUT_S)
+        pool.start_timeout_s = START_TIMEOUT_S  # not the 120 s of 4x the group timeout + 60
         try:
             return pool.start()
         except WorkerFailure:
