@@ -27,6 +27,8 @@ from nereus.planner.whatif import evaluate_layout  # noqa: E402
 from nereus.spec.presets import MODEL_PRESETS  # noqa: E402
 
 MODELS = json.loads((HERE / "data" / "user_layout_models.json").read_text())
+#: GPUs of the reports with no Nereus preset (custom GPUs, get_gpu's JSON fields)
+GPUS = json.loads((HERE / "data" / "user_layout_gpus.json").read_text())
 
 
 def _model(name: str, tmp: Path) -> str:
@@ -38,13 +40,17 @@ def _model(name: str, tmp: Path) -> str:
     return str(d)
 
 
+def _gpu(name: str) -> str:
+    return json.dumps(GPUS[name]) if name in GPUS else name
+
+
 def verdict(row: dict, tmp: Path) -> tuple[str, str]:
     """``(fits | oom | refused, detail)`` of one row."""
-    model = _model(row["model"], tmp)
+    model, gpu = _model(row["model"], tmp), _gpu(row["gpu"])
     if row["framework"] == "verl":
-        imp = import_verl(load_verl_config(row["config"], json.loads(row["launch"])), model=model, gpu=row["gpu"])
+        imp = import_verl(load_verl_config(row["config"], json.loads(row["launch"])), model=model, gpu=gpu)
     else:
-        imp = import_openrlhf(row["launch"], model=model, gpu=row["gpu"])
+        imp = import_openrlhf(row["launch"], model=model, gpu=gpu)
     if not imp.expressible:
         return "refused", "; ".join(str(u) for u in imp.unexpressible)[:160]
     w = imp.job.workload

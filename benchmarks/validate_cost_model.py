@@ -96,6 +96,10 @@ from validation_data import (  # noqa: E402
 )
 from validation_report import markdown, plot, report  # noqa: E402
 
+#: ``FrameworkSpec.zero3_impl`` of every row (None: the default, ``fsdp``: every ZeRO-3 row of the CSV
+#: is a PyTorch FSDP/FSDP2 run); ``--zero3-impl`` sets it to see another implementation's model on them
+ZERO3_IMPL: str | None = None
+
 
 def capabilities() -> dict:
     """Which row features the installed cost model can be handed (by field presence)."""
@@ -147,6 +151,8 @@ def _query(r: Row, caps: dict, eff: EfficiencyTable, drop: frozenset = frozenset
             fkw["zero_stages"] = tuple(sorted({0, int(val("zero"))}))
         if "max_virtual_stages" in fields:
             fkw["max_virtual_stages"] = max(1, int(val("vpp")))
+        if "zero3_impl" in fields and ZERO3_IMPL is not None:
+            fkw["zero3_impl"] = ZERO3_IMPL
         jkw["framework"] = FrameworkSpec(**fkw)
     job = JobSpec(model_spec(r.model), cluster, wl, **jkw)
     wf = Workflow(algorithm="ppo", model_stages=(ModelStage.parse(STAGE),))
@@ -398,7 +404,11 @@ def main(argv=None) -> int:
                     help="calibration: 'breakdowns' = fit_scales on the predicted op-class breakdowns only "
                          "(additive approximation); 'table' (default) = then polish with fit_table, which "
                          "re-evaluates the cost model for each trial table (exact with overlaps)")
+    ap.add_argument("--zero3-impl", default=None, choices=("fsdp", "deepspeed", "deepspeed-2021"),
+                    help="charge every ZeRO-3 row as this implementation (default: the framework default, fsdp)")
     a = ap.parse_args(argv)
+    global ZERO3_IMPL
+    ZERO3_IMPL = a.zero3_impl
     t0 = time.perf_counter()
     rows = load_rows(a.csv)
     res = evaluate(rows, prior_sigma=a.prior_sigma, method=a.fit)

@@ -89,19 +89,25 @@ ROWS = [
 ]
 
 
-def estimate(r: Row, zero3_gather: str = "flat", eff: EfficiencyTable | None = None):
-    """The cost model's estimate of row ``r``; ZeRO-3 rows with ``EngineCosts(zero3_gather=...)``
-    (DeepSpeed's per-layer flat rings, :mod:`nereus.cost.zero3`; ``hierarchical`` is the default model)."""
+#: the ZeRO-3 implementation of the table's runs: DeepSpeed ZeRO-3 of early 2021
+#: (``FrameworkSpec.zero3_impl``, :mod:`nereus.cost.zero3`)
+IMPL = "deepspeed-2021"
+
+
+def estimate(r: Row, zero3_impl: str = IMPL, eff: EfficiencyTable | None = None):
+    """The cost model's estimate of row ``r``; ZeRO-3 rows with ``FrameworkSpec(zero3_impl=...)``
+    (``fsdp`` is the default model, ``deepspeed`` DeepSpeed's flat per-layer rings, ``deepspeed-2021``
+    also its forward gathers fetched on demand; :mod:`nereus.cost.zero3`)."""
     cm, cand = _query(r, capabilities(), eff if eff is not None else EfficiencyTable())
     if r.zero >= 3:
-        fw = replace(cm.job.framework, engine=EngineCosts(zero3_gather=zero3_gather))
+        fw = replace(cm.job.framework, zero3_impl=zero3_impl)
         cm = CostModel(cm.job.with_framework(fw), efficiency=cm.eff, workflow=cm.workflow)
     return cm.estimate_candidate(cand)
 
 
-def throughput(r: Row, zero3_gather: str = "flat") -> float:
+def throughput(r: Row, zero3_impl: str = IMPL) -> float:
     """Predicted tokens per second per GPU."""
-    return r.global_batch * r.seq_len / (estimate(r, zero3_gather).time * r.num_gpus)
+    return r.global_batch * r.seq_len / (estimate(r, zero3_impl).time * r.num_gpus)
 
 
 def measured_time(r: Row) -> float:
@@ -113,7 +119,7 @@ def measured_time(r: Row) -> float:
     return flops / (r.num_gpus * r.measured_value * 1e12)
 
 
-def calibration_within_job(rows=ROWS, zero3_gather: str = "flat") -> dict:
+def calibration_within_job(rows=ROWS, zero3_impl: str = IMPL) -> dict:
     """Calibrate on one row of a model (one scale per op-class group the row exercises,
     :func:`nereus.cost.fit.fit_scales` at its defaults, A100 defaults as base, on the measured time
     moved onto the model's 10% band, :func:`nereus.cost.fit.deadband_targets`) and predict the
@@ -126,7 +132,7 @@ def calibration_within_job(rows=ROWS, zero3_gather: str = "flat") -> dict:
     out: dict = {}
     for model in sorted({r.model for r in rows}):
         rs = [r for r in rows if r.model == model]
-        base = {r.id: estimate(r, zero3_gather) for r in rs}
+        base = {r.id: estimate(r, zero3_impl) for r in rs}
         meas = {r.id: measured_time(r) for r in rs}
         ape0 = {r.id: abs(base[r.id].time / meas[r.id] - 1) * 100 for r in rs}
         res = {}
@@ -134,7 +140,7 @@ def calibration_within_job(rows=ROWS, zero3_gather: str = "flat") -> dict:
             target = deadband_targets([base[c.id].time], [meas[c.id]])
             fit = fit_scales([base[c.id].breakdown], target, base=EfficiencyTable(), gpu=gpu)
             others = [r for r in rs if r is not c]
-            after = [abs(estimate(r, zero3_gather, fit.table.copy()).time / meas[r.id] - 1) * 100 for r in others]
+            after = [abs(estimate(r, zero3_impl, fit.table.copy()).time / meas[r.id] - 1) * 100 for r in others]
             before = [ape0[r.id] for r in others]
             res[c.id] = (_median(before), _median(after))
         out[model] = res
@@ -171,10 +177,10 @@ def _median(xs):
     return xs[k] if len(xs) % 2 else 0.5 * (xs[k - 1] + xs[k])
 
 
-def pairs(rows=ROWS, margin: float = 0.05, zero3_gather: str = "flat") -> list[tuple]:
+def pairs(rows=ROWS, margin: float = 0.05, zero3_impl: str = IMPL) -> list[tuple]:
     """``(a, b, measured ratio, predicted ratio, right)`` for pairs of one model whose measured
     throughputs differ by more than ``margin``."""
-    pred = {r.id: throughput(r, zero3_gather) for r in rows}
+    pred = {r.id: throughput(r, zero3_impl) for r in rows}
     out = []
     for a, b in combinations(rows, 2):
         if a.model != b.model:
@@ -188,20 +194,21 @@ def pairs(rows=ROWS, margin: float = 0.05, zero3_gather: str = "flat") -> list[t
 
 
 def main() -> int:
-    pred = {r.id: throughput(r) for r in ROWS}
-    hier = {r.id: throughput(r, "hierarchical") for r in ROWS}
-    print(f"{'row':4s} {'model':16s} {'GPUs':>5s} {'layout':14s} {'meas TF/GPU':>11s} {'pred tok/s/GPU':>14s} "
-          f"{'(hierarchical)':>14s}")
+    impls = ("fsdp", "deepspeed", IMPL)
+    pred = {i: {r.id: throughput(r, i) for r in ROWS} for i in impls}
+    print(f"{'row':4s} {'model':16s} {'GPUs':>5s} {'layout':14s} {'meas TF/GPU':>11s}  predicted tok/s/GPU with "
+          f"zero3_impl = {', '.join(impls)}")
     for r in ROWS:
         lay = f"ZeRO-3 mb{r.micro_batch}" if r.zero else f"TP{r.tp} PP{r.pp} mb{r.micro_batch}"
-        print(f"{r.id:4s} {r.model:16s} {r.num_gpus:5d} {lay:14s} {r.measured_value:11.0f} {pred[r.id]:14.1f} "
-              f"{hier[r.id]:14.1f}")
-    ph = pairs(zero3_gather="hierarchical")
-    print(f"default hierarchical ZeRO-3 gathers: {sum(1 for *_, ok in ph if ok)} of {len(ph)} pairs right")
+        print(f"{r.id:4s} {r.model:16s} {r.num_gpus:5d} {lay:14s} {r.measured_value:11.0f}  "
+              + " ".join(f"{pred[i][r.id]:8.1f}" for i in impls))
+    for i in impls[:-1]:
+        ph = pairs(zero3_impl=i)
+        print(f"zero3_impl={i}: {sum(1 for *_, ok in ph if ok)} of {len(ph)} pairs right")
     ps = pairs()
     wrong = [f"{a}/{b} (measured {m:.2f}x, predicted {p:.2f}x)" for a, b, m, p, ok in ps if not ok]
     print("wrong pairs:", "; ".join(wrong) if wrong else "none")
-    print("within-job calibration (flat ZeRO-3 gathers): calibrate on one layout, median APE of the "
+    print(f"within-job calibration (zero3_impl={IMPL}): calibrate on one layout, median APE of the "
           "model's other layouts before -> after")
     worse = []
     for model, res in calibration_within_job().items():

@@ -10,7 +10,7 @@ concurrently on disjoint GPUs; stages run one after another (synchronous) and ma
 * ReMax: no critic; one greedy rollout per prompt (the baseline) inside generation.
 
 ``reward.infer`` is a model-stage only when the job uses a reward model; a rule-based reward runs on
-the CPU. Asynchronous execution (one step off-policy) overlaps ``actor.generate`` of step k+1 with the
+the CPU. ``reference.infer`` is one only when the job has a KL term (``WorkloadSpec.reference_model``). Asynchronous execution (one step off-policy) overlaps ``actor.generate`` of step k+1 with the
 inference and training of step k, so generation needs GPUs of its own; its critical path spans the
 interval between two weight synchronizations.
 """
@@ -142,8 +142,11 @@ class Workflow:
 
 
 def workflow_for(workload: WorkloadSpec) -> Workflow:
-    """The workflow of ``workload.algorithm`` (PPO, GRPO or ReMax)."""
-    ms = [ModelStage("actor", "generate"), ModelStage("actor", "infer"), ModelStage("reference", "infer")]
+    """The workflow of ``workload.algorithm`` (PPO, GRPO or ReMax); ``reference.infer`` only with
+    ``workload.reference_model``, ``reward.infer`` only with ``workload.reward_model``."""
+    ms = [ModelStage("actor", "generate"), ModelStage("actor", "infer")]
+    if workload.reference_model:
+        ms.append(ModelStage("reference", "infer"))
     if workload.algorithm == "ppo":
         ms.append(ModelStage("critic", "infer"))
     if workload.reward_model:

@@ -100,6 +100,20 @@ def test_selective_recompute_reruns_the_kernel_forward():
     # one more forward of unfused attention: 2 batched GEMMs' traffic (2 x 2 B) and the softmax (4 B)
     extra = sel["memory_bound"] - none["memory_bound"]
     assert extra == pytest.approx((2 * 2 + 4) * e / hbm, rel=1e-9)
+    # Korthikanti et al. 2022 §5: only the core attention is re-run, not the QKV projection
+    assert sel["gemm"] == pytest.approx(none["gemm"], rel=1e-12)
+
+
+def test_selective_recompute_with_flash_reruns_the_attention_block():
+    # the flash-era definition: the core attention forward and the QKV projection,
+    # 2·h·(q_dim + 2·kv_dim) FLOPs per token and layer (Llama-3.1-8B: 4096 x (4096 + 2 x 1024))
+    none, sel = _train("flash"), _train("flash", rc="selective")
+    fwd_flops = 2 * 4096 * S * S * L
+    rate = 989.4e12 * 0.33 * S / (S + 256)
+    assert sel["attention"] - none["attention"] == pytest.approx(fwd_flops / rate, rel=1e-9)
+    qkv = 2 * 4096 * (4096 + 2 * 1024) * S * L
+    size = qkv / (3 * L)  # three projections per layer
+    assert sel["gemm"] - none["gemm"] == pytest.approx(qkv / (989.4e12 * 0.6 * size / (size + 1e9)), rel=1e-9)
 
 
 def test_unfused_attention_stores_the_score_matrix_korthikanti_5asb():
@@ -117,9 +131,12 @@ def test_unfused_attention_stores_the_score_matrix_korthikanti_5asb():
     assert drop - flash == 5 * 32 * 4096**2 == 2_684_354_560  # 2.5 GiB per layer
     assert activation_bytes_per_layer(m8, 4096, 2, seq=4096, kernel="unfused") - \
         activation_bytes_per_layer(m8, 4096, 2) == 2 * 32 * 4096**2 / 2  # heads split by TP
-    # selective recompute re-runs the attention block: no score term is stored
+    # selective recompute with unfused attention (Korthikanti et al. §5) drops exactly the score term:
+    # the 34·s·b·h that remain of their Table 2
     assert activation_bytes_per_layer(m8, 4096, 1, selective=True, seq=4096, kernel="unfused_dropout") == \
-        activation_bytes_per_layer(m8, 4096, 1, selective=True)
+        34 * 4096 * 4096
+    # with flash attention it re-runs the attention block and keeps its input: 6h + 6F per token
+    assert activation_bytes_per_layer(m8, 4096, 1, selective=True) == 4096 * (6 * 4096 + 6 * 14336)
     # stage memory: training without recompute keeps all 32 layers' scores; inference holds two layers'
     wl = dict(prompt_len=1024, response_len=3072, micro_batch_size=1)
     a = stage_memory("train", m8, WorkloadSpec(**wl), 1, 1, micro_batch=1)

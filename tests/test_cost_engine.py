@@ -161,14 +161,71 @@ def test_flat_zero3_gathers_by_hand():
     # a group inside one node keeps the default model
     _, inside = flat_zero3_times(model, job.workload, cl, EfficiencyTable(), 1, 1, 8, 3, 4)
     assert not bool(inside)
-    # through the cost model: only where the engine asks for it, and slower across nodes
+    # through the cost model: only where the framework's ZeRO-3 implementation asks for it, and slower
     big = JobSpec(actor=model, cluster=cl, workload=job.workload, framework=job.framework)
     cand = Candidate("actor.train", 1, 1, 16, micro_batch=4, grad_accum=1, zero=3)
     t0 = CostModel(big).estimate_candidate(cand).time
-    flat = big.with_framework(replace(big.framework, engine=EngineCosts(zero3_gather="flat")))
+    flat = big.with_framework(replace(big.framework, zero3_impl="deepspeed"))
     assert CostModel(flat).estimate_candidate(cand).time > t0
-    with pytest.raises(ValueError, match="zero3_gather"):
-        EngineCosts(zero3_gather="tree")
+    assert get_framework("deepspeed").zero3_impl == "deepspeed" and get_framework("fsdp").zero3_impl == "fsdp"
+    with pytest.raises(ValueError, match="zero3_impl"):
+        FrameworkSpec(zero3_impl="tree")
+
+
+def test_deepspeed_2021_forward_gathers_by_hand():
+    from nereus.cost.efficiency import OVERLAP_COMPUTE_SLOWDOWN as S
+    from nereus.cost.zero3 import backward_share, zero3_train_comm
+
+    job = _job()
+    model, cl, w = job.actor, job.cluster, job.workload  # 8 ranks in one node: no flat rings
+    comm = {"allgather@nvlink": np.array([4.0]), "reducescatter@nvlink": np.array([2.0])}
+    last = {"gemm": np.array([3.0])}
+    args = (model, w, cl, EfficiencyTable(), 1, 1, 8, np.array([3]), 1, 4)
+    got = zero3_train_comm("deepspeed-2021", comm, last, *args, 2, True)
+    # forward gather (half the all-gather, 2 s) exposed; backward gather 2 s + reduce-scatter 2 s
+    # against the backward's 3/4 of 3 s = 2.25 s: 1.75 s of the 4 s stay exposed, 0.4375 of each
+    assert float(got["allgather@nvlink"][0]) == pytest.approx(2.0 + 2.0 * 1.75 / 4.0)
+    assert float(got["reducescatter@nvlink"][0]) == pytest.approx(2.0 * 1.75 / 4.0)
+    assert float(got["overlap"][0]) == pytest.approx(S * 2.25)
+    # without recompute the backward is 2/3 of the compute: window 2 s
+    got = zero3_train_comm("deepspeed-2021", comm, last, *args, 0, True)
+    assert float(got["reducescatter@nvlink"][0]) == pytest.approx(2.0 * 2.0 / 4.0)
+    assert float(backward_share(0)) == pytest.approx(2 / 3) and float(backward_share(2)) == 0.75
+    # fsdp and deepspeed inside one node: the default overlap (the whole 3 s window hides 3 of 6 s)
+    for impl in ("fsdp", "deepspeed"):
+        got = zero3_train_comm(impl, comm, last, *args, 2, True)
+        assert float(got["allgather@nvlink"][0]) == pytest.approx(2.0)
+    # rows below ZeRO-3 keep the default model
+    got = zero3_train_comm("deepspeed-2021", comm, last, *args[:7], np.array([2]), 1, 4, 2, True)
+    assert float(got["allgather@nvlink"][0]) == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="zero3_impl"):
+        zero3_train_comm("tree", comm, last, *args, 2, True)
+
+
+def test_zero3_infer_gathers_by_hand():
+    from nereus.cost.overlap import overlap_dp
+    from nereus.cost.shapes import params_rank
+    from nereus.cost.zero3 import zero3_infer_comm
+
+    job = _job()
+    model, cl = job.actor, ClusterSpec(gpu=get_gpu("h100"), num_nodes=2, gpus_per_node=8)
+    p = float(params_rank(model, 1, 1))
+    one = 15 / 16 * 2 * p / (50e9 * 0.75) + 24 * 15 * 10e-6  # one flat ring gather of the bf16 weights
+    comm = {"allgather@nvlink": np.array([0.1]), "allgather@ib": np.array([0.2])}  # the default model's
+    last = {"gemm": np.array([0.05])}
+    args = (model, job.workload, cl, EfficiencyTable(), 1, 1, 16, np.array([3]), 3)
+    # deepspeed-2021: one gather per micro-batch (3), flat across the two nodes, nothing hidden
+    got = zero3_infer_comm("deepspeed-2021", comm, last, *args, True)
+    assert float(got["allgather@ib"][0]) == pytest.approx(3 * one)
+    assert float(got["allgather@nvlink"][0]) == 0.0 and "overlap" not in got
+    # deepspeed: the same bytes, hidden behind the 3 micro-batches' compute as the default overlap
+    flat = {"allgather@ib": np.array([3 * one])}
+    ref = overlap_dp(flat, last, np.array([3]), 3)
+    got = zero3_infer_comm("deepspeed", comm, last, *args, True)
+    assert float(got["allgather@ib"][0]) == pytest.approx(float(ref["allgather@ib"][0]))
+    # fsdp without overlap: the default model's gathers as given
+    got = zero3_infer_comm("fsdp", comm, last, *args, False)
+    assert float(got["allgather@ib"][0]) == 0.2
 
 
 def test_tp_overlap_share_by_hand():

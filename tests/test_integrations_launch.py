@@ -132,3 +132,47 @@ def test_openrlhf_export_keeps_paths_and_parses(model, capsys):
 def test_empty_inputs_are_refused(capsys):
     assert main(["plan", "--from-openrlhf", ""]) == 2
     assert "empty" in capsys.readouterr().err
+
+
+ARRAY_SCRIPT = """#!/usr/bin/env bash
+max_prompt_length=$((512 * 2))
+max_response_length=$(( (1024 + 1024) / 2 ))
+DATA=(
+    data.train_files=$HOME/data/gsm8k/train.parquet
+    data.max_prompt_length=$max_prompt_length
+    data.max_response_length=$max_response_length
+    data.train_batch_size=256
+    # a comment inside the array (with parentheses) is skipped
+)
+MODEL=( actor_rollout_ref.model.path={model} )
+ACTOR=(
+    actor_rollout_ref.actor.ppo_mini_batch_size=64
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8
+)
+ACTOR+=(actor_rollout_ref.actor.use_kl_loss=True)
+python3 -m verl.trainer.main_ppo \\
+    algorithm.adv_estimator=grpo "${{DATA[@]}}" "${{MODEL[@]}}" \\
+    "${{ACTOR[@]}}" \\
+    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16 actor_rollout_ref.rollout.n=4 \\
+    actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16 trainer.n_gpus_per_node=8 trainer.nnodes=1 "$@"
+"""
+
+
+def test_script_bash_arrays_and_arithmetic_expand(tmp_path, model, monkeypatch):
+    # verl's newer example scripts group overrides in bash arrays (run_qwen2-7b_math_megatron_lora.sh)
+    monkeypatch.setenv("HOME", "/home/u")
+    sh = tmp_path / "run_arrays.sh"
+    sh.write_text(ARRAY_SCRIPT.format(model=model))
+    config, overrides, _ = verl_launch([str(sh)])
+    assert config == "ppo_trainer"
+    assert overrides == ["algorithm.adv_estimator=grpo", "data.train_files=/home/u/data/gsm8k/train.parquet",
+                         "data.max_prompt_length=1024",
+                         "data.max_response_length=1024", "data.train_batch_size=256",
+                         f"actor_rollout_ref.model.path={model}", "actor_rollout_ref.actor.ppo_mini_batch_size=64",
+                         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+                         "actor_rollout_ref.actor.use_kl_loss=True",
+                         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16", "actor_rollout_ref.rollout.n=4",
+                         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16", "trainer.n_gpus_per_node=8",
+                         "trainer.nnodes=1"]
+    imp = import_verl(load_verl_config(str(sh)))
+    assert imp.expressible and (imp.job.workload.prompt_len, imp.job.workload.response_len) == (1024, 1024)

@@ -58,6 +58,7 @@ def fsdp_offload_05b(path, extra=()):
     return ["algorithm.adv_estimator=grpo", "data.train_batch_size=256", "data.max_prompt_length=512",
             "data.max_response_length=1024", f"actor_rollout_ref.model.path={path}",
             "actor_rollout_ref.actor.ppo_mini_batch_size=64", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+            "actor_rollout_ref.actor.use_kl_loss=True",  # the example's KL loss: verl builds the reference
             "actor_rollout_ref.actor.fsdp_config.param_offload=True",
             "actor_rollout_ref.actor.fsdp_config.optimizer_offload=True",
             "actor_rollout_ref.ref.fsdp_config.param_offload=True",
@@ -123,15 +124,17 @@ def test_import_ppo_fsdp_qwen05b(qwen):
         (1, 8, 2, 3)
     assert (by["critic.train"].micro_batch, by["critic.train"].grad_accum, by["critic.train"].zero) == (8, 1, 3)
     assert by["actor.train"].recompute == "full"  # enable_gradient_checkpointing defaults to true
-    # the critic's engine offloads (critic.fsdp.*), the actor's does not; the forward-only ref always does
-    assert [by[k].offload for k in ("critic.train", "critic.infer", "actor.train", "actor.infer", "reference.infer")] \
-        == ["host", "host", "none", "none", "host"]
+    # the critic's engine offloads (critic.fsdp.*), the actor's does not
+    assert [by[k].offload for k in ("critic.train", "critic.infer", "actor.train", "actor.infer")] \
+        == ["host", "host", "none", "none"]
+    # no use_kl_loss / use_kl_in_reward: verl builds no reference model (need_reference_policy)
+    assert "reference.infer" not in by and imp.job.workload.reference_model is False
     assert imp.expressible, imp.unexpressible
     cost = CostModel(imp.job)
     t = {c.model_stage: cost.estimate_candidate(c, False).time for c in imp.layout}
     ev = compare(imp)["user"]["evaluation"]
     # PPO on one pool: three infer model-stages and two train model-stages each add up
-    assert ev["stage_times"]["infer"] == pytest.approx(t["actor.infer"] + t["critic.infer"] + t["reference.infer"])
+    assert ev["stage_times"]["infer"] == pytest.approx(t["actor.infer"] + t["critic.infer"])
     assert ev["l_step"] == pytest.approx(sum(t.values()), rel=1e-9)
 
 

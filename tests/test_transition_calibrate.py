@@ -44,7 +44,7 @@ def test_duration_is_setup_plus_copy_plus_wire():
 
 
 def test_calibration_separates_setup_copy_and_wire():
-    cal = TransitionCalibration(weight=1.0)
+    cal = TransitionCalibration()
     recs = [
         # a Merge: 0.9 s wall of which 0.2 s on the wire and 0.3 s packing/assembling 60 MB
         {"kind": "merge", "received": {1: 60e6}, "transfer_s": 0.2, "copy_s": 0.3, "setup_s": 0.25,
@@ -62,12 +62,23 @@ def test_calibration_separates_setup_copy_and_wire():
     p = cal.params(CostParams(comm_setup_inter_s=0.5))
     assert (p.comm_setup_intra_s, p.comm_setup_inter_s, p.copy_bandwidth, p.teardown_s) == \
         pytest.approx((0.25, 0.5, 100e6 / 0.4, 0.02))
-    # an EMA of weight 1/2 halves the way to a new measurement
-    half = TransitionCalibration(weight=0.5)
-    half.observe(recs[:1])
-    half.observe([{**recs[0], "copy_s": 0.6, "measured_s": 1.2}])
-    assert half.copy_bandwidth == pytest.approx(0.5 * 60e6 / 0.3 + 0.5 * 60e6 / 0.6)
-    assert half.setup_s == pytest.approx(0.4)
+    # ratios of sums over the window of recent primitives, not an EMA: the slow repeat counts by its bytes
+    two = TransitionCalibration()
+    two.observe(recs[:1])
+    two.observe([{**recs[0], "copy_s": 0.6, "measured_s": 1.2}])
+    assert two.copy_bandwidth == pytest.approx((60e6 + 60e6) / (0.3 + 0.6))
+    assert two.setup_s == pytest.approx(0.4)  # both 0.9 - 0.2 - 0.3 and 1.2 - 0.2 - 0.6
+    assert [h["copy_bandwidth"] for h in two.history] == pytest.approx([60e6 / 0.3, 60e6 / 0.6])
+    last = TransitionCalibration(window=1)  # only the latest primitive
+    last.observe(recs[:1])
+    last.observe([{**recs[0], "copy_s": 0.6, "measured_s": 1.2}])
+    assert last.copy_bandwidth == pytest.approx(60e6 / 0.6)
+    # the planner's copy bytes (cost.copy_bytes: sends plus new-shard writes) when the record has them
+    k = TransitionCalibration()
+    k.observe([{**recs[0], "copy_bytes": 120e6}])
+    assert k.copy_bandwidth == pytest.approx(120e6 / 0.3) and k.bandwidth == pytest.approx(60e6 / 0.2)
+    with pytest.raises(ValueError, match="window"):
+        TransitionCalibration(window=0)
 
 
 def test_records_without_wall_seconds_fall_back_to_setup():

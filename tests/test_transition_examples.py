@@ -9,6 +9,7 @@ from nereus.spec.job import JobSpec
 from nereus.spec.plan import Candidate, Plan
 from nereus.spec.presets import get_model
 from nereus.spec.workload import WorkloadSpec
+from nereus.transition.cost import CostParams
 from nereus.transition.emu import aligned_gpus, model_of, phi, sub_units
 from nereus.transition.estimate import estimate_transition
 
@@ -274,11 +275,13 @@ def test_swap_prefers_dropping_a_derived_copy_synced_from_its_train_model_stage(
     assert not est.feasible and "staged actor.train through host memory" in est.reason
 
 
-def test_ownership_cycle_between_concurrent_copies_is_broken_by_drop_and_reload():
+def test_ownership_cycle_between_concurrent_copies_shares_the_gpus_during_the_swap():
     """actor.infer and reference.infer run concurrently (same stage) and swap GPUs 0 and 1, so each
-    Extend waits for the other's Destroy by GPU ownership alone: a circular wait before drop and
-    reload. The derived actor.infer is dropped; its Load syncs from actor.train *after* actor.train's
-    own transition (here the Destroy of its second DP replica), a state edge of the global DAG."""
+    Extend would wait for the other's Destroy by GPU ownership alone: a circular wait. Memory allows
+    both copies on one GPU during the transition, so the planner lets the two share GPUs 0 and 1
+    (``GlobalDAG.shared``) instead of dropping one and reloading it: each copy is extended once onto
+    the other's GPU and its old copy destroyed after, no Load, and the bytes are the minimum (each
+    copy's whole weights, 2 B/param: GPU 0 and 1 hold nothing of the other model-stage)."""
     j = job(nodes=1)
     cur = Plan((Candidate("actor.infer", 1, 1, 1, gpus=(0,)), Candidate("reference.infer", 1, 1, 1, gpus=(1,)),
                 Candidate("actor.train", 1, 4, 2, gpus=tuple(range(8)))))
@@ -286,20 +289,25 @@ def test_ownership_cycle_between_concurrent_copies_is_broken_by_drop_and_reload(
                 Candidate("actor.train", 1, 4, 1, gpus=tuple(range(4)))))
     est = estimate_transition(j, cur, tgt)
     assert est.feasible, est.reason
-    edges = {(a, b): k for a, b, k in est.dag.edges}
-    assert edges[("destroy:actor.infer#0", "extend:reference.infer*0")] == "ownership"
-    assert edges[("destroy:reference.infer#0", "load:actor.infer*0")] == "ownership"
-    assert edges[("destroy:actor.train#1", "load:actor.infer*0")] == "state"
-    load = next(n for n in est.dag.nodes if n.pid == "load:actor.infer*0")
-    assert load.reads == () and load.source == "actor.train"
-    s = est.schedule
-    assert s.start["load:actor.infer*0"] >= max(s.end["destroy:actor.train#1"], s.end["destroy:reference.infer#0"])
+    assert est.dag.shared == {"actor.infer", "reference.infer"} and "shared GPUs" in est.reason
+    pids = {n.pid for n in est.dag.nodes}
+    assert {"extend:actor.infer*0", "extend:reference.infer*0"} <= pids and not any(p.startswith("load") for p in pids)
+    weights = (32 * LAYER + 2 * EMB + 4096) * 2  # untied embedding and lm_head, final norm
+    infer = [n for n in est.dag.nodes if n.kind == "extend"]
+    assert sorted(n.bytes_moved for n in infer) == [weights, weights]
+    assert est.bytes_moved == est.min_bytes == 2 * weights
+    s = est.schedule  # both extends before either old copy goes: the swap needs no third GPU
+    assert s.end["extend:actor.infer*0"] <= s.start["destroy:actor.infer#0"]
+    assert s.end["extend:reference.infer*0"] <= s.start["destroy:reference.infer#0"]
 
 
 def test_training_split_with_no_room_anywhere_is_staged_through_host_memory():
     """critic.train (2,2) → (1,4) on the same 4 GPUs of a 90 GiB device shared with actor.generate
     and reward.infer: through T_sub = (1,2) each GPU would hold half the model's state (56 GB), which
-    fits neither in place nor on free GPUs (none). Staged through host memory (Offload frees the
+    fits neither in place nor on free GPUs (none). Fused into one Merge on the same GPUs
+    (``relayout.py``) the runtime's executor allocates the new shard beside the old one
+    (``CostParams.transit_buffers``): the 31.78 GB new shard does not fit in the 26.7 GB left
+    either. Staged through host memory (Offload frees the
     old shards, Restore writes the new) each GPU never holds more than its target shard. By hand (14 B/param of train state; TP splits
     everything but the two norms per layer):
     old shard on GPU 0 = ((16·(LAYER − 8192) + EMB) / 2 + 16·8192) · 14 = 28,106,817,536 B,
@@ -311,8 +319,15 @@ def test_training_split_with_no_room_anywhere_is_staged_through_host_memory():
     co = (Candidate("actor.generate", 1, 1, 4, gpus=(0, 1, 2, 3)), Candidate("reward.infer", 1, 1, 4, gpus=(0, 1, 2, 3)))
     cur = Plan(co + (Candidate("critic.train", 2, 2, 1, gpus=(0, 1, 2, 3)),))
     tgt = Plan(co + (Candidate("critic.train", 1, 4, 1, gpus=(0, 1, 2, 3)),))
-    est = estimate_transition(j, cur, tgt)
+    # the paper's in-place rule: the fused Merge needs only max(received, new - old) and fits
+    inplace = estimate_transition(j, cur, tgt)
+    assert [n.pid for n in inplace.dag.nodes] == ["merge:critic.train*0"]
+    assert inplace.bytes_moved == inplace.min_bytes
+    est = estimate_transition(j, cur, tgt, params=CostParams(transit_buffers=True))
     assert est.feasible, est.reason
+    weights = (32 * LAYER + 2 * EMB + 4096) * 2  # actor.generate's and reward.infer's copies per GPU
+    room = int(90 * 2**30 * 0.9) - 2 * weights - 28_106_817_536
+    assert 26.6e9 < room < 31_783_256_064  # the new shard alone does not fit beside the old
     assert "staged through host memory" in est.reason and "critic.train" in est.reason
     assert [n.pid for n in est.dag.nodes] == ["offload:critic.train", "restore:critic.train"]
     off, back = est.dag.nodes
@@ -327,15 +342,39 @@ def test_training_split_with_no_room_anywhere_is_staged_through_host_memory():
     assert [e.uid for e in back.produces] == ["critic.train*0"]
 
 
-def test_training_model_stages_swapping_gpus_stage_one_through_host_memory():
-    """actor.train and critic.train (both (1,4)) swap GPUs 0-3 and 4-7. They run concurrently, so
-    each Extend waits for the other's Destroy, and each Destroy of a last copy waits for its own
-    Extend: a circular wait with nothing to drop (training state). The smaller one, critic.train
-    (no untied lm_head), is offloaded to host memory, freeing 4-7; actor.train moves; critic.train
-    is restored on 0-3. By hand (14 B/param): critic's largest shard (8·LAYER + EMB)·14 B, actor's
-    (8·LAYER + EMB + 4096)·14 B (last stage: lm_head + final norm);
-    L_tran = (0.5 + critic/25e9) + (0.05 + actor/450e9 + 5 µs) + 0.01 + critic/25e9 ≈ 2.97 s."""
+def test_training_model_stages_swapping_gpus_share_them_when_memory_allows():
+    """actor.train and critic.train (both (1,4)) swap GPUs 0-3 and 4-7 of 80 GiB H100s: a circular
+    wait of ownership with nothing to drop. Both shards fit on one GPU (usable 0.9·80 GiB =
+    77.3 GB; the largest pair, critic's first stage (8·LAYER + EMB)·14 B = 31.78 GB beside actor's
+    first stage 31.78 GB = 63.57 GB), so the two share the GPUs during the swap: each is extended
+    once onto the other's GPUs (no host round trip) and destroyed after, moving the minimum."""
     j = job(nodes=1)
+    cur = Plan((Candidate("actor.train", 1, 4, 1, gpus=(0, 1, 2, 3)), Candidate("critic.train", 1, 4, 1, gpus=(4, 5, 6, 7))))
+    tgt = Plan((Candidate("actor.train", 1, 4, 1, gpus=(4, 5, 6, 7)), Candidate("critic.train", 1, 4, 1, gpus=(0, 1, 2, 3))))
+    est = estimate_transition(j, cur, tgt)
+    assert est.feasible, est.reason
+    assert "staged through host memory" not in est.reason
+    assert est.dag.shared == {"actor.train", "critic.train"}
+    assert sorted(n.pid for n in est.dag.nodes) == ["destroy:actor.train#0", "destroy:critic.train#0",
+                                                    "extend:actor.train*0", "extend:critic.train*0"]
+    every = sum(e.bytes_on(g) for e in est.dag.target for g in e.gpus)  # nothing is where it is needed
+    assert est.bytes_moved == est.min_bytes == every
+    peak = (8 * LAYER + EMB) * 14 * 2
+    assert peak == 63_566_512_128 and peak <= est.dag.capacity[0]
+
+
+def test_training_model_stages_swapping_gpus_stage_one_through_host_memory():
+    """actor.train and critic.train (both (1,4)) swap GPUs 0-3 and 4-7 of 60 GiB GPUs. They run
+    concurrently, so each Extend waits for the other's Destroy, and each Destroy of a last copy
+    waits for its own Extend: a circular wait with nothing to drop (training state). Sharing the
+    GPUs does not fit (usable 0.9·60 GiB = 57.98 GB < the 63.57 GB of two first-stage shards), so
+    the smaller one, critic.train (no untied lm_head), is offloaded to host memory, freeing 4-7;
+    actor.train moves; critic.train is restored on 0-3. By hand (14 B/param): critic's largest
+    shard (8·LAYER + EMB)·14 B, actor's (8·LAYER + EMB + 4096)·14 B (last stage: lm_head + final
+    norm); L_tran = (0.5 + critic/25e9) + (0.05 + actor/450e9 + 5 µs) + 0.01 + critic/25e9 ≈ 2.97 s."""
+    gpu = GPUSpec(name="g60", peak_flops=H100.peak_flops, memory_bytes=60 * 2**30, hbm_bandwidth=H100.hbm_bandwidth,
+                  scaleup_bandwidth=H100.scaleup_bandwidth, scaleout_bandwidth=H100.scaleout_bandwidth)
+    j = job(nodes=1, gpu=gpu)
     cur = Plan((Candidate("actor.train", 1, 4, 1, gpus=(0, 1, 2, 3)), Candidate("critic.train", 1, 4, 1, gpus=(4, 5, 6, 7))))
     tgt = Plan((Candidate("actor.train", 1, 4, 1, gpus=(4, 5, 6, 7)), Candidate("critic.train", 1, 4, 1, gpus=(0, 1, 2, 3))))
     est = estimate_transition(j, cur, tgt)
@@ -344,8 +383,9 @@ def test_training_model_stages_swapping_gpus_stage_one_through_host_memory():
     assert sorted(n.pid for n in est.dag.nodes) == ["destroy:actor.train#0", "extend:actor.train*0",
                                                     "offload:critic.train", "restore:critic.train"]
     edges = {(a, b): k for a, b, k in est.dag.edges}
-    assert edges[("offload:critic.train", "extend:actor.train*0")] == "ownership"
-    assert edges[("destroy:actor.train#0", "restore:critic.train")] == "ownership"
+    # the two share GPUs after the circular wait (GlobalDAG.shared): memory orders them
+    assert edges[("offload:critic.train", "extend:actor.train*0")] == "resource"
+    assert edges[("destroy:actor.train#0", "restore:critic.train")] == "resource"
     critic = (8 * LAYER + EMB) * 14
     actor = (8 * LAYER + EMB + 4096) * 14
     want = (0.5 + critic / 25e9) + (0.05 + actor / 450e9 + 5e-6) + 0.01 + critic / 25e9

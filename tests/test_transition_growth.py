@@ -76,8 +76,10 @@ def test_fusion_leaves_a_copy_that_is_an_extend_source_alone():
 
 
 def test_executor_plan_of_fused_merges_moves_the_planned_bytes_bit_for_bit():
+    # growth (growth.py), and same-GPU re-layouts fused into one Merge (relayout.py)
     for a, b in (((1, 1, 1, (0,)), (2, 1, 1, (0, 1))), ((1, 1, 1, (0,)), (1, 2, 1, (0, 1))),
-                 ((1, 1, 2, (0, 1)), (2, 1, 2, (0, 1, 2, 3)))):
+                 ((1, 1, 2, (0, 1)), (2, 1, 2, (0, 1, 2, 3))), ((2, 1, 1, (0, 1)), (1, 2, 1, (0, 1))),
+                 ((1, 2, 1, (0, 1)), (2, 1, 1, (1, 0)))):
         est = _est(a, b)
         specs = move_specs(est.dag, {"actor.train": True}, {})
         units = {}
@@ -89,4 +91,5 @@ def test_executor_plan_of_fused_merges_moves_the_planned_bytes_bit_for_bit():
             assert sum(got.values()) == est.dag.node(pid).bytes_moved, (a, b, pid, got)
             units.update(made)
         assert units  # every produced shard checked
+        assert est.bytes_moved == est.min_bytes, (a, b)
 

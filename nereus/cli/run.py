@@ -121,8 +121,9 @@ def add_arguments(p) -> None:
     p.add_argument("--colocate", action="store_true",
                    help="fixed layouts: every model-stage of a stage on the same workers, taking turns (verl's hybrid "
                         "engine); idle trained state offloaded to host memory, idle frozen weights dropped")
-    p.add_argument("--zero", type=int, default=0, choices=[0, 1],
-                   help="fixed layouts: ZeRO stage of the training model-stages (1: Adam state sharded over DP)")
+    p.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3],
+                   help="fixed layouts: ZeRO stage of the training model-stages (1: Adam state sharded over DP; "
+                        "2: gradients too; 3: parameters too, gathered per layer, also for the infer passes)")
     p.add_argument("--enforce-memory", action="store_true",
                    help="every worker accounts its tensors against --memory-gib and fails past it (a CPU "
                         "worker's device capacity)")

@@ -51,8 +51,10 @@ import numpy as np
 
 from nereus.cost.collectives import allgather_time, allreduce_time, broadcast_time, p2p_time
 from nereus.cost.efficiency import OVERLAP_COMPUTE_SLOWDOWN, EfficiencyTable
+from nereus.cost.fp8 import fp8_cast_times
 from nereus.cost.kernels import ACT_BYTES, attention_times, gemm_class, gemm_peak, gemm_rank_params, gemm_time
 from nereus.cost.memory import RC_FULL, RC_NONE, RC_SELECTIVE, recompute_code
+from nereus.cost.recompute import selective_recompute_times
 from nereus.cost.shapes import kv_bytes_per_token_rank, max_layers_rank, params_rank
 from nereus.spec.hardware import ClusterSpec
 from nereus.spec.model import ModelSpec
@@ -236,7 +238,9 @@ def microbatch_stage_times(stage: str, model: ModelSpec, workload: WorkloadSpec,
     behind the pass's GEMMs (:func:`_overlap_tp`; a number in (0, 1] instead of True: the share of
     them it can hide). Selective recompute re-runs each layer's
     attention block in backward: its QKV projection, the core attention, and with SP the all-gather
-    of its input (:func:`nereus.cost.memory.activation_bytes_per_layer` says what it saves).
+    of its input; with an unfused attention kernel only the core attention (Korthikanti et al. 2022
+    §5; :mod:`nereus.cost.recompute`; :func:`nereus.cost.memory.activation_bytes_per_layer` says what
+    it saves).
     """
     links = LinkModel(cluster, eff)
     tp, pp = np.asarray(tp), np.asarray(pp)
@@ -253,18 +257,14 @@ def microbatch_stage_times(stage: str, model: ModelSpec, workload: WorkloadSpec,
         rc, mult, n_ar, passes = RC_NONE, 1, 2, (1, 0)
     body = _layer_pass(model, tp, tokens, s, layers, mult, cluster, eff, links, n_ar, gcls, passes, sp,
                        workload.attention_kernel)
+    if stage == "train":
+        for cls, t in fp8_cast_times(model, workload, cluster.gpu, eff, tp, tokens, layers).items():
+            _add(body, cls, t)
     if stage == "train" and np.any(rc == RC_SELECTIVE):
         sel = rc == RC_SELECTIVE
-        for cls, t in attention_times(model, workload.attention_kernel, tp, tokens, s, layers, 1, 0, cluster.gpu,
-                                      eff).items():
+        for cls, t in selective_recompute_times(model, workload.attention_kernel, links, tp, tokens, s, layers, sp,
+                                                cluster.gpu, eff, gcls).items():
             _add(body, cls, np.where(sel, t, 0.0))
-        kv_rep = np.maximum(tp // model.num_kv_heads, 1)
-        qkv = model.hidden_size * (model.q_dim + 2 * model.kv_dim * kv_rep) / tp
-        gflops = np.where(sel, 2.0 * qkv * tokens * layers, 0.0)
-        _add(body, gcls, np.where(sel, gemm_time(gflops, 3 * layers, cluster.gpu, eff, gcls), 0.0))
-        if sp:
-            for cls, t in links.time("allgather", 2.0 * tokens * model.hidden_size, tp).items():
-                _add(body, cls, np.where(sel & (tp > 1), t * layers, 0.0))
     if np.any(pp > 1):
         p2p = links.time("p2p", 2.0 * tokens * model.hidden_size / tp, 2, span=tp * 2)
         chunks = np.asarray(vpp) if stage == "train" else 1

@@ -107,14 +107,15 @@ def activation_bytes_per_layer(model: ModelSpec, tokens, tp, sp=False, selective
     An unfused attention ``kernel`` (``WorkloadSpec.attention_kernel``) also stores the ``a/t``
     heads' ``s x s`` scores of every sequence: ``SCORE_BYTES · a·s²·b/t`` (``2as²b/t`` for the
     softmax output, ``5as²b/t`` with dropout: the table's term), ``seq`` = ``s``; selective
-    recompute drops them (what Megatron's selective recompute was designed to save). FlashAttention
-    stores no score term.
+    recompute then re-runs only the core attention and drops only them, keeping the rest (Korthikanti
+    et al. 2022 §5: "34sbh/t"; :mod:`nereus.cost.recompute`). FlashAttention stores no score term.
     """
     h, f = model.hidden_size, model.intermediate_size
     ga = model.num_kv_heads / model.num_attention_heads
     sel = np.asarray(selective, dtype=bool)
-    rep = np.where(sel, 6.0 * h, 8.0 * h)
-    sharded = np.where(sel, 6.0 * f, 4 * h + 4 * h * ga + 6.0 * f)
+    block = sel & (kernel not in SCORE_BYTES)  # the flash-era definition drops the attention block's tensors
+    rep = np.where(block, 6.0 * h, 8.0 * h)
+    sharded = np.where(block, 6.0 * f, 4 * h + 4 * h * ga + 6.0 * f)
     tp = np.asarray(tp)
     rep = np.where(np.asarray(sp, dtype=bool) & (tp > 1), rep / tp, rep)
     out = tokens * (rep + sharded / tp)

@@ -39,13 +39,12 @@ from nereus.cost.efficiency import EfficiencyTable
 from nereus.cost.host_optimizer import cpu_adam_times
 from nereus.cost.lora import frozen_pass, lora_dp_sync_time, lora_sync_share, trainable_share
 from nereus.cost.memory import OFF_CPU_ADAM, WORKSPACE_BYTES, offload_code, recompute_code, stage_memory
-from nereus.cost.overlap import overlap_dp
 from nereus.cost.rows import expand, rows_of, unique_rows
 from nereus.cost.seqpar import with_seq_split
 from nereus.cost.sharded_infer import infer_gather_times
 from nereus.cost.step import engine_owned, stage_groups
 from nereus.cost.vllm_memory import kv_capacity, preallocated_memory
-from nereus.cost.zero3 import flat_zero3_times
+from nereus.cost.zero3 import zero3_infer_comm, zero3_train_comm
 from nereus.spec.job import JobSpec
 from nereus.spec.plan import Candidate, Plan, StageEstimate
 from nereus.workflow import ModelStage, Workflow, workflow_for
@@ -186,13 +185,8 @@ class CostModel:
             comm = (lora_dp_sync_time(lat.LinkModel(cl, eff), model, w, tp, pp, dps, zero, m, fw.grad_reduce_bytes)
                     if w.lora_rank else lat.dp_sync_time(model, w, cl, eff, tp, pp, dps, zero=zero, micro_batches=m,
                                                          reduce_bytes=fw.grad_reduce_bytes))
-            if eng is not None and eng.zero3_gather == "flat" and np.any(zero >= 3):
-                flat, mask = flat_zero3_times(model, w, cl, eff, tp, pp, dps, m, fw.grad_reduce_bytes or w.grad_bytes)
-                mask = mask & (zero >= 3)
-                comm = _combine({k: np.where(mask, 0.0, v) for k, v in comm.items()},
-                                {k: np.where(mask, v, 0.0) for k, v in flat.items()})
-            if fw.overlap_grad_reduce:
-                comm = overlap_dp(comm, last, zero, m)
+            comm = zero3_train_comm(fw.zero3_impl, comm, last, model, w, cl, eff, tp, pp, dps, zero, m,
+                                    fw.grad_reduce_bytes or w.grad_bytes, rc, fw.overlap_grad_reduce)
             adam = lat.optimizer_time(model, w, cl, eff, tp, pp, dps, zero) * trainable_share(model, w.lora_rank, tp, pp)
             gpu_adam = np.where(off == OFF_CPU_ADAM, 0.0, adam)
             per_mini = _combine(_scale(last, m), {"bubble": (pp - 1) * _sum(mid) / np.maximum(vpp, 1)}, comm,
@@ -222,7 +216,8 @@ class CostModel:
             zero = np.asarray(zero)
             if np.any(zero):  # a ZeRO-3 engine: the weights are gathered for every micro-batch
                 comm = infer_gather_times(model, w, cl, eff, tp, pp, dp * cp, zero, m)
-                parts = _combine(parts, overlap_dp(comm, last, zero, m) if fw.overlap_grad_reduce else comm)
+                parts = _combine(parts, zero3_infer_comm(fw.zero3_impl, comm, last, model, w, cl, eff, tp, pp, dp * cp,
+                                                         zero, m, fw.overlap_grad_reduce))
             mem = self._infer_memory(model, tp, pp, micro_batch / cp if cp > 1 else micro_batch, off, zero, dp * cp)
         elif ms.stage == "generate":
             seqs = -(-w.rollouts_per_step // dp)

@@ -1,6 +1,14 @@
-"""ZeRO-3 parameter traffic as flat per-layer rings across nodes (``EngineCosts.zero3_gather="flat"``).
+"""ZeRO-3 parameter traffic per implementation (``FrameworkSpec.zero3_impl``).
 
-The default model (:func:`nereus.cost.latency.dp_sync_time`) charges a ZeRO-3 / FSDP group's
+``fsdp`` (the default) is :func:`nereus.cost.latency.dp_sync_time` with the prefetch overlap of
+:func:`nereus.cost.overlap.overlap_dp`: PyTorch FSDP/FSDP2 flattens each wrapped block's parameters
+into one buffer and all-gathers it with one collective (``all_gather_into_tensor``), so each
+message is a whole block and NCCL spreads it over every channel and NIC; the next block's gather is
+issued ahead of the current block's compute in forward (CPU run-ahead, ``forward_prefetch``) and in
+backward (``backward_prefetch=BACKWARD_PRE``, the default), the reduce-scatter runs on its own
+stream. ``deepspeed`` and ``deepspeed-2021`` are charged here.
+
+**Flat gathers** (``deepspeed``, ``deepspeed-2021``). The default model (:func:`nereus.cost.latency.dp_sync_time`) charges a ZeRO-3 / FSDP group's
 all-gathers and reduce-scatters hierarchically: inside a node over NVLink, and across nodes only each
 rank's ``1/k`` share on its NIC (``k`` ranks per node), as NCCL's multi-channel rings over
 rail-optimized NICs can. DeepSpeed ZeRO-3 at scale did not reach that: Narayanan et al. (SC'21,
@@ -18,7 +26,26 @@ every GPU's NIC carried the whole ring traffic, not a ``1/8`` share. The flat mo
   all-gather and reduce-scatter only as rings; nccl-tests ``doc/PERFORMANCE.md``), ``α`` the NIC's
   ``scaleout_latency``, once per layer.
 
-Groups inside one node keep the default model. Elementwise over NumPy arrays.
+Groups inside one node keep the default model. DeepSpeed's ZeRO-3 gathers each sub-module's
+parameters as it is about to run (per ``nn.Parameter`` partitions, Rajbhandari et al. SC'20 §5.3;
+DeepSpeed ``stage3_prefetch_bucket_size``, default 5e7 elements, bounds what is fetched ahead), not
+a block-sized flat buffer, which is what the flat charge stands for.
+
+**Forward fetched on demand** (``deepspeed-2021``). DeepSpeed ZeRO-3 up to v0.4 (the one of the
+SC'21 comparison, arXiv April 2021) skipped its forward prefetches (deepspeedai/DeepSpeed issue
+#1069: the pre-module hook reset the step id after the first sub-module's hook incremented it, "the
+rest of the step ids in the forward pass [were] off by 1, which was causing the prefetches to be
+skipped"; fixed by PR #1170, June 2021) and each parameter all-gather synchronised the device
+before the next one (PR #1188: "the async version is not async at all, because each all_gather
+calls torch.cuda.synchronize()"). So each micro-batch's forward gather of the rank's weights adds
+to the forward compute; the backward gathers and the reduce-scatters (``overlap_comm`` on its own
+stream) overlap the backward only: window ``m · share · T_compute`` with ``share`` the backward's
+part of a micro-batch's compute, 3/4 with full recompute (forward, recomputed forward, backward of
+twice the forward) and 2/3 otherwise. Inference passes (forward only) of a ZeRO-3 engine
+(:func:`zero3_infer_comm`): one gather per micro-batch, flat across nodes for both DeepSpeed kinds,
+and with ``deepspeed-2021`` not overlapped.
+
+Elementwise over NumPy arrays.
 """
 
 from __future__ import annotations
@@ -26,9 +53,78 @@ from __future__ import annotations
 import numpy as np
 
 from nereus.cost.collectives import allgather_time
+from nereus.cost.overlap import overlap_dp
 from nereus.cost.shapes import max_layers_rank, params_rank
 
-__all__ = ["flat_zero3_times"]
+__all__ = ["flat_zero3_times", "zero3_train_comm", "zero3_infer_comm", "backward_share"]
+
+
+def backward_share(recompute) -> np.ndarray:
+    """The backward's share of a training micro-batch's compute: 3/4 with full recompute
+    (``recompute`` code 2: forward 1, recomputed forward 1, backward 2), else 2/3."""
+    return np.where(np.asarray(recompute) == 2, 0.75, 2.0 / 3.0)
+
+
+def _where(mask, a: dict, b: dict) -> dict:
+    """Per op class: ``a`` where ``mask``, else ``b`` (a missing class counts 0)."""
+    return {k: np.where(mask, a.get(k, 0.0), b.get(k, 0.0)) for k in set(a) | set(b)}
+
+
+def zero3_infer_comm(impl: str, comm: dict, last: dict, model, workload, cluster, eff, tp, pp, dp, zero,
+                     micro_batches, overlap: bool) -> dict:
+    """ZeRO-3 weight-gather op-class seconds per step of an inference model-stage, after overlap:
+    ``comm`` is :func:`nereus.cost.sharded_infer.infer_gather_times`'s (before overlap). ``fsdp``:
+    :func:`overlap_dp` when ``overlap``; ``deepspeed``: groups spanning nodes take the forward half
+    of :func:`flat_zero3_times`'s all-gather (one gather per micro-batch) instead; ``deepspeed-2021``:
+    the same, never overlapped (forward fetched on demand).
+
+    Raises:
+        ValueError: ``impl`` is not one of ``fsdp``, ``deepspeed``, ``deepspeed-2021``.
+    """
+    if impl not in ("fsdp", "deepspeed", "deepspeed-2021"):
+        raise ValueError(f"zero3_impl must be one of ['fsdp', 'deepspeed', 'deepspeed-2021'], got {impl!r}")
+    z3 = np.asarray(zero) >= 3
+    if impl != "fsdp" and np.any(z3):
+        flat, mask = flat_zero3_times(model, workload, cluster, eff, tp, pp, dp, micro_batches, workload.grad_bytes)
+        flat = {k: 0.5 * v for k, v in flat.items() if k.startswith("allgather@")}
+        comm = _where(mask & z3, flat, comm)
+    if not overlap or impl == "deepspeed-2021":
+        return comm
+    return overlap_dp(comm, last, zero, micro_batches)
+
+
+def zero3_train_comm(impl: str, comm: dict, last: dict, model, workload, cluster, eff, tp, pp, dp, zero,
+                     micro_batches, reduce_bytes, recompute, overlap: bool) -> dict:
+    """DP communication op-class seconds per optimizer step of training rows, after overlap, for
+    ``impl`` (``FrameworkSpec.zero3_impl``): ``comm`` is :func:`nereus.cost.latency.dp_sync_time`'s
+    (the default model, before overlap) and ``last`` the op-class seconds of one micro-batch on the
+    last pipeline rank. Rows with ``zero < 3`` and ``impl="fsdp"`` get the default treatment
+    (:func:`overlap_dp` when ``overlap``). ``deepspeed``: ZeRO-3 rows whose DP group spans nodes
+    take :func:`flat_zero3_times` instead of ``comm``. ``deepspeed-2021``: also, on every ZeRO-3 row,
+    half the all-gather seconds (the forward's) stay exposed and the rest overlaps a window of
+    ``share · m · T_compute`` (:func:`backward_share`).
+
+    Raises:
+        ValueError: ``impl`` is not one of ``fsdp``, ``deepspeed``, ``deepspeed-2021``.
+    """
+    if impl not in ("fsdp", "deepspeed", "deepspeed-2021"):
+        raise ValueError(f"zero3_impl must be one of ['fsdp', 'deepspeed', 'deepspeed-2021'], got {impl!r}")
+    z3 = np.asarray(zero) >= 3
+    default = overlap_dp(comm, last, zero, micro_batches) if overlap else comm
+    if impl == "fsdp" or not np.any(z3):
+        return default
+    flat, mask = flat_zero3_times(model, workload, cluster, eff, tp, pp, dp, micro_batches, reduce_bytes)
+    mine = _where(mask, flat, comm)
+    if impl == "deepspeed":
+        return _where(z3, overlap_dp(mine, last, zero, micro_batches) if overlap else mine, default)
+    forward = {k: 0.5 * v for k, v in mine.items() if k.startswith("allgather@")}
+    rest = {k: v - forward.get(k, 0.0) for k, v in mine.items()}
+    if overlap:
+        share = backward_share(recompute)
+        rest = overlap_dp(rest, {k: v * share for k, v in last.items()}, zero, micro_batches)
+    for k, v in forward.items():
+        rest[k] = rest.get(k, 0.0) + v
+    return _where(z3, rest, default)
 
 
 def flat_zero3_times(model, workload, cluster, eff, tp, pp, dp, micro_batches, reduce_bytes) -> tuple:

@@ -50,6 +50,7 @@ from nereus.integrations.openrlhf_export import (
     infer_zero,
 )
 from nereus.integrations.openrlhf_keys import classify_args
+from nereus.integrations.openrlhf_legacy import is_legacy, translate_legacy
 from nereus.integrations.verl_features import budget_micro_batch
 from nereus.spec.framework import FrameworkSpec, get_framework
 from nereus.spec.hardware import ClusterSpec, get_gpu
@@ -152,14 +153,25 @@ def _tokens(args) -> list[str]:
     Raises:
         ValueError: nothing given (an empty string would otherwise plan OpenRLHF's defaults silently).
     """
+    return _legacy(args)[0]
+
+
+def _legacy(args) -> tuple[list[str], list[str], list[Unexpressible]]:
+    """:func:`_tokens` with the notes and refusals of a flat-name (pre-0.11) line translated by
+    :func:`nereus.integrations.openrlhf_legacy.translate_legacy`."""
     toks = shlex.split(args.replace("\\\n", " ")) if isinstance(args, str) else list(args)
     toks = [t for t in toks if t != "\\"]
     if _ENTRY in toks:
         toks = toks[toks.index(_ENTRY) + 1:]
+    notes: list[str] = []
+    un: list[Unexpressible] = []
+    if is_legacy(toks):
+        toks, notes, refused = translate_legacy(toks)
+        un = [Unexpressible(k, v, why) for k, v, why in refused]
     if not toks:
         raise ValueError(f"OpenRLHF arguments {args!r}: empty; give train_ppo_ray's options (e.g. "
                          "'--actor.model_name_or_path ... --rollout.max_new_tokens 1024 --vllm.num_engines 4')")
-    return toks
+    return toks, notes, un
 
 
 def parse_args(args) -> tuple[dict, list[str]]:
@@ -168,10 +180,10 @@ def parse_args(args) -> tuple[dict, list[str]]:
     Raises:
         ValueError: an unknown option or a bad value (OpenRLHF's parser's message, naming it).
     """
-    toks = _tokens(args)
+    toks, lnotes, _ = _legacy(args)
     parser = openrlhf_parser()
     if parser is not None:
-        return vars(parser.parse_args(toks)), []
+        return vars(parser.parse_args(toks)), lnotes
     out = dict(_DEFAULTS)
     i = 0
     while i < len(toks):
@@ -200,7 +212,7 @@ def parse_args(args) -> tuple[dict, list[str]]:
                     out[key] = v
             except (TypeError, ValueError) as e:
                 raise ValueError(f"OpenRLHF argument --{key} {v!r}: must be a number") from e
-    return out, ["OpenRLHF is not installed: option names other than the ones Nereus reads were not checked "
+    return out, lnotes + ["OpenRLHF is not installed: option names other than the ones Nereus reads were not checked "
                  "(pip install --no-deps openrlhf to check them with its own parser)"]
 
 
@@ -227,6 +239,7 @@ def import_openrlhf(args, model=None, gpu=None) -> Imported:
         ValueError: unknown or contradictory options, named with the value and what is valid.
     """
     a, notes = parse_args(args)
+    refused = _legacy(args)[2]
     gpu_spec = get_gpu(gpu or "h100") if isinstance(gpu or "h100", str) else gpu  # an unknown GPU is named first
     read: dict = {}
 
@@ -234,7 +247,7 @@ def import_openrlhf(args, model=None, gpu=None) -> Imported:
         read[k] = a.get(k, _DEFAULTS.get(k))
         return read[k]
 
-    un: list[Unexpressible] = []
+    un: list[Unexpressible] = list(refused)
     est = g("algo.advantage.estimator")
     if est not in ESTIMATORS:
         raise ValueError(f"OpenRLHF argument --algo.advantage.estimator {est!r}: Nereus models "
@@ -258,17 +271,19 @@ def import_openrlhf(args, model=None, gpu=None) -> Imported:
     rm, url, agent = g("reward.model_name_or_path"), g("reward.remote_url"), g("train.agent_func_path")
     reward = bool(rm) and not url and not agent
     asynchronous = bool(g("train.async_enable"))
+    # train_ppo_ray.py builds ref_model only for --algo.kl.init_coef > 0
+    uses_ref = (g("algo.kl.init_coef") or 0) > 0
     wl = WorkloadSpec(algorithm=algo, prompts_per_step=g("rollout.batch_size"),
                       samples_per_prompt=g("rollout.n_samples_per_prompt"), prompt_len=max_len - resp,
                       response_len=resp, mini_batch_size=g("train.batch_size"), ppo_epochs=g("train.max_epochs"),
-                      reward_model=reward, asynchronous=asynchronous, lora_rank=openrlhf_lora_rank(g, un),
+                      reward_model=reward, reference_model=uses_ref, asynchronous=asynchronous,
+                      lora_rank=openrlhf_lora_rank(g, un),
                       rollout_memory_fraction=float(g("vllm.gpu_memory_utilization")))
     notes.append("--data.max_len minus --rollout.max_new_tokens is used as the prompt length and "
                  "--rollout.max_new_tokens as the response length (maxima; --prompt-len/--response-len override)")
-    if not g("algo.kl.init_coef"):
-        notes.append("--algo.kl.init_coef 0: OpenRLHF creates no reference model, but Nereus's workflows always "
-                     "include reference.infer (the predicted step is longer by its time, the memory higher by its "
-                     "state)")
+    if not uses_ref:
+        notes.append("--algo.kl.init_coef 0: OpenRLHF creates no reference model, so the job has no reference.infer "
+                     "(--ref.* settings are read and unused)")
     z = g("ds.zero_stage")
     if z not in (0, 1, 2, 3):
         raise ValueError(f"OpenRLHF argument --ds.zero_stage {z}: valid 0, 1, 2, 3")
@@ -308,7 +323,8 @@ def import_openrlhf(args, model=None, gpu=None) -> Imported:
     def size(role):
         return g(f"{role}.num_nodes") * g(f"{role}.num_gpus_per_node")
 
-    roles = ["actor"] + (["critic"] if algo == "ppo" else []) + ["ref"] + (["reward"] if reward else [])
+    roles = ["actor"] + (["critic"] if algo == "ppo" else []) + (["ref"] if uses_ref else []) + \
+        (["reward"] if reward else [])
     gpn = max(g(f"{r}.num_gpus_per_node") for r in roles)
     colocate_all, col_ar, col_cr = g("train.colocate_all"), g("train.colocate_actor_ref"), g("train.colocate_critic_reward")
     # OpenRLHF's own checks (train_ppo_ray.py): colocated groups have the same GPU count

@@ -267,6 +267,8 @@ def openrlhf_args(job: JobSpec, cands, model_path: str | None = None, placeholde
         out += ["--reward.remote_url", "REWARD_FN_OR_URL"]
     if w.asynchronous:
         out.append("--train.async_enable")
+    if not w.reference_model:  # OpenRLHF builds a reference model only for a KL coefficient > 0
+        out += ["--algo.kl.init_coef", "0"]
     return out
 
 

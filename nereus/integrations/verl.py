@@ -274,10 +274,13 @@ def import_verl(cfg: dict, model=None, gpu=None) -> Imported:
     frac = c.get(f"{arr}.rollout.gpu_memory_utilization", 0.5)
     if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 < frac < 1:
         raise ValueError(f"verl key {arr}.rollout.gpu_memory_utilization={frac!r}: must be a number in (0, 1)")
+    # verl builds a reference model only for a KL term (need_reference_policy, verl/trainer/ppo/utils.py)
+    uses_ref = bool(c.get(f"{arr}.actor.use_kl_loss", False) or c.get("algorithm.use_kl_in_reward", False))
     wl = WorkloadSpec(algorithm=algo, prompts_per_step=prompts, samples_per_prompt=samples,
                       prompt_len=c.int("data.max_prompt_length"), response_len=c.int("data.max_response_length"),
                       mini_batch_size=mini_prompts * samples, ppo_epochs=c.int(f"{arr}.actor.ppo_epochs", 1),
-                      reward_model=reward, lora_rank=verl_lora_rank(c, algo, un), rollout_memory_fraction=float(frac))
+                      reward_model=reward, reference_model=uses_ref, lora_rank=verl_lora_rank(c, algo, un),
+                      rollout_memory_fraction=float(frac))
     notes.append("data.max_prompt_length and data.max_response_length are used as the prompt and response "
                  "lengths (verl gives maxima; pass --prompt-len/--response-len for measured means)")
     if gpu is None:
@@ -294,14 +297,14 @@ def import_verl(cfg: dict, model=None, gpu=None) -> Imported:
     if (c.get(f"{arr}.rollout.nnodes", 0) or 0) > 0:
         un.append(Unexpressible(f"{arr}.rollout.nnodes", c.get(f"{arr}.rollout.nnodes"),
                                 "a standalone rollout pool is not imported yet"))
-    uses_ref = bool(c.get(f"{arr}.actor.use_kl_loss", False) or c.get("algorithm.use_kl_in_reward", False))
     if not uses_ref:
-        notes.append(f"{arr}.actor.use_kl_loss and algorithm.use_kl_in_reward are false: verl runs no reference "
-                     "model, but Nereus's workflows always include reference.infer (the predicted step is longer "
-                     "by its time, the memory higher by its state)")
+        notes.append(f"{arr}.actor.use_kl_loss and algorithm.use_kl_in_reward are false: verl builds no reference "
+                     "model, so the job has no reference.infer (its ref.* settings are read and unused)")
     astrat = c.get(f"{arr}.actor.strategy", "fsdp")
     engines = {"actor": _engine(c, "actor", n, un, notes, actor_model, astrat)}
-    engines["ref"] = _engine(c, "ref", n, un, notes, actor_model, c.get(f"{arr}.ref.strategy", astrat))
+    ref_engine = _engine(c, "ref", n, un, notes, actor_model, c.get(f"{arr}.ref.strategy", astrat))
+    if uses_ref:
+        engines["ref"] = ref_engine
     if algo == "ppo":
         engines["critic"] = _engine(c, "critic", n, un, notes, actor_model, c.get("critic.strategy", "fsdp"))
     own_reward_pool = reward and bool(c.get("reward.reward_model.enable_resource_pool", False))
@@ -363,11 +366,9 @@ def import_verl(cfg: dict, model=None, gpu=None) -> Imported:
     # verl computes old log-probs with the actor's training engine: the actor's degrees and param offload
     cands.append(infer_cand("actor.infer", "actor", f"{ro}.log_prob_micro_batch_size_per_gpu",
                             f"{ro}.log_prob_use_dynamic_bsz", f"{ro}.log_prob_max_token_len_per_gpu"))
-    # without a KL term verl builds no reference model: any micro-batch stands for the pass it skips
-    ref_default = None if uses_ref else (cands[-1].micro_batch)
-    cands.append(infer_cand("reference.infer", "ref", f"{arr}.ref.log_prob_micro_batch_size_per_gpu",
-                            f"{arr}.ref.log_prob_use_dynamic_bsz", f"{arr}.ref.log_prob_max_token_len_per_gpu",
-                            ref_default))
+    if uses_ref:  # without a KL term verl builds no reference model (and needs no micro-batch for it)
+        cands.append(infer_cand("reference.infer", "ref", f"{arr}.ref.log_prob_micro_batch_size_per_gpu",
+                                f"{arr}.ref.log_prob_use_dynamic_bsz", f"{arr}.ref.log_prob_max_token_len_per_gpu"))
     gtp = c.int(f"{arr}.rollout.tensor_model_parallel_size", 1)
     why = valid_tp(actor_model, gtp)
     if why or n % gtp:

@@ -55,18 +55,41 @@ def _compose(config_dir: Path, name: str, overrides: list[str]) -> dict:
         from omegaconf import OmegaConf
     except ImportError as e:
         raise ValueError(f"verl config {name!r} uses Hydra defaults; install hydra-core (or verl) to read it") from e
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(config_dir.resolve()), version_base=None):
-            cfg = compose(config_name=name, overrides=list(overrides))
-    except Exception as e:  # hydra's errors name the override and the key
-        ver = _verl_version()
-        hint = (f" (verl {ver}'s own launcher refuses this line too: it was written for another verl version)"
-                if "Could not override" in str(e) or "Key '" in str(e) else "")
-        raise ValueError(f"verl config {name!r}: {' '.join(str(e).split())}"[:500] + hint) from e
-    finally:
+    overrides = list(overrides)
+    while True:
         GlobalHydra.instance().clear()
+        try:
+            with initialize_config_dir(config_dir=str(config_dir.resolve()), version_base=None):
+                cfg = compose(config_name=name, overrides=overrides)
+            break
+        except Exception as e:  # hydra's errors name the override and the key
+            redo = _append_to_existing(e, overrides)
+            if redo is not None:
+                overrides = redo
+                continue
+            ver = _verl_version()
+            hint = (f" (verl {ver}'s own launcher refuses this line too: it was written for another verl version)"
+                    if "Could not override" in str(e) or "Key '" in str(e) else "")
+            raise ValueError(f"verl config {name!r}: {' '.join(str(e).split())}"[:500] + hint) from e
+        finally:
+            GlobalHydra.instance().clear()
     return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
+
+
+def _append_to_existing(err: Exception, overrides: list[str]) -> list[str] | None:
+    """Overrides with ``+key=value`` made ``++key=value`` where Hydra says the key already exists
+    ("Could not append to config. An item is already at 'key'"): a line written for a verl release
+    that did not have the key yet (TinyZero's ``+trainer.val_before_train=False`` for verl 0.1) sets
+    it in a later release, which is what Hydra's ``++`` (add or override) does. None: another error."""
+    import re
+
+    m = re.search(r"An item is already at '([^']+)'", str(err))
+    if m is None:
+        return None
+    key = m.group(1)
+    out = [("+" + o) if o.startswith("+") and not o.startswith("++") and o[1:].partition("=")[0] == key else o
+           for o in overrides]
+    return out if out != overrides else None
 
 
 _ENTRY = ("verl.trainer.main_ppo", "verl/trainer/main_ppo.py")
@@ -87,23 +110,75 @@ def _expand(text: str, env: dict) -> str:
             return os.environ[name]
         return default if default is not None else m.group(0)
 
-    return re.sub(r"\$\{(\w+)(?::-([^}]*))?\}|\$(\w+)", sub, text)
+    text = re.sub(r"\$\{(\w+)(?::-([^}]*))?\}|\$(\w+)", sub, text)
+    return re.sub(r"\$\(\(([0-9+\-*/%() ]+)\)\)", _arith, text)
+
+
+def _arith(m) -> str:
+    """bash's integer ``$((...))`` of literal numbers (``+ - * / %``, parentheses): ``/`` truncates."""
+    import ast
+
+    def ev(n):
+        if isinstance(n, ast.Expression):
+            return ev(n.body)
+        if isinstance(n, ast.Constant) and isinstance(n.value, int):
+            return n.value
+        if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub):
+            return -ev(n.operand)
+        if isinstance(n, ast.BinOp):
+            a, b = ev(n.left), ev(n.right)
+            if isinstance(n.op, ast.Add):
+                return a + b
+            if isinstance(n.op, ast.Sub):
+                return a - b
+            if isinstance(n.op, ast.Mult):
+                return a * b
+            if isinstance(n.op, (ast.Div, ast.Mod)) and b:
+                q = abs(a) // abs(b) * (1 if (a >= 0) == (b >= 0) else -1)
+                return q if isinstance(n.op, ast.Div) else a - q * b
+        raise ValueError
+    try:
+        return str(ev(ast.parse(m.group(1).strip(), mode="eval")))
+    except (ValueError, SyntaxError):
+        return m.group(0)
 
 
 def _script_tokens(path: Path) -> list[str]:
     """The ``python3 -m verl.trainer.main_ppo ...`` command of a launch script as tokens: line
     continuations joined, simple ``NAME=value`` assignments (and ``export NAME=value``) expanded into
-    the command, comments dropped.
+    the command, bash arrays (``NAME=(a b ...)`` over one or more lines, ``NAME+=(...)``) expanded
+    where the command says ``"${NAME[@]}"`` (as verl's newer example scripts write their override
+    groups), comments dropped.
 
     Raises:
         ValueError: no verl entry point in the script.
     """
+    import re
     import shlex
 
     env: dict = {}
+    arrays: dict[str, list[str]] = {}
+    open_array: tuple[str, list[str]] | None = None
     for line in path.read_text().replace("\\\n", " ").splitlines():
         line = line.strip()
+        if open_array is not None:  # inside NAME=( ... ) spanning lines
+            body = "" if line.startswith("#") else _expand(line, env)
+            body, closed = (body[: body.index(")")], True) if ")" in body else (body, False)
+            open_array[1].extend(shlex.split(body, comments=True))
+            if closed:
+                arrays[open_array[0]] = open_array[1]
+                open_array = None
+            continue
         if not line or line.startswith("#"):
+            continue
+        m = re.match(r"(?:export\s+)?(\w+)(\+?)=\((.*)$", line)
+        if m:
+            name, add, rest = m.groups()
+            items = arrays.get(name, []) if add else []
+            if ")" in rest:
+                arrays[name] = items + shlex.split(_expand(rest[: rest.rindex(")")], env), comments=True)
+            else:
+                open_array = (name, items + shlex.split(_expand(rest, env), comments=True))
             continue
         body = line[len("export "):] if line.startswith("export ") else line
         head, eq, _ = body.partition("=")
@@ -116,7 +191,11 @@ def _script_tokens(path: Path) -> list[str]:
                 env[head] = parts[0].partition("=")[2]
                 continue
         if any(e in line for e in _ENTRY):
-            return shlex.split(_expand(line, env), comments=True)
+            out: list[str] = []
+            for t in shlex.split(_expand(line, env), comments=True):
+                a = re.fullmatch(r"\$\{(\w+)\[[@*]\]\}", t)
+                out.extend(arrays.get(a.group(1), []) if a else [t])
+            return out
     raise ValueError(f"--from-verl {str(path)!r}: no `python3 -m verl.trainer.main_ppo ...` line in the script")
 
 

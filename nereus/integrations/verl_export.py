@@ -149,9 +149,10 @@ class _Search:
         out.append(self.group(opts))
         ref_offload = ("host",) if self.backend == "fsdp" else ("none", "host")  # FSDP: forward-only CPU offload
         ref_zero = 3 if self.backend == "fsdp" and n > 1 else 0  # verl's FSDP ref: FULL_SHARD
-        out.append(self.group([(Candidate("reference.infer", tp, pp, n // (tp * pp), micro_batch=b, offload=o,
-                                          zero=ref_zero, gpus=gpus),)
-                               for tp, pp in layouts for b in sorted({1, bi}) for o in ref_offload]))
+        if "reference.infer" in wf:
+            out.append(self.group([(Candidate("reference.infer", tp, pp, n // (tp * pp), micro_batch=b, offload=o,
+                                              zero=ref_zero, gpus=gpus),)
+                                   for tp, pp in layouts for b in sorted({1, bi}) for o in ref_offload]))
         if "critic.train" in wf:
             opts = []
             for tp, pp in layouts:
@@ -274,13 +275,15 @@ def verl_overrides(job: JobSpec, cands, model_path: str | None = None, backend: 
         ov += fsdp(f"{arr}.actor", f"{arr}.actor.fsdp_config", f"{arr}.model", a)
     ov += [f"{arr}.actor.use_dynamic_bsz=False",
            f"{arr}.rollout.log_prob_micro_batch_size_per_gpu={by['actor.infer'].micro_batch}"]
-    r = by["reference.infer"]
-    if backend == "megatron":
+    r = by.get("reference.infer")  # None: no KL term, verl builds no reference model
+    if r is not None and backend == "megatron":
         ov += megatron(f"{arr}.ref", r, False)
-    elif backend == "fsdp":
+    elif r is not None and backend == "fsdp":
         ov += [f"{arr}.ref.ulysses_sequence_parallel_size=1"]
-    ov += [f"{arr}.ref.log_prob_micro_batch_size_per_gpu={r.micro_batch}", f"{arr}.ref.log_prob_use_dynamic_bsz=False",
-           f"{arr}.rollout.log_prob_use_dynamic_bsz=False"]
+    if r is not None:
+        ov += [f"{arr}.ref.log_prob_micro_batch_size_per_gpu={r.micro_batch}",
+               f"{arr}.ref.log_prob_use_dynamic_bsz=False"]
+    ov += [f"{arr}.rollout.log_prob_use_dynamic_bsz=False"]
     ov += [f"{arr}.rollout.tensor_model_parallel_size={g.tp}",
            f"{arr}.rollout.gpu_memory_utilization={memory_fraction_for(job, g.tp, g.concurrency)}",
            f"{arr}.rollout.max_num_seqs={g.concurrency}",
@@ -404,6 +407,8 @@ def export_verl(job: JobSpec, best: Plan, headroom: float | None = None, model_p
     config = CONFIG_NAMES[backend]
     if user is not None:
         ov, config = merge_overrides(user.get("overrides", ()), ov), user.get("config") or config
+    else:  # verl builds a reference model only for a KL term (the user's own KL keys are kept above)
+        ov.append(f"actor_rollout_ref.actor.use_kl_loss={_tf(job.workload.reference_model)}")
     return {"framework": "verl", "backend": backend, "config_name": config,
             "overrides": ov,
             "layout": list(cands), "evaluation": ev, "framework_spec": vjob.framework.to_dict(), "nereus_l_step": best.l_step,

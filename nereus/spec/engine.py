@@ -26,12 +26,6 @@ field                  meaning (units)
                        call that small micro-batches do not hide); op class ``launch``
 ``step_s``             fixed seconds per RL step (data collation, reward, advantages, Ray
                        dispatch); op class ``framework``
-``zero3_gather``       ``hierarchical`` (default): ZeRO-3 gathers across nodes charged as NCCL's
-                       multi-NIC rings can run them (each rank's ``1/k`` share on its NIC);
-                       ``flat``: one ring over all ranks per layer, each NIC carrying the whole
-                       ``(n-1)/n`` of the bytes, ``(n-1)·α`` latency per layer
-                       (:mod:`nereus.cost.zero3`; DeepSpeed ZeRO-3 as Narayanan et al. SC'21
-                       Table 2 measured it)
 ``tp_overlap_share``   the share of TP communication an overlapped implementation can hide
                        (1: all, as Transformer Engine's userbuffers; torch's async TP in
                        torchtitan: :data:`ASYNC_TP_SHARE`)
@@ -48,10 +42,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 
-__all__ = ["EngineCosts", "GENERATION_MODES", "ZERO3_GATHERS", "ASYNC_TP_SHARE", "ENGINE_PRESETS", "get_engine"]
+__all__ = ["EngineCosts", "GENERATION_MODES", "ASYNC_TP_SHARE", "ENGINE_PRESETS", "get_engine"]
 
 GENERATION_MODES = ("mean", "longest")
-ZERO3_GATHERS = ("hierarchical", "flat")
 #: share of the TP communication torch's async TP hides in torchtitan (Llama3 70B on 256 H100,
 #: FSDP 32 x TP 8, full activation checkpointing, local batch 16: 597.3 tokens/s with vanilla TP,
 #: 652.4 with async TP, pytorch/torchtitan ``benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md``):
@@ -77,7 +70,6 @@ class EngineCosts:
     layer_pass_s: float = 0.0
     step_s: float = 0.0
     pad_to: int | None = None
-    zero3_gather: str = "hierarchical"
     tp_overlap_share: float = 1.0
     name: str = "custom"
 
@@ -89,9 +81,6 @@ class EngineCosts:
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
                 raise ValueError(f"engine field {f!r} must be a number of seconds >= 0, got {v!r}")
-        if self.zero3_gather not in ZERO3_GATHERS:
-            raise ValueError(f"engine field 'zero3_gather' must be one of {list(ZERO3_GATHERS)}, "
-                             f"got {self.zero3_gather!r}")
         t = self.tp_overlap_share
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 < t <= 1:
             raise ValueError(f"engine field 'tp_overlap_share' must be a number in (0, 1], got {t!r}")

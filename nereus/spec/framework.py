@@ -51,6 +51,12 @@ feature                    kind       cost-model consequence (``nereus.cost``)
 ``uneven_pp``              flag       pipeline ranks may hold unequal layer counts (Megatron
                                       ``decoder_first/last_pipeline_num_layers``); otherwise PP must
                                       divide the layers
+``zero3_impl``             flag       how the ZeRO-3 engine moves parameters (:mod:`nereus.cost.zero3`):
+                                      ``fsdp`` (default; FSDP/FSDP2: one flat all-gather per wrapped
+                                      block, prefetched in forward and backward), ``deepspeed``
+                                      (per-parameter gathers as flat rings across nodes, prefetched),
+                                      ``deepspeed-2021`` (also fetched on demand in forward, as the
+                                      DeepSpeed ZeRO-3 of Narayanan et al. SC'21 Table 2)
 =========================  =========  ============================================================
 
 Presets (:data:`FRAMEWORK_PRESETS`), each with its source:
@@ -59,7 +65,8 @@ Presets (:data:`FRAMEWORK_PRESETS`), each with its source:
   no ZeRO, no SP, no interleaving, no offload, concurrent model-stages on disjoint GPUs. The
   default, so a default plan is one Nereus can run and transition.
 * ``runtime``: what ``nereus run`` executes on fixed layouts (and re-lays out through the driver,
-  ``run/relayout.py``): ZeRO-1 for training (``worker/zero.py``), idle state offloaded to host memory
+  ``run/relayout.py``): ZeRO 0-3 for training and ZeRO-3 for infer passes (``worker/zero.py``,
+  ``worker/zero3.py``), idle state offloaded to host memory
   or dropped (``worker/memory_pool.py``), colocation (model-stages of a stage taking turns on the same
   workers); no SP, no interleaving, no overlap. Its plans are not yet live-transitioned.
 * ``megatron``: Megatron-LM / Megatron-Core (verl's and NeMo-RL's Megatron backends): distributed
@@ -69,7 +76,8 @@ Presets (:data:`FRAMEWORK_PRESETS`), each with its source:
   reduce (verl ``mixed_precision.reduce_dtype=fp32``), overlapped, param/optimizer offload,
   colocation, no TP/PP for training.
 * ``deepspeed``: OpenRLHF's DeepSpeed backend: ZeRO 0-3 (``--zero_stage``), overlapped reduce in
-  bf16, Adam offload (``--adam_offload``: ``cpu_adam``), colocation (``--colocate_all_models``), vLLM sleep
+  bf16, ZeRO-3 parameter gathers as DeepSpeed issues them (``zero3_impl="deepspeed"``), Adam offload
+  (``--adam_offload``: ``cpu_adam``), colocation (``--colocate_all_models``), vLLM sleep
   (``--vllm_enable_sleep``), no TP/PP for training.
 * ``generic``: every feature (the widest space).
 
@@ -84,11 +92,12 @@ from dataclasses import asdict, dataclass, replace
 from nereus.spec.engine import EngineCosts
 
 __all__ = ["FrameworkSpec", "FRAMEWORK_PRESETS", "get_framework", "OFFLOAD_MODES", "COLOCATE_MODES",
-           "ZERO_STAGES"]
+           "ZERO_STAGES", "ZERO3_IMPLS"]
 
 OFFLOAD_MODES = ("none", "host", "drop", "cpu_adam")
 COLOCATE_MODES = ("never", "auto", "always")
 ZERO_STAGES = (0, 1, 2, 3)
+ZERO3_IMPLS = ("fsdp", "deepspeed", "deepspeed-2021")
 
 
 @dataclass(frozen=True)
@@ -120,6 +129,8 @@ class FrameworkSpec:
         drop_model_stages: the model-stages that may use ``drop`` when ``offload`` allows it (None:
             every non-training model-stage; verl, for example, frees only the rollout engine's
             weights, so its frameworks list ``("actor.generate",)``).
+        zero3_impl: the ZeRO-3 implementation's parameter-traffic schedule, one of
+            :data:`ZERO3_IMPLS` (:mod:`nereus.cost.zero3`; ``fsdp``: the default model).
         engine: the engines' behaviour and fixed costs (:class:`nereus.spec.engine.EngineCosts`:
             generation to the longest response, per-decode-step and per-call overheads, per-layer
             launch latency, padding, fixed per-step cost); None: none of them (the old model).
@@ -142,6 +153,7 @@ class FrameworkSpec:
     drop_model_stages: tuple | None = None
     pipeline_parallel: bool = True
     shared_engine: bool = False
+    zero3_impl: str = "fsdp"
     engine: EngineCosts | None = None
 
     def __post_init__(self) -> None:
@@ -163,6 +175,9 @@ class FrameworkSpec:
         if not self.offload or any(o not in OFFLOAD_MODES for o in self.offload):
             raise ValueError(f"framework field 'offload' must be a non-empty subset of {list(OFFLOAD_MODES)}, "
                              f"got {list(self.offload)!r}")
+        if self.zero3_impl not in ZERO3_IMPLS:
+            raise ValueError(f"framework field 'zero3_impl' must be one of {list(ZERO3_IMPLS)}, "
+                             f"got {self.zero3_impl!r}")
         if self.colocate not in COLOCATE_MODES:
             raise ValueError(f"framework field 'colocate' must be one of {list(COLOCATE_MODES)}, "
                              f"got {self.colocate!r}")
@@ -187,6 +202,8 @@ class FrameworkSpec:
             del d["pipeline_parallel"]
         if not self.shared_engine:
             del d["shared_engine"]
+        if self.zero3_impl == "fsdp":
+            del d["zero3_impl"]
         if self.engine is None:
             d.pop("engine")
         return d
@@ -233,7 +250,7 @@ class FrameworkSpec:
 
 FRAMEWORK_PRESETS: dict[str, FrameworkSpec] = {
     "nereus": FrameworkSpec(),
-    "runtime": FrameworkSpec(name="runtime", zero_stages=(0, 1), offload=("none", "host", "drop"), colocate="auto"),
+    "runtime": FrameworkSpec(name="runtime", zero_stages=(0, 1, 2, 3), offload=("none", "host", "drop"), colocate="auto"),
     "megatron": FrameworkSpec(name="megatron", zero_stages=(0, 1), sequence_parallel=True, max_virtual_stages=4,
                               overlap_grad_reduce=True, grad_reduce_bytes=2, offload=("none", "host", "drop"),
                               colocate="auto", uneven_pp=True),
@@ -242,7 +259,7 @@ FRAMEWORK_PRESETS: dict[str, FrameworkSpec] = {
                           pipeline_parallel=False),
     "deepspeed": FrameworkSpec(name="deepspeed", zero_stages=(0, 1, 2, 3), overlap_grad_reduce=True,
                                grad_reduce_bytes=2, offload=("none", "host", "drop", "cpu_adam"), colocate="auto",
-                               model_parallel_train=False, pipeline_parallel=False),
+                               model_parallel_train=False, pipeline_parallel=False, zero3_impl="deepspeed"),
     "generic": FrameworkSpec(name="generic", zero_stages=(0, 1, 2, 3), sequence_parallel=True, max_virtual_stages=4,
                              overlap_grad_reduce=True, overlap_tp_comm=True, grad_reduce_bytes=2,
                              offload=("none", "host", "drop", "cpu_adam"), colocate="auto", uneven_pp=True),

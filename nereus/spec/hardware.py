@@ -245,7 +245,8 @@ _DGX_A100_HOST = 51.2e9  # 2 EPYC 7742 x 8 DDR4-3200 channels = 409.6 GB/s per n
 #: (10^9 B, a little under what the driver reports: conservative). PCIe cards without NVLink take the
 #: PCIe link as their scale-up link (``scaleup_link="pcie"``). GEMM/attention efficiencies: the same
 #: die's measured defaults (H800/H100 PCIe/NVL: H100's; A800, A100-40GB: A100's); the others use the
-#: GPU-independent defaults until calibrated.
+#: GPU-independent defaults until calibrated. A figure no public source was found for is marked ASSUMED
+#: in its ``source`` (checked for issue 28: H20 and MI300X capacity, L20 capacity, NICs, host DRAM).
 _NEW_GPUS = {
     "a100-40gb": GPUSpec(
         name="a100-40gb", peak_flops=312e12, memory_bytes=40536 * MIB, hbm_bandwidth=1.555e12,
@@ -273,21 +274,24 @@ _NEW_GPUS = {
         scaleup_bandwidth=450e9, scaleout_bandwidth=50e9, host_bandwidth=64e9, host_memory_bandwidth=_DGX_H100_HOST,
         peak_flops_fp8=296e12,
         source="NVIDIA HGX H20 product brief: 148 TFLOP/s dense bf16 (296 sparse), 296 dense FP8, 96 GB HBM3 4.0 TB/s, "
-               "NVLink 900 GB/s bidirectional, PCIe Gen5 x16; nvidia-smi 97,871 MiB; 400 Gb/s NIC per GPU"),
+               "NVLink 900 GB/s bidirectional, PCIe Gen5 x16; nvidia-smi 97,871 MiB (checked: nvidia-smi of 8 H20 in "
+               "NVIDIA/nvtrust issue 128); 400 Gb/s NIC per GPU ASSUMED (HGX H20 systems as HGX H100)"),
     "l20": GPUSpec(
         name="l20", peak_flops=119.5e12, memory_bytes=46068 * MIB, hbm_bandwidth=0.864e12,
         scaleup_bandwidth=32e9, scaleout_bandwidth=25e9, scaleup_link="pcie", host_bandwidth=32e9,
         host_memory_bandwidth=25.6e9, peak_flops_fp8=239e12, scaleup_latency=10e-6,
         source="NVIDIA L20 datasheet: 119.5 TFLOP/s dense bf16, 239 dense FP8, 48 GB GDDR6 864 GB/s, no NVLink, PCIe "
-               "Gen4 x16 64 GB/s bidirectional (GPU-to-GPU over PCIe, 32 per direction); nvidia-smi 46,068 MiB (as "
-               "L40S); 200 Gb/s NIC per GPU assumed; host DRAM share ASSUMED"),
+               "Gen4 x16 64 GB/s bidirectional (GPU-to-GPU over PCIe, 32 per direction); 48 GB GDDR6 384-bit 864 GB/s, "
+               "PCIe 4.0 x16, 275 W also in third-party spec tables (technical.city, topcpu.net L20 pages); capacity "
+               "46,068 MiB ASSUMED as the L40S's (same AD102 board with ECC; no public nvidia-smi log of an L20 "
+               "found); 200 Gb/s NIC per GPU ASSUMED; host DRAM share ASSUMED"),
     "l40s": GPUSpec(
         name="l40s", peak_flops=362.05e12, memory_bytes=46068 * MIB, hbm_bandwidth=0.864e12,
         scaleup_bandwidth=32e9, scaleout_bandwidth=25e9, scaleup_link="pcie", host_bandwidth=32e9,
         host_memory_bandwidth=25.6e9, peak_flops_fp8=733e12, scaleup_latency=10e-6,
         source="NVIDIA L40S datasheet: 362.05 TFLOP/s dense bf16 (733 sparse), 733 dense FP8, 48 GB GDDR6 864 GB/s, "
                "no NVLink, PCIe Gen4 x16 64 GB/s bidirectional (32 per direction); nvidia-smi 46,068 MiB; 200 Gb/s "
-               "NIC per GPU assumed; host DRAM share ASSUMED"),
+               "NIC per GPU ASSUMED (PCIe servers vary: 100-400 Gb/s); host DRAM share ASSUMED"),
     "h100-pcie": GPUSpec(
         name="h100-pcie", peak_flops=756e12, memory_bytes=81559 * MIB, hbm_bandwidth=2.0e12,
         scaleup_bandwidth=64e9, scaleout_bandwidth=50e9, scaleup_link="pcie", host_bandwidth=64e9,
@@ -310,7 +314,9 @@ _NEW_GPUS = {
         host_memory_bandwidth=_DGX_H100_HOST, peak_flops_fp8=2614.9e12,
         source="AMD Instinct MI300X datasheet: 1,307.4 TFLOP/s dense bf16, 2,614.9 dense FP8, 192 GB HBM3 5.3 TB/s, "
                "Infinity Fabric 896 GB/s aggregate bidirectional peer bandwidth (448 per direction), PCIe Gen5 x16 "
-               "128 GB/s; rocm-smi VRAM total 205,822,885,888 B; 400 Gb/s NIC per GPU"),
+               "128 GB/s; rocm-smi VRAM total 205,822,885,888 B (rocminfo's allocatable GLOBAL pool is 201,310,208 KiB "
+               "= 206,141,652,992 B, ROCm/legacy-rocm-build issue 4414: the preset is 0.15% lower, conservative); "
+               "400 Gb/s NIC per GPU ASSUMED"),
     "b200": GPUSpec(
         name="b200", peak_flops=2250e12, memory_bytes=183359 * MIB, hbm_bandwidth=8.0e12,
         scaleup_bandwidth=900e9, scaleout_bandwidth=50e9, host_bandwidth=64e9, host_memory_bandwidth=_DGX_H100_HOST,

@@ -23,16 +23,18 @@ import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-__all__ = ["WorkloadSpec", "ALGORITHMS", "GEMM_PRECISIONS", "ATTENTION_KERNELS", "RECOMPUTE_MODES", "OPTIONAL_FIELDS", "read_response_lengths",
+__all__ = ["WorkloadSpec", "ALGORITHMS", "GEMM_PRECISIONS", "FP8_RECIPES", "ATTENTION_KERNELS", "RECOMPUTE_MODES", "OPTIONAL_FIELDS", "read_response_lengths",
            "response_len_stats"]
 
 ALGORITHMS = ("ppo", "grpo", "remax")
 RECOMPUTE_MODES = ("none", "selective", "full", "auto")
 #: fields left out of :meth:`WorkloadSpec.to_dict` while unset (None)
 OPTIONAL_FIELDS = ("response_len_max", "memory_fraction", "gemm_precision", "attention_kernel", "lora_rank",
-                   "rollout_memory_fraction")
+                   "rollout_memory_fraction", "fp8_recipe")
 #: values of ``gemm_precision`` (None = bf16)
 GEMM_PRECISIONS = ("bf16", "fp8")
+#: values of ``fp8_recipe`` (None = Transformer Engine: casts fused into the neighbouring kernels)
+FP8_RECIPES = ("tensorwise", "rowwise")
 #: values of ``attention_kernel`` (None = flash)
 ATTENTION_KERNELS = ("flash", "flash_triton", "unfused", "unfused_dropout")
 
@@ -53,6 +55,12 @@ class WorkloadSpec:
         recompute: activation recomputation for training: ``none``, ``selective``, ``full`` or
             ``auto`` (the planner chooses per candidate).
         reward_model: whether ``reward.infer`` runs a reward model (else a rule-based reward on CPU).
+        reference_model: whether ``reference.infer`` runs (a frozen reference model's log-probs for a
+            KL term). False where the framework builds no reference: verl without
+            ``actor.use_kl_loss`` and ``algorithm.use_kl_in_reward`` (``need_reference_policy`` in
+            ``verl/trainer/ppo/utils.py``), OpenRLHF with ``--algo.kl.init_coef`` 0
+            (``openrlhf/cli/train_ppo_ray.py`` builds ``ref_model`` only for ``init_coef > 0``). Left out
+            of :meth:`to_dict` while True (the default).
         asynchronous: overlap generation of step k+1 with training of step k (one-step off-policy).
         param_bytes, grad_bytes: bytes per parameter of weights and gradients (bf16 weights, fp32
             main gradients as Megatron keeps them).
@@ -65,6 +73,10 @@ class WorkloadSpec:
             (None, the default) or ``fp8`` (Transformer Engine style: GEMM inputs in FP8 on the GPU's
             FP8 peak, op class ``gemm_fp8``; attention, memory-bound kernels, weights, gradients and
             optimizer state stay as above, so memory is unchanged).
+        fp8_recipe: with ``gemm_precision="fp8"``, how the GEMM operands are scaled and cast
+            (:mod:`nereus.cost.fp8`): None (Transformer Engine: casts fused into neighbouring
+            kernels, not charged), ``tensorwise`` or ``rowwise`` (torchao ``Float8LinearConfig``
+            recipes: their cast kernels' HBM traffic is charged, rowwise's larger).
         attention_kernel: how the training engine's passes (training and inference
             model-stages) compute attention; generation (vLLM) always runs its own fused kernel:
             ``flash`` (None, the default: a FlashAttention-2-class fused kernel),
@@ -100,6 +112,7 @@ class WorkloadSpec:
     ppo_epochs: int = 1
     recompute: str = "auto"
     reward_model: bool = True
+    reference_model: bool = True
     asynchronous: bool = False
     param_bytes: int = 2
     grad_bytes: int = 4
@@ -111,8 +124,12 @@ class WorkloadSpec:
     attention_kernel: str | None = None
     lora_rank: int | None = None
     rollout_memory_fraction: float | None = None
+    fp8_recipe: str | None = None
 
     def __post_init__(self) -> None:
+        if self.fp8_recipe is not None and self.fp8_recipe not in FP8_RECIPES:
+            raise ValueError(f"workload field 'fp8_recipe' must be one of {FP8_RECIPES} or null (Transformer "
+                             f"Engine), got {self.fp8_recipe!r}")
         if self.attention_kernel is not None and self.attention_kernel not in ATTENTION_KERNELS:
             raise ValueError(f"workload field 'attention_kernel' must be one of {ATTENTION_KERNELS} or null "
                              f"(flash), got {self.attention_kernel!r}")
@@ -130,7 +147,7 @@ class WorkloadSpec:
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise ValueError(f"workload field {f!r} must be a positive integer, got {v!r}")
-        for f in ("reward_model", "asynchronous"):
+        for f in ("reward_model", "reference_model", "asynchronous"):
             if not isinstance(getattr(self, f), bool):
                 raise ValueError(f"workload field {f!r} must be a JSON boolean (true or false), got "
                                  f"{getattr(self, f)!r}")
@@ -197,8 +214,10 @@ class WorkloadSpec:
         return replace(self, response_len=r, response_len_max=m)
 
     def to_dict(self) -> dict:
-        """The fields as a mapping; unset optional fields (:data:`OPTIONAL_FIELDS`) are left out."""
-        return {k: v for k, v in asdict(self).items() if not (k in OPTIONAL_FIELDS and v is None)}
+        """The fields as a mapping; unset optional fields (:data:`OPTIONAL_FIELDS`) and
+        ``reference_model`` while True are left out."""
+        return {k: v for k, v in asdict(self).items()
+                if not (k in OPTIONAL_FIELDS and v is None) and not (k == "reference_model" and v)}
 
     @classmethod
     def from_dict(cls, d) -> WorkloadSpec:

@@ -6,18 +6,21 @@ busiest receiver takes, packed at the senders and assembled at it, over ``CostPa
 and a *wire* term (those bytes over the link bandwidth). After each live transition the executor
 reports, per primitive, its wall seconds (first worker's start to last worker's end), the transfer
 seconds and the pack + assembly seconds of its slowest worker, and the bytes each worker received.
-:class:`TransitionCalibration` turns those into the constants, the same way op-class efficiencies
-are calibrated from step timings: an exponential moving average of measured values, consulted by
-the next estimate. Over the primitives that move bytes between workers (Split, Merge, Extend,
-Load from a train model-stage):
+:class:`TransitionCalibration` turns those into the constants over a window of the most recent
+primitives (``window``; ratios of sums and a mean over it, not an exponential moving average: on a
+shared machine one transition's seconds swing several-fold, and an average over many primitives
+follows the machine without jumping with each of them). Over the primitives that move bytes between
+workers (Split, Merge, Extend, Load from a train model-stage):
 
 * link bandwidth (bytes/s per worker per direction) = Σ busiest-receiver bytes / Σ transfer seconds,
   a ratio of sums so that tiny primitives do not dominate;
-* copy bandwidth (bytes/s) = Σ busiest-receiver bytes / Σ copy seconds (pack + assembly);
+* copy bandwidth (bytes/s) = Σ copy bytes / Σ copy seconds (pack + assembly), the copy bytes being
+  the planner's ``cost.copy_bytes`` of each primitive (a record's ``copy_bytes``; its busiest
+  receiver's bytes when absent): what the busiest worker packs and writes, local re-slicing included;
 * setup (seconds) = mean over those primitives of ``wall − transfer − copy`` (at least 0): the
   communicator setup where one is built, dispatch and planning everywhere; a primitive whose
   communicator was reused (``runtime/comm/cache.py``) counts with its smaller value, so the mean
-  is the expected fixed cost of a primitive in this job.
+  is the expected fixed cost of a primitive in this job;
 
 and Destroy's wall seconds give ``CostParams.teardown_s``. They replace the cluster's scale-up and
 scale-out bandwidth and ``CostParams.comm_setup_*``, ``copy_bandwidth``, ``teardown_s`` in the
@@ -44,28 +47,32 @@ class TransitionCalibration:
     """Measured transition constants (module docstring).
 
     Attributes:
-        weight: EMA weight of a new measurement, in (0, 1].
+        window: how many of the most recent byte-moving primitives (and Destroys) the constants
+            average over, >= 1.
         bandwidth: bytes/s per worker per direction, None before any measurement.
         setup_s: fixed seconds per primitive that moves bytes (module docstring), None before any
             measurement.
         copy_bandwidth: bytes/s of packing plus assembly, None before any measurement.
         teardown_s: seconds of a Destroy, None before any measurement.
-        history: one ``{"bandwidth", "setup_s", "primitives"}`` per :meth:`observe` that measured.
+        history: one ``{"bandwidth", "copy_bandwidth", "setup_s", "teardown_s", "primitives"}`` per
+            :meth:`observe` that measured (that transition's own values).
 
     Raises:
-        ValueError: ``weight`` outside (0, 1].
+        ValueError: ``window`` not an integer >= 1.
     """
 
-    weight: float = 0.5
+    window: int = 64
     bandwidth: float | None = None
     setup_s: float | None = None
     copy_bandwidth: float | None = None
     teardown_s: float | None = None
     history: list = field(default_factory=list)
+    rows: list = field(default_factory=list, repr=False)  # (busiest, transfer s, copy bytes, copy s, setup s)
+    teardowns: list = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
-        if not 0 < self.weight <= 1:
-            raise ValueError(f"calibration field 'weight' must be in (0, 1], got {self.weight!r}")
+        if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
+            raise ValueError(f"calibration field 'window' must be an integer >= 1, got {self.window!r}")
 
     def observe(self, records) -> None:
         """Fold one transition's per-primitive records in.
@@ -73,11 +80,10 @@ class TransitionCalibration:
         Args:
             records: dicts (or objects with these attributes) with ``kind``, ``received``
                 (worker → bytes), ``transfer_s`` and ``setup_s`` (seconds, slowest worker) and,
-                optionally, ``copy_s`` (pack + assembly seconds, slowest worker) and ``measured_s``
-                (wall seconds of the primitive).
+                optionally, ``copy_s`` (pack + assembly seconds, slowest worker), ``copy_bytes``
+                (the planner's, ``cost.copy_bytes``) and ``measured_s`` (wall seconds of the primitive).
         """
-        nbytes = secs = cbytes = csecs = 0.0
-        setups, teardowns = [], []
+        rows, teardowns = [], []
         for r in records:
             get = (lambda k, d=None, _r=r: _r.get(k, d)) if isinstance(r, dict) else \
                 (lambda k, d=None, _r=r: getattr(_r, k, d))
@@ -86,36 +92,29 @@ class TransitionCalibration:
                 teardowns.append(float(get("measured_s")))
             if kind not in LINK_KINDS:
                 continue
-            recv = get("received") or {}
-            busiest = max(recv.values(), default=0)
+            busiest = max((get("received") or {}).values(), default=0)
             transfer, copy = float(get("transfer_s") or 0.0), float(get("copy_s", 0.0) or 0.0)
-            if busiest > 0 and transfer > 0:
-                nbytes += busiest
-                secs += transfer
-            if busiest > 0 and copy > 0:
-                cbytes += busiest
-                csecs += copy
             wall = get("measured_s")
-            if wall is not None:
-                setups.append(max(0.0, float(wall) - transfer - copy))
-            elif get("setup_s") > 0:
-                setups.append(get("setup_s"))
-        bw = nbytes / secs if secs > 0 else None
-        cbw = cbytes / csecs if csecs > 0 else None
-        st = sum(setups) / len(setups) if setups else None
-        td = sum(teardowns) / len(teardowns) if teardowns else None
-        self.bandwidth = self._ema(self.bandwidth, bw)
-        self.copy_bandwidth = self._ema(self.copy_bandwidth, cbw)
-        self.setup_s = self._ema(self.setup_s, st)
-        self.teardown_s = self._ema(self.teardown_s, td)
-        if any(x is not None for x in (bw, cbw, st, td)):
-            self.history.append({"bandwidth": bw, "copy_bandwidth": cbw, "setup_s": st, "teardown_s": td,
-                                 "primitives": len(setups)})
+            setup = max(0.0, float(wall) - transfer - copy) if wall is not None else float(get("setup_s") or 0.0)
+            rows.append((busiest, transfer, float(get("copy_bytes", 0) or busiest), copy, setup))
+        if rows or teardowns:
+            self.history.append({**self._fit(rows, teardowns), "primitives": len(rows)})
+        self.rows = (self.rows + rows)[-self.window:]
+        self.teardowns = (self.teardowns + teardowns)[-self.window:]
+        fit = self._fit(self.rows, self.teardowns)
+        for k, v in fit.items():
+            if v is not None:
+                setattr(self, k, v)
 
-    def _ema(self, old: float | None, new: float | None) -> float | None:
-        if new is None:
-            return old
-        return new if old is None else (1 - self.weight) * old + self.weight * new
+    @staticmethod
+    def _fit(rows, teardowns) -> dict:
+        """The four constants from rows and Destroy seconds (None where nothing measured one)."""
+        wire = [(b, t) for b, t, _, _, _ in rows if b > 0 and t > 0]
+        copy = [(k, c) for b, _, k, c, _ in rows if b > 0 and k > 0 and c > 0]
+        return {"bandwidth": sum(b for b, _ in wire) / sum(t for _, t in wire) if wire else None,
+                "copy_bandwidth": sum(k for k, _ in copy) / sum(c for _, c in copy) if copy else None,
+                "setup_s": sum(r[4] for r in rows) / len(rows) if rows else None,
+                "teardown_s": sum(teardowns) / len(teardowns) if teardowns else None}
 
     def gpu(self, gpu: GPUSpec) -> GPUSpec:
         """``gpu`` with the measured bandwidth as its scale-up and scale-out link rates."""
@@ -124,8 +123,10 @@ class TransitionCalibration:
         return replace(gpu, scaleup_bandwidth=self.bandwidth, scaleout_bandwidth=self.bandwidth)
 
     def params(self, base: CostParams | None = None) -> CostParams:
-        """``base`` with the measured setup (inside and across nodes), copy bandwidth and teardown."""
-        base = base or CostParams()
+        """``base`` with the measured setup (inside and across nodes), copy bandwidth and teardown;
+        without ``base``, the defaults with the runtime executor's buffers counted in the memory
+        check (``CostParams.transit_buffers``: these constants describe that executor)."""
+        base = base or CostParams(transit_buffers=True)
         out = base
         if self.setup_s is not None:
             out = replace(out, comm_setup_intra_s=self.setup_s,

@@ -6,9 +6,9 @@ DESIGN.md §4.6.
 
 Time of one primitive, seconds::
 
-    Split   setup + max over all-gather groups  (recv_bytes / B + recv_bytes / C + (k-1)·α)   ring all-gather
-    Merge   setup + (recv_bytes / B + recv_bytes / C + α  if any shard must move)
-    Extend  setup + max over rank pairs        (bytes / B + bytes / C + α)
+    Split   setup + max over all-gather groups  (recv_bytes / B + (k-1)·α) + K / C   ring all-gather
+    Merge   setup + (recv_bytes / B + α + K / C  if any shard must move)
+    Extend  setup + max over rank pairs        (bytes / B + α) + K / C
     Destroy teardown
     Load    from storage:   load_setup + max over nodes (bytes landing on the node / storage_bandwidth)
             from a train EMU: setup + max over source GPUs (bytes it sends / B + α)   weight sync;
@@ -20,8 +20,10 @@ Time of one primitive, seconds::
             node whose host holds none of the staged copy
 
 ``B`` and ``α`` are the scale-up (NVLink) bandwidth and latency when every GPU involved sits on one
-node, else the scale-out (NIC) ones (``GPUSpec``: bytes/s per GPU per direction). ``C`` is the *copy*
-rate of the bytes a worker packs into its send buffers and assembles into the produced shards
+node, else the scale-out (NIC) ones (``GPUSpec``: bytes/s per GPU per direction). ``K`` is the bytes
+the busiest GPU copies (:func:`copy_bytes`: what it packs into its send buffers plus the new shard
+bytes it writes, local re-slicing included; the busiest receiver's bytes for a primitive that does
+not record them) and ``C`` the *copy* rate
 (``runtime/transit/packing.py``: one write per byte at the sender, one at the receiver), bytes/s:
 ``CostParams.copy_bandwidth`` (default infinite: on GPUs the copies run at HBM speed, two orders
 above the links, so an uncalibrated estimate ignores them; 0 derives ``hbm_bandwidth / 4``, each
@@ -51,7 +53,7 @@ from nereus.transition.held import held_bytes
 from nereus.transition.primitives import STORAGE, Primitive
 from nereus.transition.staging import HOST_ID
 
-__all__ = ["CostParams", "duration", "ports", "min_bytes"]
+__all__ = ["CostParams", "duration", "ports", "min_bytes", "copy_bytes"]
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,11 @@ class CostParams:
         copy_bandwidth: bytes/s at which a primitive's busiest receiver's bytes are packed at their
             senders and assembled at it (module docstring, ``C``); infinite (the default) leaves the
             copy term out until calibrated, 0 derives it from the device, ``hbm_bandwidth / 4``.
+        transit_buffers: count the transient memory of the runtime's executor in the memory
+            check (its send and receive buffers, new shards allocated beside the old:
+            :func:`~nereus.transition.buffers.with_buffers`); False (the default) keeps the paper's
+            in-place rule. :class:`~nereus.transition.calibrate.TransitionCalibration` sets it, as
+            its constants are the runtime's.
 
     The defaults are assumptions of the right order (NCCL communicator creation takes tens to
     hundreds of milliseconds); calibrate them from measured transitions.
@@ -94,6 +101,7 @@ class CostParams:
     host_bandwidth: float = 25e9
     host_setup_s: float = 0.5
     copy_bandwidth: float = math.inf
+    transit_buffers: bool = False
 
     def __post_init__(self) -> None:
         for k, v in asdict(self).items():
@@ -114,6 +122,20 @@ def _copy_bw(cluster: ClusterSpec, params: CostParams) -> float:
 
 def _setup(cluster: ClusterSpec, gpus, params: CostParams) -> float:
     return params.comm_setup_inter_s if cluster.spans_nodes(gpus) else params.comm_setup_intra_s
+
+
+def copy_bytes(p: Primitive) -> int:
+    """Bytes the busiest GPU of ``p`` copies in memory, the copy term's ``K`` (module docstring).
+
+    The runtime's executor packs every byte a GPU sends into a send buffer and writes every byte of
+    a new shard once, local parts included (a shard re-sliced in place, as on the GPU that keeps
+    half of a replica under TP 1 -> 2, costs as much copying as one received):
+    ``max_g sent[g] + alloc[g]`` (:mod:`nereus.transition.buffers`). A primitive that does not
+    record them (a ZeRO group's re-cut) falls back to its busiest receiver's bytes.
+    """
+    if p.sent or p.alloc:
+        return max(p.sent.get(g, 0) + p.alloc.get(g, 0) for g in set(p.sent) | set(p.alloc))
+    return int(max([b for _, b in p.groups] + [b for _, _, b in p.pairs] + [0]))
 
 
 def duration(p: Primitive, cluster: ClusterSpec, params: CostParams = CostParams()) -> float:
@@ -145,19 +167,19 @@ def duration(p: Primitive, cluster: ClusterSpec, params: CostParams = CostParams
         return max((b / (params.host_bandwidth if cluster.node_of(d) in home
                          else min(params.host_bandwidth, cluster.gpu.scaleout_bandwidth))
                     for _, d, b in p.pairs), default=0.0)
-    copy = _copy_bw(cluster, params)
+    copy = copy_bytes(p) / _copy_bw(cluster, params)
     if p.kind == "extend":
         t = 0.0
         for s, d, b in p.pairs:
             bw, lat, _ = _link(cluster, (s, d))
-            t = max(t, b / bw + b / copy + lat)
-        return _setup(cluster, p.gpus, params) + t
+            t = max(t, b / bw + lat)
+        return _setup(cluster, p.gpus, params) + t + copy
     t = 0.0
     for gpus, recv in p.groups:
         bw, lat, _ = _link(cluster, gpus)
         steps = len(gpus) - 1 if p.kind == "split" else 1
-        t = max(t, recv / bw + recv / copy + steps * lat)
-    return _setup(cluster, p.gpus, params) + t
+        t = max(t, recv / bw + steps * lat)
+    return _setup(cluster, p.gpus, params) + t + copy
 
 
 def ports(p: Primitive, cluster: ClusterSpec) -> frozenset[tuple[int, str, str]]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 from nereus.spec.job import JobSpec
 from nereus.spec.plan import Plan
+from nereus.transition.buffers import with_buffers
 from nereus.transition.cost import CostParams, duration, min_bytes, ports
 from nereus.transition.emu import check_zero, model_of, phi, stage_of, state_parts
 from nereus.transition.global_dag import GlobalDAG, critical_path_length, plan_global
@@ -19,6 +20,7 @@ from nereus.transition.group_ranks import align_group
 from nereus.transition.growth import fuse_growth
 from nereus.transition.local_dag import Infeasible, build_local_dag
 from nereus.transition.primitives import STORAGE
+from nereus.transition.relayout import fuse_relayout
 from nereus.transition.schedule import Schedule
 from nereus.workflow import workflow_for
 
@@ -214,7 +216,15 @@ def plan_dag(job: JobSpec, current: Plan, target: Plan, pool: frozenset[int] | N
             model-stages in the way are dropped (Destroy of every current EMU) and reloaded (Load
             + Extends; a derived copy syncs from its train model-stage after that one's
             transition), one per round; when nothing can be dropped, one model-stage in the way
-            is staged through host memory (:func:`_stageable`), one per round.
+            is staged through host memory (:func:`_stageable`), one per round. Before those, a
+            circular wait of ownership (model-stages of one stage swapping GPUs with no free GPU,
+            e.g. two ``*.train``) is cleared by letting the model-stages on it share GPUs while the transition runs
+            (``GlobalDAG.shared``, ours): each acquires its target GPUs before the other leaves
+            them, both states counted on the shared GPU by the memory-aware schedule. The paper
+            (§2, §6) keeps concurrent model-stages on disjoint GPUs; a transition runs at a step
+            boundary, where no model-stage computes, so during it the only shared resource is
+            memory (a swap then moves each state once, the minimum, instead of a drop and reload or a
+            host round trip). When memory rules that out, the fallbacks above follow.
     """
     _check_plans(job, current, target)
     pool = job.cluster.all_gpus() if pool is None else job.cluster.check_pool(pool)
@@ -276,6 +286,8 @@ def plan_dag(job: JobSpec, current: Plan, target: Plan, pool: frozenset[int] | N
     relocate: set[str] = set()
     dropped: set[str] = set()
     staged: set[str] = set()
+    shared: set[str] = set()  # model-stages let share GPUs during the transition (a circular wait)
+    unfused: set[str] = set()  # model-stages whose same-GPU re-layout is not fused (relayout.py)
     first: Infeasible | None = None
 
     def give_up(e: Infeasible) -> Infeasible:
@@ -284,22 +296,30 @@ def plan_dag(job: JobSpec, current: Plan, target: Plan, pool: frozenset[int] | N
         tried = ([f"relocated Split of {', '.join(sorted(relocate))}"] if relocate else []) + (
             [f"staged {', '.join(sorted(staged))} through host memory"] if staged else []) + (
             [f"dropped {', '.join(sorted(dropped))}"] if dropped else [])
+        tried += [f"let {', '.join(sorted(shared))} share GPUs during the transition"] if shared else []
         msg = str(e0) + (f" (also tried: {'; '.join(tried)})" if tried else "")
         return Infeasible(msg, e0.blocked, e0.cycle)
 
     while True:
-        locals_ = []
+        locals_, fused = [], set()
         for c in current.candidates:
             ms = c.model_stage
-            locals_.append(fuse_growth(build_local_dag(  # growth at the minimum bytes (growth.py)
-                ms, tuple(e for e in initial if e.model_stage == ms), tuple(e for e in final if e.model_stage == ms),
+            cur = tuple(e for e in initial if e.model_stage == ms)
+            ld = fuse_growth(build_local_dag(  # growth at the minimum bytes (growth.py)
+                ms, cur, tuple(e for e in final if e.model_stage == ms),
                 model_of(job, ms), state_parts(job, ms), job.cluster, relocate=ms in relocate,
-                reload_from=reload_from.get(ms), staged=ms in staged)))
+                reload_from=reload_from.get(ms), staged=ms in staged))
+            if ms not in unfused:  # same-GPU re-layout at the minimum bytes (relayout.py)
+                ld, pids = fuse_relayout(ld, cur, model_of(job, ms), state_parts(job, ms))
+                fused |= pids
+            if params.transit_buffers:  # the executor's buffers and new shards (buffers.py)
+                ld = replace(ld, nodes=tuple(with_buffers(n) for n in ld.nodes))
+            locals_.append(ld)
         dur = {n.pid: duration(n, job.cluster, params) for ld in locals_ for n in ld.nodes}
         prt = {n.pid: ports(n, job.cluster) for ld in locals_ for n in ld.nodes}
         try:
             dag, sched = plan_global(locals_, tuple(initial), tuple(final), cap, dur, prt, order,
-                                     exclusive=job.framework.colocate == "never")
+                                     exclusive=job.framework.colocate == "never", shared=frozenset(shared))
             models = {c.model_stage: (model_of(job, c.model_stage), state_parts(job, c.model_stage))
                       for c in current.candidates}
             return replace(dag, models=models), sched, dur
@@ -307,6 +327,18 @@ def plan_dag(job: JobSpec, current: Plan, target: Plan, pool: frozenset[int] | N
             first = first or e
             # an in-place Split did not fit: copy that replica to free target GPUs and split there
             node = {n.pid: n for ld in locals_ for n in ld.nodes}
+            # a circular wait of ownership (model-stages of one stage swapping GPUs): let the
+            # model-stages on it share GPUs while the transition runs; the memory-aware schedule
+            # still orders them (GlobalDAG.shared); a memory block after that takes the fallbacks below
+            cyc = {node[p].model_stage for p in e.blocked if p in node} if e.cycle else set()
+            if cyc - shared:
+                shared |= cyc
+                continue
+            # a fused same-GPU re-layout does not fit: the Split → Merge it replaced
+            unfuse = set() if e.cycle else {node[p].model_stage for p in e.blocked if p in fused} - unfused
+            if unfuse:
+                unfused |= unfuse
+                continue
             splits = set() if e.cycle else {node[p].model_stage for p in e.blocked
                                             if p.startswith("split:") and node[p].model_stage not in idle}
             more = splits - relocate
@@ -368,6 +400,8 @@ def estimate_transition(job: JobSpec, current: Plan, target: Plan, pool: frozens
     staged = sorted(n.model_stage for n in dag.nodes if n.kind == "offload" and n.model_stage not in to_host)
     if staged:
         reason += "; staged through host memory (no GPU-resident path fits): " + ", ".join(staged)
+    if dag.shared:
+        reason += "; shared GPUs while swapping (circular wait of ownership): " + ", ".join(sorted(dag.shared))
     idle = sorted(ms for ms in to_host if any(n.model_stage == ms for n in dag.nodes))
     if idle:
         reason += "; idle state moved to or re-cut in host memory (offload='host'): " + ", ".join(idle)

@@ -84,6 +84,10 @@ class GlobalDAG:
         exclusive: concurrent model-stages (one stage) may not share a GPU (ownership edges, the
             paper's rule); False when the job's framework colocates model-stages of one stage
             (``FrameworkSpec.colocate`` not ``never``): only memory orders them then.
+        shared: model-stages that may share GPUs with each other *during* the transition (no
+            ownership edges among them; ``estimate.plan_dag`` sets it for the model-stages on a
+            circular wait, e.g. two training model-stages swapping GPUs, ours): the plans before
+            and after stay disjoint, and the memory check counts both states on a shared GPU.
     """
 
     nodes: tuple[Primitive, ...]
@@ -94,6 +98,7 @@ class GlobalDAG:
     local: tuple[LocalDAG, ...] = ()
     models: dict = field(default_factory=dict, compare=False, repr=False)
     exclusive: bool = True
+    shared: frozenset = frozenset()
 
     def node(self, pid: str) -> Primitive:
         for n in self.nodes:
@@ -140,7 +145,7 @@ def _released(n: Primitive) -> tuple[int, ...]:
     return ()
 
 
-def _ownership_edges(locals_: list[LocalDAG]) -> list[tuple[str, str, str]]:
+def _ownership_edges(locals_: list[LocalDAG], shared: frozenset = frozenset()) -> list[tuple[str, str, str]]:
     edges = []
     destroys_on: dict[tuple[str, int], list[str]] = {}
     for ld in locals_:
@@ -152,7 +157,7 @@ def _ownership_edges(locals_: list[LocalDAG]) -> list[tuple[str, str, str]]:
         for x in ld.nodes:
             for g in x.acquires:
                 for d in destroys_on.get((x.stage, g), ()):
-                    if ms_of[d] != x.model_stage:
+                    if ms_of[d] != x.model_stage and not (ms_of[d] in shared and x.model_stage in shared):
                         edges.append((d, x.pid, "ownership"))
     return edges
 
@@ -237,7 +242,8 @@ def _resource_edges(sched: Schedule, nodes: dict[str, Primitive], preds: dict[st
 def plan_global(locals_: list[LocalDAG], initial: tuple[EMU, ...], target: tuple[EMU, ...],
                 capacity: dict[int, int], dur: dict[str, float] | None = None,
                 ports: dict[str, frozenset] | None = None,
-                order: str = "critical", exclusive: bool = True) -> tuple[GlobalDAG, Schedule]:
+                order: str = "critical", exclusive: bool = True,
+                shared: frozenset = frozenset()) -> tuple[GlobalDAG, Schedule]:
     """Join local DAGs into one DAG that is safe in every execution it allows, and schedule it.
 
     Args:
@@ -248,6 +254,7 @@ def plan_global(locals_: list[LocalDAG], initial: tuple[EMU, ...], target: tuple
         order: ``"stage"`` (the paper's priority) or ``"critical"`` (see the module docstring).
         exclusive: add ownership edges (concurrent model-stages never share a GPU); False for a
             job whose framework colocates model-stages of one stage (:attr:`GlobalDAG.exclusive`).
+        shared: model-stages exempt from ownership edges among each other (:attr:`GlobalDAG.shared`).
 
     Returns:
         The DAG (nodes in start order) and its greedy schedule (its makespan is ``L_tran``).
@@ -262,7 +269,7 @@ def plan_global(locals_: list[LocalDAG], initial: tuple[EMU, ...], target: tuple
     dur = dur if dur is not None else {p: 1.0 for p in nodes}
     ports = ports if ports is not None else {p: frozenset() for p in nodes}
     edges = [(a, b, "state") for ld in locals_ for a, b in ld.edges] + _read_edges(locals_)
-    edges += _ownership_edges(locals_) if exclusive else []
+    edges += _ownership_edges(locals_, frozenset(shared)) if exclusive else []
     preds: dict[str, set[str]] = {p: set() for p in nodes}
     for a, b, _ in edges:
         preds[b].add(a)
@@ -313,7 +320,7 @@ def plan_global(locals_: list[LocalDAG], initial: tuple[EMU, ...], target: tuple
     seq = sorted(nodes, key=lambda p: (best.start[p], best.end[p], p))
     dag = GlobalDAG(nodes=tuple(nodes[p] for p in seq), edges=tuple(dict.fromkeys(edges + res)),
                     initial=tuple(initial), target=tuple(target), capacity=dict(capacity),
-                    local=tuple(locals_), exclusive=exclusive)
+                    local=tuple(locals_), exclusive=exclusive, shared=frozenset(shared))
     return dag, best
 
 

@@ -16,7 +16,9 @@ the pair by one *remote-source Merge* (:func:`remote_merge`):
   source's GPUs (the executor's plan covers each target region from the rank-aligned holder
   first, ``runtime/transit/plans.py``), instead of the whole unit;
 * memory: ``mem_hi = mem_net = target.bytes_on(g)`` on such a GPU (it is acquired, as by the
-  Extend), the Merge's values elsewhere; the source's GPUs only send (0).
+  Extend), the Merge's values elsewhere; the source's GPUs only send (0). ``sent`` (bounded over
+  every GPU of it: the executor may take a piece from any holder) and ``alloc`` feed
+  :func:`~nereus.transition.buffers.with_buffers`.
 
 Its bytes on the new GPUs equal the target bytes they do not hold, which is what
 :func:`~nereus.transition.cost.min_bytes` counts there, so the growth moves the minimum. Edges:
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from nereus.transition.buffers import sent_bound
 from nereus.transition.local_dag import LocalDAG
 from nereus.transition.primitives import Primitive
 
@@ -65,12 +68,18 @@ def remote_merge(m: Primitive, copies: list[Primitive]) -> Primitive:
     for g in senders:
         hi.setdefault(g, 0)
         net.setdefault(g, 0)
+    held = {g: target.bytes_on(g) - net[g] for g in m.mem_net if g not in new_gpus}  # the local units'
+    for x in fused.values():
+        for s, _, b in x.pairs:
+            held[s] = max(held.get(s, 0), b)
+    alloc = {**{g: b for g, b in m.alloc.items() if g not in new_gpus}, **{g: target.bytes_on(g) for g in new_gpus}}
     moved = sum(recv.values())
     groups = ((gpus, max(recv.values())),) if moved else ()
     acquires = tuple(dict.fromkeys(m.acquires + tuple(g for x in fused.values() for g in x.acquires)))
     return replace(m, reads=m.reads + reads, consumes=tuple(u for u in m.consumes if u not in fused),
                    gpus=gpus, acquires=acquires, mem_hi=hi, mem_net=net, groups=groups, bytes_moved=moved,
-                   num_comms=1 + (1 if moved else 0), recv=recv)
+                   num_comms=1 + (1 if moved else 0), recv=recv, alloc=alloc,
+                   sent=sent_bound(held, recv, [gpus]))  # any holder may serve a piece (transit/plans.py)
 
 
 def fuse_growth(ld: LocalDAG) -> LocalDAG:

@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from nereus.spec.model import ModelSpec
+from nereus.transition.buffers import alloc_bytes, sent_bound
 from nereus.transition.emu import EMU, STAGE_ORDER, sub_units
 from nereus.transition.held import held_bytes
 
@@ -63,6 +64,8 @@ class Primitive:
             :data:`~nereus.transition.staging.HOST` for an Offload or Restore ("" else).
         recv: GPU → bytes of the produced shards that arrive on it over links (Split, Merge,
             Extend; empty for the others), what ``verify`` checks the produced state against.
+        sent, alloc: GPU → bytes it sends (a bound) and bytes of new shards the runtime's executor
+            allocates there; what :func:`~nereus.transition.buffers.with_buffers` counts.
     """
 
     pid: str
@@ -82,6 +85,8 @@ class Primitive:
     source: str = ""
     home: tuple[int, ...] = ()
     recv: dict = field(default_factory=dict)
+    sent: dict = field(default_factory=dict)
+    alloc: dict = field(default_factory=dict)
 
     @property
     def stage(self) -> str:
@@ -153,10 +158,12 @@ def split(emu: EMU, sub: tuple[int, ...], model: ModelSpec, bytes_per_param,
                 block = tuple(emu.gpu_at(pq * b + j, tq * a + i, rq * c + m)
                               for m in range(c) for j in range(b) for i in range(a))
                 groups.append((block, max(max(net[g], 0) for g in block)))
+    sent = sent_bound({g: emu.bytes_on(g) for g in emu.gpus}, recv, [blk for blk, _ in groups])
+    alloc = {g: alloc_bytes(emu, g, u, emu.bytes_on(g)) for g, u in unit_of.items()}
     return Primitive(pid=f"split:{emu.uid}", kind="split", model_stage=emu.model_stage,
                      consumes=(emu.uid,), produces=units, gpus=emu.gpus, mem_hi=hi, mem_net=net,
                      groups=tuple(groups), bytes_moved=moved,
-                     num_comms=len(groups) + len(units), recv=recv)
+                     num_comms=len(groups) + len(units), recv=recv, sent=sent, alloc=alloc)
 
 
 def reshard(emu: EMU, target: EMU, model: ModelSpec, bytes_per_param) -> Primitive:
@@ -244,13 +251,14 @@ def merge(units: list[EMU] | tuple[EMU, ...], target: EMU, model: ModelSpec,
         raise ValueError(f"Merge into {target.uid}: units cover GPUs {sorted(owner)}, target needs "
                          f"{sorted(target.gpus)}")
     hi, net, moved = {}, {}, 0
-    recv = {}
+    recv, alloc = {}, {}
     for g in target.gpus:
         u = owner[g]
         res = held_bytes(model, bytes_per_param, u, g, target, g)
         need = target.bytes_on(g)
         missing = max(0, need - res)
         recv[g] = missing
+        alloc[g] = alloc_bytes(u, g, target, res)
         hi[g] = max(missing, need - u.bytes_on(g), 0)
         net[g] = need - u.bytes_on(g)
         moved += missing
@@ -258,7 +266,9 @@ def merge(units: list[EMU] | tuple[EMU, ...], target: EMU, model: ModelSpec,
     return Primitive(pid=f"merge:{target.uid}", kind="merge", model_stage=target.model_stage,
                      consumes=tuple(u.uid for u in units), produces=(target,), gpus=target.gpus,
                      mem_hi=hi, mem_net=net, groups=groups, bytes_moved=moved,
-                     num_comms=1 + (1 if moved else 0), recv={g: b for g, b in recv.items() if b})
+                     num_comms=1 + (1 if moved else 0), recv={g: b for g, b in recv.items() if b},
+                     sent=sent_bound({g: owner[g].bytes_on(g) for g in target.gpus}, recv, [target.gpus]),
+                     alloc=alloc)
 
 
 def extend(src: EMU, dst: EMU) -> Primitive:
@@ -283,7 +293,7 @@ def extend(src: EMU, dst: EMU) -> Primitive:
                      reads=(src.uid,), produces=(dst,), gpus=src.gpus + dst.gpus, acquires=dst.gpus,
                      mem_hi=dict(mem), mem_net=dict(mem), pairs=pairs,
                      bytes_moved=sum(b for _, _, b in pairs), num_comms=len(pairs) + 1,
-                     recv={d: b for _, d, b in pairs if b})
+                     recv={d: b for _, d, b in pairs if b}, sent={s: b for s, _, b in pairs if b}, alloc=dict(mem))
 
 
 def destroy(emu: EMU) -> Primitive:
@@ -351,6 +361,10 @@ def load(dst: EMU, source: EMU | str, read: bool = True, model: ModelSpec | None
         else:
             moved += mem[d]
     common["bytes_moved"] = moved
+    sent: dict[int, int] = {}
+    for s_, _, b in pairs:
+        sent[s_] = sent.get(s_, 0) + b
+    common.update(sent=sent, alloc=dict(mem))
     gpus = source.gpus + tuple(g for g in dst.gpus if g not in source.gpus)
     return Primitive(reads=(source.uid,) if read else (), gpus=gpus, pairs=tuple(pairs), num_comms=len(pairs) + 1,
                      source=source.uid if read else source.model_stage, **common)
@@ -385,18 +399,21 @@ class TransitionState:
         return sum(1 for e in self.emus.values() if e.model_stage == model_stage)
 
 
-def check_pre(state: TransitionState, prim: Primitive, exclusive: bool = True) -> str | None:
+def check_pre(state: TransitionState, prim: Primitive, exclusive: bool = True,
+              shared: frozenset = frozenset()) -> str | None:
     """Why ``prim`` cannot start in ``state`` (ignoring memory), or None.
 
     ``exclusive=False`` (a job whose framework colocates model-stages of one stage) lets an
-    acquisition share a GPU with a concurrent model-stage.
+    acquisition share a GPU with a concurrent model-stage; ``shared`` names model-stages that may
+    share GPUs with each other during this transition (``GlobalDAG.shared``).
     """
     for uid in prim.reads + prim.consumes:
         if uid not in state.emus:
             return f"{prim.pid}: EMU {uid} does not exist"
     for g in prim.acquires if exclusive else ():
         for other in state.owners(g):
-            if other != prim.model_stage and other.partition(".")[2] == prim.stage:
+            if other != prim.model_stage and other.partition(".")[2] == prim.stage and not (
+                    other in shared and prim.model_stage in shared):
                 return f"{prim.pid}: GPU {g} is owned by concurrent model-stage {other}"
     return None
 

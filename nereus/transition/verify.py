@@ -120,7 +120,7 @@ def verify_schedule(dag: GlobalDAG, schedule: Schedule) -> list[str]:
     for t, is_start, pid in events:
         p = node[pid]
         if is_start:
-            why = check_pre(state, p, dag.exclusive) or check_supply(dag, p, state.emus)
+            why = check_pre(state, p, dag.exclusive, dag.shared) or check_supply(dag, p, state.emus)
             if why:
                 raise ScheduleError(f"at {t:.3f}s: {why}")
             running.add(pid)

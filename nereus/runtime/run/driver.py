@@ -34,6 +34,7 @@ from nereus.runtime.run.pool import WorkerPool, _ray_get
 from nereus.runtime.worker.core import PRECISION_KEY
 from nereus.runtime.worker.engine import AdamConfig
 from nereus.runtime.worker.failures import WorkerFailure
+from nereus.runtime.worker.memory_pool import MOVE_KEYS
 from nereus.runtime.worker.rollout import response_mask
 from nereus.spec.model import ModelSpec
 from nereus.spec.plan import Candidate, Plan
@@ -383,7 +384,7 @@ class RLDriver:
             for dst in dsts:
                 if src in self.layouts and dst in self.layouts:
                     sl, dl = self.layouts[src], self.layouts[dst]
-                    members = sorted(set(sl.replica(0)) | set(dl.workers))
+                    members = sorted(set(sl.workers if self.cands[src].zero == 3 else sl.replica(0)) | set(dl.workers))
                     spec = self._spec_of(src.split(".")[0])
                     futs += [self.workers[m].sync_weights.remote(src, dst, sl, dl, spec, self.updates, self.tag)
                              for m in members]
@@ -427,8 +428,7 @@ class RLDriver:
         for m in per:
             for k, v in m.get("op_bytes", {}).items():
                 op_bytes[k] = op_bytes.get(k, 0.0) + v
-        memory = {k: sum(m["memory"][k] for m in per) for k in ("offload_bytes", "restore_bytes", "offload_s",
-                                                                   "restore_s", "offloads", "restores")}
+        memory = {k: sum(m["memory"].get(k, 0) for m in per) for k in MOVE_KEYS}
         return {"stage_seconds": stage, "op_seconds": ops, "op_seconds_by_stage": by_stage,
                 "peak_bytes": max(m["peak_bytes"] for m in per), "peak_bytes_by_stage": peaks,
                 "bytes_sent": sum(m["bytes_sent"] for m in per), "op_bytes": op_bytes, "memory": memory,

@@ -14,7 +14,9 @@ without the per-GPU workspace constant (CUDA context, NCCL buffers), which a CPU
 
 from __future__ import annotations
 
-__all__ = ["memory_rows", "format_rows", "move_rows", "format_moves", "worker_rows", "format_workers",
+from nereus.cost.shapes import params_rank
+
+__all__ = ["memory_rows", "format_rows", "move_rows", "zero_bytes", "format_moves", "worker_rows", "format_workers",
            "generation_line"]
 
 
@@ -76,20 +78,27 @@ def move_rows(cost, plan, measurements: dict, steps: int, updates_per_step: int,
     *Offload* (``cost/latency.py`` ``offload_times``): per step a ``host`` model-stage copies its
     state ``S`` (weights and optimizer state per GPU, the cost model's ``weights + optimizer``) out and
     back (``2·S``), a dropped frozen one reloads it (``S``), a dropped derived copy is re-synced (0
-    offload bytes; this runtime keeps a host copy of it after the sync and restores it: ``2·S``), each
-    times its GPUs. Measured: the workers' offload plus restore bytes per step, from ``first`` (the
-    measurements after the first step: the steady state) when given, else over the run (the build's
-    first copies included).
+    offload bytes: where its shards sit on its source's workers the runtime defers the sync to its
+    turn and fills it from the source's host copy, ``MemoryPools.defer``; those bytes are reported as
+    ``resync``, the weight sync's, not offload), each times its GPUs. Measured: the workers' offload
+    plus restore bytes per step, from ``first`` (the measurements after the first step: the steady
+    state) when given, else over the run (the build's first copies included).
 
-    *ZeRO-1 reduce-scatter* (``comm/groups.py`` payload model, ``worker/zero.py``): per optimizer
-    update every rank sends ``(dp-1)/dp · 4 · dp·k`` bytes (``k = ceil(P/dp)``, ``P`` the parameters
-    per rank, from the cost model's weights term); measured: ``op_bytes["reducescatter@gloo"] / steps``.
+    *ZeRO collectives* (``comm/groups.py`` payload model; ``cost/latency.py`` ``dp_sync_time``, the
+    same counts; ``worker/zero.py``, ``worker/zero3.py``): per optimizer update of ``m`` micro-batches
+    per replica every rank of a ZeRO-``z`` model-stage sends ``(dp-1)·4·k`` bytes of reduce-scatter
+    (``m`` times for ``z >= 2``) and ``(dp-1)·k·w`` of all-gather (``2m`` times for ``z = 3``), ``k =
+    ceil(P/dp)`` with ``P`` the parameters per rank (the cost model's weights term) and ``w`` the weight
+    width; a ZeRO-3 ``infer`` pass all-gathers once per micro-batch, and a ZeRO-3 trainer once more
+    per weight sync it sources. Measured: ``op_bytes["reducescatter@gloo"]`` and
+    ``op_bytes["allgather@gloo"]`` per step (every all-gather of the run: with TP = 1 only ZeRO's).
 
     Returns:
-        ``{"offload": (measured, predicted), "reduce_scatter": (measured, predicted)}`` bytes per step.
+        ``{"offload", "reduce_scatter", "all_gather": (measured, predicted)}`` bytes per step and
+        ``offload_s`` (measured seconds per step).
     """
     est = cost.estimate(plan)
-    pred_off = pred_rs = 0.0
+    pred_off = pred_rs = pred_ag = 0.0
     for c in plan.candidates:
         mem = est.estimates[c.model_stage].memory
         state = float(mem.get("weights", 0.0)) + float(mem.get("optimizer", 0.0))
@@ -97,9 +106,9 @@ def move_rows(cost, plan, measurements: dict, steps: int, updates_per_step: int,
         ways = {"host": 2.0, "drop": 1.0 if frozen else 0.0}.get(c.offload, 0.0)
         pred_off += ways * state * c.num_gpus
         if c.zero and c.dp > 1:
-            p = float(mem.get("weights", 0.0)) / cost.job.workload.param_bytes
-            k = -(-int(round(p)) // c.dp)
-            pred_rs += c.num_gpus * updates_per_step * (c.dp - 1) / c.dp * 4 * c.dp * k
+            rs, ag = zero_bytes(cost, plan, c)
+            pred_rs += c.num_gpus * (updates_per_step * rs if c.model_stage.endswith(".train") else rs)
+            pred_ag += c.num_gpus * (updates_per_step * ag if c.model_stage.endswith(".train") else ag)
     def since(key: str, sub: str) -> float:
         now = float(measurements.get(key, {}).get(sub, 0.0))
         return now - (float(first.get(key, {}).get(sub, 0.0)) if first else 0.0)
@@ -107,15 +116,42 @@ def move_rows(cost, plan, measurements: dict, steps: int, updates_per_step: int,
     n = max(steps - 1, 1) if first else max(steps, 1)
     meas_off = (since("memory", "offload_bytes") + since("memory", "restore_bytes")) / n
     meas_rs = since("op_bytes", "reducescatter@gloo") / n
-    return {"offload": (meas_off, pred_off), "reduce_scatter": (meas_rs, pred_rs),
+    meas_ag = since("op_bytes", "allgather@gloo") / n
+    return {"offload": (meas_off, pred_off), "reduce_scatter": (meas_rs, pred_rs), "all_gather": (meas_ag, pred_ag),
+            "resync_bytes": since("memory", "resync_bytes") / n,
             "offload_s": (since("memory", "offload_s") + since("memory", "restore_s")) / n}
 
 
+def zero_bytes(cost, plan, c) -> tuple[float, float]:
+    """``(reduce-scatter, all-gather)`` bytes one rank of candidate ``c`` sends per optimizer update
+    (``train``) or per pass (``infer``), by the formulas of :func:`move_rows` (0 without ZeRO or DP)."""
+    w = cost.job.workload
+    if not c.zero or c.dp < 2:
+        return 0.0, 0.0
+    p = float(params_rank(cost.job.model(c.model_stage.split(".")[0]), c.tp, c.pp))  # parameters per rank
+    k = -(-int(round(p)) // c.dp)
+    unit = (c.dp - 1) * k
+    if not c.model_stage.endswith(".train"):
+        m = -(-w.global_batch // (c.dp * max(c.micro_batch, 1)))
+        return 0.0, m * unit * w.param_bytes
+    m = max(w.mini_batch_size // (c.dp * max(c.micro_batch, 1)), 1)
+    rs = unit * 4.0 * (m if c.zero >= 2 else 1)
+    ag = unit * w.param_bytes * (2 * m if c.zero == 3 else 1)
+    if c.zero == 3:  # the weight syncs it sources all-gather its shard once each (per step, not per update)
+        syncs = {"actor.train": ("actor.generate", "actor.infer"), "critic.train": ("critic.infer",)}
+        names = {x.model_stage for x in plan.candidates}
+        ag += unit * w.param_bytes * sum(d in names for d in syncs.get(c.model_stage, ())) / max(w.updates_per_step, 1)
+    return rs, ag
+
+
 def format_moves(rows: dict) -> str:
-    """Two lines: offload and ZeRO reduce-scatter MB per step, measured and predicted."""
+    """Three lines: offload, ZeRO reduce-scatter and ZeRO all-gather MB per step, measured and predicted."""
     (mo, po), (mr, pr) = rows["offload"], rows["reduce_scatter"]
-    return (f"offload per step (MB): measured {mo / 1e6:.2f} in {rows['offload_s']:.3f} s, predicted {po / 1e6:.2f}\n"
-            f"ZeRO reduce-scatter per step (MB): measured {mr / 1e6:.2f}, predicted {pr / 1e6:.2f}")
+    ma, pa = rows.get("all_gather", (0.0, 0.0))
+    return (f"offload per step (MB): measured {mo / 1e6:.2f} in {rows['offload_s']:.3f} s, predicted {po / 1e6:.2f}"
+            f" (deferred weight syncs from host: {rows.get('resync_bytes', 0.0) / 1e6:.2f})\n"
+            f"ZeRO reduce-scatter per step (MB): measured {mr / 1e6:.2f}, predicted {pr / 1e6:.2f}\n"
+            f"ZeRO all-gather per step (MB): measured {ma / 1e6:.2f}, predicted {pa / 1e6:.2f}")
 
 
 def worker_rows(cost, plan, measurements: dict) -> list[dict]:

@@ -51,24 +51,30 @@ def shared_plan(workload: WorkloadSpec, workers, micro_batch: int = 0) -> Plan:
 
 
 def arrange(plan: Plan, colocate: bool = False, zero: int = 0, keep: tuple = ()) -> Plan:
-    """``plan`` with its training model-stages at ZeRO stage ``zero`` and, with ``colocate``, every
-    model-stage of a stage on the same workers (the first ``tp·pp·dp`` ids of the stage's largest
-    GPU set) taking turns, as verl's hybrid engine runs them: idle trained state offloaded to host
-    memory (``offload="host"``), idle frozen weights and derived actor copies dropped and reloaded
-    (``offload="drop"``; ``worker/memory_pool.py``). Model-stages in ``keep`` stay where they are
-    (``--async``: generation keeps workers of its own, after the others').
+    """``plan`` with its training model-stages at ZeRO stage ``zero`` (``zero=3`` also its
+    forward-only ``infer`` model-stages: FSDP / DeepSpeed ZeRO-3 reference, reward and log-prob
+    passes; ZeRO-3 training runs each layer under activation checkpointing, so its recompute is
+    ``full``) wherever ``dp > 1`` and, with ``colocate``, every model-stage of a stage on the same
+    workers (the first ``tp·pp·dp`` ids of the stage's largest GPU set) taking turns, as verl's hybrid
+    engine runs them: idle trained state offloaded to host memory (``offload="host"``), idle frozen
+    weights and derived actor copies dropped and reloaded (``offload="drop"``;
+    ``worker/memory_pool.py``). Model-stages in ``keep`` stay where they are (``--async``: generation
+    keeps workers of its own, after the others').
 
     Raises:
-        ValueError: ``zero`` not 0 or 1 (what the runtime executes).
+        ValueError: ``zero`` not 0-3 (what the runtime executes).
     """
     from dataclasses import replace
 
-    if zero not in (0, 1):
-        raise ValueError(f"--zero must be 0 or 1 (the ZeRO stages the runtime executes), got {zero!r}")
+    if zero not in (0, 1, 2, 3):
+        raise ValueError(f"--zero must be 0, 1, 2 or 3 (the ZeRO stages the runtime executes), got {zero!r}")
     out = []
     for c in plan.candidates:
         train = c.model_stage.endswith(".train")
-        c = replace(c, zero=zero if train and c.dp > 1 else 0)
+        z = zero if train or (zero == 3 and c.model_stage.endswith(".infer")) else 0
+        c = replace(c, zero=z if c.dp > 1 else 0)
+        if c.zero == 3 and train:
+            c = replace(c, recompute="full")
         if colocate and c.model_stage not in keep:
             c = replace(c, gpus=tuple(range(c.num_gpus)), offload="host" if train else "drop")
         out.append(c)

@@ -32,6 +32,7 @@ from nereus.runtime.model.precision import TRAIN_KINDS, WEIGHT_KINDS
 from nereus.runtime.transit.plans import MoveSpec, UnitMeta
 from nereus.runtime.worker.failures import WorkerFailure
 from nereus.spec.plan import Plan
+from nereus.transition.cost import copy_bytes
 from nereus.transition.estimate import TransitionEstimate
 from nereus.transition.primitives import STORAGE
 from nereus.transition.verify import verify_schedule
@@ -55,6 +56,8 @@ class PrimitiveRecord:
             (Restore) or storage (Load), summed; headers excluded.
         sent, received: worker → state bytes.
         header_bytes: counters headers sent (40 B per buffer).
+        copy_bytes: the planner's copy bytes of it (``cost.copy_bytes``), what ``copy_s`` is
+            calibrated against.
     """
 
     pid: str
@@ -70,6 +73,7 @@ class PrimitiveRecord:
     received: dict = field(default_factory=dict)
     header_bytes: int = 0
     copy_s: float = 0.0
+    copy_bytes: int = 0
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -266,7 +270,7 @@ class TransitionExecutor:
                 sent={r["worker"]: r["sent"] for r in rs if r["sent"]},
                 received={r["worker"]: r["recv"] for r in rs if r["recv"]},
                 header_bytes=sum(r["header_bytes"] for r in rs),
-                copy_s=max(r.get("pack_s", 0.0) + r.get("assemble_s", 0.0) for r in rs)))
+                copy_s=max(r.get("pack_s", 0.0) + r.get("assemble_s", 0.0) for r in rs), copy_bytes=copy_bytes(p)))
         return TransitionReport(primitives=recs, predicted_l_tran=float(est.l_tran),
                                 measured_l_tran=max(0.0, t_last - t_first), seconds=seconds,
                                 predicted_bytes=int(est.bytes_moved),

@@ -29,6 +29,7 @@ from nereus.runtime.worker.memory_pool import MemoryPools
 from nereus.runtime.worker.rollout import generate
 from nereus.runtime.worker.vllm_worker import VllmWorkerMixin
 from nereus.runtime.worker.zero import make_engine
+from nereus.runtime.worker.zero3 import colocated_sync
 from nereus.spec.model import ModelSpec
 
 __all__ = ["WorkerCore", "ray_worker_class", "PRECISION_KEY"]
@@ -236,33 +237,93 @@ class WorkerCore(CheckpointCallsMixin, VllmWorkerMixin):
         """
         members = set(src_layout.replica(0)) | set(dst_layout.workers)
         out = {"sent": 0, "recv": 0, "setup_s": 0.0, "transfer_s": 0.0, "header_bytes": 0}
-        if self.id not in members:
+        e = self.engines.get(src)
+        sharded = e is not None and getattr(e, "zero", 0) == 3 and self.id in src_layout.workers
+        if self.id not in members and not sharded:
             return out
         frozen = dst in self.engines and not self.engines[dst].trainable  # a derived copy: all rewritten
+        if sharded and colocated_sync(src_layout, dst_layout):  # unit by unit, in place (worker/zero3.py)
+            return self._sync_from_slices(e, src, dst, policy_version, frozen, out)
+        if colocated_sync(src_layout, dst_layout):  # every destination shard is on its source's worker
+            return self._sync_local(e, src, dst, policy_version, frozen, out)
         self.pools.activate(self.engines, {src, dst}, {dst} if frozen else ())  # both take this turn
         with self.meter.stage(dst):
+            # a ZeRO-3 source: every replica joins the DP all-gather of its (p, t) shard (worker/zero3.py)
+            shards = e.shard_params() if sharded else None
+            if shards is not None:  # held while the exchange runs
+                self.meter.set_static("sync_shard", sum(t.numel() * t.element_size() for t in shards.values()))
+            if self.id not in members:
+                return out
             src_meta = UnitMeta(f"{src}#0", src, src_layout.tp, src_layout.pp, src_layout.replica(0))
             dst_metas = tuple(UnitMeta(f"{dst}#{d}", dst, dst_layout.tp, dst_layout.pp, dst_layout.replica(d))
                               for d in range(dst_layout.dp))
             move = MoveSpec(pid=f"sync:{src}->{dst}", kind="sync", model_stage=dst, produces=dst_metas,
                             sources=(src_meta,), kinds=WEIGHT_KINDS)
             units = {}
-            if src in self.engines and self.id in src_meta.gpus:
-                e = self.engines[src]
-                units[src_meta.uid] = Unit(src_meta, {"params": {n: w.detach() for n, w in e.model.params.items()}},
-                                           {})
+            if e is not None and self.id in src_meta.gpus:
+                params = shards if shards is not None else {n: w.detach() for n, w in e.model.params.items()}
+                units[src_meta.uid] = Unit(src_meta, {"params": params}, {})
             d_eng = self.engines.get(dst)
             dtype = self._dtype_of(dst, False)
             made = self.transit.exchange(spec, move, units, f"{tag}/sync/{src}->{dst}", dtype, self.device, out)
             if d_eng is not None:
                 mine = next(u for u in made.values())
-                with torch.no_grad():
-                    for n, w in d_eng.model.params.items():
-                        w.copy_(mine.tensors["params"][n])
+                if hasattr(d_eng, "load_shard_params"):  # a ZeRO-3 destination keeps its slices
+                    d_eng.load_shard_params(mine.tensors["params"])
+                else:
+                    with torch.no_grad():
+                        for n, w in d_eng.model.params.items():
+                            w.copy_(mine.tensors["params"][n])
                 d_eng.version += 1
                 d_eng.policy_version = int(policy_version)
+            self.meter.drop_static("sync_shard")
         if self.serves_vllm(dst):  # served by vLLM: hand the new shards over
             out["vllm"] = self.vllm_push(dst)
+        return out
+
+    @torch.no_grad()
+    def _sync_local(self, e, src: str, dst: str, policy_version: int, frozen: bool, out: dict) -> dict:
+        """A weight sync whose destination shards all sit on workers holding the same source shard:
+        deferred to the destination's turn when it is a dropped derived copy
+        (``MemoryPools.defer``), else copied here from the source's parameters where they are (its
+        host copy when offloaded: the source is not restored for the sync)."""
+        d_eng = self.engines.get(dst)
+        if d_eng is None:
+            return out
+        version = d_eng.version + 1
+        vllm = self.serves_vllm(dst)  # its engine is read by the push below: written now
+        if vllm or not (frozen and not hasattr(d_eng, "load_shard_params")
+                        and self.pools.defer(dst, d_eng, src, self.engines, version)):
+            self.pools.activate(self.engines, {dst}, {dst} if frozen else ())
+            with self.meter.stage(dst):
+                params = self.pools.params_of(src, e)
+                if hasattr(d_eng, "load_shard_params"):
+                    d_eng.load_shard_params(params)
+                else:
+                    for n, w in d_eng.model.params.items():
+                        w.copy_(params[n])
+        d_eng.version = version
+        d_eng.policy_version = int(policy_version)
+        if vllm:
+            out["vllm"] = self.vllm_push(dst)
+        return out
+
+    def _sync_from_slices(self, e, src: str, dst: str, policy_version: int, frozen: bool, out: dict) -> dict:
+        """A weight sync from a ZeRO-3 source into destinations of the same (p, t) shards on the same
+        workers: only the destination is made resident; the source's parameter slices are read where
+        they are (the host pool when offloaded) and gathered one unit at a time
+        (``ShardedEngine.sync_units``)."""
+        d_eng = self.engines.get(dst)
+        self.pools.activate(self.engines, {dst} if d_eng is not None else set(), {dst} if frozen else ())
+        held = self.pools.host.get(src, {}).get("params") if src in self.pools.offloaded else None
+        with self.meter.stage(dst):
+            out["sent"] = e.sync_units(d_eng, None if held is None else
+                                       {u: h.to(self.device) for u, h in held.items()})
+        if d_eng is not None:
+            d_eng.version += 1
+            d_eng.policy_version = int(policy_version)
+            if self.serves_vllm(dst):
+                out["vllm"] = self.vllm_push(dst)
         return out
 
     # ------------------------------------------------------------------ live transitions (transit.py)

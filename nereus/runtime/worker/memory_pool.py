@@ -32,7 +32,11 @@ import time
 
 import torch
 
-__all__ = ["MemoryPools", "RESIDENCY_MODES"]
+__all__ = ["MemoryPools", "RESIDENCY_MODES", "MOVE_KEYS"]
+
+#: the per-worker counters of :meth:`MemoryPools.stats` a driver sums over workers
+MOVE_KEYS = ("offload_bytes", "restore_bytes", "offload_s", "restore_s", "offloads", "restores", "resync_bytes",
+             "resync_s", "resyncs")
 
 #: what an idle model-stage's state does (``Candidate.offload`` values the runtime executes)
 RESIDENCY_MODES = ("none", "host", "drop")
@@ -77,6 +81,7 @@ class MemoryPools:
         self.host: dict[str, dict[str, dict[str, torch.Tensor]]] = {}
         self.host_version: dict[str, int] = {}
         self.offloaded: set[str] = set()
+        self.resync: set[str] = set()  # dropped derived copies whose host copy is their source's (defer)
         self.reset_stats()
 
     # ------------------------------------------------------------------ configuration
@@ -113,15 +118,18 @@ class MemoryPools:
         self.host.pop(model_stage, None)
         self.host_version.pop(model_stage, None)
         self.offloaded.discard(model_stage)
+        self.resync.discard(model_stage)
         self.modes.pop(model_stage, None)
 
     def reset_stats(self) -> None:
         self.moved = {"offload_bytes": 0, "offload_s": 0.0, "restore_bytes": 0, "restore_s": 0.0,
-                      "offloads": 0, "restores": 0}
+                      "offloads": 0, "restores": 0, "resync_bytes": 0, "resync_s": 0.0, "resyncs": 0}
 
     def stats(self) -> dict:
         """``offload_bytes``/``restore_bytes`` (bytes copied device → host / host → device),
-        ``offload_s``/``restore_s`` (seconds), their counts, ``host_bytes`` (the host pool now),
+        ``offload_s``/``restore_s`` (seconds), their counts, ``resync_bytes``/``resync_s``/``resyncs``
+        (deferred weight syncs: a derived copy filled from its source's host copy, :meth:`defer`),
+        ``host_bytes`` (the host pool now),
         ``device_bytes`` (accounted resident now) and ``capacity`` (bytes or None)."""
         host = sum(t.numel() * t.element_size() for kinds in self.host.values() for d in kinds.values()
                    for t in d.values())
@@ -150,6 +158,38 @@ class MemoryPools:
         for ms in sorted(self.offloaded & set(engines)):
             self.restore(ms, engines[ms])
 
+    def params_of(self, model_stage: str, engine) -> dict[str, torch.Tensor]:
+        """name → ``engine``'s parameters where they are now: its host copy when offloaded, else the
+        device tensors (no copy)."""
+        if model_stage in self.offloaded:
+            return self.host[model_stage]["params"]
+        return {n: w.detach() for n, w in engine.model.params.items()}
+
+    def defer(self, dst: str, engine, src: str, engines: dict, version: int) -> bool:
+        """A weight sync from ``src`` into the dropped derived copy ``dst`` (same parameter shards on
+        this worker), deferred to ``dst``'s turn, as the cost model assumes of a dropped derived copy
+        (re-synced, never offloaded; verl syncs its rollout engine when rollout starts): idle
+        model-stages are offloaded first (``make_room``; ``src`` would be at the next turn anyway),
+        then ``dst``'s host copy becomes the references to ``src``'s host copy of its parameters (no
+        bytes copied; ``src``'s later updates make new device tensors, so they keep the synced values),
+        labelled ``version``. Its next restore copies them onto the device, counted as ``resync_bytes``.
+
+        Returns:
+            False (nothing more done) unless ``dst`` is ``drop`` and offloaded with a host copy,
+            ``src`` offloads and ends up offloaded, and their parameters match by name, shape and dtype.
+        """
+        if self.modes.get(dst) != "drop" or self.modes.get(src, "none") == "none":
+            return False
+        self.make_room(engines, set())
+        held = self.host.get(src, {}).get("params") if src in self.offloaded else None
+        mine = self.host.get(dst, {}).get("params")  # the offloaded copy's own host tensors: shapes, dtypes
+        if held is None or mine is None or dst not in self.offloaded or set(held) != set(mine) or any(
+                tuple(held[n].shape) != tuple(w.shape) or held[n].dtype != w.dtype for n, w in mine.items()):
+            return False
+        self.host[dst], self.host_version[dst] = {"params": dict(held)}, int(version)
+        self.resync.add(dst)
+        return True
+
     # ------------------------------------------------------------------ the copies
     @staticmethod
     def _slots(engine) -> dict[str, dict[str, tuple]]:
@@ -160,8 +200,8 @@ class MemoryPools:
         for kind, d in engine.state_tensors().items():
             slots = {}
             for n in d:
-                if kind == "params":
-                    w = engine.model.params[n]
+                if kind == "params":  # a ZeRO-3 engine's are its slice leaves (worker/zero3.py)
+                    w = engine.model.params[n] if n in engine.model.params else d[n]
                     slots[n] = (lambda w=w: w.data, lambda t, w=w: setattr(w, "data", t))
                 else:
                     slots[n] = (lambda d=d, n=n: d[n], lambda t, d=d, n=n: d.__setitem__(n, t))
@@ -219,7 +259,9 @@ class MemoryPools:
             self.host.pop(model_stage, None)
             self.host_version.pop(model_stage, None)
         moved = nbytes if copy else 0
-        self.moved["restore_bytes"] += moved
-        self.moved["restore_s"] += time.perf_counter() - t0
-        self.moved["restores"] += 1
+        kind = "resync" if model_stage in self.resync else "restore"  # a deferred weight sync (defer)
+        self.resync.discard(model_stage)
+        self.moved[f"{kind}_bytes"] += moved
+        self.moved[f"{kind}_s"] += time.perf_counter() - t0
+        self.moved[f"{kind}s"] += 1
         return moved

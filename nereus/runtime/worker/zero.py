@@ -37,7 +37,8 @@ writing replica all-gathers the slices over DP (the other replicas join,
 :meth:`ZeroEngine.join_checkpoint`), and a loading ZeRO engine keeps its own slice, so a checkpoint
 restores into any DP degree, with or without ZeRO.
 
-Not done here: ZeRO-2/3 (parameters sharded and gathered per layer); live transitions of a ZeRO
+ZeRO-2 and ZeRO-3 (gradients, and parameters, sharded per layer) are in ``worker/zero3.py``. Not done
+here: live transitions of a ZeRO
 engine through the transition executor (its units expect per-name, unsliced optimizer state;
 the re-layout through the driver, ``run/relayout.py``, works: it gathers and loads logical state).
 """
@@ -49,11 +50,12 @@ import torch
 from nereus.runtime.model.sharding import param_shapes, shard
 from nereus.runtime.worker.engine import Engine
 from nereus.runtime.worker.logical_state import broadcast_stages
+from nereus.runtime.worker.zero3 import ShardedEngine
 
 __all__ = ["ZeroEngine", "make_engine", "RUNTIME_ZERO_STAGES"]
 
 #: ZeRO stages the runtime executes for training model-stages
-RUNTIME_ZERO_STAGES = (0, 1)
+RUNTIME_ZERO_STAGES = (0, 1, 2, 3)
 
 _SLICED = ("master", "exp_avg", "exp_avg_sq")
 
@@ -202,11 +204,14 @@ class ZeroEngine(Engine):
 
 
 def make_engine(zero: int, *args, **kwargs) -> Engine:
-    """An :class:`Engine` (``zero=0``) or a :class:`ZeroEngine` (``zero=1``, trainable only).
+    """An :class:`Engine` (``zero=0``), a :class:`ZeroEngine` (``zero=1``, trainable only) or a
+    :class:`~nereus.runtime.worker.zero3.ShardedEngine` (``zero=2``, trainable only; ``zero=3``).
 
     Raises:
         ValueError: a ZeRO stage outside :data:`RUNTIME_ZERO_STAGES`.
     """
     if zero not in RUNTIME_ZERO_STAGES:
         raise ValueError(f"zero={zero!r}: the runtime executes ZeRO stages {list(RUNTIME_ZERO_STAGES)}")
+    if zero >= 2:
+        return ShardedEngine(zero, *args, **kwargs)
     return ZeroEngine(*args, **kwargs) if zero else Engine(*args, **kwargs)
