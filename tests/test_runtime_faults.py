@@ -120,11 +120,13 @@ LONG_TIMEOUT_S = 120
 def test_peers_waiting_in_a_rendezvous_for_a_lost_worker_are_released_before_the_group_timeout(reference):
     # issue 30: peers of a lost worker sat in group rendezvous until the communicator timeout. After
     # the rollback of step 1 (worker 3 killed in training) every communicator is new, so the
-    # recovery's live transition builds its groups; worker 0 is killed as its first primitive starts,
-    # while its peers of that primitive wait for it in the rendezvous. The driver detects the loss and
+    # recovery's live transition builds its groups; worker 0 exits 5 s into its first primitive
+    # (late:5, before it reaches the rendezvous), while its peers of that primitive wait for it there
+    # (killed at once, they could still be on their way: a cancelled call is not a released one;
+    # asleep that long it may also be found slow first: released alike). The driver detects the loss and
     # releases them (FaultTolerantWorker.cancel -> comm/rendezvous.py), so the second recovery starts
     # with the group timeout (LONG_TIMEOUT_S) far away, and the run still ends at the fault-free weights
-    run, hist, lines = _run(faults={1: ("train_fields", 3, "kill")}, recovery_faults={1: ("transition_run", 0, "kill")},
+    run, hist, lines = _run(faults={1: ("train_fields", 3, "kill")}, recovery_faults={1: ("transition_run", 0, "late:5")},
                             workers=5, timeout_s=LONG_TIMEOUT_S)
     assert [m["update_count"] for m in hist] == [2, 4, 6, 8], lines
     again = run.recoveries[-1]  # the recovery that started over (its event names both lost workers)
