@@ -21,6 +21,7 @@ Usage::
     python benchmarks/bench_admission.py                          # every trace, seeds 0-2, 4 h, all jobs
     python benchmarks/bench_admission.py --traces bamboo-p3 --seeds 0 --hours 1 --jobs 8b --notice 0
     python benchmarks/bench_admission.py --policies nereus,static,gamma=0.25,gamma=1 --json sweep.json
+    python benchmarks/bench_admission.py --jobs 70b-ppo --framework 70b-ppo=megatron   # the plan space
 
 Prints one line per finished run (progress), then per job class and notice the Nereus / policy
 ratio per run, geometric means, wins / losses / ties and losses to static. ``--workers`` sets the
@@ -65,18 +66,46 @@ JOB_CLASSES = {
 }
 
 
-def scenario(job: str, trace: str, seed: int, hours: float, notice: float, length_log: str) -> Scenario:
+def scenario(job: str, trace: str, seed: int, hours: float, notice: float, length_log: str,
+             framework: str | None = None) -> Scenario:
+    """The :class:`Scenario` of one run of job class ``job``. The plan space is the job class's
+    ``framework`` preset (``nereus.spec.framework``; the Scenario default ``nereus`` when the class
+    names none) unless ``framework`` overrides it, so a wider preset is picked up by rerunning."""
     kw = dict(JOB_CLASSES[job])
     if "length_trace" in kw:
         kw["length_trace"] = length_log
+    if framework is not None:
+        kw["framework"] = framework
     return Scenario(trace=trace, seed=seed, hours=hours, truth=Truth(notice_s=notice), **kw)
 
 
+def parse_frameworks(spec: str | None, jobs) -> dict:
+    """``--framework`` (``NAME`` for every job class, or ``JOB=NAME,...``) → job class → preset name.
+
+    Raises:
+        ValueError: an unknown job class or framework preset, naming it and the valid ones.
+    """
+    from nereus.spec.framework import get_framework
+
+    if not spec:
+        return {}
+    pairs = [p.split("=", 1) if "=" in p else (None, p) for p in spec.split(",")]
+    out = {}
+    for j, name in pairs:
+        get_framework(name)  # raises ValueError naming the valid presets
+        if j is not None and j not in JOB_CLASSES:
+            raise ValueError(f"--framework: unknown job class {j!r}; valid: {list(JOB_CLASSES)}")
+        for k in ([j] if j is not None else jobs):
+            out[k] = name
+    return out
+
+
 def _one(args):
-    job, trace, seed, hours, notice, policy, log = args
-    r = run_policy(scenario(job, trace, seed, hours, notice, log), policy)
+    job, trace, seed, hours, notice, policy, log, framework = args
+    sc = scenario(job, trace, seed, hours, notice, log, framework)
+    r = run_policy(sc, policy)
     return (job, trace, seed, notice, policy, r.throughput, r.restarts, r.transitions, r.urgent_transitions,
-            r.transition_time, dict(r.restart_causes), r.steps, r.lost_time)
+            r.transition_time, dict(r.restart_causes), r.steps, r.lost_time, sc.framework)
 
 
 def _geo(xs) -> float:
@@ -125,6 +154,9 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", default=",".join(JOB_CLASSES), help=f"job classes: {', '.join(JOB_CLASSES)}")
     ap.add_argument("--policies", default=",".join(POLICIES))
     ap.add_argument("--length-log", default=None, help="response-length log of qwen3-32b-grpo")
+    ap.add_argument("--framework", default=None,
+                    help="plan space: a framework preset for every job class, or JOB=NAME,... (default: the "
+                         "job class's own, JOB_CLASSES)")
     ap.add_argument("--workers", type=int, default=2, help="worker processes")
     ap.add_argument("--json", default=None, help="write every run and the summary here")
     a = ap.parse_args(argv)
@@ -137,15 +169,19 @@ def main(argv=None) -> int:
     if policies[0] != "nereus" or "static" not in policies:
         ap.error("--policies must start with nereus and include static (ratios are Nereus / policy, "
                  "and every policy is compared with static)")
+    try:
+        fw = parse_frameworks(a.framework, jobs)
+    except ValueError as e:
+        ap.error(str(e))
     log = a.length_log or default_length_log()
     if "qwen3-32b-grpo" in jobs and not os.path.isfile(log):
         ap.error(f"--length-log: no such file {log!r} (the verl log {LOG_NAME})")
-    work = list(itertools.product(jobs, traces, seeds, [a.hours], notices, policies, [log]))
+    work = [(*w, fw.get(w[0])) for w in itertools.product(jobs, traces, seeds, [a.hours], notices, policies, [log])]
     res, runs = {}, []
     with ProcessPoolExecutor(max(1, a.workers)) as ex:
-        for i, (j, t, s, n, p, thr, rs, tr, urg, tt, causes, steps, lost) in enumerate(ex.map(_one, work), 1):
+        for i, (j, t, s, n, p, thr, rs, tr, urg, tt, causes, steps, lost, fwk) in enumerate(ex.map(_one, work), 1):
             res[(j, t, s, n, p)] = thr
-            runs.append({"job": j, "trace": t, "seed": s, "notice": n, "policy": p, "tokens_per_s": thr,
+            runs.append({"job": j, "framework": fwk, "trace": t, "seed": s, "notice": n, "policy": p, "tokens_per_s": thr,
                          "restarts": rs, "restart_causes": causes, "transitions": tr, "urgent_transitions": urg,
                          "transition_s": tt, "steps": steps, "lost_step_s": lost})
             print(f"[{i}/{len(work)}] {j:14s} {t:15s} seed {s} notice {n:g} {p:14s} {thr:9,.0f} tokens/s  "

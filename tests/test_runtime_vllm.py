@@ -52,6 +52,17 @@ def _make(root):
     return str(root / "m")
 
 
+def _share(core, key: str, t):
+    """TP rank 0's tensor ``t`` on every rank, through the job's TCPStore (``t`` is None off rank 0)."""
+    import io
+
+    if t is not None:
+        buf = io.BytesIO()
+        torch.save(t, buf)
+        core.store.set(f"test/{key}", buf.getvalue())
+    return torch.load(io.BytesIO(core.store.get(f"test/{key}")))
+
+
 def _rank_main(core, d, tp, prompts, train_batch):
     from nereus.runtime.comm.parallel import Layout
     from nereus.runtime.worker.engine import AdamConfig
@@ -78,8 +89,10 @@ def _rank_main(core, d, tp, prompts, train_batch):
     out["vllm_sample"], out["vllm_sample_logp"] = (None, None) if s is None else s
     s2 = core.generate("gen", one[:3], [seeds[5], seeds[0], seeds[9]], R, TEMP, eos_id=-1)
     out["vllm_sample_rebatched"] = None if s2 is None else s2[0]
-    out["runtime_logp_of_vllm"] = core.logprobs("gen", torch.cat([one, out["vllm_sample"]], 1), P, 8, TEMP) \
-        if s is not None else None
+    # actor.infer-style log-probs of vLLM's samples: a collective over the runtime's TP group, so every
+    # rank needs the samples TP rank 0 got (TP 2 deadlocked here when only rank 0 called it)
+    vs = _share(core, "vllm_sample", out["vllm_sample"])
+    out["runtime_logp_of_vllm"] = core.logprobs("gen", torch.cat([one, vs], 1), P, 8, TEMP)
     # weight sync: one PPO update of a trainable copy, then train -> gen
     core.build("train", spec, lay, seed=0, trainable=True, adam=AdamConfig(lr=3e-3), tag="t")
     loss = {"kind": "actor", "prompt_len": P, "clip": 0.2, "kl_coef": 0.0, "temperature": 1.0}

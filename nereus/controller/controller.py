@@ -25,7 +25,7 @@ every ``*.train`` model-stage on distinct nodes, and admission compares risk-adj
 price risk from its restart-cost model (measured 1.04x the paper's rule over 27 runs without a
 notice, identical with one; ``nereus.sim.policies``).
 
-Extensions of issue 29 (off by default; the simulator's ``nereus`` policy turns both on):
+Extensions of issue 29 (off by default; the simulator's ``nereus`` policy turns all three on):
 
 * ``pool_horizon="process"``: a pool trigger's ``H`` is the expected steps until the pool next loses
   GPUs, from the loss process (``nereus.controller.pool_process``: mean residual life of the
@@ -34,7 +34,10 @@ Extensions of issue 29 (off by default; the simulator's ``nereus`` policy turns 
 * ``lookahead=True``: targets and the current plan are compared by their mean step time over the
   window they are expected to stay in effect, at the projected response length, with the forced
   transition charged to a plan that will not fit memory then (``nereus.controller.lookahead``); the
-  planner's best plan for the projected length is one more target.
+  planner's best plan for the projected length is one more target;
+* ``loss_sites=True``: risk pricing uses per-node hit probabilities learned from the unannounced
+  losses seen (``nereus.controller.loss_sites``) instead of uniform hits, and :meth:`Controller.best_plan`
+  also considers the fastest plan on the nodes least likely to be hit.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from dataclasses import dataclass, replace
 from nereus.controller.admission import Option, admit
 from nereus.controller.decisions import Keep, Restart, Transition, decision_to_dict
 from nereus.controller.lookahead import LengthTrend, window_steps
+from nereus.controller.loss_sites import LossSites
 from nereus.controller.monitor import Monitor, StepReport, Trigger
 from nereus.controller.planning import PlannerBackend, same_plan
 from nereus.controller.pool_process import PoolProcess
@@ -101,6 +105,9 @@ class ControllerConfig:
             the next loss, ``nereus.controller.pool_process``).
         lookahead: compare plans over the window they are expected to last at the projected
             response length (``nereus.controller.lookahead``).
+        loss_sites: price risk with per-node hit probabilities learned from the losses seen
+            (``nereus.controller.loss_sites``) instead of uniform hits, and also consider the
+            fastest plan on the nodes least likely to be hit (:meth:`Controller.best_plan`).
 
     Raises:
         ValueError: gamma outside [0, 1], a negative slowdown, a negative prior or an unknown
@@ -116,6 +123,7 @@ class ControllerConfig:
     loss_prior: tuple[float, float] = (0.0, 0.0)
     pool_horizon: str = "ema"
     lookahead: bool = False
+    loss_sites: bool = False
 
     def __post_init__(self) -> None:
         if self.pool_horizon not in ("ema", "process"):
@@ -156,6 +164,7 @@ class Controller:
         self.loss = LossRate(*self.config.loss_prior)
         self._pending: tuple[str, int] | None = None  # (signal, step) of a rejected target to revisit
         self.pool_process = PoolProcess()
+        self.sites = LossSites(job.cluster)
         self.trend = LengthTrend()
         self._window = None     # (job at the projected length, W) of the current replan, look-ahead only
         self._forced_to = None  # the planner's best plan at the projected length
@@ -169,6 +178,7 @@ class Controller:
         alive = frozenset(report.alive) | pool if report.alive is not None else pool
         self.loss.observe(pool, alive, report.elapsed_s, report.step_time)
         self.pool_process.observe(pool, self.loss.seconds)
+        self.sites.observe(pool, alive)
         self.trend.observe(report.step, report.response_len)
         job = self.job_at(report.response_len)
         if report.oom:
@@ -185,6 +195,13 @@ class Controller:
         if self.config.calibrate:
             values |= self.planner.efficiencies()
         triggers = self.monitor.check(report.step, values, pool, mem_bad, mem_reason)
+        if lost and not any(t.signal == "pool" for t in triggers):
+            # the plan is invalid although P_gpu equals the monitor's reference (the GPUs left before
+            # the first report, which only set the reference): still urgent, or the executor would
+            # retry the same plan on GPUs that are gone forever
+            triggers.append(Trigger("pool", True, len(pool), len(self.plan.gpus_used()),
+                                    self.monitor.horizon("pool").value,
+                                    f"the plan uses {len(lost)} GPU(s) outside P_gpu"))
         if not triggers and self._pending is not None and report.step >= self._pending[1]:
             triggers = [self._stale_trigger(report.step)]
         if not triggers:
@@ -232,7 +249,8 @@ class Controller:
         """Priced state-loss risk of ``plan`` in seconds per step (0 without a risk model or losses)."""
         if self.config.risk is None:
             return 0.0
-        return self.config.risk.risk(plan, self.job.cluster, pool, self.loss_rate(), self.loss.mean_event_gpus())
+        return self.config.risk.risk(plan, self.job.cluster, pool, self.loss_rate(), self.loss.mean_event_gpus(),
+                                     self.sites if self.config.loss_sites else None)
 
     def loss_rate(self) -> float:
         """λ of unannounced losses, events/s: ``LossRate.rate``; with ``pool_horizon="process"`` and no
@@ -249,17 +267,46 @@ class Controller:
         return plan.l_step + self.risk(plan, pool)
 
     def best_plan(self, job: JobSpec, pool, current: Plan | None, urgent: bool) -> Plan:
-        """The planner's fastest plan, or the fastest with redundant training state when that one has
-        the smaller risk-adjusted step time. Raises ``ValueError`` when nothing fits."""
+        """The planner's fastest plan, or, when that one carries risk, the one with the smallest
+        risk-adjusted step time among it, the fastest with redundant training state, and (with
+        ``loss_sites``) the fastest plans on the nodes least likely to be hit (:meth:`_safe_node_plans`).
+        Raises ``ValueError`` when nothing fits."""
         best = self.planner.plan(job, pool, current, urgent)
-        if self.risk(best, pool) > 0:
+        if self.risk(best, pool) <= 0:
+            return best
+        cands = [best]
+        try:
+            cands.append(self.planner.plan(job, pool, current, urgent, min_train_replicas=2))
+        except ValueError:
+            pass
+        if self.config.loss_sites and self.sites.events > 0:
+            bound = min(self.expected_l(p, pool) for p in cands)
+            if bound > best.l_step:
+                cands += self._safe_node_plans(job, pool, current, urgent, bound)
+        return min(cands, key=lambda p: self.expected_l(p, pool))
+
+    def _safe_node_plans(self, job, pool, current, urgent, bound: float) -> list[Plan]:
+        """The fastest plan on the ``k`` safest nodes of ``pool`` (``LossSites.safest_nodes``), for
+        ``k`` = node count − 1 down to 1. Stops at the first ``k`` where nothing fits or whose plan's
+        ``L_step`` alone reaches ``bound`` (the best risk-adjusted step time so far, s): fewer GPUs
+        neither fit more nor run faster, so no smaller ``k`` can win. Called only when ``bound``
+        exceeds the fastest plan's ``L_step`` (else no plan on fewer GPUs can win)."""
+        cluster = self.job.cluster
+        nodes_n = len({cluster.node_of(g) for g in pool})
+        m = max(1.0, self.loss.mean_event_gpus() / cluster.gpus_per_node)
+        order = self.sites.safest_nodes(pool, min(1.0, m / nodes_n) if nodes_n else 0.0)
+        out = []
+        for k in range(len(order) - 1, 0, -1):
+            keep = set(order[:k])
+            sub = frozenset(g for g in pool if cluster.node_of(g) in keep)
             try:
-                safe = self.planner.plan(job, pool, current, urgent, min_train_replicas=2)
+                p = self.planner.plan(job, sub, current, urgent)
             except ValueError:
-                return best
-            if self.expected_l(safe, pool) < self.expected_l(best, pool):
-                return safe
-        return best
+                break
+            if p.l_step >= bound:
+                break
+            out.append(p)
+        return out
 
     def _replan(self, job, pool, alive, current, urgent, lost, names, horizon):
         survives = state_survives(self.plan, alive)

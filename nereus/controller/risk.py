@@ -20,7 +20,9 @@ Model (all times in seconds)::
   ``P_gpu`` first and their state is moved, not lost). Before the first such loss ``λ = 0`` unless a
   prior is given, so a stable pool pays nothing.
 * ``P_hit``: a loss event takes ``m_nodes`` whole nodes (the mean size of the observed events, in
-  nodes, at least 1) uniformly among the pool's nodes; it destroys model-stage ``m`` when it takes a
+  nodes, at least 1) uniformly among the pool's nodes (with ``sites``, each node instead with its
+  hit probability learned from the losses seen, ``nereus.controller.loss_sites``; issue 29); it
+  destroys model-stage ``m`` when it takes a
   node every replica of ``m`` uses (the intersection of their node sets: all of a single replica's
   nodes; none when two replicas share no node). The union bound over model-stages, capped at 1.
 
@@ -45,6 +47,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from nereus.controller.loss_sites import LossSites
 from nereus.spec.hardware import ClusterSpec
 from nereus.spec.plan import Plan
 
@@ -118,15 +121,24 @@ def vulnerable_nodes(plan: Plan, cluster: ClusterSpec) -> dict[str, frozenset]:
     return out
 
 
-def hit_probability(plan: Plan, cluster: ClusterSpec, pool, event_nodes: float = 1.0) -> float:
+def hit_probability(plan: Plan, cluster: ClusterSpec, pool, event_nodes: float = 1.0,
+                    sites: LossSites | None = None) -> float:
     """``P_hit``: probability that one loss event of ``event_nodes`` nodes destroys the trainable
-    state of some model-stage (module docstring). 0 for an empty pool."""
+    state of some model-stage (module docstring). 0 for an empty pool.
+
+    With ``sites`` that have seen a loss, each vulnerable node counts its learned hit probability
+    ``q_n`` (``nereus.controller.loss_sites``, prior ``q0 = min(1, m / |nodes(pool)|)``) instead of
+    the uniform ``m / |nodes(pool)|``; the sum over model-stages and nodes is capped at 1 (union bound).
+    """
     pool_nodes = {cluster.node_of(g) for g in pool}
     if not pool_nodes:
         return 0.0
     m = max(1.0, event_nodes)
-    p = sum(m * len(v & pool_nodes) / len(pool_nodes) for v in vulnerable_nodes(plan, cluster).values())
-    return min(1.0, p)
+    vuln = [v & pool_nodes for v in vulnerable_nodes(plan, cluster).values()]
+    if sites is not None and sites.events > 0:
+        q0 = min(1.0, m / len(pool_nodes))
+        return min(1.0, sum(sites.probability(n, q0) for v in vuln for n in v))
+    return min(1.0, sum(m * len(v) / len(pool_nodes) for v in vuln))
 
 
 @dataclass(frozen=True)
@@ -155,9 +167,11 @@ class RiskModel:
         """``C``: seconds lost by one state-loss event for a plan with step time ``l_step``."""
         return self.restart_s + 0.5 * self.checkpoint_interval * l_step
 
-    def risk(self, plan: Plan, cluster: ClusterSpec, pool, rate: float, event_gpus: float = 1.0) -> float:
-        """Expected seconds lost per step on ``plan`` (0 when ``rate`` is 0 or the plan is redundant)."""
+    def risk(self, plan: Plan, cluster: ClusterSpec, pool, rate: float, event_gpus: float = 1.0,
+             sites: LossSites | None = None) -> float:
+        """Expected seconds lost per step on ``plan`` (0 when ``rate`` is 0 or the plan is redundant);
+        ``sites``: learned per-node hit probabilities (:func:`hit_probability`)."""
         if rate <= 0 or not math.isfinite(plan.l_step):
             return 0.0
-        p = hit_probability(plan, cluster, pool, event_gpus / cluster.gpus_per_node)
+        p = hit_probability(plan, cluster, pool, event_gpus / cluster.gpus_per_node, sites)
         return plan.l_step * rate * p * self.loss_cost(plan.l_step)

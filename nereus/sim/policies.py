@@ -10,8 +10,8 @@ Measured (benchmarks/bench_admission.py, 27 runs without notice): 1.04x the pape
 75 → 38; with a 2-minute notice identical to it (docs/simulate.md).
 
 * ``nereus``: the controller (``nereus.controller``) with online calibration, γ = 0.5, the pool
-  horizon from the loss process (``pool_horizon="process"``) and look-ahead plan choice
-  (``lookahead=True``; issue 29).
+  horizon from the loss process (``pool_horizon="process"``), look-ahead plan choice
+  (``lookahead=True``) and learned loss sites in risk pricing (``loss_sites=True``; issue 29).
 * ``nereus-ema``: the same without the issue-29 extensions (``H_pool`` the EMA of crossing intervals,
   plans compared at the current length): the ``nereus`` policy before issue 29.
 * ``nereus-paper``: the paper's rule exactly (no risk pricing).
@@ -233,7 +233,7 @@ class ElasticPolicy(StaticPolicy):
 
 
 #: the issue-29 controller options of the ``nereus``, ``gamma=<g>`` and ``uncalibrated`` policies
-ISSUE29 = {"pool_horizon": "process", "lookahead": True}
+ISSUE29 = {"pool_horizon": "process", "lookahead": True, "loss_sites": True}
 
 
 def risk_model(job: JobSpec, restart: RestartCost | None = None) -> RiskModel:

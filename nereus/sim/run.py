@@ -143,6 +143,9 @@ def simulate(policy, cluster: SimulatedCluster, hours: float, restart: RestartCo
             res.lost_time += out.duration
             res.ooms += int(out.oom)
         decision = policy.observe(out.report)
+        if not out.completed and out.duration <= 0 and not isinstance(decision, (Transition, Restart)):
+            raise RuntimeError(f"policy {policy.name!r} kept a plan that uses GPUs outside the pool at t = {t:.1f} s "
+                               f"(step {step}): the simulated clock would not advance")
         if isinstance(decision, Transition):
             alive = frozenset(out.report.alive or out.report.pool)
             dt = cluster.transition_time(plan, decision.plan, alive, out.response_len)

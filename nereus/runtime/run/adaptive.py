@@ -145,9 +145,10 @@ class AdaptiveRun(RecoveryMixin, CheckpointingMixin):
     # ------------------------------------------------------------------ plans
     def _legal(self, driver: RLDriver, plan: Plan) -> Plan:
         """``plan`` with each candidate's dp lowered (dropping its last replicas) until the runtime's
-        batch rules hold (e.g. dp must divide the prompts; the planner may pick dp=3 for 8 prompts)."""
+        batch rules hold (e.g. dp must divide the prompts; the planner may pick dp=3 for 8 prompts);
+        with ``--rollout vllm`` actor.generate's PP folded into TP or DP first (``vllm_driver.vllm_legal``)."""
         out = []
-        for c in plan.candidates:
+        for c in vd.vllm_legal(driver, plan).candidates:
             ms = next(m for m in driver.wf.model_stages if m.name == c.model_stage)
             for dp in range(c.dp, 0, -1):
                 b = c.micro_batch or self.workload.micro_batch_size
@@ -293,8 +294,8 @@ class AdaptiveRun(RecoveryMixin, CheckpointingMixin):
             e = estimate_transition(self.calib.apply(job), current, target, pool, params=self.calib.params())
         except ValueError:
             return bandwidth_estimate(job, current, target, pool)
-        return TransitionCost(float(e.l_tran) + vd.start_term(self, current, target), bool(e.feasible),
-                              float(e.bytes_moved), "dag", e.reason)  # + vLLM's engine start (run/vllm_driver.py)
+        return TransitionCost(float(e.l_tran) + vd.start_term(self, current, target, float(e.l_tran)), bool(e.feasible),
+                              float(e.bytes_moved), "dag", e.reason)  # + vLLM's engine start not hidden by the DAG
 
     def _set_digits(self, digits: int, k: int) -> None:
         """Switch the task to ``digits``-digit problems before step ``k`` (longer prompts and responses)."""

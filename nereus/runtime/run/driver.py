@@ -192,7 +192,7 @@ class RLDriver:
 
     def close(self) -> None:
         """Drop this run's engines (and stop the pool if this driver started it)."""
-        vd.stop_vllm_engines(self)  # vLLM engines stop first (nothing without --rollout vllm)
+        vd.stop_vllm_engines(self, everything=True)  # vLLM engines stop first (none without --rollout vllm)
         if getattr(self, "_own_pool", False):
             self.pool.close()
         elif self.workers:

@@ -18,6 +18,7 @@ from nereus.controller.decisions import Keep
 from nereus.controller.monitor import StepReport
 from nereus.planner.notation import format_gpus, format_plan
 from nereus.runtime.durable import driver_side as durable
+from nereus.runtime.run import vllm_driver as vd
 from nereus.runtime.run.relayout import train_stages
 from nereus.runtime.transit.driver_side import TransitionExecutor
 from nereus.runtime.worker.failures import WorkerFailure, WorkerLost
@@ -200,6 +201,7 @@ class RecoveryMixin:
             # plan on the survivors directly, then tell it with resume
             target = self._first_plan(usable)
         target = self._legal(d, target)
+        keep = vd.stop_changed(d, bplan, target)  # --rollout vllm: engines of changed replicas stop, restart below
         ev = {"step": k, "when": "recovery", "kind": "recovery", "reason": str(e), "lost": e.lost,
               "detect_s": e.detect_s, "hung": e.hung, "slow": list(getattr(e, "slow", []) or []),
               "attempt": when, "wait_s": waited, "slow_in": list(getattr(e, "slow_in", []) or []),
@@ -225,6 +227,7 @@ class RecoveryMixin:
             ev.update(source="checkpoint", steps_lost=lost, seconds=info["seconds"])
             self.log(f"  {why}: restored the durable checkpoint of step {d.step_index} in {info['seconds']:.2f}s; "
                      f"steps lost: {lost}")
+        vd.start_vllm_engines(d, keep)  # the target's vLLM engines (kept ones get the rolled-back weights)
         self.ctl.resume(self.planner.estimate(self.job_at(self.last_len), target, alive))
         ev["recovery_s"] = time.perf_counter() - t0
         ev["plan"] = format_plan(target)

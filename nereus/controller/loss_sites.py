@@ -1,0 +1,92 @@
+"""Where unannounced losses strike: per-node hit probabilities learned from the losses seen.
+
+Why (issue 29): ``risk.hit_probability`` assumed that a loss event takes nodes uniformly at random
+among the pool's nodes. Pools do not lose GPUs that way: capacity that arrived last is usually the
+first taken back (in the simulator the GPUs that joined last leave first; on clouds reclaims cluster
+by instance type and zone, which a job's newest nodes often share), so the same nodes are hit again
+and again while others are never hit. Under the uniform assumption a plan whose only training replica
+spans every node (P_hit = 1) looked cheaper than one confined to the nodes that had never been hit
+(P_hit = nodes/N), and the controller kept placing its single ``actor.train`` replica on the volatile
+nodes: on ``bamboo-gcp-v100`` (Qwen3-32B GRPO, no notice, seed 0, 2 h) it lost its trained state 7
+times where ``static``, sitting on the first 16 GPUs, lost it 3 times (docs/simulate.md).
+
+Model (a Beta-Bernoulli estimate per node, the standard conjugate update)::
+
+    q_n = (h_n + α · q0) / (e_n + α)
+
+* ``e_n``: unannounced loss events seen while node ``n`` had GPUs in the pool (its exposure);
+* ``h_n``: those of them that took at least one of node ``n``'s GPUs;
+* ``q0``: the uniform prior of ``risk.hit_probability``, ``min(1, m / |nodes(pool)|)`` with ``m`` the
+  mean event size in nodes, so with no evidence the estimate is exactly the uniform model;
+* ``α = 1``: one pseudo-event of prior weight (the weakest prior that keeps ``q_n`` defined and
+  away from 0 and 1 after a single event; not fitted to any trace).
+
+A node that has not been hit after ``k`` exposures has ``q_n = q0 / (k + 1)``, a node hit in all of
+them ``(k + q0) / (k + 1)``. When losses do fall uniformly the estimate converges to the uniform
+model (``h_n / e_n → m / N``). Assumptions: node slots keep their identity across leave and rejoin
+(a rejoining node takes the slot of the one that left, as ``ClusterSpec`` numbers them), and the
+hit pattern does not change within the run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from nereus.spec.hardware import ClusterSpec
+
+__all__ = ["LossSites", "PRIOR_WEIGHT"]
+
+#: α, the prior's weight in pseudo-events (module docstring)
+PRIOR_WEIGHT = 1.0
+
+
+@dataclass
+class LossSites:
+    """Per-node exposure and hit counts of unannounced loss events.
+
+    Attributes:
+        cluster: the job's cluster (GPU → node).
+        exposed: node → loss events seen while the node had GPUs in the pool.
+        hits: node → loss events that took at least one of its GPUs.
+        events: unannounced loss events seen.
+    """
+
+    cluster: ClusterSpec
+    exposed: dict = field(default_factory=dict)
+    hits: dict = field(default_factory=dict)
+    events: int = 0
+    _last_pool: frozenset | None = field(default=None, repr=False)
+
+    def observe(self, pool: frozenset, alive: frozenset) -> frozenset:
+        """Record one step report (``P_gpu`` and the GPUs still running); returns the nodes hit by
+        an unannounced loss since the last report (GPUs in the last ``P_gpu`` that are no longer
+        alive; announced GPUs leave ``P_gpu`` first and are not counted, as in ``risk.LossRate``)."""
+        pool, alive = frozenset(pool), frozenset(alive)
+        hit: frozenset = frozenset()
+        if self._last_pool is not None:
+            gone = self._last_pool - alive
+            if gone:
+                hit = frozenset(self.cluster.node_of(g) for g in gone)
+                self.events += 1
+                for n in {self.cluster.node_of(g) for g in self._last_pool}:
+                    self.exposed[n] = self.exposed.get(n, 0) + 1
+                for n in hit:
+                    self.hits[n] = self.hits.get(n, 0) + 1
+        self._last_pool = pool
+        return hit
+
+    def probability(self, node: int, prior: float) -> float:
+        """``q_n`` for ``node`` given the uniform prior ``q0 = prior`` in [0, 1].
+
+        Raises:
+            ValueError: a prior outside [0, 1].
+        """
+        if not (0.0 <= prior <= 1.0):
+            raise ValueError(f"loss-site prior must be a probability in [0, 1], got {prior!r}")
+        e, h = self.exposed.get(node, 0), self.hits.get(node, 0)
+        return (h + PRIOR_WEIGHT * prior) / (e + PRIOR_WEIGHT)
+
+    def safest_nodes(self, pool, prior: float) -> list[int]:
+        """The pool's nodes, least likely to be hit first (ties: lower node index first)."""
+        nodes = sorted({self.cluster.node_of(g) for g in pool})
+        return sorted(nodes, key=lambda n: (self.probability(n, prior), n))
