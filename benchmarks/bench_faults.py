@@ -60,6 +60,14 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# this checkout's package first, here and in the Ray workers (they inherit the environment, not
+# sys.path, and would otherwise import an installed copy): ``python benchmarks/bench_faults.py`` runs
+# from any directory with no PYTHONPATH; then this folder's helper modules (below)
+_ROOT = str(Path(__file__).resolve().parents[1])
+if _ROOT not in sys.path[:1]:
+    sys.path.insert(0, _ROOT)
+if os.environ.get("PYTHONPATH", "").split(os.pathsep)[0] != _ROOT:
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p)
 
 import torch  # noqa: E402
 
@@ -68,6 +76,7 @@ from nereus.runtime.run.driver import RLDriver  # noqa: E402
 from nereus.runtime.run.pool import WorkerPool  # noqa: E402
 from nereus.runtime.run.relayout import relayout  # noqa: E402
 from nereus.runtime.run.schedules import parse_pool_schedule  # noqa: E402
+from nereus.runtime.worker.failures import WorkerFailure  # noqa: E402
 from nereus.spec.plan import Plan  # noqa: E402
 
 _HERE = str(Path(__file__).resolve().parent)
@@ -112,6 +121,30 @@ def _bounded(fn, timeout_s: float, on_timeout):
     return box.get("result"), box.get("error"), False
 
 
+#: seconds a pool's workers may take to start: at a load average of 70-90 on 2 cores, starting 5-6
+#: workers (each importing torch) took over the 120 s default twice in a row, ending the benchmark
+START_TIMEOUT_S = 600.0
+
+
+def start_pool(n: int, tries: int = 3) -> WorkerPool:
+    """A started pool of ``n`` workers, allowed :data:`START_TIMEOUT_S` to start. A start that still
+    times out (``WorkerFailure``) is retried, up to ``tries`` times: no fault has been injected yet,
+    so it is not a fault outcome.
+
+    Raises:
+        WorkerFailure: every try failed."""
+    for attempt in range(tries):
+        pool = WorkerPool(n, timeout_s=GROUP_TIMEOUT_S, hang_timeout_s=HANG_TIMEOUT_S)
+        pool.start_timeout_s = START_TIMEOUT_S  # not the 120 s of 4x the group timeout + 60
+        try:
+            return pool.start()
+        except WorkerFailure:
+            pool.close()
+            if attempt == tries - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
 def execute(spec: RunSpec, faults: bool, seed: int, timeout_s: float, verbose: bool = False, on_line=None) -> dict:
     """One run (with ``spec.faults`` when ``faults``, else the fault-free reference)."""
     lines: list[str] = []
@@ -123,7 +156,7 @@ def execute(spec: RunSpec, faults: bool, seed: int, timeout_s: float, verbose: b
         if on_line:
             on_line(s)
 
-    pool = WorkerPool(spec.workers, timeout_s=GROUP_TIMEOUT_S, hang_timeout_s=HANG_TIMEOUT_S).start()
+    pool = start_pool(spec.workers)
     planned = spec.faults if faults else []
     capacity = spec.workers + sum(max(v, 0) for v in parse_pool_schedule(spec.schedule).values()) \
         + sum(f.count for f in planned)
@@ -168,7 +201,7 @@ def replay(spec: RunSpec, plans: dict[int, Plan], timeout_s: float) -> dict:
     rank = {g: i for i, g in enumerate(ids)}
     seq = [Plan(candidates=tuple(replace(c, gpus=tuple(rank[g] for g in c.gpus)) for c in plans[k].candidates))
            for k in range(spec.steps)]
-    pool = WorkerPool(len(ids), timeout_s=GROUP_TIMEOUT_S, hang_timeout_s=HANG_TIMEOUT_S).start()
+    pool = start_pool(len(ids))
     driver = RLDriver(SPEC, workload(spec.algorithm), seq[0], TASK, len(ids), config())
 
     def go():
@@ -316,8 +349,9 @@ def check_run(spec: RunSpec, ref: dict, seed: int, timeout_s: float, verbose: bo
 
 
 def run_benchmark(faults: int = 100, seed: int = 0, quick: bool = False, run_timeout_s: float | None = None,
-                  verbose: bool = False, console=None) -> dict:
-    """Runs until ``faults`` workers were lost to injected faults (``quick``: one small run)."""
+                  verbose: bool = False, console=None, on_run=None) -> dict:
+    """Runs until ``faults`` workers were lost to injected faults (``quick``: one small run);
+    ``on_run(runs)`` after each run (``main`` writes the runs so far next to ``--json``)."""
     import ray
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -355,6 +389,8 @@ def run_benchmark(faults: int = 100, seed: int = 0, quick: bool = False, run_tim
                 runs.append(check_run(spec, refs[spec.key], seed + len(runs) + 1, timeout, verbose, on_line,
                                       on_replay))
                 lost_so_far += sum(len(f.fired) for f in spec.faults)
+                if on_run is not None:
+                    on_run(runs)
                 progress.update(bar, completed=min(target, lost_so_far))
     finally:
         if started:
@@ -380,7 +416,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.faults < 1:
         ap.error("--faults must be >= 1")
     console = Console()
-    out = run_benchmark(args.faults, args.seed, args.quick, args.run_timeout, args.verbose, console)
+    def partial(runs: list[dict]) -> None:  # what finished survives a benchmark cut short
+        if args.json:
+            with open(args.json + ".partial", "w") as f:
+                json.dump({"seed": args.seed, "runs": runs}, f, indent=1, default=str)
+
+    out = run_benchmark(args.faults, args.seed, args.quick, args.run_timeout, args.verbose, console, partial)
     t, per = tables(out["summary"], out["runs"])
     console.print(per)
     console.print(t)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import statistics
 
+from nereus.runtime.run.schedules import parse_pool_schedule
 from nereus.runtime.worker.fault_tolerant import FAULT_POINTS
 
 
@@ -69,7 +70,55 @@ def summarize(runs: list[dict], refs: dict, wall_s: float, args, hang_timeout_s:
         "seed": args.seed,
         "quick": bool(args.quick),
         "hang_timeout_s": hang_timeout_s,
+        "by_kind": by_kind(runs),
     }
+
+
+def _kinds(f: dict, joins: set[int], departures: set[int]) -> list[str]:
+    """The kinds a fired fault belongs to (one fault may be several: a slow worker in a growth's
+    transition, the second of a double fault a second later)."""
+    how = {"kill": "killed", "stop": "hung (SIGSTOP)", "slow": "slow but alive"}.get(f["how"].split(":")[0], f["how"])
+    out = [how]
+    if f["phase"] == "transition":
+        out.append("in a growth's transition" if f["step"] in joins else
+                   "in a departure's transition" if f["step"] in departures else "in a transition")
+    elif f["phase"] == "recovery":
+        out.append("killed inside a recovery's transition")
+    else:
+        out.append(f"in a {f['phase']}")
+    if len(f["fired"]) == 2:
+        out.append("second failure a second later (late:1)" if (f.get("second_how") or "").startswith("late")
+                   else "two at once")
+    return out
+
+
+def by_kind(runs: list[dict]) -> dict[str, dict]:
+    """Per fault kind (:func:`_kinds`): faults fired, how their recoveries went (``live``: state moved
+    from the survivors; ``checkpoint``: restored from the durable checkpoint) and recovery seconds
+    (rollback to new plan ready, median and max), over the recoveries that name a worker of the
+    fault at its step; ``lost_state``: faults of runs that did not finish or whose final state
+    differs from the replay (must be 0)."""
+    acc: dict[str, dict] = {}
+    for r in runs:
+        sched = parse_pool_schedule(r["schedule"])
+        joins = {k for k, v in sched.items() if v > 0}
+        departures = {k for k, v in sched.items() if v < 0}
+        for f in r["faults"]:
+            if f["state"] != "fired":
+                continue
+            evs = [ev for ev in r["recoveries"] if ev["step"] == f["step"] and set(ev["lost"]) & set(f["fired"])]
+            for kind in _kinds(f, joins, departures):
+                a = acc.setdefault(kind, {"faults": 0, "live": 0, "checkpoint": 0, "lost_state": 0, "_s": []})
+                a["faults"] += 1
+                a["live"] += sum(1 for ev in evs if ev.get("source") == "live")
+                a["checkpoint"] += sum(1 for ev in evs if ev.get("source") == "checkpoint")
+                a["lost_state"] += int(not (r["completed"] and r["weights_equal"]))
+                a["_s"] += [ev["recovery_s"] for ev in evs if ev.get("recovery_s") is not None]
+    for a in acc.values():
+        xs = a.pop("_s")
+        a["recovery_s_median"] = _median(xs)
+        a["recovery_s_max"] = max(xs, default=None)
+    return acc
 
 
 def _median(xs: list[float]) -> float | None:
@@ -112,6 +161,10 @@ def tables(summary: dict, runs: list[dict]):
          f"{s['reference_equal']} / {s['weights_compared']} runs (max |diff| {s['layout_drift_max']:.2e}; "
          f"{s['reference_equal_same_layouts']} of the {s['layouts_as_reference']} runs on its layouts)"),
     ]
+    for kind, a in sorted(s.get("by_kind", {}).items()):
+        rows.append((f"  {kind}: faults, recovered live / from checkpoint, state lost; recovery median / max",
+                     f"{a['faults']}, {a['live']} / {a['checkpoint']}, {a['lost_state']}; "
+                     f"{_fmt(a['recovery_s_median'])} / {_fmt(a['recovery_s_max'])}"))
     for a, b in rows:
         t.add_row(a, b)
     per = Table(title="runs")

@@ -76,3 +76,30 @@ def test_a_ppo_run_recovered_onto_other_layouts_ends_bit_for_bit_at_its_replay(r
     # grown by Adam) depends on the CPU's kernels (issue 30: 0 on some machines), so it is reported,
     # not asserted; only bit-exact equality with the replay is machine-independent.
     assert r["layout_drift"] >= 0.0 and math.isfinite(r["layout_drift"]), r["layout_drift"]
+
+
+def test_per_kind_figures_count_each_fault_under_every_kind_it_is():
+    _bench()  # puts benchmarks/ on sys.path
+    from fault_report import by_kind
+
+    def fault(step, how, phase, fired, second=""):
+        return {"step": step, "how": how, "phase": phase, "fired": fired, "second_how": second, "state": "fired"}
+
+    run = {"schedule": "2:-1,4:+1", "completed": True, "weights_equal": True,
+           "faults": [fault(1, "kill", "step", [3, 1], "late:1"), fault(2, "slow:60", "transition", [0]),
+                      fault(4, "stop", "transition", [2]), fault(1, "kill", "recovery", [0]),
+                      {**fault(5, "kill", "step", [4]), "state": "not fired"}],
+           "recoveries": [{"step": 1, "lost": [0, 1, 3], "source": "live", "recovery_s": 2.0},
+                          {"step": 2, "lost": [0], "source": "checkpoint", "recovery_s": 5.0},
+                          {"step": 4, "lost": [2], "source": "live", "recovery_s": 1.0}]}
+    k = by_kind([run, {**run, "weights_equal": False, "faults": [fault(2, "slow:60", "transition", [0])]}])
+    assert k["killed"] == {"faults": 2, "live": 2, "checkpoint": 0, "lost_state": 0, "recovery_s_median": 2.0,
+                           "recovery_s_max": 2.0}
+    assert k["second failure a second later (late:1)"]["faults"] == 1
+    assert k["killed inside a recovery's transition"]["live"] == 1
+    assert k["in a growth's transition"] == {"faults": 1, "live": 1, "checkpoint": 0, "lost_state": 0,
+                                             "recovery_s_median": 1.0, "recovery_s_max": 1.0}
+    # the second run's final state differs from its replay: its fault counts as state lost
+    assert k["slow but alive"] == {"faults": 2, "live": 0, "checkpoint": 2, "lost_state": 1,
+                                   "recovery_s_median": 5.0, "recovery_s_max": 5.0}
+    assert k["in a departure's transition"]["faults"] == 2 and "hung (SIGSTOP)" in k

@@ -8,15 +8,19 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import replace
 
 import pytest
 import torch
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+from nereus.controller.planning import CostModelPlanner  # noqa: E402
+from nereus.planner.notation import format_plan  # noqa: E402
 from nereus.runtime.rl.task import DigitTask  # noqa: E402
 from nereus.runtime.run.adaptive import AdaptiveRun  # noqa: E402
 from nereus.runtime.run.config import RLConfig  # noqa: E402
+from nereus.runtime.run.device_model import cpu_gpu_spec, runtime_job  # noqa: E402
 from nereus.runtime.run.driver import RLDriver  # noqa: E402
 from nereus.runtime.run.plans import simple_plan  # noqa: E402
 from nereus.runtime.run.pool import WorkerPool  # noqa: E402
@@ -117,10 +121,22 @@ def test_pool_schedule_parsing():
 def test_adaptive_run_moves_state_live_off_workers_that_announce_leaving(ray_cluster):
     """With notice, the controller replans without the leaving worker while it is still alive: the
     transition runs live (no restart), moves exactly the planner's bytes, and training goes on
-    with every update counted once."""
-    pool = WorkerPool(4, timeout_s=30).start()
+    with every update counted once.
+
+    The planners see a preset device, not one measured at start-up (issue 30): 100 GFLOP/s and the
+    ``cpu`` preset's 0.5 GB/s gloo link. On it the plan of 4 workers puts a pipeline stage of
+    critic.train, its only copy, on worker 3 (the one that leaves: the highest id), so the
+    transition must move that state over a link, whatever plan the controller picks for the 3 that
+    stay (at the preset's 20 GFLOP/s worker 3 holds a second DP replica instead, dropped without a
+    byte moved). The premise is checked first."""
+    gpu = replace(cpu_gpu_spec(measure=False), peak_flops=100e9)  # preset speed; scale-up link 0.5 GB/s
     run = AdaptiveRun(SPEC, W, TASK, 4, RLConfig(timeout_s=30), parse_pool_schedule("2:-1"), notice=True,
-                      digits=parse_digits_schedule("3:4"))
+                      digits=parse_digits_schedule("3:4"), measure=False)
+    run.job = runtime_job(SPEC, W, run.max_workers, gpu)
+    first = CostModelPlanner().plan(run.job, frozenset(range(4)), None, False)
+    assert any(3 in c.gpus and c.dp == 1 and c.model_stage.endswith(".train") for c in first.candidates), \
+        format_plan(first)
+    pool = WorkerPool(4, timeout_s=30).start()
     try:
         hist = run.run(4, pool)
     finally:

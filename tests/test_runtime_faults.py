@@ -28,10 +28,11 @@ W = WorkloadSpec(algorithm="ppo", prompts_per_step=4, samples_per_prompt=2, prom
 STEPS = 4
 
 
-def _run(faults=None, schedule=None, steps=STEPS, workers=4, precision="fp32", recovery_faults=None, **kw):
-    pool = WorkerPool(workers, timeout_s=15, hang_timeout_s=3).start()
+def _run(faults=None, schedule=None, steps=STEPS, workers=4, precision="fp32", recovery_faults=None, timeout_s=15,
+         **kw):
+    pool = WorkerPool(workers, timeout_s=timeout_s, hang_timeout_s=3).start()
     lines: list[str] = []
-    cfg = RLConfig(actor_lr=1e-2, critic_lr=1e-2, timeout_s=15, precision=precision)
+    cfg = RLConfig(actor_lr=1e-2, critic_lr=1e-2, timeout_s=timeout_s, precision=precision)
     run = AdaptiveRun(SPEC, W, TASK, workers, cfg,
                       schedule=parse_pool_schedule(schedule), notice=True, hang_timeout_s=3, faults=faults,
                       log=lines.append, measure=False, **kw)
@@ -108,6 +109,64 @@ def test_a_worker_lost_during_the_recovery_is_recovered_again(reference):
     assert any("during the recovery: recovering again" in s for s in lines)
     assert all(g in (1, 2, 4) for c in run.driver.cands.values() for g in c.gpus)
     _same_weights(run.final_state, reference)
+
+
+#: the communicator (and call) timeout of the rendezvous test: a release that waited for it would
+#: make the recovery's calls end after at least this long
+LONG_TIMEOUT_S = 120
+
+
+@pytest.mark.slow
+def test_peers_waiting_in_a_rendezvous_for_a_lost_worker_are_released_before_the_group_timeout(reference):
+    # issue 30: peers of a lost worker sat in group rendezvous until the communicator timeout. After
+    # the rollback of step 1 (worker 3 killed in training) every communicator is new, so the
+    # recovery's live transition builds its groups; worker 0 exits 5 s into its first primitive
+    # (late:5, before it reaches the rendezvous), while its peers of that primitive wait for it there
+    # (killed at once, they could still be on their way: a cancelled call is not a released one;
+    # asleep that long it may also be found slow first: released alike). The driver detects the loss and
+    # releases them (FaultTolerantWorker.cancel -> comm/rendezvous.py), so the second recovery starts
+    # with the group timeout (LONG_TIMEOUT_S) far away, and the run still ends at the fault-free weights
+    run, hist, lines = _run(faults={1: ("train_fields", 3, "kill")}, recovery_faults={1: ("transition_run", 0, "late:5")},
+                            workers=5, timeout_s=LONG_TIMEOUT_S)
+    assert [m["update_count"] for m in hist] == [2, 4, 6, 8], lines
+    again = run.recoveries[-1]  # the recovery that started over (its event names both lost workers)
+    assert again["lost"] == [0, 3] and again["attempt"].startswith("recovery (attempt 2)"), run.recoveries
+    assert again["released"] >= 1, again  # peers' calls ended by the release, not by a timeout
+    # the order of events: the lost worker's peers' calls ended (and the recovery began) before the
+    # configured group timeout could have fired for the rendezvous they were in
+    assert again["wait_s"] is not None and again["wait_s"] < LONG_TIMEOUT_S, again
+    _same_weights(run.final_state, reference)
+
+
+@pytest.mark.slow
+def test_a_worker_slow_inside_a_transition_primitive_is_declared_lost_by_the_progress_check(reference):
+    # issue 30: progress detection covered compute calls only. Worker 0 sleeps 60 s inside the first
+    # primitive of the announced departure's transition (still answering heartbeats): busy in
+    # transition_run with no op timed for the bound, it is declared lost and recovered from (a wake-up
+    # after 60 s would have finished the transition with no loss at all)
+    run, hist, lines = _run(faults={2: ("transition_run", 0, "slow:60")}, schedule="2:-1", workers=5)
+    assert [m["update_count"] for m in hist] == [2, 4, 6, 8]
+    rec = run.recoveries
+    assert rec and rec[0]["lost"] == [0] and rec[0]["slow"] == [0] and rec[0]["source"] == "live", rec
+    assert rec[0]["slow_in"] and all(p.startswith("transition_run:") for p in rec[0]["slow_in"]), rec
+    assert any("slow (no progress)" in s for s in lines)
+    _same_weights(run.final_state, reference)
+
+
+@pytest.mark.slow
+def test_a_worker_slow_inside_a_checkpoint_write_is_declared_lost_and_the_checkpoint_dropped(reference, tmp_path):
+    # the same for a synchronous checkpoint write: worker 0 sleeps 60 s in the middle of writing its
+    # shards of step 1's checkpoint (data written, metadata not): declared lost in dcp_save, the
+    # checkpoint is abandoned (the previous one kept) and the run goes on to the fault-free weights
+    ckpt = str(tmp_path / "ckpt")
+    run, hist, lines = _run(faults={1: ("dcp_save", 0, "slow:60")}, checkpoint_dir=ckpt, checkpoint_every=1,
+                            checkpoint_sync=True)
+    assert [m["update_count"] for m in hist] == [2, 4, 6, 8]
+    rec = run.recoveries
+    assert rec and rec[0]["lost"] == [0] and rec[0]["slow"] == [0], rec
+    assert rec[0]["slow_in"] == ["dcp_save"], rec
+    _same_weights(run.final_state, reference)
+    assert verify_checkpoint(os.path.join(ckpt, "current"), job_identity(SPEC, W))["step_index"] == 4
 
 
 @pytest.mark.slow

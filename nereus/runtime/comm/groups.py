@@ -6,7 +6,9 @@ A :class:`Group` is a gloo (CPU) or NCCL (CUDA) process group among any subset o
 ``torch.distributed.ProcessGroupNCCL(PrefixStore(prefix, store), rank, size, opts)`` with
 ``opts._timeout`` (:func:`backend_for` picks the backend from the worker's device). Only the
 members build it, so workers can join and leave a running job. Every group carries a timeout, so a
-collective whose peer died raises instead of hanging.
+collective whose peer died raises instead of hanging. On a worker (whose :class:`Meter` has an
+``abort`` event) the rendezvous is a presence barrier the driver can release when a member is lost
+(``comm/rendezvous.py``), instead of a wait for the group timeout.
 
 Collectives call the process group's own methods and record, in the worker's :class:`Meter`, the
 seconds spent under op class ``"<collective>@<backend>"`` (``@gloo`` or ``@nccl``) and the bytes this rank sent (payload model:
@@ -29,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from nereus.runtime.comm.instrument import Meter
+from nereus.runtime.comm.rendezvous import RendezvousAborted, arrive
 
 __all__ = ["Group", "CommError", "connect_store", "new_group", "backend_for", "DEFAULT_TIMEOUT_S"]
 
@@ -272,10 +275,14 @@ def new_group(store: dist.Store, name: str, members: tuple[int, ...], me: int, m
         try:
             with meter.wait_in("group_setup"):
                 prefixed = dist.PrefixStore(name, store)
+                if getattr(meter, "abort", None) is not None:  # a worker's: the driver may release it
+                    arrive(prefixed, rank, len(members), timeout_s, meter.abort)
                 if backend == "nccl":
                     pg = _nccl_group(prefixed, rank, len(members), timeout)
                 else:
                     pg = dist.ProcessGroupGloo(prefixed, rank, len(members), timeout)
+        except RendezvousAborted as e:
+            raise CommError(f"rendezvous of group {name!r} among workers {members} aborted: {e}") from e
         except RuntimeError as e:
             raise CommError(f"could not build group {name!r} among workers {members} within "
                             f"{timeout_s:.0f}s: {str(e)[:300]}") from e

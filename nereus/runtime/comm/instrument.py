@@ -43,6 +43,9 @@ class Meter:
         # and the communication this worker is waiting in now, if any (a collective or a rendezvous)
         self.ops = 0
         self.waiting: str | None = None
+        # a worker's threading.Event the driver sets to release its rendezvous waits when a peer is
+        # lost (comm/rendezvous.py); None: rendezvous wait for the group timeout
+        self.abort = None
         self.capacity = capacity  # device bytes the tracked total may reach (None: unlimited)
 
     def reset(self) -> None:

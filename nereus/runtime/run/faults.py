@@ -7,7 +7,10 @@ fault injection) is :mod:`nereus.runtime.worker.fault_tolerant`.
   every live worker (:func:`probe`); a worker that is dead, or silent for ``hang_timeout_s``, is
   killed (``ray.kill``), which closes its TCP connections so every surviving worker blocked in a gloo
   collective with it fails at once instead of waiting for the group timeout (its communicators are
-  dropped with the engines during recovery). It raises :class:`WorkerLost` naming the lost workers
+  dropped with the engines during recovery). A survivor waiting in a group *rendezvous* for it (whose
+  store wait no socket ends) is released by the cancel every survivor then gets
+  (``FaultTolerantWorker.cancel`` sets the abort event ``comm/rendezvous.py`` polls): its call fails
+  at once and the recovery starts, instead of after the communicator timeout. It raises :class:`WorkerLost` naming the lost workers
   and the detection time.
 * **Recovery** (driven by ``run/adaptive.py``): every survivor rolls back
   (:meth:`FaultTolerantWorker.restore`: engines, units and communicators dropped, the snapshot's
@@ -17,12 +20,18 @@ fault injection) is :mod:`nereus.runtime.worker.fault_tolerant`.
   every replica falls back to the last durable checkpoint (``durable/driver_side.py``).
 
 **Slow peers.** A worker that is slow but alive answers heartbeats, so silence never catches it.
-Each heartbeat also reports whether the worker is in a compute call, how many ops it has timed
+Each heartbeat also reports the watched call the worker is in (a compute call, a transition
+primitive ``transition_run:<kind>:<pid>`` or its ``transition_finish``, a synchronous checkpoint
+write ``dcp_save``, or ``dcp_wait`` for a background one), how many ops it has timed
 (``Meter.ops``) and whether it waits for peers (``Meter.waiting``). When the pool has a
 ``progress_bound_s`` (the adaptive run sets it to ``max(hang_timeout, 4 × the predicted step
 time)``, the cost model's ``l_step`` of the plan in effect, or the last measured step if longer), a
 worker busy outside any communication wait whose op count has not moved for that long is declared
-lost (``WorkerLost``, its ``slow`` ids), killed, and recovered from like a hung one.
+lost (``WorkerLost``, its ``slow`` ids), killed, and recovered from like a hung one. A checkpoint
+write (``dcp_save``, ``dcp_wait``) gets the longer of that bound and the pool's ``phase_bounds_s``
+(the adaptive run sets ``max(communicator timeout, 4 × the longest checkpoint so far)``): its
+duration is the file system's, which a step's time does not bound (a healthy save of the tiny model
+took 3.5 s on a loaded machine where a step took under 1 s).
 
 A worker lost in the background write of an asynchronous checkpoint (``durable.begin_save``) is
 found the same way by whatever call comes next; the run abandons that checkpoint and keeps the
@@ -33,6 +42,7 @@ from __future__ import annotations
 
 import time
 
+from nereus.runtime.comm.rendezvous import RELEASED
 from nereus.runtime.worker.failures import WorkerFailure, WorkerLost
 
 __all__ = ["WorkerLost", "monitored_get", "probe", "probe_info", "Progress"]
@@ -64,13 +74,17 @@ def probe_info(workers: list, timeout_s: float) -> tuple[list[int], list[int], d
 
 class Progress:
     """The progress check of one wait (module docstring, "Slow peers"): a worker that is busy in a
-    compute call, not waiting for peers, and has timed no op (``Meter.ops``) for ``bound_s`` seconds
+    watched call (a compute call, a transition primitive, a checkpoint write), not waiting for peers, and has timed no op (``Meter.ops``) for ``bound_s`` seconds
     makes no progress; its peers that wait in a collective with it would otherwise wait for the
     communicator timeout (4x ``--timeout``, minutes)."""
 
-    def __init__(self, bound_s: float | None) -> None:
+    def __init__(self, bound_s: float | None, phase_bounds_s: dict[str, float] | None = None) -> None:
         self.bound_s = bound_s
+        # a longer bound for some phases, by the phase's first word (``dcp_save``, ``dcp_wait``: a
+        # checkpoint write's duration is the disk's and the file system's, not a step's)
+        self.phase_bounds_s = dict(phase_bounds_s or {})
         self.seen: dict[int, tuple[int, float]] = {}  # worker -> (ops, since when unchanged)
+        self.phase: dict[int, str] = {}  # worker -> the watched call it was last seen busy in
 
     def stalled(self, info: dict[int, dict], now: float) -> dict[int, float]:
         """``{worker: seconds without progress}`` of the workers past the bound."""
@@ -83,9 +97,10 @@ class Progress:
                 continue
             ops = int(hb.get("ops", 0))
             prev = self.seen.get(i)
-            if prev is None or prev[0] != ops:
+            if prev is None or prev[0] != ops or self.phase.get(i) != hb["busy"]:
                 self.seen[i] = (ops, now)
-            elif now - prev[1] > self.bound_s:
+                self.phase[i] = hb["busy"]
+            elif now - prev[1] > max(self.bound_s, self.phase_bounds_s.get(hb["busy"].split(":")[0], 0.0)):
                 out[i] = now - prev[1]
         return out
 
@@ -121,7 +136,7 @@ def monitored_get(pool, futures, what: str, timeout_s: float, hang_timeout_s: fl
     hung: set[int] = set()
     detect = None
     deadline = t0 + timeout_s
-    progress = Progress(getattr(pool, "progress_bound_s", None))
+    progress = Progress(getattr(pool, "progress_bound_s", None), getattr(pool, "phase_bounds_s", None))
     slow: dict[int, float] = {}
     while pending:
         _, pending = ray.wait(pending, num_returns=len(pending), timeout=poll_s)
@@ -162,11 +177,15 @@ def monitored_get(pool, futures, what: str, timeout_s: float, hang_timeout_s: fl
             lost |= set(dead) | set(silent)
             _cancel_all(pool, hang_timeout_s)
     if lost:
-        how = (f"slow: no progress for {max(slow.values()):.1f}s" if slow else "hung") if hung else "died"
+        where = sorted({progress.phase[i] for i in slow if i in progress.phase})
+        how = ((f"slow: no progress for {max(slow.values()):.1f}s in {', '.join(where)}" if slow else "hung")
+               if hung else "died")
         err = WorkerLost(f"{what}: worker(s) {sorted(lost)} lost ({how}); detected after {detect or 0.0:.2f}s, "
                          f"the calls ended after {time.perf_counter() - t0:.2f}s", sorted(lost), detect or 0.0,
                          sorted(hung))
         err.slow, err.wait_s = sorted(slow), time.perf_counter() - t0
+        err.slow_in = where
+        err.released = sum(RELEASED in str(e) for e in errors)  # calls a released rendezvous ended
         raise err
     if errors:
         raise WorkerFailure(f"{what}: {str(errors[0])[-600:]}")

@@ -108,6 +108,8 @@ class WorkerPool:
         self.per_node = num_workers
         self.host = "127.0.0.1"
         self.progress_bound_s: float | None = None  # seconds without progress before a busy worker is slow
+        self.phase_bounds_s: dict[str, float] = {}  # longer bounds of some phases (run/faults.py, Progress)
+        self.start_timeout_s: float | None = None  # seconds workers may take to start (None: 4x timeout + 60)
 
     def start(self) -> WorkerPool:
         """Attach to (``address``) or start Ray, host the store and start the workers.
@@ -162,7 +164,7 @@ class WorkerPool:
                 opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(self.nodes[node], soft=False)
             self.node_of.append(node)
             new.append(cls.options(**opts).remote(i, self.host, self.store.port, self.timeout_s))
-        _ray_get([w.ping.remote() for w in new], "starting workers", 4 * self.timeout_s + 60)
+        _ray_get([w.ping.remote() for w in new], "starting workers", self.start_timeout_s or 4 * self.timeout_s + 60)
         self.pids.extend(_ray_get([w.pid.remote() for w in new], "worker pids", 60))
         self.workers.extend(new)
         return list(range(first, first + k))

@@ -89,9 +89,14 @@ class RecoveryMixin:
         """The pool's progress bound (``run/faults.py``, "Slow peers"): ``max(hang_timeout_s, 4 ×
         max(predicted step seconds, measured_s))``, the predicted ``l_step`` being the cost model's for
         the plan in effect (the controller's estimate). A compute call that times no op for that long
-        is stalled: no single op of a step takes longer than the whole step."""
+        is stalled: no single op of a step takes longer than the whole step. A checkpoint write's
+        bound (``pool.phase_bounds_s``) is ``max(communicator timeout, 4 × the longest checkpoint so
+        far)``."""
         predicted = float(getattr(getattr(self, "ctl", None) and self.ctl.plan, "l_step", 0.0) or 0.0)
-        self.driver.pool.progress_bound_s = max(self.hang_timeout_s, 4.0 * max(predicted, float(measured_s)))
+        pool = self.driver.pool
+        pool.progress_bound_s = max(self.hang_timeout_s, 4.0 * max(predicted, float(measured_s)))
+        longest = max((float(c.get("seconds", 0.0)) for c in getattr(self, "checkpoints", [])), default=0.0)
+        pool.phase_bounds_s = dict.fromkeys(("dcp_save", "dcp_wait"), max(pool.timeout_s, 4.0 * longest))
 
     def _step(self, k: int) -> dict:
         """Step ``k``, re-run from its start after a lost worker (same samples, same counters)."""
@@ -199,7 +204,8 @@ class RecoveryMixin:
         keep = vd.stop_changed(d, bplan, target)  # --rollout vllm: engines of changed replicas stop, restart below
         ev = {"step": k, "when": "recovery", "kind": "recovery", "reason": str(e), "lost": e.lost,
               "detect_s": e.detect_s, "hung": e.hung, "slow": list(getattr(e, "slow", []) or []),
-              "attempt": when}
+              "attempt": when, "wait_s": waited, "slow_in": list(getattr(e, "slow_in", []) or []),
+              "released": getattr(e, "released", 0)}
         est = None
         if not lost_train and not force_checkpoint:
             try:

@@ -49,13 +49,17 @@ class FaultTolerantWorker(WorkerCore):
 
         super().__init__(*args, **kwargs)
         self.snap: dict[str, Unit] = {}
+        self.meter.abort = threading.Event()  # set by cancel: releases a rendezvous (comm/rendezvous.py)
         self._moved_on = threading.Event()  # set by every call after a dcp_save (fault timing)
 
     def heartbeat(self) -> dict:
         """Answered in the ``control`` concurrency group, even while the worker is in a collective.
 
         Returns:
-            ``{"worker", "pid", "time", "busy": the compute call running (its method name) or None,
+            ``{"worker", "pid", "time", "busy": the watched call running or None (a compute call's
+            method name; ``transition_run:<kind>:<pid>`` inside a transition primitive,
+            ``transition_finish``; ``dcp_save`` inside a synchronous checkpoint write, ``dcp_wait``
+            while it waits for its background write),
             "ops": ops timed so far (``Meter.ops``: every GEMM, attention and collective), "waiting":
             the communication it waits in now (``Meter.waiting``) or None}``: the driver's progress
             check (``run/faults.py``) declares a worker that is busy, not waiting for peers, and has
@@ -91,6 +95,7 @@ class FaultTolerantWorker(WorkerCore):
             uids of the units now held.
         """
         self._cancelled = False
+        self.meter.abort.clear()
         for ms in list(self.engines):
             self.destroy(ms)
         self.groups.clear()
@@ -122,8 +127,11 @@ class FaultTolerantWorker(WorkerCore):
     def cancel(self) -> None:
         """Refuse every queued call until the next :meth:`restore` (sent in the ``control`` group
         when a peer is lost, so calls queued behind a failed one do not each wait for a
-        communicator timeout on the lost peer)."""
+        communicator timeout on the lost peer), and release the rendezvous the running call waits in
+        (``comm/rendezvous.py``: it raises ``CommError`` at once instead of waiting for the group
+        timeout for a member that will never arrive)."""
         self._cancelled = True
+        self.meter.abort.set()
 
     def _take(self, method: str) -> str | None:
         """``how`` if a fault armed for ``method`` fires in this call (the arm is then used up)."""
@@ -149,11 +157,13 @@ class FaultTolerantWorker(WorkerCore):
         os._exit(1)
 
     @contextmanager
-    def _compute(self, method: str):
-        """A compute call: its fault point fires inside it, and the heartbeat reports it as busy."""
-        self._busy = method
+    def _compute(self, phase: str, point: str | None = None):
+        """A call the progress check watches (a compute call, a transition primitive, a checkpoint
+        write): its fault point (``point``, default ``phase``) fires inside it, and the heartbeat
+        reports ``phase`` as busy (for a primitive ``transition_run:<kind>:<pid>``)."""
+        self._busy = phase
         try:
-            self._trip(method)
+            self._trip(point or phase)
             yield
         finally:
             self._busy = None
@@ -186,17 +196,17 @@ class FaultTolerantWorker(WorkerCore):
         with self._compute("sync_weights"):
             return super().sync_weights(*a, **k)
 
-    def transition_run(self, *a, **k):
-        self._trip("transition_run")
-        return super().transition_run(*a, **k)
+    def transition_run(self, spec, move, *a, **k):
+        with self._compute(f"transition_run:{move.kind}:{move.pid}", point="transition_run"):
+            return super().transition_run(spec, move, *a, **k)
 
     def build(self, *a, **k):
         self._trip("build")
         return super().build(*a, **k)
 
     def transition_finish(self, *a, **k):
-        self._trip("transition_finish")
-        return super().transition_finish(*a, **k)
+        with self._compute("transition_finish"):
+            return super().transition_finish(*a, **k)
 
     def dcp_save(self, model_stages, directory: str, background: bool = False) -> dict:
         """A fault armed for ``dcp_save`` fires when the files start being written: inside this call
@@ -215,7 +225,21 @@ class FaultTolerantWorker(WorkerCore):
                 if background:  # and once this worker has gone on to its next call (the next boundary)
                     self._moved_on.wait(timeout=5.0)
                 self._fire(how)
-        return self._dcp_save(model_stages, directory, background, hook)
+        self._busy = "dcp_save"  # a synchronous save writes in this call: the progress check watches it
+        try:
+            return self._dcp_save(model_stages, directory, background, hook)
+        finally:
+            self._busy = None
+
+    def dcp_wait(self, ignore_errors: bool = False) -> dict:
+        """:meth:`~nereus.runtime.durable.worker_calls.CheckpointCallsMixin.dcp_wait`, reported busy
+        (``dcp_wait``) while it waits for this worker's background write: a write that makes no progress
+        for the bound is declared slow like a stalled compute call."""
+        outer, self._busy = getattr(self, "_busy", None), "dcp_wait"
+        try:
+            return super().dcp_wait(ignore_errors)
+        finally:
+            self._busy = outer
 
 
 #: where a fault can be injected: the worker method it fires in (generation, forward for log-probs or

@@ -1,0 +1,81 @@
+"""A group rendezvous the driver can release when a member is lost (DESIGN.md §4.7, §4.9; issue 30).
+
+Building a gloo communicator (``ProcessGroupGloo(store, rank, size, timeout)``) blocks in the store
+until every member has published its address, for up to the group's timeout (``--timeout``, 15-60 s).
+Killing a lost worker closes its sockets, which ends its peers' *collectives* at once, but not a
+*rendezvous*: a peer waiting for the lost member's key in the ``TCPStore`` keeps waiting for the full
+timeout, so recovery started only after it (issue 30: "Peers of a SIGSTOPped worker sit in group
+rendezvous until the communicator timeout while the log says 'died; detected in 1.00s'").
+
+:func:`arrive` is a presence barrier run just before the process group is built: each member sets
+``arrived/<rank>`` under the group's prefix and polls, without blocking in the store, whether every
+member's key exists (``Store.check``, one round trip, so the worker's shared store client is never
+held by a blocked call), sleeping 1 ms doubling to 20 ms between polls. Between polls it looks at
+``abort``, a ``threading.Event`` the driver sets through the worker's ``cancel`` call (answered in
+the worker's ``control`` thread) as soon as it detects a loss (``run/faults.py``); the wait then
+raises :class:`~nereus.runtime.comm.groups.CommError` naming the abort, and the recovery starts.
+Only after every member arrived is the process group built, so its own store waits are short.
+
+What it does not cover: a member that dies after it arrived but before it published its gloo address
+(a window of one store round trip) still leaves its peers waiting for the group timeout; NCCL builds
+its communicator lazily at the first collective, whose release is the NCCL watchdog's
+(``TORCH_NCCL_ASYNC_ERROR_HANDLING``), not this barrier's.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+__all__ = ["arrive", "RendezvousAborted", "RendezvousTimeout", "RELEASED"]
+
+#: the words of a released wait's error, which the driver counts in a failed call's error (``run/faults.py``)
+RELEASED = "released by the driver"
+
+#: first and longest sleep between two polls of the barrier, seconds
+POLL_MIN_S, POLL_MAX_S = 0.001, 0.02
+
+
+class RendezvousAborted(RuntimeError):
+    """The driver released the wait (a member was lost)."""
+
+
+class RendezvousTimeout(RuntimeError):
+    """Some member did not arrive within the group's timeout."""
+
+
+def arrive(store, rank: int, size: int, timeout_s: float, abort: threading.Event | None = None) -> float:
+    """Wait until all ``size`` members have called :func:`arrive` on ``store`` (a store under the
+    group's own prefix), or ``abort`` is set, or ``timeout_s`` passes.
+
+    Args:
+        store: a ``torch.distributed.Store`` whose keys are the group's (a ``PrefixStore``).
+        rank: this member's group rank, ``0 <= rank < size``.
+        timeout_s: seconds to wait for the others (the group's timeout), > 0.
+        abort: set by another thread to release the wait.
+
+    Returns:
+        seconds waited.
+
+    Raises:
+        ValueError: ``rank`` outside ``[0, size)`` or a non-positive ``timeout_s``.
+        RendezvousAborted: ``abort`` was set before every member arrived.
+        RendezvousTimeout: not every member arrived within ``timeout_s`` (names the missing ranks).
+    """
+    if not 0 <= rank < size:
+        raise ValueError(f"rendezvous: rank must be in [0, {size}), got {rank}")
+    if not timeout_s > 0:
+        raise ValueError(f"rendezvous: timeout_s must be > 0 seconds, got {timeout_s}")
+    t0 = time.perf_counter()
+    store.set(f"arrived/{rank}", b"1")
+    keys = [f"arrived/{r}" for r in range(size)]
+    delay = POLL_MIN_S
+    while not store.check(keys):
+        if abort is not None and abort.is_set():
+            raise RendezvousAborted(f"{RELEASED} after {time.perf_counter() - t0:.2f}s: a member was lost")
+        if time.perf_counter() - t0 > timeout_s:
+            missing = [r for r in range(size) if not store.check([f"arrived/{r}"])]
+            raise RendezvousTimeout(f"ranks {missing} did not arrive within {timeout_s:.0f}s")
+        time.sleep(delay)
+        delay = min(2 * delay, POLL_MAX_S)
+    return time.perf_counter() - t0

@@ -1,0 +1,66 @@
+"""The rendezvous barrier the driver can release (``comm/rendezvous.py``, issue 30): members that all
+arrive pass; one waiting for a member that never comes is released by the abort event (not by the
+group timeout) or, without an abort, fails at the timeout naming the missing rank. In-process, on a
+``HashStore`` under a ``PrefixStore`` as the workers use it; no Ray."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch.distributed as dist
+
+from nereus.runtime.comm.groups import CommError, new_group
+from nereus.runtime.comm.instrument import Meter
+from nereus.runtime.comm.rendezvous import RendezvousAborted, RendezvousTimeout, arrive
+
+
+def test_every_member_arriving_passes_the_barrier():
+    store = dist.PrefixStore("g", dist.HashStore())
+    done = []
+    ts = [threading.Thread(target=lambda r=r: done.append(arrive(store, r, 3, 60.0))) for r in range(3)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    assert len(done) == 3 and all(s >= 0 for s in done)
+
+
+def test_a_member_waiting_for_a_lost_one_is_released_by_the_abort_not_the_timeout():
+    store = dist.PrefixStore("g", dist.HashStore())
+    abort = threading.Event()
+    box = {}
+
+    def wait():
+        try:
+            arrive(store, 0, 2, 3600.0, abort)  # rank 1 never arrives; the group timeout is an hour
+        except RendezvousAborted as e:
+            box["aborted"] = str(e)
+
+    t = threading.Thread(target=wait)
+    t.start()
+    while not store.check(["arrived/0"]):  # it is waiting now
+        t.join(0.01)
+    abort.set()
+    t.join(60)  # a wait for the timeout would still be running
+    assert not t.is_alive() and "a member was lost" in box["aborted"]
+
+
+def test_without_an_abort_a_missing_member_fails_at_the_timeout_naming_its_rank():
+    store = dist.PrefixStore("g", dist.HashStore())
+    store.set("arrived/2", b"1")  # rank 2 came, rank 1 did not
+    with pytest.raises(RendezvousTimeout, match=r"ranks \[1\] did not arrive within 0s"):
+        arrive(store, 0, 3, 0.05)
+    with pytest.raises(ValueError, match="rank must be in"):
+        arrive(store, 3, 3, 1.0)
+    with pytest.raises(ValueError, match="timeout_s must be > 0"):
+        arrive(store, 0, 3, 0.0)
+
+
+def test_a_workers_group_build_is_aborted_as_a_comm_error():
+    meter = Meter()
+    meter.abort = threading.Event()
+    meter.abort.set()  # the driver already released this worker: a member is lost
+    with pytest.raises(CommError, match="aborted: released by the driver"):
+        new_group(dist.HashStore(), "t/lost", (0, 1), 0, meter, timeout_s=3600.0)
+    assert meter.waiting is None  # the wait is over
