@@ -163,6 +163,9 @@ def execute(spec: RunSpec, faults: bool, seed: int, timeout_s: float, verbose: b
     run = FaultBenchRun(SPEC, workload(spec.algorithm), TASK, spec.workers, config(),
                         schedule=parse_pool_schedule(spec.schedule), notice=True, hang_timeout_s=HANG_TIMEOUT_S,
                         log=log, measure=False, checkpoint_every=spec.checkpoint_every,
+                        # the paper's disjoint plan space, where every recovery can run live (in the
+                        # default `runtime` space colocated/offloaded/ZeRO state recovers through the checkpoint)
+                        framework="nereus",
                         bench_faults=planned, rng=random.Random(seed), capacity=capacity,
                         # synchronous saves: a dcp_save fault fires inside the save, so it is settled and
                         # filed under the checkpoint phase (an async write would fire after the boundary)

@@ -324,7 +324,7 @@ def _adaptive_run(steps: int, faults_at=None, **kw):
     p = WorkerPool(4, timeout_s=15, hang_timeout_s=3).start()
     lines: list[str] = []
     run = AdaptiveRun(SPEC, W, TASK, 4, RLConfig(actor_lr=1e-2, critic_lr=1e-2, timeout_s=15), hang_timeout_s=3,
-                      log=lines.append, measure=False, checkpoint_every=1, **kw)
+                      log=lines.append, measure=False, checkpoint_every=1, **{"framework": "nereus", **kw})
     run.keep_final = True
     if faults_at is not None:
         step, how = faults_at
@@ -414,7 +414,7 @@ def test_every_train_replica_lost_in_the_background_write_restores_the_previous_
     p = WorkerPool(4, timeout_s=15, hang_timeout_s=3).start()
     lines: list[str] = []
     run = AdaptiveRun(SPEC, W, TASK, 4, RLConfig(actor_lr=1e-2, critic_lr=1e-2, timeout_s=15), hang_timeout_s=3,
-                      log=lines.append, measure=False, checkpoint_every=1)
+                      log=lines.append, measure=False, checkpoint_every=1, framework="nereus")
     run.keep_final = True
     armed: list[int] = []
 

@@ -35,7 +35,7 @@ def _run(faults=None, schedule=None, steps=STEPS, workers=4, precision="fp32", r
     cfg = RLConfig(actor_lr=1e-2, critic_lr=1e-2, timeout_s=timeout_s, precision=precision)
     run = AdaptiveRun(SPEC, W, TASK, workers, cfg,
                       schedule=parse_pool_schedule(schedule), notice=True, hang_timeout_s=3, faults=faults,
-                      log=lines.append, measure=False, **kw)
+                      log=lines.append, measure=False, **{"framework": "nereus", **kw})
     run.keep_final = True
     run.recovery_faults = dict(recovery_faults or {})
     try:
@@ -203,12 +203,13 @@ def test_bf16_run_recovers_with_its_fp32_master_weights(ray_cluster):
 
 @pytest.mark.slow
 def test_announced_departure_onto_a_time_shared_plan_excludes_the_leaver(ray_cluster):
-    """PPO on 3 workers, one announced to leave before step 1: no plan fits 2 workers, so the run
-    restarts (nothing lost: a checkpoint is taken first) on the time-shared fallback over the two
-    that stay, never the leaver, and goes on."""
+    """PPO on 3 workers, one announced to leave before step 1: in the paper's disjoint space no plan
+    fits 2 workers, so the run restarts (nothing lost: a checkpoint is taken first) on the time-shared
+    fallback over the two that stay, never the leaver, and goes on. (In the default `runtime` space a
+    colocated plan fits the two and the departure moves live.)"""
     pool = WorkerPool(3, timeout_s=15, hang_timeout_s=3).start()
     run = AdaptiveRun(SPEC, W, TASK, 3, RLConfig(timeout_s=15), schedule=parse_pool_schedule("1:-1"), notice=True,
-                      hang_timeout_s=3, measure=False)
+                      hang_timeout_s=3, measure=False, framework="nereus")
     try:
         hist = run.run(3, pool)
     finally:

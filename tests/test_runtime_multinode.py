@@ -28,7 +28,7 @@ W = WorkloadSpec(algorithm="grpo", prompts_per_step=4, samples_per_prompt=2, pro
 def _run(address: str, before_step=None, steps: int = 4):
     pool = WorkerPool(4, timeout_s=15, hang_timeout_s=3, address=address).start()
     run = AdaptiveRun(SPEC, W, TASK, 4, RLConfig(actor_lr=1e-2, timeout_s=15), hang_timeout_s=3, log=print,
-                      measure=False, address=address)
+                      measure=False, address=address, framework="nereus")
     run.keep_final = True
     run.before_step = before_step
     try:

@@ -163,17 +163,24 @@ def test_stop_asks_every_live_worker_but_the_kept_replicas():
 def test_start_pushes_into_kept_replicas_and_a_failed_start_closes_every_engine():
     from nereus.runtime.run import vllm_driver as vd
 
-    d, log = _driver(Layout(1, 1, 2, (0, 1)))
-    info = vd.start_vllm_engines(d, keep=frozenset({(1, (0,), 0)}))
-    assert sorted((w, n) for w, n, _ in log) == [(0, "vllm_push"), (1, "build_vllm")]
-    assert info["kept"] == [0] and info["start_s"] == [1.0]
-    # while engines run, SIGTERM to the driver is a SystemExit (the finally blocks close the engines)
-    with pytest.raises(SystemExit) as e:
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(1)
-    assert e.value.code == 143
-    vd.stop_vllm_engines(d, everything=True)
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # restored at the teardown
+    # the guard installs itself over the default handler only: start from it whatever earlier tests left
+    before = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        d, log = _driver(Layout(1, 1, 2, (0, 1)))
+        info = vd.start_vllm_engines(d, keep=frozenset({(1, (0,), 0)}))
+        assert sorted((w, n) for w, n, _ in log) == [(0, "vllm_push"), (1, "build_vllm")]
+        assert info["kept"] == [0] and info["start_s"] == [1.0]
+        # while engines run, SIGTERM to the driver is a SystemExit (the finally blocks close the engines);
+        # the installed handler is called directly, so a missing guard fails the test, not the test process
+        handler = signal.getsignal(signal.SIGTERM)
+        assert callable(handler) and handler is not signal.SIG_DFL
+        with pytest.raises(SystemExit) as e:
+            handler(signal.SIGTERM, None)
+        assert e.value.code == 143
+        vd.stop_vllm_engines(d, everything=True)
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # restored at the teardown
+    finally:
+        signal.signal(signal.SIGTERM, before)
     d, log = _driver(Layout(1, 1, 2, (0, 1)), fail="starting")
     with pytest.raises(RuntimeError, match="starting vLLM engines failed"):
         vd.start_vllm_engines(d)

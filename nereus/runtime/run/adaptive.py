@@ -62,6 +62,7 @@ from nereus.runtime.run.restart_cost import restart_charge
 from nereus.runtime.transit.driver_side import TransitionExecutor
 from nereus.runtime.transit.sharded import live_unsupported
 from nereus.runtime.worker.failures import WorkerFailure, WorkerLost
+from nereus.spec.framework import DEFAULT_FRAMEWORK
 from nereus.spec.hardware import GIB
 from nereus.spec.job import JobSpec
 from nereus.spec.model import ModelSpec
@@ -112,7 +113,8 @@ class AdaptiveRun(RecoveryMixin, CheckpointingMixin):
                  memory_bytes: int = 2 * GIB, gamma: float = 0.5, log=None, measure: bool = True,
                  digits: dict[int, int] | None = None, notice: bool = False, checkpoint_dir: str | None = None,
                  checkpoint_every: int = 5, hang_timeout_s: float = 10.0, faults: dict | None = None,
-                 resume: bool = False, address: str | None = None, checkpoint_sync: bool = False) -> None:
+                 resume: bool = False, address: str | None = None, checkpoint_sync: bool = False,
+                 framework: str = DEFAULT_FRAMEWORK) -> None:
         if checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be >= 1 step, got {checkpoint_every}")
         self.schedule = dict(schedule or {})
@@ -134,7 +136,8 @@ class AdaptiveRun(RecoveryMixin, CheckpointingMixin):
         self.num_workers, self.log = num_workers, log or (lambda *a, **k: None)
         gpu = cpu_gpu_spec(memory_bytes, measure)
         self.spec, self.workload, self.task, self.cfg = spec, workload, task, cfg or RLConfig()
-        self.job = runtime_job(spec, workload, self.max_workers, gpu, precision=self.cfg.precision)
+        self.framework = framework  # the plan space (nereus.spec.framework preset name)
+        self.job = runtime_job(spec, workload, self.max_workers, gpu, precision=self.cfg.precision, framework=framework)
         self.planner = CostModelPlanner()
         self.gamma, self.last_len = gamma, float(workload.response_len)
         self.events: list[dict] = []
@@ -196,7 +199,7 @@ class AdaptiveRun(RecoveryMixin, CheckpointingMixin):
             pool = WorkerPool(self.num_workers, self.cfg.timeout_s, self.hang_timeout_s, self.address).start()
         if pool.num_nodes > 1:  # the planner sees the cluster's nodes (a node loss takes all its workers)
             self.job = runtime_job(self.spec, self.workload, self.max_workers, self.job.cluster.gpu, pool.num_nodes,
-                                   precision=self.cfg.precision)
+                                   precision=self.cfg.precision, framework=self.framework)
         alive = frozenset(i for i, w in enumerate(pool.workers) if w is not None)
         plan = self._first_plan(alive)
         driver = self.make_driver(self.spec, self.workload, shared_plan(self.workload, alive), self.task,
