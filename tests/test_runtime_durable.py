@@ -321,10 +321,11 @@ def _adaptive_run(steps: int, faults_at=None, **kw):
     background write of the checkpoint taken after that step."""
     from nereus.runtime.run.adaptive import AdaptiveRun
 
+    kw.setdefault("framework", "nereus")  # the disjoint space, where every recovery runs live (docs/faults.md)
     p = WorkerPool(4, timeout_s=15, hang_timeout_s=3).start()
     lines: list[str] = []
     run = AdaptiveRun(SPEC, W, TASK, 4, RLConfig(actor_lr=1e-2, critic_lr=1e-2, timeout_s=15), hang_timeout_s=3,
-                      log=lines.append, measure=False, checkpoint_every=1, **{"framework": "nereus", **kw})
+                      log=lines.append, measure=False, checkpoint_every=1, **kw)
     run.keep_final = True
     if faults_at is not None:
         step, how = faults_at

@@ -30,12 +30,13 @@ STEPS = 4
 
 def _run(faults=None, schedule=None, steps=STEPS, workers=4, precision="fp32", recovery_faults=None, timeout_s=15,
          **kw):
+    kw.setdefault("framework", "nereus")  # the disjoint space, where every recovery runs live (docs/faults.md)
     pool = WorkerPool(workers, timeout_s=timeout_s, hang_timeout_s=3).start()
     lines: list[str] = []
     cfg = RLConfig(actor_lr=1e-2, critic_lr=1e-2, timeout_s=timeout_s, precision=precision)
     run = AdaptiveRun(SPEC, W, TASK, workers, cfg,
                       schedule=parse_pool_schedule(schedule), notice=True, hang_timeout_s=3, faults=faults,
-                      log=lines.append, measure=False, **{"framework": "nereus", **kw})
+                      log=lines.append, measure=False, **kw)
     run.keep_final = True
     run.recovery_faults = dict(recovery_faults or {})
     try:
