@@ -240,7 +240,15 @@ class TransitionExecutor:
                 after = [futs[q][0] for q in sorted(preds.get(pid, ())) if w not in members[q] and futs[q]]
                 futs[pid].append(d.workers[w].transition_run.remote(
                     spec, m, f"{d.tag}/x{n}/{pid}", bool(self._trainable().get(p.model_stage)), *after))
-        results = {pid: d._get(f, pid) for pid, f in futs.items()}
+        # one monitored wait over every primitive's calls (not one per primitive): a loss in one
+        # primitive is then reported only after the calls of all the others ended too, so no call is
+        # left ungotten and every call a released rendezvous ended is counted (run/faults.py)
+        flat = [f for fs in futs.values() for f in fs]
+        got = d._get(flat, f"transition: {', '.join(futs)}"[:200],
+                     timeout=4 * d.cfg.timeout_s * max(1, len(futs)))
+        results, k = {}, 0
+        for pid, fs in futs.items():
+            results[pid], k = got[k:k + len(fs)], k + len(fs)
         finish = []
         fresh = dropped_targets(d, dag, changed)  # target drop: no unit; built as at the start, re-synced
         for ms in [m for m in changed if m not in fresh]:
