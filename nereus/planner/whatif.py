@@ -31,9 +31,9 @@ import numpy as np
 from nereus.cost.checks import check_candidate
 from nereus.cost.memory import OFFLOAD_CODES
 from nereus.cost.model import CostModel
+from nereus.cost.shapes import valid_pp, valid_tp
 from nereus.cost.step import engine_owned
 from nereus.cost.vllm_startup import gpu_excess
-from nereus.cost.shapes import valid_pp, valid_tp
 from nereus.spec.job import JobSpec
 from nereus.spec.plan import Candidate, Plan
 from nereus.workflow import ModelStage
