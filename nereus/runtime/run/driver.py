@@ -78,6 +78,9 @@ class RLDriver:
         self.cfg = cfg or RLConfig()
         self.num_workers = int(num_workers)
         self.wf = workflow_for(workload)
+        if not workload.reference_model and self.cfg.kl_coef > 0:
+            raise ValueError(f"rl field 'kl_coef'={self.cfg.kl_coef} needs a reference model, but the workload's "
+                             "reference_model is false (no reference.infer); set kl_coef 0 or keep the reference")
         self.R = self.cfg.max_new_tokens or task.target_len
         task.check_vocab(spec.vocab_size)
         self.set_plan(plan)
@@ -316,13 +319,16 @@ class RLDriver:
         pend_rm = self._submit_scores(tokens, P)
         pend_old = self._submit("actor.infer", "logprobs", [tokens], P, self._infer_mb("actor.infer"),
                                 cfg.temperature)
-        pend_ref = self._submit("reference.infer", "logprobs", [tokens], P, self._infer_mb("reference.infer"),
-                                cfg.temperature)
+        has_ref = "reference.infer" in self.layouts  # workload.reference_model (workflow_for)
+        pend_ref = (self._submit("reference.infer", "logprobs", [tokens], P, self._infer_mb("reference.infer"),
+                                 cfg.temperature) if has_ref else None)
         pend_val = (self._submit("critic.infer", "values", [tokens], P, self._infer_mb("critic.infer"))
                     if alg_name == "ppo" else None)
         scores = self._scores(pend_rm, rep_idx, tokens, mask, P, task)
         old_logp = torch.cat(self._collect(pend_old))
-        ref_logp = torch.cat(self._collect(pend_ref))
+        # no reference model: kl_coef is 0 (checked at construction), so the KL terms vanish; the actor's
+        # own log-probs stand in for the reference's and no KL is reported
+        ref_logp = torch.cat(self._collect(pend_ref)) if has_ref else old_logp
         batch = {"tokens": tokens, "mask": mask, "old_logp": old_logp, "ref_logp": ref_logp}
         kl_in_loss = 0.0
         if alg_name == "ppo":
@@ -341,8 +347,9 @@ class RLDriver:
             r = alg.token_rewards(scores, old_logp, ref_logp, mask, cfg.kl_coef)
             batch["adv"] = alg.remax_advantages(r, g_scores.repeat_interleave(n), mask)
         metrics = {"step": self.step_index, "reward": float(task_reward.mean()), "score": float(scores.mean()),
-                   "response_len": float(mask.sum(1).mean()),
-                   "kl": float(((old_logp - ref_logp) * mask).sum() / mask.sum())}
+                   "response_len": float(mask.sum(1).mean())}
+        if has_ref:
+            metrics["kl"] = float(((old_logp - ref_logp) * mask).sum() / mask.sum())
         return batch, kl_in_loss, metrics
 
     def _train(self, batch: dict, P: int, kl_in_loss: float) -> dict:
