@@ -104,3 +104,26 @@ def test_free_share_engine_in_a_plan_by_hand():
     kv = 0.4 * (a100.memory_bytes - WORKSPACE_BYTES - s - own)
     assert gen["kv_cache"] == pytest.approx(kv)
     assert est["actor.generate"].transient == pytest.approx(own + kv) and est["actor.generate"].resident == 0
+
+
+def test_apply_rule_refuses_a_cache_below_one_sequence_by_hand():
+    from nereus.cost.vllm_startup import apply_vllm_rule
+
+    # vLLM 0.8 beside 30 GiB of start-up state (20 GiB weights + 30/3 GiB fp32 master): 0.4·M - 1.5 - 30 GiB
+    # leaves 0.36 GiB, less than the engine's own 4 GiB: no KV blocks; one 2,048-token sequence needs
+    # 2048 x 131,072 B (Llama-3.1-8B at TP 1) = 256 MiB, so vLLM does not start: M + the shortfall
+    wl = WorkloadSpec(prompt_len=1024, response_len=1024, rollout_memory_fraction=0.4, vllm_memory_rule="device_total")
+    job = JobSpec(get_model("llama-3.1-8b"), ClusterSpec(H100, 1, 1), wl, framework=get_framework("fsdp"))
+    g = (0,)
+    cands = (Candidate("actor.generate", 1, 1, 1, gpus=g), Candidate("actor.train", 1, 1, 1, 1, 1, gpus=g))
+    ests = {"actor.generate": StageEstimate(1.0, memory=dict(OWN), resident=0.0, transient=25 * G),
+            "actor.train": StageEstimate(1.0, memory={"weights": 20 * G, "optimizer": 30 * G}, resident=50 * G)}
+    out = apply_vllm_rule(job, cands, ests, WORKSPACE_BYTES)
+    kv = 0.4 * H100.memory_bytes - WORKSPACE_BYTES - 30 * G - 4 * G
+    assert kv < 0
+    assert out["actor.generate"].transient == pytest.approx(H100.memory_bytes + 2048 * 131_072 - kv)
+    assert out["actor.generate"].memory["kv_cache"] == 0.0 and out["actor.generate"].resident == 0.0
+    # with 10 GiB less beside it the same engine starts: E = 0.4·M - 1.5 - 20 GiB, its KV the rest after 4 GiB
+    ests["actor.train"] = StageEstimate(1.0, memory={"weights": 10 * G, "optimizer": 30 * G}, resident=40 * G)
+    e = apply_vllm_rule(job, cands, ests, WORKSPACE_BYTES)["actor.generate"]
+    assert e.transient == pytest.approx(0.4 * H100.memory_bytes - WORKSPACE_BYTES - 20 * G)

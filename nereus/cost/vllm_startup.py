@@ -34,12 +34,19 @@ so they are not there yet; an inference model-stage's weights; nothing for an of
 is an approximation: FSDP keeps the fp32 copy in place of the bf16 weights (2 bytes per parameter
 fewer than counted), Megatron's DDP allocates its gradient buffer at wrap time (not counted). The
 steady-state bytes (Adam state, gradients) are what the plan check adds on top.
+
+Under every rule a KV budget that does not hold one sequence at the memory length means vLLM does
+not start (the device's bytes plus the shortfall, as :mod:`nereus.cost.vllm_memory` marks it). The
+rule changes the engine's memory; its decode concurrency in the time estimate is still capped by the
+KV blocks of ``f·M`` (:func:`~nereus.cost.vllm_memory.kv_capacity`), so under ``device_total`` and
+``free_share`` the generation time may assume more sequences at once than the smaller cache holds.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from nereus.cost.shapes import kv_bytes_per_token_rank
 from nereus.spec.workload import VLLM_MEMORY_RULES
 
 __all__ = ["startup_bytes", "startup_shortfall", "engine_bytes_for", "apply_vllm_rule", "gpu_excess"]
@@ -115,6 +122,10 @@ def apply_vllm_rule(job, candidates, ests: dict, workspace: float, owned=frozens
                 per_gpu[g] = per_gpu.get(g, 0.0) + s
         others = max(per_gpu.values(), default=0.0)
         total, kv = engine_bytes_for(w.vllm_memory_rule, f, m, workspace, others, e.memory)
+        model = job.model(c.model_stage.split(".")[0])
+        one = w.memory_seq_len * float(kv_bytes_per_token_rank(model, w.kv_bytes, c.tp, c.pp))
+        if total <= m and kv < one:  # vLLM refuses: "max seq len is larger than ... tokens ... in KV cache"
+            total = m + (one - kv)
         memory = dict(e.memory, kv_cache=max(kv, 0.0))
         sleeps = e.resident == 0.0
         out[c.model_stage] = replace(e, memory=memory, resident=0.0 if sleeps else total,
