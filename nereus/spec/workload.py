@@ -23,14 +23,16 @@ import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-__all__ = ["WorkloadSpec", "ALGORITHMS", "GEMM_PRECISIONS", "FP8_RECIPES", "ATTENTION_KERNELS", "RECOMPUTE_MODES", "OPTIONAL_FIELDS", "read_response_lengths",
+__all__ = ["WorkloadSpec", "ACTIVATION_MODELS", "ALGORITHMS", "GEMM_PRECISIONS", "FP8_RECIPES", "ATTENTION_KERNELS", "RECOMPUTE_MODES", "OPTIONAL_FIELDS", "read_response_lengths",
            "response_len_stats"]
 
 ALGORITHMS = ("ppo", "grpo", "remax")
 RECOMPUTE_MODES = ("none", "selective", "full", "auto")
 #: fields left out of :meth:`WorkloadSpec.to_dict` while unset (None)
 OPTIONAL_FIELDS = ("response_len_max", "memory_fraction", "gemm_precision", "attention_kernel", "lora_rank",
-                   "rollout_memory_fraction", "fp8_recipe")
+                   "rollout_memory_fraction", "fp8_recipe", "activation_model")
+#: values of ``activation_model`` (None = Korthikanti et al.'s accounting, ``nereus.cost.memory``)
+ACTIVATION_MODELS = ("runtime",)
 #: values of ``gemm_precision`` (None = bf16)
 GEMM_PRECISIONS = ("bf16", "fp8")
 #: values of ``fp8_recipe`` (None = Transformer Engine: casts fused into the neighbouring kernels)
@@ -96,6 +98,11 @@ class WorkloadSpec:
             activations, KV blocks) whatever the batch needs, and its concurrency is capped by the KV
             blocks that fit, the rest waiting (preempted) for blocks (:mod:`nereus.cost.vllm_memory`).
             None: the engine is sized to what its concurrency needs (an export sets the fraction).
+        activation_model: which tensors a training engine holds for backward and for its gradient
+            reduction: None (Korthikanti et al. 2022's accounting of a Megatron-style engine,
+            :func:`nereus.cost.memory.activation_bytes_per_layer`) or ``runtime`` (the ``nereus run``
+            runtime's own Llama shard and gradient buffers, :mod:`nereus.cost.runtime_memory`; set by
+            ``nereus.runtime.run.device_model.runtime_job``).
 
     Raises:
         ValueError: at construction, naming the field, the value and what would be valid.
@@ -125,8 +132,12 @@ class WorkloadSpec:
     lora_rank: int | None = None
     rollout_memory_fraction: float | None = None
     fp8_recipe: str | None = None
+    activation_model: str | None = None
 
     def __post_init__(self) -> None:
+        if self.activation_model is not None and self.activation_model not in ACTIVATION_MODELS:
+            raise ValueError(f"workload field 'activation_model' must be one of {ACTIVATION_MODELS} or null "
+                             f"(Korthikanti et al.), got {self.activation_model!r}")
         if self.fp8_recipe is not None and self.fp8_recipe not in FP8_RECIPES:
             raise ValueError(f"workload field 'fp8_recipe' must be one of {FP8_RECIPES} or null (Transformer "
                              f"Engine), got {self.fp8_recipe!r}")

@@ -54,6 +54,8 @@ def runtime_job(spec: ModelSpec, workload: WorkloadSpec, num_workers: int, gpu: 
     training only Adam's two moments on top (8 B): the fp32 weights are Adam's master weights, so
     there is no separate master copy; ``bf16``: bf16 weights and KV cache (2 B) and for training a
     12 B fp32 master and moments (``WorkloadSpec``'s GPU default). Fp32 gradients (4 B) in both.
+    Training memory is the runtime engine's own (``activation_model="runtime"``,
+    :mod:`nereus.cost.runtime_memory`: its saved tensors, gradient buffers and ZeRO buffers).
     The plan space is ``framework`` (default: the ``runtime`` preset, what the runtime executes and
     transitions: ZeRO-1, offload, colocation; ``nereus.spec.framework``).
 
@@ -65,4 +67,5 @@ def runtime_job(spec: ModelSpec, workload: WorkloadSpec, num_workers: int, gpu: 
     if num_workers % num_nodes:
         raise ValueError(f"{num_workers} workers do not split evenly over {num_nodes} nodes")
     return JobSpec(spec, ClusterSpec(gpu, num_nodes, num_workers // num_nodes),
-                   replace(workload, **workload_bytes(precision)), framework=get_framework(framework))
+                   replace(workload, **workload_bytes(precision), activation_model="runtime"),
+                   framework=get_framework(framework))
