@@ -66,9 +66,12 @@ def test_zero3_full_recompute_by_hand():
     acts = 36 * 8 + 8 * 36 * 4 * 256 + 36 * 4 * 256 + LAYER + _loss(2)
     assert m["activations"] == acts == 1_010_884
     ku = 8192 + 8 * 295_168 + 8320
-    # weight slices plus one gathered layer unit, twice while the receive buffers and the flat unit coexist
-    assert m["weights"] == 4 * ku + 2 * 4 * 2 * 295_168 == 14_234_112
+    # resident weight slices; while it runs one gathered layer unit, twice while the receive buffers
+    # and the flat unit coexist
+    assert m["weights"] == 4 * ku and m["resident"] == 4 * ku + 8 * ku
+    assert m["gathered"] == 2 * 4 * 2 * 295_168 == 4_722_688
     assert m["gradients"] == 4 * ku
+    assert m["transient"] == 4 * ku + acts + 4_722_688
 
 
 def test_default_workload_keeps_korthikanti():

@@ -211,8 +211,8 @@ def stage_memory(stage: str, model: ModelSpec, workload: WorkloadSpec, tp, pp, *
         out["logits"] = np.where(pp > 1, 0.0, logits)
         if workload.activation_model == "runtime":  # the nereus runtime's own engine (cost/runtime_memory.py)
             rt = train_terms(model, workload, tp, pp, micro_batch, rc, inflight, dp, zero, params)
-            out.update({k: rt[k] for k in ("activations", "logits", "gradients", "reduce", "bucket")})
-            out["weights"] = rt["weights_zero3"]
+            out.update({k: rt[k] for k in ("activations", "logits", "gradients", "reduce", "bucket", "weights",
+                                           "gathered")})
     elif stage == "infer":
         zero, dp = np.asarray(zero), np.asarray(dp)
         out["weights"] = _weights(model, workload, params, tp, zero, dp)
@@ -232,7 +232,7 @@ def stage_memory(stage: str, model: ModelSpec, workload: WorkloadSpec, tp, pp, *
     out["resident"] = np.where(moved, 0.0, state)
     # the runtime's ZeRO-1 reduce-scatter output coexists with the gradients, not the activations
     live = np.maximum(out["activations"] + out["logits"] + out.get("bucket", 0.0), out.get("reduce", 0.0))
-    out["transient"] = out["gradients"] + live + out["kv_cache"] + np.where(moved, state, 0.0)
+    out["transient"] = out["gradients"] + live + out.get("gathered", 0.0) + out["kv_cache"] + np.where(moved, state, 0.0)
     if np.ndim(out["resident"]) == 0:
         out["resident"], out["transient"] = float(out["resident"]), float(out["transient"])
     return out

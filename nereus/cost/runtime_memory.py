@@ -34,8 +34,10 @@ too (no activations left then); ZeRO-2/3 the fp32 slices ``4·Σ k_u`` over unit
 layers, head; ``k_u = ceil(N_u/dp)``). ZeRO-2 reduce-scatters a unit once its gradients are complete:
 its pending gradients and their flat copy (``2·4·N_u``), the padded copy (``4·dp·k_u``) and the output
 (``4·k_u``) coexist, charged for the largest unit on top of the activations (an upper bound: by then
-the last layer's activations are freed). ZeRO-3 holds ``w·Σ k_u`` of weights and one gathered unit,
-twice while the all-gather's receive buffers and the flat unit coexist: ``2·w·dp·k_u``, largest unit.
+the last layer's activations are freed). ZeRO-3 holds ``w·Σ k_u`` of weights (resident) and, while it
+runs, one gathered unit, twice while the all-gather's receive buffers and the flat unit coexist:
+``2·w·dp·k_u`` for the largest unit (transient: an idle ZeRO-3 engine holds no gathered unit, so
+unlike :func:`nereus.cost.memory.stage_memory`'s two gathered layers it is not charged as resident).
 
 Elementwise over NumPy arrays like :func:`nereus.cost.memory.stage_memory`.
 """
@@ -92,12 +94,13 @@ def unit_sizes(model: ModelSpec, tp, pp) -> dict:
 
 
 def train_terms(model: ModelSpec, workload, tp, pp, micro_batch, recompute, inflight, dp, zero, params) -> dict:
-    """``{"activations", "logits", "gradients", "reduce", "weights_zero3"}``: bytes per GPU of one
+    """``{"activations", "logits", "gradients", "reduce", "bucket", "weights", "gathered"}``: bytes per GPU of one
     training replica as the runtime holds them (module docstring). ``recompute`` is a code
     (``nereus.cost.memory.RC_*``: 0 none, 1 selective, 2 full), ``params`` the parameters on the rank
     (``nereus.cost.shapes.params_rank``). ``reduce``: bytes of the gradient reduction that coexist with
     the gradients but not with the activations (ZeRO-1: the reduce-scatter's output), ``bucket``: on top
-    of both (ZeRO-2's unit reduce-scatter); ``weights_zero3``: the ZeRO-3 weights (slices and gathered unit).
+    of both (ZeRO-2's unit reduce-scatter); ``weights``: the resident weights (ZeRO-3: the slices);
+    ``gathered``: ZeRO-3's gathered unit, transient (only the running model-stage's exists).
     """
     tp, pp, dp, zero = np.asarray(tp), np.asarray(pp), np.asarray(dp), np.asarray(zero)
     w = float(workload.param_bytes)
@@ -131,6 +134,6 @@ def train_terms(model: ModelSpec, workload, tp, pp, micro_batch, recompute, infl
     reduce = np.where((zero == 1) & (dp > 1), 4.0 * k, 0.0)
     big = units["layer"]
     bucket = np.where((zero == 2) & (dp > 1), 4.0 * (2.0 * big + dp * np.ceil(big / dp) + np.ceil(big / dp)), 0.0)
-    wz3 = w * (slices / 4.0) + 2.0 * w * dp * np.ceil(big / dp)
+    gathered = np.where(sharded, 2.0 * w * dp * np.ceil(big / dp), 0.0)
     return {"activations": acts, "logits": 0.0 * acts, "gradients": grads, "reduce": reduce, "bucket": bucket,
-            "weights_zero3": np.where(sharded, wz3, n * w)}
+            "weights": np.where(sharded, w * (slices / 4.0), n * w), "gathered": gathered}
