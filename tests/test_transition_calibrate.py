@@ -36,8 +36,8 @@ def test_duration_is_setup_plus_copy_plus_wire():
     assert duration(m, c, derived) == pytest.approx(0.1 + 4e6 / bw + 4e6 / (c.gpu.hbm_bandwidth / 4) + lat)
     a = EMU("a#0", "actor.train", 1, 1, (0,), (3_000_000,))
     b = EMU("a#1", "actor.train", 1, 1, (1,), (3_000_000,))
-    x = extend(a, b)
-    assert duration(x, c, p) == pytest.approx(0.1 + 3e6 / bw + 3e6 / 2e9 + lat)
+    x = extend(a, b)  # the source packs 3 MB, then the destination writes 3 MB: 6 MB on its path
+    assert duration(x, c, p) == pytest.approx(0.1 + 3e6 / bw + 2 * 3e6 / 2e9 + lat)
     assert CostParams().copy_bandwidth == math.inf
     with pytest.raises(ValueError, match="copy_bandwidth"):
         CostParams(copy_bandwidth=-1.0)
