@@ -137,9 +137,14 @@ def _estimate(d: RLDriver, target: Plan, pool: frozenset, calib: TransitionCalib
     return est
 
 
+#: every live transition's records, in order (``--json``: the calibration can be replayed offline)
+OBSERVED: list = []
+
+
 def _execute(d: RLDriver, est, target: Plan):
     rep = TransitionExecutor(d).execute(est, target)
     CAL["live"].observe(rep.primitives)
+    OBSERVED.append([r.to_dict() for r in rep.primitives])
     return rep
 
 
@@ -241,10 +246,12 @@ def run(reps: int, root: str, log=print, live_reps: int = 5, live_only: bool = F
         for w in warm:  # the first transitions of a job pay one-time costs (allocations, caches, the
             _move(d, w)  # first communicator of each member set): not what the cases will see
         CAL["live"] = TransitionCalibration(cores=worker_cores())  # so the first calibration is
+        OBSERVED.clear()
         for w in warm:  # from a second pass, warm like every case after it
             _move(d, w)
         for name, src, dst, leaves in CASES:
             CAL["frozen"] = copy.deepcopy(CAL["live"])  # this case is predicted from earlier ones only
+            out.setdefault("case_starts", {})[name] = len(OBSERVED)
             res = {"live": [], "faithful": [], "reload": [],
                    "calibration": {k: getattr(CAL["frozen"], k) for k in ("bandwidth", "copy_bandwidth", "setup_s",
                                                                          "teardown_s", "cores")}}
@@ -270,6 +277,7 @@ def run(reps: int, root: str, log=print, live_reps: int = 5, live_only: bool = F
         _move(d, plan())
         out["state_intact"] = _equal(_states(d), ref)
         out["calibration"] = CAL["live"].history
+        out["observed"] = OBSERVED
     finally:
         d.close()
         pool.close()

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from nereus.spec.plan import Candidate, Plan
-from nereus.transition.calibrate import TransitionCalibration, fit_line
+from nereus.transition.calibrate import TransitionCalibration, fit_line, weighted_median
 from nereus.transition.cost import CostParams, duration, ports
 from nereus.transition.estimate import estimate_transition
 from nereus.transition.primitives import Primitive
@@ -110,13 +110,24 @@ def test_serial_workers_hold_a_worker_port_and_serialize_a_swap_of_links():
 
 
 def test_fit_line_by_hand():
-    """``y = 0.05 + x / 1e8``: intercept 0.05 s, slope 1e-8 s/B. A negative intercept
-    (``y = x / 1e8 - 0.01``) gives the line through the origin, Σxy / Σx² = 13.4e6 / 14e14."""
+    """``y = 0.05 + x / 1e8``: intercept 0.05 s, slope 1e-8 s/B, also with one point slowed 5x (a
+    median of the pairwise slopes and of the residuals, Theil–Sen: the 5 pairs without the slow
+    point all have slope 1e-8). A negative intercept (``y = x / 1e8 - 0.01``) gives the line through
+    the origin: the x-weighted median of y/x = 9e-9 (weight 1), 9.5e-9 (2), 9.667e-9 (3): half the
+    weight, 3, is met exactly at 9.5e-9, so the mean of it and the next, (9.5e-9 + 0.29/3e7) / 2."""
     xs = [0.0, 10e6, 20e6, 30e6]
     f, a = fit_line(xs, [0.05 + x / 1e8 for x in xs])
     assert (f, a) == pytest.approx((0.05, 1e-8))
+    xs5 = [0.0, 10e6, 20e6, 30e6, 40e6]
+    ys5 = [0.05 + x / 1e8 for x in xs5]
+    ys5[2] *= 5  # one primitive slowed by other work
+    f, a = fit_line(xs5, ys5)
+    assert (f, a) == pytest.approx((0.05, 1e-8))
     f, a = fit_line([1e7, 2e7, 3e7], [0.09, 0.19, 0.29])
-    assert f == 0.0 and a == pytest.approx(13.4e6 / 14e14)
+    assert f == 0.0 and a == pytest.approx((9.5e-9 + 0.29 / 3e7) / 2)
+    assert weighted_median([1.0, 2.0], [1.0, 1.0]) == 1.5 and weighted_median([1.0, 2.0, 9.0], [1, 3, 1]) == 2.0
+    with pytest.raises(ValueError, match="weights"):
+        weighted_median([1.0], [0.0])
     assert fit_line([1e7, 2e7], [0.1, 0.2]) is None  # too few points
     assert fit_line([1e7, 1e7, 1.01e7], [0.1, 0.2, 0.3]) is None  # no spread in bytes
     assert fit_line([1e7, 2e7, 3e7], [0.3, 0.2, 0.1]) is None  # slope <= 0

@@ -8,9 +8,11 @@ bandwidth). After each live transition the executor reports, per primitive, its 
 its workers to start, to the last to end: the time all its workers were in it), the slowest
 worker's packing and the slowest worker's assembly seconds, the transfer seconds, and the bytes
 each worker received. :class:`TransitionCalibration` turns those into the constants over a window
-of the most recent primitives (``window``; fits over it, not an exponential moving average: on a
-shared machine one transition's seconds swing several-fold, and a fit over many primitives follows
-the machine without jumping with each of them).
+of the most recent primitives (``window``; fits over it, not an exponential moving average). The
+fits are medians: on a shared machine one transition's seconds swing several-fold, and only ever
+upwards (a primitive is slowed by other work, never sped up), so a mean or a ratio of sums follows
+the slow tail and over-predicts the typical transition; a median over many primitives follows the
+machine without jumping with each of them.
 
 Workers that share cores (``cores``, the CPU workers' core budget): a primitive measured while
 more workers were busy than there are cores ran slower than its own speed by the factor
@@ -18,17 +20,18 @@ more workers were busy than there are cores ran slower than its own speed by the
 inverse of the planner's ``sharing.shared_schedule``). Then, over the primitives that move bytes
 between workers (Split, Merge, Extend, Load from a train model-stage):
 
-* copy bandwidth (bytes/s) = Σ copy bytes / Σ (packing + assembly seconds), a ratio of sums so that
-  tiny primitives do not dominate;
-* fixed seconds ``F`` and link bandwidth ``B`` (bytes/s per worker per direction): a least-squares
-  line ``span − copy = F + bytes / B`` over those primitives (the busiest receiver's bytes), so a
-  transition of many small primitives is priced by ``F`` and one large primitive by ``B`` (a ratio
-  of sums would fold every primitive's fixed cost into the bandwidth). ``F`` is held at >= 0
-  (through the origin otherwise); with fewer than 3 primitives, bytes that barely vary (relative
-  spread under ``MIN_SPREAD``) or a slope <= 0, the earlier estimators: ``B`` = Σ bytes / Σ transfer
-  seconds and ``F`` = mean of ``span − transfer − copy`` (at least 0);
+* copy bandwidth (bytes/s) = the byte-weighted median of copy bytes / (packing + assembly
+  seconds), weighted so that tiny primitives do not dominate (:func:`weighted_median`);
+* fixed seconds ``F`` and link bandwidth ``B`` (bytes/s per worker per direction): a robust line
+  ``span − copy = F + bytes / B`` over those primitives (the busiest receiver's bytes; Theil–Sen,
+  :func:`fit_line`), so a transition of many small primitives is priced by ``F`` and one large
+  primitive by ``B`` (a bandwidth alone would fold every primitive's fixed cost into the per-byte
+  rate). ``F`` is held at >= 0 (through the origin otherwise); with fewer than 3 primitives, bytes
+  that barely vary (relative spread under ``MIN_SPREAD``) or a slope <= 0: ``B`` = the
+  byte-weighted median of bytes / transfer seconds and ``F`` = the median of ``span − transfer −
+  copy`` (at least 0);
 
-and Destroy's span gives ``CostParams.teardown_s``. They replace the cluster's scale-up and
+and the median Destroy span gives ``CostParams.teardown_s``. They replace the cluster's scale-up and
 scale-out bandwidth and ``CostParams.comm_setup_*`` (the fixed term, paid once per primitive),
 ``copy_bandwidth``, ``teardown_s`` in the estimates that follow (:meth:`TransitionCalibration.apply`,
 :meth:`TransitionCalibration.params`), with ``serial_workers`` (the executor runs one primitive at a
@@ -39,6 +42,7 @@ time per worker) and ``worker_cores``. Records without spans use ``measured_s``;
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field, replace
 
 from nereus.spec.hardware import GPUSpec
@@ -46,7 +50,7 @@ from nereus.spec.job import JobSpec
 from nereus.transition.cost import CostParams
 from nereus.transition.sharing import share_factors
 
-__all__ = ["TransitionCalibration", "LINK_KINDS", "MIN_SPREAD", "fit_line"]
+__all__ = ["TransitionCalibration", "LINK_KINDS", "MIN_SPREAD", "fit_line", "weighted_median"]
 
 #: primitive kinds whose time is bytes over a worker-to-worker link
 LINK_KINDS = ("split", "merge", "extend", "load", "sync")
@@ -54,23 +58,58 @@ LINK_KINDS = ("split", "merge", "extend", "load", "sync")
 MIN_SPREAD = 0.2
 
 
+def weighted_median(values: list[float], weights: list[float]) -> float:
+    """The value at half the total weight (values sorted; where the cumulative weight meets half
+    exactly, the mean of that value and the next: with equal weights, the ordinary median).
+
+    Raises:
+        ValueError: no values, lengths that differ, or a weight <= 0.
+    """
+    if not values or len(values) != len(weights) or any(not w > 0 for w in weights):
+        raise ValueError(f"weighted_median: needs values with weights > 0 of the same length, got "
+                         f"{len(values)} values and weights {list(weights)[:4]}")
+    pairs = sorted(zip(values, weights))
+    half, cum = sum(weights) / 2.0, 0.0
+    for i, (v, w) in enumerate(pairs):
+        cum += w
+        if abs(cum - half) <= 1e-12 * max(1.0, half) and i + 1 < len(pairs):
+            return (v + pairs[i + 1][0]) / 2.0
+        if cum >= half:
+            return v
+    return pairs[-1][0]
+
+
 def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float] | None:
-    """Least-squares ``y = f + a·x`` with ``f >= 0`` and ``a > 0``: ``(f, a)``, or None when the
-    points cannot give one (fewer than 3, ``x`` spread under :data:`MIN_SPREAD`, slope <= 0).
-    A negative intercept is replaced by the line through the origin, ``a = Σxy / Σx²``."""
+    """Robust ``y = f + a·x`` with ``f >= 0`` and ``a > 0``: ``(f, a)``, or None when the points
+    cannot give one (fewer than 3, ``x`` spread under :data:`MIN_SPREAD`, slope <= 0).
+
+    Theil–Sen (Sen, JASA 1968): ``a`` the median of the slopes between points whose ``x`` differ by
+    at least ``MIN_SPREAD`` of the mean ``x``, ``f`` the median of ``y − a·x``. A negative ``f``
+    gives the line through the origin, ``a`` the ``x``-weighted median of ``y / x``. Medians, not
+    least squares: on a shared machine the seconds have a heavy one-sided tail (a primitive is only
+    ever slowed down), and the line should follow the typical primitive, not the slowest ones.
+    """
     n = len(xs)
     if n < 3:
         return None
-    mx, my = sum(xs) / n, sum(ys) / n
+    mx = sum(xs) / n
     var = sum((x - mx) ** 2 for x in xs) / n
     if mx <= 0 or math.sqrt(var) / mx < MIN_SPREAD:
         return None
-    a = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / n / var
+    gap = MIN_SPREAD * mx
+    slopes = [(ys[j] - ys[i]) / (xs[j] - xs[i]) for i in range(n) for j in range(n)
+              if xs[j] - xs[i] >= gap]
+    if not slopes:
+        return None
+    a = statistics.median(slopes)
     if a <= 0:
         return None
-    f = my - a * mx
+    f = statistics.median(y - a * x for x, y in zip(xs, ys))
     if f < 0:
-        f, a = 0.0, sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs)
+        pos = [(y / x, x) for x, y in zip(xs, ys) if x > 0]
+        f, a = 0.0, weighted_median([r for r, _ in pos], [x for _, x in pos])
+        if a <= 0:
+            return None
     return f, a
 
 
@@ -172,12 +211,12 @@ class TransitionCalibration:
         if line is not None:
             bandwidth, setup = 1.0 / line[1], line[0]
         else:
-            bandwidth = sum(b for b, _ in wire) / sum(t for _, t in wire) if wire else None
-            setup = sum(r[4] for r in rows) / len(rows) if rows else None
+            bandwidth = weighted_median([b / t for b, t in wire], [b for b, _ in wire]) if wire else None
+            setup = statistics.median(r[4] for r in rows) if rows else None
         return {"bandwidth": bandwidth,
-                "copy_bandwidth": sum(k for k, _ in copy) / sum(c for _, c in copy) if copy else None,
+                "copy_bandwidth": weighted_median([k / c for k, c in copy], [k for k, _ in copy]) if copy else None,
                 "setup_s": setup,
-                "teardown_s": sum(teardowns) / len(teardowns) if teardowns else None}
+                "teardown_s": statistics.median(teardowns) if teardowns else None}
 
     def gpu(self, gpu: GPUSpec) -> GPUSpec:
         """``gpu`` with the measured bandwidth as its scale-up and scale-out link rates."""
