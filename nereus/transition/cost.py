@@ -61,7 +61,9 @@ class CostParams:
     """Constants of the transition cost model.
 
     Attributes:
-        comm_setup_intra_s: seconds to create the communicators of one primitive inside one node.
+        comm_setup_intra_s: seconds to create the communicators of one primitive inside one node;
+            calibrated, the fixed seconds per primitive (setup, call round trips, dispatch:
+            ``TransitionCalibration.setup_s``).
         comm_setup_inter_s: the same across nodes (bootstrap over the network).
         teardown_s: seconds for a Destroy (free buffers, close communicators).
         storage_bandwidth: bytes/s per node read from shared storage by a Load. 2 GB/s, the same
