@@ -5,6 +5,7 @@ benchmarks)."""
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import replace
 
@@ -16,7 +17,22 @@ from nereus.spec.job import JobSpec
 from nereus.spec.model import ModelSpec
 from nereus.spec.workload import WorkloadSpec
 
-__all__ = ["measure_matmul_flops", "cpu_gpu_spec", "runtime_job"]
+__all__ = ["measure_matmul_flops", "cpu_gpu_spec", "runtime_job", "worker_cores"]
+
+
+def worker_cores() -> int | None:
+    """CPU cores the runtime's CPU workers share, or None when the workers compute on CUDA devices
+    (each has its own engines: no sharing). The cores this process may run on
+    (``os.sched_getaffinity(0)``; the workers are started on this machine and inherit its
+    affinity; ``os.cpu_count()`` where affinity is not available). Each CPU worker is one
+    single-threaded process (``OMP_NUM_THREADS=1``), so more busy workers than this share cores
+    (``transition/sharing.py``, ``TransitionCalibration.cores``)."""
+    if torch.cuda.is_available():
+        return None
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def measure_matmul_flops(n: int = 256, reps: int = 5) -> float:
