@@ -21,7 +21,9 @@ and its slices are set to the unit's, the only use of its ``exp_avg`` / ``exp_av
 
 from __future__ import annotations
 
-from nereus.runtime.transit.flat import FLAT, unflatten
+import torch
+
+from nereus.runtime.transit.flat import FLAT, is_sliced, sliced_kinds, unflatten
 from nereus.runtime.transit.packing import COUNTERS
 from nereus.runtime.transit.plans import UnitMeta
 from nereus.runtime.transit.worker_side import Transit, Unit
@@ -42,10 +44,13 @@ def adopt_engine(transit: Transit, pools: MemoryPools, model_stage: str, engine,
         pools.restore(model_stage, engine)
         tensors = {k: dict(d) for k, d in engine.state_tensors().items()}
     pools.forget(model_stage)
+    tensors = {k: {key: t.detach() for key, t in d.items()} for k, d in tensors.items()}  # ZeRO-3 slice leaves
     if meta.z == 1:
         for k, d in tensors.items():
             if FLAT in d:  # a ZeRO engine of one DP rank: the whole flat vector, per name for a replica
                 tensors[k] = unflatten(engine.spec, meta, me, d[FLAT][:sum(w.numel() for w in engine.model.params.values())])
+            elif getattr(engine, "zero", 0) >= 2 and k in sliced_kinds(engine.zero):  # {unit: [N_u]} per name
+                tensors[k] = {n: x for u in d for n, x in engine._views(u, d[u]).items()}
     unit = Unit(meta, tensors, counters)
     transit.units[meta.uid] = unit
     return unit
@@ -62,15 +67,40 @@ def build_engine(pools: MemoryPools, engines: dict, model_stage: str, unit: Unit
     """
     pools.set_mode(model_stage, offload)
     pools.make_room(engines, {model_stage})
-    flats = {k: d[FLAT] for k, d in unit.tensors.items() if FLAT in d}
-    tensors = {k: d for k, d in unit.tensors.items() if FLAT not in d}
+    sliced = {k: d for k, d in unit.tensors.items() if is_sliced(unit.meta, k)}
+    tensors = {k: d for k, d in unit.tensors.items() if k not in sliced}
     engine = make_engine(zero, *args, state={"tensors": tensors, "counters": unit.counters}, **kwargs)
-    for k, t in flats.items():  # the ZeRO slices as they came (same shape as the ones built)
-        getattr(engine, k)["flat"] = t
+    for k, d in sliced.items():  # the ZeRO slices as they came (same shapes as the ones built)
+        if zero == 1:
+            getattr(engine, k)["flat"] = d[FLAT]
+        else:
+            _set_slices(engine, k, d)
     engines[model_stage] = engine
     if unit.meta.host:
         pools.offload(model_stage, engine)
     return engine
+
+
+@torch.no_grad()
+def _set_slices(engine, kind: str, slots: dict) -> None:
+    """A ``worker/zero3.py`` engine takes this rank's slices of ``kind`` as the transition delivered them
+    (unit → ``[k_u]``, the engine's ``layout()``): ZeRO-3 ``params`` become its slice leaves (in the
+    weights' dtype), the optimizer kinds replace its slices.
+
+    Raises:
+        ValueError: other units or lengths than the engine's, or a kind it does not hold as slices.
+    """
+    held = {"params": engine.pslice if engine.zero == 3 else None}.get(kind, getattr(engine, kind, None) or None)
+    if held is None:
+        raise ValueError(f"a ZeRO-{engine.zero} engine holds no slices of {kind!r}")
+    got = {u: tuple(t.shape) for u, t in slots.items()}
+    want = {u: (k,) for u, _names, _n, k, _lo in engine.layout()}
+    if got != want:
+        raise ValueError(f"{kind} slices {got} do not match the engine's layout {want}")
+    if kind == "params":
+        engine.pslice = {u: t.to(engine._wdtype).detach().requires_grad_(engine.trainable) for u, t in slots.items()}
+    else:
+        held.update(slots)
 
 
 def snapshot_meta(model_stage: str, engine, built: dict) -> UnitMeta:

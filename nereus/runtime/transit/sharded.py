@@ -43,13 +43,9 @@ def aligned_target(dag, target: Plan) -> Plan:
 
 
 def live_unsupported(dag, *plans: Plan) -> str | None:
-    """Why the executor cannot run ``dag`` live (module docstring), or None; ``plans`` (the current
-    and target) are checked too: a ZeRO-2/3 engine (``worker/zero3.py``) is never moved live, also
-    with one DP rank (a replica to the planner)."""
-    for plan in plans:
-        for c in plan.candidates:
-            if c.zero not in (0, 1):
-                return f"{c.model_stage}: zero={c.zero} state (worker/zero3.py) is not moved live"
+    """Why the executor cannot run ``dag`` live (module docstring), or None; ``plans`` (the current and
+    target) are not needed and kept for callers."""
+    del plans
     emus = list(dag.initial) + list(dag.target) + [e for p in dag.nodes for e in p.produces]
     for e in emus:
         if e.z > 1:
@@ -60,8 +56,14 @@ def live_unsupported(dag, *plans: Plan) -> str | None:
     by_uid = {e.uid: e for e in emus}
     for p in dag.nodes:
         units = [by_uid[u] for u in p.reads + p.consumes if u in by_uid] + list(p.produces)
-        if any(u.z > 1 for u in units) and len({(u.tp, u.pp) for u in units}) > 1:
+        # a Load moves the weights only: a ZeRO-1/2 group's weights are whole (per name)
+        groups = [u for u in units if u.z > 1 and (p.kind != "load" or u.zero == 3)]
+        if groups and len({(u.tp, u.pp) for u in units}) > 1:
             return f"{p.pid}: moves ZeRO slices between layouts {sorted({(u.tp, u.pp) for u in units})}"
+        stages = {u.zero for u in groups}
+        if 1 in stages and stages & {2, 3}:
+            return (f"{p.pid}: moves optimizer slices between ZeRO-1 (one range of each shard) and ZeRO-"
+                    f"{max(stages)} (one range per layer unit), which the planner counts as one layout")
     return None
 
 

@@ -1,0 +1,99 @@
+"""Live transitions of ZeRO-3 and ZeRO-2 state through the transition executor (issue 24 item 4;
+``transit/flat.py``: a ZeRO-2/3 rank's slices are one span of the flat shard per layer unit): ZeRO-3
+DP 2->4 and 4->2, ZeRO-3 -> ZeRO-2 and back, ZeRO-3 -> plain DP, in a PPO run on Ray. After each, the
+gathered logical state equals the state before bit for bit, every primitive received exactly the
+bytes the transition planner predicted for it (and the figure derived by hand), the actor's engine is
+of the target ZeRO stage, and the run trains on; the chain ends where a reference run without
+transitions ends (same samples, fp32 reduction tolerance, as ``test_runtime_transit_zero.py``)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_runtime_transit_zero import (  # noqa: E402
+    CFG,
+    N_ACTOR,
+    SPEC,
+    TASK,
+    TRAIN,
+    W,
+    _assert_equal,
+    _live,
+    _states,
+    plan,
+)
+
+from nereus.runtime.run.driver import RLDriver  # noqa: E402
+from nereus.spec.plan import Plan  # noqa: E402
+
+
+def z3(zero: int = 3, **changes) -> Plan:
+    """The test's plan with the actor at ZeRO ``zero`` (full recompute at stage 3, as ``--zero 3``)."""
+    p = plan(zero=zero, **changes)
+    return Plan(candidates=tuple(replace(c, recompute="full") if c.zero == 3 else c for c in p.candidates))
+
+
+#: (name, target, bytes every primitive together must receive, by hand: fp32 weights and two fp32
+#: moments, 12 B per element; every unit of the tiny actor's shard divides by 4, so a rank's slice of a
+#: unit is exactly N_u/z, tests/test_transit_zero3_slices.py)
+CHAIN = [
+    # ranks 0, 1 become ranks 0, 2 of 4 (transition/group_ranks.py) and keep their quarter of every
+    # unit; the new ranks on workers 2, 3 receive their quarter of weights and both moments
+    ("ZeRO-3 DP 2->4", z3(actor_train=(1, 1, 4, (0, 1, 2, 3))), 2 * 12 * N_ACTOR // 4),
+    # back onto workers 0 and 1: each receives the quarter of its new half it lacks
+    ("ZeRO-3 DP 4->2", z3(), 2 * 12 * N_ACTOR // 4),
+    # each rank all-gathers the other half of the weights; the moments' slices stay (same units)
+    ("ZeRO-3 -> ZeRO-2", z3(zero=2), 2 * 4 * N_ACTOR // 2),
+    # the weights are cut locally, the moments' slices stay: nothing moves
+    ("ZeRO-2 -> ZeRO-3", z3(), 0),
+    # each replica all-gathers the other half of every unit, all three kinds
+    ("ZeRO-3 -> plain DP", z3(zero=0), 2 * 12 * N_ACTOR // 2),
+]
+
+
+@pytest.mark.slow
+def test_zero3_live_transitions_reshard_unit_slices_bit_exact_with_the_planned_bytes(pool):
+    steps = len(CHAIN) + 1
+    ref = RLDriver(SPEC, W, z3(), TASK, 4, CFG).start(pool)
+    try:
+        for _ in range(steps):
+            ref.step()
+        want = _states(ref)
+    finally:
+        ref.close()
+    d = RLDriver(SPEC, W, z3(), TASK, 4, CFG).start(pool)
+    moved = {}
+    try:
+        d.step()
+        for name, target, by_hand in CHAIN:
+            before = _states(d)
+            est, rep = _live(d, target)
+            _assert_equal(_states(d), before, name)
+            assert rep.bytes_moved == rep.predicted_bytes == est.bytes_moved == by_hand, (name, rep.summary())
+            for r in rep.primitives:  # per primitive, not only in total
+                assert r.bytes_received == r.predicted_bytes, (name, r.pid, r.bytes_received, r.predicted_bytes)
+            assert rep.driver_bytes < 64 * 1024, (name, rep.driver_bytes)  # metadata only
+            moved[name] = (int(est.bytes_moved), rep.bytes_moved)
+            c, t = d.cands["actor.train"], target["actor.train"]
+            assert (c.dp, c.zero, sorted(c.gpus)) == (t.dp, t.zero, sorted(t.gpus))
+            d.step()
+        got = _states(d)
+    finally:
+        d.close()
+    print("predicted vs moved bytes:", moved)
+    atol = 1e-2 * CFG.actor_lr  # as test_runtime_transit_zero: reduction order (reduce-scatter at dp 4)
+    for ms in TRAIN:
+        assert got[ms]["update_count"] == want[ms]["update_count"] == 2 * steps
+        assert got[ms]["position"] == want[ms]["position"]
+        for n in want[ms]["params"]:
+            assert torch.allclose(got[ms]["params"][n], want[ms]["params"][n], atol=atol, rtol=1e-4), (ms, n)
+            assert torch.allclose(got[ms]["exp_avg"][n], want[ms]["exp_avg"][n], atol=1e-6, rtol=1e-3), (ms, n)
