@@ -137,6 +137,10 @@ def z3(zero: int = 3, **changes) -> Plan:
 
 
 DP4 = {"actor_train": (1, 1, 4, (0, 1, 2, 3))}
+TP2 = {"actor_train": (2, 1, 2, (0, 1, 2, 3))}
+PP2 = {"actor_train": (1, 2, 2, (0, 1, 2, 3))}
+#: the tiny model's norm weights (2 per layer and the final one, hidden 64): replicated on every TP rank
+R = (2 * SPEC.num_layers + 1) * SPEC.hidden_size
 #: (name, current, target, bytes every primitive together must receive, by hand: fp32 weights and two
 #: fp32 moments, 12 B per element; every unit of the tiny shard divides by 4, so a rank's slice of
 #: each unit is exactly N_u/z)
@@ -155,6 +159,21 @@ CASES = [
     ("ZeRO-2 -> ZeRO-3", z3(zero=2), z3(), 0),
     # ZeRO-3 -> ZeRO-2: each rank all-gathers the other half of the weights
     ("ZeRO-3 -> ZeRO-2", z3(), z3(zero=2), 2 * 4 * N // 2),
+    # ZeRO-1 slices across TP/PP changes (transit/regroup.py). TP 1 -> 2 at DP 2: the group splits into
+    # replicas (each gathers the other half of both moments: 2 x 8 B x N/2), two replicas are copied
+    # whole to workers 2, 3 (2 x 12 B x N), and the TP-2 group is cut from them locally (0 B)
+    ("ZeRO-1 TP 1 -> 2", z3(zero=1), z3(zero=1, **TP2), 2 * 8 * N // 2 + 2 * 12 * N),
+    # TP 2 -> 1: each TP-1 replica on worker 0 / 1 gathers what its TP-2 rank lacks: the other TP half of
+    # the weights and 3/4 of both moments, less the R norm weights both TP halves hold (8N - 4R bytes)
+    ("ZeRO-1 TP 2 -> 1", z3(zero=1, **TP2), z3(zero=1), 2 * (8 * N - 4 * R)),
+    ("ZeRO-1 PP 1 -> 2", z3(zero=1), z3(zero=1, **PP2), None),
+    ("ZeRO-1 PP 2 -> 1", z3(zero=1, **PP2), z3(zero=1), None),
+    # ZeRO-3 TP 1 -> 2: as ZeRO-1's, the weights gathered with the moments (2 x 12 B x N/2 + 2 x 12 B x N)
+    ("ZeRO-3 TP 1 -> 2", z3(), z3(**TP2), 2 * 12 * N // 2 + 2 * 12 * N),
+    # ZeRO-3 TP 2 -> 1: each TP-1 replica holds its rank's half of one TP half of all three kinds,
+    # (N + R)/4 elements, and gathers the rest, 12 B x (N - (N + R)/4); then the group is cut locally
+    ("ZeRO-3 TP 2 -> 1", z3(**TP2), z3(), 2 * (9 * N - 3 * R)),
+    ("ZeRO-3 PP 2 -> plain DP 2 PP 1", z3(**PP2), z3(zero=0), None),
 ]
 
 
@@ -173,7 +192,9 @@ def test_zero3_transition_moves_the_planned_bytes_and_yields_the_target_slices(n
     _check_target(est, units)
     for p in est.dag.nodes:
         assert got[p.pid] == p.bytes_moved, (name, p.pid, got[p.pid], p.bytes_moved)
-    assert sum(got.values()) == est.bytes_moved == moved, (name, sum(got.values()), est.bytes_moved, moved)
+    assert sum(got.values()) == est.bytes_moved, (name, sum(got.values()), est.bytes_moved)
+    if moved is not None:
+        assert est.bytes_moved == moved, (name, est.bytes_moved, moved)
 
 
 def test_a_zero3_rank_holds_one_span_per_unit():

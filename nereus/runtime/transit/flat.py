@@ -45,7 +45,7 @@ from nereus.runtime.worker.zero3 import unit_names
 from nereus.spec.model import ModelSpec
 
 __all__ = ["FLAT", "Span", "sliced_kinds", "is_sliced", "flat_numel", "zero_units", "spans", "slot_lengths",
-           "check_flat", "flatten", "unflatten"]
+           "name_span", "cut_slots", "flatten", "unflatten"]
 
 #: the slot a ZeRO-1 slice goes under in a unit's ``tensors[kind]`` (``worker/zero.py``: ``"flat"``),
 #: and the name of every flat piece (``transit/plans.py``)
@@ -163,12 +163,33 @@ def slot_lengths(spec: ModelSpec, unit, worker: int, kind: str) -> dict[str | No
     return {u: -(-size // unit.z) for u, _o, size in zero_units(spec, unit.tp, unit.pp, p, t)}
 
 
-def check_flat(move_pid: str, units) -> None:
-    """Raise ValueError unless every unit of a primitive that moves slices has one ``(tp, pp)`` (slices
-    of different layouts are not nested, module docstring)."""
-    lays = {(u.tp, u.pp) for u in units}
-    if len(lays) > 1:
-        raise ValueError(f"{move_pid}: ZeRO slices move only between units of one (tp, pp); got {sorted(lays)}")
+def name_span(spec: ModelSpec, tp: int, pp: int, p: int, t: int, name: str) -> tuple[int, int]:
+    """``(offset, elements)`` of parameter ``name``'s shard in the ``(p, t)`` flat vector of a ``(tp, pp)``
+    layout (vocab padding rows included).
+
+    Raises:
+        KeyError: ``name`` is not on PP rank ``p``.
+    """
+    return _offsets(spec, tp, pp, p, t)[name]
+
+
+@lru_cache(maxsize=256)
+def _offsets(spec: ModelSpec, tp: int, pp: int, p: int, t: int) -> dict[str, tuple[int, int]]:
+    out, off = {}, 0
+    for n, k in _name_numel(spec, tp, pp, p, t).items():
+        out[n] = (off, k)
+        off += k
+    return out
+
+
+def cut_slots(spec: ModelSpec, unit, worker: int, kind: str, flat: torch.Tensor) -> dict:
+    """The slots (:func:`slot_lengths`) ``worker`` holds of ``kind`` in ``unit``, cut from its position's
+    whole flat vector ``[N]`` (fresh tensors, padding zero)."""
+    out = {key: torch.zeros(n, dtype=flat.dtype, device=flat.device)
+           for key, n in slot_lengths(spec, unit, worker, kind).items()}
+    for s in spans(spec, unit, worker, kind):
+        out[s.key][s.off:s.off + s.hi - s.lo].copy_(flat[s.lo:s.hi])
+    return out
 
 
 def flatten(spec: ModelSpec, unit, worker: int, tensors: dict) -> torch.Tensor:

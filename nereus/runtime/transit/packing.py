@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import torch
 
-from nereus.runtime.transit.flat import FLAT, flatten, is_sliced, slot_lengths, spans, unflatten
+from nereus.runtime.transit.flat import FLAT, cut_slots, flatten, is_sliced, slot_lengths, spans, unflatten
 from nereus.runtime.transit.index import full_numel, piece_numel, row_numel, shapes
 from nereus.runtime.transit.plans import MovePlan, MoveSpec, held, kind_dtype
+from nereus.runtime.transit.regroup import Part
 
 __all__ = ["COUNTERS", "HEADER_BYTES", "pack", "recv_sizes", "assemble", "itemsize"]
 
@@ -180,6 +181,11 @@ def assemble(spec, plan: MovePlan, move: MoveSpec, me: int, recv: dict, source, 
             full = shp[name][0]
             shape = _piece_shape(full, want.dim, want.length) if want.dim is not None else list(full)
             kdt = kind_dtype(kind, dtype)
+            if segs and isinstance(segs[0], Part):  # regions gathered from ZeRO slices (transit/regroup.py)
+                t, hdr = _assemble_gathered(spec, me, kind, want, shape, segs, recv, cursor, source, kdt, device, memo)
+                counters = counters or hdr
+                tensors.setdefault(kind, {})[name] = t
+                continue
             t = _whole_local(spec, segs, consumed, source, me, kind, name, shape, kdt, taken, device)
             if t is not None:
                 counters = counters or source(segs[0][1]).counters
@@ -205,6 +211,8 @@ def assemble(spec, plan: MovePlan, move: MoveSpec, me: int, recv: dict, source, 
                     counters = counters or hdr
                 _narrow(t, want.dim, a, b, want.lo).copy_(piece)
             tensors.setdefault(kind, {})[name] = t
+        for kind in plan.recut.get((me, dst.uid), ()):  # whole shards of a sliced kind: cut into the slots
+            tensors[kind] = cut_slots(spec, dst, me, kind, flatten(spec, dst, me, tensors[kind]))
         made[dst.uid] = (tensors, dict(counters or {}))
     return made
 
@@ -233,6 +241,40 @@ def _assemble_flat(spec, me, dst, kind, segs, recv, cursor, source, kdt, device,
             cursor[src_w] += nb
             target.copy_(piece)
     return out
+
+
+def _assemble_gathered(spec, me, kind, want, shape, parts, recv, cursor, source, kdt, device, memo):
+    """One target shard ``shape`` of a name from gathered :class:`~nereus.runtime.transit.regroup.Part` s:
+    each part's flat range filled from its segments, viewed as the source shard and written into the
+    target's region (vocab padding rows of the target zero). Returns ``(tensor, counters or None)``."""
+    t = torch.empty(shape, dtype=kdt, device=device)
+    if want.dim is not None and want.hi - want.lo < want.length:
+        t.narrow(0, want.hi - want.lo, want.length - (want.hi - want.lo)).zero_()
+    counters = None
+    for part in parts:
+        tmp = torch.empty(part.hi - part.lo, dtype=kdt, device=device)
+        for src_w, uid, a, b in part.segs:
+            target = tmp.narrow(0, a - part.lo, b - a)
+            if src_w is None:
+                u = source(uid)
+                target.copy_(_flat_piece(spec, u, me, kind, a, b, memo))
+                counters = counters or u.counters
+                continue
+            raw, hdr = recv[src_w]
+            nb = (b - a) * itemsize(kdt)
+            piece, aligned = _typed(raw, cursor[src_w], nb, kdt, [b - a])
+            if not aligned:
+                piece.reshape(-1).view(torch.uint8).copy_(raw[cursor[src_w]:cursor[src_w] + nb])
+            cursor[src_w] += nb
+            target.copy_(piece)
+            counters = counters or hdr
+        r = part.region
+        got = tmp.view(part.shape)
+        if r.dim is None or want.dim is None:
+            t.copy_(got)
+        else:
+            _narrow(t, r.dim, r.lo, r.hi, want.lo).copy_(got.narrow(r.dim, 0, r.hi - r.lo))
+    return t, counters
 
 
 def _whole_local(spec, segs, consumed, source, me, kind, name, shape, kdt, taken, device):

@@ -41,9 +41,10 @@ from functools import lru_cache
 import torch
 
 from nereus.runtime.model.precision import TRAIN_KINDS, WEIGHT_KINDS, train_kinds
-from nereus.runtime.transit.flat import FLAT, check_flat, is_sliced, spans
+from nereus.runtime.transit.flat import FLAT, is_sliced, spans
 from nereus.runtime.transit.index import Region, stage_regions, tp_regions
 from nereus.runtime.transit.index import cache_clear as index_cache_clear
+from nereus.runtime.transit.regroup import kind_mode, plan_gather
 from nereus.spec.model import ModelSpec
 
 __all__ = ["Region", "UnitMeta", "MoveSpec", "Piece", "MovePlan", "region", "held", "plan_moves",
@@ -159,12 +160,16 @@ class MovePlan:
         pairs: ``(sender, receiver)`` → pieces, in buffer order.
         assembly: ``(receiver, produced uid)`` → ``[(kind, name, target region, segments)]`` where a
             segment is ``(source, source uid, lo, hi)``; ``source`` is the sending worker, or None
-            when the piece is local (read from ``source uid`` on the receiver).
+            when the piece is local (read from ``source uid`` on the receiver); a gathered item's
+            segments are :class:`~nereus.runtime.transit.regroup.Part` s instead (``transit/regroup.py``).
+        recut: ``(receiver, produced uid)`` → kinds planned per name and then cut into the target's
+            ZeRO slots (``transit/regroup.py``).
     """
 
     pairs: dict = field(default_factory=dict)
     assembly: dict = field(default_factory=dict)
     members: tuple[int, ...] | None = None
+    recut: dict = field(default_factory=dict)
 
     @property
     def comm_workers(self) -> tuple[int, ...]:
@@ -251,12 +256,14 @@ def _plan(spec: ModelSpec, move: MoveSpec, worker: int | None) -> MovePlan:
         return plan
     everyone: set[int] = set()
     sources = _source_items(spec, move)
-    units = move.produces + move.sources + move.local
-    flat_kinds = tuple(k for k in move.kinds if any(is_sliced(u, k) for u in units))
-    name_kinds = tuple(k for k in move.kinds if k not in flat_kinds)
-    if flat_kinds:
-        check_flat(move.pid, units)
+    units = move.sources + move.local
+    sliced = tuple(k for k in move.kinds if any(is_sliced(u, k) for u in units + move.produces))
     for dst in move.produces:
+        modes = {k: kind_mode(move.pid, dst, k, units) if k in sliced else "name" for k in move.kinds}
+        flat_kinds = tuple(k for k in move.kinds if modes[k] == "flat")
+        gather_kinds = tuple(k for k in move.kinds if modes[k] == "gather")
+        name_kinds = tuple(k for k in move.kinds if modes[k] in ("name", "recut"))
+        recut = tuple(k for k in move.kinds if modes[k] == "recut")
         for w in dst.gpus:
             mine = worker is None or w == worker
             holders = _holders(spec, move, dst, w, sources)
@@ -264,8 +271,22 @@ def _plan(spec: ModelSpec, move: MoveSpec, worker: int | None) -> MovePlan:
             items = []
             for kind in flat_kinds:
                 items += _plan_flat(spec, move, plan, dst, w, holders, kind, everyone, mine, worker)
+            if recut and mine:
+                plan.recut[(w, dst.uid)] = recut
             want_regions = stage_regions(spec, dst.tp, dst.pp, p, t)
             for name, want in want_regions.items():
+                for kind in gather_kinds:  # buffer order: gathered kinds first, then name, kind, segment
+                    parts = plan_gather(spec, move.pid, dst, w, name, want, kind, holders)
+                    for part in parts:
+                        for src_w, uid, a, b in part.segs:
+                            if src_w is not None:
+                                everyone.update((src_w, w))
+                                if mine or src_w == worker:
+                                    plan.pairs.setdefault((src_w, w), []).append(Piece(uid, kind, FLAT, 0, a, b))
+                    if mine:
+                        items.append((kind, name, want, tuple(parts)))
+                if not name_kinds:
+                    continue
                 need = [(want.lo, want.hi)] if want.dim is not None else [(0, 1)]
                 segs = []
                 for src_w, u, h in holders:

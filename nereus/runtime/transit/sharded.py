@@ -7,11 +7,13 @@ Source: DESIGN.md §4.8; issue 24 item 4; ``transit/flat.py`` (how slices move).
   records that order, and the engines must be built in it, so the plan the driver adopts takes each
   ZeRO group's GPU order from the DAG (the same GPUs and degrees: which rank owns which slice and
   which micro-batches is a convention at a step boundary).
-* :func:`live_unsupported`: why the executor cannot run a DAG (None when it can): a ZeRO stage whose
-  slices it does not move (3: the weights are sliced too), or a primitive that moves ZeRO slices
-  between units of different ``(tp, pp)`` (the planner splits such a group into replicas first, so
-  this only guards against another planner). ``nereus run --adaptive`` sends such a change through
-  the checkpoint restart, which holds the unsliced logical state (``durable/``).
+* :func:`live_unsupported`: why the executor cannot run a DAG (None when it can): a primitive that
+  meets ZeRO-1 slices (one range of each shard's flat vector) and ZeRO-2/3 slices (one range per layer
+  unit, ``transit/flat.py``) of one kind, whose bytes the planner counts as if the layouts were one;
+  or one that moves slices between TP/PP layouts otherwise than ``transit/regroup.py`` does (a whole
+  target gathering slices of a layout at least as fine; a sliced target cut locally from whole
+  units, the planner's free Merge). ``nereus run --adaptive`` sends such a change through the
+  checkpoint restart, which holds the unsliced logical state (``durable/``).
 """
 
 from __future__ import annotations
@@ -55,15 +57,34 @@ def live_unsupported(dag, *plans: Plan) -> str | None:
                 return f"{e.model_stage}: {err}"
     by_uid = {e.uid: e for e in emus}
     for p in dag.nodes:
-        units = [by_uid[u] for u in p.reads + p.consumes if u in by_uid] + list(p.produces)
+        read = [by_uid[u] for u in p.reads + p.consumes if u in by_uid]
         # a Load moves the weights only: a ZeRO-1/2 group's weights are whole (per name)
-        groups = [u for u in units if u.z > 1 and (p.kind != "load" or u.zero == 3)]
-        if groups and len({(u.tp, u.pp) for u in units}) > 1:
-            return f"{p.pid}: moves ZeRO slices between layouts {sorted({(u.tp, u.pp) for u in units})}"
+        groups = [u for u in read + list(p.produces) if u.z > 1 and (p.kind != "load" or u.zero == 3)]
         stages = {u.zero for u in groups}
         if 1 in stages and stages & {2, 3}:
             return (f"{p.pid}: moves optimizer slices between ZeRO-1 (one range of each shard) and ZeRO-"
                     f"{max(stages)} (one range per layer unit), which the planner counts as one layout")
+        why = _across_layouts(p, read, groups)
+        if why:
+            return why
+    return None
+
+
+def _across_layouts(p, read, groups) -> str | None:
+    """Why primitive ``p`` cannot move ZeRO slices between its units' TP/PP layouts
+    (``transit/regroup.py``), or None: a sliced target is cut only from whole units, locally (the
+    planner's free Merge), and a whole target gathers slices only of a layout as fine as its own."""
+    for d in p.produces:
+        others = [u for u in read if (u.tp, u.pp) != (d.tp, d.pp)]
+        if not others:
+            continue
+        if d in groups:
+            if any(u in groups for u in others):
+                return f"{p.pid}: cuts ZeRO slices of {d.uid} from slices of another TP/PP layout"
+            if p.bytes_moved > 0:
+                return f"{p.pid}: cuts ZeRO slices of {d.uid} from units of another TP/PP layout, not locally"
+        elif any(u in groups and (u.tp % d.tp or u.pp % d.pp) for u in others):
+            return f"{p.pid}: gathers ZeRO slices into {d.uid}, a TP/PP layout finer than theirs"
     return None
 
 
