@@ -97,3 +97,64 @@ def test_zero3_live_transitions_reshard_unit_slices_bit_exact_with_the_planned_b
         for n in want[ms]["params"]:
             assert torch.allclose(got[ms]["params"][n], want[ms]["params"][n], atol=atol, rtol=1e-4), (ms, n)
             assert torch.allclose(got[ms]["exp_avg"][n], want[ms]["exp_avg"][n], atol=1e-6, rtol=1e-3), (ms, n)
+
+
+#: the tiny model's norm weights (2 per layer and the final one): replicated on every TP rank
+R = (2 * SPEC.num_layers + 1) * SPEC.hidden_size
+TP2 = {"actor_train": (2, 1, 2, (0, 1, 2, 3))}
+PP2 = {"actor_train": (1, 2, 2, (0, 1, 2, 3))}
+#: zero → [(name, target, bytes by hand)] (the planner's figure is asserted for every primitive too)
+#: (transit/regroup.py; derivations in tests/test_transit_zero3_slices.py)
+LAYOUT_CHAINS = {
+    1: [("ZeRO-1 TP 1->2", z3(zero=1, **TP2), 2 * 8 * N_ACTOR // 2 + 2 * 12 * N_ACTOR),
+        ("ZeRO-1 TP 2->1", z3(zero=1), 2 * (8 * N_ACTOR - 4 * R)),
+        ("ZeRO-1 PP 1->2", z3(zero=1, **PP2), 2 * 8 * N_ACTOR // 2 + 2 * 12 * N_ACTOR)],
+    3: [("ZeRO-3 TP 1->2", z3(**TP2), 2 * 12 * N_ACTOR // 2 + 2 * 12 * N_ACTOR),
+        ("ZeRO-3 TP 2->1", z3(), 2 * (9 * N_ACTOR - 3 * R)),
+        ("ZeRO-3 PP 1->2", z3(**PP2), 2 * 12 * N_ACTOR // 2 + 2 * 12 * N_ACTOR)],
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("zero", [1, 3])
+def test_zero_slices_move_live_across_tp_and_pp_changes(pool, zero):
+    """ZeRO-1 and ZeRO-3 groups changing TP (1 -> 2 -> 1) and PP (1 -> 2) at DP 2 in place: the group
+    is split into replicas of its own layout (each gathering the slices it lacks), replicas are copied
+    to new workers, and the target group is cut from them locally (``transit/regroup.py``); bit-exact
+    logical state, the planner's bytes per primitive, training on as the reference run."""
+    chain = LAYOUT_CHAINS[zero]
+    steps = len(chain) + 1
+    ref = RLDriver(SPEC, W, z3(zero=zero), TASK, 4, CFG).start(pool)
+    try:
+        for _ in range(steps):
+            ref.step()
+        want = _states(ref)
+    finally:
+        ref.close()
+    d = RLDriver(SPEC, W, z3(zero=zero), TASK, 4, CFG).start(pool)
+    moved = {}
+    try:
+        d.step()
+        for name, target, by_hand in chain:
+            before = _states(d)
+            est, rep = _live(d, target)
+            _assert_equal(_states(d), before, name)
+            assert rep.bytes_moved == rep.predicted_bytes == est.bytes_moved > 0, (name, rep.summary())
+            if by_hand is not None:
+                assert rep.bytes_moved == by_hand, (name, rep.bytes_moved, by_hand)
+            for r in rep.primitives:
+                assert r.bytes_received == r.predicted_bytes, (name, r.pid, r.bytes_received, r.predicted_bytes)
+            moved[name] = (int(est.bytes_moved), rep.bytes_moved)
+            c, t = d.cands["actor.train"], target["actor.train"]
+            assert (c.tp, c.pp, c.dp, c.zero) == (t.tp, t.pp, t.dp, t.zero)
+            d.step()
+        got = _states(d)
+    finally:
+        d.close()
+    print("predicted vs moved bytes:", moved)
+    atol = 1e-2 * CFG.actor_lr  # reduction order (TP and PP change the sums' order)
+    for ms in TRAIN:
+        assert got[ms]["update_count"] == want[ms]["update_count"] == 2 * steps
+        for n in want[ms]["params"]:
+            assert torch.allclose(got[ms]["params"][n], want[ms]["params"][n], atol=atol, rtol=1e-4), (ms, n)
+            assert torch.allclose(got[ms]["exp_avg"][n], want[ms]["exp_avg"][n], atol=1e-6, rtol=1e-3), (ms, n)

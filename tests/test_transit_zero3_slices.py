@@ -21,7 +21,7 @@ from nereus.runtime.model.precision import train_kinds
 from nereus.runtime.model.sharding import init_full_params, names_of_stage, param_shapes, shard
 from nereus.runtime.transit.driver_side import move_specs
 from nereus.runtime.transit.flat import FLAT, flat_numel, spans, zero_units
-from nereus.runtime.transit.index import shapes, stage_names
+from nereus.runtime.transit.index import shapes, stage_names, stage_regions
 from nereus.runtime.transit.packing import COUNTERS, HEADER_BYTES, assemble, pack, recv_sizes
 from nereus.runtime.transit.plans import UnitMeta, kind_dtype, kinds_for, plan_moves
 from nereus.runtime.transit.sharded import live_unsupported
@@ -166,7 +166,8 @@ CASES = [
     # TP 2 -> 1: each TP-1 replica on worker 0 / 1 gathers what its TP-2 rank lacks: the other TP half of
     # the weights and 3/4 of both moments, less the R norm weights both TP halves hold (8N - 4R bytes)
     ("ZeRO-1 TP 2 -> 1", z3(zero=1, **TP2), z3(zero=1), 2 * (8 * N - 4 * R)),
-    ("ZeRO-1 PP 1 -> 2", z3(zero=1), z3(zero=1, **PP2), None),
+    # PP 1 -> 2: the same split, copies and local cut as TP 1 -> 2
+    ("ZeRO-1 PP 1 -> 2", z3(zero=1), z3(zero=1, **PP2), 2 * 8 * N // 2 + 2 * 12 * N),
     ("ZeRO-1 PP 2 -> 1", z3(zero=1, **PP2), z3(zero=1), None),
     # ZeRO-3 TP 1 -> 2: as ZeRO-1's, the weights gathered with the moments (2 x 12 B x N/2 + 2 x 12 B x N)
     ("ZeRO-3 TP 1 -> 2", z3(), z3(**TP2), 2 * 12 * N // 2 + 2 * 12 * N),
@@ -175,6 +176,20 @@ CASES = [
     ("ZeRO-3 TP 2 -> 1", z3(**TP2), z3(), 2 * (9 * N - 3 * R)),
     ("ZeRO-3 PP 2 -> plain DP 2 PP 1", z3(**PP2), z3(zero=0), None),
 ]
+
+
+@pytest.mark.parametrize("tp, pp", [(1, 1), (2, 1), (1, 2), (2, 2)])
+def test_transit_units_are_the_engines_units(tp, pp):
+    """``flat.zero_units`` groups a shard as ``worker/zero3.py: unit_names`` does (names and sizes)."""
+    tied = replace(SPEC, tie_word_embeddings=True)
+    for spec in (SPEC, tied, SPEC.value_head()):
+        for p in range(pp):
+            for t in range(tp):
+                numel = {n: r.length * (torch.Size(shapes(spec)[n][0]).numel() // shapes(spec)[n][0][r.dim])
+                         if r.dim is not None else torch.Size(shapes(spec)[n][0]).numel()
+                         for n, r in stage_regions(spec, tp, pp, p, t).items()}
+                want = [(u, sum(numel[n] for n in ns)) for u, ns in unit_names(list(stage_names(spec, pp, p)))]
+                assert [(u, n) for u, _o, n in zero_units(spec, tp, pp, p, t)] == want, (spec.name, tp, pp, p, t)
 
 
 def test_units_of_the_tiny_shard_divide_by_four_and_tile_the_flat_vector():

@@ -432,7 +432,7 @@ class AdaptiveRun(RecoveryMixin, CheckpointingMixin):
             return None, str(e)
         if not est.feasible:
             return None, est.reason
-        why = live_unsupported(est.dag, current, target)  # e.g. ZeRO-2/3: the checkpoint restart does it
+        why = live_unsupported(est.dag, current, target)  # e.g. ZeRO-1 <-> ZeRO-3: the checkpoint restart does it
         if why:
             return None, why
         self._mark()

@@ -41,7 +41,6 @@ from typing import NamedTuple
 import torch
 
 from nereus.runtime.transit.index import full_numel, row_numel, shapes, stage_names, stage_regions
-from nereus.runtime.worker.zero3 import unit_names
 from nereus.spec.model import ModelSpec
 
 __all__ = ["FLAT", "Span", "sliced_kinds", "is_sliced", "flat_numel", "zero_units", "spans", "slot_lengths",
@@ -100,10 +99,28 @@ def _name_numel(spec: ModelSpec, tp: int, pp: int, p: int, t: int) -> dict[str, 
     return out
 
 
+def _unit_names(names) -> list[tuple[str, list[str]]]:
+    """``[(unit, names)]`` as ``worker/zero3.py: unit_names`` groups a shard's ordered names (not
+    imported: the worker engine imports this package's modules; ``tests/test_transit_zero3_slices.py``
+    checks the two agree)."""
+    layers: dict[int, list[str]] = {}
+    embed, head = [], []
+    for n in names:
+        if n.startswith("model.layers."):
+            layers.setdefault(int(n.split(".")[2]), []).append(n)
+        elif n == "model.embed_tokens.weight":
+            embed.append(n)
+        else:
+            head.append(n)
+    out = [("embed", embed)] if embed else []
+    out += [(f"layer{i}", layers[i]) for i in sorted(layers)]
+    return out + ([("head", head)] if head else [])
+
+
 @lru_cache(maxsize=256)
 def zero_units(spec: ModelSpec, tp: int, pp: int, p: int, t: int) -> tuple[tuple[str, int, int], ...]:
-    """``((unit, o_u, N_u), ...)``: the ZeRO-2/3 units of the ``(p, t)`` shard (``worker/zero3.py``:
-    ``unit_names``) with their offsets in the flat vector and their elements.
+    """``((unit, o_u, N_u), ...)``: the ZeRO-2/3 units of the ``(p, t)`` shard (grouped as
+    ``worker/zero3.py: unit_names`` groups them) with their offsets in the flat vector and their elements.
 
     Raises:
         ValueError: a unit whose names are not contiguous, in order, in the flat vector (the
@@ -116,7 +133,7 @@ def zero_units(spec: ModelSpec, tp: int, pp: int, p: int, t: int) -> tuple[tuple
         at[n] = off
         off += numel[n]
     out = []
-    for u, ns in unit_names(list(names)):
+    for u, ns in _unit_names(names):
         o = at[ns[0]]
         size = sum(numel[n] for n in ns)
         if [at[n] for n in ns] != [o + sum(numel[m] for m in ns[:i]) for i in range(len(ns))]:

@@ -9,14 +9,18 @@ must be in the host pool at the start: an engine that is still resident (it ran 
 first (a real, measured copy, ``worker/memory_pool.py``), and the unit *is* its host copy (no device
 bytes). A unit the planner sees on the device is restored first if offloaded. The pool forgets the
 engine either way (its host copy is of the old layout). A ZeRO-1 engine's sliced kinds are
-``{"flat": slice}`` (``worker/zero.py``); one with a single DP rank (``z = 1``, a replica to the
-planner) holds the whole flat vector, which is unflattened per name here.
+``{"flat": slice}`` (``worker/zero.py``), a ZeRO-2/3 engine's ``{unit: slice}`` (``worker/zero3.py``;
+ZeRO-3's ``params`` are its slice leaves, detached here): the slots ``transit/flat.py`` names. An
+engine with a single DP rank (``z = 1``, a replica to the planner) holds whole flat vectors, which
+are cut per name here.
 
 **Out of a unit** (:func:`build_engine`). The engine of the target layout is built from the unit (no
 copy) after idle offloadable model-stages here made room (as before a turn); a ZeRO target takes
-its slices as they came (:class:`~nereus.runtime.worker.zero.ZeroEngine` is built from the weights
-and its slices are set to the unit's, the only use of its ``exp_avg`` / ``exp_avg_sq`` / ``master``
-``"flat"`` entries from outside); a target host EMU is offloaded into the pool right away.
+its slices as they came: the engine is built from the unit's whole kinds (a ZeRO-3 engine, whose
+weights are sliced too, from the run's seed, as any build materializes its shard once) and its slices
+are then set to the unit's (ZeRO-1: the ``"flat"`` entries of ``exp_avg`` / ``exp_avg_sq`` /
+``master``; ZeRO-2/3: :func:`_set_slices`, the slice leaves and optimizer slices by unit, checked
+against the engine's ``layout()``); a target host EMU is offloaded into the pool right away.
 """
 
 from __future__ import annotations
