@@ -158,3 +158,56 @@ def test_zero_slices_move_live_across_tp_and_pp_changes(pool, zero):
         for n in want[ms]["params"]:
             assert torch.allclose(got[ms]["params"][n], want[ms]["params"][n], atol=atol, rtol=1e-4), (ms, n)
             assert torch.allclose(got[ms]["exp_avg"][n], want[ms]["exp_avg"][n], atol=1e-6, rtol=1e-3), (ms, n)
+
+
+@pytest.mark.slow
+def test_offloaded_zero3_state_restored_live_onto_new_workers(pool):
+    """Colocated trainers (idle state in the host pool) with a ZeRO-3 actor at DP 2 on workers 0-1: its
+    host slices are restored as a device-resident ZeRO-3 DP 4 group on workers 0-3 (each rank's
+    quarter of weights and both moments from host memory: 4 x 12 B x N/4), and then offloaded back
+    into the host pools of workers 0-1 at DP 2 (an Offload and a Restore of 12 B x N each); bit-exact, the planner's bytes per primitive, the
+    accounted device bytes within the capacity, training on (``test_runtime_transit_zero.py``'s
+    colocated case, at ZeRO-3)."""
+    from test_runtime_transit_zero import COL_CFG, W_RM, _relaid, colocated
+
+    col = _relaid(colocated(), **{"actor.train": {"zero": 3, "recompute": "full"}})
+    dp4 = _relaid(col, **{"actor.train": {"dp": 4, "gpus": (0, 1, 2, 3), "offload": "none"}})
+    chain = [("offloaded ZeRO-3 DP 2 -> resident DP 4 on new workers", dp4, {"restore": 12 * N_ACTOR}),
+             # every rank copies its quarter to its host, the DP 2 host slices are cut from those
+             # (the halves on workers 0-1 read the quarters of workers 2-3 over links)
+             ("resident ZeRO-3 DP 4 -> offloaded DP 2", col, {"offload": 12 * N_ACTOR, "restore": 12 * N_ACTOR})]
+    ref = RLDriver(SPEC, W_RM, col, TASK, 4, COL_CFG).start(pool)
+    try:
+        for _ in range(len(chain) + 1):
+            ref.step()
+        want = _states(ref)
+    finally:
+        ref.close()
+    d = RLDriver(SPEC, W_RM, col, TASK, 4, COL_CFG).start(pool)
+    moved = {}
+    try:
+        d.step()
+        for name, target, kinds in chain:
+            before = _states(d)
+            est, rep = _live(d, target, W_RM)
+            _assert_equal(_states(d), before, name)
+            assert rep.bytes_moved == rep.predicted_bytes == est.bytes_moved > 0, (name, rep.summary())
+            for r in rep.primitives:
+                assert r.bytes_received == r.predicted_bytes, (name, r.pid, r.bytes_received, r.predicted_bytes)
+            assert {r.kind: r.bytes_received for r in rep.primitives} == kinds, (name, rep.summary())
+            moved[name] = (int(est.bytes_moved), rep.bytes_moved, {r.kind: r.bytes_received for r in rep.primitives})
+            c, t = d.cands["actor.train"], target["actor.train"]
+            assert (c.dp, c.zero, c.offload) == (t.dp, t.zero, t.offload)
+            d.reset_measurements()
+            d.step()
+            for pw in d.measurements()["per_worker"]:
+                assert pw["peak_bytes"] <= COL_CFG.device_capacity, (name, pw["worker"])
+        got = _states(d)
+    finally:
+        d.close()
+    print("predicted vs moved bytes:", moved)
+    for ms in TRAIN:  # the DP 4 step sums its gradients in another order: fp32 tolerance
+        assert got[ms]["update_count"] == want[ms]["update_count"] == 2 * (len(chain) + 1)
+        for n in want[ms]["params"]:
+            assert torch.allclose(got[ms]["params"][n], want[ms]["params"][n], atol=1e-2 * CFG.actor_lr, rtol=1e-4)
+            assert torch.allclose(got[ms]["exp_avg"][n], want[ms]["exp_avg"][n], atol=1e-6, rtol=1e-3), (ms, n)

@@ -34,7 +34,8 @@ from nereus.transition.verify import verify_schedule
 sys.path.insert(0, str(Path(__file__).parent))
 from test_runtime_transit_zero import SPEC, _job, plan  # noqa: E402
 
-KINDS = train_kinds("fp32")
+KINDS = train_kinds("bf16")  # every kind a unit can hold (an fp32 run has no separate master)
+DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16}
 N = flat_numel(SPEC, 1, 1, 0, 0)
 FULL = init_full_params(SPEC, 7)
 
@@ -44,16 +45,16 @@ def _value(name: str, kind: str) -> torch.Tensor:
     return FULL[name] * (1 + KINDS.index(kind))
 
 
-def _shards(meta: UnitMeta, worker: int, kind: str) -> dict[str, torch.Tensor]:
+def _shards(meta: UnitMeta, worker: int, kind: str, dtype=torch.float32) -> dict[str, torch.Tensor]:
     p, t = meta.position(worker)
-    return {n: shard(_value(n, kind), param_shapes(SPEC)[n][1], SPEC, meta.tp, t).to(kind_dtype(kind, torch.float32))
+    return {n: shard(_value(n, kind), param_shapes(SPEC)[n][1], SPEC, meta.tp, t).to(kind_dtype(kind, dtype))
             for n in names_of_stage(SPEC, meta.pp, p)}
 
 
-def _reference(meta: UnitMeta, worker: int, kind: str) -> dict[str, torch.Tensor]:
+def _reference(meta: UnitMeta, worker: int, kind: str, dtype=torch.float32) -> dict[str, torch.Tensor]:
     """What an engine of ``meta``'s layout holds of ``kind`` on ``worker``: per-name shards, a ZeRO-1
     ``{"flat": slice}`` (``worker/zero.py``) or ZeRO-2/3 ``{unit: slice}`` (``worker/zero3.py``)."""
-    per_name = _shards(meta, worker, kind)
+    per_name = _shards(meta, worker, kind, dtype)
     sliced = meta.z > 1 and (kind != "params" or meta.zero == 3)
     if not sliced:
         return per_name
@@ -68,25 +69,25 @@ def _reference(meta: UnitMeta, worker: int, kind: str) -> dict[str, torch.Tensor
     return out
 
 
-def _execute(cur: Plan, target: Plan):
+def _execute(cur: Plan, target: Plan, precision: str = "fp32"):
     """Plan the transition of the actor's state, run it on in-process units: (estimate, units by
     worker, bytes received per primitive)."""
     est = estimate_transition(_job(), cur, target, frozenset(range(4)))
     assert est.feasible, est.reason
     assert live_unsupported(est.dag, cur, target) is None
-    dag = est.dag
+    dag, dt = est.dag, DTYPE[precision]
     units: dict[int, dict[str, Unit]] = {w: {} for w in range(4)}
     for e in dag.initial:
         if e.model_stage != "actor.train":
             continue
         meta = UnitMeta.of(e)
         for w in meta.gpus:
-            units[w][meta.uid] = Unit(meta, {k: _reference(meta, w, k) for k in KINDS},
+            units[w][meta.uid] = Unit(meta, {k: _reference(meta, w, k, dt) for k in train_kinds(precision)},
                                       {c: 10 * i + 1 for i, c in enumerate(COUNTERS)})
     specs = move_specs(dag, {"actor.train": True}, {})
     got = {}
     for pid in verify_schedule(dag, est.schedule):
-        move = replace(specs[pid], kinds=kinds_for(specs[pid].kinds, "fp32"))
+        move = replace(specs[pid], kinds=kinds_for(specs[pid].kinds, precision))
         assert move.model_stage == "actor.train", move
         if move.kind == "destroy":
             for w in move.workers:
@@ -94,18 +95,18 @@ def _execute(cur: Plan, target: Plan):
                     units[w].pop(uid, None)
             got[pid] = 0
             continue
-        sent = {w: pack(SPEC, plan_moves(SPEC, move, w), w, units[w].__getitem__, torch.float32, "cpu")
+        sent = {w: pack(SPEC, plan_moves(SPEC, move, w), w, units[w].__getitem__, dt, "cpu")
                 for w in move.workers}
         made, got[pid] = {}, 0
         for w in move.workers:
             pl = plan_moves(SPEC, move, w)
             recv = {}
-            for s, n in recv_sizes(SPEC, pl, w, torch.float32).items():
+            for s, n in recv_sizes(SPEC, pl, w, dt).items():
                 buf, payload = sent[s][w]
                 assert payload == n and buf.numel() == HEADER_BYTES + n
                 recv[s] = (buf[HEADER_BYTES:], dict(zip(COUNTERS, buf[:HEADER_BYTES].view(torch.int64).tolist())))
                 got[pid] += n
-            made[w] = assemble(SPEC, pl, move, w, recv, units[w].__getitem__, torch.float32, "cpu")
+            made[w] = assemble(SPEC, pl, move, w, recv, units[w].__getitem__, dt, "cpu")
         for w in move.workers:
             for uid in move.consumes:
                 units[w].pop(uid, None)
@@ -114,7 +115,7 @@ def _execute(cur: Plan, target: Plan):
     return est, units, got
 
 
-def _check_target(est, units) -> None:
+def _check_target(est, units, precision: str = "fp32") -> None:
     """Every worker holds one unit per target EMU that includes it, of its layout and GPUs (how
     ``Transit.take`` finds it), equal to the target engine's reference."""
     want = [UnitMeta.of(e) for e in est.dag.target if e.model_stage == "actor.train"]
@@ -123,8 +124,8 @@ def _check_target(est, units) -> None:
             (m.tp, m.pp, m.gpus, m.z) for m in want if w in m.gpus), (w, sorted(held))
         for uid, u in held.items():
             assert u.counters == {c: 10 * i + 1 for i, c in enumerate(COUNTERS)}
-            for k in KINDS:
-                ref = _reference(u.meta, w, k)
+            for k in train_kinds(precision):
+                ref = _reference(u.meta, w, k, DTYPE[precision])
                 assert sorted(u.tensors[k], key=str) == sorted(ref, key=str), (uid, w, k)
                 for key, x in ref.items():
                     assert torch.equal(u.tensors[k][key], x), (uid, w, k, key)
@@ -219,3 +220,12 @@ def test_a_zero3_rank_holds_one_span_per_unit():
     units = zero_units(SPEC, 1, 1, 0, 0)
     assert [(s.lo, s.hi, s.key, s.off) for s in got] == [(o + n // 2, o + n, u, 0) for u, o, n in units]
     assert spans(SPEC, replace(meta, zero=2), 1, "params") == ((0, N, None, 0),)  # ZeRO-2 weights whole
+
+
+@pytest.mark.parametrize("name", ["ZeRO-3 DP 2->4", "ZeRO-3 DP 4->2", "ZeRO-3 -> plain DP", "ZeRO-3 TP 2 -> 1",
+                                  "ZeRO-1 TP 1 -> 2"])
+def test_bf16_slices_move_bit_exact(name):
+    """A bf16 run: ZeRO-3 weights travel as bf16 slices, the fp32 master as a fourth sliced kind."""
+    _, cur, target, _ = next(c for c in CASES if c[0] == name)
+    est, units, _got = _execute(cur, target, "bf16")
+    _check_target(est, units, "bf16")
