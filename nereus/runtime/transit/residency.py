@@ -34,7 +34,7 @@ from nereus.runtime.transit.worker_side import Transit, Unit
 from nereus.runtime.worker.memory_pool import MemoryPools
 from nereus.runtime.worker.zero import make_engine
 
-__all__ = ["adopt_engine", "build_engine", "snapshot_meta"]
+__all__ = ["adopt_engine", "unit_tensors", "build_engine", "snapshot_meta"]
 
 
 def adopt_engine(transit: Transit, pools: MemoryPools, model_stage: str, engine, meta: UnitMeta, me: int) -> Unit:
@@ -48,16 +48,25 @@ def adopt_engine(transit: Transit, pools: MemoryPools, model_stage: str, engine,
         pools.restore(model_stage, engine)
         tensors = {k: dict(d) for k, d in engine.state_tensors().items()}
     pools.forget(model_stage)
-    tensors = {k: {key: t.detach() for key, t in d.items()} for k, d in tensors.items()}  # ZeRO-3 slice leaves
-    if meta.z == 1:
-        for k, d in tensors.items():
-            if FLAT in d:  # a ZeRO engine of one DP rank: the whole flat vector, per name for a replica
-                tensors[k] = unflatten(engine.spec, meta, me, d[FLAT][:sum(w.numel() for w in engine.model.params.values())])
-            elif getattr(engine, "zero", 0) >= 2 and k in sliced_kinds(engine.zero):  # {unit: [N_u]} per name
-                tensors[k] = {n: x for u in d for n, x in engine._views(u, d[u]).items()}
+    tensors = unit_tensors(engine, meta, me, tensors)
     unit = Unit(meta, tensors, counters)
     transit.units[meta.uid] = unit
     return unit
+
+
+def unit_tensors(engine, meta: UnitMeta, me: int, tensors: dict) -> dict:
+    """kind → key → tensor of ``engine``'s state ``tensors`` (its own or its host copies) as the unit
+    ``meta`` holds them on worker ``me`` (``transit/flat.py``): detached (ZeRO-3's slice leaves), and
+    per name for a replica (``z = 1``) whose engine holds whole flat vectors (a ZeRO engine of one DP
+    rank). Views, no copy, except a ZeRO-1 flat vector, which ``unflatten`` cuts into fresh tensors."""
+    tensors = {k: {key: t.detach() for key, t in d.items()} for k, d in tensors.items()}
+    if meta.z == 1:
+        for k, d in tensors.items():
+            if FLAT in d:  # a ZeRO-1 engine of one DP rank: the whole flat vector
+                tensors[k] = unflatten(engine.spec, meta, me, d[FLAT][:sum(w.numel() for w in engine.model.params.values())])
+            elif getattr(engine, "zero", 0) >= 2 and k in sliced_kinds(engine.zero):  # {unit: [N_u]}
+                tensors[k] = {n: x for u in d for n, x in engine._views(u, d[u]).items()}
+    return tensors
 
 
 def build_engine(pools: MemoryPools, engines: dict, model_stage: str, unit: Unit, zero: int, offload: str,
