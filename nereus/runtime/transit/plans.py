@@ -30,6 +30,12 @@ rank), then the source units' workers in order. Every (sender, receiver) pair ex
 contiguous buffer holding its pieces in that order. Split is thus an all-gather-v inside each
 ``a × b`` block (each member receives only what its finer ``T_sub`` shard lacks), Merge moves only
 the non-resident parts, Extend copies each shard once from its aligned rank.
+
+**ZeRO slices.** A kind a ZeRO group of the primitive slices (``transit/flat.py``: the moments and
+bf16 master; ZeRO-3 also the weights) is planned per target worker before the names: as flat ranges
+of its position's flat vector when every unit read is of the target's ``(tp, pp)``
+(:func:`_plan_flat`, pieces named ``"flat"``), else gathered from the sliced sources' positions or
+cut from whole units (``transit/regroup.py``).
 """
 
 from __future__ import annotations
