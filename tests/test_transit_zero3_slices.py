@@ -32,7 +32,7 @@ from nereus.transition.estimate import estimate_transition
 from nereus.transition.verify import verify_schedule
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_runtime_transit_zero import SPEC, _job, plan  # noqa: E402
+from test_runtime_transit_zero import SPEC, _job, _relaid, plan  # noqa: E402
 
 KINDS = train_kinds("bf16")  # every kind a unit can hold (an fp32 run has no separate master)
 DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -95,6 +95,14 @@ def _execute(cur: Plan, target: Plan, precision: str = "fp32"):
                     units[w].pop(uid, None)
             got[pid] = 0
             continue
+        if move.kind == "offload":  # as Transit._offload: the host copy (bytes: what it copies)
+            staged, got[pid] = move.produces[0], 0
+            for w in move.workers:
+                for uid in move.consumes:
+                    u = units[w].pop(uid)
+                    units[w][staged.uid] = Unit(staged, u.tensors, u.counters)
+                    got[pid] += u.nbytes
+            continue
         sent = {w: pack(SPEC, plan_moves(SPEC, move, w), w, units[w].__getitem__, dt, "cpu")
                 for w in move.workers}
         made, got[pid] = {}, 0
@@ -112,6 +120,8 @@ def _execute(cur: Plan, target: Plan, precision: str = "fp32"):
                 units[w].pop(uid, None)
             for uid, (tensors, counters) in made[w].items():
                 units[w][uid] = Unit(next(m for m in move.produces if m.uid == uid), tensors, counters)
+        if move.kind == "restore":  # as Transit.run: every produced byte came from host memory
+            got[pid] = sum(units[w][m.uid].nbytes for m in move.produces for w in m.gpus)
     return est, units, got
 
 
@@ -176,6 +186,14 @@ CASES = [
     # (N + R)/4 elements, and gathers the rest, 12 B x (N - (N + R)/4); then the group is cut locally
     ("ZeRO-3 TP 2 -> 1", z3(**TP2), z3(), 2 * (9 * N - 3 * R)),
     ("ZeRO-3 PP 2 -> plain DP 2 PP 1", z3(**PP2), z3(zero=0), None),
+    # targets finer than the ZeRO source (transit/regroup.py: rows, or one range per row of columns)
+    ("ZeRO-1 DP 2 -> plain TP 2 DP 2", z3(zero=1), z3(zero=0, **TP2), None),
+    ("ZeRO-3 DP 2 -> plain TP 2 DP 2", z3(), z3(zero=0, **TP2), None),
+    ("ZeRO-3 DP 2 -> plain PP 2 DP 2", z3(), z3(zero=0, **PP2), None),
+    # the README's elastic scenario at step 10: the group is offloaded (2 ranks x (4 + 8/2) B x N) and
+    # its host slices restored as TP 2 replicas idle in host memory (4 workers x 12 B x (N + R)/2)
+    ("ZeRO-1 DP 2 -> TP 2 DP 2 offloaded", z3(zero=1), _relaid(z3(zero=0, **TP2), **{"actor.train": {"offload": "host"}}),
+     2 * 8 * N + 4 * 12 * (N + R) // 2),
 ]
 
 

@@ -245,16 +245,20 @@ def _assemble_flat(spec, me, dst, kind, segs, recv, cursor, source, kdt, device,
 
 def _assemble_gathered(spec, me, kind, want, shape, parts, recv, cursor, source, kdt, device, memo):
     """One target shard ``shape`` of a name from gathered :class:`~nereus.runtime.transit.regroup.Part` s:
-    each part's flat range filled from its segments, viewed as the source shard and written into the
-    target's region (vocab padding rows of the target zero). Returns ``(tensor, counters or None)``."""
+    each part's flat ranges filled from its segments, viewed as the rows/columns it is and written into
+    the target's region (vocab padding rows of the target zero). Returns ``(tensor, counters or None)``."""
     t = torch.empty(shape, dtype=kdt, device=device)
     if want.dim is not None and want.hi - want.lo < want.length:
         t.narrow(0, want.hi - want.lo, want.length - (want.hi - want.lo)).zero_()
     counters = None
     for part in parts:
-        tmp = torch.empty(part.hi - part.lo, dtype=kdt, device=device)
+        n = 1
+        for x in part.shape:
+            n *= x
+        tmp = torch.empty(n, dtype=kdt, device=device)
         for src_w, uid, a, b in part.segs:
-            target = tmp.narrow(0, a - part.lo, b - a)
+            x, _y, o = next(rg for rg in part.ranges if rg[0] <= a and b <= rg[1])
+            target = tmp.narrow(0, o + a - x, b - a)
             if src_w is None:
                 u = source(uid)
                 target.copy_(_flat_piece(spec, u, me, kind, a, b, memo))
@@ -268,12 +272,11 @@ def _assemble_gathered(spec, me, kind, want, shape, parts, recv, cursor, source,
             cursor[src_w] += nb
             target.copy_(piece)
             counters = counters or hdr
-        r = part.region
         got = tmp.view(part.shape)
-        if r.dim is None or want.dim is None:
+        if part.dim is None:
             t.copy_(got)
         else:
-            _narrow(t, r.dim, r.lo, r.hi, want.lo).copy_(got.narrow(r.dim, 0, r.hi - r.lo))
+            _narrow(t, part.dim, part.lo, part.hi, want.lo).copy_(got)
     return t, counters
 
 

@@ -8,13 +8,15 @@ A primitive whose units are all of one ``(tp, pp)`` moves a sliced kind as flat 
 (``plans._plan_flat``). When its units have several layouts, a kind some unit slices goes one of
 two ways (:func:`kind_mode`):
 
-* **gather** (a whole target, e.g. the replicas a Split of a ZeRO group into ``T_sub`` yields, or an
-  inference copy a Load fills from a ZeRO-3 group): for each parameter name, the target's region is
-  covered by the regions of the sliced sources' ``(p, t)`` positions (the worker's own position
-  first), each of which must lie inside the target's (a coarser or equal target: the paper's Split);
-  a position's region of a name is a contiguous range of that position's flat vector
-  (:func:`~nereus.runtime.transit.flat.name_span`), fetched as flat pieces from whichever DP ranks
-  hold its spans (:class:`Part`), then reshaped to the source shard and written into the target;
+* **gather** (a whole target, e.g. the replicas a Split of a ZeRO group into ``T_sub`` yields, a
+  Restore of host slices into another layout, or an inference copy a Load fills from a ZeRO-3
+  group): for each parameter name, the target's region is covered by the regions of the sliced
+  sources' ``(p, t)`` positions (the worker's own position first), each contributing the rows (or
+  columns) it holds that no earlier one did. A position's shard of a name is a contiguous range of
+  its flat vector (:func:`~nereus.runtime.transit.flat.name_span`); rows of it are one sub-range,
+  part of the columns of a row-split matrix one sub-range per row. Those ranges are fetched as flat
+  pieces from whichever DP ranks hold them (:class:`Part`) and written into the target's region, so
+  exactly the needed elements move;
 * **recut** (a sliced target whose holders of that kind are all whole, e.g. a Merge of ``T_sub``
   replicas into a ZeRO group of another TP/PP): the kind is planned per name like the weights (a
   local cut where the replica holds the target's regions, the planner's free Merge) and the whole
@@ -35,14 +37,16 @@ __all__ = ["Part", "kind_mode", "plan_gather"]
 
 
 class Part(NamedTuple):
-    """One source position's region of a name, gathered for a target: ``region`` (full-tensor
-    coordinates) and ``shape`` of the source shard, flat range ``[lo, hi)`` of that position's vector,
-    and the segments ``(sender or None, uid, a, b)`` covering it."""
+    """Rows/columns ``[lo, hi)`` (full-tensor coordinates) along ``dim`` (None: the whole tensor) of a
+    name, gathered for a target from one source position: ``shape`` of the piece, ``ranges`` the flat
+    ranges ``(a, b, offset in the piece)`` of that position's vector it is made of (one for rows, one
+    per row for a part of the columns), and the segments ``(sender or None, uid, a, b)`` covering them."""
 
-    region: Region
-    shape: tuple
+    dim: int | None
     lo: int
     hi: int
+    shape: tuple
+    ranges: tuple
     segs: tuple
 
 
@@ -94,13 +98,39 @@ def _cover(spec, u, pos: tuple[int, int], kind: str, lo: int, hi: int, w: int) -
     return segs
 
 
+def _ranges(r: Region, full: tuple, off: int, lo: int, hi: int) -> tuple[tuple, tuple]:
+    """``(piece shape, ((a, b, offset in piece), ...))``: the flat ranges of a source position's vector
+    (its shard of the name starting at ``off``, region ``r``) that hold rows/columns ``[lo, hi)``."""
+    if r.dim is None:
+        n = 1
+        for x in full:
+            n *= x
+        return tuple(full), ((off, off + n, 0),)
+    shape = list(full)
+    shape[r.dim] = hi - lo
+    if r.dim == 0:
+        row = 1
+        for x in full[1:]:
+            row *= x
+        return tuple(shape), ((off + (lo - r.lo) * row, off + (hi - r.lo) * row, 0),)
+    if len(full) != 2 or r.dim != 1:
+        raise ValueError(f"a region along dim {r.dim} of a {len(full)}-d tensor is not a TP rule")
+    rows, width = full[0], r.length
+    if hi - lo == width:  # every column of the shard: one range
+        return tuple(shape), ((off, off + rows * width, 0),)
+    k = hi - lo
+    return tuple(shape), tuple((off + i * width + lo - r.lo, off + i * width + hi - r.lo, i * k) for i in range(rows))
+
+
 def plan_gather(spec, pid: str, dst, w: int, name: str, want: Region, kind: str, holders: list) -> list[Part]:
     """The parts of ``kind`` of ``name`` that worker ``w`` of ``dst`` gathers from the sliced holders
-    (``plans._holders`` order; module docstring).
+    (``plans._holders`` order: the worker's own position first; module docstring): each source
+    position contributes the rows/columns of the target's region it holds and no earlier one did.
 
     Raises:
-        ValueError: a holder's region only partly needed (a finer target), or rows left uncovered.
+        ValueError: rows left uncovered.
     """
+    full = shapes(spec)[name][0]
     need = [(want.lo, want.hi)] if want.dim is not None else [(0, 1)]
     parts, seen = [], set()
     for src_w, u, h in holders:
@@ -115,18 +145,12 @@ def plan_gather(spec, pid: str, dst, w: int, name: str, want: Region, kind: str,
             continue
         seen.add((u.uid, pos))
         lo, hi = (r.lo, r.hi) if r.dim is not None and want.dim is not None else (0, 1)
-        taken, rest = _subtract(need, lo, hi)
-        if not taken:
-            continue
-        if taken != [(lo, hi)]:
-            raise ValueError(f"{pid}: worker {w} of {dst.uid} needs part of {name} rows [{lo}, {hi}) that a slice "
-                             f"of {u.uid} holds (a target finer than its ZeRO source)")
-        need = rest
-        off, n = name_span(spec, u.tp, u.pp, *pos, name)
-        src_shape = list(shapes(spec)[name][0])
-        if r.dim is not None:
-            src_shape[r.dim] = r.length
-        parts.append(Part(r, tuple(src_shape), off, off + n, tuple(_cover(spec, u, pos, kind, off, off + n, w))))
+        taken, need = _subtract(need, lo, hi)
+        off, _n = name_span(spec, u.tp, u.pp, *pos, name)
+        for a, b in taken:
+            shape, ranges = _ranges(r if want.dim is not None else Region(None), full, off, a, b)
+            segs = [seg for x, y, _o in ranges for seg in _cover(spec, u, pos, kind, x, y, w)]
+            parts.append(Part(r.dim if want.dim is not None else None, a, b, shape, ranges, tuple(segs)))
     if need:
         raise ValueError(f"{pid}: no ZeRO holder of {kind} of {name} rows {need} for worker {w} of {dst.uid}")
     return parts

@@ -11,8 +11,8 @@ Source: DESIGN.md §4.8; issue 24 item 4; ``transit/flat.py`` (how slices move).
   meets ZeRO-1 slices (one range of each shard's flat vector) and ZeRO-2/3 slices (one range per layer
   unit, ``transit/flat.py``) of one kind, whose bytes the planner counts as if the layouts were one;
   or one that moves slices between TP/PP layouts otherwise than ``transit/regroup.py`` does (a whole
-  target gathering slices of a layout at least as fine; a sliced target cut locally from whole
-  units, the planner's free Merge). ``nereus run --adaptive`` sends such a change through the
+  target gathers from slices of any layout; a sliced target is cut only locally from whole units,
+  the planner's free Merge). ``nereus run --adaptive`` sends such a change through the
   checkpoint restart, which holds the unsliced logical state (``durable/``).
 """
 
@@ -73,7 +73,7 @@ def live_unsupported(dag, *plans: Plan) -> str | None:
 def _across_layouts(p, read, groups) -> str | None:
     """Why primitive ``p`` cannot move ZeRO slices between its units' TP/PP layouts
     (``transit/regroup.py``), or None: a sliced target is cut only from whole units, locally (the
-    planner's free Merge), and a whole target gathers slices only of a layout as fine as its own."""
+    planner's free Merge); a whole target gathers from slices of any layout."""
     for d in p.produces:
         others = [u for u in read if (u.tp, u.pp) != (d.tp, d.pp)]
         if not others:
@@ -83,8 +83,6 @@ def _across_layouts(p, read, groups) -> str | None:
                 return f"{p.pid}: cuts ZeRO slices of {d.uid} from slices of another TP/PP layout"
             if p.bytes_moved > 0:
                 return f"{p.pid}: cuts ZeRO slices of {d.uid} from units of another TP/PP layout, not locally"
-        elif any(u in groups and (u.tp % d.tp or u.pp % d.pp) for u in others):
-            return f"{p.pid}: gathers ZeRO slices into {d.uid}, a TP/PP layout finer than theirs"
     return None
 
 
