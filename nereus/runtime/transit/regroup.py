@@ -1,4 +1,4 @@
-"""ZeRO slices across a TP/PP change in one primitive: gathered into coarser shards, or re-cut locally.
+"""ZeRO slices across a TP/PP change in one primitive: gathered into whole shards of any layout, or cut locally.
 
 Source: DESIGN.md §4.8; paper §6.3 (Split is a position-wise all-gather into coarser ``T_sub`` shards,
 Merge a local re-cut); ``transit/flat.py`` (what a ZeRO rank holds: spans of its position's flat
