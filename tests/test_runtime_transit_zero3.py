@@ -103,15 +103,23 @@ def test_zero3_live_transitions_reshard_unit_slices_bit_exact_with_the_planned_b
 R = (2 * SPEC.num_layers + 1) * SPEC.hidden_size
 TP2 = {"actor_train": (2, 1, 2, (0, 1, 2, 3))}
 PP2 = {"actor_train": (1, 2, 2, (0, 1, 2, 3))}
+HOST_TP2 = Plan(candidates=tuple(replace(c, offload="host") if c.model_stage == "actor.train" else c
+                                 for c in z3(zero=0, **TP2).candidates))
 #: zero → [(name, target, bytes by hand)] (the planner's figure is asserted for every primitive too)
 #: (transit/regroup.py; derivations in tests/test_transit_zero3_slices.py)
 LAYOUT_CHAINS = {
     1: [("ZeRO-1 TP 1->2", z3(zero=1, **TP2), 2 * 8 * N_ACTOR // 2 + 2 * 12 * N_ACTOR),
         ("ZeRO-1 TP 2->1", z3(zero=1), 2 * (8 * N_ACTOR - 4 * R)),
-        ("ZeRO-1 PP 1->2", z3(zero=1, **PP2), 2 * 8 * N_ACTOR // 2 + 2 * 12 * N_ACTOR)],
+        ("ZeRO-1 PP 1->2", z3(zero=1, **PP2), 2 * 8 * N_ACTOR // 2 + 2 * 12 * N_ACTOR),
+        # Offload of the PP 2 group, Restore of its host slices into TP 2 replicas idle in host memory
+        # (every target shard gathers rows or columns from both PP positions, transit/regroup.py):
+        # 4 ranks x (4 + 8/2) B x N/2 offloaded, 4 workers x 12 B x (N + R)/2 restored
+        ("ZeRO-1 PP 2 -> plain TP 2 offloaded", HOST_TP2, 4 * 8 * N_ACTOR // 2 + 4 * 12 * (N_ACTOR + R) // 2)],
     3: [("ZeRO-3 TP 1->2", z3(**TP2), 2 * 12 * N_ACTOR // 2 + 2 * 12 * N_ACTOR),
         ("ZeRO-3 TP 2->1", z3(), 2 * (9 * N_ACTOR - 3 * R)),
-        ("ZeRO-3 PP 1->2", z3(**PP2), 2 * 12 * N_ACTOR // 2 + 2 * 12 * N_ACTOR)],
+        ("ZeRO-3 PP 1->2", z3(**PP2), 2 * 12 * N_ACTOR // 2 + 2 * 12 * N_ACTOR),
+        # 4 ranks x 12 B x N/4 offloaded, 4 workers x 12 B x (N + R)/2 restored
+        ("ZeRO-3 PP 2 -> plain TP 2 offloaded", HOST_TP2, 12 * N_ACTOR + 4 * 12 * (N_ACTOR + R) // 2)],
 }
 
 
@@ -146,7 +154,7 @@ def test_zero_slices_move_live_across_tp_and_pp_changes(pool, zero):
                 assert r.bytes_received == r.predicted_bytes, (name, r.pid, r.bytes_received, r.predicted_bytes)
             moved[name] = (int(est.bytes_moved), rep.bytes_moved)
             c, t = d.cands["actor.train"], target["actor.train"]
-            assert (c.tp, c.pp, c.dp, c.zero) == (t.tp, t.pp, t.dp, t.zero)
+            assert (c.tp, c.pp, c.dp, c.zero, c.offload) == (t.tp, t.pp, t.dp, t.zero, t.offload)
             d.step()
         got = _states(d)
     finally:

@@ -194,6 +194,11 @@ CASES = [
     # its host slices restored as TP 2 replicas idle in host memory (4 workers x 12 B x (N + R)/2)
     ("ZeRO-1 DP 2 -> TP 2 DP 2 offloaded", z3(zero=1), _relaid(z3(zero=0, **TP2), **{"actor.train": {"offload": "host"}}),
      2 * 8 * N + 4 * 12 * (N + R) // 2),
+    # PP 2 slices restored into TP 2 host replicas: every target shard gathers from both PP positions
+    ("ZeRO-1 PP 2 -> TP 2 DP 2 offloaded", z3(zero=1, **PP2), _relaid(z3(zero=0, **TP2), **{"actor.train": {"offload": "host"}}),
+     None),
+    ("ZeRO-3 PP 2 -> TP 2 DP 2 offloaded", z3(**PP2), _relaid(z3(zero=0, **TP2), **{"actor.train": {"offload": "host"}}),
+     None),
 ]
 
 
