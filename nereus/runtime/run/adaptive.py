@@ -52,7 +52,7 @@ from nereus.runtime.durable.scheduling import CheckpointingMixin
 from nereus.runtime.rl.task import DigitTask
 from nereus.runtime.run import vllm_driver as vd
 from nereus.runtime.run.config import RLConfig
-from nereus.runtime.run.device_model import cpu_gpu_spec, runtime_job
+from nereus.runtime.run.device_model import cpu_gpu_spec, runtime_job, worker_cores
 from nereus.runtime.run.driver import RLDriver
 from nereus.runtime.run.plans import shared_plan
 from nereus.runtime.run.pool import WorkerPool
@@ -131,7 +131,7 @@ class AdaptiveRun(RecoveryMixin, CheckpointingMixin):
         self.final_state: dict | None = None  # with keep_final: the training model-stages' state at the end
         # (keep_final = "all": every model-stage's, frozen ones too)
         self.keep_final = False
-        self.calib = TransitionCalibration()
+        self.calib = TransitionCalibration(cores=worker_cores())  # CPU workers share the cores
         self.max_workers = num_workers + sum(max(v, 0) for v in self.schedule.values())
         self.num_workers, self.log = num_workers, log or (lambda *a, **k: None)
         gpu = cpu_gpu_spec(memory_bytes, measure)

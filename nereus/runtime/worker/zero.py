@@ -121,16 +121,22 @@ class ZeroEngine(Engine):
                 w.register_post_accumulate_grad_hook(self._accumulate_hook(n))
 
     def _zero_grad(self) -> None:
+        """The flat fp32 gradient buffer padded to ``dp·k`` (:meth:`Engine._zero_grad`)."""
         self._grad_slice = None
-        self.model.zero_grad()
-        if self.master:
-            self.main_grad = {n: torch.zeros_like(w, dtype=torch.float32) for n, w in self.model.params.items()}
+        _, _, k, _ = self._layout()
+        super()._zero_grad(k * self.ctx.dp_group.size)
 
     # ------------------------------------------------------------------ the step
     def _dp_reduce_grads(self) -> None:
-        """Reduce-scatter the fp32 gradients over DP; keep this rank's summed slice, free the rest."""
-        self._grad_slice = self.ctx.dp_group.reduce_scatter(self._flat(self.grads()))
+        """Reduce-scatter the flat fp32 gradient buffer over DP; keep this rank's summed slice, free the
+        buffer (accounted: buffer and slice while both exist, then the slice)."""
+        buf = self._grad_buffer()
+        self._grad_slice = self.ctx.dp_group.reduce_scatter(buf)
+        key = f"grads:{id(self)}"
+        self.meter.set_static(key, buf.numel() * 4 + self._grad_slice.numel() * 4)
         self.model.zero_grad()
+        self.main_grad, self._gbuf, self._gviews = None, None, {}
+        self.meter.set_static(key, self._grad_slice.numel() * 4)
 
     def grads(self) -> dict[str, torch.Tensor]:
         g = getattr(self, "_grad_slice", None)
