@@ -12,8 +12,8 @@ device below) and applies its decision:
   communicator setup) run on the workers that hold the state, Split/Merge/Extend/Destroy (and
   Offload/Restore/Load where the planner needs them), each printed with its bytes and predicted and
   measured seconds; the measurements calibrate the next estimates (``transition/calibrate.py``).
-  ZeRO-1 slices, host-pool copies and colocated state move live too (``transit/flat.py``,
-  ``transit/residency.py``); a DAG the live executor cannot run (``transit/sharded.py``) goes the
+  ZeRO-1/2/3 slices, host-pool copies and colocated state move live too (``transit/flat.py``,
+  ``transit/regroup.py``, ``transit/residency.py``); a DAG the live executor cannot run (``transit/sharded.py``) goes the
   restart path below, and the admission charges that restart (``run/restart_cost.py``);
 * ``Restart(plan)``, or a change whose DAG is infeasible or whose training state lost every
   replica: restore the last durable checkpoint (``durable/driver_side.py``: each worker writes and reads its own
@@ -432,7 +432,7 @@ class AdaptiveRun(RecoveryMixin, CheckpointingMixin):
             return None, str(e)
         if not est.feasible:
             return None, est.reason
-        why = live_unsupported(est.dag, current, target)  # e.g. ZeRO-2/3: the checkpoint restart does it
+        why = live_unsupported(est.dag, current, target)  # e.g. ZeRO-1 <-> ZeRO-3: the checkpoint restart does it
         if why:
             return None, why
         self._mark()

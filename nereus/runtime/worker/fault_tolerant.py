@@ -29,7 +29,7 @@ import os
 import time
 from contextlib import contextmanager
 
-from nereus.runtime.transit.residency import snapshot_meta
+from nereus.runtime.transit.residency import snapshot_meta, unit_tensors
 from nereus.runtime.transit.worker_side import Unit
 from nereus.runtime.worker.core import WorkerCore
 from nereus.runtime.worker.failures import WorkerFailure
@@ -83,7 +83,7 @@ class FaultTolerantWorker(WorkerCore):
                                                         "position")}
             # every kind, bf16's master too; an offloaded engine's state is its host copy
             held = self.pools.host[ms] if ms in self.pools.offloaded else e.state_tensors()
-            snap[ms] = Unit(meta, _clone_tensors(held), counters)
+            snap[ms] = Unit(meta, _clone_tensors(unit_tensors(e, meta, self.id, held)), counters)  # as the executor holds them
         self.snap = snap
         return sorted(u.meta.uid for u in snap.values())
 

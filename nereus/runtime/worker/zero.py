@@ -47,8 +47,9 @@ weights alone and then sets those three ``"flat"`` entries to the slices the tra
 (same shape). A change of this layout must keep ``transit/flat.py`` in step.
 
 ZeRO-2 and ZeRO-3 (gradients, and parameters, sharded per layer) are in ``worker/zero3.py``; the
-live executor does not move their state (``transit/flat.py: sliced_kinds``): ``nereus run
---adaptive`` changes them through the durable checkpoint.
+live executor moves their slices too, one range per layer unit (``transit/flat.py``), but not between
+a ZeRO-1 group and a ZeRO-2/3 group in one primitive (their slices of one kind differ:
+``transit/sharded.py``): ``nereus run --adaptive`` makes that change through the durable checkpoint.
 """
 
 from __future__ import annotations
