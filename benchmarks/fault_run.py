@@ -99,7 +99,10 @@ class FaultBenchRun(AdaptiveRun):
         self._departures = {k for k, v in self.schedule.items() if v < 0}
         # worker ids grow as replacements join: size the job's cluster for all of them
         self.max_workers = max(self.max_workers, capacity)
-        self.job = runtime_job(self.spec, self.workload, self.max_workers, self.job.cluster.gpu)
+        # (the same device, precision and plan space: ``framework`` picks the space, and a job rebuilt
+        # without it would plan in the default one, where ZeRO/offloaded state recovers through the checkpoint)
+        self.job = runtime_job(self.spec, self.workload, self.max_workers, self.job.cluster.gpu,
+                               precision=self.cfg.precision, framework=self.framework)
         self._target = None
         self.replacements = 0
         self.step_plans: dict[int, Plan] = {}
