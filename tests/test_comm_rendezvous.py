@@ -97,3 +97,28 @@ def test_a_member_lost_after_arriving_releases_its_peer_from_the_groups_own_buil
     assert "while the group was being built" in box["error"]  # released in the build, not in the barrier
     client.set("after", b"ok")  # the worker's own client is free: the abandoned build holds a client of its own
     assert master.get("after") == b"ok"
+    # and the next group builds at once (the blocked helper's client is not reused): an all-reduce over it
+    meter.abort.clear()
+    other = Meter()
+    other.abort = threading.Event()
+    groups = {}
+
+    def member(me, m):  # both members in this one process: distinct helper clients (cached by timeout)
+        groups[me] = new_group(client if me == 0 else master, "t/next", (0, 1), me, m, timeout_s=60.0 - me)
+
+    ts = [threading.Thread(target=member, args=(0, meter), daemon=True),
+          threading.Thread(target=member, args=(1, other), daemon=True)]
+    for x in ts:
+        x.start()
+    for x in ts:
+        x.join(60)
+    assert sorted(groups) == [0, 1], groups
+    import torch
+
+    ones = [torch.ones(3), torch.full((3,), 2.0)]
+    ws = [threading.Thread(target=groups[i].all_reduce, args=(ones[i],), daemon=True) for i in (0, 1)]
+    for x in ws:
+        x.start()
+    for x in ws:
+        x.join(60)
+    assert ones[0].tolist() == [3.0, 3.0, 3.0] == ones[1].tolist()  # 1 + 2 on both ranks

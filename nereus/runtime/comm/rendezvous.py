@@ -23,7 +23,9 @@ built in a helper thread over a store client of its own (a second ``TCPStore`` c
 same server, so a blocked wait holds no socket or lock the worker's other calls need), while the
 calling thread polls ``abort`` as :func:`arrive` does; once it is set the call raises
 :class:`RendezvousAborted` and abandons the helper, whose wait then ends at the group timeout with
-an error nobody reads.
+an error nobody reads. The second connection is shared by the worker's successive builds (and the
+groups built on it) and replaced after an abandoned build, so a worker holds two connections to the
+store, not one per group.
 
 Not covered: NCCL builds its communicator lazily at the first collective, whose release is the NCCL
 watchdog's (``TORCH_NCCL_ASYNC_ERROR_HANDLING``), not this module's.
@@ -89,6 +91,11 @@ def arrive(store, rank: int, size: int, timeout_s: float, abort: threading.Event
     return time.perf_counter() - t0
 
 
+#: the helper threads' store clients, by (host, port, timeout): one per worker process and store
+_SPARE: dict = {}
+_SPARE_LOCK = threading.Lock()
+
+
 def build_released(build, store, timeout_s: float, abort: threading.Event):
     """``build(client)`` in a helper thread, released by ``abort`` (module docstring).
 
@@ -96,9 +103,10 @@ def build_released(build, store, timeout_s: float, abort: threading.Event):
         build: builds the group from a store client, e.g. ``lambda s:
             ProcessGroupGloo(PrefixStore(name, s), rank, size, timeout)``; its blocking store waits
             run in the helper thread.
-        store: the worker's store client; a ``TCPStore`` is not shared with the helper, which opens
-            a client of its own to the same host and port (timeout ``timeout_s``); any other store
-            (an in-process ``HashStore``) is passed as is.
+        store: the worker's store client; a ``TCPStore`` is not shared with the helper, which uses
+            a client of its own to the same host and port (timeout ``timeout_s``; shared by this
+            process's builds until one is abandoned); any other store (an in-process ``HashStore``)
+            is passed as is.
         timeout_s: the group's timeout, seconds (the helper client's wait timeout), > 0.
         abort: set by another thread to release the wait.
 
@@ -115,13 +123,20 @@ def build_released(build, store, timeout_s: float, abort: threading.Event):
     if not timeout_s > 0:
         raise ValueError(f"rendezvous: timeout_s must be > 0 seconds, got {timeout_s}")
     box: dict = {}
+    key = (store.host, store.port, float(timeout_s)) if isinstance(store, dist.TCPStore) else None
 
     def run() -> None:
         try:
             client = store
-            if isinstance(store, dist.TCPStore):
-                client = dist.TCPStore(store.host, store.port, is_master=False,
-                                       timeout=datetime.timedelta(seconds=timeout_s))
+            if key is not None:
+                with _SPARE_LOCK:
+                    if box.get("abandoned"):
+                        return
+                    client = _SPARE.get(key)
+                    if client is None:
+                        client = _SPARE[key] = dist.TCPStore(store.host, store.port, is_master=False,
+                                                             timeout=datetime.timedelta(seconds=timeout_s))
+                    box["client"] = client
             box["out"] = build(client)
         except BaseException as e:  # noqa: BLE001  (re-raised in the calling thread)
             box["error"] = e
@@ -134,6 +149,10 @@ def build_released(build, store, timeout_s: float, abort: threading.Event):
         helper.join(delay)
         delay = min(2 * delay, POLL_MAX_S)
         if helper.is_alive() and abort.is_set():
+            with _SPARE_LOCK:  # the abandoned helper keeps its client, blocked; the next build opens another
+                box["abandoned"] = True
+                if key is not None and _SPARE.get(key) is box.get("client"):
+                    _SPARE.pop(key, None)
             raise RendezvousAborted(f"{RELEASED} after {time.perf_counter() - t0:.2f}s: a member was lost while "
                                     "the group was being built")
     if "error" in box:
