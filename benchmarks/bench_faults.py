@@ -308,7 +308,8 @@ SLOW_S = 60.0
 
 
 def _events(run) -> list[dict]:
-    keep = ("step", "phase", "lost", "hung", "detect_s", "source", "steps_lost", "recovery_s", "full_copy",
+    # ``slow``: the workers caught by the progress check (slow but alive), ``fault_report``'s slow_detected
+    keep = ("step", "phase", "lost", "hung", "slow", "detect_s", "source", "steps_lost", "recovery_s", "full_copy",
             "since_checkpoint", "plan")
     return [{k: ev.get(k) for k in keep} for ev in run.recoveries]
 

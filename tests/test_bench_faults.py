@@ -146,3 +146,28 @@ def test_a_second_failure_a_second_later_and_a_fault_in_a_growth_transition_both
     assert k["second failure a second later (late:1)"]["faults"] == 1, k
     assert k["in a growth's transition"]["faults"] == 1, k
     assert r["weights_equal"], (r["max_abs_diff"], r["replay_error"])
+
+
+def test_slow_detected_counts_the_recoveries_that_caught_a_slow_worker():
+    # regression: `_events` dropped the recoveries' `slow` field, so the summary's slow_detected was 0
+    import argparse
+    import types
+
+    bench = _bench()
+    from fault_report import summarize
+
+    def ev(step, lost, hung, slow):  # the fields `RecoveryMixin._recover_once` and `FaultBenchRun` record
+        return {"step": step, "when": "recovery", "kind": "recovery", "lost": lost, "detect_s": 1.0, "hung": hung,
+                "slow": slow, "source": "live", "steps_lost": 0, "recovery_s": 2.0, "plan": "p",
+                "full_copy": True, "since_checkpoint": 0, "phase": "step"}
+
+    run = types.SimpleNamespace(recoveries=[ev(1, [2], [2], [2]),  # slow but alive: caught by the progress check
+                                            ev(3, [0], [0], []),   # hung (SIGSTOP): caught by the heartbeats
+                                            ev(4, [1], [], [])])   # killed
+    events = bench._events(run)
+    assert [e["slow"] for e in events] == [[2], [], []]
+    rec = {"faults": [], "recoveries": events, "completed": True, "hung": False, "error": None,
+           "weights_equal": True, "max_abs_diff": 0.0, "reference_equal": True, "layout_drift": 0.0,
+           "layouts_as_reference": True, "schedule": ""}
+    s = summarize([rec], {}, 1.0, argparse.Namespace(seed=0, quick=True), 10.0)
+    assert s["slow_detected"] == 1 and s["recoveries"] == 3, s
