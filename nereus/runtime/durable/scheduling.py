@@ -44,12 +44,14 @@ class CheckpointingMixin:
         if self.resume:
             verify_checkpoint(store.current_dir(self.ckpt_dir), job_identity(self.spec, self.workload))
 
-    def _save(self, force: bool = False, k: int = -1, sync: bool = False) -> None:
+    def _save(self, force: bool = False, k: int = -1, sync: bool = False, attempt: int = 0) -> None:
         """A durable checkpoint of every model-stage at this boundary (``durable.begin_save``), written
         into ``<checkpoint_dir>/next`` and swapped with ``current`` only once complete
         (:meth:`_complete_save`; at once with ``checkpoint_sync``, else later, while training goes on).
         An earlier save still in flight is completed first. A worker lost while saving is recovered
-        from (the checkpoint is then taken at the next boundary; the previous one stays valid)."""
+        from (the checkpoint is then taken at the next boundary; the previous one stays valid), except
+        the first one (``force``), taken again at once after the recovery (up to 4 attempts): until it
+        exists, a lost model-stage can only go back to step 0 (``run/fresh_start.py``)."""
         if self.resume and force:
             return  # the checkpoint we resumed from is this boundary's
         nxt = store.new_slot(self.ckpt_dir, self.driver.step_index)
@@ -71,6 +73,8 @@ class CheckpointingMixin:
                 self._abandon_save(durable.PendingSave(nxt, [], {"step_index": self.driver.step_index}, True, 0.0),
                                    "a worker was lost while it began")
             self._recover(e, k, "checkpoint save")
+            if force and not self.checkpoints and attempt < 3 and self.driver.step_index == 0:
+                self._save(force=True, k=k, attempt=attempt + 1)
             return
         except (WorkerFailure, OSError) as e:  # a write failed (disk full, permissions): the run goes on
             if self._pending is None:

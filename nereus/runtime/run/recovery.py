@@ -7,7 +7,9 @@ worker dying or hanging in the middle of anything. At every boundary each worker
 snapshot, the controller replans on the survivors (urgent path), and the live executor builds the target
 from the intact units (:meth:`~RecoveryMixin._recover`); the step then re-runs from its start with the
 same samples (:meth:`~RecoveryMixin._step`). Only a training model-stage that lost every replica falls
-back to the last durable checkpoint (:func:`nereus.runtime.durable.driver_side.restart`).
+back to the last durable checkpoint (:func:`nereus.runtime.durable.driver_side.restart`); before the first
+one exists, to step 0's initial state rebuilt from the seeds (``run/fresh_start.py``), or, past step 0,
+the run ends with a one-line :class:`~nereus.runtime.run.fresh_start.NoCheckpoint`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,12 @@ from nereus.controller.monitor import StepReport
 from nereus.planner.notation import format_gpus, format_plan
 from nereus.runtime.durable import driver_side as durable
 from nereus.runtime.run import vllm_driver as vd
+from nereus.runtime.run.fresh_start import (
+    NoCheckpoint,
+    has_checkpoint,
+    initial_state_reproducible,
+    restart_initial,
+)
 from nereus.runtime.run.relayout import train_stages
 from nereus.runtime.transit.driver_side import TransitionExecutor
 from nereus.runtime.transit.sharded import live_unsupported
@@ -146,6 +154,8 @@ class RecoveryMixin:
 
         Raises:
             WorkerFailure: still failing after 4 attempts (the durable checkpoint is kept).
+            NoCheckpoint: the state must be restored but no checkpoint was written yet and the
+                boundary is past step 0 (``run/fresh_start.py``).
         """
         force = False
         for attempt in range(4):
@@ -153,6 +163,8 @@ class RecoveryMixin:
                 self._recover_once(e, k, when if attempt == 0 else f"recovery (attempt {attempt + 1}) of the {when}",
                                    force_checkpoint=force)
                 return
+            except NoCheckpoint:  # nothing to restore and nothing to rebuild: no attempt can help
+                raise
             except WorkerFailure as fail:
                 again = self._classified(fail)
                 if again is None:
@@ -227,11 +239,19 @@ class RecoveryMixin:
                    "the live recovery failed" if force_checkpoint else unsupported or
                    (est.reason if est is not None else "no live path from the boundary plan"))
             d._get([d.workers[i].transition_end.remote("") for i in sorted(alive)], "drop units")
-            info = durable.restart(d, self._ckpt_path(), target)
+            if has_checkpoint(self._ckpt_path()):
+                info = durable.restart(d, self._ckpt_path(), target)
+                source, what = "checkpoint", f"restored the durable checkpoint of step {d.step_index}"
+            elif initial_state_reproducible(self._bnd, self.resume):  # before the first checkpoint (fresh_start.py)
+                info = restart_initial(d, target)
+                source, what = "initial", "no checkpoint written yet: rebuilt every model-stage from its seed at step 0"
+            else:
+                raise NoCheckpoint(f"worker(s) {sorted(e.lost)} lost before the first checkpoint was written; "
+                                   + (f"the only copy of {', '.join(lost_train)} is gone" if lost_train else
+                                      f"{why} and no checkpoint exists to restore"))
             lost = self._bnd["step_index"] - d.step_index
-            ev.update(source="checkpoint", steps_lost=lost, seconds=info["seconds"])
-            self.log(f"  {why}: restored the durable checkpoint of step {d.step_index} in {info['seconds']:.2f}s; "
-                     f"steps lost: {lost}")
+            ev.update(source=source, steps_lost=lost, seconds=info["seconds"])
+            self.log(f"  {why}: {what} in {info['seconds']:.2f}s; steps lost: {lost}")
         vd.start_vllm_engines(d, keep)  # the target's vLLM engines (kept ones get the rolled-back weights)
         self.ctl.resume(self.planner.estimate(self.job_at(self.last_len), target, alive))
         ev["recovery_s"] = time.perf_counter() - t0
