@@ -61,9 +61,9 @@ def _driver(plan: Plan, calls: list) -> RLDriver:
     return d
 
 
-def _run(tmp_path, lost: list[int], step_index: int, updates: int):
+def _run(tmp_path, lost: list[int], step_index: int, updates: int, on: int | None = None):
     """A run at a boundary of step ``step_index`` whose workers ``lost`` are gone; its controller's
-    decision is :data:`TARGET` on its first survivor."""
+    decision is :data:`TARGET` on worker ``on`` (default: the first survivor)."""
     calls: list = []
     run = AdaptiveRun(SPEC, W, TASK, 4, RLConfig(timeout_s=30), measure=False, checkpoint_dir=str(tmp_path))
     d = run.driver = _driver(simple_plan(W, BOUNDARY, 4, micro_batch=1), calls)
@@ -74,7 +74,7 @@ def _run(tmp_path, lost: list[int], step_index: int, updates: int):
     run._bnd = {"plan": Plan(candidates=tuple(d.cands.values())), "step_index": step_index, "updates": updates}
     survivors = [i for i in range(4) if i not in lost]
     target = simple_plan(W, TARGET, 1, micro_batch=1)
-    target = Plan(candidates=tuple(c.with_gpus([survivors[0]]) for c in target.candidates))
+    target = Plan(candidates=tuple(c.with_gpus([survivors[0] if on is None else on]) for c in target.candidates))
     run.ctl = types.SimpleNamespace(observe=lambda rep: types.SimpleNamespace(plan=target, kind="replan"),
                                     resume=lambda est: None)
     run.planner = types.SimpleNamespace(estimate=lambda *a: None)
@@ -169,3 +169,29 @@ def test_a_recovery_the_live_executor_cannot_run_restores_the_checkpoint(tmp_pat
     assert any(s.startswith(f"  {why}: restored the durable checkpoint of step 0") for s in lines), lines
     # the units moved to the target live are dropped on every survivor before the restore
     assert {i for i, m, a, _ in calls if m == "transition_end"} == {0, 1, 2}
+
+
+def test_a_worker_lost_in_the_first_save_is_recovered_and_the_first_checkpoint_taken_again(tmp_path, monkeypatch):
+    from nereus.runtime.durable import driver_side as durable
+    from nereus.runtime.durable import scheduling, store
+    from nereus.runtime.run.fresh_start import has_checkpoint
+
+    run, calls, lines, target = _run(tmp_path, lost=[], step_index=0, updates=0, on=2)
+    d = run.driver
+    d.step_index = d.updates = 0
+    began = []
+
+    def begin_save(driver, directory, model_stages=None, background=False):
+        began.append(directory)
+        if len(began) == 1:  # workers 0 and 1 die inside the first dcp_save: actor.train has no replica left
+            driver.workers[0] = driver.workers[1] = None
+            raise WorkerLost("lost in dcp_save", [0, 1], 0.5)
+        os.makedirs(directory)
+        meta = {"step_index": driver.step_index, "updates": driver.updates, "model_stages": []}
+        return durable.PendingSave(directory, [], meta, False, 0.0, {})
+
+    monkeypatch.setattr(scheduling.durable, "begin_save", begin_save)
+    run._save(force=True)
+    assert len(began) == 2 and [ev["source"] for ev in run.recoveries] == ["initial"]
+    assert [c["step"] for c in run.checkpoints] == [0] and has_checkpoint(store.current_dir(str(tmp_path)))
+    assert not os.path.exists(began[0])  # the abandoned slot is removed
