@@ -219,3 +219,22 @@ def test_announced_departure_onto_a_time_shared_plan_excludes_the_leaver(ray_clu
     ev = [e for e in run.events if e["when"] == "pool change"]
     assert ev and ev[0]["source"] == "checkpoint" and ev[0]["steps_lost"] == 0, run.events
     assert all(g in (0, 1) for c in run.driver.cands.values() for g in c.gpus)
+
+
+@pytest.mark.slow
+def test_a_training_stage_lost_in_the_first_save_restarts_from_its_seeds_bit_for_bit(ray_cluster):
+    # issue 30: worker 0 dies inside the first checkpoint save (before step 0, no checkpoint yet) and
+    # worker 1 inside that recovery's transition, so actor.train (dp2 on workers 0-1) has no replica
+    # left: every model-stage is rebuilt from its seed on workers 2-3 (run/fresh_start.py), the first
+    # checkpoint is taken again, and the run ends bit for bit at a fault-free run started on 2 workers
+    run, _, lines = _run(faults={-1: ("dcp_save", 0, "kill")}, recovery_faults={-1: ("transition_run", 1, "kill")},
+                         steps=2)
+    assert [(r["source"], r["lost"], r["steps_lost"]) for r in run.recoveries] == [("initial", [0, 1], 0)], lines
+    assert [c["step"] for c in run.checkpoints] == [0], lines
+    ref = _run(steps=2, workers=2)[0].final_state
+    for ms in ref:
+        for kind in ("params", "exp_avg", "exp_avg_sq"):
+            for n in ref[ms].get(kind, {}):
+                assert torch.equal(run.final_state[ms][kind][n], ref[ms][kind][n]), (ms, kind, n)
+        assert [run.final_state[ms][c] for c in ("update_count", "position")] == [ref[ms][c] for c in
+                                                                                  ("update_count", "position")]

@@ -5,10 +5,12 @@ written (or after it was abandoned, e.g. a full disk) leaves no checkpoint to re
 that cannot go live (a training model-stage lost every replica) has nothing to read. At step 0 with
 no update applied the state needs none: every engine starts from its seed
 (``model/sharding.py``: an initial value depends on ``(spec, seed, name, position)`` only, never on
-the layout; a model with ``spec.checkpoint`` is read from the same files), Adam's moments are zero
+the layout, ``tests/test_runtime_init.py::test_shards_equal_slices_of_full``; a model with
+``spec.checkpoint`` is read from the same files), Adam's moments are zero
 and every counter (step, update count, versions, position) is 0 (``worker/engine.py``). Rebuilding
 every model-stage in the target layout from its seed (:func:`restart_initial`) therefore reproduces
-the boundary's state exactly and loses no step. Past step 0 (or in a resumed run) it does not: the run
+the boundary's state exactly and loses no step (``tests/test_runtime_faults.py``: such a run ends bit for
+bit at a fault-free run started on the survivors). Past step 0 (or in a resumed run) it does not: the run
 ends with :class:`NoCheckpoint`, one line naming what was lost.
 """
 
