@@ -20,7 +20,7 @@ from __future__ import annotations
 __all__ = ["GEN_STAGE", "vllm_legal", "replica_keys", "start_vllm_engines", "stop_vllm_engines", "sync_summary", "engine_logp_err",
            "step_metrics", "started", "rollout_tokens", "note_sync", "start_term", "begin_relayout",
            "finish_relayout", "prestart_vllm_engines",
-           "stop_changed"]
+           "stop_changed", "note_priced", "hidden_s", "drop_warm"]
 
 #: the model-stage vLLM serves
 GEN_STAGE = "actor.generate"
@@ -243,14 +243,52 @@ def _start_model(run):
 def start_term(run, current, target, overlap_s: float = 0.0) -> float:
     """Predicted seconds the vLLM engine start adds to ``L_tran`` of ``current → target``: the calibrated
     start less ``overlap_s`` (seconds of the transition the start runs beside: :func:`begin_relayout`
-    starts the new engines before the state moves), 0 for the built-in engine or when every target
-    replica keeps its engine. The controller's payback sees it."""
+    starts the new engines before the state moves) and less what of each new replica's start is already
+    behind the run (:func:`hidden_s`: a warm engine, ``run/vllm_warm.py``), the slowest replica's; 0 for
+    the built-in engine or when every target replica keeps its engine. The controller's payback sees it
+    (the target and its term are recorded for the warm-up: :func:`note_priced`)."""
     from nereus.transition.engine_start import engine_start_term
 
     if run.driver.cfg.rollout != "vllm" or GEN_STAGE not in current or GEN_STAGE not in target:
         return 0.0
-    return engine_start_term(_start_model(run), _gen_changes(current, target),
-                             _rank_bytes(run.driver, target[GEN_STAGE].tp), overlap_s)
+    legal = run._legal(run.driver, target) if hasattr(run, "_legal") else target
+    new = _new_replicas(current, legal)
+    m, b = _start_model(run), _rank_bytes(run.driver, legal[GEN_STAGE].tp)
+    term = max((engine_start_term(m, True, b, overlap_s + min(hidden_s(run.driver, k), 1e18)) for k in new),
+               default=0.0)
+    note_priced(run, target, term)
+    return term
+
+
+def note_priced(run, target, term_s: float) -> None:
+    """Record a target the controller priced and the engine start its ``L_tran`` carried (seconds), while
+    the run collects them (``run._vllm_priced``, ``run/vllm_warm.py``)."""
+    lst = getattr(run, "_vllm_priced", None)
+    if lst is not None:
+        lst.append((target, float(term_s)))
+
+
+def hidden_s(driver, key: tuple) -> float:
+    """Seconds of replica ``key``'s engine start already behind the run (``driver.vllm_warm``,
+    ``run/vllm_warm.py``): ``inf`` when its warm engine is up, the seconds since its start began while
+    it warms, 0 when none warms."""
+    import time
+
+    k = (getattr(driver, "vllm_warm", None) or {}).get("keys", {}).get(key)
+    if k is None:
+        return 0.0
+    return float("inf") if k.get("done") else time.perf_counter() - k["t0"]
+
+
+def drop_warm(driver, keep: list) -> None:
+    """Before a re-layout: close the warm engines (``driver.vllm_warm``) whose replica is not in ``keep``
+    (the target's new replicas) and forget the warm-up."""
+    w = getattr(driver, "vllm_warm", None)
+    driver.vllm_warm = None
+    drop = [k for k in (w or {}).get("keys", {}) if k not in keep and driver.workers[k[1][0]] is not None]
+    if drop:
+        driver._get([driver.workers[k[1][0]].drop_vllm_prestart.remote(GEN_STAGE) for k in drop],
+                    "dropping warm vLLM engines")
 
 
 def stop_changed(driver, current, target) -> frozenset:
@@ -265,14 +303,17 @@ def stop_changed(driver, current, target) -> frozenset:
     return keep
 
 
-def prestart_vllm_engines(driver, target) -> list[tuple]:
+def prestart_vllm_engines(driver, target, dry: bool = False, only: list | None = None) -> list[tuple]:
     """Start, in the background (``WorkerCore.prestart_vllm``), the engines of ``target``'s generation
-    replicas that the current layout lacks, on their TP rank 0 workers, while the current engines keep
-    serving; :func:`start_vllm_engines` after the change adopts them. Returns the replica keys started."""
+    replicas that the current layout lacks (``only``: those of them), on their TP rank 0 workers, while
+    the current engines keep serving; :func:`start_vllm_engines` after the change adopts them. Returns the
+    replica keys started (``dry``: the keys, nothing started)."""
     if driver.cfg.rollout != "vllm":
         return []
     current = {GEN_STAGE: driver.cands[GEN_STAGE]}
-    new = _new_replicas(current, target)
+    new = [k for k in _new_replicas(current, target) if only is None or k in only]
+    if dry:
+        return new
     opts = dict(driver.cfg.vllm or {})
     driver._get([driver.workers[k[1][0]].prestart_vllm.remote(GEN_STAGE, driver.spec, k[0], k[2], driver.cfg.precision,
                                                               opts) for k in new], "prestarting vLLM engines")
@@ -288,6 +329,7 @@ def begin_relayout(run, current, target, prestart: bool = True) -> dict | None:
     if d.cfg.rollout != "vllm" or GEN_STAGE not in current or not _gen_changes(current, target):
         return None
     keep = stop_changed(d, current, target)
+    drop_warm(d, _new_replicas(current, target))  # warm engines of another target close (run/vllm_warm.py)
     import time
 
     t0 = time.perf_counter()

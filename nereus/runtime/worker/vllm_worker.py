@@ -253,6 +253,24 @@ class VllmWorkerMixin:
         if getattr(self, "_vllm_reaper", None) is not None:
             self._vllm_reaper.release(model_stage)  # whatever of the engine's processes and files is left
 
+    def vllm_prestart_status(self, model_stage: str) -> dict:
+        """The background start of :meth:`prestart_vllm` for ``model_stage``: ``{"key": (tp, replica) or
+        None, "done": whether it ended, "elapsed_s": seconds since the prestart call (the whole start once
+        done), "error": its error text or None}``."""
+        self._vllm()
+        slot = self._vllm_pre.get(model_stage)
+        if slot is None:
+            return {"key": None, "done": False, "elapsed_s": 0.0, "error": None}
+        done = not slot["thread"].is_alive()
+        end = slot.get("t1") if done and slot.get("t1") is not None else time.perf_counter()
+        return {"key": slot["key"], "done": done, "elapsed_s": end - slot["t0"],
+                "error": None if slot["error"] is None else repr(slot["error"])[:300]}
+
+    def drop_vllm_prestart(self, model_stage: str) -> None:
+        """Close the engine :meth:`prestart_vllm` started for ``model_stage`` (waiting for its start to end)."""
+        self._vllm()
+        self._drop_prestart(model_stage)
+
     def close_all_vllm(self) -> None:
         """Close every vLLM engine of this worker, prestarted ones included (``atexit``; a worker's teardown)."""
         self._vllm()
