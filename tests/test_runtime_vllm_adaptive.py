@@ -115,22 +115,23 @@ def test_controller_chosen_vllm_relayouts_tp1_to_tp2_on_growth_and_back_on_a_not
     finally:
         pool.close()
     assert "tp2" in seen and "back" in seen, "the controller never moved actor.generate to TP 2 and back"
-    # the growth: kept for payback first, then admitted by the controller once the engine was warm
-    log_by_step = {e["step"]: e for e in run.ctl.log}
+    # the growth: kept for payback first (the start charged), then admitted by the controller (not urgent)
+    # once the warm engine was up, with L_tran charging less than that engine's whole start
     grow = [e for e in run.ctl.log if e["decision"]["kind"] == "keep" and "payback" in e["decision"]["reason"]]
     assert grow, run.ctl.log
-    lives = [e for e in run.events if e.get("source") == "live"]
-    assert len(lives) == 2, run.events
-    up, down = lives
-    assert up["when"] == "after step" and down["when"] == "pool change", lives
-    trig = [t["signal"] for t in log_by_step[up["step"]]["triggers"]]
-    assert "stale:pool" in trig, log_by_step[up["step"]]
+    moves = [e["decision"] for e in run.ctl.log if e["decision"]["kind"] == "transition"]
+    ups, downs = [x for x in moves if not x["urgent"]], [x for x in moves if x["urgent"]]
+    assert ups and downs, moves
+    lives = [e for e in run.events if e.get("source") == "live" and "engine_start" in e["transition"]]
+    up = next(e for e in lives if e["when"] == "after step")
+    down = next(e for e in lives if e["when"] == "pool change" and e["step"] > up["step"])
     es_up, es_down = up["transition"]["engine_start"], down["transition"]["engine_start"]
     assert es_up["prestarted"] and es_up["hidden_s"] > 0 and es_up["measured_start_s"] > 0, es_up
+    assert ups[0]["estimate"]["l_tran"] < es_up["measured_start_s"], (ups[0], es_up)
     assert es_down["measured_start_s"] > 0, es_down
     for es in (es_up, es_down):
         assert es["predicted_l_tran"] >= 0 and es["measured_l_tran"] > 0, es
-    assert sum(1 for x in lines if "L_tran with the engine start" in x) == 2
+    assert sum(1 for x in lines if "L_tran with the engine start" in x) >= 2
     # the run went on correctly: every step's engine held the weights just trained, no update lost
     u = hist[0]["update_count"]
     assert hist[-1]["update_count"] == u * len(hist) == u * run.driver.step_index
@@ -143,4 +144,5 @@ def test_controller_chosen_vllm_relayouts_tp1_to_tp2_on_growth_and_back_on_a_not
             assert torch.equal(tok, ref_tok), (tp, tok, ref_tok)
             assert float((lp - ref_lp).abs().max()) < 5e-4, (tp, lp, ref_lp)
     print(f"growth kept at step {grow[0]['step']} ({grow[0]['decision']['reason']}); TP 1 -> 2 admitted after "
-          f"step {up['step']}: {es_up}; TP 2 -> 1 on the departure before step {down['step']}: {es_down}")
+          f"step {up['step']} ({ups[0]['reason']}): {es_up}; TP 2 -> 1 on the departure before step {down['step']} "
+          f"({downs[0]['reason']}): {es_down}")

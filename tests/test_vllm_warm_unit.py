@@ -75,6 +75,8 @@ def test_warm_prestarts_the_new_replicas_and_poll_asks_for_a_revisit_once_they_a
     assert vw.warm(run, _plan(2, 1, [0, 1])) == [KEY]
     assert [(w, n, a[2:4]) for w, n, a in log] == [(0, "prestart_vllm", (2, 0))]  # TP 2, replica 0, on worker 0
     assert vw.warm(run, _plan(2, 1, [0, 1])) == []  # already warming: not started twice
+    assert vw.warm(run, _plan(1, 2, [0, 1])) == []  # nor another target while one warms
+    assert len(log) == 1
     assert not vw.poll(run)  # still starting
     answers["vllm_prestart_status"] = {"key": (2, 0), "done": True, "elapsed_s": 41.0, "error": None}
     assert vw.poll(run) and run.driver.vllm_warm["keys"][KEY]["start_s"] == 41.0

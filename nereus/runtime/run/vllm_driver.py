@@ -76,8 +76,11 @@ def start_vllm_engines(driver, keep: frozenset = frozenset()) -> dict | None:
     opts = dict(driver.cfg.vllm or {})
     keys = replica_keys(lay)
     kept_workers = {w for k in keys if k in keep for w in k[1]}
+    # each start's engines get a tag of their own: their push counters and hand-off keys start afresh
+    driver.vllm_starts = n = getattr(driver, "vllm_starts", 0) + 1
+    tag = driver.tag if n == 1 else f"{driver.tag}.{n}"
     calls = [driver.workers[w].vllm_push.remote(GEN_STAGE) if w in kept_workers
-             else driver.workers[w].build_vllm.remote(GEN_STAGE, driver.tag, opts) for w in lay.workers]
+             else driver.workers[w].build_vllm.remote(GEN_STAGE, tag, opts) for w in lay.workers]
     _guard_sigterm(driver)
     try:
         res = driver._get(calls, "starting vLLM engines", timeout=max(4 * driver.cfg.timeout_s, 1800))

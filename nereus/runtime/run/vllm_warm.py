@@ -7,7 +7,7 @@ whenever that start is on the critical path. But an engine start needs only the 
 degree and the replica index (``WorkerCore.prestart_vllm``), so it can run in the background while the
 current plan keeps training and generating. This module does that in an adaptive ``--rollout vllm`` run:
 
-1. when the controller keeps its plan because a faster target does not pay back (a ``Keep`` whose reason
+1. when nothing warms yet and the controller keeps its plan because a faster target does not pay back (a ``Keep`` whose reason
    is the payback rule) and that target's transition cost carried an engine start, the new replicas'
    engines of that target (``run/vllm_driver.py`` ``replica_keys``, on their TP rank 0 workers) are
    started in the background (:func:`warm`); a worker may then hold the engine that serves now and
@@ -68,13 +68,13 @@ def make_controller(run, *args, **kw) -> Controller:
 
 def warm(run, target) -> list:
     """Start in the background the engines of ``target``'s (legalised) generation replicas that the
-    current layout lacks and that do not warm already; returns the keys started."""
+    current layout lacks, unless engines warm already (one warm-up at a time); returns the keys started."""
     d = run.driver
     legal = run._legal(d, target) if hasattr(run, "_legal") else target
     w = d.vllm_warm = getattr(d, "vllm_warm", None) or {"keys": {}, "asked": False}
     t0 = time.perf_counter()
     new = [k for k in prestart_vllm_engines(d, legal, dry=True) if k not in w["keys"]]
-    if not new:
+    if not new or w["keys"]:  # one warm-up at a time: a second would replace (and wait for) the first
         return []
     prestart_vllm_engines(d, legal, only=new)
     for k in new:

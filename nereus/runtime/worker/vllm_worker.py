@@ -156,6 +156,9 @@ class VllmWorkerMixin:
             raise ValueError(f"--rollout vllm: model-stage {model_stage} has pp={ctx.pp}; vLLM engines here run "
                              f"TP only (give actor.generate pp=1)")
         self._vllm_tags[model_stage] = tag
+        # every rank of the new engine counts its pushes from 0 (a rank that pushed into an engine of an
+        # earlier layout had counted on, and rank 0 waited in _files_written for a key rank 1 never set)
+        self.__dict__.setdefault("_vllm_seq", {})[model_stage] = 0
         hand = handoff_dir(tag, model_stage, ctx.d)
         self._vllm_dirs = {**getattr(self, "_vllm_dirs", {}), model_stage: hand}
         out = {"start_s": 0.0, "kv": [], "prestarted": False, "waited_s": 0.0}
