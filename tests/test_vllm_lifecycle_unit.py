@@ -96,7 +96,8 @@ def test_release_kills_what_is_left_and_a_clean_close_stops_the_watchdog(tmp_pat
         assert out["killed"] == [eng.pid] and out["removed"] == [str(d)]
         assert eng.wait(timeout=10) is not None and not d.exists()
         assert not os.path.exists(r.manifest)  # nothing owned: the manifest goes, and the watchdog exits
-        assert r.watchdog.wait(timeout=10) == 0
+        assert _wait(lambda: _gone(r.watchdog), 10)
+        assert r.watchdog not in {c.pid for c in psutil.Process().children(recursive=True)}  # not our child
     finally:
         if eng.poll() is None:
             eng.kill()
