@@ -128,6 +128,8 @@ def test_controller_chosen_vllm_relayouts_tp1_to_tp2_on_growth_and_back_on_a_not
     es_up, es_down = up["transition"]["engine_start"], down["transition"]["engine_start"]
     assert es_up["prestarted"] and es_up["hidden_s"] > 0 and es_up["measured_start_s"] > 0, es_up
     assert ups[0]["estimate"]["l_tran"] < es_up["measured_start_s"], (ups[0], es_up)
+    assert es_up["charged_start_s"] < es_up["predicted_start_s"], es_up  # the warm-up hid part of it
+    assert es_up["predicted_l_tran"] < es_up["predicted_start_s"], es_up
     assert es_down["measured_start_s"] > 0, es_down
     for es in (es_up, es_down):
         assert es["predicted_l_tran"] >= 0 and es["measured_l_tran"] > 0, es

@@ -331,13 +331,15 @@ def begin_relayout(run, current, target, prestart: bool = True) -> dict | None:
     d = run.driver
     if d.cfg.rollout != "vllm" or GEN_STAGE not in current or not _gen_changes(current, target):
         return None
-    keep = stop_changed(d, current, target)
-    drop_warm(d, _new_replicas(current, target))  # warm engines of another target close (run/vllm_warm.py)
     import time
 
+    term = start_term(run, current, target)  # less what a warm-up already hid (before drop_warm forgets it)
+    full = _start_model(run).predict(_rank_bytes(d, target[GEN_STAGE].tp))
+    keep = stop_changed(d, current, target)
+    drop_warm(d, _new_replicas(current, target))  # warm engines of another target close (run/vllm_warm.py)
     t0 = time.perf_counter()
     new = prestart_vllm_engines(d, target) if prestart else []
-    return {"term_s": start_term(run, current, target), "keep": keep, "prestarted": new, "t0": t0}
+    return {"term_s": term, "full_s": full, "keep": keep, "prestarted": new, "t0": t0}
 
 
 def finish_relayout(run, state: dict, report) -> dict:
@@ -345,10 +347,12 @@ def finish_relayout(run, state: dict, report) -> dict:
     replicas, push the rebuilt generation engine's weights into every engine, calibrate the start
     model and log predicted vs measured ``L_tran`` with the engine start.
 
-    Returns ``{"predicted_start_s", "measured_start_s", "waited_s", "hidden_s", "start_wall_s",
-    "predicted_l_tran", "measured_l_tran", "kept", "prestarted"}``: ``predicted_l_tran`` is the DAG's
-    makespan plus the start not hidden behind it (``max(0, T_start − DAG)`` when prestarted, else
-    ``T_start``); ``hidden_s`` the measured start less what the driver waited for it."""
+    Returns ``{"predicted_start_s", "charged_start_s", "measured_start_s", "waited_s", "hidden_s",
+    "start_wall_s", "predicted_l_tran", "measured_l_tran", "kept", "prestarted"}``: ``predicted_start_s``
+    is the start model's whole start, ``charged_start_s`` what ``L_tran`` charged of it (less what a
+    warm-up hid, ``run/vllm_warm.py``); ``predicted_l_tran`` is the DAG's makespan plus the charged start
+    not hidden behind it (``max(0, charged − DAG)`` when prestarted, else the charged start); ``hidden_s``
+    the measured start less what the driver waited for it."""
     import time
 
     d = run.driver
@@ -361,13 +365,15 @@ def finish_relayout(run, state: dict, report) -> dict:
         _start_model(run).observe(_rank_bytes(d, d.layouts[GEN_STAGE].tp), measured)
     dag = float(report.predicted_l_tran)
     charged = max(0.0, state["term_s"] - dag) if state["prestarted"] else state["term_s"]
-    out = {"predicted_start_s": state["term_s"], "measured_start_s": measured, "waited_s": waited,
+    out = {"predicted_start_s": state["full_s"], "charged_start_s": state["term_s"], "measured_start_s": measured,
+           "waited_s": waited,
            "hidden_s": max(0.0, measured - waited), "start_wall_s": wall, "kept": info["kept"],
            "prestarted": any(info["prestarted"]), "predicted_l_tran": dag + charged,
            "measured_l_tran": float(report.measured_l_tran) + wall}
     run.log(f"  vLLM engines in the new layout: {len(info['start_s'])} started"
             f"{' (prestarted beside the transition)' if out['prestarted'] else ''}, replicas {info['kept']} kept; "
-            f"engine start predicted {state['term_s']:.1f}s, measured {measured:.1f}s, of which hidden "
+            f"engine start predicted {state['full_s']:.1f}s (charged {state['term_s']:.1f}s), measured "
+            f"{measured:.1f}s, of which hidden "
             f"{out['hidden_s']:.1f}s ({wall:.1f}s waited with the weight push); L_tran with the engine start: "
             f"predicted {out['predicted_l_tran']:.2f}s, measured {out['measured_l_tran']:.2f}s")
     return out

@@ -29,7 +29,7 @@ import subprocess
 import sys
 import time
 
-__all__ = ["Reaper", "engine_processes", "shm_paths", "reap", "POLL_S", "GRACE_S"]
+__all__ = ["Reaper", "engine_processes", "shm_paths", "reap", "kill_and_remove", "POLL_S", "GRACE_S"]
 
 #: seconds between the watchdog's checks of the worker's pid
 POLL_S = 0.5
@@ -93,7 +93,7 @@ class Reaper:
         """After a clean shutdown of ``key``'s engine: terminate whatever of its processes is left,
         remove its paths, stop owning it. Returns what was killed and removed (``reap``'s dict)."""
         entry = self.owned.get(key)
-        out = _kill_and_remove([entry]) if entry else {"killed": [], "removed": []}
+        out = kill_and_remove([entry]) if entry else {"killed": [], "removed": []}
         self.untrack(key)
         return out
 
@@ -138,7 +138,7 @@ def _running(pid: int) -> bool:
         return False
 
 
-def _kill_and_remove(entries) -> dict:
+def kill_and_remove(entries) -> dict:
     """Terminate the processes and remove the paths of manifest ``entries`` (pids whose start time
     differs were recycled: skipped); ``{"killed": [pid, ...], "removed": [path, ...]}``."""
     import psutil
@@ -188,7 +188,7 @@ def reap(manifest: str) -> dict:
             owned = json.load(f)["owned"]
     except (OSError, ValueError, KeyError):
         return {"killed": [], "removed": []}
-    out = _kill_and_remove(list(owned.values()))
+    out = kill_and_remove(list(owned.values()))
     try:
         os.remove(manifest)
     except FileNotFoundError:
