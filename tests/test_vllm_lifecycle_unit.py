@@ -217,3 +217,22 @@ def test_a_planner_plan_with_pipelined_generation_is_folded_to_pp1_for_vllm():
     assert (g.tp, g.pp, g.dp, tuple(g.gpus)) == (1, 1, 1, (1,))
     d.cfg = RLConfig()  # the built-in engine pipelines generation: unchanged
     assert vd.vllm_legal(d, pp2) is pp2
+
+
+def test_orphan_segments_are_the_new_unmapped_ones():
+    from multiprocessing import shared_memory
+
+    from nereus.runtime.worker.vllm_reaper import orphan_segments, shm_segments
+
+    before = shm_segments()
+    held = shared_memory.SharedMemory(create=True, size=4096)  # still mapped here
+    left = shared_memory.SharedMemory(create=True, size=4096)
+    name = left.name
+    left.close()  # unmapped, not unlinked: what a failed engine start left
+    try:
+        found = orphan_segments(before)
+        assert f"/dev/shm/{name}" in found and f"/dev/shm/{held.name}" not in found, found
+    finally:
+        held.close()
+        held.unlink()
+        shared_memory.SharedMemory(name=name).unlink()

@@ -29,7 +29,7 @@ import subprocess
 import sys
 import time
 
-__all__ = ["Reaper", "engine_processes", "shm_paths", "reap", "kill_and_remove", "POLL_S", "GRACE_S"]
+__all__ = ["Reaper", "engine_processes", "shm_paths", "reap", "kill_and_remove", "shm_segments", "orphan_segments", "POLL_S", "GRACE_S"]
 
 #: seconds between the watchdog's checks of the worker's pid
 POLL_S = 0.5
@@ -71,6 +71,31 @@ def shm_paths(pids: list[list]) -> list[str]:
         except psutil.Error:
             continue
     return sorted(found)
+
+
+def shm_segments() -> set[str]:
+    """The POSIX shared-memory segments (``/dev/shm/psm_*``) that exist now."""
+    import glob
+
+    return set(glob.glob("/dev/shm/psm_*"))
+
+
+def orphan_segments(before: set[str]) -> list[str]:
+    """The segments created since ``before`` (:func:`shm_segments`) that no process maps any more:
+    what a failed engine start left (measured here: vLLM's engine core failing in its KV-cache setup
+    left its 240 MiB message-queue segment, ``psm_*``, after every process had exited)."""
+    import psutil
+
+    new = shm_segments() - set(before)
+    if not new:
+        return []
+    mapped = set()
+    for p in psutil.process_iter():
+        try:
+            mapped.update(m.path for m in p.memory_maps(grouped=True) if m.path in new)
+        except psutil.Error:
+            continue
+    return sorted(new - mapped)
 
 
 class Reaper:

@@ -64,20 +64,21 @@ class VllmWorkerMixin:
     def _start_engine(self, key: str, spec, tp: int, dtype, replica: int, options: dict | None):
         """Start one vLLM engine (``VllmRollout``) and hand its processes, directories and shared-memory
         segments to the reaper under ``key``."""
+        from nereus.runtime.worker import vllm_reaper as vr
         from nereus.runtime.worker.vllm_engine import VllmRollout
-        from nereus.runtime.worker.vllm_reaper import engine_processes, kill_and_remove, shm_paths
 
         reaper = self._reaper()
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # engines share this machine's cores
-        before = {p for p, _t in engine_processes()}
+        before, segs = {p for p, _t in vr.engine_processes()}, vr.shm_segments()
         try:
             eng = VllmRollout(spec, tp, dtype, seed=replica, options=options, device=self.device)
         except BaseException:  # a failed start: whatever it spawned and mapped goes before the error propagates
-            procs = [p for p in engine_processes() if p[0] not in before]
-            kill_and_remove([{"pids": procs, "paths": shm_paths(procs)}])
+            procs = [p for p in vr.engine_processes() if p[0] not in before]
+            vr.kill_and_remove([{"pids": procs, "paths": vr.shm_paths(procs)}])
+            vr.kill_and_remove([{"pids": [], "paths": vr.orphan_segments(segs)}])  # left by processes already gone
             raise
-        procs = [p for p in engine_processes((reaper.watchdog_pid() or -1,)) if p[0] not in before]
-        reaper.track(key, procs, [eng.dir] + shm_paths(procs))
+        procs = [p for p in vr.engine_processes((reaper.watchdog_pid() or -1,)) if p[0] not in before]
+        reaper.track(key, procs, [eng.dir] + vr.shm_paths(procs))
         return eng
 
     def prestart_vllm(self, model_stage: str, spec, tp: int, replica: int, precision: str = "fp32",
