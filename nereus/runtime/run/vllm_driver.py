@@ -12,7 +12,8 @@ holds one) to close its engines; a failed start closes the ones that did start; 
 becomes ``SystemExit`` while engines run, so ``RLDriver.close`` runs in the ``finally`` blocks; a worker
 process that dies anyway takes its engine down with it (its watchdog, ``worker/vllm_reaper.py``).
 A live re-layout (:func:`begin_relayout`, :func:`finish_relayout`) restarts only the replicas that change,
-starting the new ones beside the transition (:func:`prestart_vllm_engines`).
+starting the new ones beside the transition (:func:`prestart_vllm_engines`), or adopting the engines a
+warm-up started steps earlier (``run/vllm_warm.py``; :func:`hidden_s` is what the start charge then leaves out).
 """
 
 from __future__ import annotations
