@@ -11,7 +11,8 @@ features it names):
 * training and inference (the training engine's passes) without ``model_parallel_train`` (verl FSDP,
   OpenRLHF DeepSpeed): TP = PP = 1; without ``pipeline_parallel``: PP = 1;
 * DP: training needs ``dp·b·a = mini_batch``, with ``b`` any divisor of the per-replica batch
-  ``mini/dp`` up to the workload's micro-batch; inference and generation take any DP, and among DP
+  ``mini/dp`` up to the workload's micro-batch; inference and generation take any DP (only those
+  dividing their rows under ``FrameworkSpec.even_dp``), and among DP
   degrees that give the same per-replica load (``ceil(B/dp)``) only the smallest is kept, since the
   others add GPUs for no speed;
 * inference micro-batch ``b`` up to the workload's: only the smallest ``b`` of each micro-batch count
@@ -43,6 +44,7 @@ memory filters settle dominance across classes.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -53,7 +55,7 @@ from nereus.cost.shapes import valid_pp, valid_tp
 from nereus.spec.plan import Candidate
 from nereus.workflow import ModelStage
 
-__all__ = ["CandidateSet", "enumerate_candidates", "frontier", "latency_frontier", "RECOMPUTE_CODES",
+__all__ = ["CandidateSet", "enumerate_candidates", "even_dp_rows", "frontier", "latency_frontier", "RECOMPUTE_CODES",
            "COLUMNS"]
 
 RECOMPUTE_CODES = ("none", "selective", "full")
@@ -130,9 +132,24 @@ class CandidateSet:
                          zero=int(self.z[i]), offload=OFFLOAD_CODES[int(self.o[i])], vpp=int(self.v[i]))
 
 
-def _distinct_load_dps(total: int, max_dp: int) -> np.ndarray:
-    """Smallest dp for every distinct value of ``ceil(total/dp)``, dp in 1..max_dp."""
+def even_dp_rows(workload, model_stage: str) -> int:
+    """The count every dp of ``model_stage`` must divide under ``FrameworkSpec.even_dp`` (the
+    runtime's batch split, ``run/driver.py``): generation the prompts and the rollouts
+    (``gcd(prompts, global batch)``; ReMax's greedy rollouts are one per prompt), inference the global
+    batch, ReMax's ``reward.infer`` also the prompts (it scores the greedy baselines); training's rule
+    is ``dp·b·a = mini_batch`` already."""
+    w = workload
+    if model_stage.endswith(".generate") or (model_stage == "reward.infer" and w.algorithm == "remax"):
+        return math.gcd(w.global_batch, w.prompts_per_step)
+    return w.global_batch
+
+
+def _distinct_load_dps(total: int, max_dp: int, divide: int | None = None) -> np.ndarray:
+    """Smallest dp for every distinct value of ``ceil(total/dp)``, dp in 1..max_dp; with ``divide``
+    only the dp dividing it (``FrameworkSpec.even_dp``: every such dp has its own load)."""
     dps = np.arange(1, max(max_dp, 0) + 1)
+    if divide is not None:
+        dps = dps[divide % dps == 0]
     if dps.size == 0:
         return dps
     load = -(-total // dps)
@@ -286,13 +303,15 @@ def enumerate_candidates(cost: CostModel, ms: ModelStage, num_gpus: int, multi_n
         else:
             rows = None
     elif ms.stage == "infer":
-        dps = _distinct_load_dps(w.global_batch, num_gpus)
+        even = even_dp_rows(w, ms.name) if fw.even_dp else None
+        dps = _distinct_load_dps(w.global_batch, num_gpus, even)
         ii, bb = _per_count(-(-w.global_batch // dps), w.infer_micro_batch_size)
         rows = _expand(layouts, dps[ii], {"b": bb}, num_gpus) if ii.size else None
         if rows is not None and 3 in fw.zero_stages:  # a ZeRO-3/FSDP engine may run the pass sharded
             rows = _infer_zero_rows(rows, any(z < 3 for z in fw.zero_stages))
     else:  # generate: every (dp, concurrency) pair, concurrency reduced per wave count
-        dps = _distinct_load_dps(w.rollouts_per_step, num_gpus)
+        even = even_dp_rows(w, ms.name) if fw.even_dp else None
+        dps = _distinct_load_dps(w.rollouts_per_step, num_gpus, even)
         ii, cc = _per_count(-(-w.rollouts_per_step // dps))
         rows = _expand(layouts, dps[ii], {"c": cc}, num_gpus) if ii.size else None
         if rows is not None and gpus_free and rows["dp"].size:

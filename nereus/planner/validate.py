@@ -7,7 +7,8 @@ A plan file (``docs/files.md``) is data a person may have edited, so before anyt
 * every layout is legal for the model: TP divides the query heads and the MLP width and divides, or
   is a multiple of, the KV heads; PP divides the layers (``nereus.cost.shapes``);
 * batch rules: a training model-stage has ``dp·b·a = mini_batch_size`` with ``b, a >= 1``; an
-  inference model-stage a micro-batch ``b >= 1``; generation a concurrency ``>= 1``;
+  inference model-stage a micro-batch ``b >= 1``; generation a concurrency ``>= 1``; under a
+  framework with ``even_dp`` an inference or generation dp divides its rows (``even_dp_rows``);
 * GPU ids lie in its cluster (``0 .. nodes·gpus_per_node - 1``) and the set has ``tp·pp·dp`` ids.
 
 Two plans are transitioned only between jobs of the same model (shapes), algorithm, batch sizes and
@@ -18,6 +19,7 @@ prompt/response lengths may differ (they drift during a run).
 from __future__ import annotations
 
 from nereus.cost.shapes import valid_pp, valid_tp
+from nereus.planner.candidates import even_dp_rows
 from nereus.spec.job import JobSpec
 from nereus.spec.plan import Plan
 from nereus.workflow import ModelStage, workflow_for
@@ -63,7 +65,11 @@ def check_plan(plan: Plan, job: JobSpec, label: str = "plan", complete: bool = T
                 raise ValueError(f"{where}: dp*micro_batch*grad_accum = {c.dp}*{c.micro_batch}*{c.grad_accum} = "
                                  f"{c.dp * c.micro_batch * c.grad_accum}, must equal the job's mini_batch_size "
                                  f"{mb}")
-        elif ms.stage == "infer" and c.micro_batch < 1:
+        elif job.framework.even_dp and even_dp_rows(job.workload, c.model_stage) % c.dp:
+            raise ValueError(f"{where}: dp={c.dp} must divide {even_dp_rows(job.workload, c.model_stage)} "
+                             f"(framework {job.framework.name!r} splits a batch's rows evenly over DP); "
+                             f"valid: a dp dividing it")
+        if ms.stage == "infer" and c.micro_batch < 1:
             raise ValueError(f"{where}: an inference model-stage needs micro_batch >= 1, got {c.micro_batch}")
         elif ms.stage == "generate" and c.concurrency < 1:
             raise ValueError(f"{where}: generation needs concurrency >= 1 (sequences per replica), "

@@ -51,6 +51,12 @@ feature                    kind       cost-model consequence (``nereus.cost``)
 ``uneven_pp``              flag       pipeline ranks may hold unequal layer counts (Megatron
                                       ``decoder_first/last_pipeline_num_layers``); otherwise PP must
                                       divide the layers
+``even_dp``                flag       a batch's rows split evenly over the DP replicas of inference and
+                                      generation (``nereus run``'s rule, ``run/driver.py``
+                                      ``_check_batches``): their dp divides the rows (generation: the
+                                      prompts and the rollouts; inference: the global batch; ReMax's
+                                      reward pass also the prompts); otherwise any dp (the last
+                                      replica takes the remainder)
 ``zero3_impl``             flag       how the ZeRO-3 engine moves parameters (:mod:`nereus.cost.zero3`):
                                       ``fsdp`` (default; FSDP/FSDP2: one flat all-gather per wrapped
                                       block, prefetched in forward and backward), ``deepspeed``
@@ -68,7 +74,7 @@ Presets (:data:`FRAMEWORK_PRESETS`), each with its source:
   ``nereus run --adaptive`` transitions: ZeRO 0-3 for training and ZeRO-3 for infer passes
   (``worker/zero.py``, ``worker/zero3.py``), idle state offloaded to host memory or dropped
   (``worker/memory_pool.py``), colocation (model-stages of a stage taking turns on the same
-  workers); no SP, no interleaving, no overlap. Live transitions move ZeRO-1 slices, host-pool
+  workers), inference and generation dp dividing their rows (``even_dp``); no SP, no interleaving, no overlap. Live transitions move ZeRO-1 slices, host-pool
   copies and colocated state (``runtime/transit/flat.py``, ``residency.py``); a change the live
   executor cannot make (ZeRO-2/3 slices, a ZeRO group changing TP/PP in one primitive) goes through
   the durable checkpoint.
@@ -132,6 +138,7 @@ class FrameworkSpec:
         drop_model_stages: the model-stages that may use ``drop`` when ``offload`` allows it (None:
             every non-training model-stage; verl, for example, frees only the rollout engine's
             weights, so its frameworks list ``("actor.generate",)``).
+        even_dp: inference and generation dp must divide their rows (module docstring).
         zero3_impl: the ZeRO-3 implementation's parameter-traffic schedule, one of
             :data:`ZERO3_IMPLS` (:mod:`nereus.cost.zero3`; ``fsdp``: the default model).
         engine: the engines' behaviour and fixed costs (:class:`nereus.spec.engine.EngineCosts`:
@@ -157,6 +164,7 @@ class FrameworkSpec:
     pipeline_parallel: bool = True
     shared_engine: bool = False
     zero3_impl: str = "fsdp"
+    even_dp: bool = False
     engine: EngineCosts | None = None
 
     def __post_init__(self) -> None:
@@ -191,7 +199,7 @@ class FrameworkSpec:
         if g is not None and (isinstance(g, bool) or g not in (2, 4)):
             raise ValueError(f"framework field 'grad_reduce_bytes' must be 2 (bf16), 4 (fp32) or null, got {g!r}")
         for f in ("sequence_parallel", "overlap_grad_reduce", "overlap_tp_comm", "model_parallel_train",
-                  "uneven_pp", "pipeline_parallel", "shared_engine"):
+                  "uneven_pp", "pipeline_parallel", "shared_engine", "even_dp"):
             if not isinstance(getattr(self, f), bool):
                 raise ValueError(f"framework field {f!r} must be true or false, got {getattr(self, f)!r}")
 
@@ -207,6 +215,8 @@ class FrameworkSpec:
             del d["shared_engine"]
         if self.zero3_impl == "fsdp":
             del d["zero3_impl"]
+        if not self.even_dp:
+            del d["even_dp"]
         if self.engine is None:
             d.pop("engine")
         return d
@@ -253,7 +263,8 @@ class FrameworkSpec:
 
 FRAMEWORK_PRESETS: dict[str, FrameworkSpec] = {
     "nereus": FrameworkSpec(),
-    "runtime": FrameworkSpec(name="runtime", zero_stages=(0, 1, 2, 3), offload=("none", "host", "drop"), colocate="auto"),
+    "runtime": FrameworkSpec(name="runtime", zero_stages=(0, 1, 2, 3), offload=("none", "host", "drop"), colocate="auto",
+                             even_dp=True),
     "megatron": FrameworkSpec(name="megatron", zero_stages=(0, 1), sequence_parallel=True, max_virtual_stages=4,
                               overlap_grad_reduce=True, grad_reduce_bytes=2, offload=("none", "host", "drop"),
                               colocate="auto", uneven_pp=True),
