@@ -1,8 +1,12 @@
 """Fits/OOM verdicts on users' RL layouts (issue 28): each row of ``benchmarks/data/user_layouts.csv``
 (a published working layout or a public OOM report, with its source) is imported as the user wrote
 it (verl overrides or an OpenRLHF command line), evaluated by the cost model at the lengths the row
-gives (measured means where a log exists, else the launch line's maxima), and the verdict (fits /
-OOM / refused by name) compared with the published outcome. Prints one line per row and the score.
+gives (measured means where a log exists, else the launch line's maxima) and with the memory rule of
+the vLLM version the row's framework version ran (the ``vllm_rule`` column, its source in
+``vllm_source``; :mod:`nereus.cost.vllm_startup`), and the verdict (fits / OOM / refused by name)
+compared with the published outcome. Prints one line per row (the peak per-GPU bytes of the device's,
+and the plan check's margin: its 10% headroom applies to the predicted bytes, not to vLLM's own
+pre-allocation) and the score.
 
     python benchmarks/user_layouts.py [--csv FILE]
 """
@@ -20,6 +24,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
+from nereus.cost.model import CostModel  # noqa: E402
+from nereus.cost.step import engine_owned  # noqa: E402
+from nereus.cost.vllm_startup import gpu_excess  # noqa: E402
 from nereus.integrations.openrlhf import import_openrlhf  # noqa: E402
 from nereus.integrations.verl import import_verl  # noqa: E402
 from nereus.integrations.verl_config import load_verl_config  # noqa: E402
@@ -55,10 +62,15 @@ def verdict(row: dict, tmp: Path) -> tuple[str, str]:
         return "refused", "; ".join(str(u) for u in imp.unexpressible)[:160]
     w = imp.job.workload
     lens = {k: int(row[k]) for k in ("prompt_len", "response_len") if row[k]}
-    job = imp.job.with_workload(replace(w, **lens)) if lens else imp.job
-    ev = evaluate_layout(job, imp.layout)
+    rule = {"vllm_memory_rule": row["vllm_rule"]} if row.get("vllm_rule") else {}
+    job = imp.job.with_workload(replace(w, **lens, **rule)) if lens or rule else imp.job
+    cost = CostModel(job)
+    ev = evaluate_layout(job, imp.layout, cost=cost)
     peak = max(ev.plan.gpu_memory.values())
-    return ("fits" if ev.fits else "oom"), f"peak {peak / 2**30:.1f} of {ev.plan.capacity / 2**30:.1f} GiB"
+    over = max(gpu_excess(job, ev.plan, cost.headroom, cost.workspace, engine_owned(ev.plan, job.framework)).values())
+    margin = f"{over / 2**30:.1f} GiB over" if over > 0 else f"{-over / 2**30:.1f} GiB to spare"
+    return ("fits" if ev.fits else "oom"), (f"peak {peak / 2**30:.1f} GiB of {job.cluster.gpu.memory_bytes / 2**30:.1f}, "
+                                            f"{margin}")
 
 
 def score(path: Path) -> tuple[int, int, list]:

@@ -35,6 +35,8 @@ def _err(capsys, argv):
     (["--layout", "actor.train=3,1,1"], ["actor.train", "tp=3 does not divide num_attention_heads=4"]),
     (["--layout", "critic.sing=1,1,1"], ["critic.sing", "not in the PPO workflow"]),
     (["--layout", "actor.train=1,1,0"], ["degrees tp, pp, dp must be >= 1"]),
+    (["--no-reference", "--kl-coef", "0.1"], ["--kl-coef 0.1 needs the reference model", "--no-reference"]),
+    (["--no-reference", "--layout", "reference.infer=1,1,1"], ["reference.infer", "not in the PPO workflow"]),
 ])
 def test_run_refuses_bad_arguments_before_ray(capsys, argv, words):
     out, err = _err(capsys, ["run"] + argv)

@@ -95,6 +95,28 @@ def test_rl_steps_end_to_end(pool, algo, reward_model):
         d.close()
 
 
+@pytest.mark.slow
+def test_no_reference_model_runs_no_reference_pass(pool):
+    """WorkloadSpec.reference_model false (`nereus run --no-reference`): the workflow has no
+    reference.infer, the driver submits no reference log-probs and reports no KL; a KL coefficient
+    without a reference is refused at construction."""
+    w = workload("grpo", reference_model=False)
+    lay = {k: v for k, v in LAYOUTS.items() if k not in ("reference.infer", "critic.infer", "critic.train")}
+    plan = simple_plan(w, lay, 4, micro_batch=1)
+    assert "reference.infer" not in {c.model_stage for c in plan.candidates}
+    with pytest.raises(ValueError, match="kl_coef.*needs a reference model"):
+        RLDriver(SPEC, w, plan, TASK, 4, RLConfig(kl_coef=0.05))
+    d = RLDriver(SPEC, w, plan, TASK, 4, RLConfig(actor_lr=1e-2, timeout_s=30)).start(pool)
+    try:
+        d.reset_measurements()
+        m = d.step()
+        assert _finite(m["reward"]) and _finite(m["actor_loss"]) and "kl" not in m
+        meas = d.measurements()
+        assert "reference.infer" not in meas["stage_seconds"] and meas["stage_seconds"]["actor.infer"] > 0
+    finally:
+        d.close()
+
+
 def test_impossible_layouts_and_configs_raise():
     w = workload("ppo")
     base = {**LAYOUTS}

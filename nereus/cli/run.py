@@ -90,6 +90,9 @@ def add_arguments(p) -> None:
     p.add_argument("--lr", type=float, default=1e-3, help="actor (and critic) learning rate")
     p.add_argument("--kl-coef", type=float, default=0.0,
                    help="weight of the KL penalty against the reference model (0: none)")
+    p.add_argument("--no-reference", action="store_true",
+                   help="run no reference model (the workload's reference_model false): no reference.infer "
+                        "model-stage, its log-probs, layout or memory; needs --kl-coef 0")
     p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of rollouts (> 0)")
     p.add_argument("--rollout", default="builtin", choices=["builtin", "vllm"],
                    help="generation engine of actor.generate: the runtime's KV-cache decode loop, or one vLLM "
@@ -209,7 +212,8 @@ def main(args) -> int:
     w = WorkloadSpec(algorithm=args.algorithm, prompts_per_step=args.prompts, samples_per_prompt=args.samples,
                      prompt_len=task_lens[0], response_len=task_lens[1], mini_batch_size=args.mini_batch,
                      micro_batch_size=args.micro_batch, infer_micro_batch_size=max(args.micro_batch, 1),
-                     ppo_epochs=args.ppo_epochs, reward_model=args.reward_model)
+                     ppo_epochs=args.ppo_epochs, reward_model=args.reward_model,
+                     reference_model=not args.no_reference)
     plan = None
     if not args.adaptive:
         base = DEFAULT_LAYOUTS if args.workers >= 4 else {}

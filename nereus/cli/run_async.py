@@ -82,7 +82,8 @@ def main_async(args) -> int:
     w = WorkloadSpec(algorithm=args.algorithm, prompts_per_step=args.prompts, samples_per_prompt=args.samples,
                      prompt_len=plen, response_len=rlen, mini_batch_size=args.mini_batch,
                      micro_batch_size=args.micro_batch, infer_micro_batch_size=max(args.micro_batch, 1),
-                     ppo_epochs=args.ppo_epochs, reward_model=args.reward_model, asynchronous=args.staleness > 0)
+                     ppo_epochs=args.ppo_epochs, reward_model=args.reward_model, asynchronous=args.staleness > 0,
+                     reference_model=not getattr(args, "no_reference", False))
     from nereus.runtime.rl.task import DigitTask
     from nereus.runtime.run.config import RLConfig
 

@@ -32,6 +32,8 @@ def check_args(args) -> None:
         if not (v > lo if strict else v >= lo) or v != v or v == float("inf"):
             raise ValueError(f"--{opt.replace('_', '-')} must be a finite number {'>' if strict else '>='} {lo:g}, "
                              f"got {v}")
+    if getattr(args, "no_reference", False) and args.kl_coef > 0:
+        raise ValueError(f"--kl-coef {args.kl_coef:g} needs the reference model; drop --no-reference or set --kl-coef 0")
     if getattr(args, "rollout", "builtin") == "vllm":
         if args.asynchronous or args.staleness != 1:
             raise ValueError("--rollout vllm runs synchronous RL only; drop --async/--staleness")

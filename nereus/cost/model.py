@@ -44,6 +44,7 @@ from nereus.cost.seqpar import with_seq_split
 from nereus.cost.sharded_infer import infer_gather_times
 from nereus.cost.step import engine_owned, stage_groups
 from nereus.cost.vllm_memory import kv_capacity, preallocated_memory
+from nereus.cost.vllm_startup import apply_vllm_rule, gpu_excess
 from nereus.cost.zero3 import zero3_infer_comm, zero3_train_comm
 from nereus.spec.job import JobSpec
 from nereus.spec.plan import Candidate, Plan, StageEstimate
@@ -419,6 +420,7 @@ class CostModel:
         gpu_res: dict = {}
         gpu_tr: dict = {}
         owned = engine_owned(plan, self.job.framework)  # weights of a training engine's own passes count once
+        ests = apply_vllm_rule(self.job, plan.candidates, ests, self.workspace, owned)  # vLLM beside others
         for c in plan.candidates:
             e, res = ests[c.model_stage], 0.0 if c.model_stage in owned else ests[c.model_stage].resident
             for g in c.gpus:
@@ -436,7 +438,8 @@ class CostModel:
         """Every GPU's predicted peak fits ``(1 - headroom) · capacity`` (estimates the plan if needed)."""
         if not plan.gpu_memory:
             plan = self.estimate(plan)
-        return all(v <= self.capacity for v in plan.gpu_memory.values())
+        over = gpu_excess(self.job, plan, self.headroom, self.workspace, engine_owned(plan, self.job.framework))
+        return all(v <= 0 for v in over.values())
 
 
 def default_headroom(job: JobSpec) -> float:

@@ -32,6 +32,8 @@ from nereus.cost.checks import check_candidate
 from nereus.cost.memory import OFFLOAD_CODES
 from nereus.cost.model import CostModel
 from nereus.cost.shapes import valid_pp, valid_tp
+from nereus.cost.step import engine_owned
+from nereus.cost.vllm_startup import gpu_excess
 from nereus.spec.job import JobSpec
 from nereus.spec.plan import Candidate, Plan
 from nereus.workflow import ModelStage
@@ -121,9 +123,11 @@ def evaluate_layout(job: JobSpec, cands, headroom: float | None = None,
     else:
         l_step = sum(stage_times.values())
     overflow, over_bytes = {}, {}
+    # vLLM's pre-allocated engine is exact; the headroom applies to the other bytes (cost/vllm_startup.py)
+    excess = gpu_excess(job, plan, cost.headroom, cost.workspace, engine_owned(plan, job.framework))
     for c in plan.candidates:
-        worst = max(c.gpus, key=lambda g: plan.gpu_memory[g])
-        over = plan.gpu_memory[worst] - plan.capacity
+        worst = max(c.gpus, key=lambda g: excess[g])
+        over = excess[worst]
         if over <= 0:
             continue
         over_bytes[c.model_stage] = over

@@ -23,20 +23,22 @@ import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-__all__ = ["WorkloadSpec", "ALGORITHMS", "GEMM_PRECISIONS", "FP8_RECIPES", "ATTENTION_KERNELS", "RECOMPUTE_MODES", "OPTIONAL_FIELDS", "read_response_lengths",
+__all__ = ["WorkloadSpec", "ALGORITHMS", "GEMM_PRECISIONS", "FP8_RECIPES", "ATTENTION_KERNELS", "VLLM_MEMORY_RULES", "RECOMPUTE_MODES", "OPTIONAL_FIELDS", "read_response_lengths",
            "response_len_stats"]
 
 ALGORITHMS = ("ppo", "grpo", "remax")
 RECOMPUTE_MODES = ("none", "selective", "full", "auto")
 #: fields left out of :meth:`WorkloadSpec.to_dict` while unset (None)
 OPTIONAL_FIELDS = ("response_len_max", "memory_fraction", "gemm_precision", "attention_kernel", "lora_rank",
-                   "rollout_memory_fraction", "fp8_recipe")
+                   "rollout_memory_fraction", "fp8_recipe", "vllm_memory_rule")
 #: values of ``gemm_precision`` (None = bf16)
 GEMM_PRECISIONS = ("bf16", "fp8")
 #: values of ``fp8_recipe`` (None = Transformer Engine: casts fused into the neighbouring kernels)
 FP8_RECIPES = ("tensorwise", "rowwise")
 #: values of ``attention_kernel`` (None = flash)
 ATTENTION_KERNELS = ("flash", "flash_triton", "unfused", "unfused_dropout")
+#: values of ``vllm_memory_rule`` (None = startup_check; :mod:`nereus.cost.vllm_startup`)
+VLLM_MEMORY_RULES = ("startup_check", "device_total", "free_share")
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,11 @@ class WorkloadSpec:
             activations, KV blocks) whatever the batch needs, and its concurrency is capped by the KV
             blocks that fit, the rest waiting (preempted) for blocks (:mod:`nereus.cost.vllm_memory`).
             None: the engine is sized to what its concurrency needs (an export sets the fraction).
+        vllm_memory_rule: what the vLLM version the job runs does with the memory co-located
+            model-stages hold when it starts (:mod:`nereus.cost.vllm_startup`): ``startup_check``
+            (None: vLLM >= 0.9.1 holds ``f·M`` and refuses to start with less free),
+            ``device_total`` (vLLM 0.8: fills the device up to ``f·M`` counting what is there) or
+            ``free_share`` (verl's patched vLLM <= 0.6.3: the KV cache is ``f`` of what is left).
 
     Raises:
         ValueError: at construction, naming the field, the value and what would be valid.
@@ -125,8 +132,12 @@ class WorkloadSpec:
     lora_rank: int | None = None
     rollout_memory_fraction: float | None = None
     fp8_recipe: str | None = None
+    vllm_memory_rule: str | None = None
 
     def __post_init__(self) -> None:
+        if self.vllm_memory_rule is not None and self.vllm_memory_rule not in VLLM_MEMORY_RULES:
+            raise ValueError(f"workload field 'vllm_memory_rule' must be one of {VLLM_MEMORY_RULES} or null "
+                             f"(startup_check), got {self.vllm_memory_rule!r}")
         if self.fp8_recipe is not None and self.fp8_recipe not in FP8_RECIPES:
             raise ValueError(f"workload field 'fp8_recipe' must be one of {FP8_RECIPES} or null (Transformer "
                              f"Engine), got {self.fp8_recipe!r}")

@@ -6,7 +6,7 @@ Each model-stage runs on the layout and workers its :class:`~nereus.spec.plan.Ca
 1. ``actor.generate``: ``prompts_per_step × samples_per_prompt`` sampled rollouts, split over the
    generation replicas (ReMax adds one greedy rollout per prompt, its baseline).
 2. rewards (the task's rule, or ``reward.infer`` running a reward model), ``actor.infer`` old
-   log-probs, ``reference.infer`` log-probs, ``critic.infer`` values (PPO).
+   log-probs, ``reference.infer`` log-probs (with a reference model), ``critic.infer`` values (PPO).
 3. advantages on the driver (GAE / group-normalized / greedy baseline), then ``actor.train`` and
    ``critic.train``: ``ppo_epochs × global/mini_batch`` updates, each mini-batch split over ``dp``
    replicas of ``b × a`` sequences (``dp·b·a = mini_batch_size``, kept whatever dp is).
@@ -49,10 +49,7 @@ def _seed(*parts) -> int:
 
 
 def _largest_divisor(n: int, cap: int) -> int:
-    for b in range(max(1, min(cap, n)), 0, -1):
-        if n % b == 0:
-            return b
-    return 1
+    return next(b for b in range(max(1, min(cap, n)), 0, -1) if n % b == 0)  # 1 always divides
 
 
 class RLDriver:
@@ -78,6 +75,8 @@ class RLDriver:
         self.cfg = cfg or RLConfig()
         self.num_workers = int(num_workers)
         self.wf = workflow_for(workload)
+        if not workload.reference_model and self.cfg.kl_coef > 0:  # no reference.infer to take a KL against
+            raise ValueError(f"rl field 'kl_coef'={self.cfg.kl_coef} needs a reference model (reference_model false)")
         self.R = self.cfg.max_new_tokens or task.target_len
         task.check_vocab(spec.vocab_size)
         self.set_plan(plan)
@@ -316,13 +315,13 @@ class RLDriver:
         pend_rm = self._submit_scores(tokens, P)
         pend_old = self._submit("actor.infer", "logprobs", [tokens], P, self._infer_mb("actor.infer"),
                                 cfg.temperature)
-        pend_ref = self._submit("reference.infer", "logprobs", [tokens], P, self._infer_mb("reference.infer"),
-                                cfg.temperature)
+        pend_ref = (self._submit("reference.infer", "logprobs", [tokens], P, self._infer_mb("reference.infer"),
+                                 cfg.temperature) if (has_ref := "reference.infer" in self.layouts) else None)
         pend_val = (self._submit("critic.infer", "values", [tokens], P, self._infer_mb("critic.infer"))
                     if alg_name == "ppo" else None)
         scores = self._scores(pend_rm, rep_idx, tokens, mask, P, task)
         old_logp = torch.cat(self._collect(pend_old))
-        ref_logp = torch.cat(self._collect(pend_ref))
+        ref_logp = torch.cat(self._collect(pend_ref)) if has_ref else old_logp  # no reference: kl_coef 0, no KL
         batch = {"tokens": tokens, "mask": mask, "old_logp": old_logp, "ref_logp": ref_logp}
         kl_in_loss = 0.0
         if alg_name == "ppo":
@@ -342,7 +341,7 @@ class RLDriver:
             batch["adv"] = alg.remax_advantages(r, g_scores.repeat_interleave(n), mask)
         metrics = {"step": self.step_index, "reward": float(task_reward.mean()), "score": float(scores.mean()),
                    "response_len": float(mask.sum(1).mean()),
-                   "kl": float(((old_logp - ref_logp) * mask).sum() / mask.sum())}
+                   **({"kl": float(((old_logp - ref_logp) * mask).sum() / mask.sum())} if has_ref else {})}
         return batch, kl_in_loss, metrics
 
     def _train(self, batch: dict, P: int, kl_in_loss: float) -> dict:
