@@ -16,7 +16,9 @@ seeded generator:
   second after the first (``late:1``); and sometimes one more worker killed inside the live
   transition of the recovery the fault causes (a fault during a recovery);
 * **when**: transition faults also hit the growth onto joining workers (a join's boundary), not only
-  announced departures.
+  announced departures: the full benchmark's runs grow onto every scheduled join
+  (``RunSpec.grow``: the controller decides there without the payback rule, ``FaultBenchRun``),
+  so a growth's transition runs there whenever the planner has a faster plan.
 
 The check covers every model-stage, trained and frozen, and every state kind: parameters, the fp32
 master, both Adam moments, the Adam step, update counter and data position (:func:`compare`).
@@ -166,7 +168,7 @@ def execute(spec: RunSpec, faults: bool, seed: int, timeout_s: float, verbose: b
                         # the paper's disjoint plan space, where every recovery can run live (in the
                         # default `runtime` space colocated/offloaded/ZeRO state recovers through the checkpoint)
                         framework="nereus",
-                        bench_faults=planned, rng=random.Random(seed), capacity=capacity,
+                        bench_faults=planned, rng=random.Random(seed), capacity=capacity, grow=spec.grow,
                         # synchronous saves: a dcp_save fault fires inside the save, so it is settled and
                         # filed under the checkpoint phase (an async write would fire after the boundary)
                         checkpoint_sync=True)
@@ -296,7 +298,7 @@ def plan_run(rng: random.Random, index: int, quick: bool) -> RunSpec:
         skip = rng.choice((0, 1)) if point == "train_fields" else 0
         faults.append(Fault(step=k, point=point, how=how, count=count, skip=skip, second_how=second,
                             in_recovery=nested))
-    return RunSpec(algorithm, workers, steps, schedule, every, faults)
+    return RunSpec(algorithm, workers, steps, schedule, every, faults, grow=not quick)
 
 
 #: how a fault fails its worker (``FaultTolerantWorker.arm``): killed, hung (SIGSTOP), or slow but alive

@@ -24,8 +24,10 @@ Cases: TP 2->1, TP 1->2, PP 2->1, PP 1->2, DP 1->2, DP 2->1 of ``actor.train``; 
 transition, or after the save for a restart, and a fresh worker takes its slot before the next
 repetition, untimed); and a change of five model-stages at once on the full pool. Between measured
 transitions, untimed live transitions bring the job back to each case's source layout; before the
-first case, four untimed warm-up transitions (TP 2->1, DP 1->2, DP 2->1, TP 1->2), run twice, give the
-first calibration. At the end the gathered logical state of ``actor.train`` and ``critic.train`` is
+first case, four untimed warm-up transitions (TP 2->1, DP 1->2, DP 2->1, TP 1->2) run twice, and
+the first calibration is from the second pass only (the first pays a job's one-time costs:
+allocations, the first communicator of each member set), warm like every case after it. The
+calibration knows the cores the CPU workers share (``device_model.worker_cores``). At the end the gathered logical state of ``actor.train`` and ``critic.train`` is
 checked bit for bit against the state after the step.
 
     python benchmarks/bench_live_transition.py --reps 2 --out docs/img/bench-live-transition.png \\
@@ -53,7 +55,7 @@ import torch  # noqa: E402
 from nereus.runtime.durable import driver_side as durable  # noqa: E402
 from nereus.runtime.rl.task import DigitTask  # noqa: E402
 from nereus.runtime.run.config import RLConfig  # noqa: E402
-from nereus.runtime.run.device_model import runtime_job  # noqa: E402
+from nereus.runtime.run.device_model import runtime_job, worker_cores  # noqa: E402
 from nereus.runtime.run.driver import RLDriver  # noqa: E402
 from nereus.runtime.run.pool import WorkerPool, _ray_get  # noqa: E402
 from nereus.runtime.transit.driver_side import TransitionExecutor  # noqa: E402
@@ -124,7 +126,7 @@ def _changed(a: Plan, b: Plan) -> list[str]:
 
 #: calibration from every live transition run so far (``observe``); a case's predictions use a
 #: snapshot taken before the case (``CAL["frozen"]``), never its own measurements
-CAL = {"live": TransitionCalibration(), "frozen": None}
+CAL = {"live": TransitionCalibration(cores=worker_cores()), "frozen": None}
 
 
 def _estimate(d: RLDriver, target: Plan, pool: frozenset, calib: TransitionCalibration | None = None):
@@ -135,9 +137,14 @@ def _estimate(d: RLDriver, target: Plan, pool: frozenset, calib: TransitionCalib
     return est
 
 
+#: every live transition's records, in order (``--json``: the calibration can be replayed offline)
+OBSERVED: list = []
+
+
 def _execute(d: RLDriver, est, target: Plan):
     rep = TransitionExecutor(d).execute(est, target)
     CAL["live"].observe(rep.primitives)
+    OBSERVED.append([r.to_dict() for r in rep.primitives])
     return rep
 
 
@@ -173,7 +180,9 @@ def _live(d: RLDriver, pool: WorkerPool, target: Plan, leaves) -> dict:
             "l_tran_s": rep.measured_l_tran, "predicted_l_tran_s": rep.predicted_l_tran,
             "setup_s": sum(r.setup_s for r in rep.primitives),
             "copy_s": sum(r.copy_s for r in rep.primitives),
-            "transfer_s": sum(r.transfer_s for r in rep.primitives)}
+            "transfer_s": sum(r.transfer_s for r in rep.primitives),
+            "records": [r.to_dict() for r in rep.primitives],
+            "predicted_schedule": est.schedule.to_dict()["primitives"] if est.schedule else {}}
 
 
 def _make_driver(target: Plan, n: int) -> RLDriver:
@@ -217,7 +226,7 @@ def _equal(a: dict, b: dict) -> bool:
     return True
 
 
-def run(reps: int, root: str, log=print, live_reps: int = 5) -> dict:
+def run(reps: int, root: str, log=print, live_reps: int = 5, live_only: bool = False) -> dict:
     import copy
 
     import ray
@@ -233,15 +242,23 @@ def run(reps: int, root: str, log=print, live_reps: int = 5) -> dict:
         ref = _states(d)
         out["state_bytes"] = {ms: sum(t.numel() * t.element_size() for k in ("params", "exp_avg", "exp_avg_sq")
                                       for t in ref[ms][k].values()) for ms in TRAIN}
-        for warm in (TP1, plan(actor_train=(1, 1, 2, (0, 1))), TP1, plan()) * 2:  # first calibration
-            _move(d, warm)  # twice: the first transitions of a job pay one-time costs (allocations, caches)
+        warm = (TP1, plan(actor_train=(1, 1, 2, (0, 1))), TP1, plan())
+        for w in warm:  # the first transitions of a job pay one-time costs (allocations, caches, the
+            _move(d, w)  # first communicator of each member set): not what the cases will see
+        CAL["live"] = TransitionCalibration(cores=worker_cores())  # so the first calibration is
+        OBSERVED.clear()
+        for w in warm:  # from a second pass, warm like every case after it
+            _move(d, w)
         for name, src, dst, leaves in CASES:
             CAL["frozen"] = copy.deepcopy(CAL["live"])  # this case is predicted from earlier ones only
-            res = {"live": [], "faithful": [], "reload": []}
+            out.setdefault("case_starts", {})[name] = len(OBSERVED)
+            res = {"live": [], "faithful": [], "reload": [],
+                   "calibration": {k: getattr(CAL["frozen"], k) for k in ("bandwidth", "copy_bandwidth", "setup_s",
+                                                                         "teardown_s", "cores")}}
             for rep in range(max(reps, live_reps)):
                 for method in ("live", "faithful", "reload"):
                     if (method == "faithful" and rep) or (method == "live" and rep >= live_reps) or (
-                            method == "reload" and rep >= reps):
+                            method == "reload" and rep >= reps) or (live_only and method != "live"):
                         continue  # the faithful restart once per case: it costs tens of seconds
                     _move(d, src)
                     if method == "live":
@@ -254,12 +271,13 @@ def run(reps: int, root: str, log=print, live_reps: int = 5) -> dict:
                     if leaves is not None:
                         _respawn(pool, leaves, d)
             out["cases"][name] = res
-            med = {m: statistics.median(r["seconds"] for r in res[m]) for m in res}
+            med = {m: _median([r["seconds"] for r in res[m]]) for m in ("live", "faithful", "reload")}
             log(f"[bench] {name}: live {med['live']:.3f}s, faithful restart {med['faithful']:.3f}s, "
                 f"in-process reload {med['reload']:.3f}s")
         _move(d, plan())
         out["state_intact"] = _equal(_states(d), ref)
         out["calibration"] = CAL["live"].history
+        out["observed"] = OBSERVED
     finally:
         d.close()
         pool.close()
@@ -267,10 +285,19 @@ def run(reps: int, root: str, log=print, live_reps: int = 5) -> dict:
     return out
 
 
+def _median(xs) -> float:
+    """Median of ``xs``; nan when empty (a baseline not run: ``--live-only``)."""
+    xs = list(xs)
+    return statistics.median(xs) if xs else float("nan")
+
+
 def summarize(out: dict) -> list[dict]:
     rows = []
     for name, res in out["cases"].items():
-        med = {m: {k: statistics.median(r[k] for r in res[m]) for k in ("seconds", "bytes")} for m in res}
+        med = {m: {k: _median(r[k] for r in res[m]) for k in ("seconds", "bytes")}
+               for m in ("live", "faithful", "reload")}
+        nan = {"save_s": float("nan"), "stop_s": float("nan"), "start_s": float("nan"), "load_s": float("nan")}
+        fr = res["faithful"][0] if res["faithful"] else nan
         mn = res["live"][0]["min_bytes"]
         lv = res["live"]
         rows.append({"case": name, "live_s": med["live"]["seconds"], "faithful_s": med["faithful"]["seconds"],
@@ -285,8 +312,8 @@ def summarize(out: dict) -> list[dict]:
                      "live_transfer_s": statistics.median(r["transfer_s"] for r in lv),
                      "live_l_tran_s": statistics.median(r["l_tran_s"] for r in lv),
                      "pred_l_tran_s": statistics.median(r["predicted_l_tran_s"] for r in lv),
-                     "faithful_save_s": res["faithful"][0]["save_s"], "faithful_stop_s": res["faithful"][0]["stop_s"],
-                     "faithful_start_s": res["faithful"][0]["start_s"], "faithful_load_s": res["faithful"][0]["load_s"],
+                     "faithful_save_s": fr["save_s"], "faithful_stop_s": fr["stop_s"],
+                     "faithful_start_s": fr["start_s"], "faithful_load_s": fr["load_s"],
                      "live_x_min": max(r["bytes"] for r in lv) / mn if mn else (1.0 if max(r["bytes"] for r in lv) == 0
                                                                               else float("inf")),
                      "faithful_x_min": med["faithful"]["bytes"] / mn if mn else float("nan"),
@@ -369,7 +396,7 @@ def plot(rows: list[dict], out: dict, path: str) -> None:
 
 def final_line(rows: list[dict]) -> str:
     """The benchmark's last line (issue 26)."""
-    sp = [r["speedup"] for r in rows]
+    sp = [r["speedup"] for r in rows if r["speedup"] == r["speedup"]] or [float("nan")]
     return (f"live vs faithful restart: min {min(sp):.1f}x, median {statistics.median(sp):.1f}x over {len(sp)} "
             f"cases; live bytes / minimum: max {max(r['live_x_min'] for r in rows):.2f}")
 
@@ -383,6 +410,9 @@ def main(argv: list[str] | None = None) -> int:
                     "machine)")
     ap.add_argument("--out", default="bench-live-transition.png", help="PNG bar chart path")
     ap.add_argument("--json", help="write every measurement and the summary rows to this file")
+    ap.add_argument("--live-only", action="store_true", help="run the live transitions only (no faithful "
+                    "restart, no in-process reload: their columns and the speedups print as '-' and nan); for "
+                    "checking the L_tran prediction in a few minutes")
     ap.add_argument("--ckpt-dir", help="where DCP writes (default: a fresh temporary directory, removed after)")
     a = ap.parse_args(argv)
     if a.reps < 1 or a.live_reps < 1:
@@ -390,7 +420,8 @@ def main(argv: list[str] | None = None) -> int:
     root = a.ckpt_dir or tempfile.mkdtemp(prefix="nereus-dcp-")
     t0 = time.perf_counter()
     try:
-        out = run(a.reps, root, log=lambda s: print(s, file=sys.stderr), live_reps=a.live_reps)
+        out = run(a.reps, root, log=lambda s: print(s, file=sys.stderr), live_reps=a.live_reps,
+                  live_only=a.live_only)
     finally:
         if not a.ckpt_dir:
             shutil.rmtree(root, ignore_errors=True)

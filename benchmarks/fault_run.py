@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import os
 import random
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -16,6 +17,7 @@ from nereus.runtime.rl.task import DigitTask  # noqa: E402
 from nereus.runtime.run.adaptive import AdaptiveRun  # noqa: E402
 from nereus.runtime.run.config import RLConfig  # noqa: E402
 from nereus.runtime.run.device_model import runtime_job  # noqa: E402
+from nereus.runtime.run.faults import probe  # noqa: E402
 from nereus.runtime.run.relayout import train_stages  # noqa: E402
 from nereus.runtime.transit.driver_side import move_specs  # noqa: E402
 from nereus.spec.plan import Plan  # noqa: E402
@@ -55,6 +57,7 @@ class Fault:
     phase: str = ""
     second_how: str = ""  # how the second worker fails (e.g. ``late:1``: a second later); "" as the first
     in_recovery: bool = False  # also kill one more worker inside the recovery's live transition
+    first_lost_at: float = 0.0  # time.monotonic() of the settle that first saw its first worker lost
     state: str = "planned"  # planned → armed → fired | not fired
     workers: list[int] = field(default_factory=list)
     fired: list[int] = field(default_factory=list)
@@ -72,11 +75,12 @@ class RunSpec:
     schedule: str
     checkpoint_every: int
     faults: list[Fault]
+    grow: bool = False  # every scheduled join replans onto the joining workers (FaultBenchRun.grow)
 
     @property
     def key(self) -> tuple:
-        """What the fault-free reference run must share: workload, pool, pool schedule, steps."""
-        return (self.algorithm, self.workers, self.schedule, self.steps)
+        """What the fault-free reference run must share: workload, pool, pool schedule, steps, growth."""
+        return (self.algorithm, self.workers, self.schedule, self.steps, self.grow)
 
 
 class FaultBenchRun(AdaptiveRun):
@@ -89,17 +93,28 @@ class FaultBenchRun(AdaptiveRun):
     copy of every training model-stage survived and the steps since the last durable checkpoint,
     and schedules replacements for the lost workers at the next step without a scheduled change.
     ``step_plans`` records the plan each step ran on in its last (counted) execution, for :func:`replay`.
+
+    ``grow``: at each join of the pool schedule the controller decides with ``always_admit``
+    (``ControllerConfig``: any faster feasible target, no payback rule), so the plan grows onto the
+    joining workers in a live transition whenever the planner has a faster plan there, and a
+    transition fault drawn for that boundary fires in a growth's transition (with the payback rule
+    the tiny model's joins kept their plan: the transition costs more than the steps left repay).
     """
 
-    def __init__(self, *args, bench_faults: list[Fault], rng: random.Random, capacity: int, **kw) -> None:
+    def __init__(self, *args, bench_faults: list[Fault], rng: random.Random, capacity: int, grow: bool = False,
+                 **kw) -> None:
         super().__init__(*args, faults={}, **kw)
+        self.grow = bool(grow)
         self.bench = bench_faults
         self.rng = rng
         self.base_schedule = dict(self.schedule)
         self._departures = {k for k, v in self.schedule.items() if v < 0}
         # worker ids grow as replacements join: size the job's cluster for all of them
         self.max_workers = max(self.max_workers, capacity)
-        self.job = runtime_job(self.spec, self.workload, self.max_workers, self.job.cluster.gpu)
+        # (the same device, precision and plan space: ``framework`` picks the space, and a job rebuilt
+        # without it would plan in the default one, where ZeRO/offloaded state recovers through the checkpoint)
+        self.job = runtime_job(self.spec, self.workload, self.max_workers, self.job.cluster.gpu,
+                               precision=self.cfg.precision, framework=self.framework)
         self._target = None
         self.replacements = 0
         self.step_plans: dict[int, Plan] = {}
@@ -184,13 +199,18 @@ class FaultBenchRun(AdaptiveRun):
                     self.recovery_faults[k] = ("transition_run", w, "kill")
 
     def _settle(self) -> None:
-        """Armed faults: the workers lost are fired; survivors still armed are disarmed."""
+        """Armed faults: the workers lost are fired; survivors still armed are disarmed. The second
+        worker of a ``late:<s>`` double fault whose first worker was lost is left armed for ``s`` plus
+        a detection round (:meth:`_late_pending`): it goes off during the first one's recovery (or the
+        step re-run after it), and a later settle, after the call that found it lost, counts it."""
         d = self.driver
         for f in self.bench:
             if f.state != "armed":
                 continue
             f.fired = [w for w in f.workers if d.workers[w] is None]
             alive = [w for w in f.workers if d.workers[w] is not None]
+            if self._late_pending(f, alive):
+                continue
             if alive:
                 try:
                     d._get([d.workers[w].arm.options(concurrency_group="control").remote(f.point, "kill", NEVER)
@@ -199,7 +219,31 @@ class FaultBenchRun(AdaptiveRun):
                     pass
             f.state = "fired" if f.fired else "not fired"
 
+    def _late_pending(self, f: Fault, alive: list[int]) -> bool:
+        """``f``'s second worker fails ``late:<s>`` after its first one was lost and may still go off:
+        within ``s`` + 2 x ``hang_timeout_s`` + 1 s of the settle that first saw the first one lost
+        (its timer started before that: at its call or at the cancel the first loss sent,
+        ``FaultTolerantWorker.arm``), or dead or silent now but not found yet (the next call finds it)."""
+        if not (f.second_how.startswith("late:") and f.workers[1:] == alive and f.workers[0] in f.fired):
+            return False
+        now = time.monotonic()
+        f.first_lost_at = f.first_lost_at or now
+        if now < f.first_lost_at + float(f.second_how.split(":", 1)[1]) + 2 * self.hang_timeout_s + 1.0:
+            return True
+        dead, silent = probe([self.driver.workers[w] for w in alive], self.hang_timeout_s)
+        return bool(dead or silent)
+
     # ------------------------------------------------------------------ phase hooks
+    def _pool_change(self, pool, k: int) -> None:
+        if not (self.grow and self.base_schedule.get(k, 0) > 0):
+            return super()._pool_change(pool, k)
+        cfg = self.ctl.config
+        self.ctl.config = replace(cfg, always_admit=True)  # a scheduled join: grow onto it (class docstring)
+        try:
+            return super()._pool_change(pool, k)
+        finally:
+            self.ctl.config = cfg
+
     def _step(self, k: int) -> dict:
         try:
             m = super()._step(k)

@@ -64,3 +64,61 @@ def test_a_workers_group_build_is_aborted_as_a_comm_error():
     with pytest.raises(CommError, match="aborted: released by the driver"):
         new_group(dist.HashStore(), "t/lost", (0, 1), 0, meter, timeout_s=3600.0)
     assert meter.waiting is None  # the wait is over
+
+
+def test_a_member_lost_after_arriving_releases_its_peer_from_the_groups_own_build():
+    # the window the presence barrier leaves (issue 30): rank 1 arrived, then died before publishing its
+    # gloo address, so rank 0 passes the barrier and blocks in ProcessGroupGloo's own store wait; the
+    # abort releases that wait too (build_released), not the group timeout of an hour
+    import datetime
+
+    master = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=datetime.timedelta(seconds=60))
+    client = dist.TCPStore("127.0.0.1", master.port, is_master=False, timeout=datetime.timedelta(seconds=60))
+    master.set("t/late/arrived/1", b"1")  # rank 1's arrival, and nothing after it
+    meter = Meter()
+    meter.abort = threading.Event()
+    box = {}
+
+    def build():
+        try:
+            new_group(client, "t/late", (0, 1), 0, meter, timeout_s=3600.0)
+        except CommError as e:
+            box["error"] = str(e)
+
+    t = threading.Thread(target=build, daemon=True)
+    t.start()
+    while not master.check(["t/late/arrived/0"]):  # rank 0 passed the barrier: it is in the build now
+        t.join(0.01)
+    t.join(0.2)
+    assert t.is_alive()  # blocked in the build (rank 1's address never comes)
+    meter.abort.set()
+    t.join(60)  # a wait for the group timeout would still be running
+    assert not t.is_alive() and "released by the driver" in box["error"], box
+    assert "while the group was being built" in box["error"]  # released in the build, not in the barrier
+    client.set("after", b"ok")  # the worker's own client is free: the abandoned build holds a client of its own
+    assert master.get("after") == b"ok"
+    # and the next group builds at once (the blocked helper's client is not reused): an all-reduce over it
+    meter.abort.clear()
+    other = Meter()
+    other.abort = threading.Event()
+    groups = {}
+
+    def member(me, m):  # both members in this one process: distinct helper clients (cached by timeout)
+        groups[me] = new_group(client if me == 0 else master, "t/next", (0, 1), me, m, timeout_s=60.0 - me)
+
+    ts = [threading.Thread(target=member, args=(0, meter), daemon=True),
+          threading.Thread(target=member, args=(1, other), daemon=True)]
+    for x in ts:
+        x.start()
+    for x in ts:
+        x.join(60)
+    assert sorted(groups) == [0, 1], groups
+    import torch
+
+    ones = [torch.ones(3), torch.full((3,), 2.0)]
+    ws = [threading.Thread(target=groups[i].all_reduce, args=(ones[i],), daemon=True) for i in (0, 1)]
+    for x in ws:
+        x.start()
+    for x in ws:
+        x.join(60)
+    assert ones[0].tolist() == [3.0, 3.0, 3.0] == ones[1].tolist()  # 1 + 2 on both ranks

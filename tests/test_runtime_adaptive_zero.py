@@ -86,21 +86,22 @@ def _actor(**changes) -> Plan:
                                  for c in ZPLAN.candidates))
 
 
-def test_live_unsupported_names_a_zero_group_changing_tp():
-    """The transition planner splits a ZeRO group into replicas of its own (tp, pp) first, which the
-    live executor runs (also on to TP 2 replicas: the TP change is then between replicas); a target
-    ZeRO group of another TP is merged from those replicas in one primitive, which it refuses (its
-    slices are of one (tp, pp) flat buffer, ``transit/flat.py``): adaptive runs that through the
-    checkpoint restart."""
+def test_live_unsupported_runs_tp_changes_of_zero_groups_and_names_zero1_against_zero3():
+    """The transition planner splits a ZeRO group into replicas of its own (tp, pp) first and cuts a
+    target group of another TP from replicas locally, both of which the live executor runs
+    (``transit/regroup.py``); a ZeRO-1 group meeting ZeRO-3 slices in one primitive (one range of the
+    shard against one range per layer unit, which the planner counts as one layout) is refused:
+    adaptive runs that through the checkpoint restart."""
     from nereus.runtime.run.device_model import runtime_job
     from nereus.transition.estimate import estimate_transition
 
     job = runtime_job(SPEC, W, 4)
     pool = frozenset(range(4))
-    for ok in (_actor(zero=0), _actor(tp=2, dp=1, zero=0)):
+    for ok in (_actor(zero=0), _actor(tp=2, dp=1, zero=0), _actor(tp=2, gpus=(0, 1, 2, 3))):
         est = estimate_transition(job, ZPLAN, ok, pool)
         assert est.feasible and live_unsupported(est.dag) is None, est.reason
-    est = estimate_transition(job, ZPLAN, _actor(tp=2, gpus=(0, 1, 2, 3)), pool)
-    assert est.feasible, est.reason
-    why = live_unsupported(est.dag)
-    assert why is not None and "ZeRO slices" in why and "merge:actor.train" in why, why
+    for zero in (2, 3):
+        est = estimate_transition(job, ZPLAN, _actor(zero=zero, recompute="full" if zero == 3 else "none"), pool)
+        assert est.feasible, est.reason
+        why = live_unsupported(est.dag)
+        assert why is not None and "ZeRO-1" in why and f"ZeRO-{zero}" in why and "merge:actor.train" in why, why

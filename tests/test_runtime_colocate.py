@@ -191,6 +191,8 @@ def test_nereus_run_accepts_a_job_that_fits_only_colocated(tmp_path):
     rs_meas, rs_pred = meas["moves_vs_predicted"]["reduce_scatter"]
     assert rs_pred > 0 and rs_meas == pytest.approx(rs_pred, rel=1e-9)
     assert meas["memory"]["offload_bytes"] > 0
+    off_meas, off_pred = meas["moves_vs_predicted"]["offload"]
+    assert off_pred > 0 and off_meas == pytest.approx(off_pred, rel=1e-6)
 
 
 @pytest.mark.slow

@@ -121,3 +121,7 @@ def test_nereus_run_accepts_a_job_that_fits_only_with_zero3(tmp_path):
     for key in ("reduce_scatter", "all_gather"):
         got, want = meas["moves_vs_predicted"][key]
         assert want > 0 and got == pytest.approx(want, rel=1e-9), key
+    # offload per step: the trainers out and back, the frozen reference reloaded, and the ZeRO-3 trainers'
+    # dropped derived copies written at the sync and offloaded (memreport.move_rows)
+    got, want = meas["moves_vs_predicted"]["offload"]
+    assert want > 0 and got == pytest.approx(want, rel=1e-6)

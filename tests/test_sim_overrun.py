@@ -111,7 +111,7 @@ def test_loop_runs_the_transition_when_only_gone_gpus_are_involved():
     # the WIDE plan's step 5 (50-60 s) is aborted by the loss at 55 s; the policy moves onto NARROW
     # (55 -> 105 s); the gain at 80 s must not turn it into a restart
     cl = _cluster((0.0, 55.0, 80.0), (16, 12, 14), 400.0)
-    res = simulate(Scripted(WIDE, NARROW, at=5), cl, 300.0 / 3600.0)
+    res = simulate(Scripted(WIDE, NARROW, at=5), cl, 300.0 / 3600.0, RestartCost(checkpoint_rule="fixed"))
     assert res.restarts == 0 and res.transitions == 1
     assert res.transition_time == TRANSITION_S and res.lost_time == pytest.approx(5.0)
     # 5 steps before the loss, then (300 - 105) / 10 = 19.5 -> 19 more
@@ -121,7 +121,7 @@ def test_loop_runs_the_transition_when_only_gone_gpus_are_involved():
 def test_overrun_keeps_progress_when_a_whole_replica_survives():
     # 6 steps (0-60 s) on WIDE, then a transition to NARROW from 60 s; node 1 leaves at 100 s.
     # actor.train's replica on GPUs 0-7 is intact: save a checkpoint from it, restart, redo nothing
-    rc = RestartCost()
+    rc = RestartCost(checkpoint_rule="fixed")  # no periodic save in these 400 s
     cl = _cluster((0.0, 100.0), (16, 8), 1000.0)
     res = simulate(Scripted(WIDE, NARROW, at=5), cl, 400.0 / 3600.0, rc)
     assert res.restart_causes == {"transition_overrun": 1} and res.transitions == 0
@@ -137,7 +137,7 @@ def test_overrun_keeps_progress_when_a_whole_replica_survives():
 def test_overrun_redoes_the_steps_when_no_whole_replica_survives():
     # the same, but each actor.train replica straddles both nodes: the loss of node 1 breaks both,
     # so the trained state is gone and the 6 steps since the start are redone
-    rc = RestartCost()
+    rc = RestartCost(checkpoint_rule="fixed")  # no periodic save in these 400 s
     cl = _cluster((0.0, 100.0), (16, 8), 1000.0)
     res = simulate(Scripted(STRADDLE, NARROW, at=5), cl, 400.0 / 3600.0, rc)
     ev = [e for e in res.events if e["kind"] == "restart"][0]

@@ -36,8 +36,8 @@ def test_duration_is_setup_plus_copy_plus_wire():
     assert duration(m, c, derived) == pytest.approx(0.1 + 4e6 / bw + 4e6 / (c.gpu.hbm_bandwidth / 4) + lat)
     a = EMU("a#0", "actor.train", 1, 1, (0,), (3_000_000,))
     b = EMU("a#1", "actor.train", 1, 1, (1,), (3_000_000,))
-    x = extend(a, b)
-    assert duration(x, c, p) == pytest.approx(0.1 + 3e6 / bw + 3e6 / 2e9 + lat)
+    x = extend(a, b)  # the source packs 3 MB, then the destination writes 3 MB: 6 MB on its path
+    assert duration(x, c, p) == pytest.approx(0.1 + 3e6 / bw + 2 * 3e6 / 2e9 + lat)
     assert CostParams().copy_bandwidth == math.inf
     with pytest.raises(ValueError, match="copy_bandwidth"):
         CostParams(copy_bandwidth=-1.0)
@@ -55,18 +55,21 @@ def test_calibration_separates_setup_copy_and_wire():
         {"kind": "destroy", "received": {}, "transfer_s": 0.0, "copy_s": 0.0, "setup_s": 0.0, "measured_s": 0.02},
     ]
     cal.observe(recs)
-    assert cal.bandwidth == pytest.approx(100e6 / 0.4)  # Σ bytes / Σ wire seconds
-    assert cal.copy_bandwidth == pytest.approx(100e6 / 0.4)  # Σ bytes / Σ copy seconds
-    assert cal.setup_s == pytest.approx((0.4 + 0.1) / 2)  # mean of wall - wire - copy
+    # medians weighted by bytes (two primitives: too few for the fixed + per-byte line, calibrate.py):
+    # wire 60e6/0.2 = 3e8 B/s (weight 60) and 40e6/0.2 = 2e8 (weight 40): half the weight, 50, falls
+    # on 3e8; copy 60e6/0.3 = 2e8 (60) and 40e6/0.1 = 4e8 (40): 2e8
+    assert cal.bandwidth == pytest.approx(3e8)
+    assert cal.copy_bandwidth == pytest.approx(2e8)
+    assert cal.setup_s == pytest.approx((0.4 + 0.1) / 2)  # median of wall - wire - copy
     assert cal.teardown_s == pytest.approx(0.02)
     p = cal.params(CostParams(comm_setup_inter_s=0.5))
     assert (p.comm_setup_intra_s, p.comm_setup_inter_s, p.copy_bandwidth, p.teardown_s) == \
-        pytest.approx((0.25, 0.5, 100e6 / 0.4, 0.02))
-    # ratios of sums over the window of recent primitives, not an EMA: the slow repeat counts by its bytes
+        pytest.approx((0.25, 0.5, 2e8, 0.02))
+    # medians over the window of recent primitives, not an EMA: equal weights give the plain median
     two = TransitionCalibration()
     two.observe(recs[:1])
     two.observe([{**recs[0], "copy_s": 0.6, "measured_s": 1.2}])
-    assert two.copy_bandwidth == pytest.approx((60e6 + 60e6) / (0.3 + 0.6))
+    assert two.copy_bandwidth == pytest.approx((60e6 / 0.3 + 60e6 / 0.6) / 2)
     assert two.setup_s == pytest.approx(0.4)  # both 0.9 - 0.2 - 0.3 and 1.2 - 0.2 - 0.6
     assert [h["copy_bandwidth"] for h in two.history] == pytest.approx([60e6 / 0.3, 60e6 / 0.6])
     last = TransitionCalibration(window=1)  # only the latest primitive

@@ -25,6 +25,7 @@ from nereus.spec.job import JobSpec
 from nereus.spec.plan import Candidate, Plan
 from nereus.spec.presets import get_model
 from nereus.spec.workload import WorkloadSpec
+from nereus.transition.cost import CostParams
 from nereus.transition.emu import EMU, model_of, phi, state_parts
 from nereus.transition.estimate import estimate_transition
 from nereus.transition.exact import exact_schedule
@@ -434,3 +435,30 @@ def test_cpu_adam_state_moves_as_if_it_were_on_the_gpus():
     same = estimate(train(1, 1, 2, 1, (0, 1)), train(1, 1, 2, 1, (0, 1), offload="cpu_adam"))
     assert same.bytes_moved == 0 and all(n.kind not in ("offload", "restore") for n in same.dag.nodes)
     assert all(not e.host for e in phi(JOB, train(1, 1, 2, 1, (0, 1), offload="cpu_adam")))
+
+
+def test_zero_recut_counts_the_executors_buffers():
+    """A ZeRO re-cut with the runtime's buffers (``buffers.recut_buffers``, ``CostParams.transit_buffers``).
+
+    (b) ZeRO-1 dp 2 → 4 on GPUs 0-3: the staying GPUs 0, 1 keep their weights (same position: the
+    executor reuses them) and allocate their new quarter, OPT/4; each may send (``sent_bound``)
+    min(2·(W + OPT/2), 2W + OPT/2) = 2W + OPT/2 (the new GPUs' weights and quarters); peak
+    OPT/4 + 2W + OPT/2 = 2W + 3·OPT/4. The new GPUs 2, 3 receive W + OPT/4 and allocate as much:
+    2W + OPT/2 (the paper's rule: W + OPT/4 on a new GPU, 0 on a staying one).
+
+    A replica on GPU 0 becoming ZeRO-1 dp 2 on 0, 1: GPU 0 keeps its weights, allocates its new
+    half OPT/2 and the flat copy of its Adam state, OPT (``flat.flatten``), and sends GPU 1
+    W + OPT/2: peak W + 2·OPT; GPU 1 receives and allocates W + OPT/2: 2W + OPT."""
+    buf = CostParams(transit_buffers=True)
+    est = estimate(train(1, 1, 2, 1, (0, 1)), train(1, 1, 4, 1, range(4)), params=buf)
+    (n,) = est.dag.nodes
+    assert n.alloc == {0: OPT // 4, 1: OPT // 4, 2: W + OPT // 4, 3: W + OPT // 4}
+    assert n.sent == {0: 2 * W + OPT // 2, 1: 2 * W + OPT // 2}
+    assert n.mem_hi == {0: 2 * W + 3 * OPT // 4, 1: 2 * W + 3 * OPT // 4, 2: 2 * W + OPT // 2,
+                        3: 2 * W + OPT // 2} == {0: 2_030_912, 1: 2_030_912, 2: 1_562_240, 3: 1_562_240}
+    plain = estimate(train(1, 1, 2, 1, (0, 1)), train(1, 1, 4, 1, range(4)))
+    assert plain.dag.nodes[0].mem_hi == {0: 0, 1: 0, 2: W + OPT // 4, 3: W + OPT // 4}
+    grow = estimate(train(1, 1, 1, 0, (0,)), train(1, 1, 2, 1, (0, 1)), params=buf)
+    (g,) = [x for x in grow.dag.nodes if x.kind == "merge"]
+    assert g.alloc == {0: OPT // 2 + OPT, 1: W + OPT // 2} and g.sent == {0: W + OPT // 2}
+    assert g.mem_hi == {0: W + 2 * OPT, 1: 2 * W + OPT} == {0: 4_061_824, 1: 2_499_584}

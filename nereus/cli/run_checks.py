@@ -122,7 +122,7 @@ def check_memory(spec, w, workers: int, memory_gib: float, plan=None, precision:
 
     gpu = replace(GPU_PRESETS["cpu"], memory_bytes=int(memory_gib * 2**30))
     # the bytes the runtime holds in this precision, as nereus.runtime.run.device_model.runtime_job counts them
-    job = JobSpec(spec, ClusterSpec(gpu, 1, workers), replace(w, **workload_bytes(precision)))
+    job = JobSpec(spec, ClusterSpec(gpu, 1, workers), replace(w, **workload_bytes(precision), activation_model="runtime"))
     cost = CostModel(job) if workspace is None else CostModel(job, workspace=workspace)
     budget = f"{cost.capacity / 2**30:.2f} GiB allowed per worker (--memory-gib {memory_gib:g} less " \
              f"{cost.headroom:.0%} headroom)"

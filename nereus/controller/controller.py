@@ -52,7 +52,7 @@ from nereus.controller.loss_sites import LossSites
 from nereus.controller.monitor import Monitor, StepReport, Trigger
 from nereus.controller.planning import PlannerBackend, same_plan
 from nereus.controller.pool_process import PoolProcess
-from nereus.controller.risk import LossRate, RiskModel
+from nereus.controller.risk import LossRate, RiskModel, state_copies
 from nereus.controller.transition_cost import estimate_transition_cost
 from nereus.planner.notation import format_gpus
 from nereus.spec.job import JobSpec
@@ -62,7 +62,8 @@ __all__ = ["Controller", "ControllerConfig", "state_survives"]
 
 
 def state_survives(plan: Plan, pool: frozenset) -> bool:
-    """Every trainable model-stage keeps at least one whole replica (EMU) on ``pool``.
+    """Every trainable model-stage keeps at least one whole copy of its state on ``pool``: a whole
+    DP replica, or all the GPUs of a ZeRO-sharded one (``nereus.controller.risk.state_copies``).
 
     Frozen models (reference, reward) and generation/inference copies are re-created by the
     transition planner's ``Load`` (from storage, or a weight sync from a live ``*.train`` EMU), so a
@@ -75,7 +76,7 @@ def state_survives(plan: Plan, pool: frozenset) -> bool:
     for c in plan.candidates:
         if not c.model_stage.endswith(".train"):
             continue
-        if not any(set(c.replica_gpus(d)) <= pool for d in range(c.dp)):
+        if not any(set(gpus) <= pool for gpus in state_copies(c)):
             return False
     return True
 
@@ -321,7 +322,7 @@ class Controller:
         if lost and not survives:
             lost_gpus = sorted(self.plan.gpus_used() - alive)
             gone = [c.model_stage for c in self.plan.candidates if c.model_stage.endswith(".train")
-                    and not any(set(c.replica_gpus(d)) <= alive for d in range(c.dp))]
+                    and not any(set(gpus) <= alive for gpus in state_copies(c))]
             return Restart(best, f"{len(lost_gpus)} GPU(s) of the plan were lost ({format_gpus(lost_gpus)}), "
                            f"taking every replica of the trainable model-stage(s) {', '.join(gone) or '?'}; "
                            "restore from checkpoint", names,

@@ -51,7 +51,7 @@ from nereus.controller.loss_sites import LossSites
 from nereus.spec.hardware import ClusterSpec
 from nereus.spec.plan import Plan
 
-__all__ = ["LossRate", "RiskModel", "vulnerable_nodes", "hit_probability"]
+__all__ = ["LossRate", "RiskModel", "state_copies", "vulnerable_nodes", "hit_probability"]
 
 
 @dataclass
@@ -107,15 +107,28 @@ class LossRate:
         return self.gpus_lost / self.events if self.events else 1.0
 
 
+def state_copies(candidate) -> tuple[tuple[int, ...], ...]:
+    """The GPU sets of ``candidate`` that each hold a whole copy of its trained state (weights and
+    optimizer state): one per DP replica, or, when ZeRO shards the state over the DP ranks
+    (``zero >= 1`` with ``dp > 1``: stage 1 shards the optimizer state, 2 also gradients, 3 also
+    weights; Rajbhandari et al., SC'20; Megatron-LM's distributed optimizer is stage 1), a single
+    copy over all its GPUs: losing any of them loses a shard nobody else holds (the transition
+    planner's Φ makes such a group one EMU, ``nereus.transition.emu.phi``)."""
+    if getattr(candidate, "zero", 0) and candidate.dp > 1:
+        return (tuple(candidate.gpus),)
+    return tuple(candidate.replica_gpus(d) for d in range(candidate.dp))
+
+
 def vulnerable_nodes(plan: Plan, cluster: ClusterSpec) -> dict[str, frozenset]:
-    """``*.train`` model-stage → nodes whose loss alone destroys every replica (may be empty)."""
+    """``*.train`` model-stage → nodes whose loss alone destroys every copy of its state
+    (:func:`state_copies`; may be empty)."""
     out = {}
     for c in plan.candidates:
         if not c.model_stage.endswith(".train") or not c.gpus:
             continue
         common = None
-        for d in range(c.dp):
-            nodes = frozenset(cluster.node_of(g) for g in c.replica_gpus(d))
+        for gpus in state_copies(c):
+            nodes = frozenset(cluster.node_of(g) for g in gpus)
             common = nodes if common is None else common & nodes
         out[c.model_stage] = common or frozenset()
     return out

@@ -32,6 +32,9 @@ and the weights and optimizer state of a model-stage whose idle state is offload
 With ``cpu_adam`` (ZeRO-Offload, Ren et al. USENIX ATC'21 §4) the optimizer state lives in host
 memory for good: no optimizer term on the GPU; the gradients keep their GPU term (DeepSpeed streams
 them to the host in reduce buckets, so this is an upper bound).
+With ``workload.activation_model = "runtime"`` the training terms are those of the ``nereus run``
+runtime's own engine (:mod:`nereus.cost.runtime_memory`: its saved tensors, gradient buffers and
+ZeRO reduce buffers, counted as its meter counts them).
 A constant per-GPU ``WORKSPACE_BYTES`` (CUDA context 0.3-0.6 GiB, NCCL buffers, cuBLAS workspace,
 allocator slack; cost-model.md §2.8) is added once per GPU by the plan-level check.
 """
@@ -41,6 +44,7 @@ from __future__ import annotations
 import numpy as np
 
 from nereus.cost.lora import trainable_params_rank
+from nereus.cost.runtime_memory import train_terms
 from nereus.cost.shapes import kv_bytes_per_token_rank, layer_params_rank, max_layers_rank, params_rank
 from nereus.spec.framework import OFFLOAD_MODES
 from nereus.spec.model import ModelSpec
@@ -205,6 +209,10 @@ def stage_memory(stage: str, model: ModelSpec, workload: WorkloadSpec, tp, pp, *
         # pp = 1: one rank holds both; pp > 1: the larger of the first and the last rank.
         out["activations"] = np.where(pp > 1, np.maximum(first, last), first)
         out["logits"] = np.where(pp > 1, 0.0, logits)
+        if workload.activation_model == "runtime":  # the nereus runtime's own engine (cost/runtime_memory.py)
+            rt = train_terms(model, workload, tp, pp, micro_batch, rc, inflight, dp, zero, params)
+            out.update({k: rt[k] for k in ("activations", "logits", "gradients", "reduce", "bucket", "weights",
+                                           "gathered")})
     elif stage == "infer":
         zero, dp = np.asarray(zero), np.asarray(dp)
         out["weights"] = _weights(model, workload, params, tp, zero, dp)
@@ -222,8 +230,9 @@ def stage_memory(stage: str, model: ModelSpec, workload: WorkloadSpec, tp, pp, *
     state = out["weights"] + out["optimizer"]
     moved = (np.asarray(offload) == OFF_HOST) | (np.asarray(offload) == OFF_DROP)
     out["resident"] = np.where(moved, 0.0, state)
-    out["transient"] = (out["gradients"] + out["activations"] + out["logits"] + out["kv_cache"]
-                        + np.where(moved, state, 0.0))
+    # the runtime's ZeRO-1 reduce-scatter output coexists with the gradients, not the activations
+    live = np.maximum(out["activations"] + out["logits"] + out.get("bucket", 0.0), out.get("reduce", 0.0))
+    out["transient"] = out["gradients"] + live + out.get("gathered", 0.0) + out["kv_cache"] + np.where(moved, state, 0.0)
     if np.ndim(out["resident"]) == 0:
         out["resident"], out["transient"] = float(out["resident"]), float(out["transient"])
     return out

@@ -264,7 +264,7 @@ def enumerate_candidates(cost: CostModel, ms: ModelStage, num_gpus: int, multi_n
     if drop_dominated and host in offloads and drop in offloads and (
             ms.model in FROZEN_MODELS or ms.stage == "generate"):
         offloads.remove(host)
-    zeros = sorted(set(fw.zero_stages) - {0}) if train else []
+    zeros = sorted(set(fw.zero_stages) - {0}) if train and min_train_replicas <= 1 else []  # SearchOptions
     max_v = fw.max_virtual_stages if train else 1
     i64 = np.int64
     if not layouts:

@@ -122,7 +122,9 @@ class SearchOptions:
         min_micro_batch: smallest training micro-batch to consider (1 lets the urgent path shrink).
         min_train_replicas: smallest DP degree of every ``*.train`` model-stage. With 2 or more,
             :func:`plan_job` also places those replicas on distinct nodes where the pool allows, so
-            one node's loss leaves a live copy of the trainable state (``nereus.controller.risk``).
+            one node's loss leaves a live copy of the trainable state (``nereus.controller.risk``);
+            the replicas are then unsharded (ZeRO stage 0): ZeRO shards the optimizer state over
+            the DP ranks, so sharded replicas hold a single copy of it.
 
     Raises:
         ValueError: ``min_micro_batch`` or ``min_train_replicas`` below 1.

@@ -16,7 +16,10 @@ since the last checkpoint; every policy also pays a periodic checkpoint save. As
 * Together with the load, an 8B PPO job on 4 nodes restarts in about 150 s plus lost progress, the
   range of Tenplex's measured reconfiguration costs (70–195 s for GPT-3 XL; resharding.md §7) and
   below Tenplex's reported checkpoint/restart overhead (+360 s).
-* **checkpoint interval**: every ``checkpoint_every`` = 25 RL steps, saved synchronously.
+* **checkpoint interval** (``checkpoint_rule``): ``young`` (the default, issue 29): Young's interval
+  ``sqrt(2 · C · M)`` from the measured save cost and the failures seen (``nereus.sim.checkpoint``);
+  ``fixed``: every ``checkpoint_every`` = 25 RL steps (the rule before issue 29). Saved synchronously.
+  ``checkpoint_every`` also sets how often ``elastic`` re-evaluates its plan.
 """
 
 from __future__ import annotations
@@ -26,9 +29,11 @@ from dataclasses import dataclass
 from nereus.spec.job import JobSpec
 from nereus.workflow import workflow_for
 
-__all__ = ["RestartCost", "STORAGE_BW"]
+__all__ = ["RestartCost", "STORAGE_BW", "CHECKPOINT_RULES"]
 
 STORAGE_BW = 2e9
+#: ``young``: Young's adaptive interval (``nereus.sim.checkpoint``); ``fixed``: every ``checkpoint_every`` steps
+CHECKPOINT_RULES = ("young", "fixed")
 
 
 @dataclass(frozen=True)
@@ -43,8 +48,12 @@ class RestartCost:
     process_restart_s: float = 60.0
     warmup_s: float = 60.0
     checkpoint_every: int = 25
+    checkpoint_rule: str = "young"
 
     def __post_init__(self) -> None:
+        if self.checkpoint_rule not in CHECKPOINT_RULES:
+            raise ValueError(f"restart field 'checkpoint_rule' must be one of {list(CHECKPOINT_RULES)}, "
+                             f"got {self.checkpoint_rule!r}")
         if self.storage_bandwidth <= 0:
             raise ValueError(f"restart field 'storage_bandwidth' must be > 0 B/s, got {self.storage_bandwidth!r}")
         if self.checkpoint_every <= 0:

@@ -15,10 +15,14 @@ the decision:
   time until then counts as lost) and becomes such a restart, cause ``transition_overrun``: with a
   checkpoint saved first when every ``*.train`` model-stage of the running plan keeps a whole
   replica on the GPUs still alive (``state_survives``, the controller's rule), else redoing the
-  steps since the last checkpoint.
+  steps since the last checkpoint. A restart whose plan loses GPUs before the restart is up
+  (:func:`restart_overrun`) fails at the loss (the time until then counts as restart time) and the
+  policy picks a plan for the pool at that moment (``policy.start``), which starts a new restart.
 
-A step aborted by a GPU loss or an OOM counts as lost time. Every ``checkpoint_every`` completed
-steps all policies pay a checkpoint save. Throughput is response tokens of completed steps
+A step aborted by a GPU loss or an OOM counts as lost time. Every policy saves checkpoints by the
+same rule (``RestartCost.checkpoint_rule``): Young's interval ``sqrt(2 · C · M)`` from the measured
+save cost and the failures seen (``nereus.sim.checkpoint``; a failure is a restart that redoes the
+work since the last checkpoint), or every ``checkpoint_every`` completed steps. Throughput is response tokens of completed steps
 (``global_batch · response_len`` each) over the simulated time.
 """
 
@@ -29,10 +33,11 @@ from dataclasses import dataclass, field
 
 from nereus.controller.controller import state_survives
 from nereus.controller.decisions import Restart, Transition
+from nereus.sim.checkpoint import CheckpointSchedule
 from nereus.sim.cluster import SimulatedCluster
 from nereus.sim.restart import RestartCost
 
-__all__ = ["RunResult", "simulate", "overrun_at"]
+__all__ = ["RunResult", "simulate", "overrun_at", "restart_overrun"]
 
 
 @dataclass
@@ -51,6 +56,7 @@ class RunResult:
     lost_time: float = 0.0
     wait_time: float = 0.0
     checkpoint_time: float = 0.0
+    checkpoints: int = 0
     ooms: int = 0
     restart_causes: dict = field(default_factory=dict)
     timeline: list = field(default_factory=list)
@@ -72,7 +78,7 @@ class RunResult:
                 "tokens": self.tokens, "transitions": self.transitions, "urgent_transitions": self.urgent_transitions,
                 "transition_time_s": self.transition_time, "restarts": self.restarts,
                 "restarts_by_cause": dict(self.restart_causes), "restart_time_s": self.restart_time, "lost_step_time_s": self.lost_time, "wait_time_s": self.wait_time,
-                "checkpoint_time_s": self.checkpoint_time, "time_lost_s": self.time_lost, "ooms": self.ooms,
+                "checkpoint_time_s": self.checkpoint_time, "checkpoints": self.checkpoints, "time_lost_s": self.time_lost, "ooms": self.ooms,
                 "duration_s": self.duration}
 
 
@@ -91,6 +97,16 @@ def overrun_at(cluster: SimulatedCluster, current, target, alive, t: float, dt: 
     return lost_at if lost_at < t + dt else None
 
 
+def restart_overrun(cluster: SimulatedCluster, plan, t: float, dt: float) -> float | None:
+    """When a restart onto ``plan`` that starts at ``t`` and takes ``dt`` seconds fails: the first time in
+    ``(t, t + dt)`` at which one of ``plan``'s GPUs stops running (the relaunched processes lose a peer
+    before they are up); None when the restart completes first. The failure is taken at the loss
+    itself (no failure-detection delay is added: an assumption in the restart's favour, the same for
+    every policy)."""
+    lost_at = cluster.loss_time(plan.gpus_used(), t)
+    return lost_at if lost_at < t + dt else None
+
+
 def simulate(policy, cluster: SimulatedCluster, hours: float, restart: RestartCost | None = None,
              progress=None) -> RunResult:
     """Run ``policy`` for ``hours`` of simulated time. ``progress(t_seconds)`` is called per step."""
@@ -99,6 +115,7 @@ def simulate(policy, cluster: SimulatedCluster, hours: float, restart: RestartCo
     job = cluster.job
     res = RunResult(policy=policy.name, duration=end)
     t, step, ckpt_step = 0.0, 0, 0
+    schedule = CheckpointSchedule()
     done: list[tuple[float, float]] = []  # (duration, tokens) of steps since the last checkpoint
     plan = None
     pending_restart = False
@@ -118,6 +135,13 @@ def simulate(policy, cluster: SimulatedCluster, hours: float, restart: RestartCo
                 continue
             if pending_restart:
                 dt = restart.restart_s(job, len(job.cluster.nodes_of(pool)))
+                cut = restart_overrun(cluster, plan, t, dt)
+                if cut is not None:
+                    res.restart_time += cut - t
+                    t = cut
+                    res.events.append({"t": t, "kind": "restart", "reason": "relaunch failed: GPUs of its plan left"})
+                    plan = None
+                    continue
                 res.restart_time += dt
                 t += dt
                 res.events.append({"t": t, "kind": "restart", "reason": "restart after waiting for GPUs"})
@@ -134,10 +158,13 @@ def simulate(policy, cluster: SimulatedCluster, hours: float, restart: RestartCo
             res.steps = step
             res.timeline.append({"t": t, "step": step, "gpus": len(out.report.pool), "response_len": out.response_len,
                                  "step_time": out.duration, "plan_gpus": len(plan.gpus_used())})
-            if step % restart.checkpoint_every == 0:
-                dt = restart.save_s(job, len(job.cluster.nodes_of(plan.gpus_used())))
-                res.checkpoint_time += dt
-                t += dt
+            save = restart.save_s(job, len(job.cluster.nodes_of(plan.gpus_used())))
+            if (step % restart.checkpoint_every == 0 if restart.checkpoint_rule == "fixed"
+                    else schedule.due(sum(d for d, _ in done), t, save)):
+                res.checkpoint_time += save
+                t += save
+                schedule.saved(save)
+                res.checkpoints += 1
                 ckpt_step, done = step, []
         else:
             res.lost_time += out.duration
@@ -174,7 +201,11 @@ def simulate(policy, cluster: SimulatedCluster, hours: float, restart: RestartCo
                 dt = restart.save_s(job, len(job.cluster.nodes_of(plan.gpus_used())))
                 res.checkpoint_time += dt
                 t += dt
+                schedule.saved(dt)
+                res.checkpoints += 1
                 ckpt_step, done = step, []
+            else:
+                schedule.failed()  # the work since the last checkpoint is redone: a failure (Young's M)
             redo = sum(d for d, _ in done)
             res.lost_time += redo
             res.tokens -= sum(k for _, k in done)
@@ -189,10 +220,21 @@ def simulate(policy, cluster: SimulatedCluster, hours: float, restart: RestartCo
             else:
                 plan = decision.plan
                 dt = restart.restart_s(job, len(job.cluster.nodes_of(out.report.pool)))
-                res.restart_time += dt
-                t += dt
-                res.events.append({"t": t, "kind": "restart", "cause": cause, "seconds": dt,
-                                   "redone_s": redo, "reason": decision.reason})
+                cut = restart_overrun(cluster, plan, t, dt)
+                if cut is not None:
+                    # GPUs of the relaunched plan leave before it is up: the relaunch fails at the loss
+                    # and the policy picks a plan for the pool then (a new restart, at the loop's top)
+                    res.restart_time += cut - t
+                    t = cut
+                    plan, pending_restart = None, True
+                    res.events.append({"t": t, "kind": "restart", "cause": cause, "seconds": dt,
+                                       "redone_s": redo, "reason": decision.reason + "; relaunch failed: GPUs of "
+                                       "its plan left before it was up"})
+                else:
+                    res.restart_time += dt
+                    t += dt
+                    res.events.append({"t": t, "kind": "restart", "cause": cause, "seconds": dt,
+                                       "redone_s": redo, "reason": decision.reason})
         if progress is not None:
             progress(min(t, end))
     res.log = list(getattr(policy, "log", []))

@@ -74,10 +74,10 @@ Presets (:data:`FRAMEWORK_PRESETS`), each with its source:
   ``nereus run --adaptive`` transitions: ZeRO 0-3 for training and ZeRO-3 for infer passes
   (``worker/zero.py``, ``worker/zero3.py``), idle state offloaded to host memory or dropped
   (``worker/memory_pool.py``), colocation (model-stages of a stage taking turns on the same
-  workers), inference and generation dp dividing their rows (``even_dp``); no SP, no interleaving, no overlap. Live transitions move ZeRO-1 slices, host-pool
-  copies and colocated state (``runtime/transit/flat.py``, ``residency.py``); a change the live
-  executor cannot make (ZeRO-2/3 slices, a ZeRO group changing TP/PP in one primitive) goes through
-  the durable checkpoint.
+  workers), inference and generation dp dividing their rows (``even_dp``); no SP, no interleaving, no overlap. Live transitions move ZeRO-1/2/3 slices (DP, TP
+  and PP changes), host-pool copies and colocated state (``runtime/transit/flat.py``, ``regroup.py``,
+  ``residency.py``); a change the live executor cannot make (ZeRO-1 slices meeting ZeRO-2/3 slices)
+  goes through the durable checkpoint.
 * ``megatron``: Megatron-LM / Megatron-Core (verl's and NeMo-RL's Megatron backends): distributed
   optimizer (ZeRO-1), SP, interleaving, overlapped grad reduce in bf16, param/optimizer offload
   (verl ``actor.megatron.param_offload``), colocation (verl hybrid engine).

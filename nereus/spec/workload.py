@@ -23,14 +23,17 @@ import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-__all__ = ["WorkloadSpec", "ALGORITHMS", "GEMM_PRECISIONS", "FP8_RECIPES", "ATTENTION_KERNELS", "VLLM_MEMORY_RULES", "RECOMPUTE_MODES", "OPTIONAL_FIELDS", "read_response_lengths",
+__all__ = ["WorkloadSpec", "ACTIVATION_MODELS", "ALGORITHMS", "GEMM_PRECISIONS", "FP8_RECIPES", "ATTENTION_KERNELS",
+           "VLLM_MEMORY_RULES", "RECOMPUTE_MODES", "OPTIONAL_FIELDS", "read_response_lengths",
            "response_len_stats"]
 
 ALGORITHMS = ("ppo", "grpo", "remax")
 RECOMPUTE_MODES = ("none", "selective", "full", "auto")
 #: fields left out of :meth:`WorkloadSpec.to_dict` while unset (None)
 OPTIONAL_FIELDS = ("response_len_max", "memory_fraction", "gemm_precision", "attention_kernel", "lora_rank",
-                   "rollout_memory_fraction", "fp8_recipe", "vllm_memory_rule")
+                   "rollout_memory_fraction", "fp8_recipe", "vllm_memory_rule", "activation_model")
+#: values of ``activation_model`` (None = Korthikanti et al.'s accounting, ``nereus.cost.memory``)
+ACTIVATION_MODELS = ("runtime",)
 #: values of ``gemm_precision`` (None = bf16)
 GEMM_PRECISIONS = ("bf16", "fp8")
 #: values of ``fp8_recipe`` (None = Transformer Engine: casts fused into the neighbouring kernels)
@@ -103,6 +106,11 @@ class WorkloadSpec:
             (None: vLLM >= 0.9.1 holds ``f·M`` and refuses to start with less free),
             ``device_total`` (vLLM 0.8: fills the device up to ``f·M`` counting what is there) or
             ``free_share`` (verl's patched vLLM <= 0.6.3: the KV cache is ``f`` of what is left).
+        activation_model: which tensors a training engine holds for backward and for its gradient
+            reduction: None (Korthikanti et al. 2022's accounting of a Megatron-style engine,
+            :func:`nereus.cost.memory.activation_bytes_per_layer`) or ``runtime`` (the ``nereus run``
+            runtime's own Llama shard and gradient buffers, :mod:`nereus.cost.runtime_memory`; set by
+            ``nereus.runtime.run.device_model.runtime_job``).
 
     Raises:
         ValueError: at construction, naming the field, the value and what would be valid.
@@ -133,11 +141,15 @@ class WorkloadSpec:
     rollout_memory_fraction: float | None = None
     fp8_recipe: str | None = None
     vllm_memory_rule: str | None = None
+    activation_model: str | None = None
 
     def __post_init__(self) -> None:
         if self.vllm_memory_rule is not None and self.vllm_memory_rule not in VLLM_MEMORY_RULES:
             raise ValueError(f"workload field 'vllm_memory_rule' must be one of {VLLM_MEMORY_RULES} or null "
                              f"(startup_check), got {self.vllm_memory_rule!r}")
+        if self.activation_model is not None and self.activation_model not in ACTIVATION_MODELS:
+            raise ValueError(f"workload field 'activation_model' must be one of {ACTIVATION_MODELS} or null "
+                             f"(Korthikanti et al.), got {self.activation_model!r}")
         if self.fp8_recipe is not None and self.fp8_recipe not in FP8_RECIPES:
             raise ValueError(f"workload field 'fp8_recipe' must be one of {FP8_RECIPES} or null (Transformer "
                              f"Engine), got {self.fp8_recipe!r}")

@@ -22,6 +22,15 @@ plan), so :func:`sent_bound` bounds it: a GPU of a group sends each other member
 most what it holds, and in all no more than those members receive. Exact for an Extend (one pair),
 a Split between two ranks and a Merge where one holder serves each receiver; at most the bytes of
 the replicated tensors (norms) too high elsewhere.
+
+A ZeRO group's re-cut (``primitives.reshard``) runs through the same exchange, with the sliced
+kinds moved as ranges of one flat vector per position (``runtime/transit/flat.py``):
+:func:`recut_buffers` gives its ``sent`` (the bound above) and ``alloc``: on a target GPU its new
+flat slice, ``ceil(shd / z*)``, is always new, and so is the replicated part (the weights of
+ZeRO-1/2, ``rep``) unless the GPU held the same position of the group before (then the executor
+reuses those tensors); on a GPU of a replica that becomes a group (``z = 1`` source) also the
+flat copy of its sliced kinds, ``shd`` bytes (``flatten``'s ``torch.cat``, alive until the
+primitive ends).
 """
 
 from __future__ import annotations
@@ -30,7 +39,7 @@ from dataclasses import replace
 
 from nereus.transition.emu import EMU
 
-__all__ = ["sent_bound", "alloc_bytes", "with_buffers"]
+__all__ = ["sent_bound", "alloc_bytes", "with_buffers", "recut_buffers"]
 
 
 def sent_bound(held: dict[int, int], recv: dict[int, int], groups) -> dict[int, int]:
@@ -88,3 +97,33 @@ def alloc_bytes(src: EMU | None, g: int, dst: EMU, held: int) -> int:
         return need
     (_, ts), (_, td) = src.position(g), dst.position(g)
     return max(0, need - held) if (src.tp, ts) == (dst.tp, td) else need
+
+
+def _rep(e: EMU, p: int) -> int:
+    """Replicated bytes per GPU of ``e`` at pipeline rank ``p`` (``emu.zero_shard_bytes``: a GPU of
+    a group holds ``rep + ceil(shd / z)``)."""
+    return e.shard_bytes[p] - (-(-e.sharded[p] // e.z) if e.sharded else 0)
+
+
+def recut_buffers(src: EMU, dst: EMU, recv: dict[int, int]) -> tuple[dict[int, int], dict[int, int]]:
+    """``(sent, alloc)`` of a ZeRO re-cut ``src → dst`` (same ``tp, pp``; module docstring).
+
+    Args:
+        src, dst: the current group (or replica) and its target group (or replica).
+        recv: GPU → bytes that arrive on it (``primitives.reshard``'s).
+
+    Returns:
+        GPU → bytes sent (a bound, :func:`sent_bound`), GPU → bytes the executor allocates there.
+    """
+    sent = sent_bound({g: src.bytes_on(g) for g in src.gpus}, recv, [tuple(src.gpus) + tuple(
+        g for g in dst.gpus if g not in src.gpus)])
+    shd = dst.sharded if dst.sharded else src.sharded
+    alloc: dict[int, int] = {}
+    for g in dst.gpus:
+        p = dst.position(g)[0]
+        keep = g in src.gpus and src.position(g) == dst.position(g)
+        alloc[g] = dst.bytes_on(g) - (min(_rep(dst, p), _rep(src, p)) if keep else 0)
+    if src.z == 1 and shd:  # a replica's sliced kinds flattened into one vector (flat.flatten)
+        for g in src.gpus:
+            alloc[g] = alloc.get(g, 0) + shd[src.position(g)[0]]
+    return sent, alloc

@@ -1,45 +1,116 @@
 """Calibrating the transition cost model from executed transitions (DESIGN.md §4.3, §4.6).
 
-The transition cost (``cost.duration``) prices a primitive as three terms: a fixed *setup*
-(communicators and whatever else a primitive costs whatever its size), a *copy* term (the bytes its
-busiest receiver takes, packed at the senders and assembled at it, over ``CostParams.copy_bandwidth``)
-and a *wire* term (those bytes over the link bandwidth). After each live transition the executor
-reports, per primitive, its wall seconds (first worker's start to last worker's end), the transfer
-seconds and the pack + assembly seconds of its slowest worker, and the bytes each worker received.
-:class:`TransitionCalibration` turns those into the constants over a window of the most recent
-primitives (``window``; ratios of sums and a mean over it, not an exponential moving average: on a
-shared machine one transition's seconds swing several-fold, and an average over many primitives
-follows the machine without jumping with each of them). Over the primitives that move bytes between
-workers (Split, Merge, Extend, Load from a train model-stage):
+The transition cost (``cost.duration``) prices a primitive as three terms: a *fixed* term (group
+setup, call round trips, dispatch: what a primitive costs whatever its size), a *copy* term (the
+bytes packed at the slowest sender plus those written at the slowest receiver, ``cost.copy_bytes``,
+over ``CostParams.copy_bandwidth``) and a *wire* term (the busiest receiver's bytes over the link
+bandwidth). After each live transition the executor reports, per primitive, its span (the last of
+its workers to start, to the last to end: the time all its workers were in it), the slowest
+worker's packing and the slowest worker's assembly seconds, the transfer seconds, and the bytes
+each worker received. :class:`TransitionCalibration` turns those into the constants over a window
+of the most recent primitives (``window``; fits over it, not an exponential moving average). The
+fits are medians: on a shared machine one transition's seconds swing several-fold, and only ever
+upwards (a primitive is slowed by other work, never sped up), so a mean or a ratio of sums follows
+the slow tail and over-predicts the typical transition; a median over many primitives follows the
+machine without jumping with each of them.
 
-* link bandwidth (bytes/s per worker per direction) = Σ busiest-receiver bytes / Σ transfer seconds,
-  a ratio of sums so that tiny primitives do not dominate;
-* copy bandwidth (bytes/s) = Σ copy bytes / Σ copy seconds (pack + assembly), the copy bytes being
-  the planner's ``cost.copy_bytes`` of each primitive (a record's ``copy_bytes``; its busiest
-  receiver's bytes when absent): what the busiest worker packs and writes, local re-slicing included;
-* setup (seconds) = mean over those primitives of ``wall − transfer − copy`` (at least 0): the
-  communicator setup where one is built, dispatch and planning everywhere; a primitive whose
-  communicator was reused (``runtime/comm/cache.py``) counts with its smaller value, so the mean
-  is the expected fixed cost of a primitive in this job;
+Workers that share cores (``cores``, the CPU workers' core budget): a primitive measured while
+more workers were busy than there are cores ran slower than its own speed by the factor
+``sharing.share_factors`` finds from the spans; its seconds are divided by that factor first (the
+inverse of the planner's ``sharing.shared_schedule``). Then, over the primitives that move bytes
+between workers (Split, Merge, Extend, Load from a train model-stage):
 
-and Destroy's wall seconds give ``CostParams.teardown_s``. They replace the cluster's scale-up and
-scale-out bandwidth and ``CostParams.comm_setup_*``, ``copy_bandwidth``, ``teardown_s`` in the
-estimates that follow (:meth:`TransitionCalibration.apply`, :meth:`TransitionCalibration.params`).
-Records without ``measured_s`` (older callers) use ``setup_s`` as the setup. Pure: no runtime import.
+* copy bandwidth (bytes/s) = the byte-weighted median of copy bytes / (packing + assembly
+  seconds), weighted so that tiny primitives do not dominate (:func:`weighted_median`);
+* fixed seconds ``F`` and link bandwidth ``B`` (bytes/s per worker per direction): a robust line
+  ``span − copy = F + bytes / B`` over those primitives (the busiest receiver's bytes; Theil–Sen,
+  :func:`fit_line`), so a transition of many small primitives is priced by ``F`` and one large
+  primitive by ``B`` (a bandwidth alone would fold every primitive's fixed cost into the per-byte
+  rate). ``F`` is held at >= 0 (through the origin otherwise); with fewer than 3 primitives, bytes
+  that barely vary (relative spread under ``MIN_SPREAD``) or a slope <= 0: ``B`` = the
+  byte-weighted median of bytes / transfer seconds and ``F`` = the median of ``span − transfer −
+  copy`` (at least 0);
+
+and the median Destroy span gives ``CostParams.teardown_s``. They replace the cluster's scale-up and
+scale-out bandwidth and ``CostParams.comm_setup_*`` (the fixed term, paid once per primitive),
+``copy_bandwidth``, ``teardown_s`` in the estimates that follow (:meth:`TransitionCalibration.apply`,
+:meth:`TransitionCalibration.params`), with ``serial_workers`` (the executor runs one primitive at a
+time per worker) and ``worker_cores``. Records without spans use ``measured_s``; without
+``measured_s`` (older callers), ``setup_s`` as the fixed term. Pure: no runtime import.
 """
 
 from __future__ import annotations
 
+import math
+import statistics
 from dataclasses import dataclass, field, replace
 
 from nereus.spec.hardware import GPUSpec
 from nereus.spec.job import JobSpec
 from nereus.transition.cost import CostParams
+from nereus.transition.sharing import share_factors
 
-__all__ = ["TransitionCalibration", "LINK_KINDS"]
+__all__ = ["TransitionCalibration", "LINK_KINDS", "MIN_SPREAD", "fit_line", "weighted_median"]
 
 #: primitive kinds whose time is bytes over a worker-to-worker link
 LINK_KINDS = ("split", "merge", "extend", "load", "sync")
+#: below this relative spread (standard deviation / mean) of the bytes, a line fit has no leverage
+MIN_SPREAD = 0.2
+
+
+def weighted_median(values: list[float], weights: list[float]) -> float:
+    """The value at half the total weight (values sorted; where the cumulative weight meets half
+    exactly, the mean of that value and the next: with equal weights, the ordinary median).
+
+    Raises:
+        ValueError: no values, lengths that differ, or a weight <= 0.
+    """
+    if not values or len(values) != len(weights) or any(not w > 0 for w in weights):
+        raise ValueError(f"weighted_median: needs values with weights > 0 of the same length, got "
+                         f"{len(values)} values and weights {list(weights)[:4]}")
+    pairs = sorted(zip(values, weights))
+    half, cum = sum(weights) / 2.0, 0.0
+    for i, (v, w) in enumerate(pairs):
+        cum += w
+        if abs(cum - half) <= 1e-12 * max(1.0, half) and i + 1 < len(pairs):
+            return (v + pairs[i + 1][0]) / 2.0
+        if cum >= half:
+            return v
+    return pairs[-1][0]
+
+
+def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float] | None:
+    """Robust ``y = f + a·x`` with ``f >= 0`` and ``a > 0``: ``(f, a)``, or None when the points
+    cannot give one (fewer than 3, ``x`` spread under :data:`MIN_SPREAD`, slope <= 0).
+
+    Theil–Sen (Sen, JASA 1968): ``a`` the median of the slopes between points whose ``x`` differ by
+    at least ``MIN_SPREAD`` of the mean ``x``, ``f`` the median of ``y − a·x``. A negative ``f``
+    gives the line through the origin, ``a`` the ``x``-weighted median of ``y / x``. Medians, not
+    least squares: on a shared machine the seconds have a heavy one-sided tail (a primitive is only
+    ever slowed down), and the line should follow the typical primitive, not the slowest ones.
+    """
+    n = len(xs)
+    if n < 3:
+        return None
+    mx = sum(xs) / n
+    var = sum((x - mx) ** 2 for x in xs) / n
+    if mx <= 0 or math.sqrt(var) / mx < MIN_SPREAD:
+        return None
+    gap = MIN_SPREAD * mx
+    slopes = [(ys[j] - ys[i]) / (xs[j] - xs[i]) for i in range(n) for j in range(n)
+              if xs[j] - xs[i] >= gap]
+    if not slopes:
+        return None
+    a = statistics.median(slopes)
+    if a <= 0:
+        return None
+    f = statistics.median(y - a * x for x, y in zip(xs, ys))
+    if f < 0:
+        pos = [(y / x, x) for x, y in zip(xs, ys) if x > 0]
+        f, a = 0.0, weighted_median([r for r, _ in pos], [x for _, x in pos])
+        if a <= 0:
+            return None
+    return f, a
 
 
 @dataclass
@@ -48,31 +119,37 @@ class TransitionCalibration:
 
     Attributes:
         window: how many of the most recent byte-moving primitives (and Destroys) the constants
-            average over, >= 1.
+            are fitted over, >= 1.
+        cores: CPU cores the workers share (``CostParams.worker_cores``), > 0; None: each worker has
+            its own (no sharing correction; GPUs).
         bandwidth: bytes/s per worker per direction, None before any measurement.
-        setup_s: fixed seconds per primitive that moves bytes (module docstring), None before any
-            measurement.
+        setup_s: fixed seconds per primitive that moves bytes (module docstring, ``F``), None before
+            any measurement.
         copy_bandwidth: bytes/s of packing plus assembly, None before any measurement.
         teardown_s: seconds of a Destroy, None before any measurement.
         history: one ``{"bandwidth", "copy_bandwidth", "setup_s", "teardown_s", "primitives"}`` per
             :meth:`observe` that measured (that transition's own values).
 
     Raises:
-        ValueError: ``window`` not an integer >= 1.
+        ValueError: ``window`` not an integer >= 1, ``cores`` not a number > 0.
     """
 
     window: int = 64
+    cores: float | None = None
     bandwidth: float | None = None
     setup_s: float | None = None
     copy_bandwidth: float | None = None
     teardown_s: float | None = None
     history: list = field(default_factory=list)
-    rows: list = field(default_factory=list, repr=False)  # (busiest, transfer s, copy bytes, copy s, setup s)
+    # (busiest bytes, transfer s, copy bytes, copy s, old-style setup s, span - copy s or None), unshared
+    rows: list = field(default_factory=list, repr=False)
     teardowns: list = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
             raise ValueError(f"calibration field 'window' must be an integer >= 1, got {self.window!r}")
+        if self.cores is not None and not (isinstance(self.cores, (int, float)) and self.cores > 0):
+            raise ValueError(f"calibration field 'cores' must be a number > 0 or None, got {self.cores!r}")
 
     def observe(self, records) -> None:
         """Fold one transition's per-primitive records in.
@@ -80,23 +157,41 @@ class TransitionCalibration:
         Args:
             records: dicts (or objects with these attributes) with ``kind``, ``received``
                 (worker → bytes), ``transfer_s`` and ``setup_s`` (seconds, slowest worker) and,
-                optionally, ``copy_s`` (pack + assembly seconds, slowest worker), ``copy_bytes``
-                (the planner's, ``cost.copy_bytes``) and ``measured_s`` (wall seconds of the primitive).
+                optionally, ``copy_s`` (pack + assembly seconds, slowest worker), ``pack_s`` and
+                ``assemble_s`` (each the slowest worker's; their sum replaces ``copy_s``),
+                ``copy_bytes`` (the planner's, ``cost.copy_bytes``), ``measured_s`` (wall seconds
+                of the primitive), ``t_ready`` and ``t_end`` (its last worker's start and end,
+                seconds on one clock; ``t_end − t_ready`` replaces ``measured_s``) and ``workers``
+                (how many workers ran it: the core-sharing correction, with ``cores``).
         """
-        rows, teardowns = [], []
+        recs = []
         for r in records:
             get = (lambda k, d=None, _r=r: _r.get(k, d)) if isinstance(r, dict) else \
                 (lambda k, d=None, _r=r: getattr(_r, k, d))
+            recs.append(get)
+        spans = []
+        for get in recs:
+            t0, t1 = get("t_ready"), get("t_end")
+            spans.append((float(t0), float(t1), int(get("workers") or 1)) if t0 is not None and t1 is not None
+                         else None)
+        known = [x for x in spans if x is not None]
+        share = iter(share_factors(known, self.cores) if self.cores is not None else [1.0] * len(known))
+        rows, teardowns = [], []
+        for get, span in zip(recs, spans):
+            s = next(share) if span is not None else 1.0
             kind = get("kind")
-            if kind == "destroy" and get("measured_s") is not None:
-                teardowns.append(float(get("measured_s")))
+            wall = (span[1] - span[0]) if span is not None else get("measured_s")
+            if kind == "destroy" and wall is not None:
+                teardowns.append(float(wall) / s)
             if kind not in LINK_KINDS:
                 continue
             busiest = max((get("received") or {}).values(), default=0)
-            transfer, copy = float(get("transfer_s") or 0.0), float(get("copy_s", 0.0) or 0.0)
-            wall = get("measured_s")
+            transfer = float(get("transfer_s") or 0.0)
+            pack, asm = get("pack_s"), get("assemble_s")
+            copy = float(pack) + float(asm or 0.0) if pack is not None else float(get("copy_s", 0.0) or 0.0)
             setup = max(0.0, float(wall) - transfer - copy) if wall is not None else float(get("setup_s") or 0.0)
-            rows.append((busiest, transfer, float(get("copy_bytes", 0) or busiest), copy, setup))
+            rest = max(0.0, float(wall) - copy) / s if wall is not None else None
+            rows.append((busiest, transfer / s, float(get("copy_bytes", 0) or busiest), copy / s, setup / s, rest))
         if rows or teardowns:
             self.history.append({**self._fit(rows, teardowns), "primitives": len(rows)})
         self.rows = (self.rows + rows)[-self.window:]
@@ -109,12 +204,19 @@ class TransitionCalibration:
     @staticmethod
     def _fit(rows, teardowns) -> dict:
         """The four constants from rows and Destroy seconds (None where nothing measured one)."""
-        wire = [(b, t) for b, t, _, _, _ in rows if b > 0 and t > 0]
-        copy = [(k, c) for b, _, k, c, _ in rows if b > 0 and k > 0 and c > 0]
-        return {"bandwidth": sum(b for b, _ in wire) / sum(t for _, t in wire) if wire else None,
-                "copy_bandwidth": sum(k for k, _ in copy) / sum(c for _, c in copy) if copy else None,
-                "setup_s": sum(r[4] for r in rows) / len(rows) if rows else None,
-                "teardown_s": sum(teardowns) / len(teardowns) if teardowns else None}
+        wire = [(b, t) for b, t, _, _, _, _ in rows if b > 0 and t > 0]
+        copy = [(k, c) for b, _, k, c, _, _ in rows if b > 0 and k > 0 and c > 0]
+        pts = [(b, y) for b, _, _, _, _, y in rows if y is not None]
+        line = fit_line([b for b, _ in pts], [y for _, y in pts]) if len(pts) == len(rows) else None
+        if line is not None:
+            bandwidth, setup = 1.0 / line[1], line[0]
+        else:
+            bandwidth = weighted_median([b / t for b, t in wire], [b for b, _ in wire]) if wire else None
+            setup = statistics.median(r[4] for r in rows) if rows else None
+        return {"bandwidth": bandwidth,
+                "copy_bandwidth": weighted_median([k / c for k, c in copy], [k for k, _ in copy]) if copy else None,
+                "setup_s": setup,
+                "teardown_s": statistics.median(teardowns) if teardowns else None}
 
     def gpu(self, gpu: GPUSpec) -> GPUSpec:
         """``gpu`` with the measured bandwidth as its scale-up and scale-out link rates."""
@@ -123,11 +225,13 @@ class TransitionCalibration:
         return replace(gpu, scaleup_bandwidth=self.bandwidth, scaleout_bandwidth=self.bandwidth)
 
     def params(self, base: CostParams | None = None) -> CostParams:
-        """``base`` with the measured setup (inside and across nodes), copy bandwidth and teardown;
-        without ``base``, the defaults with the runtime executor's buffers counted in the memory
-        check (``CostParams.transit_buffers``: these constants describe that executor)."""
-        base = base or CostParams(transit_buffers=True)
-        out = base
+        """``base`` with the measured fixed term (inside and across nodes), copy bandwidth, teardown
+        and, when set, ``cores`` as ``worker_cores``; without ``base``, the defaults with the
+        runtime executor's buffers counted in the memory check (``CostParams.transit_buffers``) and
+        one primitive at a time per worker (``CostParams.serial_workers``): these constants
+        describe that executor."""
+        base = base or CostParams(transit_buffers=True, serial_workers=True)
+        out = base if self.cores is None else replace(base, worker_cores=float(self.cores))
         if self.setup_s is not None:
             out = replace(out, comm_setup_intra_s=self.setup_s,
                           comm_setup_inter_s=max(self.setup_s, base.comm_setup_inter_s))

@@ -61,7 +61,9 @@ class CostParams:
     """Constants of the transition cost model.
 
     Attributes:
-        comm_setup_intra_s: seconds to create the communicators of one primitive inside one node.
+        comm_setup_intra_s: seconds to create the communicators of one primitive inside one node;
+            calibrated, the fixed seconds per primitive (setup, call round trips, dispatch:
+            ``TransitionCalibration.setup_s``).
         comm_setup_inter_s: the same across nodes (bootstrap over the network).
         teardown_s: seconds for a Destroy (free buffers, close communicators).
         storage_bandwidth: bytes/s per node read from shared storage by a Load. 2 GB/s, the same
@@ -85,6 +87,17 @@ class CostParams:
             :func:`~nereus.transition.buffers.with_buffers`); False (the default) keeps the paper's
             in-place rule. :class:`~nereus.transition.calibrate.TransitionCalibration` sets it, as
             its constants are the runtime's.
+        serial_workers: a GPU runs one primitive at a time (each holds a ``(gpu, "worker", "run")``
+            port on every GPU it touches, :func:`ports`): the runtime's executor submits a
+            primitive to each of its workers as one call of a single-threaded actor, and an actor
+            runs its calls one after another, so two primitives with disjoint links on one worker
+            do not overlap there (on GPUs with separate copy engines and streams they could).
+            False (the default) lets them overlap (paper §6.3). Set by the calibration.
+        worker_cores: CPU cores the workers' local work shares (the runtime's CPU workers: the
+            cores of the pool's CPU budget, ``os.sched_getaffinity``); primitives running at once
+            progress together at ``min(1, worker_cores / busy workers)`` of their own speed
+            (:mod:`nereus.transition.sharing`). Infinite (the default): every device has its own
+            engines (GPUs), no sharing. Set by the calibration.
 
     The defaults are assumptions of the right order (NCCL communicator creation takes tens to
     hundreds of milliseconds); calibrate them from measured transitions.
@@ -102,11 +115,15 @@ class CostParams:
     host_setup_s: float = 0.5
     copy_bandwidth: float = math.inf
     transit_buffers: bool = False
+    serial_workers: bool = False
+    worker_cores: float = math.inf
 
     def __post_init__(self) -> None:
         for k, v in asdict(self).items():
             if not (isinstance(v, (int, float)) and v >= 0):
                 raise ValueError(f"cost parameter {k!r} must be a number >= 0, got {v!r}")
+        if not self.worker_cores > 0:
+            raise ValueError(f"cost parameter 'worker_cores' must be > 0 cores, got {self.worker_cores!r}")
         if self.storage_bandwidth <= 0:
             raise ValueError(f"cost parameter 'storage_bandwidth' must be > 0 B/s, got {self.storage_bandwidth!r}")
 
@@ -125,16 +142,22 @@ def _setup(cluster: ClusterSpec, gpus, params: CostParams) -> float:
 
 
 def copy_bytes(p: Primitive) -> int:
-    """Bytes the busiest GPU of ``p`` copies in memory, the copy term's ``K`` (module docstring).
+    """Bytes copied in memory on ``p``'s critical path, the copy term's ``K`` (module docstring).
 
     The runtime's executor packs every byte a GPU sends into a send buffer and writes every byte of
     a new shard once, local parts included (a shard re-sliced in place, as on the GPU that keeps
-    half of a replica under TP 1 -> 2, costs as much copying as one received):
-    ``max_g sent[g] + alloc[g]`` (:mod:`nereus.transition.buffers`). A primitive that does not
-    record them (a ZeRO group's re-cut) falls back to its busiest receiver's bytes.
+    half of a replica under TP 1 -> 2, costs as much copying as one received). Every sender packs
+    before it sends and a receiver assembles after its last buffer arrived, so the packing of the
+    slowest sender and the assembly of the slowest receiver follow each other:
+    ``max_g sent[g] + max_g alloc[g]`` (:mod:`nereus.transition.buffers`; an Extend of ``b`` bytes
+    copies ``2·b`` on its path, ``b`` packed at the source and ``b`` written at the destination; a
+    symmetric Split packs and writes on every GPU, the same as ``max_g (sent[g] + alloc[g])``).
+    The calibration measures it as the slowest worker's packing plus the slowest worker's assembly
+    (``transition/calibrate.py``). A primitive that does not record them (a ZeRO group's re-cut)
+    falls back to its busiest receiver's bytes.
     """
     if p.sent or p.alloc:
-        return max(p.sent.get(g, 0) + p.alloc.get(g, 0) for g in set(p.sent) | set(p.alloc))
+        return max(p.sent.values(), default=0) + max(p.alloc.values(), default=0)
     return int(max([b for _, b in p.groups] + [b for _, _, b in p.pairs] + [0]))
 
 
@@ -182,13 +205,21 @@ def duration(p: Primitive, cluster: ClusterSpec, params: CostParams = CostParams
     return _setup(cluster, p.gpus, params) + t + copy
 
 
-def ports(p: Primitive, cluster: ClusterSpec) -> frozenset[tuple[int, str, str]]:
-    """``(gpu, link, "tx" | "rx")`` ports a primitive holds while it runs."""
+def ports(p: Primitive, cluster: ClusterSpec, params: CostParams | None = None) -> frozenset[tuple[int, str, str]]:
+    """``(gpu, link, "tx" | "rx")`` ports a primitive holds while it runs; with
+    ``params.serial_workers`` also ``(gpu, "worker", "run")`` on every GPU it touches."""
+    out = _link_ports(p, cluster)
+    if params is not None and params.serial_workers:
+        out |= {(g, "worker", "run") for g in p.gpus if g != HOST_ID}
+    return frozenset(out)
+
+
+def _link_ports(p: Primitive, cluster: ClusterSpec) -> set:
     out = set()
     if p.kind == "load" and p.source == STORAGE:
-        return frozenset((cluster.node_of(g), "storage", "rx") for g in p.gpus)
+        return {(cluster.node_of(g), "storage", "rx") for g in p.gpus}
     if p.kind in ("offload", "restore"):
-        return frozenset((s, "host", "tx") if d == HOST_ID else (d, "host", "rx") for s, d, b in p.pairs if b > 0)
+        return {(s, "host", "tx") if d == HOST_ID else (d, "host", "rx") for s, d, b in p.pairs if b > 0}
     for s, d, b in p.pairs:
         if b > 0:
             link = _link(cluster, (s, d))[2]
@@ -200,7 +231,7 @@ def ports(p: Primitive, cluster: ClusterSpec) -> frozenset[tuple[int, str, str]]
             for g in gpus:
                 out.add((g, link, "tx"))
                 out.add((g, link, "rx"))
-    return frozenset(out)
+    return out
 
 
 def min_bytes(initial: tuple[EMU, ...], target: tuple[EMU, ...], models: dict[str, tuple[ModelSpec, int]]) -> int:

@@ -8,8 +8,8 @@ seconds for small models and minutes at 70B (about 3.5 minutes for a 70B TP8 eng
     T_start = a + b · W_rank        (W_rank: weight bytes per engine rank, GB)
 
 with ``a`` (fixed process and KV setup) and ``b`` (model build, per GB) calibrated from measured starts by
-least squares (:meth:`EngineStartModel.observe`), like the other transition constants
-(``transition/calibrate.py``): one distinct size fixes ``a`` at the mean of its starts with ``b`` kept;
+least squares (:meth:`EngineStartModel.observe`), as the other transition constants are fitted
+from measurements (``transition/calibrate.py``, by medians there): one distinct size fixes ``a`` at the mean of its starts with ``b`` kept;
 two or more fit both. The replicas' engines start side by side on disjoint workers, so a transition
 that changes the layout adds one ``T_start`` (:func:`engine_start_term`); none when the generation
 layout does not change. Where the new engines start while the old ones still serve (a pool that grows

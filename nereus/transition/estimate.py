@@ -22,6 +22,7 @@ from nereus.transition.local_dag import Infeasible, build_local_dag
 from nereus.transition.primitives import STORAGE
 from nereus.transition.relayout import fuse_relayout
 from nereus.transition.schedule import Schedule
+from nereus.transition.sharing import shared_schedule
 from nereus.workflow import workflow_for
 
 __all__ = ["TransitionEstimate", "estimate_transition", "plan_dag", "capacities", "reload_source", "HEADROOM"]
@@ -317,12 +318,15 @@ def plan_dag(job: JobSpec, current: Plan, target: Plan, pool: frozenset[int] | N
                 ld = replace(ld, nodes=tuple(with_buffers(n) for n in ld.nodes))
             locals_.append(ld)
         dur = {n.pid: duration(n, job.cluster, params) for ld in locals_ for n in ld.nodes}
-        prt = {n.pid: ports(n, job.cluster) for ld in locals_ for n in ld.nodes}
+        prt = {n.pid: ports(n, job.cluster, params) for ld in locals_ for n in ld.nodes}
         try:
             dag, sched = plan_global(locals_, tuple(initial), tuple(final), cap, dur, prt, order,
                                      exclusive=job.framework.colocate == "never", shared=frozenset(shared))
             models = {c.model_stage: (model_of(job, c.model_stage), state_parts(job, c.model_stage))
                       for c in current.candidates}
+            # workers that share CPU cores: the same order, replayed under processor sharing (sharing.py)
+            sched = shared_schedule(sched, {n.pid: n for n in dag.nodes}, dag.preds(), prt, dur,
+                                    params.worker_cores)
             return replace(dag, models=models), sched, dur
         except Infeasible as e:
             first = first or e

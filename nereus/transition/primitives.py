@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from nereus.spec.model import ModelSpec
-from nereus.transition.buffers import alloc_bytes, sent_bound
+from nereus.transition.buffers import alloc_bytes, recut_buffers, sent_bound
 from nereus.transition.emu import EMU, STAGE_ORDER, sub_units
 from nereus.transition.held import held_bytes
 
@@ -215,9 +215,11 @@ def reshard(emu: EMU, target: EMU, model: ModelSpec, bytes_per_param) -> Primiti
     gpus = tuple(hi)
     groups = ((gpus, max(recv.values())),) if moved else ()
     pid = f"split:{emu.uid}" if kind == "split" else f"merge:{target.uid}"
+    sent, alloc = recut_buffers(emu, target, recv)  # the executor's buffers (buffers.py)
     return Primitive(pid=pid, kind=kind, model_stage=emu.model_stage, consumes=(emu.uid,), produces=(target,),
                      gpus=gpus, acquires=tuple(g for g in target.gpus if g not in cg), mem_hi=hi, mem_net=net,
-                     groups=groups, bytes_moved=moved, num_comms=1 + (1 if moved else 0), recv=recv)
+                     groups=groups, bytes_moved=moved, num_comms=1 + (1 if moved else 0), recv=recv,
+                     sent=sent, alloc=alloc)
 
 
 def merge(units: list[EMU] | tuple[EMU, ...], target: EMU, model: ModelSpec,

@@ -7,8 +7,9 @@ A :class:`Group` is a gloo (CPU) or NCCL (CUDA) process group among any subset o
 ``opts._timeout`` (:func:`backend_for` picks the backend from the worker's device). Only the
 members build it, so workers can join and leave a running job. Every group carries a timeout, so a
 collective whose peer died raises instead of hanging. On a worker (whose :class:`Meter` has an
-``abort`` event) the rendezvous is a presence barrier the driver can release when a member is lost
-(``comm/rendezvous.py``), instead of a wait for the group timeout.
+``abort`` event) the rendezvous is a presence barrier the driver can release when a member is lost,
+and so is the gloo group's own build after it (``comm/rendezvous.py``), instead of a wait for the
+group timeout.
 
 Collectives call the process group's own methods and record, in the worker's :class:`Meter`, the
 seconds spent under op class ``"<collective>@<backend>"`` (``@gloo`` or ``@nccl``) and the bytes this rank sent (payload model:
@@ -31,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from nereus.runtime.comm.instrument import Meter
-from nereus.runtime.comm.rendezvous import RendezvousAborted, arrive
+from nereus.runtime.comm.rendezvous import RendezvousAborted, arrive, build_released
 
 __all__ = ["Group", "CommError", "connect_store", "new_group", "backend_for", "DEFAULT_TIMEOUT_S"]
 
@@ -279,6 +280,9 @@ def new_group(store: dist.Store, name: str, members: tuple[int, ...], me: int, m
                     arrive(prefixed, rank, len(members), timeout_s, meter.abort)
                 if backend == "nccl":
                     pg = _nccl_group(prefixed, rank, len(members), timeout)
+                elif getattr(meter, "abort", None) is not None:  # its store waits released too
+                    pg = build_released(lambda s: dist.ProcessGroupGloo(dist.PrefixStore(name, s), rank, len(members),
+                                                                        timeout), store, timeout_s, meter.abort)
                 else:
                     pg = dist.ProcessGroupGloo(prefixed, rank, len(members), timeout)
         except RendezvousAborted as e:

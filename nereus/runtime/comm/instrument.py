@@ -6,7 +6,7 @@ The runtime never derives costs; it only measures:
 * ``op_seconds``: seconds per op class: ``gemm``, ``attention`` and one per collective, e.g.
   ``allreduce@gloo``, ``allgather@gloo``, ``broadcast@gloo``, ``p2p@gloo``, ``group_setup@gloo``;
 * ``peak_bytes``: the CUDA allocator peak on GPU; on CPU the peak of *tracked* tensor bytes
-  (parameters, gradients, optimizer state, KV cache and live saved activations);
+  (parameters, gradients, optimizer state, KV cache and the storages saved for backward, each once);
 * ``bytes_sent``: payload bytes this worker sent in collectives (see ``comm/groups.py`` for the model),
   and ``op_bytes``: the same per op class (``allreduce@gloo``, ``reducescatter@gloo``, ...);
 * ``op_seconds_by_stage`` and ``peak_bytes_by_stage``: the same, attributed to the model-stage whose
@@ -150,21 +150,49 @@ class Meter:
         self._live -= n
 
     @contextmanager
-    def track_activations(self, exclude: set[int] | None = None):
-        """Count tensors autograd saves for backward while they are alive.
+    def track_activations(self, exclude: set[int] | None = None, static=()):
+        """Count the storages autograd saves for backward while a saved reference to them is alive.
+
+        Each storage counts once, with its ``nbytes``, however many saved tensors view it (a hidden
+        state saved by three projections, ``x.view(-1, h)`` and ``x``), and the storages of static
+        state never count: a matmul saves ``w.t()``, a view of the parameter ``w``, not an activation.
+        The bytes are freed when the last saved reference to the storage is released (after its
+        node's backward). This is the set of tensors held for backward, exactly and independently of
+        the machine (a GPU allocator also sees transient buffers inside kernels, not counted here).
 
         Args:
             exclude: ``id()`` of tensors already counted as static (the parameters).
+            static: tensors already counted as static; their storages and every view of them are
+                excluded (the parameters again, as tensors).
         """
         exclude = exclude or set()
+        skip = {w.untyped_storage().data_ptr() for w in static if w.numel()}
+        held: dict[int, list[int]] = {}  # storage address -> [saved references alive, nbytes]
+
+        def release(key: int) -> None:
+            ref = held.get(key)
+            if ref is None:
+                return
+            ref[0] -= 1
+            if ref[0] == 0:
+                del held[key]
+                self._free(ref[1])
 
         def pack(t: torch.Tensor):
-            if id(t) not in exclude and not isinstance(t, torch.nn.Parameter):
-                n = t.numel() * t.element_size()
+            if id(t) in exclude or isinstance(t, torch.nn.Parameter) or t.numel() == 0:
+                return t
+            st = t.untyped_storage()
+            key = st.data_ptr()
+            if key in skip:
+                return t
+            if key not in held:
+                n = st.nbytes()
                 self._check(self.device_bytes + n, f"a saved activation ({n} B)")
+                held[key] = [0, n]
                 self._live += n
                 self._touch()
-                weakref.finalize(t, self._free, n)
+            held[key][0] += 1
+            weakref.finalize(t, release, key)
             return t
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):

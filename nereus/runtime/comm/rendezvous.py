@@ -16,18 +16,28 @@ the worker's ``control`` thread) as soon as it detects a loss (``run/faults.py``
 raises :class:`~nereus.runtime.comm.groups.CommError` naming the abort, and the recovery starts.
 Only after every member arrived is the process group built, so its own store waits are short.
 
-What it does not cover: a member that dies after it arrived but before it published its gloo address
-(a window of one store round trip) still leaves its peers waiting for the group timeout; NCCL builds
-its communicator lazily at the first collective, whose release is the NCCL watchdog's
-(``TORCH_NCCL_ASYNC_ERROR_HANDLING``), not this barrier's.
+A member that dies after it arrived but before it published its gloo address (a window of one store
+round trip) would still leave its peers blocked in the process group's own store wait, which
+nothing releases, for the group timeout. :func:`build_released` closes that window: the group is
+built in a helper thread over a store client of its own (a second ``TCPStore`` connection to the
+same server, so a blocked wait holds no socket or lock the worker's other calls need), while the
+calling thread polls ``abort`` as :func:`arrive` does; once it is set the call raises
+:class:`RendezvousAborted` and abandons the helper, whose wait then ends at the group timeout with
+an error nobody reads. The second connection is shared by the worker's successive builds (and the
+groups built on it) and replaced after an abandoned build, so a worker holds two connections to the
+store, not one per group.
+
+Not covered: NCCL builds its communicator lazily at the first collective, whose release is the NCCL
+watchdog's (``TORCH_NCCL_ASYNC_ERROR_HANDLING``), not this module's.
 """
 
 from __future__ import annotations
 
+import datetime
 import threading
 import time
 
-__all__ = ["arrive", "RendezvousAborted", "RendezvousTimeout", "RELEASED"]
+__all__ = ["arrive", "build_released", "RendezvousAborted", "RendezvousTimeout", "RELEASED"]
 
 #: the words of a released wait's error, which the driver counts in a failed call's error (``run/faults.py``)
 RELEASED = "released by the driver"
@@ -79,3 +89,72 @@ def arrive(store, rank: int, size: int, timeout_s: float, abort: threading.Event
         time.sleep(delay)
         delay = min(2 * delay, POLL_MAX_S)
     return time.perf_counter() - t0
+
+
+#: the helper threads' store clients, by (host, port, timeout): one per worker process and store
+_SPARE: dict = {}
+_SPARE_LOCK = threading.Lock()
+
+
+def build_released(build, store, timeout_s: float, abort: threading.Event):
+    """``build(client)`` in a helper thread, released by ``abort`` (module docstring).
+
+    Args:
+        build: builds the group from a store client, e.g. ``lambda s:
+            ProcessGroupGloo(PrefixStore(name, s), rank, size, timeout)``; its blocking store waits
+            run in the helper thread.
+        store: the worker's store client; a ``TCPStore`` is not shared with the helper, which uses
+            a client of its own to the same host and port (timeout ``timeout_s``; shared by this
+            process's builds until one is abandoned); any other store (an in-process ``HashStore``)
+            is passed as is.
+        timeout_s: the group's timeout, seconds (the helper client's wait timeout), > 0.
+        abort: set by another thread to release the wait.
+
+    Returns:
+        what ``build`` returns.
+
+    Raises:
+        ValueError: a non-positive ``timeout_s``.
+        RendezvousAborted: ``abort`` was set before the build finished.
+        whatever ``build`` raised (e.g. gloo's ``RuntimeError`` at the group timeout).
+    """
+    import torch.distributed as dist
+
+    if not timeout_s > 0:
+        raise ValueError(f"rendezvous: timeout_s must be > 0 seconds, got {timeout_s}")
+    box: dict = {}
+    key = (store.host, store.port, float(timeout_s)) if isinstance(store, dist.TCPStore) else None
+
+    def run() -> None:
+        try:
+            client = store
+            if key is not None:
+                with _SPARE_LOCK:
+                    if box.get("abandoned"):
+                        return
+                    client = _SPARE.get(key)
+                    if client is None:
+                        client = _SPARE[key] = dist.TCPStore(store.host, store.port, is_master=False,
+                                                             timeout=datetime.timedelta(seconds=timeout_s))
+                    box["client"] = client
+            box["out"] = build(client)
+        except BaseException as e:  # noqa: BLE001  (re-raised in the calling thread)
+            box["error"] = e
+
+    t0 = time.perf_counter()
+    helper = threading.Thread(target=run, name="group-build", daemon=True)
+    helper.start()
+    delay = POLL_MIN_S
+    while helper.is_alive():
+        helper.join(delay)
+        delay = min(2 * delay, POLL_MAX_S)
+        if helper.is_alive() and abort.is_set():
+            with _SPARE_LOCK:  # the abandoned helper keeps its client, blocked; the next build opens another
+                box["abandoned"] = True
+                if key is not None and _SPARE.get(key) is box.get("client"):
+                    _SPARE.pop(key, None)
+            raise RendezvousAborted(f"{RELEASED} after {time.perf_counter() - t0:.2f}s: a member was lost while "
+                                    "the group was being built")
+    if "error" in box:
+        raise box["error"]
+    return box["out"]

@@ -12,8 +12,8 @@ device below) and applies its decision:
   communicator setup) run on the workers that hold the state, Split/Merge/Extend/Destroy (and
   Offload/Restore/Load where the planner needs them), each printed with its bytes and predicted and
   measured seconds; the measurements calibrate the next estimates (``transition/calibrate.py``).
-  ZeRO-1 slices, host-pool copies and colocated state move live too (``transit/flat.py``,
-  ``transit/residency.py``); a DAG the live executor cannot run (``transit/sharded.py``) goes the
+  ZeRO-1/2/3 slices, host-pool copies and colocated state move live too (``transit/flat.py``,
+  ``transit/regroup.py``, ``transit/residency.py``); a DAG the live executor cannot run (``transit/sharded.py``) goes the
   restart path below, and the admission charges that restart (``run/restart_cost.py``);
 * ``Restart(plan)``, or a change whose DAG is infeasible or whose training state lost every
   replica: restore the last durable checkpoint (``durable/driver_side.py``: each worker writes and reads its own
@@ -52,7 +52,7 @@ from nereus.runtime.durable.scheduling import CheckpointingMixin
 from nereus.runtime.rl.task import DigitTask
 from nereus.runtime.run import vllm_driver as vd
 from nereus.runtime.run.config import RLConfig
-from nereus.runtime.run.device_model import cpu_gpu_spec, runtime_job
+from nereus.runtime.run.device_model import cpu_gpu_spec, runtime_job, worker_cores
 from nereus.runtime.run.driver import RLDriver
 from nereus.runtime.run.plans import shared_plan
 from nereus.runtime.run.pool import WorkerPool
@@ -133,7 +133,7 @@ class AdaptiveRun(RecoveryMixin, CheckpointingMixin):
         self.final_state: dict | None = None  # with keep_final: the training model-stages' state at the end
         # (keep_final = "all": every model-stage's, frozen ones too)
         self.keep_final = False
-        self.calib = TransitionCalibration()
+        self.calib = TransitionCalibration(cores=worker_cores())  # CPU workers share the cores
         self.max_workers = num_workers + sum(max(v, 0) for v in self.schedule.values())
         self.num_workers, self.log = num_workers, log or (lambda *a, **k: None)
         gpu = cpu_gpu_spec(memory_bytes, measure)
@@ -436,7 +436,7 @@ class AdaptiveRun(RecoveryMixin, CheckpointingMixin):
             return None, str(e)
         if not est.feasible:
             return None, est.reason
-        why = live_unsupported(est.dag, current, target)  # e.g. ZeRO-2/3: the checkpoint restart does it
+        why = live_unsupported(est.dag, current, target)  # e.g. ZeRO-1 <-> ZeRO-3: the checkpoint restart does it
         if why:
             return None, why
         self._mark()

@@ -5,6 +5,7 @@ benchmarks)."""
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import replace
 
@@ -16,7 +17,22 @@ from nereus.spec.job import JobSpec
 from nereus.spec.model import ModelSpec
 from nereus.spec.workload import WorkloadSpec
 
-__all__ = ["measure_matmul_flops", "cpu_gpu_spec", "runtime_job"]
+__all__ = ["measure_matmul_flops", "cpu_gpu_spec", "runtime_job", "worker_cores"]
+
+
+def worker_cores() -> int | None:
+    """CPU cores the runtime's CPU workers share, or None when the workers compute on CUDA devices
+    (each has its own engines: no sharing). The cores this process may run on
+    (``os.sched_getaffinity(0)``; the workers are started on this machine and inherit its
+    affinity; ``os.cpu_count()`` where affinity is not available). Each CPU worker is one
+    single-threaded process (``OMP_NUM_THREADS=1``), so more busy workers than this share cores
+    (``transition/sharing.py``, ``TransitionCalibration.cores``)."""
+    if torch.cuda.is_available():
+        return None
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def measure_matmul_flops(n: int = 256, reps: int = 5) -> float:
@@ -54,6 +70,8 @@ def runtime_job(spec: ModelSpec, workload: WorkloadSpec, num_workers: int, gpu: 
     training only Adam's two moments on top (8 B): the fp32 weights are Adam's master weights, so
     there is no separate master copy; ``bf16``: bf16 weights and KV cache (2 B) and for training a
     12 B fp32 master and moments (``WorkloadSpec``'s GPU default). Fp32 gradients (4 B) in both.
+    Training memory is the runtime engine's own (``activation_model="runtime"``,
+    :mod:`nereus.cost.runtime_memory`: its saved tensors, gradient buffers and ZeRO buffers).
     The plan space is ``framework`` (default: the ``runtime`` preset, what the runtime executes and
     transitions: ZeRO-1, offload, colocation; ``nereus.spec.framework``).
 
@@ -65,4 +83,5 @@ def runtime_job(spec: ModelSpec, workload: WorkloadSpec, num_workers: int, gpu: 
     if num_workers % num_nodes:
         raise ValueError(f"{num_workers} workers do not split evenly over {num_nodes} nodes")
     return JobSpec(spec, ClusterSpec(gpu, num_nodes, num_workers // num_nodes),
-                   replace(workload, **workload_bytes(precision)), framework=get_framework(framework))
+                   replace(workload, **workload_bytes(precision), activation_model="runtime"),
+                   framework=get_framework(framework))

@@ -80,7 +80,10 @@ def move_rows(cost, plan, measurements: dict, steps: int, updates_per_step: int,
     back (``2·S``), a dropped frozen one reloads it (``S``), a dropped derived copy is re-synced (0
     offload bytes: where its shards sit on its source's workers the runtime defers the sync to its
     turn and fills it from the source's host copy, ``MemoryPools.defer``; those bytes are reported as
-    ``resync``, the weight sync's, not offload), each times its GPUs. Measured: the workers' offload
+    ``resync``, the weight sync's, not offload), each times its GPUs. A ZeRO-3 trainer's dropped derived
+    copies cannot be deferred (the sync's gathers are collective over the trainer's DP group, which the
+    copy's own turn does not include: ``worker/core.py`` ``_sync_from_slices``): each is written at
+    the sync and offloaded after it, ``2·S``. Measured: the workers' offload
     plus restore bytes per step, from ``first`` (the measurements after the first step: the steady
     state) when given, else over the run (the build's first copies included).
 
@@ -99,11 +102,16 @@ def move_rows(cost, plan, measurements: dict, steps: int, updates_per_step: int,
     """
     est = cost.estimate(plan)
     pred_off = pred_rs = pred_ag = 0.0
+    names = {x.model_stage: x for x in plan.candidates}
     for c in plan.candidates:
         mem = est.estimates[c.model_stage].memory
         state = float(mem.get("weights", 0.0)) + float(mem.get("optimizer", 0.0))
-        frozen = c.model_stage.split(".")[0] in ("reference", "reward")
-        ways = {"host": 2.0, "drop": 1.0 if frozen else 0.0}.get(c.offload, 0.0)
+        model = c.model_stage.split(".")[0]
+        frozen = model in ("reference", "reward")
+        src = names.get(f"{model}.train")
+        zero3_src = not frozen and src is not None and src.zero == 3 and src.dp > 1
+        # a dropped derived copy of a ZeRO-3 trainer is written at the sync and offloaded (2·S)
+        ways = {"host": 2.0, "drop": 1.0 if frozen else (2.0 if zero3_src else 0.0)}.get(c.offload, 0.0)
         pred_off += ways * state * c.num_gpus
         if c.zero and c.dp > 1:
             rs, ag = zero_bytes(cost, plan, c)

@@ -21,6 +21,7 @@ from nereus.runtime.durable import driver_side as durable
 from nereus.runtime.run import vllm_driver as vd
 from nereus.runtime.run.relayout import train_stages
 from nereus.runtime.transit.driver_side import TransitionExecutor
+from nereus.runtime.transit.sharded import live_unsupported
 from nereus.runtime.worker.failures import WorkerFailure, WorkerLost
 from nereus.spec.plan import Plan
 from nereus.transition.emu import phi
@@ -213,13 +214,17 @@ class RecoveryMixin:
                                           params=self.calib.params())
             except ValueError:
                 est = None
-        if est is not None and est.feasible:
+        # a DAG the live executor cannot run (e.g. ZeRO-2/3 state, transit/sharded.py): the checkpoint
+        # restart below holds the unsliced state (TransitionExecutor.execute would refuse it: ValueError)
+        unsupported = (live_unsupported(est.dag, bplan, target) if est is not None and est.feasible and est.dag is not None
+                       else None)
+        if est is not None and est.feasible and not unsupported:
             rep = TransitionExecutor(d).execute(est, target, adopt=False)
             ev.update(source="live", transition=rep.to_dict(), steps_lost=0)
             self.log(f"  recovered live on workers {format_gpus(alive)}: {rep.summary()}; step {k} re-runs")
         else:
             why = (f"{', '.join(lost_train)} lost every replica" if lost_train else
-                   "the live recovery failed" if force_checkpoint else
+                   "the live recovery failed" if force_checkpoint else unsupported or
                    (est.reason if est is not None else "no live path from the boundary plan"))
             d._get([d.workers[i].transition_end.remote("") for i in sorted(alive)], "drop units")
             info = durable.restart(d, self._ckpt_path(), target)

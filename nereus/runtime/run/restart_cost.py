@@ -1,9 +1,9 @@
 """What the controller's admission charges for a change the live executor cannot make (driver side).
 
 Source: issue 24 item 2; DESIGN.md §4.9 (durable checkpoints). ``nereus run --adaptive`` executes a
-change whose transition DAG the live executor cannot run (``transit/sharded.py``: a ZeRO group
-changing TP/PP in one primitive, or a ZeRO stage whose slices it does not move) through the durable
-checkpoint instead: the run saves a checkpoint (a full copy is alive, so nothing is lost) and
+change whose transition DAG the live executor cannot run (``transit/sharded.py``: ZeRO-1 slices
+meeting ZeRO-2/3 slices in one primitive, or slices cut between TP/PP layouts otherwise than
+``transit/regroup.py`` does) through the durable checkpoint instead: the run saves a checkpoint (a full copy is alive, so nothing is lost) and
 restores it onto the target (``durable.restart``), which holds the unsliced logical state and so
 loads into any ZeRO stage and layout. The admission must charge that path's cost, not the DAG's
 ``L_tran``:

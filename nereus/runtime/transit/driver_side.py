@@ -59,6 +59,12 @@ class PrimitiveRecord:
         header_bytes: counters headers sent (40 B per buffer).
         copy_bytes: the planner's copy bytes of it (``cost.copy_bytes``), what ``copy_s`` is
             calibrated against.
+        pack_s, assemble_s: the slowest worker's packing, and the slowest worker's assembly,
+            seconds (their sum is the copy on its critical path, ``cost.copy_bytes``).
+        t_start, t_ready, t_end: its first worker's start, last worker's start and last worker's
+            end, seconds from the transition's first primitive start (the calibration's span and
+            core-sharing correction, ``transition/calibrate.py``).
+        workers: how many worker processes ran a part of it.
     """
 
     pid: str
@@ -75,6 +81,12 @@ class PrimitiveRecord:
     header_bytes: int = 0
     copy_s: float = 0.0
     copy_bytes: int = 0
+    pack_s: float = 0.0
+    assemble_s: float = 0.0
+    t_start: float = 0.0
+    t_ready: float = 0.0
+    t_end: float = 0.0
+    workers: int = 0
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -288,7 +300,10 @@ class TransitionExecutor:
                 sent={r["worker"]: r["sent"] for r in rs if r["sent"]},
                 received={r["worker"]: r["recv"] for r in rs if r["recv"]},
                 header_bytes=sum(r["header_bytes"] for r in rs),
-                copy_s=max(r.get("pack_s", 0.0) + r.get("assemble_s", 0.0) for r in rs), copy_bytes=copy_bytes(p)))
+                copy_s=max(r.get("pack_s", 0.0) + r.get("assemble_s", 0.0) for r in rs), copy_bytes=copy_bytes(p),
+                pack_s=max(r.get("pack_s", 0.0) for r in rs), assemble_s=max(r.get("assemble_s", 0.0) for r in rs),
+                t_start=min(r["t_start"] for r in rs) - t_first, t_ready=max(r["t_start"] for r in rs) - t_first,
+                t_end=max(r["t_end"] for r in rs) - t_first, workers=len(rs)))
         return TransitionReport(primitives=recs, predicted_l_tran=float(est.l_tran),
                                 measured_l_tran=max(0.0, t_last - t_first), seconds=seconds,
                                 predicted_bytes=int(est.bytes_moved),

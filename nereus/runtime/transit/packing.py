@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import torch
 
-from nereus.runtime.transit.flat import FLAT, flat_range, flatten, unflatten
+from nereus.runtime.transit.flat import FLAT, cut_slots, flatten, is_sliced, slot_lengths, spans, unflatten
 from nereus.runtime.transit.index import full_numel, piece_numel, row_numel, shapes
 from nereus.runtime.transit.plans import MovePlan, MoveSpec, held, kind_dtype
+from nereus.runtime.transit.regroup import Part
 
 __all__ = ["COUNTERS", "HEADER_BYTES", "pack", "recv_sizes", "assemble", "itemsize"]
 
@@ -53,13 +54,25 @@ def _numel(spec, name: str, dim: int | None, lo: int, hi: int) -> int:
     return hi - lo if name == FLAT else piece_numel(spec, name, dim, lo, hi)
 
 
-def _flat_source(spec, u, me: int, kind: str, memo: dict) -> tuple[torch.Tensor, int]:
-    """``(flat vector of kind, its first element's index)`` of unit ``u`` on ``me`` (memoized per
-    unit and kind: a replica's per-name shards are concatenated once)."""
-    key = (id(u), kind)
-    if key not in memo:
-        memo[key] = (flatten(spec, u.meta, me, u.tensors[kind]), flat_range(spec, u.meta, me)[0])
-    return memo[key]
+def _span_at(spec, unit, me: int, kind: str, a: int, b: int):
+    """The span of ``unit`` on ``me`` that holds flat elements ``[a, b)`` of ``kind`` (a plan's segments
+    never cross spans: each is an intersection of one source span with one target span)."""
+    for s in spans(spec, unit, me, kind):
+        if s.lo <= a and b <= s.hi:
+            return s
+    raise ValueError(f"worker {me}: {unit.uid} holds no span of {kind} covering flat [{a}, {b})")
+
+
+def _flat_piece(spec, u, me: int, kind: str, a: int, b: int, memo: dict) -> torch.Tensor:
+    """Flat elements ``[a, b)`` of ``kind`` that unit ``u`` holds on ``me`` (a view): from its slot, or
+    from its per-name tensors concatenated once (memoized per unit and kind)."""
+    s = _span_at(spec, u.meta, me, kind, a, b)
+    if s.key is None:
+        key = (id(u), kind)
+        if key not in memo:
+            memo[key] = flatten(spec, u.meta, me, u.tensors[kind])
+        return memo[key].narrow(0, a, b - a)
+    return u.tensors[kind][s.key].reshape(-1).narrow(0, s.off + a - s.lo, b - a)
 
 
 def _piece_shape(shape, dim: int | None, rows: int) -> list[int]:
@@ -105,8 +118,7 @@ def pack(spec, plan: MovePlan, me: int, source, dtype: torch.dtype, device) -> d
         for pc, nb in zip(pieces, sizes):
             u = source(pc.uid)
             if pc.name == FLAT:
-                flat, at = _flat_source(spec, u, me, pc.kind, memo)
-                src, pshape = flat.narrow(0, pc.lo - at, pc.hi - pc.lo), [pc.hi - pc.lo]
+                src, pshape = _flat_piece(spec, u, me, pc.kind, pc.lo, pc.hi, memo), [pc.hi - pc.lo]
             else:
                 r = held(spec, u.meta, me)[pc.name]
                 src = _narrow(u.tensors[pc.kind][pc.name], pc.dim, pc.lo, pc.hi, r.lo)
@@ -156,18 +168,24 @@ def assemble(spec, plan: MovePlan, move: MoveSpec, me: int, recv: dict, source, 
         tensors: dict = {}
         counters = None
         for kind, name, want, segs in plan.assembly[(me, dst.uid)]:
-            if name == FLAT:  # a ZeRO slice, or a replica's whole flat vector (transit/flat.py)
-                t = _assemble_flat(spec, me, kind, want, segs, recv, cursor, source, kind_dtype(kind, dtype), device, memo)
-                if dst.z == 1:
-                    tensors.setdefault(kind, {}).update(unflatten(spec, dst, me, t))
+            if name == FLAT:  # ZeRO slots, or a whole flat vector cut per name (transit/flat.py)
+                slots = _assemble_flat(spec, me, dst, kind, segs, recv, cursor, source, kind_dtype(kind, dtype),
+                                       device, memo)
+                if is_sliced(dst, kind):
+                    tensors.setdefault(kind, {}).update(slots)
                 else:
-                    tensors.setdefault(kind, {})[FLAT] = t
+                    tensors.setdefault(kind, {}).update(unflatten(spec, dst, me, slots[None]))
                 counters = counters or next((source(u).counters for w, u, _a, _b in segs if w is None), None) or \
                     next((recv[w][1] for w, *_ in segs if w is not None), None)
                 continue
             full = shp[name][0]
             shape = _piece_shape(full, want.dim, want.length) if want.dim is not None else list(full)
             kdt = kind_dtype(kind, dtype)
+            if segs and isinstance(segs[0], Part):  # regions gathered from ZeRO slices (transit/regroup.py)
+                t, hdr = _assemble_gathered(spec, me, kind, want, shape, segs, recv, cursor, source, kdt, device, memo)
+                counters = counters or hdr
+                tensors.setdefault(kind, {})[name] = t
+                continue
             t = _whole_local(spec, segs, consumed, source, me, kind, name, shape, kdt, taken, device)
             if t is not None:
                 counters = counters or source(segs[0][1]).counters
@@ -193,21 +211,27 @@ def assemble(spec, plan: MovePlan, move: MoveSpec, me: int, recv: dict, source, 
                     counters = counters or hdr
                 _narrow(t, want.dim, a, b, want.lo).copy_(piece)
             tensors.setdefault(kind, {})[name] = t
+        for kind in plan.recut.get((me, dst.uid), ()):  # whole shards of a sliced kind: cut into the slots
+            tensors[kind] = cut_slots(spec, dst, me, kind, flatten(spec, dst, me, tensors[kind]))
         made[dst.uid] = (tensors, dict(counters or {}))
     return made
 
 
-def _assemble_flat(spec, me, kind, want, segs, recv, cursor, source, kdt, device, memo) -> torch.Tensor:
-    """One flat target ``[want.length]``: elements ``[want.lo, want.hi)`` of its position's flat
-    vector from the segments (local ones read from the unit's flat vector), padding zero."""
-    t = torch.empty(want.length, dtype=kdt, device=device)
-    if want.hi - want.lo < want.length:
-        t[want.hi - want.lo:].zero_()
+def _assemble_flat(spec, me, dst, kind, segs, recv, cursor, source, kdt, device, memo) -> dict:
+    """The slots of ``kind`` that ``dst`` holds on ``me`` (:func:`~nereus.runtime.transit.flat.slot_lengths`),
+    each element of its spans written by one segment (local ones read from the source unit), padding
+    zero."""
+    lengths = slot_lengths(spec, dst, me, kind)
+    covered = dict.fromkeys(lengths, 0)
+    for s in spans(spec, dst, me, kind):
+        covered[s.key] += s.hi - s.lo
+    out = {key: (torch.empty if covered[key] == n else torch.zeros)(n, dtype=kdt, device=device)
+           for key, n in lengths.items()}
     for src_w, uid, a, b in segs:
-        dst = t.narrow(0, a - want.lo, b - a)
+        s = _span_at(spec, dst, me, kind, a, b)
+        target = out[s.key].narrow(0, s.off + a - s.lo, b - a)
         if src_w is None:
-            flat, at = _flat_source(spec, source(uid), me, kind, memo)
-            dst.copy_(flat.narrow(0, a - at, b - a))
+            target.copy_(_flat_piece(spec, source(uid), me, kind, a, b, memo))
         else:
             raw = recv[src_w][0]
             nb = (b - a) * itemsize(kdt)
@@ -215,8 +239,45 @@ def _assemble_flat(spec, me, kind, want, segs, recv, cursor, source, kdt, device
             if not aligned:
                 piece.reshape(-1).view(torch.uint8).copy_(raw[cursor[src_w]:cursor[src_w] + nb])
             cursor[src_w] += nb
-            dst.copy_(piece)
-    return t
+            target.copy_(piece)
+    return out
+
+
+def _assemble_gathered(spec, me, kind, want, shape, parts, recv, cursor, source, kdt, device, memo):
+    """One target shard ``shape`` of a name from gathered :class:`~nereus.runtime.transit.regroup.Part` s:
+    each part's flat ranges filled from its segments, viewed as the rows/columns it is and written into
+    the target's region (vocab padding rows of the target zero). Returns ``(tensor, counters or None)``."""
+    t = torch.empty(shape, dtype=kdt, device=device)
+    if want.dim is not None and want.hi - want.lo < want.length:
+        t.narrow(0, want.hi - want.lo, want.length - (want.hi - want.lo)).zero_()
+    counters = None
+    for part in parts:
+        n = 1
+        for x in part.shape:
+            n *= x
+        tmp = torch.empty(n, dtype=kdt, device=device)
+        for src_w, uid, a, b in part.segs:
+            x, _y, o = next(rg for rg in part.ranges if rg[0] <= a and b <= rg[1])
+            target = tmp.narrow(0, o + a - x, b - a)
+            if src_w is None:
+                u = source(uid)
+                target.copy_(_flat_piece(spec, u, me, kind, a, b, memo))
+                counters = counters or u.counters
+                continue
+            raw, hdr = recv[src_w]
+            nb = (b - a) * itemsize(kdt)
+            piece, aligned = _typed(raw, cursor[src_w], nb, kdt, [b - a])
+            if not aligned:
+                piece.reshape(-1).view(torch.uint8).copy_(raw[cursor[src_w]:cursor[src_w] + nb])
+            cursor[src_w] += nb
+            target.copy_(piece)
+            counters = counters or hdr
+        got = tmp.view(part.shape)
+        if part.dim is None:
+            t.copy_(got)
+        else:
+            _narrow(t, part.dim, part.lo, part.hi, want.lo).copy_(got)
+    return t, counters
 
 
 def _whole_local(spec, segs, consumed, source, me, kind, name, shape, kdt, taken, device):

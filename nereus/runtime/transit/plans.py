@@ -30,6 +30,12 @@ rank), then the source units' workers in order. Every (sender, receiver) pair ex
 contiguous buffer holding its pieces in that order. Split is thus an all-gather-v inside each
 ``a × b`` block (each member receives only what its finer ``T_sub`` shard lacks), Merge moves only
 the non-resident parts, Extend copies each shard once from its aligned rank.
+
+**ZeRO slices.** A kind a ZeRO group of the primitive slices (``transit/flat.py``: the moments and
+bf16 master; ZeRO-3 also the weights) is planned per target worker before the names: as flat ranges
+of its position's flat vector when every unit read is of the target's ``(tp, pp)``
+(:func:`_plan_flat`, pieces named ``"flat"``), else gathered from the sliced sources' positions or
+cut from whole units (``transit/regroup.py``).
 """
 
 from __future__ import annotations
@@ -41,9 +47,10 @@ from functools import lru_cache
 import torch
 
 from nereus.runtime.model.precision import TRAIN_KINDS, WEIGHT_KINDS, train_kinds
-from nereus.runtime.transit.flat import FLAT, check_flat, flat_mode, flat_numel, flat_range, sliced_kinds
+from nereus.runtime.transit.flat import FLAT, is_sliced, spans
 from nereus.runtime.transit.index import Region, stage_regions, tp_regions
 from nereus.runtime.transit.index import cache_clear as index_cache_clear
+from nereus.runtime.transit.regroup import kind_mode, plan_gather
 from nereus.spec.model import ModelSpec
 
 __all__ = ["Region", "UnitMeta", "MoveSpec", "Piece", "MovePlan", "region", "held", "plan_moves",
@@ -159,12 +166,16 @@ class MovePlan:
         pairs: ``(sender, receiver)`` → pieces, in buffer order.
         assembly: ``(receiver, produced uid)`` → ``[(kind, name, target region, segments)]`` where a
             segment is ``(source, source uid, lo, hi)``; ``source`` is the sending worker, or None
-            when the piece is local (read from ``source uid`` on the receiver).
+            when the piece is local (read from ``source uid`` on the receiver); a gathered item's
+            segments are :class:`~nereus.runtime.transit.regroup.Part` s instead (``transit/regroup.py``).
+        recut: ``(receiver, produced uid)`` → kinds planned per name and then cut into the target's
+            ZeRO slots (``transit/regroup.py``).
     """
 
     pairs: dict = field(default_factory=dict)
     assembly: dict = field(default_factory=dict)
     members: tuple[int, ...] | None = None
+    recut: dict = field(default_factory=dict)
 
     @property
     def comm_workers(self) -> tuple[int, ...]:
@@ -251,21 +262,37 @@ def _plan(spec: ModelSpec, move: MoveSpec, worker: int | None) -> MovePlan:
         return plan
     everyone: set[int] = set()
     sources = _source_items(spec, move)
-    zero = flat_mode(move.produces + move.sources + move.local)
-    flat_kinds = tuple(k for k in move.kinds if k in sliced_kinds(zero))
-    name_kinds = tuple(k for k in move.kinds if k not in flat_kinds)
-    if flat_kinds:
-        check_flat(move.pid, move.produces + move.sources + move.local)
+    units = move.sources + move.local
+    sliced = tuple(k for k in move.kinds if any(is_sliced(u, k) for u in units + move.produces))
     for dst in move.produces:
+        modes = {k: kind_mode(move.pid, dst, k, units) if k in sliced else "name" for k in move.kinds}
+        flat_kinds = tuple(k for k in move.kinds if modes[k] == "flat")
+        gather_kinds = tuple(k for k in move.kinds if modes[k] == "gather")
+        name_kinds = tuple(k for k in move.kinds if modes[k] in ("name", "recut"))
+        recut = tuple(k for k in move.kinds if modes[k] == "recut")
         for w in dst.gpus:
             mine = worker is None or w == worker
             holders = _holders(spec, move, dst, w, sources)
             p, t = dst.position(w)
             items = []
-            if flat_kinds:
-                items += _plan_flat(spec, move, plan, dst, w, holders, flat_kinds, everyone, mine, worker)
+            for kind in flat_kinds:
+                items += _plan_flat(spec, move, plan, dst, w, holders, kind, everyone, mine, worker)
+            if recut and mine:
+                plan.recut[(w, dst.uid)] = recut
             want_regions = stage_regions(spec, dst.tp, dst.pp, p, t)
             for name, want in want_regions.items():
+                for kind in gather_kinds:  # buffer order: gathered kinds first, then name, kind, segment
+                    parts = plan_gather(spec, move.pid, dst, w, name, want, kind, holders)
+                    for part in parts:
+                        for src_w, uid, a, b in part.segs:
+                            if src_w is not None:
+                                everyone.update((src_w, w))
+                                if mine or src_w == worker:
+                                    plan.pairs.setdefault((src_w, w), []).append(Piece(uid, kind, FLAT, 0, a, b))
+                    if mine:
+                        items.append((kind, name, want, tuple(parts)))
+                if not name_kinds:
+                    continue
                 need = [(want.lo, want.hi)] if want.dim is not None else [(0, 1)]
                 segs = []
                 for src_w, u, h in holders:
@@ -300,34 +327,32 @@ def _plan(spec: ModelSpec, move: MoveSpec, worker: int | None) -> MovePlan:
 
 
 def _plan_flat(spec: ModelSpec, move: MoveSpec, plan: MovePlan, dst: UnitMeta, w: int, holders: list,
-               kinds: tuple[str, ...], everyone: set, mine: bool, worker: int | None) -> list:
-    """The flat pieces of ZeRO-sliced ``kinds`` for worker ``w`` of ``dst`` (``transit/flat.py``): its
-    range of its position's flat vector, covered by the holders at the same ``(p, t)`` in order
-    (local first); adds the pairs, returns the assembly items (first in buffer order)."""
+               kind: str, everyone: set, mine: bool, worker: int | None) -> list:
+    """The flat pieces of ``kind`` for worker ``w`` of ``dst`` (``transit/flat.py``): its spans of its
+    position's flat vector, covered by the holders' spans at the same ``(tp, pp, p, t)`` in order (local
+    first); adds the pairs, returns the assembly item ``(kind, FLAT, None, segments)``."""
     pos = dst.position(w)
-    lo, hi = flat_range(spec, dst, w)
-    length = hi - lo if dst.z == 1 else -(-flat_numel(spec, dst.tp, dst.pp, *pos) // dst.z)
-    need, segs = [(lo, hi)] if hi > lo else [], []
+    need = [(s.lo, s.hi) for s in spans(spec, dst, w, kind)]
+    segs: list = []
     for src_w, u, _h in holders:
         if not need:
             break
         at = w if src_w is None else src_w
         if (u.tp, u.pp) != (dst.tp, dst.pp) or u.position(at) != pos:
             continue
-        a, b = flat_range(spec, u, at)
-        taken, need = _subtract(need, a, b)
-        segs += [(src_w, u.uid, x, y) for x, y in taken]
+        for s in spans(spec, u, at, kind):
+            taken, need = _subtract(need, s.lo, s.hi)
+            segs += [(src_w, u.uid, x, y) for x, y in taken]
+            if not need:
+                break
     if need:
-        raise ValueError(f"{move.pid}: no holder of flat elements {need} for worker {w} of {dst.uid}")
-    remote = [x for x in segs if x[0] is not None]
-    for src_w, *_ in remote:
-        everyone.update((src_w, w))
-    for kind in kinds:
-        for src_w, uid, a, b in remote:
+        raise ValueError(f"{move.pid}: no holder of flat {kind} elements {need} for worker {w} of {dst.uid}")
+    for src_w, uid, a, b in segs:
+        if src_w is not None:
+            everyone.update((src_w, w))
             if mine or src_w == worker:
                 plan.pairs.setdefault((src_w, w), []).append(Piece(uid, kind, FLAT, 0, a, b))
-    want = Region(0, lo, hi, length)
-    return [(kind, FLAT, want, segs) for kind in kinds] if mine else []
+    return [(kind, FLAT, None, segs)] if mine else []
 
 
 def cache_clear() -> None:

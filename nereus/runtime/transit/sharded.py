@@ -7,11 +7,13 @@ Source: DESIGN.md §4.8; issue 24 item 4; ``transit/flat.py`` (how slices move).
   records that order, and the engines must be built in it, so the plan the driver adopts takes each
   ZeRO group's GPU order from the DAG (the same GPUs and degrees: which rank owns which slice and
   which micro-batches is a convention at a step boundary).
-* :func:`live_unsupported`: why the executor cannot run a DAG (None when it can): a ZeRO stage whose
-  slices it does not move (3: the weights are sliced too), or a primitive that moves ZeRO slices
-  between units of different ``(tp, pp)`` (the planner splits such a group into replicas first, so
-  this only guards against another planner). ``nereus run --adaptive`` sends such a change through
-  the checkpoint restart, which holds the unsliced logical state (``durable/``).
+* :func:`live_unsupported`: why the executor cannot run a DAG (None when it can): a primitive that
+  meets ZeRO-1 slices (one range of each shard's flat vector) and ZeRO-2/3 slices (one range per layer
+  unit, ``transit/flat.py``) of one kind, whose bytes the planner counts as if the layouts were one;
+  or one that moves slices between TP/PP layouts otherwise than ``transit/regroup.py`` does (a whole
+  target gathers from slices of any layout; a sliced target is cut only locally from whole units,
+  the planner's free Merge). ``nereus run --adaptive`` sends such a change through the
+  checkpoint restart, which holds the unsliced logical state (``durable/``).
 """
 
 from __future__ import annotations
@@ -43,13 +45,9 @@ def aligned_target(dag, target: Plan) -> Plan:
 
 
 def live_unsupported(dag, *plans: Plan) -> str | None:
-    """Why the executor cannot run ``dag`` live (module docstring), or None; ``plans`` (the current
-    and target) are checked too: a ZeRO-2/3 engine (``worker/zero3.py``) is never moved live, also
-    with one DP rank (a replica to the planner)."""
-    for plan in plans:
-        for c in plan.candidates:
-            if c.zero not in (0, 1):
-                return f"{c.model_stage}: zero={c.zero} state (worker/zero3.py) is not moved live"
+    """Why the executor cannot run ``dag`` live (module docstring), or None; ``plans`` (the current and
+    target) are not needed and kept for callers."""
+    del plans
     emus = list(dag.initial) + list(dag.target) + [e for p in dag.nodes for e in p.produces]
     for e in emus:
         if e.z > 1:
@@ -59,9 +57,32 @@ def live_unsupported(dag, *plans: Plan) -> str | None:
                 return f"{e.model_stage}: {err}"
     by_uid = {e.uid: e for e in emus}
     for p in dag.nodes:
-        units = [by_uid[u] for u in p.reads + p.consumes if u in by_uid] + list(p.produces)
-        if any(u.z > 1 for u in units) and len({(u.tp, u.pp) for u in units}) > 1:
-            return f"{p.pid}: moves ZeRO slices between layouts {sorted({(u.tp, u.pp) for u in units})}"
+        read = [by_uid[u] for u in p.reads + p.consumes if u in by_uid]
+        # a Load moves the weights only: a ZeRO-1/2 group's weights are whole (per name)
+        groups = [u for u in read + list(p.produces) if u.z > 1 and (p.kind != "load" or u.zero == 3)]
+        stages = {u.zero for u in groups}
+        if 1 in stages and stages & {2, 3}:
+            return (f"{p.pid}: moves optimizer slices between ZeRO-1 (one range of each shard) and ZeRO-"
+                    f"{max(stages)} (one range per layer unit), which the planner counts as one layout")
+        why = _across_layouts(p, read, groups)
+        if why:
+            return why
+    return None
+
+
+def _across_layouts(p, read, groups) -> str | None:
+    """Why primitive ``p`` cannot move ZeRO slices between its units' TP/PP layouts
+    (``transit/regroup.py``), or None: a sliced target is cut only from whole units, locally (the
+    planner's free Merge); a whole target gathers from slices of any layout."""
+    for d in p.produces:
+        others = [u for u in read if (u.tp, u.pp) != (d.tp, d.pp)]
+        if not others:
+            continue
+        if d in groups:
+            if any(u in groups for u in others):
+                return f"{p.pid}: cuts ZeRO slices of {d.uid} from slices of another TP/PP layout"
+            if p.bytes_moved > 0:
+                return f"{p.pid}: cuts ZeRO slices of {d.uid} from units of another TP/PP layout, not locally"
     return None
 
 

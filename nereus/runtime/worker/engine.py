@@ -176,10 +176,42 @@ class Engine(LogicalStateMixin):
                 w.grad = None
         return hook
 
-    def _zero_grad(self) -> None:
+    def _zero_grad(self, numel: int | None = None) -> None:
+        """One flat fp32 gradient buffer of ``numel`` elements (default: the shard's ``N``; ZeRO-1 pads
+        to ``dp·k``) whose views are the gradients autograd accumulates into (fp32: ``.grad``; bf16:
+        the main gradients), as DDP's ``gradient_as_bucket_view`` and Megatron's contiguous gradient
+        buffer hold them; accounted as ``grads:<engine>`` until the update frees it."""
         self.model.zero_grad()
+        P = self.model.params
+        n = sum(w.numel() for w in P.values())
+        self._gbuf = torch.zeros(max(numel or n, n), dtype=torch.float32, device=next(iter(P.values())).device)
+        self.meter.set_static(f"grads:{id(self)}", self._gbuf.numel() * 4)
+        views, off = {}, 0
+        for name, w in P.items():
+            views[name] = self._gbuf[off:off + w.numel()].view(w.shape)
+            off += w.numel()
         if self.master:
-            self.main_grad = {n: torch.zeros_like(m) for n, m in self.master.items()}
+            self.main_grad = views
+        else:
+            for name, w in P.items():
+                w.grad = views[name]
+        self._gviews = views
+
+    def _grad_buffer(self) -> torch.Tensor:
+        """The flat gradient buffer holding the current gradients (copied back where a reduction
+        replaced a gradient by a new tensor, e.g. the tied-embedding sum)."""
+        grads = self.grads()
+        for name, v in self._gviews.items():
+            if grads[name] is not v:
+                v.copy_(grads[name])
+        return self._gbuf
+
+    def _free_grads(self) -> None:
+        """Drop the gradients and their buffer after the update (the cost model's transient term)."""
+        self.model.zero_grad()
+        self.main_grad = None
+        self._gbuf, self._gviews = None, {}
+        self.meter.drop_static(f"grads:{id(self)}")
 
     def grads(self) -> dict[str, torch.Tensor]:
         """name → the gradient the optimizer uses: the fp32 main gradient (bf16) or ``.grad`` (fp32);
@@ -303,7 +335,7 @@ class Engine(LogicalStateMixin):
             self.model.local_logits = False
         self._reduce_grads()
         self._adam_step()
-        self.main_grad = None  # the fp32 main gradients are transient (cost model: grad_bytes)
+        self._free_grads()  # the fp32 gradients are transient (cost model: grad_bytes)
         self.update_count += 1
         self.version += 1
         self.position = position
@@ -312,22 +344,16 @@ class Engine(LogicalStateMixin):
         return {k: sum(m[k] for m in mets) for k in mets[0]}
 
     def _dp_reduce_grads(self) -> None:
+        """All-reduce the flat gradient buffer in place (the gradients are its views)."""
         g = self.ctx.dp_group
         if g.size == 1:
             return
-        grads = self.grads()
-        names = list(self.model.params)
-        flat = torch.cat([grads[n].reshape(-1) for n in names])  # fp32 main gradients under bf16
-        g.all_reduce(flat)  # losses are pre-scaled by the mini-batch token count: SUM, not AVG
-        off = 0
-        for n in names:
-            k = grads[n].numel()
-            piece = flat[off:off + k].view_as(grads[n]).clone()
+        g.all_reduce(self._grad_buffer())  # losses are pre-scaled by the mini-batch token count: SUM, not AVG
+        for name, v in self._gviews.items():
             if self.main_grad is not None:
-                self.main_grad[n] = piece
+                self.main_grad[name] = v
             else:
-                self.model.params[n].grad = piece
-            off += k
+                self.model.params[name].grad = v
 
     @torch.no_grad()
     def _adam_step(self) -> None:

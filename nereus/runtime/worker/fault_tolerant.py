@@ -26,10 +26,11 @@ heartbeat rounds, killing a hung worker; recovery in ``run/adaptive.py``) is in
 from __future__ import annotations
 
 import os
+import threading
 import time
 from contextlib import contextmanager
 
-from nereus.runtime.transit.residency import snapshot_meta
+from nereus.runtime.transit.residency import snapshot_meta, unit_tensors
 from nereus.runtime.transit.worker_side import Unit
 from nereus.runtime.worker.core import WorkerCore
 from nereus.runtime.worker.failures import WorkerFailure
@@ -45,8 +46,6 @@ class FaultTolerantWorker(WorkerCore):
     """:class:`~nereus.runtime.worker.core.WorkerCore` with heartbeats and a local rollback point."""
 
     def __init__(self, *args, **kwargs) -> None:
-        import threading
-
         super().__init__(*args, **kwargs)
         self.snap: dict[str, Unit] = {}
         self.meter.abort = threading.Event()  # set by cancel: releases a rendezvous (comm/rendezvous.py)
@@ -83,7 +82,7 @@ class FaultTolerantWorker(WorkerCore):
                                                         "position")}
             # every kind, bf16's master too; an offloaded engine's state is its host copy
             held = self.pools.host[ms] if ms in self.pools.offloaded else e.state_tensors()
-            snap[ms] = Unit(meta, _clone_tensors(held), counters)
+            snap[ms] = Unit(meta, _clone_tensors(unit_tensors(e, meta, self.id, held)), counters)  # as the executor holds them
         self.snap = snap
         return sorted(u.meta.uid for u in snap.values())
 
@@ -113,7 +112,10 @@ class FaultTolerantWorker(WorkerCore):
         process, ``stop`` SIGSTOPs it (a hang nothing answers), ``slow:<seconds>`` sleeps that long
         while still answering heartbeats (a slow but alive peer), ``late:<seconds>`` exits that long
         after the call began (a second fault a moment after another). Its peers are then in the middle of
-        the same collective phase (tests and ``benchmarks/bench_faults.py``).
+        the same collective phase (tests and ``benchmarks/bench_faults.py``). A ``late`` fault still
+        armed when a :meth:`cancel` comes (another worker was lost first, so the call it waits for
+        will be refused) goes off that long after the cancel instead, while the driver recovers: a
+        second failure a moment after the first one, whichever call it was armed for.
 
         Raises:
             ValueError: an unknown method or ``how``.
@@ -129,9 +131,16 @@ class FaultTolerantWorker(WorkerCore):
         when a peer is lost, so calls queued behind a failed one do not each wait for a
         communicator timeout on the lost peer), and release the rendezvous the running call waits in
         (``comm/rendezvous.py``: it raises ``CommError`` at once instead of waiting for the group
-        timeout for a member that will never arrive)."""
+        timeout for a member that will never arrive). A ``late`` fault still armed goes off from now
+        (:meth:`arm`)."""
         self._cancelled = True
         self.meter.abort.set()
+        armed = getattr(self, "_armed", None)
+        if armed and armed[1].startswith("late:"):  # its call will be refused: it goes off from now (arm)
+            self._armed = None
+            t = threading.Timer(float(armed[1].split(":", 1)[1]), os._exit, (1,))
+            t.daemon = True
+            t.start()
 
     def _take(self, method: str) -> str | None:
         """``how`` if a fault armed for ``method`` fires in this call (the arm is then used up)."""

@@ -86,7 +86,7 @@ def forward_backward(model: LlamaShard, micro_tokens: list[torch.Tensor],
 
     def fwd(m: int) -> None:
         ids = micro_tokens[m]
-        with model.meter.track_activations(exclude) if track else _null():
+        with model.meter.track_activations(exclude, model.params.values()) if track else _null():
             inp = ids if ctx.is_first else _recv_hidden(model, (ids.shape[0], ids.shape[1], h)).requires_grad_(True)
             out = model.forward(inp, lpad=left_pad(ids, model.pad_id))
             if ctx.is_last:

@@ -47,8 +47,9 @@ weights alone and then sets those three ``"flat"`` entries to the slices the tra
 (same shape). A change of this layout must keep ``transit/flat.py`` in step.
 
 ZeRO-2 and ZeRO-3 (gradients, and parameters, sharded per layer) are in ``worker/zero3.py``; the
-live executor does not move their state (``transit/flat.py: sliced_kinds``): ``nereus run
---adaptive`` changes them through the durable checkpoint.
+live executor moves their slices too, one range per layer unit (``transit/flat.py``), but not between
+a ZeRO-1 group and a ZeRO-2/3 group in one primitive (their slices of one kind differ:
+``transit/sharded.py``): ``nereus run --adaptive`` makes that change through the durable checkpoint.
 """
 
 from __future__ import annotations
@@ -120,16 +121,22 @@ class ZeroEngine(Engine):
                 w.register_post_accumulate_grad_hook(self._accumulate_hook(n))
 
     def _zero_grad(self) -> None:
+        """The flat fp32 gradient buffer padded to ``dp·k`` (:meth:`Engine._zero_grad`)."""
         self._grad_slice = None
-        self.model.zero_grad()
-        if self.master:
-            self.main_grad = {n: torch.zeros_like(w, dtype=torch.float32) for n, w in self.model.params.items()}
+        _, _, k, _ = self._layout()
+        super()._zero_grad(k * self.ctx.dp_group.size)
 
     # ------------------------------------------------------------------ the step
     def _dp_reduce_grads(self) -> None:
-        """Reduce-scatter the fp32 gradients over DP; keep this rank's summed slice, free the rest."""
-        self._grad_slice = self.ctx.dp_group.reduce_scatter(self._flat(self.grads()))
+        """Reduce-scatter the flat fp32 gradient buffer over DP; keep this rank's summed slice, free the
+        buffer (accounted: buffer and slice while both exist, then the slice)."""
+        buf = self._grad_buffer()
+        self._grad_slice = self.ctx.dp_group.reduce_scatter(buf)
+        key = f"grads:{id(self)}"
+        self.meter.set_static(key, buf.numel() * 4 + self._grad_slice.numel() * 4)
         self.model.zero_grad()
+        self.main_grad, self._gbuf, self._gviews = None, None, {}
+        self.meter.set_static(key, self._grad_slice.numel() * 4)
 
     def grads(self) -> dict[str, torch.Tensor]:
         g = getattr(self, "_grad_slice", None)

@@ -40,7 +40,8 @@ gradient sums (bit-equal at dp 2 with one micro-batch per replica and no tied em
 
 **Accounting** (the worker's :class:`~nereus.runtime.comm.instrument.Meter`): ``state_bytes`` counts the
 resident slices (ZeRO-2: plus the full weights); the fp32 gradient slices are accounted during a step
-(``grads:<engine>``), and ZeRO-3's gathered units as ``gathered:<engine>``: ``2·dp·k_u·w`` while the
+(``grads:<engine>``; ZeRO-2's reductions in flight ``bucket:<engine>``, ``grad_buckets.py``), ZeRO-3's
+gathered units as ``gathered:<engine>``: ``2·dp·k_u·w`` while the
 all-gather's receive buffers and the flat unit both exist, ``dp·k_u·w`` while the unit is in use (in
 backward until its gradient is reduce-scattered). The build itself materializes the (p, t) shard once
 before slicing it (FSDP's meta-device init would avoid that; not accounted).
@@ -57,6 +58,7 @@ from torch.utils.checkpoint import checkpoint
 
 from nereus.runtime.model.sharding import param_shapes, shard, tied_copy
 from nereus.runtime.worker.engine import Engine
+from nereus.runtime.worker.grad_buckets import account_bucket
 from nereus.runtime.worker.logical_state import broadcast_stages
 
 __all__ = ["ShardedEngine", "unit_names", "colocated_sync"]
@@ -251,6 +253,7 @@ class ShardedEngine(Engine):
             u = self._unit_of[name]
             self._pending.setdefault(u, {})[name] = w.grad.float() if w.grad.dtype != torch.float32 else w.grad
             w.grad = None
+            account_bucket(self)
             if len(self._pending[u]) == len(dict(self.units)[u]):
                 self._flush(u)
         return hook
@@ -260,7 +263,9 @@ class ShardedEngine(Engine):
         dp = self.ctx.dp_group.size
         parts = [got.get(n, torch.zeros(self._shape[n])).reshape(-1).float() for n in dict(self.units)[unit]]
         flat = torch.cat(parts)
+        account_bucket(self, 4 * (2 * flat.numel() + (dp + 1) * self._k[unit]))  # grads, flat, padded, output
         self._reduce_unit(unit, torch.cat([flat, flat.new_zeros(dp * self._k[unit] - flat.numel())]))
+        account_bucket(self)
 
     def _reduce_unit(self, unit: str, g: torch.Tensor) -> None:
         """Reduce-scatter a unit's flat ``[dp·k_u]`` gradient (fp32) over DP into its slice."""
