@@ -178,6 +178,23 @@ def test_revisit_readmits_a_rejected_target_after_a_quiet_horizon():
     assert seen[9][0] == "Transition"                    # 2.6 <= 0.5·8
 
 
+def test_an_executor_revisit_replans_with_the_steps_since_the_crossing_as_horizon():
+    # rejected at step 1 (payback 20/7.7 = 2.6 steps > 0.5·1); the target then gets cheaper (L_tran 1 s:
+    # its engines were warmed) and the executor asks for a revisit after step 3: H = 3 − 1 = 2 steps,
+    # payback 1/7.7 = 0.13 <= 0.5·2, admitted; without the request the boundary has no trigger
+    cost = {"l": 20.0}
+    fp = FakePlanner()
+    ctl = Controller(JOB, fp.estimate(JOB, _plan(1, range(4))), fp, transition_cost=lambda *a: TransitionCost(cost["l"]))
+    ctl.observe(StepReport(0, 1000, POOL8))
+    assert isinstance(ctl.observe(StepReport(1, 1400, POOL8)), Keep)
+    cost["l"] = 1.0
+    assert ctl.observe(StepReport(2, 1400, POOL8)).reason == "no trigger"
+    ctl.revisit(3, "seq_len")
+    d = ctl.observe(StepReport(3, 1400, POOL8))
+    assert isinstance(d, Transition) and d.triggers == ("stale:seq_len",) and "payback 0.13 steps" in d.reason, d
+    assert "γ·H = 0.5·2.00" in d.reason
+
+
 def test_cost_model_planner_passes_urgent_options_to_the_search():
     from nereus.controller.planning import CostModelPlanner
 

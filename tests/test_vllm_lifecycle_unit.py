@@ -96,7 +96,8 @@ def test_release_kills_what_is_left_and_a_clean_close_stops_the_watchdog(tmp_pat
         assert out["killed"] == [eng.pid] and out["removed"] == [str(d)]
         assert eng.wait(timeout=10) is not None and not d.exists()
         assert not os.path.exists(r.manifest)  # nothing owned: the manifest goes, and the watchdog exits
-        assert r.watchdog.wait(timeout=10) == 0
+        assert _wait(lambda: _gone(r.watchdog), 10)
+        assert r.watchdog not in {c.pid for c in psutil.Process().children(recursive=True)}  # not our child
     finally:
         if eng.poll() is None:
             eng.kill()
@@ -216,3 +217,22 @@ def test_a_planner_plan_with_pipelined_generation_is_folded_to_pp1_for_vllm():
     assert (g.tp, g.pp, g.dp, tuple(g.gpus)) == (1, 1, 1, (1,))
     d.cfg = RLConfig()  # the built-in engine pipelines generation: unchanged
     assert vd.vllm_legal(d, pp2) is pp2
+
+
+def test_orphan_segments_are_the_new_unmapped_ones():
+    from multiprocessing import shared_memory
+
+    from nereus.runtime.worker.vllm_reaper import orphan_segments, shm_segments
+
+    before = shm_segments()
+    held = shared_memory.SharedMemory(create=True, size=4096)  # still mapped here
+    left = shared_memory.SharedMemory(create=True, size=4096)
+    name = left.name
+    left.close()  # unmapped, not unlinked: what a failed engine start left
+    try:
+        found = orphan_segments(before)
+        assert f"/dev/shm/{name}" in found and f"/dev/shm/{held.name}" not in found, found
+    finally:
+        held.close()
+        held.unlink()
+        shared_memory.SharedMemory(name=name).unlink()

@@ -404,6 +404,13 @@ class Controller:
         return Trigger(f"stale:{sig}", False, float(elapsed), h.value, float(max(elapsed, 1)),
                        f"no {sig} crossing for {elapsed} steps (H={h.value:.2f}): revisit the rejected target")
 
+    def revisit(self, step: int, signal: str = "pool") -> None:
+        """Replan at the boundary after ``step`` even without a trigger: the executor reports that a
+        target rejected for payback became cheaper to reach (e.g. its rollout engines were started in
+        the background). The replan is the ``revisit`` extension's (``_stale_trigger``): ``H`` is the
+        steps since ``signal`` last crossed, so the payback rule still decides."""
+        self._pending = (signal, int(step))
+
     def resume(self, plan: Plan) -> None:
         """The executor reports the plan actually in effect (e.g. after a restart it chose itself)."""
         self.plan = plan

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from nereus.controller.controller import Controller, ControllerConfig
+from nereus.controller.controller import ControllerConfig
 from nereus.controller.decisions import Keep, Transition, TransitionCost
 from nereus.controller.monitor import StepReport
 from nereus.controller.planning import CostModelPlanner, same_plan
@@ -59,6 +59,7 @@ from nereus.runtime.run.pool import WorkerPool
 from nereus.runtime.run.recovery import RecoveryMixin
 from nereus.runtime.run.relayout import intact_replica, train_stages
 from nereus.runtime.run.restart_cost import restart_charge
+from nereus.runtime.run.vllm_warm import make_controller
 from nereus.runtime.transit.driver_side import TransitionExecutor
 from nereus.runtime.transit.sharded import live_unsupported
 from nereus.runtime.worker.failures import WorkerFailure, WorkerLost
@@ -124,6 +125,7 @@ class AdaptiveRun(RecoveryMixin, CheckpointingMixin):
         self.hang_timeout_s, self.faults, self.resume = float(hang_timeout_s), dict(faults or {}), bool(resume)
         self.address = address
         self.before_step = None  # optional callable(step) run at each boundary before the step (tests)
+        self.stop_before = None  # optional callable(step) -> bool: end the run before that step (tests)
         self.recovery_faults: dict = {}  # {step: (point, worker, how)}: armed during that step's recovery
         self.on_end = None  # optional callable(driver) run after the last step, before the workers stop
         self.recoveries: list[dict] = []
@@ -208,9 +210,9 @@ class AdaptiveRun(RecoveryMixin, CheckpointingMixin):
         driver.set_plan(plan)
         driver.start(pool)
         self.driver = driver
-        self.ctl = Controller(self.job, self.planner.estimate(self.job_at(self.last_len), plan, alive),
-                              self.planner, transition_cost=self._transition_cost,
-                              config=ControllerConfig(gamma=self.gamma))
+        self.ctl = make_controller(self, self.job, self.planner.estimate(self.job_at(self.last_len), plan, alive),
+                                   self.planner, transition_cost=self._transition_cost,
+                                   config=ControllerConfig(gamma=self.gamma))  # vLLM: warms rejected targets
         self.log("plan:\n" + format_plan(plan, indent="  "))
         self._set_progress_bound()
         history: list[dict] = []
@@ -228,6 +230,8 @@ class AdaptiveRun(RecoveryMixin, CheckpointingMixin):
                 k = driver.step_index
                 if self.before_step is not None:
                     self.before_step(k)
+                if self.stop_before is not None and self.stop_before(k):
+                    break  # a scenario that ends on an event (tests)
                 if k in self.digits and ("digits", k) not in done:
                     self._set_digits(self.digits[k], k)
                     done.add(("digits", k))

@@ -12,7 +12,8 @@ holds one) to close its engines; a failed start closes the ones that did start; 
 becomes ``SystemExit`` while engines run, so ``RLDriver.close`` runs in the ``finally`` blocks; a worker
 process that dies anyway takes its engine down with it (its watchdog, ``worker/vllm_reaper.py``).
 A live re-layout (:func:`begin_relayout`, :func:`finish_relayout`) restarts only the replicas that change,
-starting the new ones beside the transition (:func:`prestart_vllm_engines`).
+starting the new ones beside the transition (:func:`prestart_vllm_engines`), or adopting the engines a
+warm-up started steps earlier (``run/vllm_warm.py``; :func:`hidden_s` is what the start charge then leaves out).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from __future__ import annotations
 __all__ = ["GEN_STAGE", "vllm_legal", "replica_keys", "start_vllm_engines", "stop_vllm_engines", "sync_summary", "engine_logp_err",
            "step_metrics", "started", "rollout_tokens", "note_sync", "start_term", "begin_relayout",
            "finish_relayout", "prestart_vllm_engines",
-           "stop_changed"]
+           "stop_changed", "note_priced", "hidden_s", "drop_warm"]
 
 #: the model-stage vLLM serves
 GEN_STAGE = "actor.generate"
@@ -76,8 +77,11 @@ def start_vllm_engines(driver, keep: frozenset = frozenset()) -> dict | None:
     opts = dict(driver.cfg.vllm or {})
     keys = replica_keys(lay)
     kept_workers = {w for k in keys if k in keep for w in k[1]}
+    # each start's engines get a tag of their own: their push counters and hand-off keys start afresh
+    driver.vllm_starts = n = getattr(driver, "vllm_starts", 0) + 1
+    tag = driver.tag if n == 1 else f"{driver.tag}.{n}"
     calls = [driver.workers[w].vllm_push.remote(GEN_STAGE) if w in kept_workers
-             else driver.workers[w].build_vllm.remote(GEN_STAGE, driver.tag, opts) for w in lay.workers]
+             else driver.workers[w].build_vllm.remote(GEN_STAGE, tag, opts) for w in lay.workers]
     _guard_sigterm(driver)
     try:
         res = driver._get(calls, "starting vLLM engines", timeout=max(4 * driver.cfg.timeout_s, 1800))
@@ -243,14 +247,52 @@ def _start_model(run):
 def start_term(run, current, target, overlap_s: float = 0.0) -> float:
     """Predicted seconds the vLLM engine start adds to ``L_tran`` of ``current → target``: the calibrated
     start less ``overlap_s`` (seconds of the transition the start runs beside: :func:`begin_relayout`
-    starts the new engines before the state moves), 0 for the built-in engine or when every target
-    replica keeps its engine. The controller's payback sees it."""
+    starts the new engines before the state moves) and less what of each new replica's start is already
+    behind the run (:func:`hidden_s`: a warm engine, ``run/vllm_warm.py``), the slowest replica's; 0 for
+    the built-in engine or when every target replica keeps its engine. The controller's payback sees it
+    (the target and its term are recorded for the warm-up: :func:`note_priced`)."""
     from nereus.transition.engine_start import engine_start_term
 
     if run.driver.cfg.rollout != "vllm" or GEN_STAGE not in current or GEN_STAGE not in target:
         return 0.0
-    return engine_start_term(_start_model(run), _gen_changes(current, target),
-                             _rank_bytes(run.driver, target[GEN_STAGE].tp), overlap_s)
+    legal = run._legal(run.driver, target) if hasattr(run, "_legal") else target
+    new = _new_replicas(current, legal)
+    m, b = _start_model(run), _rank_bytes(run.driver, legal[GEN_STAGE].tp)
+    term = max((engine_start_term(m, True, b, overlap_s + min(hidden_s(run.driver, k), 1e18)) for k in new),
+               default=0.0)
+    note_priced(run, target, term)
+    return term
+
+
+def note_priced(run, target, term_s: float) -> None:
+    """Record a target the controller priced and the engine start its ``L_tran`` carried (seconds), while
+    the run collects them (``run._vllm_priced``, ``run/vllm_warm.py``)."""
+    lst = getattr(run, "_vllm_priced", None)
+    if lst is not None:
+        lst.append((target, float(term_s)))
+
+
+def hidden_s(driver, key: tuple) -> float:
+    """Seconds of replica ``key``'s engine start already behind the run (``driver.vllm_warm``,
+    ``run/vllm_warm.py``): ``inf`` when its warm engine is up, the seconds since its start began while
+    it warms, 0 when none warms."""
+    import time
+
+    k = (getattr(driver, "vllm_warm", None) or {}).get("keys", {}).get(key)
+    if k is None:
+        return 0.0
+    return float("inf") if k.get("done") else time.perf_counter() - k["t0"]
+
+
+def drop_warm(driver, keep: list) -> None:
+    """Before a re-layout: close the warm engines (``driver.vllm_warm``) whose replica is not in ``keep``
+    (the target's new replicas) and forget the warm-up."""
+    w = getattr(driver, "vllm_warm", None)
+    driver.vllm_warm = None
+    drop = [k for k in (w or {}).get("keys", {}) if k not in keep and driver.workers[k[1][0]] is not None]
+    if drop:
+        driver._get([driver.workers[k[1][0]].drop_vllm_prestart.remote(GEN_STAGE) for k in drop],
+                    "dropping warm vLLM engines")
 
 
 def stop_changed(driver, current, target) -> frozenset:
@@ -265,14 +307,17 @@ def stop_changed(driver, current, target) -> frozenset:
     return keep
 
 
-def prestart_vllm_engines(driver, target) -> list[tuple]:
+def prestart_vllm_engines(driver, target, dry: bool = False, only: list | None = None) -> list[tuple]:
     """Start, in the background (``WorkerCore.prestart_vllm``), the engines of ``target``'s generation
-    replicas that the current layout lacks, on their TP rank 0 workers, while the current engines keep
-    serving; :func:`start_vllm_engines` after the change adopts them. Returns the replica keys started."""
+    replicas that the current layout lacks (``only``: those of them), on their TP rank 0 workers, while
+    the current engines keep serving; :func:`start_vllm_engines` after the change adopts them. Returns the
+    replica keys started (``dry``: the keys, nothing started)."""
     if driver.cfg.rollout != "vllm":
         return []
     current = {GEN_STAGE: driver.cands[GEN_STAGE]}
-    new = _new_replicas(current, target)
+    new = [k for k in _new_replicas(current, target) if only is None or k in only]
+    if dry:
+        return new
     opts = dict(driver.cfg.vllm or {})
     driver._get([driver.workers[k[1][0]].prestart_vllm.remote(GEN_STAGE, driver.spec, k[0], k[2], driver.cfg.precision,
                                                               opts) for k in new], "prestarting vLLM engines")
@@ -287,12 +332,15 @@ def begin_relayout(run, current, target, prestart: bool = True) -> dict | None:
     d = run.driver
     if d.cfg.rollout != "vllm" or GEN_STAGE not in current or not _gen_changes(current, target):
         return None
-    keep = stop_changed(d, current, target)
     import time
 
+    term = start_term(run, current, target)  # less what a warm-up already hid (before drop_warm forgets it)
+    full = _start_model(run).predict(_rank_bytes(d, target[GEN_STAGE].tp))
+    keep = stop_changed(d, current, target)
+    drop_warm(d, _new_replicas(current, target))  # warm engines of another target close (run/vllm_warm.py)
     t0 = time.perf_counter()
     new = prestart_vllm_engines(d, target) if prestart else []
-    return {"term_s": start_term(run, current, target), "keep": keep, "prestarted": new, "t0": t0}
+    return {"term_s": term, "full_s": full, "keep": keep, "prestarted": new, "t0": t0}
 
 
 def finish_relayout(run, state: dict, report) -> dict:
@@ -300,10 +348,12 @@ def finish_relayout(run, state: dict, report) -> dict:
     replicas, push the rebuilt generation engine's weights into every engine, calibrate the start
     model and log predicted vs measured ``L_tran`` with the engine start.
 
-    Returns ``{"predicted_start_s", "measured_start_s", "waited_s", "hidden_s", "start_wall_s",
-    "predicted_l_tran", "measured_l_tran", "kept", "prestarted"}``: ``predicted_l_tran`` is the DAG's
-    makespan plus the start not hidden behind it (``max(0, T_start − DAG)`` when prestarted, else
-    ``T_start``); ``hidden_s`` the measured start less what the driver waited for it."""
+    Returns ``{"predicted_start_s", "charged_start_s", "measured_start_s", "waited_s", "hidden_s",
+    "start_wall_s", "predicted_l_tran", "measured_l_tran", "kept", "prestarted"}``: ``predicted_start_s``
+    is the start model's whole start, ``charged_start_s`` what ``L_tran`` charged of it (less what a
+    warm-up hid, ``run/vllm_warm.py``); ``predicted_l_tran`` is the DAG's makespan plus the charged start
+    not hidden behind it (``max(0, charged − DAG)`` when prestarted, else the charged start); ``hidden_s``
+    the measured start less what the driver waited for it."""
     import time
 
     d = run.driver
@@ -316,13 +366,15 @@ def finish_relayout(run, state: dict, report) -> dict:
         _start_model(run).observe(_rank_bytes(d, d.layouts[GEN_STAGE].tp), measured)
     dag = float(report.predicted_l_tran)
     charged = max(0.0, state["term_s"] - dag) if state["prestarted"] else state["term_s"]
-    out = {"predicted_start_s": state["term_s"], "measured_start_s": measured, "waited_s": waited,
+    out = {"predicted_start_s": state["full_s"], "charged_start_s": state["term_s"], "measured_start_s": measured,
+           "waited_s": waited,
            "hidden_s": max(0.0, measured - waited), "start_wall_s": wall, "kept": info["kept"],
            "prestarted": any(info["prestarted"]), "predicted_l_tran": dag + charged,
            "measured_l_tran": float(report.measured_l_tran) + wall}
     run.log(f"  vLLM engines in the new layout: {len(info['start_s'])} started"
             f"{' (prestarted beside the transition)' if out['prestarted'] else ''}, replicas {info['kept']} kept; "
-            f"engine start predicted {state['term_s']:.1f}s, measured {measured:.1f}s, of which hidden "
+            f"engine start predicted {state['full_s']:.1f}s (charged {state['term_s']:.1f}s), measured "
+            f"{measured:.1f}s, of which hidden "
             f"{out['hidden_s']:.1f}s ({wall:.1f}s waited with the weight push); L_tran with the engine start: "
             f"predicted {out['predicted_l_tran']:.2f}s, measured {out['measured_l_tran']:.2f}s")
     return out

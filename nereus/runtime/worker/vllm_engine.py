@@ -127,7 +127,11 @@ class VllmRollout:
                   distributed_executor_backend="mp")  # inside a Ray actor vLLM would otherwise pick Ray
         if o.get("block_size"):
             kw["block_size"] = int(o["block_size"])
-        self.llm = LLM(**kw)
+        try:
+            self.llm = LLM(**kw)
+        except BaseException:  # a failed start leaves no config directory behind (its processes: _start_engine)
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise
         self.start_s = time.perf_counter() - t0
 
     # ------------------------------------------------------------------ generation

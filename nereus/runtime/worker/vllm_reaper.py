@@ -12,7 +12,8 @@ it is lost or removed (``ray.kill``, ``WorkerPool.remove``), and terminated (SIG
 of what this process owns: engine process ids (with their start times, so a recycled pid is never
 signalled) and paths (the engine's config directory, the replica's hand-off directory, the POSIX
 shared-memory segments the engine maps, e.g. vLLM's ``/dev/shm/psm_*`` message queues). A watchdog process
-(this file run as a script: no torch, no nereus import; started detached with ``start_new_session``) polls
+(this file run as a script: no torch, no nereus import; started as a grandchild in a session of its own,
+``_spawn_detached``, so a worker's exit path that kills its children does not take it along) polls
 the worker's pid every ``POLL_S`` seconds; when the worker is gone (killed, crashed, exited without
 ``close``) it terminates the engine processes (SIGTERM, SIGKILL after ``GRACE_S``), removes the paths and the
 manifest, and exits. A clean :meth:`Reaper.untrack` of everything removes the manifest, and the watchdog
@@ -28,7 +29,7 @@ import subprocess
 import sys
 import time
 
-__all__ = ["Reaper", "engine_processes", "shm_paths", "reap", "POLL_S", "GRACE_S"]
+__all__ = ["Reaper", "engine_processes", "shm_paths", "reap", "kill_and_remove", "shm_segments", "orphan_segments", "POLL_S", "GRACE_S"]
 
 #: seconds between the watchdog's checks of the worker's pid
 POLL_S = 0.5
@@ -72,6 +73,31 @@ def shm_paths(pids: list[list]) -> list[str]:
     return sorted(found)
 
 
+def shm_segments() -> set[str]:
+    """The POSIX shared-memory segments (``/dev/shm/psm_*``) that exist now."""
+    import glob
+
+    return set(glob.glob("/dev/shm/psm_*"))
+
+
+def orphan_segments(before: set[str]) -> list[str]:
+    """The segments created since ``before`` (:func:`shm_segments`) that no process maps any more:
+    what a failed engine start left (measured here: vLLM's engine core failing in its KV-cache setup
+    left its 240 MiB message-queue segment, ``psm_*``, after every process had exited)."""
+    import psutil
+
+    new = shm_segments() - set(before)
+    if not new:
+        return []
+    mapped = set()
+    for p in psutil.process_iter():
+        try:
+            mapped.update(m.path for m in p.memory_maps(grouped=True) if m.path in new)
+        except psutil.Error:
+            continue
+    return sorted(new - mapped)
+
+
 class Reaper:
     """The manifest and watchdog of one worker process (module docstring)."""
 
@@ -79,22 +105,20 @@ class Reaper:
         self.pid = os.getpid()
         self.manifest = os.path.join(_root(), f"nereus-vllm-reaper-{self.pid}.json")
         self.owned: dict[str, dict] = {}
-        self.watchdog: subprocess.Popen | None = None
+        self.watchdog: int | None = None  # the watchdog's pid (not a child of this process: _spawn_detached)
 
     def track(self, key: str, pids: list[list] = (), paths: list[str] = ()) -> None:
         """Own ``pids`` (``[[pid, create_time]]``) and ``paths`` under ``key`` (replacing what ``key`` held)."""
         self.owned[key] = {"pids": [list(p) for p in pids], "paths": list(paths)}
         self._write()
-        if self.watchdog is None or self.watchdog.poll() is not None:
-            self.watchdog = subprocess.Popen([sys.executable, os.path.abspath(__file__), str(self.pid), self.manifest],
-                                             start_new_session=True, stdin=subprocess.DEVNULL,
-                                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, close_fds=True)
+        if self.watchdog is None or not _running(self.watchdog):
+            self.watchdog = _spawn_detached([sys.executable, os.path.abspath(__file__), str(self.pid), self.manifest])
 
     def release(self, key: str) -> dict:
         """After a clean shutdown of ``key``'s engine: terminate whatever of its processes is left,
         remove its paths, stop owning it. Returns what was killed and removed (``reap``'s dict)."""
         entry = self.owned.get(key)
-        out = _kill_and_remove([entry]) if entry else {"killed": [], "removed": []}
+        out = kill_and_remove([entry]) if entry else {"killed": [], "removed": []}
         self.untrack(key)
         return out
 
@@ -110,7 +134,7 @@ class Reaper:
             pass
 
     def watchdog_pid(self) -> int | None:
-        return None if self.watchdog is None else self.watchdog.pid
+        return self.watchdog
 
     def _write(self) -> None:
         tmp = f"{self.manifest}.tmp"
@@ -119,7 +143,27 @@ class Reaper:
         os.replace(tmp, self.manifest)
 
 
-def _kill_and_remove(entries) -> dict:
+def _spawn_detached(argv: list[str]) -> int:
+    """Start ``argv`` as a grandchild in a session of its own (an intermediate process starts it and
+    exits), so that it is not a child of this process; returns its pid. Measured here: a Ray worker that
+    exits because its driver got SIGTERM takes its direct children down with it (the watchdog included,
+    which left the manifest, the engine's config directory and a ``psm_*`` segment behind); a grandchild
+    reparented to init is not among them."""
+    p = subprocess.run([sys.executable, os.path.abspath(__file__), "--detach", *argv], stdin=subprocess.DEVNULL,
+                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, close_fds=True, check=True, timeout=60)
+    return int(p.stdout.split()[-1])
+
+
+def _running(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def kill_and_remove(entries) -> dict:
     """Terminate the processes and remove the paths of manifest ``entries`` (pids whose start time
     differs were recycled: skipped); ``{"killed": [pid, ...], "removed": [path, ...]}``."""
     import psutil
@@ -169,7 +213,7 @@ def reap(manifest: str) -> dict:
             owned = json.load(f)["owned"]
     except (OSError, ValueError, KeyError):
         return {"killed": [], "removed": []}
-    out = _kill_and_remove(list(owned.values()))
+    out = kill_and_remove(list(owned.values()))
     try:
         os.remove(manifest)
     except FileNotFoundError:
@@ -199,4 +243,9 @@ def _watch(parent: int, manifest: str) -> None:
 
 
 if __name__ == "__main__":
-    _watch(int(sys.argv[1]), sys.argv[2])
+    if sys.argv[1] == "--detach":  # the intermediate of _spawn_detached: start the watchdog, say its pid, exit
+        w = subprocess.Popen(sys.argv[2:], start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, close_fds=True)
+        print(w.pid, flush=True)
+    else:
+        _watch(int(sys.argv[1]), sys.argv[2])

@@ -64,15 +64,21 @@ class VllmWorkerMixin:
     def _start_engine(self, key: str, spec, tp: int, dtype, replica: int, options: dict | None):
         """Start one vLLM engine (``VllmRollout``) and hand its processes, directories and shared-memory
         segments to the reaper under ``key``."""
+        from nereus.runtime.worker import vllm_reaper as vr
         from nereus.runtime.worker.vllm_engine import VllmRollout
-        from nereus.runtime.worker.vllm_reaper import engine_processes, shm_paths
 
         reaper = self._reaper()
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")  # engines share this machine's cores
-        before = {p for p, _t in engine_processes()}
-        eng = VllmRollout(spec, tp, dtype, seed=replica, options=options, device=self.device)
-        procs = [p for p in engine_processes((reaper.watchdog_pid() or -1,)) if p[0] not in before]
-        reaper.track(key, procs, [eng.dir] + shm_paths(procs))
+        before, segs = {p for p, _t in vr.engine_processes()}, vr.shm_segments()
+        try:
+            eng = VllmRollout(spec, tp, dtype, seed=replica, options=options, device=self.device)
+        except BaseException:  # a failed start: whatever it spawned and mapped goes before the error propagates
+            procs = [p for p in vr.engine_processes() if p[0] not in before]
+            vr.kill_and_remove([{"pids": procs, "paths": vr.shm_paths(procs)}])
+            vr.kill_and_remove([{"pids": [], "paths": vr.orphan_segments(segs)}])  # left by processes already gone
+            raise
+        procs = [p for p in vr.engine_processes((reaper.watchdog_pid() or -1,)) if p[0] not in before]
+        reaper.track(key, procs, [eng.dir] + vr.shm_paths(procs))
         return eng
 
     def prestart_vllm(self, model_stage: str, spec, tp: int, replica: int, precision: str = "fp32",
@@ -156,6 +162,9 @@ class VllmWorkerMixin:
             raise ValueError(f"--rollout vllm: model-stage {model_stage} has pp={ctx.pp}; vLLM engines here run "
                              f"TP only (give actor.generate pp=1)")
         self._vllm_tags[model_stage] = tag
+        # every rank of the new engine counts its pushes from 0 (a rank that pushed into an engine of an
+        # earlier layout had counted on, and rank 0 waited in _files_written for a key rank 1 never set)
+        self.__dict__.setdefault("_vllm_seq", {})[model_stage] = 0
         hand = handoff_dir(tag, model_stage, ctx.d)
         self._vllm_dirs = {**getattr(self, "_vllm_dirs", {}), model_stage: hand}
         out = {"start_s": 0.0, "kv": [], "prestarted": False, "waited_s": 0.0}
@@ -252,6 +261,24 @@ class VllmWorkerMixin:
             shutil.rmtree(d, ignore_errors=True)
         if getattr(self, "_vllm_reaper", None) is not None:
             self._vllm_reaper.release(model_stage)  # whatever of the engine's processes and files is left
+
+    def vllm_prestart_status(self, model_stage: str) -> dict:
+        """The background start of :meth:`prestart_vllm` for ``model_stage``: ``{"key": (tp, replica) or
+        None, "done": whether it ended, "elapsed_s": seconds since the prestart call (the whole start once
+        done), "error": its error text or None}``."""
+        self._vllm()
+        slot = self._vllm_pre.get(model_stage)
+        if slot is None:
+            return {"key": None, "done": False, "elapsed_s": 0.0, "error": None}
+        done = not slot["thread"].is_alive()
+        end = slot.get("t1") if done and slot.get("t1") is not None else time.perf_counter()
+        return {"key": slot["key"], "done": done, "elapsed_s": end - slot["t0"],
+                "error": None if slot["error"] is None else repr(slot["error"])[:300]}
+
+    def drop_vllm_prestart(self, model_stage: str) -> None:
+        """Close the engine :meth:`prestart_vllm` started for ``model_stage`` (waiting for its start to end)."""
+        self._vllm()
+        self._drop_prestart(model_stage)
 
     def close_all_vllm(self) -> None:
         """Close every vLLM engine of this worker, prestarted ones included (``atexit``; a worker's teardown)."""
