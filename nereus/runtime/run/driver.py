@@ -169,18 +169,20 @@ class RLDriver:
         """Build every model-stage's engines in the current layouts (frozen ones from their seeds)."""
         self.publish_precision()
         if self.cfg.device_capacity:
-            used = sorted({i for lay in self.layouts.values() for i in lay.workers})
-            self._get([self.workers[i].set_capacity.remote(self.cfg.device_capacity) for i in used], "capacity")
+            self._get([self.workers[i].set_capacity.remote(self.cfg.device_capacity)
+                       for i in sorted({i for lay in self.layouts.values() for i in lay.workers})], "capacity")
+        self.build_from_seeds("building")
+        return vd.started(self)  # with --rollout vllm, actor.generate's vLLM engines (run/vllm_driver.py)
+
+    def build_from_seeds(self, what: str) -> None:
+        """Build every model-stage's engines in the current layouts from their seeds (``what``: label)."""
         for ms in self.wf.model_stages:
             lay, c = self.layouts[ms.name], self.cands[ms.name]
             adam = self.adam_config(ms.name) if ms.trainable else None
             self._get([self.workers[i].build.remote(ms.name, self._spec_of(ms.model), lay, self.seed_of(ms.model),
-                                                    ms.trainable, adam, self.tag,
-                                                    recompute=self.recompute_of(ms.name),
+                                                    ms.trainable, adam, self.tag, recompute=self.recompute_of(ms.name),
                                                     precision=self.cfg.precision, zero=c.zero, offload=c.offload)
-                       for i in lay.workers],
-                      f"building {ms.name}")
-        return vd.started(self)  # with --rollout vllm, actor.generate's vLLM engines (run/vllm_driver.py)
+                       for i in lay.workers], f"{what} {ms.name}")
 
     def publish_precision(self) -> None:
         """Write the run's precision into the pool's TCPStore (``worker.PRECISION_KEY``), where workers
@@ -356,8 +358,7 @@ class RLDriver:
         if "critic.train" in self.layouts:
             jobs.append(("critic.train", critic_loss, "critic_loss"))
         pending = []
-        # each model's updates in a row, all submitted before any is collected: on disjoint workers
-        # the actor and the critic update concurrently; colocated, each takes one turn per step
+        # each model's updates in a row, all submitted before any is collected: disjoint, actor and critic run concurrently
         for name, loss, key in jobs:
             for i in range(n):
                 k = i % per_epoch

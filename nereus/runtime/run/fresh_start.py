@@ -65,14 +65,7 @@ def restart_initial(driver, target) -> dict:
     driver._get([driver.workers[i].destroy.remote(ms.name) for ms in driver.wf.model_stages for i in live],
                 "restart teardown")
     t1 = time.perf_counter()
-    for ms in driver.wf.model_stages:
-        lay, c = driver.layouts[ms.name], driver.cands[ms.name]
-        adam = driver.adam_config(ms.name) if ms.trainable else None
-        driver._get([driver.workers[i].build.remote(ms.name, driver._spec_of(ms.model), lay, driver.seed_of(ms.model),
-                                                    ms.trainable, adam, driver.tag,
-                                                    recompute=driver.recompute_of(ms.name),
-                                                    precision=driver.cfg.precision, zero=c.zero, offload=c.offload)
-                     for i in lay.workers], f"restart from step 0: building {ms.name}")
+    driver.build_from_seeds("restart from step 0: building")  # the start-up calls (RLDriver.build_engines)
     driver.step_index = driver.updates = 0
     t2 = time.perf_counter()
     return {"seconds": t2 - t0, "teardown_s": t1 - t0, "build_s": t2 - t1}

@@ -50,7 +50,7 @@ from nereus.runtime.model.precision import TRAIN_KINDS, WEIGHT_KINDS, train_kind
 from nereus.runtime.transit.flat import FLAT, is_sliced, spans
 from nereus.runtime.transit.index import Region, stage_regions, tp_regions
 from nereus.runtime.transit.index import cache_clear as index_cache_clear
-from nereus.runtime.transit.regroup import kind_mode, plan_gather
+from nereus.runtime.transit.regroup import kind_mode, plan_gather, subtract
 from nereus.spec.model import ModelSpec
 
 __all__ = ["Region", "UnitMeta", "MoveSpec", "Piece", "MovePlan", "region", "held", "plan_moves",
@@ -186,22 +186,6 @@ class MovePlan:
         return tuple(sorted({w for pair in self.pairs for w in pair}))
 
 
-def _subtract(need: list[tuple[int, int]], lo: int, hi: int) -> tuple[list, list]:
-    """Cover ``[lo, hi)`` against the uncovered intervals ``need``: (taken parts, still uncovered)."""
-    taken, rest = [], []
-    for a, b in need:
-        x, y = max(a, lo), min(b, hi)
-        if x >= y:
-            rest.append((a, b))
-            continue
-        taken.append((x, y))
-        if a < x:
-            rest.append((a, x))
-        if y < b:
-            rest.append((y, b))
-    return taken, rest
-
-
 def _source_items(spec: ModelSpec, move: MoveSpec) -> list[tuple[int, UnitMeta, tuple, Mapping]]:
     """Every source worker once: ``(worker, unit, (tp, pp, p, t), held regions)``, in order."""
     out = []
@@ -302,7 +286,7 @@ def _plan(spec: ModelSpec, move: MoveSpec, worker: int | None) -> MovePlan:
                     if r is None:
                         continue
                     lo, hi = (r.lo, r.hi) if r.dim is not None and want.dim is not None else (0, 1)
-                    taken, need = _subtract(need, lo, hi)
+                    taken, need = subtract(need, lo, hi)
                     segs += [(src_w, u.uid, a, b) for a, b in taken]
                 if need and want.dim is not None and any(b > a for a, b in need):
                     raise ValueError(f"{move.pid}: no holder of {name} rows {need} for worker {w} of {dst.uid}")
@@ -341,7 +325,7 @@ def _plan_flat(spec: ModelSpec, move: MoveSpec, plan: MovePlan, dst: UnitMeta, w
         if (u.tp, u.pp) != (dst.tp, dst.pp) or u.position(at) != pos:
             continue
         for s in spans(spec, u, at, kind):
-            taken, need = _subtract(need, s.lo, s.hi)
+            taken, need = subtract(need, s.lo, s.hi)
             segs += [(src_w, u.uid, x, y) for x, y in taken]
             if not need:
                 break

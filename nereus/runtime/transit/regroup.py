@@ -70,7 +70,8 @@ def kind_mode(pid: str, dst, kind: str, units) -> str:
     return "gather" if sliced else "name"
 
 
-def _subtract(need, lo, hi):
+def subtract(need: list[tuple[int, int]], lo: int, hi: int) -> tuple[list, list]:
+    """Cover ``[lo, hi)`` against the uncovered intervals ``need``: (taken parts, still uncovered)."""
     taken, rest = [], []
     for a, b in need:
         x, y = max(a, lo), min(b, hi)
@@ -91,7 +92,7 @@ def _cover(spec, u, pos: tuple[int, int], kind: str, lo: int, hi: int, w: int) -
     need, segs = [(lo, hi)], []
     for x in at:
         for s in spans(spec, u, x, kind):
-            taken, need = _subtract(need, s.lo, s.hi)
+            taken, need = subtract(need, s.lo, s.hi)
             segs += [(None if x == w else x, u.uid, a, b) for a, b in taken]
     if need:
         raise ValueError(f"{u.uid}: flat {kind} elements {need} of position {pos} are held by none of its ranks")
@@ -145,7 +146,7 @@ def plan_gather(spec, pid: str, dst, w: int, name: str, want: Region, kind: str,
             continue
         seen.add((u.uid, pos))
         lo, hi = (r.lo, r.hi) if r.dim is not None and want.dim is not None else (0, 1)
-        taken, need = _subtract(need, lo, hi)
+        taken, need = subtract(need, lo, hi)
         off, _n = name_span(spec, u.tp, u.pp, *pos, name)
         for a, b in taken:
             shape, ranges = _ranges(r if want.dim is not None else Region(None), full, off, a, b)
