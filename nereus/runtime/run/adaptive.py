@@ -61,7 +61,7 @@ from nereus.runtime.run.relayout import intact_replica, train_stages
 from nereus.runtime.run.restart_cost import restart_charge
 from nereus.runtime.run.vllm_warm import make_controller
 from nereus.runtime.transit.driver_side import TransitionExecutor
-from nereus.runtime.transit.sharded import live_unsupported
+from nereus.runtime.transit.sharded import live_unsupported, schedule_fault
 from nereus.runtime.worker.failures import WorkerFailure, WorkerLost
 from nereus.spec.framework import DEFAULT_FRAMEWORK
 from nereus.spec.hardware import GIB
@@ -131,8 +131,7 @@ class AdaptiveRun(RecoveryMixin, CheckpointingMixin):
         self.recoveries: list[dict] = []
         self._announced: set[int] = set()
         self.final_state: dict | None = None  # with keep_final: the training model-stages' state at the end
-        # (keep_final = "all": every model-stage's, frozen ones too)
-        self.keep_final = False
+        self.keep_final = False  # True: the training model-stages' state kept; "all": frozen ones too
         self.calib = TransitionCalibration(cores=worker_cores())  # CPU workers share the cores
         self.max_workers = num_workers + sum(max(v, 0) for v in self.schedule.values())
         self.num_workers, self.log = num_workers, log or (lambda *a, **k: None)
@@ -383,7 +382,8 @@ class AdaptiveRun(RecoveryMixin, CheckpointingMixin):
                 ev.update(source="recovered")
                 self.events.append(ev)
                 return ev
-            if report is not None:
+            if report is not None:  # the controller holds the plan the driver runs (a ZeRO group's rank order aligned)
+                target = Plan(candidates=tuple(d.cands[c.model_stage] for c in target.candidates))
                 self.ctl.resume(self.planner.estimate(self.job_at(self.last_len), target, alive))
                 ev.update(source="live", seconds=report.seconds, transition=report.to_dict(),
                           plan=format_plan(target))
@@ -436,7 +436,7 @@ class AdaptiveRun(RecoveryMixin, CheckpointingMixin):
             return None, str(e)
         if not est.feasible:
             return None, est.reason
-        why = live_unsupported(est.dag, current, target)  # e.g. ZeRO-1 <-> ZeRO-3: the checkpoint restart does it
+        why = live_unsupported(est.dag, current, target) or schedule_fault(est)  # e.g. ZeRO-1 <-> ZeRO-3
         if why:
             return None, why
         self._mark()

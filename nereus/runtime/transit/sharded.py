@@ -23,7 +23,7 @@ from dataclasses import replace
 from nereus.runtime.transit.flat import sliced_kinds
 from nereus.spec.plan import Plan
 
-__all__ = ["aligned_target", "live_unsupported", "dropped_targets", "rebuild_dropped"]
+__all__ = ["aligned_target", "live_unsupported", "schedule_fault", "dropped_targets", "rebuild_dropped"]
 
 
 def aligned_target(dag, target: Plan) -> Plan:
@@ -42,6 +42,20 @@ def aligned_target(dag, target: Plan) -> Plan:
             c = replace(c, gpus=tuple(emu.gpus))
         out.append(c)
     return replace(target, candidates=tuple(out))
+
+
+def schedule_fault(est) -> str | None:
+    """Why ``est``'s schedule fails the executor's own check (``transition.verify.verify_schedule``,
+    run again by :class:`~nereus.runtime.transit.driver_side.TransitionExecutor` before anything
+    moves), or None. The adaptive run asks before it starts a live transition, so a planner defect
+    becomes a restart from the durable checkpoint instead of the run's end."""
+    from nereus.transition.verify import ScheduleError, verify_schedule
+
+    try:
+        verify_schedule(est.dag, est.schedule)
+    except ScheduleError as e:
+        return f"the transition planner's schedule fails its check ({e})"
+    return None
 
 
 def live_unsupported(dag, *plans: Plan) -> str | None:
