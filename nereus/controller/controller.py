@@ -331,9 +331,13 @@ class Controller:
         if not urgent and same_plan(best, self.plan) and (la is None or la[2] is None):
             return Keep("replanned: the current plan is still the best", names)
         cur_l = math.inf if urgent else self._score(job, current, pool, alive, la)
-        options = [self._option(job, best, pool, alive, la)]
+        # the best plan now is an option only when it is not the current plan (then only the
+        # look-ahead target is: a "transition" to the plan in effect moves nothing)
+        options = [] if not urgent and same_plan(best, self.plan) else [self._option(job, best, pool, alive, la)]
         if la is not None and la[2] is not None and not same_plan(la[2], self.plan):
             options.append(self._option(job, la[2], pool, alive, la))
+        if not options:
+            return Keep("replanned: the current plan is still the best", names)
         options = self._order(options, la)
         decision = admit(cur_l, options, gamma=self.config.gamma, horizon=horizon, urgent=urgent,
                          triggers=names, always=self.config.always_admit)

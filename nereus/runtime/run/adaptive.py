@@ -54,7 +54,7 @@ from nereus.runtime.run import vllm_driver as vd
 from nereus.runtime.run.config import RLConfig
 from nereus.runtime.run.device_model import cpu_gpu_spec, runtime_job, worker_cores
 from nereus.runtime.run.driver import RLDriver
-from nereus.runtime.run.plans import shared_plan
+from nereus.runtime.run.plans import plan_diff, shared_plan
 from nereus.runtime.run.pool import WorkerPool
 from nereus.runtime.run.recovery import RecoveryMixin
 from nereus.runtime.run.relayout import intact_replica, train_stages
@@ -361,13 +361,11 @@ class AdaptiveRun(RecoveryMixin, CheckpointingMixin):
         usable = alive - self._announced  # a worker announced to leave gets no state
         target = dec.plan if dec.plan is not None else shared_plan(self.workload, usable,
                                                                    self.workload.micro_batch_size)
-        target = self._legal(d, target)
+        asked, target = target, self._legal(d, target)
         if isinstance(dec, Transition) and same_plan(target, current):
-            # the planner's target needs batch splits the runtime cannot run; with dp lowered to what
-            # it can, it is the current plan: nothing moves, and the controller keeps the plan in effect
+            # the target, made legal for the runtime (dp, vLLM's PP), is the current plan: nothing moves
             self.ctl.resume(self.planner.estimate(self.job_at(self.last_len), current, alive))
-            self.log("  no transition: the target, with dp lowered to what the runtime's batch rules allow, "
-                     "is the current plan")
+            self.log(f"  no transition: the target made legal for the runtime is the current plan ({plan_diff(asked, current)})")
             ev.update(source="unchanged")
             return ev
         intact = all(intact_replica(d, n) is not None for n in train_stages(d))

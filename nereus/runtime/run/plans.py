@@ -79,3 +79,12 @@ def arrange(plan: Plan, colocate: bool = False, zero: int = 0, keep: tuple = ())
             c = replace(c, gpus=tuple(range(c.num_gpus)), offload="host" if train else "drop")
         out.append(c)
     return Plan(candidates=tuple(out))
+
+
+def plan_diff(a: Plan, b: Plan) -> str:
+    """The candidates of ``a`` that differ from ``b``'s (fields and GPU order), ``ms: a -> b`` each."""
+    bb = {c.model_stage: c for c in b.candidates}
+    out = [f"{c.model_stage}: {c.short()} {c.gpus} -> {bb[c.model_stage].short()} {bb[c.model_stage].gpus}"
+           for c in a.candidates if c.model_stage in bb and (c.key(), c.gpus) != (bb[c.model_stage].key(),
+                                                                                  bb[c.model_stage].gpus)]
+    return "; ".join(out) or "no candidate differs"
