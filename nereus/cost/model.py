@@ -435,11 +435,10 @@ class CostModel:
                     capacity=self.capacity)
 
     def memory_ok(self, plan: Plan) -> bool:
-        """Every GPU's predicted peak fits ``(1 - headroom) · capacity`` (estimates the plan if needed)."""
+        """Every GPU's predicted peak fits ``(1 - headroom) · capacity`` (per-GPU peaks alone if no estimates)."""
         if not plan.gpu_memory:
             plan = self.estimate(plan)
         if not plan.candidates or any(c.model_stage not in plan.estimates for c in plan.candidates):
-            # per-GPU peaks only (no per-model-stage estimates to split off a vLLM engine's bytes)
             return all(v <= self.capacity for v in plan.gpu_memory.values())
         over = gpu_excess(self.job, plan, self.headroom, self.workspace, engine_owned(plan, self.job.framework))
         return all(v <= 0 for v in over.values())
