@@ -97,3 +97,14 @@ def test_every_feasible_estimate_verifies_under_calibrated_parameters():
             verify_schedule(est.dag, est.schedule)
             checked += 1
     assert checked >= 20
+
+
+def test_instant_producer_before_its_instant_consumer_leaves_the_target():
+    """A 0 s Extend of critic.train*0 and a 0 s Destroy of it at one instant: the end state is the
+    target {critic.train#0} (was: 'the schedule ends in 2 EMUs that are not the target's 1': the
+    Destroy's end replayed first, then the Extend's end left *0 behind; the message that ended the
+    README's elastic run, '14 EMUs that are not the target's 8', has this form)."""
+    src, dst = _emu("critic.train#0", 0), _emu("critic.train*0", 1)
+    e, d = extend(src, dst), destroy(dst)
+    dag = GlobalDAG((e, d), ((e.pid, d.pid, "state"),), (src,), (src,), CAP)
+    verify_schedule(dag, _sched({e.pid: (0.0, 0.0), d.pid: (0.0, 0.0)}))
