@@ -5,7 +5,9 @@ state, with the schedule's times, and refuses it when any of the transition's sa
 
 * order: every primitive starts after each DAG predecessor ended (state, ownership and resource
   edges), and its ``reads``/``consumes`` EMUs exist when it starts; no running primitive loses an
-  EMU it reads;
+  EMU it reads; at one instant the replay ends the primitives that ran, then runs the
+  instantaneous ones (start == end, e.g. a Destroy at ``teardown_s`` 0) start-then-end in a
+  topological order of the edges, then starts the rest;
 * last copy: a model-stage that the DAG does not reload (no ``Load`` of it) keeps at least one full
   copy at every instant (a host-staged copy counts; a ZeRO group, whose ranks hold one slice each,
   is one full copy); a frozen or derived model-stage whose target drops its idle state
