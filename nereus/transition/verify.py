@@ -5,7 +5,9 @@ state, with the schedule's times, and refuses it when any of the transition's sa
 
 * order: every primitive starts after each DAG predecessor ended (state, ownership and resource
   edges), and its ``reads``/``consumes`` EMUs exist when it starts; no running primitive loses an
-  EMU it reads;
+  EMU it reads; at one instant the replay ends the primitives that ran, then runs the
+  instantaneous ones (start == end, e.g. a Destroy at ``teardown_s`` 0) start-then-end in a
+  topological order of the edges, then starts the rest;
 * last copy: a model-stage that the DAG does not reload (no ``Load`` of it) keeps at least one full
   copy at every instant (a host-staged copy counts; a ZeRO group, whose ranks hold one slice each,
   is one full copy); a frozen or derived model-stage whose target drops its idle state
@@ -25,6 +27,8 @@ Pure: no runtime import.
 
 from __future__ import annotations
 
+import heapq
+
 from nereus.transition.global_dag import GlobalDAG
 from nereus.transition.held import held_bytes
 from nereus.transition.primitives import Primitive, TransitionState, check_pre
@@ -42,9 +46,9 @@ class ScheduleError(ValueError):
 
 
 def execution_order(dag: GlobalDAG, schedule: Schedule) -> list[str]:
-    """pids by start time (ties: end time, then the DAG's order)."""
-    idx = {p.pid: i for i, p in enumerate(dag.nodes)}
-    return sorted(idx, key=lambda p: (schedule.start[p], schedule.end[p], idx[p]))
+    """pids by start time (ties: end time, then a topological order of the DAG's edges)."""
+    rank = _topological_rank(dag)
+    return sorted(rank, key=lambda p: (schedule.start[p], schedule.end[p], rank[p]))
 
 
 def _received(p: Primitive, g: int) -> int:
@@ -84,6 +88,61 @@ def check_supply(dag: GlobalDAG, p: Primitive, emus: dict) -> str | None:
     return None
 
 
+def _topological_rank(dag: GlobalDAG) -> dict[str, int]:
+    """pid → position in a topological order of ``dag.edges`` (Kahn's; ties in ``dag.nodes`` order)."""
+    idx = {p.pid: i for i, p in enumerate(dag.nodes)}
+    succ: dict[str, list[str]] = {p: [] for p in idx}
+    indeg = dict.fromkeys(idx, 0)
+    for a, b, _ in dag.edges:
+        succ[a].append(b)
+        indeg[b] += 1
+    ready = [(i, p) for p, i in idx.items() if not indeg[p]]
+    heapq.heapify(ready)
+    rank: dict[str, int] = {}
+    while ready:
+        _, p = heapq.heappop(ready)
+        rank[p] = len(rank)
+        for b in succ[p]:
+            indeg[b] -= 1
+            if not indeg[b]:
+                heapq.heappush(ready, (idx[b], b))
+    if len(rank) != len(idx):
+        raise ScheduleError(f"the DAG has a cycle through {sorted(set(idx) - set(rank))[:3]}")
+    return rank
+
+
+def _start(dag: GlobalDAG, state: TransitionState, running: set, p: Primitive, t: float) -> None:
+    why = check_pre(state, p, dag.exclusive, dag.shared) or check_supply(dag, p, state.emus)
+    if why:
+        raise ScheduleError(f"at {t:.3f}s: {why}")
+    running.add(p.pid)
+    for g, b in p.mem_hi.items():
+        state.used[g] = state.used.get(g, 0) + b
+        cap = dag.capacity.get(g)
+        if cap is not None and state.used[g] > cap:
+            raise ScheduleError(f"at {t:.3f}s: {p.pid} needs {b:,} B on GPU {g}, which then holds "
+                                f"{state.used[g]:,} B of its {cap:,} B usable: memory bound broken")
+
+
+def _end(state: TransitionState, running: set, node: dict, reloaded: set, p: Primitive, t: float) -> None:
+    running.discard(p.pid)
+    for g, b in p.mem_hi.items():
+        state.used[g] -= b
+    for uid in p.consumes:
+        state.emus.pop(uid, None)
+    for e in p.produces:
+        state.emus[e.uid] = e
+    for g, b in p.mem_net.items():
+        state.used[g] = state.used.get(g, 0) + b
+    ms = p.model_stage
+    if ms not in reloaded and state.copies(ms) == 0:
+        raise ScheduleError(f"at {t:.3f}s: {p.pid} removes the last copy of {ms}'s state (last-copy rule)")
+    for r in running:
+        lost = [u for u in node[r].reads + node[r].consumes if u in p.consumes]
+        if lost:
+            raise ScheduleError(f"at {t:.3f}s: {p.pid} frees {lost[0]} while {r} still reads it")
+
+
 def verify_schedule(dag: GlobalDAG, schedule: Schedule) -> list[str]:
     """Replay ``schedule`` on ``dag`` and return its execution order (module docstring).
 
@@ -107,46 +166,31 @@ def verify_schedule(dag: GlobalDAG, schedule: Schedule) -> list[str]:
     reloaded |= {e.model_stage for e in dag.initial if not e.model_stage.endswith(".train")} - {
         e.model_stage for e in dag.target}
     state = TransitionState.of(dag.initial)
-    events = []  # (time, 0 end / 1 start, pid): ends first at equal times, releasing before acquiring
+    rank = _topological_rank(dag)
+    # events (time, phase, rank, pid) at one instant: ends of the primitives that ran (releasing before
+    # acquiring), then the instantaneous ones (start == end, e.g. a Destroy at ``teardown_s`` 0) in DAG
+    # order, each started and ended at once, then the starts of those that run on; so a primitive
+    # starts before it ends and after every predecessor ended, whatever the pids' spelling
+    events = []
     preds = dag.preds()
     for p in pids:
         # a start that float rounding puts a hair before a predecessor's end (checked above within
         # _EPS) happens at that end
         start = max([schedule.start[p], *(schedule.end[a] for a in preds[p])])
-        events.append((start, 1, p))
-        events.append((schedule.end[p], 0, p))
-    events.sort(key=lambda e: (e[0], e[1], e[2]))
+        end = max(start, schedule.end[p])
+        if end - start <= _EPS:
+            events.append((start, 1, rank[p], p))
+        else:
+            events.append((start, 2, rank[p], p))
+            events.append((end, 0, rank[p], p))
+    events.sort()
     running: set[str] = set()
-    for t, is_start, pid in events:
+    for t, phase, _, pid in events:
         p = node[pid]
-        if is_start:
-            why = check_pre(state, p, dag.exclusive, dag.shared) or check_supply(dag, p, state.emus)
-            if why:
-                raise ScheduleError(f"at {t:.3f}s: {why}")
-            running.add(pid)
-            for g, b in p.mem_hi.items():
-                state.used[g] = state.used.get(g, 0) + b
-                cap = dag.capacity.get(g)
-                if cap is not None and state.used[g] > cap:
-                    raise ScheduleError(f"at {t:.3f}s: {pid} needs {b:,} B on GPU {g}, which then holds "
-                                        f"{state.used[g]:,} B of its {cap:,} B usable: memory bound broken")
-            continue
-        running.discard(pid)
-        for g, b in p.mem_hi.items():
-            state.used[g] -= b
-        for uid in p.consumes:
-            state.emus.pop(uid, None)
-        for e in p.produces:
-            state.emus[e.uid] = e
-        for g, b in p.mem_net.items():
-            state.used[g] = state.used.get(g, 0) + b
-        ms = p.model_stage
-        if ms not in reloaded and state.copies(ms) == 0:
-            raise ScheduleError(f"at {t:.3f}s: {pid} removes the last copy of {ms}'s state (last-copy rule)")
-        for r in running:
-            lost = [u for u in node[r].reads + node[r].consumes if u in p.consumes]
-            if lost:
-                raise ScheduleError(f"at {t:.3f}s: {pid} frees {lost[0]} while {r} still reads it")
+        if phase:
+            _start(dag, state, running, p, t)
+        if phase < 2:
+            _end(state, running, node, reloaded, p, t)
     want = sorted(e.signature() for e in dag.target)
     got = sorted(e.signature() for e in state.emus.values())
     if want != got:
