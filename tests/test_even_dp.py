@@ -62,3 +62,23 @@ def test_a_plan_file_breaking_even_dp_is_refused_by_name():
     with pytest.raises(ValueError, match=r"actor.generate: dp=4 must divide 6"):
         check_plan(Plan(candidates=tuple(cands)), job)
     check_plan(Plan(candidates=tuple(cands)), _job(False))  # the same plan is legal without the rule
+
+
+def test_the_controllers_extend_only_and_destroy_only_keep_even_dp():
+    # the controller's cheaper targets re-derive dp themselves: under even_dp a generation replica
+    # count must divide the 6 rows (2 -> 3 is allowed, 3 -> 4 is not; destroy-only from 4 on 3 GPUs
+    # drops to 3, which divides 6, and from 6 on 5 GPUs to 3, since 5 and 4 do not)
+    from nereus.controller.alternatives import destroy_only, extend_only
+    from nereus.spec.hardware import ClusterSpec, get_gpu
+
+    rows = {"actor.generate": even_dp_rows(WL, "actor.generate")}
+    cl = ClusterSpec(get_gpu("h100"), 1, 8)
+
+    def gen(dp):
+        return Plan(candidates=(Candidate("actor.generate", 1, 1, dp, concurrency=1, gpus=tuple(range(dp))),))
+
+    assert extend_only(gen(2), frozenset(range(3)), 12, cl, {}, rows).candidates[0].dp == 3
+    assert extend_only(gen(3), frozenset(range(4)), 12, cl, {}, rows) is None
+    assert extend_only(gen(3), frozenset(range(4)), 12, cl, {}).candidates[0].dp == 4  # without the rule
+    assert destroy_only(gen(6), frozenset(range(5)), 12, rows).candidates[0].dp == 3
+    assert destroy_only(gen(6), frozenset(range(5)), 12).candidates[0].dp == 5

@@ -11,7 +11,9 @@ no intermediate units):
   model-stage (same layout, TP groups inside one node).
 
 DP changes keep the global batch: a training candidate's ``dp·b·a = mini_batch`` is re-solved with the
-same micro-batch ``b`` when possible, else the largest ``b' < b`` that divides (DESIGN.md §4.4).
+same micro-batch ``b`` when possible, else the largest ``b' < b`` that divides (DESIGN.md §4.4); under
+a framework with ``even_dp`` an inference or generation dp must divide its rows (``rows``, from
+:func:`nereus.planner.candidates.even_dp_rows`), as the planner's own candidates do.
 These functions only build candidates; the caller estimates them and checks memory.
 """
 
@@ -25,11 +27,12 @@ from nereus.spec.plan import Candidate, Plan
 __all__ = ["resize", "destroy_only", "extend_only"]
 
 
-def resize(c: Candidate, gpus: tuple[int, ...], mini_batch: int) -> Candidate | None:
-    """``c`` with the GPU set ``gpus`` (whole replicas) and DP re-derived; None if the batch cannot split."""
+def resize(c: Candidate, gpus: tuple[int, ...], mini_batch: int, rows: dict | None = None) -> Candidate | None:
+    """``c`` with the GPU set ``gpus`` (whole replicas) and DP re-derived; None if the batch cannot split
+    (``rows``: model-stage → the count its dp must divide, where the framework splits rows evenly)."""
     k = c.tp * c.pp
     dp = len(gpus) // k
-    if dp <= 0 or dp * k != len(gpus):
+    if dp <= 0 or dp * k != len(gpus) or (rows and rows.get(c.model_stage, dp) % dp):
         return None
     if c.model_stage.endswith(".train") and c.grad_accum:
         if mini_batch % dp:
@@ -42,13 +45,13 @@ def resize(c: Candidate, gpus: tuple[int, ...], mini_batch: int) -> Candidate | 
     return replace(c, dp=dp, gpus=tuple(gpus))
 
 
-def destroy_only(plan: Plan, pool: frozenset, mini_batch: int) -> Plan | None:
+def destroy_only(plan: Plan, pool: frozenset, mini_batch: int, rows: dict | None = None) -> Plan | None:
     """Drop the replicas that touch GPUs outside ``pool``; None if a model-stage loses all of them."""
     out = []
     for c in plan.candidates:
         keep = [c.replica_gpus(d) for d in range(c.dp) if set(c.replica_gpus(d)) <= pool]
         while keep:
-            r = resize(c, tuple(g for rep in keep for g in rep), mini_batch)
+            r = resize(c, tuple(g for rep in keep for g in rep), mini_batch, rows)
             if r is not None:
                 break
             keep.pop()  # the batch does not split over this many replicas: drop one more
@@ -72,7 +75,8 @@ def _take_replica(free: list[int], tp: int, pp: int, cluster: ClusterSpec) -> li
     return [g for ch in chunks[:pp] for g in ch]
 
 
-def extend_only(plan: Plan, pool: frozenset, mini_batch: int, cluster: ClusterSpec, times: dict) -> Plan | None:
+def extend_only(plan: Plan, pool: frozenset, mini_batch: int, cluster: ClusterSpec, times: dict,
+                rows: dict | None = None) -> Plan | None:
     """Add replicas on GPUs each stage does not use; ``times`` is model-stage → seconds (for greed).
 
     Returns None when no replica can be added.
@@ -94,7 +98,7 @@ def extend_only(plan: Plan, pool: frozenset, mini_batch: int, cluster: ClusterSp
                 rep = _take_replica(free, c.tp, c.pp, cluster)
                 if rep is None:
                     continue
-                r = resize(c, c.gpus + tuple(rep), mini_batch)
+                r = resize(c, c.gpus + tuple(rep), mini_batch, rows)
                 if r is None:
                     continue
                 load[n] *= c.dp / r.dp

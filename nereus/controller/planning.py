@@ -22,6 +22,7 @@ from typing import Protocol
 
 from nereus.controller.alternatives import destroy_only, extend_only
 from nereus.cost.efficiency import EfficiencyTable
+from nereus.planner.candidates import even_dp_rows
 from nereus.spec.job import JobSpec
 from nereus.spec.plan import Plan
 
@@ -140,17 +141,19 @@ class CostModelPlanner:
     def alternatives(self, job: JobSpec, pool: frozenset, current: Plan, best: Plan) -> list[Plan]:
         """Destroy-only and extend-only variants of ``current`` that fit memory (``alternatives.py``)."""
         mini = job.workload.mini_batch_size
+        rows = ({c.model_stage: even_dp_rows(job.workload, c.model_stage) for c in current.candidates}
+                if job.framework.even_dp else None)
         out = []
         base = current
         if not current.gpus_used() <= pool:
-            base = destroy_only(current, pool, mini)
+            base = destroy_only(current, pool, mini, rows)
             if base is None:
                 return []
             base = self.estimate(job, base, pool)
             if self.memory_ok(job, base):
                 out.append(base)
         times = {k: v.time for k, v in base.estimates.items()}
-        ext = extend_only(base, pool, mini, job.cluster, times)
+        ext = extend_only(base, pool, mini, job.cluster, times, rows)
         if ext is not None:
             ext = self.estimate(job, ext, pool)
             if self.memory_ok(job, ext):
