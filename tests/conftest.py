@@ -30,7 +30,8 @@ def pytest_configure(config):
 def ray_cluster():
     ray = pytest.importorskip("ray")
     if not ray.is_initialized():
-        ray.init(num_cpus=RAY_CPUS, include_dashboard=False, log_to_driver=False)
+        # a new local cluster, never the latest one on the machine (another run's, or one a test leaked)
+        ray.init(address="local", num_cpus=RAY_CPUS, include_dashboard=False, log_to_driver=False)
         _state["ours"] = True
     yield ray
 
