@@ -46,7 +46,7 @@ from nereus.controller.decisions import Keep, Transition, TransitionCost
 from nereus.controller.monitor import StepReport
 from nereus.controller.planning import CostModelPlanner, same_plan
 from nereus.controller.transition_cost import bandwidth_estimate
-from nereus.planner.notation import format_gpus, format_plan
+from nereus.planner.notation import format_plan
 from nereus.runtime.durable import driver_side as durable
 from nereus.runtime.durable.scheduling import CheckpointingMixin
 from nereus.runtime.rl.task import DigitTask
@@ -54,7 +54,7 @@ from nereus.runtime.run import vllm_driver as vd
 from nereus.runtime.run.config import RLConfig
 from nereus.runtime.run.device_model import cpu_gpu_spec, runtime_job, worker_cores
 from nereus.runtime.run.driver import RLDriver
-from nereus.runtime.run.plans import plan_diff, shared_plan
+from nereus.runtime.run.plans import format_workers, plan_diff, shared_plan
 from nereus.runtime.run.pool import WorkerPool
 from nereus.runtime.run.recovery import RecoveryMixin
 from nereus.runtime.run.relayout import intact_replica, train_stages
@@ -73,7 +73,6 @@ from nereus.transition.calibrate import TransitionCalibration
 from nereus.transition.estimate import estimate_transition
 
 __all__ = ["AdaptiveRun"]
-
 
 class AdaptiveRun(RecoveryMixin, CheckpointingMixin):
     """The controller (``Controller`` over ``CostModelPlanner``) driving an :class:`RLDriver`.
@@ -277,7 +276,7 @@ class AdaptiveRun(RecoveryMixin, CheckpointingMixin):
     def _pool_change(self, pool: WorkerPool, k: int) -> None:
         leaving = self._leaving(pool, self.schedule[k]) if self.notice else []
         if leaving:  # announced: plan without them while their state can still be read
-            self.log(f"before step {k}: workers {format_gpus(leaving)} announced to leave")
+            self.log(f"before step {k}: {format_workers(leaving)} announced to leave")
             live = frozenset(i for i, w in enumerate(pool.workers) if w is not None)
             rep = StepReport(step=max(k - 1, 0), response_len=self.last_len, pool=live - set(leaving), alive=live)
             self._announced = set(leaving)
@@ -334,11 +333,11 @@ class AdaptiveRun(RecoveryMixin, CheckpointingMixin):
                     if pool.workers[i] is not None]  # an announced leaver may have died already
             for i in gone:
                 pool.remove(i)
-            self.log(f"before step {k}: workers {format_gpus(gone)} left")
+            self.log(f"before step {k}: {format_workers(gone)} left")
         else:
             new = pool.add(delta)
             self.driver.num_workers = len(pool.workers)
-            self.log(f"before step {k}: workers {format_gpus(new)} joined")
+            self.log(f"before step {k}: {format_workers(new)} joined")
         return frozenset(i for i, w in enumerate(pool.workers) if w is not None)
 
     def _apply(self, dec, k: int, when: str) -> dict:

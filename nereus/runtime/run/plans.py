@@ -88,3 +88,10 @@ def plan_diff(a: Plan, b: Plan) -> str:
            for c in a.candidates if c.model_stage in bb and (c.key(), c.gpus) != (bb[c.model_stage].key(),
                                                                                   bb[c.model_stage].gpus)]
     return "; ".join(out) or "no candidate differs"
+
+
+def format_workers(ids) -> str:
+    """``worker 3`` or ``workers 4-6`` (ids as :func:`nereus.planner.notation.format_gpus` writes them)."""
+    from nereus.planner.notation import format_gpus
+
+    return f"worker{'s' if len(ids) != 1 else ''} {format_gpus(ids)}"
