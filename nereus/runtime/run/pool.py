@@ -180,9 +180,10 @@ class WorkerPool:
 
         return monitored_get(self, futures, what, timeout_s, self.hang_timeout_s)
 
-    def remove(self, i: int, force: bool = False) -> None:
+    def remove(self, i: int, force: bool = False, notify: bool = True) -> None:
         """Stop worker ``i`` (its slot stays, as None, so ids remain stable). ``force`` also SIGKILLs
-        its process when it runs on this machine (a hung or stopped worker that would not exit)."""
+        its process when it runs on this machine (a hung or stopped worker that would not exit);
+        ``notify`` tells the others to drop their communicators with it (not when all are going)."""
         import ray
 
         if self.workers[i] is not None:
@@ -192,10 +193,12 @@ class WorkerPool:
                 _kill_local(self.pids[i] if i < len(self.pids) else None)
             # every remaining worker drops the communicators it shared with ``i`` (comm/cache.py);
             # queued behind each actor's earlier calls, not waited on here
-            for w in self.workers:
+            for w in self.workers if notify else ():
                 if w is not None:
                     w.forget_worker.remote(i)
 
     def close(self) -> None:
+        """Stop every worker. No ``forget_worker`` calls: a worker killed while running one was
+        reported by Ray as "A worker died … by an unexpected system error" after every run."""
         for i in range(len(self.workers)):
-            self.remove(i)
+            self.remove(i, notify=False)
