@@ -233,14 +233,19 @@ def _assemble_flat(spec, me, dst, kind, segs, recv, cursor, source, kdt, device,
         if src_w is None:
             target.copy_(_flat_piece(spec, source(uid), me, kind, a, b, memo))
         else:
-            raw = recv[src_w][0]
-            nb = (b - a) * itemsize(kdt)
-            piece, aligned = _typed(raw, cursor[src_w], nb, kdt, [b - a])
-            if not aligned:
-                piece.reshape(-1).view(torch.uint8).copy_(raw[cursor[src_w]:cursor[src_w] + nb])
-            cursor[src_w] += nb
-            target.copy_(piece)
+            target.copy_(_next_piece(recv[src_w][0], cursor, src_w, b - a, kdt))
     return out
+
+
+def _next_piece(raw, cursor: dict, src_w, n: int, kdt) -> torch.Tensor:
+    """The next ``n`` elements of dtype ``kdt`` in worker ``src_w``'s receive buffer ``raw`` (a copy
+    when the offset is not aligned for the dtype), advancing ``cursor[src_w]``."""
+    nb = n * itemsize(kdt)
+    piece, aligned = _typed(raw, cursor[src_w], nb, kdt, [n])
+    if not aligned:
+        piece.reshape(-1).view(torch.uint8).copy_(raw[cursor[src_w]:cursor[src_w] + nb])
+    cursor[src_w] += nb
+    return piece
 
 
 def _assemble_gathered(spec, me, kind, want, shape, parts, recv, cursor, source, kdt, device, memo):
@@ -265,12 +270,7 @@ def _assemble_gathered(spec, me, kind, want, shape, parts, recv, cursor, source,
                 counters = counters or u.counters
                 continue
             raw, hdr = recv[src_w]
-            nb = (b - a) * itemsize(kdt)
-            piece, aligned = _typed(raw, cursor[src_w], nb, kdt, [b - a])
-            if not aligned:
-                piece.reshape(-1).view(torch.uint8).copy_(raw[cursor[src_w]:cursor[src_w] + nb])
-            cursor[src_w] += nb
-            target.copy_(piece)
+            target.copy_(_next_piece(raw, cursor, src_w, b - a, kdt))
             counters = counters or hdr
         got = tmp.view(part.shape)
         if part.dim is None:
