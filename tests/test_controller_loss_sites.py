@@ -124,3 +124,24 @@ def test_a_plan_on_gpus_gone_before_the_first_report_is_urgent():
     # the single training replica spanned GPUs 24-31 too: restore from checkpoint onto the 24 left
     assert isinstance(d, Restart) and d.cause == "state_lost" and len(d.plan.gpus_used()) == 24
     assert ctl.log[-1]["triggers"][0]["reason"] == "the plan uses 8 GPU(s) outside P_gpu"
+
+
+def test_pair_counts_and_straddle_pricing_by_hand():
+    s = _two_losses()
+    # a third event takes GPUs 12-19: the upper half of node 1 and the lower half of node 2
+    p12 = frozenset(range(12))
+    assert s.observe(p12, p12) == frozenset({1, 2})
+    assert s.events == 3 and s.mean_nodes_hit() == pytest.approx(4 / 3)
+    # pairs exposed: all of {0..3} at event 1, all of {0, 1, 2} at events 2 and 3
+    assert s.pair_exposed == {(0, 1): 3, (0, 2): 3, (1, 2): 3, (0, 3): 1, (1, 3): 1, (2, 3): 1}
+    assert s.pair_hits == {(1, 2): 1}
+    # p_ab = (c + α p0) / (x + α); on 4 pool nodes p0 = m_h (m_h - 1) / (N (N - 1)) = (4/3)(1/3)/12 = 1/27
+    assert s.pair_probability(2, 1, 1 / 27) == pytest.approx((1 + 1 / 27) / 4)
+    # critic.train dp 2 with replicas on nodes 1 and 2: destroyed by an event that takes both
+    two = Plan(candidates=(Candidate("critic.train", 1, 8, 2, gpus=tuple(range(8, 24))),))
+    assert hit_probability(two, CLUSTER, P32) == 0.0  # uniform whole-node events
+    assert hit_probability(two, CLUSTER, P32, sites=s) == pytest.approx(7 / 27)
+    with pytest.raises(ValueError, match="distinct"):
+        s.pair_probability(1, 1, 0.1)
+    with pytest.raises(ValueError, match="prior"):
+        s.pair_probability(0, 1, -0.1)

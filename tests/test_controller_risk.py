@@ -181,3 +181,59 @@ def test_risk_can_be_disabled():
     ctl.loss.events, ctl.loss.seconds = 5, 100.0
     assert ctl.risk(ctl.plan, POOL32) == 0.0
     assert ctl.best_plan(JOB, POOL32, None, False).candidates[0].dp == 1
+
+
+# ---------------------------------------------------------------- issue 29, third round: straddles, interruptions, Young
+def test_straddling_event_prices_two_replicas_on_distinct_nodes():
+    # critic.train dp 2: replica 0 on nodes 0-1 (GPUs 0-15), replica 1 on nodes 2-3 (GPUs 16-31)
+    two = Plan(candidates=(_train("critic.train", 1, 16, range(32)),))
+    assert vulnerable_nodes(two, CLUSTER) == {"critic.train": frozenset()}
+    # whole-node events (m = 1) never take a node of each replica
+    assert hit_probability(two, CLUSTER, POOL32) == 0.0
+    # 2-node events: p_ab = m (m - 1) / (N (N - 1)) = 2 / 12 per pair, 2 x 2 pairs across the replicas:
+    # 4/6, the exact chance that 2 of 4 nodes drawn at random fall one in each half
+    assert hit_probability(two, CLUSTER, POOL32, event_nodes=2) == pytest.approx(4 / 6)
+    # ZeRO-1 over the same GPUs is one copy: every node is vulnerable, 4 x 2/4 capped at 1
+    assert hit_probability(Plan(candidates=(replace(two.candidates[0], zero=1),)), CLUSTER, POOL32,
+                           event_nodes=2) == 1.0
+
+
+def test_touch_probability_by_hand():
+    from nereus.controller.risk import touch_probability
+
+    low = Plan(candidates=(_train("critic.train", 1, 16, range(16)),))  # nodes 0-1
+    assert touch_probability(low, CLUSTER, POOL32) == pytest.approx(2 / 4)
+    assert touch_probability(low, CLUSTER, POOL32, event_nodes=3) == 1.0  # 2 x 3/4, capped
+    assert touch_probability(low, CLUSTER, frozenset()) == 0.0
+
+
+def test_risk_with_young_redo_and_interruptions_by_hand():
+    critic = replace(Plan(candidates=(_train("critic.train", 1, 8, range(8, 16)),)), l_step=40.0)  # node 1
+    rm = RiskModel(restart_s=150.0, checkpoint_interval=25, save_s=40.0, detect_s=30.0)
+    # failure rate λ P_hit = (1/500)(1/4) = 1/2000 /s; Young: sqrt(2 · 40 · 2000) = 400 s, half redone
+    assert rm.redo_s(40.0, 1 / 2000) == pytest.approx(200.0)
+    assert rm.loss_cost(40.0, 1 / 2000) == pytest.approx(350.0)
+    assert rm.redo_s(40.0, 0.0) == 500.0  # no failure rate: the fixed interval, 25/2 steps of 40 s
+    # per event: P_hit C + P_touch (L/2 + detect) = 1/4 · 350 + 1/4 · (20 + 30) = 100 s; per step L λ = 40/500
+    assert rm.risk(critic, CLUSTER, POOL32, rate=1 / 500) == pytest.approx(8.0)
+    # redundant on nodes 1 and 2: no state loss from whole-node events, but two nodes can interrupt it
+    red = replace(Plan(candidates=(_train("critic.train", 1, 8, range(8, 24)),)), l_step=40.0)
+    assert rm.risk(red, CLUSTER, POOL32, rate=1 / 500) == pytest.approx(40 / 500 * 2 / 4 * 50)
+    # without detect_s the interruption is not priced (the model before this round)
+    assert RiskModel(restart_s=150.0, save_s=40.0).risk(red, CLUSTER, POOL32, rate=1 / 500) == 0.0
+    for bad in ({"save_s": -1.0}, {"detect_s": float("nan")}):
+        with pytest.raises(ValueError, match="risk field"):
+            RiskModel(**bad)
+
+
+def test_simulator_risk_model_follows_the_checkpoint_rule():
+    from nereus.controller.risk import DETECT_S
+    from nereus.sim.policies import risk_model
+    from nereus.sim.restart import RestartCost
+
+    young = risk_model(JOB)
+    # 8B PPO trains actor and critic: their params x 14 B (bf16 weights + Adam) over 2 GB/s on each of 4 nodes
+    params = JOB.model("actor").num_params + JOB.model("critic").num_params
+    assert young.save_s == pytest.approx(params * 14 / (2e9 * 4))
+    assert young.detect_s == DETECT_S == 32.5
+    assert risk_model(JOB, RestartCost(checkpoint_rule="fixed")).save_s is None

@@ -21,6 +21,21 @@ Model (a Beta-Bernoulli estimate per node, the standard conjugate update)::
 * ``α = 1``: one pseudo-event of prior weight (the weakest prior that keeps ``q_n`` defined and
   away from 0 and 1 after a single event; not fitted to any trace).
 
+Pairs of nodes (issue 29, third round): a loss event does not take whole nodes. The count traces
+remove GPUs by id, and a cloud reclaims instances of a zone together, so one event often takes GPUs
+of two or more nodes at once: on ``bamboo-gcp-v100`` (70B PPO) a loss of GPUs 44-51 took half of
+node 5 and half of node 6, one node of each replica of a redundant plan, and destroyed both. Whether
+two replicas can go in the same event is a property of *pairs* of nodes, so pairs get the same
+estimate::
+
+    p_ab = (c_ab + α · p0) / (x_ab + α),      p0 = m_h · (m_h − 1) / (N · (N − 1))
+
+* ``x_ab``: events seen while nodes ``a`` and ``b`` both had GPUs in the pool; ``c_ab``: those that
+  took GPUs of both;
+* ``p0``: the probability that an event taking ``m_h`` distinct nodes uniformly at random among
+  ``N`` takes both ``a`` and ``b`` (``m_h`` = :meth:`LossSites.mean_nodes_hit`, the mean number of
+  distinct nodes the events seen took; 1 before any event, so the prior of whole-node events is 0).
+
 A node that has not been hit after ``k`` exposures has ``q_n = q0 / (k + 1)``, a node hit in all of
 them ``(k + q0) / (k + 1)``. When losses do fall uniformly the estimate converges to the uniform
 model (``h_n / e_n → m / N``). Assumptions: node slots keep their identity across leave and rejoin
@@ -49,12 +64,18 @@ class LossSites:
         exposed: node → loss events seen while the node had GPUs in the pool.
         hits: node → loss events that took at least one of its GPUs.
         events: unannounced loss events seen.
+        nodes_hit: distinct nodes those events took, summed (for :meth:`mean_nodes_hit`).
+        pair_exposed: ``(a, b)`` with ``a < b`` → events seen while both nodes had GPUs in the pool.
+        pair_hits: ``(a, b)`` → those events that took GPUs of both.
     """
 
     cluster: ClusterSpec
     exposed: dict = field(default_factory=dict)
     hits: dict = field(default_factory=dict)
     events: int = 0
+    nodes_hit: int = 0
+    pair_exposed: dict = field(default_factory=dict)
+    pair_hits: dict = field(default_factory=dict)
     _last_pool: frozenset | None = field(default=None, repr=False)
 
     def observe(self, pool: frozenset, alive: frozenset) -> frozenset:
@@ -72,6 +93,13 @@ class LossSites:
                     self.exposed[n] = self.exposed.get(n, 0) + 1
                 for n in hit:
                     self.hits[n] = self.hits.get(n, 0) + 1
+                self.nodes_hit += len(hit)
+                up = sorted({self.cluster.node_of(g) for g in self._last_pool})
+                for i, a in enumerate(up):
+                    for b in up[i + 1:]:
+                        self.pair_exposed[(a, b)] = self.pair_exposed.get((a, b), 0) + 1
+                        if a in hit and b in hit:
+                            self.pair_hits[(a, b)] = self.pair_hits.get((a, b), 0) + 1
         self._last_pool = pool
         return hit
 
@@ -85,6 +113,26 @@ class LossSites:
             raise ValueError(f"loss-site prior must be a probability in [0, 1], got {prior!r}")
         e, h = self.exposed.get(node, 0), self.hits.get(node, 0)
         return (h + PRIOR_WEIGHT * prior) / (e + PRIOR_WEIGHT)
+
+    def mean_nodes_hit(self) -> float:
+        """Mean distinct nodes per event seen (1 before the first)."""
+        return self.nodes_hit / self.events if self.events else 1.0
+
+    def pair_probability(self, a: int, b: int, prior: float) -> float:
+        """``p_ab``: probability that one event takes GPUs of both nodes ``a`` and ``b`` (module
+        docstring), given the uniform prior ``p0 = prior`` in [0, 1] (one node alone:
+        :meth:`probability`).
+
+        Raises:
+            ValueError: a prior outside [0, 1] or ``a == b``.
+        """
+        if not (0.0 <= prior <= 1.0):
+            raise ValueError(f"loss-site pair prior must be a probability in [0, 1], got {prior!r}")
+        if a == b:
+            raise ValueError(f"loss-site pair needs two distinct nodes, got {a!r} twice")
+        key = (min(a, b), max(a, b))
+        x, c = self.pair_exposed.get(key, 0), self.pair_hits.get(key, 0)
+        return (c + PRIOR_WEIGHT * prior) / (x + PRIOR_WEIGHT)
 
     def safest_nodes(self, pool, prior: float) -> list[int]:
         """The pool's nodes, least likely to be hit first (ties: lower node index first)."""

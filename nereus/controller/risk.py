@@ -11,9 +11,11 @@ reason; Gemini, SOSP'23, replicates checkpoints in peer CPU memory).
 
 Model (all times in seconds)::
 
-    risk(S) = L_step(S) · λ · P_hit(S) · C(S)          expected seconds lost per step
+    risk(S) = L_step(S) · λ · (P_hit(S) · C(S) + P_touch(S) · (L_step(S) / 2 + detect_s))
     C(S)    = restart_s + (checkpoint_interval / 2) · L_step(S)   restart + redone steps on average
-    P_hit(S)= min(1, Σ_m  m_nodes · |∩_d nodes(replica d of m)| / |nodes(pool)|)
+              (with save_s: restart_s + sqrt(2 · save_s / (λ · P_hit)) / 2, Young's interval)
+    P_hit(S)= min(1, Σ_m [ Σ_{n ∈ ∩_d nodes(copy d of m)} q_n  +  straddle_m ])
+    P_touch(S) = min(1, Σ_{n ∈ nodes(S)} q_n)
 
 * ``λ``: loss events per second of run time observed so far (:class:`LossRate`). Only *unannounced*
   losses count: GPUs that left ``alive`` while still in ``P_gpu`` (with a preemption notice they leave
@@ -25,6 +27,19 @@ Model (all times in seconds)::
   destroys model-stage ``m`` when it takes a
   node every replica of ``m`` uses (the intersection of their node sets: all of a single replica's
   nodes; none when two replicas share no node). The union bound over model-stages, capped at 1.
+* ``straddle_m`` (issue 29, third round): one event can take GPUs of several nodes at once (the
+  count traces remove GPUs by id, not whole nodes; clouds reclaim a zone's instances together), so
+  it can take one node of *each* replica: for two copies on node sets ``A`` and ``B`` the bound
+  ``Σ_{a ∈ A, b ∈ B} p_ab`` with ``p_ab`` the probability that one event takes both nodes (uniform
+  ``m (m − 1) / (N (N − 1))``, 0 for whole-node events; learned per pair with ``sites``).
+* ``P_touch`` and ``detect_s`` (issue 29, third round; priced when ``RiskModel.detect_s`` is set):
+  an event that takes any GPU of the plan aborts the running step (half of it is lost on average)
+  and is seen only after failure detection, whether or not the state survives; so a plan that
+  spreads onto the nodes most likely to go pays for it even when it is redundant.
+* ``save_s`` (third round): with Young's checkpoint interval (the simulator's executor,
+  ``nereus.sim.checkpoint``) the redone work is half of ``sqrt(2 · save_s · M)`` with ``M`` the plan's
+  mean time between state losses, not half of a fixed 25 steps (hours of 70B work, against the
+  few minutes the executor actually redoes: 188-357 s on 70B bamboo-g4dn).
 
 Enabled through ``ControllerConfig(risk=RiskModel(...))``; the simulator's controller policies use
 it by default (``nereus-paper`` does not). Measured (benchmarks/bench_admission.py, 9 shipped
@@ -51,7 +66,8 @@ from nereus.controller.loss_sites import LossSites
 from nereus.spec.hardware import ClusterSpec
 from nereus.spec.plan import Plan
 
-__all__ = ["LossRate", "RiskModel", "state_copies", "vulnerable_nodes", "hit_probability"]
+__all__ = ["LossRate", "RiskModel", "state_copies", "vulnerable_nodes", "hit_probability", "touch_probability",
+           "DETECT_S"]
 
 
 @dataclass
@@ -134,24 +150,77 @@ def vulnerable_nodes(plan: Plan, cluster: ClusterSpec) -> dict[str, frozenset]:
     return out
 
 
+def _node_model(cluster: ClusterSpec, pool, event_nodes: float, sites: LossSites | None):
+    """``(pool nodes, q(n), p(a, b))``: per-node and per-pair hit probabilities of one event, uniform
+    (``m = max(1, event_nodes)`` whole nodes among ``N``: ``q = m / N``, ``p = m (m − 1) / (N (N − 1))``)
+    or learned from ``sites`` once they have seen an event (``nereus.controller.loss_sites``)."""
+    pool_nodes = frozenset(cluster.node_of(g) for g in pool)
+    n = len(pool_nodes)
+    m = max(1.0, event_nodes)
+    q0 = min(1.0, m / n) if n else 0.0
+    if sites is not None and sites.events > 0:
+        mh = max(1.0, sites.mean_nodes_hit())
+        p0 = min(1.0, mh * (mh - 1.0) / (n * (n - 1))) if n > 1 else 0.0
+        return pool_nodes, (lambda a: sites.probability(a, q0)), (lambda a, b: sites.pair_probability(a, b, p0))
+    p0 = min(1.0, m * (m - 1.0) / (n * (n - 1))) if n > 1 else 0.0
+    return pool_nodes, (lambda a: m / n), (lambda a, b: p0)
+
+
+def _copies_hit_together(copies, common, q, p) -> float:
+    """Union bound on the probability that one event takes a GPU of every copy in ``copies`` (node
+    sets) through nodes outside ``common`` (the nodes all copies share, priced separately): for each
+    pair of copies ``d, d'``, ``Σ_{a ∈ d ∩ d' − common} q_a + Σ_{a ∈ d − d', b ∈ d' − d} p_ab``;
+    every copy must be hit, so the smallest pair bounds the whole. 0 with fewer than two copies."""
+    if len(copies) < 2:
+        return 0.0
+    best = math.inf
+    for i, x in enumerate(copies):
+        for y in copies[i + 1:]:
+            both = sum(q(a) for a in (x & y) - common)
+            both += sum(p(a, b) for a in x - y for b in y - x)
+            best = min(best, both)
+    return best
+
+
 def hit_probability(plan: Plan, cluster: ClusterSpec, pool, event_nodes: float = 1.0,
                     sites: LossSites | None = None) -> float:
     """``P_hit``: probability that one loss event of ``event_nodes`` nodes destroys the trainable
     state of some model-stage (module docstring). 0 for an empty pool.
 
-    With ``sites`` that have seen a loss, each vulnerable node counts its learned hit probability
-    ``q_n`` (``nereus.controller.loss_sites``, prior ``q0 = min(1, m / |nodes(pool)|)``) instead of
-    the uniform ``m / |nodes(pool)|``; the sum over model-stages and nodes is capped at 1 (union bound).
+    Two ways an event destroys a model-stage's state: it takes a node every copy uses (the
+    vulnerable nodes, ``Σ q_n``), or it takes GPUs of several nodes at once, one of each copy
+    (``_copies_hit_together``: the pair terms ``p_ab``, 0 under the uniform model of whole-node
+    events, ``event_nodes ≤ 1``). With ``sites`` that have seen a loss, ``q_n`` and ``p_ab`` are
+    learned (``nereus.controller.loss_sites``, priors ``q0 = min(1, m / |nodes(pool)|)`` and
+    ``p0 = m_h (m_h − 1) / (N (N − 1))``); otherwise uniform. The sum over model-stages is capped
+    at 1 (union bound).
     """
-    pool_nodes = {cluster.node_of(g) for g in pool}
+    pool_nodes, q, p = _node_model(cluster, pool, event_nodes, sites)
     if not pool_nodes:
         return 0.0
-    m = max(1.0, event_nodes)
-    vuln = [v & pool_nodes for v in vulnerable_nodes(plan, cluster).values()]
-    if sites is not None and sites.events > 0:
-        q0 = min(1.0, m / len(pool_nodes))
-        return min(1.0, sum(sites.probability(n, q0) for v in vuln for n in v))
-    return min(1.0, sum(m * len(v) / len(pool_nodes) for v in vuln))
+    total = 0.0
+    for c in plan.candidates:
+        if not c.model_stage.endswith(".train") or not c.gpus:
+            continue
+        copies = [frozenset(cluster.node_of(g) for g in gpus) & pool_nodes for gpus in state_copies(c)]
+        common = frozenset.intersection(*copies)
+        total += sum(q(n) for n in common) + _copies_hit_together(copies, common, q, p)
+    return min(1.0, total)
+
+
+def touch_probability(plan: Plan, cluster: ClusterSpec, pool, event_nodes: float = 1.0,
+                      sites: LossSites | None = None) -> float:
+    """``P_touch``: probability that one loss event takes some GPU of ``plan`` (and so aborts its
+    step), ``min(1, Σ_{n ∈ nodes(plan)} q_n)`` over the plan's nodes in the pool, ``q_n`` uniform
+    or learned as in :func:`hit_probability`. 0 for an empty pool."""
+    pool_nodes, q, _ = _node_model(cluster, pool, event_nodes, sites)
+    nodes = frozenset(cluster.node_of(g) for g in plan.gpus_used()) & pool_nodes
+    return min(1.0, sum(q(n) for n in nodes))
+
+
+#: seconds from an unannounced loss until Ray declares the node dead: the middle of Ray's 15-50 s
+#: (5 failed health checks 3 s apart, each allowed 10 s; ``src/ray/common/ray_config_def.h``)
+DETECT_S = 32.5
 
 
 @dataclass(frozen=True)
@@ -160,14 +229,24 @@ class RiskModel:
 
     Attributes:
         restart_s: seconds of a checkpoint/restart (process restart, state load, warm-up).
-        checkpoint_interval: RL steps between checkpoints (half of them are redone on average).
+        checkpoint_interval: RL steps between checkpoints (half of them are redone on average);
+            used when ``save_s`` is None (a fixed checkpoint interval).
+        save_s: seconds one checkpoint save takes, when the executor checkpoints at Young's
+            interval (``nereus.sim.checkpoint``): the redone work is then half of
+            ``sqrt(2 · save_s · M)`` with ``M = 1 / (λ · P_hit)`` the plan's mean time between
+            state losses (:meth:`redo_s`). None: the fixed interval.
+        detect_s: seconds from an unannounced loss until the executor sees it (:data:`DETECT_S`);
+            given, every event that takes a GPU of the plan also costs the aborted step (half of
+            ``L_step`` on average) and the detection (:meth:`risk`). None: interruptions not priced.
 
     Raises:
-        ValueError: negative ``restart_s`` or a non-positive interval.
+        ValueError: negative or non-finite seconds or a non-positive interval.
     """
 
     restart_s: float = 180.0
     checkpoint_interval: int = 25
+    save_s: float | None = None
+    detect_s: float | None = None
 
     def __post_init__(self) -> None:
         if not (self.restart_s >= 0 and math.isfinite(self.restart_s)):
@@ -175,16 +254,42 @@ class RiskModel:
         if not (isinstance(self.checkpoint_interval, int) and self.checkpoint_interval >= 1):
             raise ValueError(f"risk field 'checkpoint_interval' must be an integer >= 1 step, "
                              f"got {self.checkpoint_interval!r}")
+        for f in ("save_s", "detect_s"):
+            v = getattr(self, f)
+            if v is not None and not (v >= 0 and math.isfinite(v)):
+                raise ValueError(f"risk field {f!r} must be None or a finite number >= 0 s, got {v!r}")
 
-    def loss_cost(self, l_step: float) -> float:
-        """``C``: seconds lost by one state-loss event for a plan with step time ``l_step``."""
-        return self.restart_s + 0.5 * self.checkpoint_interval * l_step
+    def redo_s(self, l_step: float, failure_rate: float = 0.0) -> float:
+        """Seconds of completed work redone after one state loss: half the checkpoint interval,
+        ``checkpoint_interval · l_step / 2`` (fixed), or with ``save_s`` and a ``failure_rate`` > 0
+        (state losses per second) half of Young's interval, ``sqrt(2 · save_s / failure_rate) / 2``
+        (Young, CACM 17(9), 1974; the executor's rule, ``nereus.sim.checkpoint``)."""
+        if self.save_s is None or not failure_rate > 0:
+            return 0.5 * self.checkpoint_interval * l_step
+        return 0.5 * math.sqrt(2.0 * self.save_s / failure_rate)
+
+    def loss_cost(self, l_step: float, failure_rate: float = 0.0) -> float:
+        """``C``: seconds lost by one state-loss event for a plan with step time ``l_step``
+        (restart plus :meth:`redo_s`)."""
+        return self.restart_s + self.redo_s(l_step, failure_rate)
 
     def risk(self, plan: Plan, cluster: ClusterSpec, pool, rate: float, event_gpus: float = 1.0,
              sites: LossSites | None = None) -> float:
-        """Expected seconds lost per step on ``plan`` (0 when ``rate`` is 0 or the plan is redundant);
-        ``sites``: learned per-node hit probabilities (:func:`hit_probability`)."""
+        """Expected seconds lost per step on ``plan`` (0 when ``rate`` is 0)::
+
+            risk = L · λ · (P_hit · C  +  P_touch · (L / 2 + detect_s))     (the last term with detect_s)
+
+        ``L · λ`` is the expected events per step; ``C`` = :meth:`loss_cost` at the plan's failure
+        rate ``λ · P_hit``; ``P_touch`` (:func:`touch_probability`, at least ``P_hit``) the chance
+        an event aborts the step. The urgent transition after a touch that spares the state is not
+        priced (9-50 s in the 70B replays of docs/simulate.md, against ``L / 2`` of 60-100 s).
+        ``sites``: learned per-node and per-pair hit probabilities (:func:`hit_probability`)."""
         if rate <= 0 or not math.isfinite(plan.l_step):
             return 0.0
-        p = hit_probability(plan, cluster, pool, event_gpus / cluster.gpus_per_node, sites)
-        return plan.l_step * rate * p * self.loss_cost(plan.l_step)
+        m = event_gpus / cluster.gpus_per_node
+        p = hit_probability(plan, cluster, pool, m, sites)
+        per_event = p * self.loss_cost(plan.l_step, rate * p) if p > 0 else 0.0
+        if self.detect_s is not None:
+            t = max(p, touch_probability(plan, cluster, pool, m, sites))
+            per_event += t * (0.5 * plan.l_step + self.detect_s)
+        return plan.l_step * rate * per_event

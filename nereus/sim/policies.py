@@ -42,7 +42,7 @@ from nereus.controller.controller import Controller, ControllerConfig, state_sur
 from nereus.controller.decisions import Keep, Restart
 from nereus.controller.monitor import Monitor, StepReport
 from nereus.controller.planning import CostModelPlanner
-from nereus.controller.risk import RiskModel
+from nereus.controller.risk import DETECT_S, RiskModel
 from nereus.cost.efficiency import EfficiencyTable
 from nereus.sim.restart import RestartCost
 from nereus.spec.job import JobSpec
@@ -237,10 +237,14 @@ ISSUE29 = {"pool_horizon": "process", "lookahead": True, "loss_sites": True}
 
 
 def risk_model(job: JobSpec, restart: RestartCost | None = None) -> RiskModel:
-    """The controller's state-loss pricing from the simulator's restart-cost model (whole cluster)."""
+    """The controller's state-loss pricing from the simulator's restart-cost model (whole cluster):
+    restart seconds; with Young's checkpoint rule (``RestartCost.checkpoint_rule == "young"``) the
+    save seconds, so the redone work is half of Young's interval, else the fixed interval; and the
+    interruption of a step by a loss, with Ray's failure detection (``risk.DETECT_S``)."""
     restart = restart or RestartCost()
+    save = restart.save_s(job, job.cluster.num_nodes) if restart.checkpoint_rule == "young" else None
     return RiskModel(restart_s=restart.restart_s(job, job.cluster.num_nodes),
-                     checkpoint_interval=restart.checkpoint_every)
+                     checkpoint_interval=restart.checkpoint_every, save_s=save, detect_s=DETECT_S)
 
 
 def make_policy(name: str, job: JobSpec, gamma: float, true_efficiency: EfficiencyTable, memory_factor: float,
