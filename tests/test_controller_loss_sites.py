@@ -145,3 +145,40 @@ def test_pair_counts_and_straddle_pricing_by_hand():
         s.pair_probability(1, 1, 0.1)
     with pytest.raises(ValueError, match="prior"):
         s.pair_probability(0, 1, -0.1)
+
+
+def test_per_second_rates_and_event_rates_by_hand():
+    from nereus.controller.risk import RiskModel, event_rates
+
+    s = LossSites(CLUSTER)
+    s.observe(P32, P32, 0.0)
+    s.observe(P24, P24, 100.0)   # node 3 hit after 100 s; nodes 0-3 present 100 s
+    s.observe(P32, P32, 400.0)   # node 3 back (a gain): nodes 0-2 present 300 s more
+    s.observe(P24, P24, 450.0)   # node 3 hit again 50 s after it came back
+    assert s.timed and s.present_s == {0: 450.0, 1: 450.0, 2: 450.0, 3: 150.0}
+    assert s.pair_present_s[(0, 1)] == 450.0 and s.pair_present_s[(2, 3)] == 150.0
+    # λ = 2 events / 450 s; on the 4 nodes of P32, q0 = 1/4: prior rate λ/4 over 1/λ = 225 s
+    lam = 2 / 450
+    assert s.rate(3, lam / 4, 1 / lam) == pytest.approx((2 + 0.25) / (150 + 225))   # 0.006 /s
+    assert s.rate(0, lam / 4, 1 / lam) == pytest.approx(0.25 / (450 + 225))         # 3.7e-4 /s
+    # node 3 is hit every 75 s it is present: 5.4x the run's average λ
+    assert s.rate(3, lam / 4, 1 / lam) > lam
+    # a single replica of critic.train on nodes 2-3 (GPUs 16-31): state loss = interruption rate
+    plan = replace(Plan(candidates=(Candidate("critic.train", 1, 16, 1, gpus=tuple(range(16, 32))),)), l_step=40.0)
+    r2, r3 = 0.25 / 675, 2.25 / 375
+    hit, touch = event_rates(plan, CLUSTER, P32, lam, 1.0, s)
+    assert hit == pytest.approx(r2 + r3) and touch == pytest.approx(r2 + r3)
+    # risk = L (ρ C + ρ (L/2 + detect)), fixed interval: C = 100 + 5 · 40 = 300 s
+    rm = RiskModel(restart_s=100.0, checkpoint_interval=10, detect_s=30.0)
+    assert rm.risk(plan, CLUSTER, P32, lam, 8.0, s) == pytest.approx(40 * (r2 + r3) * (300 + 50))
+    # reports without a clock keep the per-event probabilities times λ
+    untimed = _two_losses()
+    assert not untimed.timed
+    assert event_rates(plan, CLUSTER, P32, lam, 1.0, untimed)[0] == pytest.approx(
+        lam * hit_probability(plan, CLUSTER, P32, 1.0, untimed))
+    # safest nodes by rate: nodes 0-2 (never hit) before node 3
+    assert s.safest_nodes(P32, 0.25, lam) == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="rate prior"):
+        s.rate(0, -1.0, 10.0)
+    with pytest.raises(ValueError, match="distinct"):
+        s.pair_rate(2, 2, 0.1, 10.0)
