@@ -179,7 +179,7 @@ class Controller:
         alive = frozenset(report.alive) | pool if report.alive is not None else pool
         self.loss.observe(pool, alive, report.elapsed_s, report.step_time)
         self.pool_process.observe(pool, self.loss.seconds)
-        self.sites.observe(pool, alive, self.loss.seconds)
+        self.sites.observe(pool, alive)
         self.trend.observe(report.step, report.response_len)
         job = self.job_at(report.response_len)
         if report.oom:
@@ -295,7 +295,7 @@ class Controller:
         cluster = self.job.cluster
         nodes_n = len({cluster.node_of(g) for g in pool})
         m = max(1.0, self.loss.mean_event_gpus() / cluster.gpus_per_node)
-        order = self.sites.safest_nodes(pool, min(1.0, m / nodes_n) if nodes_n else 0.0, self.loss_rate())
+        order = self.sites.safest_nodes(pool, min(1.0, m / nodes_n) if nodes_n else 0.0)
         out = []
         for k in range(len(order) - 1, 0, -1):
             keep = set(order[:k])

@@ -36,20 +36,6 @@ estimate::
   ``N`` takes both ``a`` and ``b`` (``m_h`` = :meth:`LossSites.mean_nodes_hit`, the mean number of
   distinct nodes the events seen took; 1 before any event, so the prior of whole-node events is 0).
 
-Per second of presence (third round): ``q_n`` is a probability *per event*, and the controller
-multiplied it by ``λ``, the events per second averaged over the whole run. But the nodes hit most
-are in the pool only part of the time (they are the last to arrive and the first to go), and an
-event is more likely while they are there: the average ``λ`` then understates how often a plan on
-them is interrupted (70B on ``bamboo-gcp-v100``: ``λ`` = 1.3e-3/s while the nodes that had joined
-last were hit every 110-250 s). When the reports carry a clock, each node and each pair gets the
-standard exposure-time estimate of a Poisson rate (events over seconds at risk), with the same
-prior of one pseudo-event::
-
-    r_n  = (h_n  + q0) / (T_n  + 1/λ)          r_ab = (c_ab + p0) / (T_ab + 1/λ)
-
-``T_n`` (``T_ab``): seconds node ``n`` (both nodes) had GPUs in the pool. With no evidence
-``r_n = λ · q0``, the uniform model; the rates are not capped by ``λ``.
-
 A node that has not been hit after ``k`` exposures has ``q_n = q0 / (k + 1)``, a node hit in all of
 them ``(k + q0) / (k + 1)``. When losses do fall uniformly the estimate converges to the uniform
 model (``h_n / e_n → m / N``). Assumptions: node slots keep their identity across leave and rejoin
@@ -81,8 +67,6 @@ class LossSites:
         nodes_hit: distinct nodes those events took, summed (for :meth:`mean_nodes_hit`).
         pair_exposed: ``(a, b)`` with ``a < b`` → events seen while both nodes had GPUs in the pool.
         pair_hits: ``(a, b)`` → those events that took GPUs of both.
-        present_s: node → seconds it had GPUs in the pool (when reports carry a clock).
-        pair_present_s: ``(a, b)`` → seconds both had GPUs in the pool.
     """
 
     cluster: ClusterSpec
@@ -92,28 +76,14 @@ class LossSites:
     nodes_hit: int = 0
     pair_exposed: dict = field(default_factory=dict)
     pair_hits: dict = field(default_factory=dict)
-    present_s: dict = field(default_factory=dict)
-    pair_present_s: dict = field(default_factory=dict)
     _last_pool: frozenset | None = field(default=None, repr=False)
-    _last_now: float | None = field(default=None, repr=False)
 
-    def observe(self, pool: frozenset, alive: frozenset, now_s: float | None = None) -> frozenset:
-        """Record one step report (``P_gpu``, the GPUs still running and, for the per-second rates,
-        the executor's clock ``now_s`` in seconds); returns the nodes hit by an unannounced loss
-        since the last report (GPUs in the last ``P_gpu`` that are no longer alive; announced GPUs
-        leave ``P_gpu`` first and are not counted, as in ``risk.LossRate``). The seconds since the
-        last report count as presence of every node (and pair of nodes) of the last ``P_gpu``."""
+    def observe(self, pool: frozenset, alive: frozenset) -> frozenset:
+        """Record one step report (``P_gpu`` and the GPUs still running); returns the nodes hit by
+        an unannounced loss since the last report (GPUs in the last ``P_gpu`` that are no longer
+        alive; announced GPUs leave ``P_gpu`` first and are not counted, as in ``risk.LossRate``)."""
         pool, alive = frozenset(pool), frozenset(alive)
         hit: frozenset = frozenset()
-        if now_s is not None:
-            if self._last_now is not None and self._last_pool is not None and now_s > self._last_now:
-                dt = float(now_s) - self._last_now
-                up = sorted({self.cluster.node_of(g) for g in self._last_pool})
-                for i, a in enumerate(up):
-                    self.present_s[a] = self.present_s.get(a, 0.0) + dt
-                    for b in up[i + 1:]:
-                        self.pair_present_s[(a, b)] = self.pair_present_s.get((a, b), 0.0) + dt
-            self._last_now = max(float(now_s), self._last_now or 0.0)
         if self._last_pool is not None:
             gone = self._last_pool - alive
             if gone:
@@ -164,45 +134,7 @@ class LossSites:
         x, c = self.pair_exposed.get(key, 0), self.pair_hits.get(key, 0)
         return (c + PRIOR_WEIGHT * prior) / (x + PRIOR_WEIGHT)
 
-    @property
-    def timed(self) -> bool:
-        """Whether reports carried a clock (the per-second rates are defined)."""
-        return bool(self.present_s)
-
-    def rate(self, node: int, prior_rate: float, prior_s: float) -> float:
-        """``r_n``: events per second that take GPUs of ``node`` while it is in the pool (module
-        docstring), ``(h_n + prior_rate · prior_s) / (T_n + prior_s)``.
-
-        Raises:
-            ValueError: a negative prior rate or a non-positive prior time.
-        """
-        _check_rate_prior(prior_rate, prior_s)
-        return (self.hits.get(node, 0) + prior_rate * prior_s) / (self.present_s.get(node, 0.0) + prior_s)
-
-    def pair_rate(self, a: int, b: int, prior_rate: float, prior_s: float) -> float:
-        """``r_ab``: events per second that take GPUs of both ``a`` and ``b`` while both are in the
-        pool, ``(c_ab + prior_rate · prior_s) / (T_ab + prior_s)``.
-
-        Raises:
-            ValueError: ``a == b``, a negative prior rate or a non-positive prior time.
-        """
-        _check_rate_prior(prior_rate, prior_s)
-        if a == b:
-            raise ValueError(f"loss-site pair needs two distinct nodes, got {a!r} twice")
-        key = (min(a, b), max(a, b))
-        return (self.pair_hits.get(key, 0) + prior_rate * prior_s) / (self.pair_present_s.get(key, 0.0) + prior_s)
-
-    def safest_nodes(self, pool, prior: float, rate: float = 0.0) -> list[int]:
-        """The pool's nodes, least likely to be hit first (ties: lower node index first): by
-        :meth:`rate` (prior ``rate · prior`` over ``1 / rate`` seconds) when reports carried a clock
-        and ``rate`` (events/s) > 0, else by :meth:`probability`."""
+    def safest_nodes(self, pool, prior: float) -> list[int]:
+        """The pool's nodes, least likely to be hit first (ties: lower node index first)."""
         nodes = sorted({self.cluster.node_of(g) for g in pool})
-        if self.timed and rate > 0:
-            return sorted(nodes, key=lambda n: (self.rate(n, rate * prior, 1.0 / rate), n))
         return sorted(nodes, key=lambda n: (self.probability(n, prior), n))
-
-
-def _check_rate_prior(prior_rate: float, prior_s: float) -> None:
-    if not (prior_rate >= 0 and prior_s > 0):
-        raise ValueError(f"loss-site rate prior must be a rate >= 0 /s over a time > 0 s, "
-                         f"got rate={prior_rate!r}, seconds={prior_s!r}")

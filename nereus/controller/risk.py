@@ -67,7 +67,7 @@ from nereus.spec.hardware import ClusterSpec
 from nereus.spec.plan import Plan
 
 __all__ = ["LossRate", "RiskModel", "state_copies", "vulnerable_nodes", "hit_probability", "touch_probability",
-           "event_rates", "DETECT_S"]
+           "DETECT_S"]
 
 
 @dataclass
@@ -198,12 +198,6 @@ def hit_probability(plan: Plan, cluster: ClusterSpec, pool, event_nodes: float =
     pool_nodes, q, p = _node_model(cluster, pool, event_nodes, sites)
     if not pool_nodes:
         return 0.0
-    return min(1.0, _state_loss_sum(plan, cluster, pool_nodes, q, p))
-
-
-def _state_loss_sum(plan: Plan, cluster: ClusterSpec, pool_nodes, q, p) -> float:
-    """Σ over ``*.train`` model-stages of ``Σ_{n ∈ common} q(n) + straddle`` (uncapped; ``q``, ``p``
-    per event or per second)."""
     total = 0.0
     for c in plan.candidates:
         if not c.model_stage.endswith(".train") or not c.gpus:
@@ -211,7 +205,7 @@ def _state_loss_sum(plan: Plan, cluster: ClusterSpec, pool_nodes, q, p) -> float
         copies = [frozenset(cluster.node_of(g) for g in gpus) & pool_nodes for gpus in state_copies(c)]
         common = frozenset.intersection(*copies)
         total += sum(q(n) for n in common) + _copies_hit_together(copies, common, q, p)
-    return total
+    return min(1.0, total)
 
 
 def touch_probability(plan: Plan, cluster: ClusterSpec, pool, event_nodes: float = 1.0,
@@ -222,39 +216,6 @@ def touch_probability(plan: Plan, cluster: ClusterSpec, pool, event_nodes: float
     pool_nodes, q, _ = _node_model(cluster, pool, event_nodes, sites)
     nodes = frozenset(cluster.node_of(g) for g in plan.gpus_used()) & pool_nodes
     return min(1.0, sum(q(n) for n in nodes))
-
-
-def event_rates(plan: Plan, cluster: ClusterSpec, pool, rate: float, event_nodes: float = 1.0,
-                sites: LossSites | None = None) -> tuple[float, float]:
-    """``(state-loss events/s, interrupting events/s)`` of ``plan`` (the second at least the first).
-
-    With ``sites`` whose reports carried a clock (``LossSites.timed``) and have seen an event: the
-    per-second rates of ``nereus.controller.loss_sites`` summed as in :func:`hit_probability`
-    (vulnerable nodes ``r_n``, straddles ``r_ab``) and :func:`touch_probability` (every node of the
-    plan), priors ``λ · q0`` and ``λ · p0`` over ``1 / λ`` seconds, not capped by ``λ``; otherwise
-    ``λ · P_hit`` and ``λ · max(P_hit, P_touch)``. Both 0 when ``rate`` is 0.
-    """
-    if not rate > 0:
-        return 0.0, 0.0
-    if sites is not None and sites.events > 0 and sites.timed:
-        pool_nodes = frozenset(cluster.node_of(g) for g in pool)
-        n = len(pool_nodes)
-        if not n:
-            return 0.0, 0.0
-        q0 = min(1.0, max(1.0, event_nodes) / n)
-        mh = max(1.0, sites.mean_nodes_hit())
-        p0 = min(1.0, mh * (mh - 1.0) / (n * (n - 1))) if n > 1 else 0.0
-
-        def r(a):
-            return sites.rate(a, rate * q0, 1.0 / rate)
-
-        def pr(a, b):
-            return sites.pair_rate(a, b, rate * p0, 1.0 / rate)
-        hit = _state_loss_sum(plan, cluster, pool_nodes, r, pr)
-        touch = sum(r(a) for a in frozenset(cluster.node_of(g) for g in plan.gpus_used()) & pool_nodes)
-        return hit, max(hit, touch)
-    p = hit_probability(plan, cluster, pool, event_nodes, sites)
-    return rate * p, rate * max(p, touch_probability(plan, cluster, pool, event_nodes, sites))
 
 
 #: seconds from an unannounced loss until Ray declares the node dead: the middle of Ray's 15-50 s
@@ -316,18 +277,19 @@ class RiskModel:
              sites: LossSites | None = None) -> float:
         """Expected seconds lost per step on ``plan`` (0 when ``rate`` is 0)::
 
-            risk = L · (ρ_hit · C  +  ρ_touch · (L / 2 + detect_s))     (the last term with detect_s)
+            risk = L · λ · (P_hit · C  +  P_touch · (L / 2 + detect_s))     (the last term with detect_s)
 
-        ``ρ_hit``, ``ρ_touch``: the plan's state-loss and interrupting events per second
-        (:func:`event_rates`: ``λ · P_hit`` and ``λ · max(P_hit, P_touch)``, or the learned
-        per-second rates of ``sites``), so ``L · ρ`` are events per step; ``C`` = :meth:`loss_cost`
-        at the failure rate ``ρ_hit``. The urgent transition after a touch that spares the state is not
+        ``L · λ`` is the expected events per step; ``C`` = :meth:`loss_cost` at the plan's failure
+        rate ``λ · P_hit``; ``P_touch`` (:func:`touch_probability`, at least ``P_hit``) the chance
+        an event aborts the step. The urgent transition after a touch that spares the state is not
         priced (9-50 s in the 70B replays of docs/simulate.md, against ``L / 2`` of 60-100 s).
         ``sites``: learned per-node and per-pair hit probabilities (:func:`hit_probability`)."""
         if rate <= 0 or not math.isfinite(plan.l_step):
             return 0.0
-        hit, touch = event_rates(plan, cluster, pool, rate, event_gpus / cluster.gpus_per_node, sites)
-        per_s = hit * self.loss_cost(plan.l_step, hit) if hit > 0 else 0.0
+        m = event_gpus / cluster.gpus_per_node
+        p = hit_probability(plan, cluster, pool, m, sites)
+        per_event = p * self.loss_cost(plan.l_step, rate * p) if p > 0 else 0.0
         if self.detect_s is not None:
-            per_s += touch * (0.5 * plan.l_step + self.detect_s)
-        return plan.l_step * per_s
+            t = max(p, touch_probability(plan, cluster, pool, m, sites))
+            per_event += t * (0.5 * plan.l_step + self.detect_s)
+        return plan.l_step * rate * per_event
