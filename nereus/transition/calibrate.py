@@ -20,8 +20,13 @@ more workers were busy than there are cores ran slower than its own speed by the
 inverse of the planner's ``sharing.shared_schedule``). Then, over the primitives that move bytes
 between workers (Split, Merge, Extend, Load from a train model-stage):
 
-* copy bandwidth (bytes/s) = the byte-weighted median of copy bytes / (packing + assembly
-  seconds), weighted so that tiny primitives do not dominate (:func:`weighted_median`);
+* the copy term (:func:`fit_copy`), from each primitive's packing and assembly measured apart
+  (the slowest worker's of each, against the planner's largest send and largest new-shard bytes
+  of one worker): the copy bandwidth ``C`` (bytes/s), a byte-weighted median over the plain
+  one-worker phases (weighted so that tiny primitives do not dominate, :func:`weighted_median`),
+  then the per-byte surcharges of column-slice copies and freshly mapped send buffers and the
+  cores concurrent copy phases share (``transition/copy_cost.py``), each a median over the phases
+  that have them;
 * fixed seconds ``F`` and link bandwidth ``B`` (bytes/s per worker per direction): a robust line
   ``span − copy = F + bytes / B`` over those primitives (the busiest receiver's bytes; Theil–Sen,
   :func:`fit_line`), so a transition of many small primitives is priced by ``F`` and one large
@@ -47,10 +52,11 @@ from dataclasses import dataclass, field, replace
 
 from nereus.spec.hardware import GPUSpec
 from nereus.spec.job import JobSpec
+from nereus.transition.copy_cost import FRESH_BUFFER_BYTES
 from nereus.transition.cost import CostParams
 from nereus.transition.sharing import share_factors
 
-__all__ = ["TransitionCalibration", "LINK_KINDS", "MIN_SPREAD", "fit_line", "weighted_median"]
+__all__ = ["TransitionCalibration", "LINK_KINDS", "MIN_SPREAD", "fit_line", "fit_copy", "weighted_median"]
 
 #: primitive kinds whose time is bytes over a worker-to-worker link
 LINK_KINDS = ("split", "merge", "extend", "load", "sync")
@@ -113,6 +119,60 @@ def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float] | None:
     return f, a
 
 
+def fit_copy(rows) -> dict:
+    """Copy rate ``C`` (bytes/s), the surcharges ``σ``, ``φ`` and the copy cores ``c``
+    (``transition/copy_cost.py``) from measured copy phases.
+
+    Args:
+        rows: ``(K, S, R, seconds, n)`` per measured copy phase: a primitive's packing (the largest
+            send bytes of one worker, ``cost.copy_bytes``'s first part, the slowest worker's
+            ``pack_s``) or its assembly (the largest new-shard bytes, the slowest ``assemble_s``),
+            or both together for records without the split; ``S`` and ``R`` the strided and fresh
+            bytes among ``K``; seconds already divided by the core-sharing factor; ``n`` the
+            workers that ran the phase at once (``copy_cost.copy_workers``; 1 when unknown).
+
+    Returns:
+        ``{"copy_bandwidth", "strided_copy_factor", "fresh_copy_factor", "copy_cores"}``, each None
+        when no row measures it. In order, each from the rows the earlier ones explain:
+
+        * ``C``: the ``K``-weighted median of ``K / seconds`` over the plain phases (``S = R = 0``)
+          of one worker (of any ``n`` when there is none; of every row, the rest then None);
+        * ``σ``: the ``S``-weighted median of ``(seconds·C − K) / S`` over one-worker phases with
+          ``S > 0``, ``R = 0``; ``φ`` the same with ``R`` over those with ``R > 0``, ``S = 0`` (each
+          at least 0);
+        * ``c``: the median over the phases of ``n >= 2`` workers of the cores that explain how
+          much slower than one worker's each ran, ``ρ = seconds·C / (K + σ·S + φ·R)``: ``n / ρ``
+          (``copy_cost.crowd(n, n / ρ) = ρ`` for ``1 <= n / ρ``; 1 where ``ρ >= n``, every worker
+          then serialized; infinite where ``ρ <= 1``).
+
+        Medians: one slow primitive on a shared machine moves none of them. Phases apart, a TP
+        re-cut's contiguous packing and a DP copy's plain assembly measure ``C`` even when every
+        primitive has strided or fresh bytes somewhere.
+    """
+    rows = [(k, s, r, c, n) for k, s, r, c, n in rows if k > 0 and c > 0]
+    none = {"copy_bandwidth": None, "strided_copy_factor": None, "fresh_copy_factor": None, "copy_cores": None}
+    if not rows:
+        return none
+    plain = [(k, c) for k, s, r, c, n in rows if s <= 0 and r <= 0 and n <= 1] or \
+        [(k, c) for k, s, r, c, n in rows if s <= 0 and r <= 0]
+    if not plain:
+        return {**none, "copy_bandwidth": weighted_median([x[0] / x[3] for x in rows], [x[0] for x in rows])}
+    bw = weighted_median([k / c for k, c in plain], [k for k, _ in plain])
+
+    def surcharge(xs: list[tuple[float, float, float]]) -> float | None:  # (K, extra bytes, seconds)
+        return max(0.0, weighted_median([(c * bw - k) / x for k, x, c in xs], [x for _, x, _ in xs])) if xs else None
+
+    sig = surcharge([(k, s, c) for k, s, r, c, n in rows if s > 0 and r <= 0 and n <= 1])
+    phi = surcharge([(k, r, c) for k, s, r, c, n in rows if r > 0 and s <= 0 and n <= 1])
+    crowd = []
+    for k, s, r, c, n in rows:
+        if n >= 2:
+            rho = c * bw / (k + (sig or 0.0) * s + (phi or 0.0) * r)
+            crowd.append(max(1.0, n / rho) if rho > 1.0 else math.inf)
+    return {"copy_bandwidth": bw, "strided_copy_factor": sig, "fresh_copy_factor": phi,
+            "copy_cores": statistics.median(crowd) if crowd else None}
+
+
 @dataclass
 class TransitionCalibration:
     """Measured transition constants (module docstring).
@@ -125,7 +185,12 @@ class TransitionCalibration:
         bandwidth: bytes/s per worker per direction, None before any measurement.
         setup_s: fixed seconds per primitive that moves bytes (module docstring, ``F``), None before
             any measurement.
-        copy_bandwidth: bytes/s of packing plus assembly, None before any measurement.
+        copy_bandwidth: bytes/s of packing plus assembly of contiguous bytes (:func:`fit_copy`), None
+            before any measurement.
+        strided_copy_factor, fresh_copy_factor: ``σ`` and ``φ`` of ``transition/copy_cost.py``
+            (:func:`fit_copy`), None before a primitive with such bytes was measured.
+        copy_cores: ``CostParams.copy_cores`` (:func:`fit_copy`), None before a copy phase on two
+            or more workers at once was measured.
         teardown_s: seconds of a Destroy, None before any measurement.
         history: one ``{"bandwidth", "copy_bandwidth", "setup_s", "teardown_s", "primitives"}`` per
             :meth:`observe` that measured (that transition's own values).
@@ -140,8 +205,12 @@ class TransitionCalibration:
     setup_s: float | None = None
     copy_bandwidth: float | None = None
     teardown_s: float | None = None
+    strided_copy_factor: float | None = None
+    fresh_copy_factor: float | None = None
+    copy_cores: float | None = None
     history: list = field(default_factory=list)
-    # (busiest bytes, transfer s, copy bytes, copy s, old-style setup s, span - copy s or None), unshared
+    # (busiest bytes, transfer s, copy bytes, copy s, old-style setup s, span - copy s or None,
+    # copy phases: ((bytes, strided bytes, fresh bytes, seconds), ...)), unshared
     rows: list = field(default_factory=list, repr=False)
     teardowns: list = field(default_factory=list, repr=False)
 
@@ -191,7 +260,16 @@ class TransitionCalibration:
             copy = float(pack) + float(asm or 0.0) if pack is not None else float(get("copy_s", 0.0) or 0.0)
             setup = max(0.0, float(wall) - transfer - copy) if wall is not None else float(get("setup_s") or 0.0)
             rest = max(0.0, float(wall) - copy) / s if wall is not None else None
-            rows.append((busiest, transfer / s, float(get("copy_bytes", 0) or busiest), copy / s, setup / s, rest))
+            f = lambda k, _get=get: float(_get(k, 0) or 0)  # noqa: E731
+            if f("pack_bytes") or f("assemble_bytes"):  # the two phases apart (fit_copy)
+                phases = ((f("pack_bytes"), f("pack_strided"), f("fresh_bytes"), f("pack_s") / s,
+                           f("pack_workers") or 1.0),
+                          (f("assemble_bytes"), f("assemble_strided"), 0.0, f("assemble_s") / s,
+                           f("assemble_workers") or 1.0))
+            else:
+                phases = ((f("copy_bytes") or busiest, 0.0, 0.0, copy / s, 1.0),)
+            rows.append((busiest, transfer / s, float(get("copy_bytes", 0) or busiest), copy / s, setup / s, rest,
+                         phases))
         if rows or teardowns:
             self.history.append({**self._fit(rows, teardowns), "primitives": len(rows)})
         self.rows = (self.rows + rows)[-self.window:]
@@ -204,17 +282,15 @@ class TransitionCalibration:
     @staticmethod
     def _fit(rows, teardowns) -> dict:
         """The four constants from rows and Destroy seconds (None where nothing measured one)."""
-        wire = [(b, t) for b, t, _, _, _, _ in rows if b > 0 and t > 0]
-        copy = [(k, c) for b, _, k, c, _, _ in rows if b > 0 and k > 0 and c > 0]
-        pts = [(b, y) for b, _, _, _, _, y in rows if y is not None]
+        wire = [(r[0], r[1]) for r in rows if r[0] > 0 and r[1] > 0]
+        pts = [(r[0], r[5]) for r in rows if r[5] is not None]
         line = fit_line([b for b, _ in pts], [y for _, y in pts]) if len(pts) == len(rows) else None
         if line is not None:
             bandwidth, setup = 1.0 / line[1], line[0]
         else:
             bandwidth = weighted_median([b / t for b, t in wire], [b for b, _ in wire]) if wire else None
             setup = statistics.median(r[4] for r in rows) if rows else None
-        return {"bandwidth": bandwidth,
-                "copy_bandwidth": weighted_median([k / c for k, c in copy], [k for k, _ in copy]) if copy else None,
+        return {"bandwidth": bandwidth, **fit_copy([ph for r in rows if r[0] > 0 for ph in r[6]]),
                 "setup_s": setup,
                 "teardown_s": statistics.median(teardowns) if teardowns else None}
 
@@ -237,6 +313,12 @@ class TransitionCalibration:
                           comm_setup_inter_s=max(self.setup_s, base.comm_setup_inter_s))
         if self.copy_bandwidth is not None:
             out = replace(out, copy_bandwidth=self.copy_bandwidth)
+        if self.strided_copy_factor is not None:
+            out = replace(out, strided_copy_factor=self.strided_copy_factor)
+        if self.copy_cores is not None:
+            out = replace(out, copy_cores=self.copy_cores)
+        if self.fresh_copy_factor is not None:
+            out = replace(out, fresh_copy_factor=self.fresh_copy_factor, fresh_buffer_bytes=FRESH_BUFFER_BYTES)
         if self.teardown_s is not None:
             out = replace(out, teardown_s=self.teardown_s)
         return out
