@@ -4,7 +4,7 @@ One PPO job (``small`` model preset, or ``tiny`` where it does not exist) on 4 R
 one training step (so Adam's moments are non-zero), then each layout change below is applied from
 the same state and the same source layout in three ways:
 
-* **live** (``--live-reps`` times, default 5: medians): ``TransitionExecutor.execute`` of the planner's DAG
+* **live** (``--live-reps`` times, default 15: medians): ``TransitionExecutor.execute`` of the planner's DAG
   (``estimate_transition`` on the job calibrated from the transitions run before this case,
   ``transition/calibrate.py``): shards move worker to worker, only the model-stages that change are
   touched. Seconds: the ``execute`` call (planning excluded); bytes: the report's ``bytes_moved``;
@@ -226,7 +226,7 @@ def _equal(a: dict, b: dict) -> bool:
     return True
 
 
-def run(reps: int, root: str, log=print, live_reps: int = 5, live_only: bool = False) -> dict:
+def run(reps: int, root: str, log=print, live_reps: int = 15, live_only: bool = False) -> dict:
     import copy
 
     import ray
@@ -416,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=2, help="repetitions per case of the in-process reload (median "
                     "reported); the faithful restart runs once per case")
-    ap.add_argument("--live-reps", type=int, default=5, help="repetitions per case of the live transition (median "
+    ap.add_argument("--live-reps", type=int, default=15, help="repetitions per case of the live transition (median "
                     "of seconds and of L_tran measured: one transition's seconds swing several-fold on a shared "
                     "machine)")
     ap.add_argument("--out", default="bench-live-transition.png", help="PNG bar chart path")

@@ -173,3 +173,17 @@ def test_calibration_fits_the_phases_apart():
     p = cal.params()
     assert (p.strided_copy_factor, p.fresh_copy_factor, p.fresh_buffer_bytes, p.copy_cores) == (
         pytest.approx(1.0), pytest.approx(1.0), FRESH_BUFFER_BYTES, math.inf)
+
+
+def test_wire_excludes_the_senders_packing():
+    """A receiver's transfer seconds start with its sender's packing, which the copy term prices:
+    the wire fallback (fewer than 3 primitives, calibrate.py) takes transfer − pack. A Merge of
+    28 MB: span 50 ms, the sender packs 10 ms, the receiver waits 30 ms (10 ms packing + 20 ms
+    wire) and assembles 10 ms: B = 28 MB / 20 ms = 1.4 GB/s (not 28 / 30), F = 50 − 20 − 20 =
+    10 ms."""
+    rec = {"kind": "merge", "received": {1: 28e6}, "transfer_s": 0.030, "pack_s": 0.010, "assemble_s": 0.010,
+           "t_ready": 0.0, "t_end": 0.050, "workers": 2}
+    cal = TransitionCalibration()
+    cal.observe([rec, dict(rec)])
+    assert cal.bandwidth == pytest.approx(1.4e9)
+    assert cal.setup_s == pytest.approx(0.010)

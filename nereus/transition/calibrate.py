@@ -33,8 +33,10 @@ between workers (Split, Merge, Extend, Load from a train model-stage):
   primitive by ``B`` (a bandwidth alone would fold every primitive's fixed cost into the per-byte
   rate). ``F`` is held at >= 0 (through the origin otherwise); with fewer than 3 primitives, bytes
   that barely vary (relative spread under ``MIN_SPREAD``) or a slope <= 0: ``B`` = the
-  byte-weighted median of bytes / transfer seconds and ``F`` = the median of ``span − transfer −
-  copy`` (at least 0);
+  byte-weighted median of bytes / wire seconds and ``F`` = the median of ``span − wire − copy``
+  (at least 0), the wire seconds being the slowest worker's transfer seconds less the slowest
+  sender's packing (a receiver's wait starts with its sender's packing, which the copy term
+  already prices: counted twice, it halved ``B`` for a 28 MB Split on this machine);
 
 and the median Destroy span gives ``CostParams.teardown_s``. They replace the cluster's scale-up and
 scale-out bandwidth and ``CostParams.comm_setup_*`` (the fixed term, paid once per primitive),
@@ -210,7 +212,7 @@ class TransitionCalibration:
     copy_cores: float | None = None
     history: list = field(default_factory=list)
     # (busiest bytes, transfer s, copy bytes, copy s, old-style setup s, span - copy s or None,
-    # copy phases: ((bytes, strided bytes, fresh bytes, seconds), ...)), unshared
+    # copy phases: ((bytes, strided bytes, fresh bytes, seconds, workers), ...)), unshared
     rows: list = field(default_factory=list, repr=False)
     teardowns: list = field(default_factory=list, repr=False)
 
@@ -258,6 +260,8 @@ class TransitionCalibration:
             transfer = float(get("transfer_s") or 0.0)
             pack, asm = get("pack_s"), get("assemble_s")
             copy = float(pack) + float(asm or 0.0) if pack is not None else float(get("copy_s", 0.0) or 0.0)
+            if pack is not None:  # a receiver waits while its sender packs: the wire is what follows
+                transfer = max(0.0, transfer - float(pack))
             setup = max(0.0, float(wall) - transfer - copy) if wall is not None else float(get("setup_s") or 0.0)
             rest = max(0.0, float(wall) - copy) / s if wall is not None else None
             f = lambda k, _get=get: float(_get(k, 0) or 0)  # noqa: E731
@@ -282,6 +286,7 @@ class TransitionCalibration:
     @staticmethod
     def _fit(rows, teardowns) -> dict:
         """The four constants from rows and Destroy seconds (None where nothing measured one)."""
+        cp = fit_copy([ph for r in rows if r[0] > 0 for ph in r[6]])
         wire = [(r[0], r[1]) for r in rows if r[0] > 0 and r[1] > 0]
         pts = [(r[0], r[5]) for r in rows if r[5] is not None]
         line = fit_line([b for b, _ in pts], [y for _, y in pts]) if len(pts) == len(rows) else None
@@ -290,7 +295,7 @@ class TransitionCalibration:
         else:
             bandwidth = weighted_median([b / t for b, t in wire], [b for b, _ in wire]) if wire else None
             setup = statistics.median(r[4] for r in rows) if rows else None
-        return {"bandwidth": bandwidth, **fit_copy([ph for r in rows if r[0] > 0 for ph in r[6]]),
+        return {"bandwidth": bandwidth, **cp,
                 "setup_s": setup,
                 "teardown_s": statistics.median(teardowns) if teardowns else None}
 
