@@ -25,6 +25,8 @@ from nereus.transition.copy_cost import (
     crowd,
     effective_copy_bytes,
     fresh_bytes,
+    fresh_recv_bytes,
+    recv_buffers,
     row_parallel_fraction,
     send_buffers,
 )
@@ -97,6 +99,15 @@ def test_fresh_bytes_count_send_buffers_at_the_mmap_threshold():
     assert FRESH_BUFFER_BYTES == 33_554_432
     with pytest.raises(ValueError, match="threshold"):
         fresh_bytes(x, 0)
+    # receive buffers: one per sender; the Extend's receiver gets one 40 MiB buffer, the group
+    # members 1 and 2 each one from GPU 0, the only member that sends
+    assert recv_buffers(x) == {1: [float(big)]} and fresh_recv_bytes(x) == big
+    assert fresh_recv_bytes(y) == 0 and fresh_recv_bytes(x, math.inf) == 0
+    h = Primitive(pid="merge:m", kind="merge", model_stage="actor.train", gpus=(0, 1, 2), groups=(((0, 1, 2), 1),),
+                  sent={0: 2 * big}, recv={1: big, 2: small})
+    assert recv_buffers(h) == {1: [float(big)], 2: [float(small)]} and fresh_recv_bytes(h) == big
+    with pytest.raises(ValueError, match="threshold"):
+        fresh_recv_bytes(x, -1)
 
 
 def test_crowd_by_hand():
@@ -122,11 +133,12 @@ def test_duration_prices_strided_fresh_and_crowded_bytes():
     assert duration(m, c, p) == pytest.approx(0.1 + 10e6 / bw + lat + 34.5e6 / 1e9)
     # the defaults price every byte alike (σ = φ = 0, c infinite): K
     assert effective_copy_bytes(m, copy_bytes(m), CostParams()) == 20e6
-    # a 40 MiB Extend with φ = 1 (and the CPU threshold): the packed bytes count twice
+    # a 40 MiB Extend with φ = 1 (and the CPU threshold): the packed and the received bytes twice
     big = 40 * 2**20
     x = extend(EMU("a#0", "actor.train", 1, 1, (0,), (big,)), EMU("a#1", "actor.train", 1, 1, (1,), (big,)))
     q = CostParams(copy_bandwidth=1e9, fresh_copy_factor=1.0, fresh_buffer_bytes=FRESH_BUFFER_BYTES)
-    assert effective_copy_bytes(x, copy_bytes(x), q) == 3 * big
+    # K = 2·big, plus φ·big for the fresh send buffer and φ·big for the fresh receive buffer
+    assert effective_copy_bytes(x, copy_bytes(x), q) == 4 * big
     assert effective_copy_bytes(x, copy_bytes(x), CostParams(copy_bandwidth=1e9, fresh_copy_factor=1.0)) == 2 * big
     with pytest.raises(ValueError, match="copy_cores"):
         CostParams(copy_cores=0.0)
@@ -187,3 +199,21 @@ def test_wire_excludes_the_senders_packing():
     cal.observe([rec, dict(rec)])
     assert cal.bandwidth == pytest.approx(1.4e9)
     assert cal.setup_s == pytest.approx(0.010)
+
+
+def test_wire_excludes_fresh_receive_page_faults():
+    """Three Extends of a 40 MiB (fresh) buffer, each: pack 80 ms, assembly 40 ms, wire (transfer −
+    pack) 60 ms, span 180 ms. Copy: the assembly is plain, C = 40 MiB / 40 ms; the packing gives
+    φ = (80 − 40) / 40 = 1. The receive buffer's faults, φ·R_r / C = 40 ms, are the copy term's:
+    the wire left is 20 ms, B = 40 MiB / 20 ms (not / 60 ms); F = 180 − 20 − 120 − 40 = 0."""
+    big = 40 * 2**20
+    rec = {"kind": "extend", "received": {1: big}, "transfer_s": 0.140, "pack_s": 0.080, "assemble_s": 0.040,
+           "t_ready": 0.0, "t_end": 0.180, "workers": 2, "copy_bytes": 2 * big, "pack_bytes": big,
+           "assemble_bytes": big, "fresh_bytes": big, "fresh_recv_bytes": big, "pack_workers": 1,
+           "assemble_workers": 1}
+    cal = TransitionCalibration()
+    cal.observe([dict(rec) for _ in range(3)])
+    assert cal.copy_bandwidth == pytest.approx(big / 0.040)
+    assert cal.fresh_copy_factor == pytest.approx(1.0)
+    assert cal.bandwidth == pytest.approx(big / 0.020)
+    assert cal.setup_s == pytest.approx(0.0, abs=1e-12)

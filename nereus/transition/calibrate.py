@@ -31,7 +31,8 @@ between workers (Split, Merge, Extend, Load from a train model-stage):
   ``span − copy = F + bytes / B`` over those primitives (the busiest receiver's bytes; Theil–Sen,
   :func:`fit_line`), so a transition of many small primitives is priced by ``F`` and one large
   primitive by ``B`` (a bandwidth alone would fold every primitive's fixed cost into the per-byte
-  rate). ``F`` is held at >= 0 (through the origin otherwise); with fewer than 3 primitives, bytes
+  rate), after taking out of ``span − copy`` and the wire seconds what the copy term prices on
+  the wire's path (``φ·R_r / C``: a fresh receive buffer's page faults). ``F`` is held at >= 0 (through the origin otherwise); with fewer than 3 primitives, bytes
   that barely vary (relative spread under ``MIN_SPREAD``) or a slope <= 0: ``B`` = the
   byte-weighted median of bytes / wire seconds and ``F`` = the median of ``span − wire − copy``
   (at least 0), the wire seconds being the slowest worker's transfer seconds less the slowest
@@ -212,7 +213,7 @@ class TransitionCalibration:
     copy_cores: float | None = None
     history: list = field(default_factory=list)
     # (busiest bytes, transfer s, copy bytes, copy s, old-style setup s, span - copy s or None,
-    # copy phases: ((bytes, strided bytes, fresh bytes, seconds, workers), ...)), unshared
+    # copy phases: ((bytes, strided bytes, fresh bytes, seconds, workers), ...), fresh receive bytes), unshared
     rows: list = field(default_factory=list, repr=False)
     teardowns: list = field(default_factory=list, repr=False)
 
@@ -273,7 +274,7 @@ class TransitionCalibration:
             else:
                 phases = ((f("copy_bytes") or busiest, 0.0, 0.0, copy / s, 1.0),)
             rows.append((busiest, transfer / s, float(get("copy_bytes", 0) or busiest), copy / s, setup / s, rest,
-                         phases))
+                         phases, f("fresh_recv_bytes")))
         if rows or teardowns:
             self.history.append({**self._fit(rows, teardowns), "primitives": len(rows)})
         self.rows = (self.rows + rows)[-self.window:]
@@ -287,6 +288,10 @@ class TransitionCalibration:
     def _fit(rows, teardowns) -> dict:
         """The four constants from rows and Destroy seconds (None where nothing measured one)."""
         cp = fit_copy([ph for r in rows if r[0] > 0 for ph in r[6]])
+        # a fresh receive buffer's page faults are priced by the copy term (copy_cost.fresh_recv_bytes)
+        phi, bw = cp["fresh_copy_factor"] or 0.0, cp["copy_bandwidth"] or math.inf
+        rows = [(r[0], max(0.0, r[1] - phi * r[7] / bw), *r[2:5],
+                 None if r[5] is None else max(0.0, r[5] - phi * r[7] / bw)) for r in rows]
         wire = [(r[0], r[1]) for r in rows if r[0] > 0 and r[1] > 0]
         pts = [(r[0], r[5]) for r in rows if r[5] is not None]
         line = fit_line([b for b, _ in pts], [y for _, y in pts]) if len(pts) == len(rows) else None

@@ -23,10 +23,12 @@ surcharge on the copy term ``K / C`` of :func:`nereus.transition.cost.duration`:
   fresh ``mmap`` each time; the kernel faults in and zeroes every page on first write, so packing
   into it writes each byte about twice (measured on this machine: 2.5 GB/s into a fresh 57 MB
   buffer against 7.5 GB/s into reused memory). :func:`fresh_bytes` is the send-buffer bytes of the
-  busiest sender in buffers at least that large. GPUs (PyTorch's caching allocator) reuse memory:
+  busiest sender in buffers at least that large, :func:`fresh_recv_bytes` (``R_r``) the same of
+  the busiest receiver's receive buffers, faulted in while the bytes arrive (on the wire's path:
+  measured here, a 57 MB Extend's wire took 35-39 ms where two 28 MB transfers' took 2·10.5). GPUs (PyTorch's caching allocator) reuse memory:
   ``CostParams.fresh_buffer_bytes`` is infinite by default and the calibration sets it.
 
-The copy term becomes ``(K + σ·S + φ·R) / C`` (:func:`effective_copy_bytes`), ``S`` the strided
+The copy term becomes ``(K + σ·S + φ·(R + R_r)) / C`` (:func:`effective_copy_bytes`), ``S`` the strided
 and ``R`` the fresh bytes, ``σ = CostParams.strided_copy_factor`` and ``φ =
 CostParams.fresh_copy_factor`` the extra seconds of such a byte in units of a contiguous one (0 by
 default; fitted by ``transition/calibrate.py`` from the executor's measured packing and assembly).
@@ -43,7 +45,8 @@ from nereus.transition.emu import EMU
 from nereus.transition.primitives import Primitive
 
 __all__ = ["FRESH_BUFFER_BYTES", "row_parallel_fraction", "strided_bytes", "with_strided", "send_buffers",
-           "fresh_bytes", "copy_workers", "crowd", "effective_copy_bytes"]
+           "fresh_bytes", "recv_buffers", "fresh_recv_bytes", "copy_workers", "crowd",
+           "effective_copy_bytes"]
 
 #: glibc's ``DEFAULT_MMAP_THRESHOLD_MAX`` on 64-bit (``4·1024·1024·sizeof(long)``, mallopt(3)): a
 #: CPU allocation at least this large is always a fresh mmap (faulted in and zeroed on first write)
@@ -128,6 +131,38 @@ def send_buffers(p: Primitive) -> dict[int, list[float]]:
     return out
 
 
+def recv_buffers(p: Primitive) -> dict[int, list[float]]:
+    """Receiving GPU → its receive buffers' bytes, one per sender (the mirror of
+    :func:`send_buffers`: ``recv[g]`` split evenly over the members of its groups that send)."""
+    if p.pairs and not p.groups:
+        out: dict[int, list[float]] = {}
+        for _, d, b in p.pairs:
+            if b > 0:
+                out.setdefault(d, []).append(float(b))
+        return out
+    out = {}
+    for g, b in p.recv.items():
+        if b <= 0:
+            continue
+        peers = {x for gpus, _ in p.groups if g in gpus for x in gpus if x != g and p.sent.get(x, 0) > 0}
+        n = max(1, len(peers))
+        out[g] = [b / n] * n
+    return out
+
+
+def fresh_recv_bytes(p: Primitive, threshold: float = FRESH_BUFFER_BYTES) -> int:
+    """Receive-buffer bytes of the busiest receiver in buffers of at least ``threshold`` bytes: the
+    kernel faults those pages in while the bytes arrive, on the wire's path (``R_r``, module
+    docstring).
+
+    Raises:
+        ValueError: ``threshold`` not > 0.
+    """
+    if not threshold > 0:
+        raise ValueError(f"fresh_recv_bytes: threshold must be > 0 bytes, got {threshold!r}")
+    return int(max((sum(b for b in bufs if b >= threshold) for bufs in recv_buffers(p).values()), default=0))
+
+
 def fresh_bytes(p: Primitive, threshold: float = FRESH_BUFFER_BYTES) -> int:
     """Send-buffer bytes of the busiest sender that land in buffers of at least ``threshold`` bytes
     (``R`` of the module docstring); 0 when ``threshold`` is infinite (GPUs) or nothing is sent.
@@ -162,7 +197,8 @@ def crowd(n: int, cores: float) -> float:
 def effective_copy_bytes(p: Primitive, copy: float, params) -> float:
     """The copy bytes ``p``'s copy term prices (module docstring), ``params`` a ``CostParams``.
 
-    With ``sent``/``alloc``: ``(P + σ·S_p + φ·R)·crowd(n_p, c) + (A + σ·S_a)·crowd(n_a, c)``,
+    With ``sent``/``alloc``: ``(P + σ·S_p + φ·R)·crowd(n_p, c) + (A + σ·S_a)·crowd(n_a, c) + φ·R_r``,
+    ``R_r = fresh_recv_bytes(p, ...)`` (the receive buffers' page faults, on the wire's path),
     ``P = max_g sent[g]`` and ``A = max_g alloc[g]`` (``cost.copy_bytes = P + A``), ``S_p, S_a =
     p.strided_sent, p.strided_alloc``, ``R = fresh_bytes(p, params.fresh_buffer_bytes)``, ``n_p, n_a``
     from :func:`copy_workers` and ``c = params.copy_cores``. Without them, ``copy`` (the
@@ -176,4 +212,7 @@ def effective_copy_bytes(p: Primitive, copy: float, params) -> float:
         pack += params.fresh_copy_factor * fresh_bytes(p, params.fresh_buffer_bytes)
     asm = max(p.alloc.values(), default=0) + sig * p.strided_alloc
     n_p, n_a = copy_workers(p)
-    return pack * crowd(n_p, c) + asm * crowd(n_a, c)
+    wire = 0.0
+    if params.fresh_copy_factor and params.fresh_buffer_bytes != float("inf"):
+        wire = params.fresh_copy_factor * fresh_recv_bytes(p, params.fresh_buffer_bytes)
+    return pack * crowd(n_p, c) + asm * crowd(n_a, c) + wire

@@ -33,7 +33,7 @@ from nereus.runtime.transit.plans import MoveSpec, UnitMeta
 from nereus.runtime.transit.sharded import aligned_target, dropped_targets, live_unsupported, rebuild_dropped
 from nereus.runtime.worker.failures import WorkerFailure
 from nereus.spec.plan import Plan
-from nereus.transition.copy_cost import copy_workers, fresh_bytes
+from nereus.transition.copy_cost import copy_workers, fresh_bytes, fresh_recv_bytes
 from nereus.transition.cost import copy_bytes
 from nereus.transition.estimate import TransitionEstimate
 from nereus.transition.primitives import STORAGE
@@ -60,7 +60,8 @@ class PrimitiveRecord:
         header_bytes: counters headers sent (40 B per buffer).
         copy_bytes: the planner's copy bytes of it (``cost.copy_bytes``), what ``copy_s`` is
             calibrated against; pack_workers, assemble_workers: how many workers pack and how
-            many assemble (``copy_cost.copy_workers``).
+            many assemble (``copy_cost.copy_workers``); fresh_recv_bytes: the busiest receiver's
+            bytes in freshly mapped receive buffers (``copy_cost.fresh_recv_bytes``).
         pack_s, assemble_s: the slowest worker's packing, and the slowest worker's assembly,
             seconds (their sum is the copy on its critical path, ``cost.copy_bytes``).
         t_start, t_ready, t_end: its first worker's start, last worker's start and last worker's
@@ -101,6 +102,7 @@ class PrimitiveRecord:
     fresh_bytes: int = 0
     pack_workers: int = 0
     assemble_workers: int = 0
+    fresh_recv_bytes: int = 0
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -320,7 +322,8 @@ class TransitionExecutor:
                 t_end=max(r["t_end"] for r in rs) - t_first, workers=len(rs),
                 pack_bytes=max(p.sent.values(), default=0), assemble_bytes=max(p.alloc.values(), default=0),
                 pack_strided=p.strided_sent, assemble_strided=p.strided_alloc, fresh_bytes=fresh_bytes(p),
-                pack_workers=copy_workers(p)[0], assemble_workers=copy_workers(p)[1]))
+                pack_workers=copy_workers(p)[0], assemble_workers=copy_workers(p)[1],
+                fresh_recv_bytes=fresh_recv_bytes(p)))
         return TransitionReport(primitives=recs, predicted_l_tran=float(est.l_tran),
                                 measured_l_tran=max(0.0, t_last - t_first), seconds=seconds,
                                 predicted_bytes=int(est.bytes_moved),
