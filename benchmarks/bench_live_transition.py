@@ -255,7 +255,7 @@ def run(reps: int, root: str, log=print, live_reps: int = 15, live_only: bool = 
             res = {"live": [], "faithful": [], "reload": [],
                    "calibration": {k: getattr(CAL["frozen"], k) for k in (
                        "bandwidth", "copy_bandwidth", "setup_s", "teardown_s", "cores", "strided_copy_factor",
-                       "fresh_copy_factor", "copy_cores")}}
+                       "fresh_copy_factor", "copy_cores", "dispatch_s")}}
             for rep in range(max(reps, live_reps)):
                 for method in ("live", "faithful", "reload"):
                     if (method == "faithful" and rep) or (method == "live" and rep >= live_reps) or (

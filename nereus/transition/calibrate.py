@@ -194,6 +194,10 @@ class TransitionCalibration:
             (:func:`fit_copy`), None before a primitive with such bytes was measured.
         copy_cores: ``CostParams.copy_cores`` (:func:`fit_copy`), None before a copy phase on two
             or more workers at once was measured.
+        dispatch_s: ``CostParams.dispatch_s``: the median, over the window's primitives that had
+            DAG predecessors, of their last worker's start less the latest end of what they waited
+            for (those predecessors, and earlier primitives on their workers; records with
+            ``preds`` and ``worker_ids``); None before one was measured.
         teardown_s: seconds of a Destroy, None before any measurement.
         history: one ``{"bandwidth", "copy_bandwidth", "setup_s", "teardown_s", "primitives"}`` per
             :meth:`observe` that measured (that transition's own values).
@@ -216,6 +220,8 @@ class TransitionCalibration:
     # copy phases: ((bytes, strided bytes, fresh bytes, seconds, workers), ...), fresh receive bytes), unshared
     rows: list = field(default_factory=list, repr=False)
     teardowns: list = field(default_factory=list, repr=False)
+    dispatches: list = field(default_factory=list, repr=False)
+    dispatch_s: float | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
@@ -249,6 +255,19 @@ class TransitionCalibration:
         known = [x for x in spans if x is not None]
         share = iter(share_factors(known, self.cores) if self.cores is not None else [1.0] * len(known))
         rows, teardowns = [], []
+        # dispatch latency: from the latest end of what a primitive waited for (its DAG
+        # predecessors, and earlier primitives on its workers) to its last worker's start
+        ends = {get("pid"): (float(get("t_end")), set(get("worker_ids") or ())) for get in recs
+                if get("pid") is not None and get("t_end") is not None}
+        dispatches = []
+        for get in recs:
+            pr, t0 = [q for q in (get("preds") or ()) if q in ends], get("t_ready")
+            if not pr or t0 is None:
+                continue
+            mine = set(get("worker_ids") or ())
+            waited = [ends[q][0] for q in pr] + [e for q, (e, ws) in ends.items()
+                                                 if q != get("pid") and ws & mine and e <= float(t0) + 1e-9]
+            dispatches.append(max(0.0, float(t0) - max(waited)))
         for get, span in zip(recs, spans):
             s = next(share) if span is not None else 1.0
             kind = get("kind")
@@ -279,6 +298,9 @@ class TransitionCalibration:
             self.history.append({**self._fit(rows, teardowns), "primitives": len(rows)})
         self.rows = (self.rows + rows)[-self.window:]
         self.teardowns = (self.teardowns + teardowns)[-self.window:]
+        self.dispatches = (self.dispatches + dispatches)[-self.window:]
+        if self.dispatches:
+            self.dispatch_s = statistics.median(self.dispatches)
         fit = self._fit(self.rows, self.teardowns)
         for k, v in fit.items():
             if v is not None:
@@ -327,6 +349,8 @@ class TransitionCalibration:
             out = replace(out, strided_copy_factor=self.strided_copy_factor)
         if self.copy_cores is not None:
             out = replace(out, copy_cores=self.copy_cores)
+        if self.dispatch_s is not None:
+            out = replace(out, dispatch_s=self.dispatch_s)
         if self.fresh_copy_factor is not None:
             out = replace(out, fresh_copy_factor=self.fresh_copy_factor, fresh_buffer_bytes=FRESH_BUFFER_BYTES)
         if self.teardown_s is not None:

@@ -116,6 +116,9 @@ class CostParams:
             (the default: every GPU copies with its own engines). Calibrated on CPU workers, where
             the cores and memory bandwidth the workers get on a shared machine are fewer than
             ``worker_cores``.
+        dispatch_s: seconds from a primitive's end to the start of one that depends on it (the
+            runtime's executor: Ray dispatches a dependent call once its arguments are known;
+            :func:`~nereus.transition.sharing.shared_schedule`); 0 by default. Calibrated.
 
     The defaults are assumptions of the right order (NCCL communicator creation takes tens to
     hundreds of milliseconds); calibrate them from measured transitions.
@@ -139,6 +142,7 @@ class CostParams:
     fresh_copy_factor: float = 0.0
     fresh_buffer_bytes: float = math.inf
     copy_cores: float = math.inf
+    dispatch_s: float = 0.0
 
     def __post_init__(self) -> None:
         for k, v in asdict(self).items():

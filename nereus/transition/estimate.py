@@ -328,7 +328,7 @@ def plan_dag(job: JobSpec, current: Plan, target: Plan, pool: frozenset[int] | N
                       for c in current.candidates}
             # workers that share CPU cores: the same order, replayed under processor sharing (sharing.py)
             sched = shared_schedule(sched, {n.pid: n for n in dag.nodes}, dag.preds(), prt, dur,
-                                    params.worker_cores)
+                                    params.worker_cores, params.dispatch_s)
             return replace(dag, models=models), sched, dur
         except Infeasible as e:
             first = first or e

@@ -62,6 +62,8 @@ class PrimitiveRecord:
             calibrated against; pack_workers, assemble_workers: how many workers pack and how
             many assemble (``copy_cost.copy_workers``); fresh_recv_bytes: the busiest receiver's
             bytes in freshly mapped receive buffers (``copy_cost.fresh_recv_bytes``).
+        preds, worker_ids: its DAG predecessors' pids and the workers that ran it (the dispatch
+            latency's calibration, ``transition/calibrate.py``).
         pack_s, assemble_s: the slowest worker's packing, and the slowest worker's assembly,
             seconds (their sum is the copy on its critical path, ``cost.copy_bytes``).
         t_start, t_ready, t_end: its first worker's start, last worker's start and last worker's
@@ -103,6 +105,8 @@ class PrimitiveRecord:
     pack_workers: int = 0
     assemble_workers: int = 0
     fresh_recv_bytes: int = 0
+    preds: list = field(default_factory=list)
+    worker_ids: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -301,6 +305,7 @@ class TransitionExecutor:
 
     def _report(self, est, order, results, seconds, driver_bytes) -> TransitionReport:
         dag = est.dag
+        preds = dag.preds()
         recs = []
         t_first = min((r["t_start"] for rs in results.values() for r in rs), default=0.0)
         t_last = max((r["t_end"] for rs in results.values() for r in rs), default=0.0)
@@ -323,7 +328,8 @@ class TransitionExecutor:
                 pack_bytes=max(p.sent.values(), default=0), assemble_bytes=max(p.alloc.values(), default=0),
                 pack_strided=p.strided_sent, assemble_strided=p.strided_alloc, fresh_bytes=fresh_bytes(p),
                 pack_workers=copy_workers(p)[0], assemble_workers=copy_workers(p)[1],
-                fresh_recv_bytes=fresh_recv_bytes(p)))
+                fresh_recv_bytes=fresh_recv_bytes(p), preds=sorted(preds.get(pid, ())),
+                worker_ids=sorted(r["worker"] for r in rs)))
         return TransitionReport(primitives=recs, predicted_l_tran=float(est.l_tran),
                                 measured_l_tran=max(0.0, t_last - t_first), seconds=seconds,
                                 predicted_bytes=int(est.bytes_moved),
