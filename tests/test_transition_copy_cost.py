@@ -217,3 +217,24 @@ def test_wire_excludes_fresh_receive_page_faults():
     assert cal.fresh_copy_factor == pytest.approx(1.0)
     assert cal.bandwidth == pytest.approx(big / 0.020)
     assert cal.setup_s == pytest.approx(0.0, abs=1e-12)
+
+
+def test_surcharges_outlive_the_window():
+    """window = 2: a TP re-cut Split (σ = 1, as in test_calibration_fits_the_phases_apart) then
+    three plain PP moves (10 MB packed and written in 10 ms each). The window holds only the last
+    two PP moves, but the Split's phases are kept apart: σ stays 1 (C = 1 GB/s from the plain
+    phases), and a later primitive with strided phases replaces it."""
+    split = {"kind": "split", "received": {0: 10e6}, "transfer_s": 0.01, "pack_s": 0.010, "assemble_s": 0.025,
+             "copy_bytes": 30e6, "pack_bytes": 10e6, "assemble_bytes": 20e6, "pack_strided": 0,
+             "assemble_strided": 5e6, "fresh_bytes": 0, "pack_workers": 1, "assemble_workers": 1}
+    pp = {"kind": "merge", "received": {1: 10e6}, "transfer_s": 0.01, "pack_s": 0.010, "assemble_s": 0.010,
+          "copy_bytes": 20e6, "pack_bytes": 10e6, "assemble_bytes": 10e6, "pack_strided": 0,
+          "assemble_strided": 0, "fresh_bytes": 0, "pack_workers": 1, "assemble_workers": 1}
+    cal = TransitionCalibration(window=2)
+    cal.observe([split])
+    for _ in range(3):
+        cal.observe([dict(pp)])
+    assert len(cal.rows) == 2
+    assert cal.copy_bandwidth == pytest.approx(1e9) and cal.strided_copy_factor == pytest.approx(1.0)
+    cal.observe([{**split, "assemble_s": 0.030}, {**split, "assemble_s": 0.030}])  # σ = (30 − 20) / 5 = 2
+    assert cal.strided_copy_factor == pytest.approx(2.0)

@@ -26,7 +26,8 @@ between workers (Split, Merge, Extend, Load from a train model-stage):
   one-worker phases (weighted so that tiny primitives do not dominate, :func:`weighted_median`),
   then the per-byte surcharges of column-slice copies and freshly mapped send buffers and the
   cores concurrent copy phases share (``transition/copy_cost.py``), each a median over the phases
-  that have them;
+  that have them (the last ``window`` primitives with such phases are kept apart from the window,
+  so that a run of DP moves does not leave the surcharges to one or two samples);
 * fixed seconds ``F`` and link bandwidth ``B`` (bytes/s per worker per direction): a robust line
   ``span − copy = F + bytes / B`` over those primitives (the busiest receiver's bytes; Theil–Sen,
   :func:`fit_line`), so a transition of many small primitives is priced by ``F`` and one large
@@ -221,6 +222,7 @@ class TransitionCalibration:
     rows: list = field(default_factory=list, repr=False)
     teardowns: list = field(default_factory=list, repr=False)
     dispatches: list = field(default_factory=list, repr=False)
+    special: list = field(default_factory=list, repr=False)
     dispatch_s: float | None = None
 
     def __post_init__(self) -> None:
@@ -301,15 +303,20 @@ class TransitionCalibration:
         self.dispatches = (self.dispatches + dispatches)[-self.window:]
         if self.dispatches:
             self.dispatch_s = statistics.median(self.dispatches)
-        fit = self._fit(self.rows, self.teardowns)
+        # the primitives with strided, fresh or concurrent copy phases are kept apart too, so that
+        # the surcharges of copy_cost.py stay measured when a run of other primitives fills the window
+        self.special = (self.special + [r for r in rows if any(ph[1] > 0 or ph[2] > 0 or ph[4] >= 2
+                                                               for ph in r[6])])[-self.window:]
+        fit = self._fit(self.rows, self.teardowns, [r for r in self.special if not any(r is x for x in self.rows)])
         for k, v in fit.items():
             if v is not None:
                 setattr(self, k, v)
 
     @staticmethod
-    def _fit(rows, teardowns) -> dict:
-        """The four constants from rows and Destroy seconds (None where nothing measured one)."""
-        cp = fit_copy([ph for r in rows if r[0] > 0 for ph in r[6]])
+    def _fit(rows, teardowns, extra=()) -> dict:
+        """The constants from rows and Destroy seconds (None where nothing measured one); ``extra``:
+        older rows with strided, fresh or concurrent copy phases that left the window."""
+        cp = fit_copy([ph for r in list(rows) + list(extra) if r[0] > 0 for ph in r[6]])
         # a fresh receive buffer's page faults are priced by the copy term (copy_cost.fresh_recv_bytes)
         phi, bw = cp["fresh_copy_factor"] or 0.0, cp["copy_bandwidth"] or math.inf
         rows = [(r[0], max(0.0, r[1] - phi * r[7] / bw), *r[2:5],
