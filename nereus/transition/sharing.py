@@ -23,9 +23,10 @@ the same factor when it reads measured seconds.
 With ``dispatch`` > 0, a primitive starts no earlier than ``dispatch`` seconds after each of its DAG
 predecessors ended: the runtime's executor submits a primitive's call to each of its workers with
 the predecessors' results as arguments, and Ray dispatches the call once they are known (an actor
-call per primitive and worker, ``runtime/transit/driver_side.py``); measured here a few
-milliseconds on an idle machine, tens to hundreds under load (the calibration's median of
-``start − latest predecessor end``, ``calibrate.py``).
+call per primitive and worker, ``runtime/transit/driver_side.py``). The calibration measures it
+as the median of a primitive's last start less the latest end it waited for (``calibrate.py``):
+about 0 on the benchmark's 2-core machine, where the gaps between dependent primitives were the
+serial workers' own waits, which the replay already has.
 
 Pure: no runtime import.
 """
