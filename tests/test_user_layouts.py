@@ -120,3 +120,31 @@ def test_rows_17_18_verdict_does_not_depend_on_the_unstated_tp(tmp_path):
             r = dict(rows[i])
             r["launch"] = json.dumps([f"{key}{tp}" if x.startswith(key) else x for x in json.loads(r["launch"])])
             assert user_layouts.verdict(r, tmp_path)[0] == "oom"
+
+
+def test_row_19_bf16_logits_by_hand(tmp_path):
+    """Row 19 (verl's run_deepseek7b_llm_math.sh, FSDP, padding removed): verl's log-prob pass holds the
+    packed bf16 logits only (flash-attn's cross-entropy, the entropy under torch.compile), 2 B per logit:
+    40 sequences x 2,048 tokens x vocabulary 102,400 x 2 B = 16.8 GB, not the fp32 path's 50.3 GB; the
+    update (entropy_coeff 0: gradient in place) 2 B x 40 x 2,048 x (4,096 + 102,400)."""
+    import json
+    from dataclasses import replace
+
+    import user_layouts
+
+    from nereus.integrations.verl import import_verl
+    from nereus.integrations.verl_config import load_verl_config
+    from nereus.planner.whatif import evaluate_layout
+
+    row = {r["id"]: r for r in csv.DictReader((ROOT / "benchmarks/data/user_layouts.csv").open())}["19"]
+    imp = import_verl(load_verl_config(row["config"], json.loads(row["launch"])),
+                      model=user_layouts._model(row["model"], tmp_path), gpu=row["gpu"])
+    assert imp.job.workload.logits_kernel == "flash_ce"
+    est = evaluate_layout(imp.job, imp.layout).plan.estimates
+    assert est["actor.infer"].memory["logits"] == 2 * 40 * 2048 * 102400 == 16_777_216_000
+    assert est["actor.train"].memory["logits"] == 2 * 40 * 2048 * (4096 + 102400)
+    v, detail = user_layouts.verdict(row, tmp_path)
+    assert v == "fits", detail
+    # the same job under the fp32 accounting is over (the miss this term removes)
+    job = imp.job.with_workload(replace(imp.job.workload, logits_kernel=None))
+    assert not evaluate_layout(job, imp.layout).fits

@@ -55,6 +55,7 @@ from nereus.integrations.verl_features import (
     budget_micro_batch,
     legacy_micro_batch,
     seq_split_degree,
+    verl_logits_kernel,
     verl_lora_rank,
 )
 from nereus.integrations.verl_keys import classify_keys
@@ -280,7 +281,8 @@ def import_verl(cfg: dict, model=None, gpu=None) -> Imported:
                       prompt_len=c.int("data.max_prompt_length"), response_len=c.int("data.max_response_length"),
                       mini_batch_size=mini_prompts * samples, ppo_epochs=c.int(f"{arr}.actor.ppo_epochs", 1),
                       reward_model=reward, reference_model=uses_ref, lora_rank=verl_lora_rank(c, algo, un),
-                      rollout_memory_fraction=float(frac))
+                      rollout_memory_fraction=float(frac),
+                      logits_kernel=verl_logits_kernel(c, c.get(f"{arr}.actor.strategy", "fsdp")))
     notes.append("data.max_prompt_length and data.max_response_length are used as the prompt and response "
                  "lengths (verl gives maxima; pass --prompt-len/--response-len for measured means)")
     if gpu is None:
