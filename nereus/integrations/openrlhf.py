@@ -46,6 +46,7 @@ from pathlib import Path
 
 from nereus.cost.shapes import valid_tp
 from nereus.integrations.common import Imported, Unexpressible
+from nereus.integrations.framework_versions import version_rule
 from nereus.integrations.openrlhf_export import (
     infer_zero,
 )
@@ -227,13 +228,15 @@ def openrlhf_framework(a_get, tp: int) -> FrameworkSpec:
                    shared_engine=True)  # log-probs and values on the actor's and critic's DeepSpeed engines
 
 
-def import_openrlhf(args, model=None, gpu=None) -> Imported:
+def import_openrlhf(args, model=None, gpu=None, version: str | None = None) -> Imported:
     """Read an OpenRLHF ``train_ppo_ray`` argument string as a job and the user's layout.
 
     The job's framework is :func:`openrlhf_framework`; the layout puts each model on its GPU group
     (colocated groups share GPU ids: ``--train.colocate_all``, ``--train.colocate_actor_ref``,
     ``--train.colocate_critic_reward``), with the ZeRO stage of the training model-stages and the
-    offload flags as idle-state offload (docs/integrations.md).
+    offload flags as idle-state offload (docs/integrations.md). ``version`` is the OpenRLHF version
+    the job runs (None: the installed one); it selects the vLLM start-up memory rule
+    (:func:`nereus.integrations.framework_versions.version_rule`).
 
     Raises:
         ValueError: unknown or contradictory options, named with the value and what is valid.
@@ -278,7 +281,8 @@ def import_openrlhf(args, model=None, gpu=None) -> Imported:
                       response_len=resp, mini_batch_size=g("train.batch_size"), ppo_epochs=g("train.max_epochs"),
                       reward_model=reward, reference_model=uses_ref, asynchronous=asynchronous,
                       lora_rank=openrlhf_lora_rank(g, un),
-                      rollout_memory_fraction=float(g("vllm.gpu_memory_utilization")))
+                      rollout_memory_fraction=float(g("vllm.gpu_memory_utilization")),
+                      vllm_memory_rule=version_rule("openrlhf", version, notes))
     notes.append("--data.max_len minus --rollout.max_new_tokens is used as the prompt length and "
                  "--rollout.max_new_tokens as the response length (maxima; --prompt-len/--response-len override)")
     if not uses_ref:

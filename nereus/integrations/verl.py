@@ -42,6 +42,7 @@ from pathlib import Path
 
 from nereus.cost.shapes import valid_pp, valid_tp
 from nereus.integrations.common import Imported, Unexpressible
+from nereus.integrations.framework_versions import version_rule
 from nereus.integrations.verl_config import (
     VerlConfig,
 )
@@ -239,7 +240,7 @@ def _checked(job: JobSpec, cand: Candidate, keys: str) -> Candidate:
     return cand
 
 
-def import_verl(cfg: dict, model=None, gpu=None) -> Imported:
+def import_verl(cfg: dict, model=None, gpu=None, version: str | None = None) -> Imported:
     """Read a verl configuration (a dict from :func:`load_verl_config`) as a job and the user's layout.
 
     The job's framework is :func:`verl_framework` of the engines; the layout puts every role on the
@@ -249,6 +250,8 @@ def import_verl(cfg: dict, model=None, gpu=None) -> Imported:
     Args:
         model: a preset name, config.json path or ModelSpec overriding ``actor_rollout_ref.model.path``.
         gpu: a GPU preset name or GpuSpec (verl's config does not say which GPU; default h100).
+        version: the verl version the job runs (None: the installed one); it selects the vLLM
+            start-up memory rule (:func:`nereus.integrations.framework_versions.version_rule`).
 
     Raises:
         ValueError: a missing, malformed or contradictory key (named, with its value and what is valid).
@@ -282,7 +285,8 @@ def import_verl(cfg: dict, model=None, gpu=None) -> Imported:
                       mini_batch_size=mini_prompts * samples, ppo_epochs=c.int(f"{arr}.actor.ppo_epochs", 1),
                       reward_model=reward, reference_model=uses_ref, lora_rank=verl_lora_rank(c, algo, un),
                       rollout_memory_fraction=float(frac),
-                      logits_kernel=verl_logits_kernel(c, c.get(f"{arr}.actor.strategy", "fsdp")))
+                      logits_kernel=verl_logits_kernel(c, c.get(f"{arr}.actor.strategy", "fsdp")),
+                      vllm_memory_rule=version_rule("verl", version, notes))
     notes.append("data.max_prompt_length and data.max_response_length are used as the prompt and response "
                  "lengths (verl gives maxima; pass --prompt-len/--response-len for measured means)")
     if gpu is None:
