@@ -65,7 +65,10 @@ def imported(row: dict, tmp: Path):
 
 def verdict(row: dict, tmp: Path) -> tuple[str, str]:
     """``(fits | oom | refused, detail)`` of one row."""
-    imp = imported(row, tmp)
+    try:
+        imp = imported(row, tmp)
+    except ValueError as e:  # a value Nereus refuses, named (the field, the value and what is valid)
+        return "refused", str(e)[:160]
     if not imp.expressible:
         return "refused", "; ".join(str(u) for u in imp.unexpressible)[:160]
     w = imp.job.workload
