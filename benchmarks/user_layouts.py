@@ -29,6 +29,7 @@ sys.path.insert(0, str(HERE.parent))
 from nereus.cost.model import CostModel  # noqa: E402
 from nereus.cost.step import engine_owned  # noqa: E402
 from nereus.cost.vllm_startup import gpu_excess  # noqa: E402
+from nereus.integrations.framework_versions import vllm_pin  # noqa: E402
 from nereus.integrations.openrlhf import import_openrlhf  # noqa: E402
 from nereus.integrations.verl import import_verl  # noqa: E402
 from nereus.integrations.verl_config import load_verl_config  # noqa: E402
@@ -73,8 +74,11 @@ def verdict(row: dict, tmp: Path) -> tuple[str, str]:
         return "refused", "; ".join(str(u) for u in imp.unexpressible)[:160]
     w = imp.job.workload
     lens = {k: int(row[k]) for k in ("prompt_len", "response_len") if row[k]}
-    # the importer chose the rule from the row's framework version; a row without one names it by hand
-    rule = {"vllm_memory_rule": row["vllm_rule"]} if row.get("vllm_rule") and not row.get("framework_version") else {}
+    # the importer chose the rule from the row's framework version; where the version's vLLM has no
+    # sourced rule (or the version is not known) the row names it by hand
+    pin = vllm_pin(row["framework"], row["framework_version"]) if row.get("framework_version") else None
+    by_hand = row.get("vllm_rule") and (pin is None or pin.rule is None)
+    rule = {"vllm_memory_rule": row["vllm_rule"]} if by_hand else {}
     job = imp.job.with_workload(replace(w, **lens, **rule)) if lens or rule else imp.job
     cost = CostModel(job)
     ev = evaluate_layout(job, imp.layout, cost=cost)

@@ -9,6 +9,16 @@ Pins (:data:`VLLM_PINS`), each with its source:
   ``requirements.txt`` ``vllm<=0.6.3``): vLLM 0.6.3 run through verl's patched worker
   ``verl/third_party/vllm/vllm_v_0_6_3/worker.py``, hence ``free_share`` whatever upstream 0.6.3 does.
 
+Releases between (:data:`PIN_HISTORY`, change points: a version takes the pin of the latest listed
+release at or before it):
+
+* OpenRLHF: ``extras_require["vllm"]`` of ``setup.py`` at each release tag of OpenRLHF/OpenRLHF
+  (v0.5.0 ``vllm==0.4.2`` ... v0.5.8 ``0.7.2``, v0.6.3 ``0.8.1``, v0.6.4 ``0.8.2``, v0.7.0 ``0.8.3``,
+  v0.7.5 ``0.8.5.post1``, v0.8.4 ``0.9.0.1``, v0.8.5 ``0.9.1`` ... v0.11.0 ``0.27.1``).
+* verl: ``VLLM_REQUIRES`` of ``setup.py`` at each release tag of volcengine/verl is a range
+  (v0.3.0.post0 ``vllm<=0.8.2``, v0.4.0 and v0.5.0 ``<=0.8.5``, v0.6.0 ``<=0.9.1``, v0.6.1
+  ``<=0.11.0``, v0.7.0 ``<=0.12.0``): pip installs its upper bound, which is taken as the pin.
+
 An installed verl or OpenRLHF not in the table is read from its own metadata (``importlib.metadata``:
 the ``vllm==X`` requirement of its ``vllm`` extra). vLLM version → rule (:func:`vllm_rule_for`, the
 sources in :mod:`nereus.cost.vllm_startup`): >= 0.9.1 ``startup_check`` (the start-up check appeared
@@ -23,7 +33,7 @@ import re
 from dataclasses import dataclass
 from importlib import metadata
 
-__all__ = ["VllmPin", "VLLM_PINS", "vllm_rule_for", "vllm_pin", "installed_version", "version_rule"]
+__all__ = ["VllmPin", "VLLM_PINS", "PIN_HISTORY", "vllm_rule_for", "vllm_pin", "installed_version", "version_rule", "version_key"]
 
 FRAMEWORKS = ("verl", "openrlhf")
 
@@ -58,11 +68,47 @@ VLLM_PINS = {
 }
 
 
+#: framework -> ((first release, vLLM it pins), ...) in release order (module docstring's sources)
+PIN_HISTORY = {
+    "openrlhf": (("0.5.0", "0.4.2"), ("0.5.2.post1", "0.6.4.post1"), ("0.5.5", "0.6.5"), ("0.5.8", "0.7.2"),
+                 ("0.6.3", "0.8.1"), ("0.6.4", "0.8.2"), ("0.7.0", "0.8.3"), ("0.7.5", "0.8.5.post1"),
+                 ("0.8.4", "0.9.0.1"), ("0.8.5", "0.9.1"), ("0.8.6", "0.9.2"), ("0.8.8", "0.10.0"),
+                 ("0.8.10", "0.10.1.1"), ("0.8.11", "0.10.2"), ("0.9.0", "0.11.0"), ("0.9.1", "0.13.0"),
+                 ("0.9.3", "0.15.0"), ("0.9.4", "0.16.0"), ("0.9.5", "0.17.0"), ("0.9.6", "0.17.1"),
+                 ("0.9.7", "0.18.0"), ("0.9.10", "0.19.0"), ("0.10.2", "0.19.1"), ("0.10.4", "0.22.1"),
+                 ("0.11.0", "0.27.1")),
+    "verl": (("0.3.0.post0", "0.8.2"), ("0.4.0", "0.8.5"), ("0.6.0", "0.9.1"), ("0.6.1", "0.11.0"),
+             ("0.7.0", "0.12.0")),
+}
+_LAST_TAG = {"openrlhf": "0.11.0", "verl": "0.7.0"}  # releases after these: the table or installed metadata only
+
+
 def _parse(v: str) -> tuple:
-    m = re.match(r"^\s*v?(\d+)(?:\.(\d+))?(?:\.(\d+))?", str(v))
+    m = re.match(r"^\s*v?(\d+)(?:\.(\d+))?(?:\.(\d+))?(?:\.?post(\d+))?", str(v))
     if not m:
-        raise ValueError(f"vLLM version {v!r} is not a version number (e.g. '0.24.0')")
+        raise ValueError(f"version {v!r} is not a version number (e.g. '0.24.0')")
     return tuple(int(x or 0) for x in m.groups())
+
+
+def version_key(version: str) -> tuple:
+    """A release number as a comparable tuple (``"0.5.9.post1"`` -> ``(0, 5, 9, 1)``).
+
+    Raises:
+        ValueError: not a version number.
+    """
+    return _parse(version)
+
+
+def _history_pin(framework: str, version: str) -> VllmPin | None:
+    v = _parse(version)
+    hist = PIN_HISTORY[framework]
+    if v < _parse(hist[0][0]) or v > _parse(_LAST_TAG[framework]) + (99,):
+        return None
+    first, vllm = [h for h in hist if _parse(h[0]) <= v][-1]
+    repo = {"openrlhf": "OpenRLHF/OpenRLHF", "verl": "volcengine/verl"}[framework]
+    what = "extras_require['vllm']" if framework == "openrlhf" else "VLLM_REQUIRES (upper bound)"
+    return VllmPin(framework, version, vllm, vllm_rule_for(vllm),
+                   f"{repo}@v{first} setup.py {what}: vllm {vllm} (the pin of the latest release at or before {version})")
 
 
 def vllm_rule_for(vllm: str) -> str | None:
@@ -110,7 +156,7 @@ def vllm_pin(framework: str, version: str | None = None) -> VllmPin | None:
     version = installed_version(framework) if version is None else str(version)
     if version is None:
         return None
-    return VLLM_PINS.get((framework, version)) or _installed_pin(framework, version)
+    return VLLM_PINS.get((framework, version)) or _installed_pin(framework, version) or _history_pin(framework, version)
 
 
 def version_rule(framework: str, version: str | None, notes: list) -> str | None:

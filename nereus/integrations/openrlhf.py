@@ -157,7 +157,7 @@ def _tokens(args) -> list[str]:
     return _legacy(args)[0]
 
 
-def _legacy(args) -> tuple[list[str], list[str], list[Unexpressible]]:
+def _legacy(args, version: str | None = None) -> tuple[list[str], list[str], list[Unexpressible]]:
     """:func:`_tokens` with the notes and refusals of a flat-name (pre-0.11) line translated by
     :func:`nereus.integrations.openrlhf_legacy.translate_legacy`."""
     toks = shlex.split(args.replace("\\\n", " ")) if isinstance(args, str) else list(args)
@@ -167,7 +167,7 @@ def _legacy(args) -> tuple[list[str], list[str], list[Unexpressible]]:
     notes: list[str] = []
     un: list[Unexpressible] = []
     if is_legacy(toks):
-        toks, notes, refused = translate_legacy(toks)
+        toks, notes, refused = translate_legacy(toks, version)
         un = [Unexpressible(k, v, why) for k, v, why in refused]
     if not toks:
         raise ValueError(f"OpenRLHF arguments {args!r}: empty; give train_ppo_ray's options (e.g. "
@@ -175,13 +175,14 @@ def _legacy(args) -> tuple[list[str], list[str], list[Unexpressible]]:
     return toks, notes, un
 
 
-def parse_args(args) -> tuple[dict, list[str]]:
-    """``{dest: value}`` of an OpenRLHF argument string (or list) and notes.
+def parse_args(args, version: str | None = None) -> tuple[dict, list[str]]:
+    """``{dest: value}`` of an OpenRLHF argument string (or list) and notes; ``version``: the OpenRLHF
+    release a flat-name line ran (its defaults, :func:`~nereus.integrations.openrlhf_legacy.translate_legacy`).
 
     Raises:
         ValueError: an unknown option or a bad value (OpenRLHF's parser's message, naming it).
     """
-    toks, lnotes, _ = _legacy(args)
+    toks, lnotes, _ = _legacy(args, version)
     parser = openrlhf_parser()
     if parser is not None:
         return vars(parser.parse_args(toks)), lnotes
@@ -241,8 +242,8 @@ def import_openrlhf(args, model=None, gpu=None, version: str | None = None) -> I
     Raises:
         ValueError: unknown or contradictory options, named with the value and what is valid.
     """
-    a, notes = parse_args(args)
-    refused = _legacy(args)[2]
+    a, notes = parse_args(args, version)
+    refused = _legacy(args, version)[2]
     gpu_spec = get_gpu(gpu or "h100") if isinstance(gpu or "h100", str) else gpu  # an unknown GPU is named first
     read: dict = {}
 
