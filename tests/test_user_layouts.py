@@ -62,7 +62,7 @@ def test_oom_reports_by_hand(tmp_path):
     rows = {r["id"]: r for r in csv.DictReader((ROOT / "benchmarks/data/user_layouts.csv").open())}
     # row 11: TinyZero's Qwen2.5-3B PPO on 2 H100 (TinyZero issue 30). By hand, the resident state per GPU
     # before any activation: actor and critic each 3.09B params x (2 + 12) bytes / DP 2 (FSDP FULL_SHARD:
-    # bf16 weights shard plus Adam state; verl 0.1's reference weights CPU-offloaded) = 2 x 21.6 GB
+    # bf16 weights shard plus Adam state; verl 0.1's reference shard resident too) = 2 x 21.6 GB and more
     v, detail = user_layouts.verdict(rows["11"], tmp_path)
     assert v == "oom", detail
     peak, dev, over = _gib(detail)
@@ -85,7 +85,6 @@ def test_verl_01_vllm_share_of_free_by_hand(tmp_path):
     what is free after the training engines' start-up state (weights + fp32 master) and vLLM's own terms,
     not 0.4 of the device; the row then fits, as its author reports."""
     import json
-    from dataclasses import replace
 
     import user_layouts
 
@@ -97,15 +96,22 @@ def test_verl_01_vllm_share_of_free_by_hand(tmp_path):
     row = {r["id"]: r for r in csv.DictReader((ROOT / "benchmarks/data/user_layouts.csv").open())}["13"]
     assert row["vllm_rule"] == "free_share"
     imp = import_verl(load_verl_config(row["config"], json.loads(row["launch"])),
-                      model=user_layouts._model(row["model"], tmp_path), gpu=row["gpu"])
-    job = imp.job.with_workload(replace(imp.job.workload, vllm_memory_rule="free_share"))
-    est = evaluate_layout(job, imp.layout).plan.estimates
+                      model=user_layouts._model(row["model"], tmp_path), gpu=row["gpu"], version=row["framework_version"])
+    assert imp.job.workload.vllm_memory_rule == "free_share"  # chosen from verl 0.1's pinned vLLM
+    est = evaluate_layout(imp.job, imp.layout).plan.estimates
     s = sum(est[n].memory["weights"] + est[n].memory["optimizer"] / 3 for n in ("actor.train", "critic.train"))
+    # verl 0.1 keeps the reference's bf16 shard on the GPU (no forced CPU offload before verl 0.2)
+    assert est["reference.infer"].resident == est["reference.infer"].memory["weights"] > 0
+    s += est["reference.infer"].memory["weights"]
     gen = est["actor.generate"].memory
     own = gen["weights"] + gen["activations"] + gen["logits"]
     assert gen["kv_cache"] == pytest.approx(0.4 * (80 * 2**30 - WORKSPACE_BYTES - s - own))
     v, detail = user_layouts.verdict(row, tmp_path)
     assert v == "fits", detail
+    # under verl >= 0.2 (the installed one) the reference would be CPU-offloaded
+    later = import_verl(load_verl_config(row["config"], json.loads(row["launch"])),
+                        model=user_layouts._model(row["model"], tmp_path), gpu=row["gpu"])
+    assert evaluate_layout(later.job, later.layout).plan.estimates["reference.infer"].resident == 0
 
 
 def test_rows_17_18_verdict_does_not_depend_on_the_unstated_tp(tmp_path):

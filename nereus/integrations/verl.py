@@ -42,7 +42,7 @@ from pathlib import Path
 
 from nereus.cost.shapes import valid_pp, valid_tp
 from nereus.integrations.common import Imported, Unexpressible
-from nereus.integrations.framework_versions import version_rule
+from nereus.integrations.framework_versions import version_key, version_rule
 from nereus.integrations.verl_config import (
     VerlConfig,
 )
@@ -111,9 +111,12 @@ def _fsdp_section(c: VerlConfig, role: str) -> str:
     return f"{prefix}.fsdp_config"
 
 
-def _engine(c: VerlConfig, role: str, n: int, out: list, notes: list, model, strategy: str) -> _Engine:
+def _engine(c: VerlConfig, role: str, n: int, out: list, notes: list, model, strategy: str,
+            version: str | None = None) -> _Engine:
     """The parallel layout and memory features of a verl role's engine; records the settings the cost
-    model cannot express in ``out``."""
+    model cannot express in ``out``. ``version`` (None: installed): before verl 0.2 a forward-only FSDP
+    engine offloads only with ``param_offload`` (TinyZero@95df88f ``fsdp_workers.py``; verl@v0.2 on:
+    ``CPUOffload(offload_params=True)`` for every role but the actor)."""
     prefix, model_prefix, _ = _ROLES[role]
     train = role != "ref"
     if strategy in _FSDP:
@@ -134,6 +137,13 @@ def _engine(c: VerlConfig, role: str, n: int, out: list, notes: list, model, str
         e.reduce_bytes = 4 if red in ("fp32", "float32") else 2
         po = bool(c.get(f"{sec}.param_offload", False))
         oo = bool(c.get(f"{sec}.optimizer_offload", False))
+        if not train and version is not None and version_key(version) < version_key("0.2"):
+            # verl 0.1: the ref's FSDP engine offloads its parameters only when param_offload says so
+            e.param_offload = po
+            e.offload = "host" if po else "none"
+            notes.append(f"{prefix}: verl {version} offloads a forward-only FSDP model's parameters only with "
+                         f"{sec}.param_offload (here {po}; verl >= 0.2 always does)")
+            return e
         if not train:
             # verl wraps a forward-only FSDP engine with CPU offload whatever param_offload says
             e.param_offload = True
@@ -308,7 +318,7 @@ def import_verl(cfg: dict, model=None, gpu=None, version: str | None = None) -> 
                      "model, so the job has no reference.infer (its ref.* settings are read and unused)")
     astrat = c.get(f"{arr}.actor.strategy", "fsdp")
     engines = {"actor": _engine(c, "actor", n, un, notes, actor_model, astrat)}
-    ref_engine = _engine(c, "ref", n, un, notes, actor_model, c.get(f"{arr}.ref.strategy", astrat))
+    ref_engine = _engine(c, "ref", n, un, notes, actor_model, c.get(f"{arr}.ref.strategy", astrat), version)
     if uses_ref:
         engines["ref"] = ref_engine
     if algo == "ppo":
