@@ -207,9 +207,6 @@ class WorkloadSpec:
         if f is not None and (isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f < 1):
             raise ValueError(f"workload field 'rollout_memory_fraction' must be a number in (0, 1) (vLLM's "
                              f"gpu_memory_utilization) or null, got {f!r}")
-        if self.algorithm == "grpo" and self.samples_per_prompt < 2:
-            raise ValueError("workload field 'samples_per_prompt' must be >= 2 for GRPO "
-                             "(group-normalized advantages need a group)")
 
     @property
     def global_batch(self) -> int:
