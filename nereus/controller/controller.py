@@ -35,6 +35,10 @@ Extensions of issue 29 (off by default; the simulator's ``nereus`` policy turns 
   window they are expected to stay in effect, at the projected response length, with the forced
   transition charged to a plan that will not fit memory then (``nereus.controller.lookahead``); the
   planner's best plan for the projected length is one more target;
+* ``break_even=True``: after a payback rejection the seconds forgone by staying are counted; once they
+  reach the rejected move's ``L_tran`` the controller replans and admits it (the ski-rental rule,
+  ``nereus.controller.break_even``), so a horizon estimate fooled by a burst delays a move that repays
+  by at most its own ``L_tran`` instead of until the next trigger;
 * ``loss_sites=True``: risk pricing uses per-node hit probabilities learned from the unannounced
   losses seen (``nereus.controller.loss_sites``) instead of uniform hits, and :meth:`Controller.best_plan`
   also considers the fastest plan on the nodes least likely to be hit.
@@ -46,6 +50,7 @@ import math
 from dataclasses import dataclass, replace
 
 from nereus.controller.admission import Option, admit
+from nereus.controller.break_even import ForgoneSaving, rejected_rate
 from nereus.controller.decisions import Keep, Restart, Transition, decision_to_dict
 from nereus.controller.lookahead import LengthTrend, window_steps
 from nereus.controller.loss_sites import LossSites
@@ -109,6 +114,8 @@ class ControllerConfig:
         loss_sites: price risk with per-node hit probabilities learned from the losses seen
             (``nereus.controller.loss_sites``) instead of uniform hits, and also consider the
             fastest plan on the nodes least likely to be hit (:meth:`Controller.best_plan`).
+        break_even: admit a payback-rejected move once the saving forgone since the rejection reaches
+            its ``L_tran`` (``nereus.controller.break_even``).
 
     Raises:
         ValueError: gamma outside [0, 1], a negative slowdown, a negative prior or an unknown
@@ -125,6 +132,7 @@ class ControllerConfig:
     pool_horizon: str = "ema"
     lookahead: bool = False
     loss_sites: bool = False
+    break_even: bool = False
 
     def __post_init__(self) -> None:
         if self.pool_horizon not in ("ema", "process"):
@@ -169,6 +177,8 @@ class Controller:
         self.trend = LengthTrend()
         self._window = None     # (job at the projected length, W) of the current replan, look-ahead only
         self._forced_to = None  # the planner's best plan at the projected length
+        self.rent = ForgoneSaving()  # seconds forgone since a payback rejection (break_even)
+        self._rejected = None        # (rate s/step, L_tran s) of the last payback rejection
 
     def job_at(self, response_len: float) -> JobSpec:
         return self.job.with_workload(self.job.workload.with_response_len(max(1, int(round(response_len)))))
@@ -181,6 +191,7 @@ class Controller:
         self.pool_process.observe(pool, self.loss.seconds)
         self.sites.observe(pool, alive)
         self.trend.observe(report.step, report.response_len)
+        self.rent.advance(report.step)
         job = self.job_at(report.response_len)
         if report.oom:
             self.planner.note_oom()
@@ -205,6 +216,8 @@ class Controller:
                                     f"the plan uses {len(lost)} GPU(s) outside P_gpu"))
         if not triggers and self._pending is not None and report.step >= self._pending[1]:
             triggers = [self._stale_trigger(report.step)]
+        if not triggers and self.config.break_even and self.rent.due():
+            triggers = [self.rent.trigger(report.step)]
         if not triggers:
             return self._record(report, Keep("no trigger"), [])
         urgent = bool(lost) or mem_bad
@@ -226,6 +239,8 @@ class Controller:
             self._pending = (sig, report.step + max(1, int(math.ceil(t.horizon))))
         if isinstance(decision, (Transition, Restart)) and decision.plan is not None:
             self.plan = decision.plan
+        rejected = isinstance(decision, Keep) and "payback" in decision.reason and self._rejected is not None
+        self.rent.reject(report.step, *self._rejected) if rejected else self.rent.clear()
         return self._record(report, decision, triggers)
 
     def loss_horizon(self, report: StepReport, current: Plan) -> float:
@@ -310,6 +325,7 @@ class Controller:
         return out
 
     def _replan(self, job, pool, alive, current, urgent, lost, names, horizon):
+        self._rejected = None
         survives = state_survives(self.plan, alive)
         try:
             best = self.best_plan(job, pool, self.plan, urgent)
@@ -339,8 +355,9 @@ class Controller:
         if not options:
             return Keep("replanned: the current plan is still the best", names)
         options = self._order(options, la)
+        forgone = self.rent.forgone if self.config.break_even else 0.0
         decision = admit(cur_l, options, gamma=self.config.gamma, horizon=horizon, urgent=urgent,
-                         triggers=names, always=self.config.always_admit)
+                         triggers=names, always=self.config.always_admit, forgone=forgone)
         if isinstance(decision, Transition):
             return decision
         # S* failed feasibility or payback: try slightly slower plans with cheaper transitions
@@ -354,9 +371,13 @@ class Controller:
         if len(options) > n0:
             options = self._order(options, la)
             decision = admit(cur_l, options, gamma=self.config.gamma, horizon=horizon, urgent=urgent,
-                             triggers=names, always=self.config.always_admit)
+                             triggers=names, always=self.config.always_admit, forgone=forgone)
         if isinstance(decision, Restart) and survives:
             decision = replace(decision, checkpoint_first=True)
+        if isinstance(decision, Keep):  # the break-even count's rate and price (``break_even.py``)
+            now = self.expected_l(current, pool)
+            self._rejected = rejected_rate([(now - self.expected_l(o.plan, pool), o.cost.l_tran) for o in options
+                                            if o.cost.feasible and o.l_step < cur_l])
         return decision
 
     def _ahead_target(self, job, pool, best, urgent):
@@ -418,6 +439,7 @@ class Controller:
     def resume(self, plan: Plan) -> None:
         """The executor reports the plan actually in effect (e.g. after a restart it chose itself)."""
         self.plan = plan
+        self.rent.clear()
 
     def _record(self, report: StepReport, decision, triggers):
         d = decision_to_dict(decision)

@@ -1,0 +1,122 @@
+"""Break-even admission (the ski-rental rule, ``nereus.controller.break_even``): hand-computed numbers,
+the controller driven through its public interface with fake planners."""
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from nereus.controller.admission import Option, admit
+from nereus.controller.break_even import BREAK_EVEN, ForgoneSaving, rejected_rate
+from nereus.controller.controller import Controller, ControllerConfig
+from nereus.controller.decisions import Keep, Transition, TransitionCost
+from nereus.controller.monitor import StepReport
+from nereus.spec import hardware, job, presets, workload
+from nereus.spec.plan import Candidate, Plan
+
+JOB = job.JobSpec(presets.get_model("llama-3.1-8b"), hardware.ClusterSpec(hardware.get_gpu("h100"), 1, 8),
+                  workload.WorkloadSpec(algorithm="grpo", reward_model=False, response_len=1000))
+
+
+def _plan(n, l_step=0.0):
+    return Plan(candidates=(Candidate("actor.train", 1, 1, n, gpus=tuple(range(n))),), l_step=l_step)
+
+
+def test_admit_takes_a_rejected_move_once_the_forgone_saving_reaches_its_l_tran():
+    # ΔL = 100 − 90 = 10 s/step, L_tran 30 s: payback 3 steps > γ·H = 0.5·4 = 2
+    o = Option(_plan(8, 90.0), TransitionCost(30.0))
+    assert isinstance(admit(100.0, [o], gamma=0.5, horizon=4, urgent=False), Keep)
+    assert isinstance(admit(100.0, [o], gamma=0.5, horizon=4, urgent=False, forgone=29.9), Keep)
+    d = admit(100.0, [o], gamma=0.5, horizon=4, urgent=False, forgone=30.0)
+    assert isinstance(d, Transition) and not d.urgent and d.delta_l == pytest.approx(10.0)
+    assert d.reason.startswith("break-even: 30.0s forgone") and "payback 3.00 steps > γ·H = 0.5·4.00" in d.reason
+    # a slower target is never admitted, however much was forgone
+    slow = Option(_plan(8, 101.0), TransitionCost(0.5))
+    assert isinstance(admit(100.0, [slow], gamma=0.5, horizon=4, urgent=False, forgone=1e9), Keep)
+
+
+def test_forgone_saving_counts_steps_at_the_rejections_rate_by_hand():
+    f = ForgoneSaving()
+    assert not f.pending and not f.due()
+    f.advance(5)                                  # nothing pending: nothing counted
+    assert f.forgone == 0.0
+    f.reject(1, 7.7, 20.0)                        # rejected after step 1: 7.7 s/step, L_tran 20 s
+    f.advance(3)                                  # steps 2, 3 on the slower plan: 15.4 s
+    assert f.forgone == pytest.approx(15.4) and not f.due()
+    f.reject(3, 5.0, 12.0)                        # a new rejection keeps F, takes the new rate and price
+    assert f.forgone == pytest.approx(15.4) and f.since == 1 and f.due()    # 15.4 >= 12
+    t = f.trigger(3)
+    assert (t.signal, t.urgent, t.value, t.reference, t.horizon) == (BREAK_EVEN, False, pytest.approx(15.4), 12.0, 2.0)
+    f.advance(4)
+    assert f.forgone == pytest.approx(20.4)
+    f.advance(2)                                  # the run was rewound (restart): start again
+    assert not f.pending and f.forgone == 0.0
+    f.reject(7, 0.0, 10.0)                        # nothing faster now: nothing to count
+    assert not f.pending
+    f.reject(7, 3.0, math.inf)
+    assert not f.pending
+    with pytest.raises(ValueError, match="L_tran"):
+        f.reject(7, 3.0, -1.0)
+    # the rate is the largest positive saving, the price the smallest L_tran among those that save
+    assert rejected_rate([(4.0, 50.0), (6.0, 80.0), (-1.0, 1.0)]) == (6.0, 50.0)
+    assert rejected_rate([(-1.0, 1.0), (0.0, 2.0)]) is None
+
+
+class GrowPlanner:
+    """L_step = 100 / #GPUs (s); every plan fits memory; the best plan uses the whole pool."""
+
+    def estimate(self, job, plan, pool=None):
+        return replace(plan, l_step=100.0 / plan.candidates[0].num_gpus)
+
+    def memory_ok(self, job, plan):
+        return True
+
+    def plan(self, job, pool, current, urgent):
+        return self.estimate(job, _plan(len(pool)))
+
+    def alternatives(self, job, pool, current, best):
+        return []
+
+    def calibrate(self, *a, **k):
+        pass
+
+    def note_oom(self):
+        pass
+
+    def efficiencies(self):
+        return {}
+
+
+def _run_after_burst(break_even):
+    """8 GPUs, then two quick losses (to 4 after step 1, to 2 after step 3), a gain back to 4 after
+    step 4 and a quiet pool after it. The clock advances by the running plan's step time (100/#GPUs s);
+    L_tran = 30 s; the pool horizon is the loss process's (``pool_horizon="process"``)."""
+    fp = GrowPlanner()
+    ctl = Controller(JOB, fp.plan(JOB, frozenset(range(8)), None, False), fp,
+                     transition_cost=lambda *a: TransitionCost(30.0),
+                     config=ControllerConfig(pool_horizon="process", break_even=break_even))
+    t, out = 0.0, []
+    for s, n in enumerate([8, 4, 4, 2, 4, 4, 4, 4, 4, 4, 4]):
+        t += ctl.plan.l_step
+        out.append(ctl.observe(StepReport(s, 1000, frozenset(range(n)), step_time=ctl.plan.l_step, elapsed_s=t)))
+    return ctl, out
+
+
+def test_break_even_admits_the_growth_a_burst_horizon_rejects_and_the_quiet_pool_never_revisits():
+    ema, d_off = _run_after_burst(False)
+    ctl, d_on = _run_after_burst(True)
+    for d in (d_off, d_on):
+        assert isinstance(d[1], Transition) and d[1].urgent and isinstance(d[3], Transition) and d[3].urgent
+        # at step 4 (t = 125 s): loss intervals [12.5, 50] s (the first from the first report, at
+        # 12.5 s), age 50 s: H = (50 + 0) / 1 = 50 s = 1 step of 50 s. The move 2 → 4 GPUs saves
+        # 50 − 25 = 25 s/step for L_tran 30 s: payback 1.2 steps > 0.5·1, rejected
+        assert isinstance(d[4], Keep) and "payback 1.20 steps > γ·H = 0.5·1.00" in d[4].reason
+    assert ctl.pool_process.intervals == [12.5, 50.0]
+    # without break-even no signal crosses again: the job stays on 2 of 4 GPUs to the end
+    assert all(d.reason == "no trigger" for d in d_off[5:]) and ema.plan.candidates[0].num_gpus == 2
+    # break-even: 25 s forgone after step 5 (< 30), 50 s after step 6 (>= 30): replan and admit
+    assert d_on[5].reason == "no trigger"
+    assert isinstance(d_on[6], Transition) and d_on[6].triggers == (BREAK_EVEN,) and not d_on[6].urgent
+    assert d_on[6].reason.startswith("break-even: 50.0s forgone")
+    assert ctl.plan.candidates[0].num_gpus == 4 and not ctl.rent.pending
+    assert all(d.reason == "no trigger" for d in d_on[7:])
