@@ -11,6 +11,7 @@ from nereus.controller.break_even import BREAK_EVEN, ForgoneSaving, rejected_rat
 from nereus.controller.controller import Controller, ControllerConfig
 from nereus.controller.decisions import Keep, Transition, TransitionCost
 from nereus.controller.monitor import StepReport
+from nereus.controller.transition_calibration import TransitionCalibration
 from nereus.spec import hardware, job, presets, workload
 from nereus.spec.plan import Candidate, Plan
 
@@ -120,3 +121,63 @@ def test_break_even_admits_the_growth_a_burst_horizon_rejects_and_the_quiet_pool
     assert d_on[6].reason.startswith("break-even: 50.0s forgone")
     assert ctl.plan.candidates[0].num_gpus == 4 and not ctl.rent.pending
     assert all(d.reason == "no trigger" for d in d_on[7:])
+
+
+# ------------------------------------------------------------------ L_tran calibrated from measured transitions
+def test_transition_calibration_is_the_ratio_of_sums_by_hand():
+    cal = TransitionCalibration()
+    assert cal.scale == 1.0
+    cal.observe(50.0)                                     # nothing pending: not counted
+    assert cal.count == 0
+    cal.decided(Transition(_plan(8), TransitionCost(100.0), "x"))
+    cal.observe(130.0)
+    assert cal.scale == pytest.approx(1.3)
+    # the next estimate is handed back scaled (apply): 1.3 · 10 = 13 s; 10 s (unscaled) is what is kept
+    c = cal.apply(TransitionCost(10.0))
+    assert c.l_tran == pytest.approx(13.0)
+    cal.decided(Transition(_plan(8), c, "x"))
+    cal.observe(30.0)
+    assert cal.scale == pytest.approx((130 + 30) / (100 + 10)) and cal.count == 2
+    cal.decided(Keep("x"))                                # no transition: nothing pending
+    cal.observe(99.0)
+    assert cal.count == 2
+    cal.decided(Transition(_plan(8), TransitionCost(10.0), "x"))
+    cal.observe(None)                                     # not measured (aborted): consumed, not counted
+    assert cal.count == 2 and cal.pending is None
+    assert cal.apply(TransitionCost(math.inf, feasible=False)).l_tran == math.inf
+    off = TransitionCalibration(enabled=False, measured=130.0, estimated=100.0)
+    assert off.scale == 1.0 and off.apply(TransitionCost(10.0)).l_tran == 10.0
+    with pytest.raises(ValueError, match="measured"):
+        cal.observe(-1.0)
+    with pytest.raises(ValueError, match="transition_s"):
+        StepReport(0, 1000, frozenset({0}), transition_s=-2.0)
+
+
+def _run_calibrated(calibrate):
+    """4 GPUs; the pool loses 2 after step 1 (urgent) and gets them back after step 5. Every
+    transition is estimated at 20 s and measured at 60 s (reported with the next step); the pool
+    horizon is the EMA with the paper's H = 1 before the first interval."""
+    fp = GrowPlanner()
+    ctl = Controller(JOB, fp.plan(JOB, frozenset(range(4)), None, False), fp,
+                     transition_cost=lambda *a: TransitionCost(20.0),
+                     config=ControllerConfig(calibrate_transitions=calibrate))
+    out, measured = [], None
+    for s, n in enumerate([4, 2, 2, 2, 2, 4]):
+        d = ctl.observe(StepReport(s, 1000, frozenset(range(n)), step_time=ctl.plan.l_step, transition_s=measured))
+        measured = 60.0 if isinstance(d, Transition) else None
+        out.append(d)
+    return ctl, out
+
+
+def test_measured_transitions_raise_the_payback_price():
+    off, d_off = _run_calibrated(False)
+    on, d_on = _run_calibrated(True)
+    for d in (d_off, d_on):
+        assert isinstance(d[1], Transition) and d[1].urgent          # the loss: 4 → 2 GPUs
+    # the move was estimated at 20 s and took 60 s: scale 3 from the step-2 report on
+    assert on.tran_cal.scale == pytest.approx(3.0) and off.tran_cal.scale == 1.0
+    # step 5: growing 2 → 4 GPUs saves 50 − 25 = 25 s/step; H_pool = 4 (crossings at steps 1 and 5)
+    # uncalibrated: payback 20 / 25 = 0.8 <= 0.5·4, admitted; calibrated: 60 / 25 = 2.4 > 2, rejected
+    assert isinstance(d_off[5], Transition) and "payback 0.80 steps <= γ·H = 0.5·4.00" in d_off[5].reason
+    assert isinstance(d_on[5], Keep) and "payback 2.40 steps > γ·H = 0.5·4.00" in d_on[5].reason
+    assert "L_tran 60.0s" in d_on[5].reason

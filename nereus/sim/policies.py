@@ -11,8 +11,9 @@ Measured (benchmarks/bench_admission.py, 27 runs without notice): 1.04x the pape
 
 * ``nereus``: the controller (``nereus.controller``) with online calibration, γ = 0.5, the pool
   horizon from the loss process (``pool_horizon="process"``), look-ahead plan choice
-  (``lookahead=True``), learned loss sites in risk pricing (``loss_sites=True``) and the break-even
-  admission of payback-rejected moves (``break_even=True``; issue 29).
+  (``lookahead=True``), learned loss sites in risk pricing (``loss_sites=True``), the break-even
+  admission of payback-rejected moves (``break_even=True``) and ``L_tran`` calibrated from the
+  measured transitions (``calibrate_transitions=True``; issue 29).
 * ``nereus-ema``: the same without the issue-29 extensions (``H_pool`` the EMA of crossing intervals,
   plans compared at the current length): the ``nereus`` policy before issue 29.
 * ``nereus-paper``: the paper's rule exactly (no risk pricing).
@@ -234,7 +235,8 @@ class ElasticPolicy(StaticPolicy):
 
 
 #: the issue-29 controller options of the ``nereus``, ``gamma=<g>`` and ``uncalibrated`` policies
-ISSUE29 = {"pool_horizon": "process", "lookahead": True, "loss_sites": True, "break_even": True}
+ISSUE29 = {"pool_horizon": "process", "lookahead": True, "loss_sites": True, "break_even": True,
+           "calibrate_transitions": True}
 
 
 def risk_model(job: JobSpec, restart: RestartCost | None = None) -> RiskModel:
