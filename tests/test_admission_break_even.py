@@ -23,35 +23,35 @@ def _plan(n, l_step=0.0):
     return Plan(candidates=(Candidate("actor.train", 1, 1, n, gpus=tuple(range(n))),), l_step=l_step)
 
 
-def test_admit_takes_a_rejected_move_once_the_forgone_saving_reaches_its_l_tran():
+def test_admit_takes_a_rejected_move_once_the_steps_waited_cover_its_payback():
     # ΔL = 100 − 90 = 10 s/step, L_tran 30 s: payback 3 steps > γ·H = 0.5·4 = 2
     o = Option(_plan(8, 90.0), TransitionCost(30.0))
     assert isinstance(admit(100.0, [o], gamma=0.5, horizon=4, urgent=False), Keep)
-    assert isinstance(admit(100.0, [o], gamma=0.5, horizon=4, urgent=False, forgone=29.9), Keep)
-    d = admit(100.0, [o], gamma=0.5, horizon=4, urgent=False, forgone=30.0)
+    assert isinstance(admit(100.0, [o], gamma=0.5, horizon=4, urgent=False, waited=2), Keep)   # 20 s < 30
+    d = admit(100.0, [o], gamma=0.5, horizon=4, urgent=False, waited=3)                        # 30 s >= 30
     assert isinstance(d, Transition) and not d.urgent and d.delta_l == pytest.approx(10.0)
-    assert d.reason.startswith("break-even: 30.0s forgone") and "payback 3.00 steps > γ·H = 0.5·4.00" in d.reason
-    # a slower target is never admitted, however much was forgone
+    assert d.reason.startswith("break-even: payback 3.00 steps <= 3 steps waited") and "γ·H = 0.5·4.00" in d.reason
+    # a slower target is never admitted, however long the wait
     slow = Option(_plan(8, 101.0), TransitionCost(0.5))
-    assert isinstance(admit(100.0, [slow], gamma=0.5, horizon=4, urgent=False, forgone=1e9), Keep)
+    assert isinstance(admit(100.0, [slow], gamma=0.5, horizon=4, urgent=False, waited=1e9), Keep)
 
 
-def test_forgone_saving_counts_steps_at_the_rejections_rate_by_hand():
+def test_forgone_saving_counts_steps_at_the_newest_rate_by_hand():
     f = ForgoneSaving()
     assert not f.pending and not f.due()
     f.advance(5)                                  # nothing pending: nothing counted
-    assert f.forgone == 0.0
+    assert f.forgone == 0.0 and f.waited == 0
     f.reject(1, 7.7, 20.0)                        # rejected after step 1: 7.7 s/step, L_tran 20 s
-    f.advance(3)                                  # steps 2, 3 on the slower plan: 15.4 s
-    assert f.forgone == pytest.approx(15.4) and not f.due()
-    f.reject(3, 5.0, 12.0)                        # a new rejection keeps F, takes the new rate and price
-    assert f.forgone == pytest.approx(15.4) and f.since == 1 and f.due()    # 15.4 >= 12
-    t = f.trigger(3)
-    assert (t.signal, t.urgent, t.value, t.reference, t.horizon) == (BREAK_EVEN, False, pytest.approx(15.4), 12.0, 2.0)
+    f.advance(3)                                  # steps 2, 3 on the slower plan: 2 · 7.7 = 15.4 s
+    assert f.waited == 2 and f.forgone == pytest.approx(15.4) and not f.due()
+    f.reject(3, 5.0, 12.0)                        # a new rejection keeps the wait, takes the new rate and price
+    assert f.since == 1 and f.forgone == pytest.approx(10.0) and not f.due()   # 2 · 5 = 10 < 12
     f.advance(4)
-    assert f.forgone == pytest.approx(20.4)
+    assert f.forgone == pytest.approx(15.0) and f.due()                       # 3 · 5 = 15 >= 12
+    t = f.trigger(4)
+    assert (t.signal, t.urgent, t.value, t.reference, t.horizon) == (BREAK_EVEN, False, pytest.approx(15.0), 12.0, 3.0)
     f.advance(2)                                  # the run was rewound (restart): start again
-    assert not f.pending and f.forgone == 0.0
+    assert not f.pending and f.forgone == 0.0 and f.waited == 0
     f.reject(7, 0.0, 10.0)                        # nothing faster now: nothing to count
     assert not f.pending
     f.reject(7, 3.0, math.inf)
@@ -115,12 +115,46 @@ def test_break_even_admits_the_growth_a_burst_horizon_rejects_and_the_quiet_pool
     assert ctl.pool_process.intervals == [12.5, 50.0]
     # without break-even no signal crosses again: the job stays on 2 of 4 GPUs to the end
     assert all(d.reason == "no trigger" for d in d_off[5:]) and ema.plan.candidates[0].num_gpus == 2
-    # break-even: 25 s forgone after step 5 (< 30), 50 s after step 6 (>= 30): replan and admit
+    # break-even: 25 s forgone after step 5 (< 30), 50 s after step 6 (>= 30): replan; the payback
+    # 30 / 25 = 1.2 steps is within the 2 steps waited: admitted
     assert d_on[5].reason == "no trigger"
     assert isinstance(d_on[6], Transition) and d_on[6].triggers == (BREAK_EVEN,) and not d_on[6].urgent
-    assert d_on[6].reason.startswith("break-even: 50.0s forgone")
+    assert d_on[6].reason.startswith("break-even: payback 1.20 steps <= 2 steps waited")
     assert ctl.plan.candidates[0].num_gpus == 4 and not ctl.rent.pending
     assert all(d.reason == "no trigger" for d in d_on[7:])
+
+
+
+class ReestimatePlanner(GrowPlanner):
+    """GrowPlanner whose 4-GPU plan runs at ``l4`` s/step (a calibration that changes the estimate)."""
+
+    l4 = 25.0
+
+    def estimate(self, job, plan, pool=None):
+        n = plan.candidates[0].num_gpus
+        return replace(plan, l_step=self.l4 if n == 4 else 100.0 / n)
+
+
+def test_a_saving_reestimated_lower_at_the_break_even_replan_waits_for_its_own_payback():
+    # as the burst above: rejected at step 4 (25 s/step, L_tran 30 s); after step 5 calibration says the
+    # 4-GPU plan runs at 45 s/step, a saving of 5 s/step. At step 6 (2 · 25 = 50 s >= 30) the replan
+    # finds payback 30 / 5 = 6 steps > the 2 waited: rejected, and the count goes on at 5 s/step from
+    # step 4: 5 · w >= 30 at w = 6, step 10, where payback 6 <= 6 waited admits it
+    fp = ReestimatePlanner()
+    ctl = Controller(JOB, fp.plan(JOB, frozenset(range(8)), None, False), fp,
+                     transition_cost=lambda *a: TransitionCost(30.0),
+                     config=ControllerConfig(pool_horizon="process", break_even=True))
+    t, out = 0.0, []
+    for s, n in enumerate([8, 4, 4, 2, 4, 4, 4, 4, 4, 4, 4, 4]):
+        if s == 6:
+            fp.l4 = 45.0
+        t += ctl.plan.l_step
+        out.append(ctl.observe(StepReport(s, 1000, frozenset(range(n)), step_time=ctl.plan.l_step, elapsed_s=t)))
+    assert isinstance(out[4], Keep) and "payback 1.20 steps" in out[4].reason
+    assert isinstance(out[6], Keep) and out[6].triggers == (BREAK_EVEN,) and "payback 6.00 steps" in out[6].reason
+    assert [s for s, d in enumerate(out) if d.triggers == (BREAK_EVEN,)] == [6, 10]
+    assert isinstance(out[10], Transition) and out[10].reason.startswith("break-even: payback 6.00 steps <= 6 steps")
+    assert ctl.plan.candidates[0].num_gpus == 4
 
 
 # ------------------------------------------------------------------ L_tran calibrated from measured transitions

@@ -12,21 +12,24 @@ no notice, 2 h, ``benchmarks/bench_admission.py``): four such rejections cost 5,
 Rule (the deterministic *ski-rental* strategy: rent until the rent paid equals the price, then buy;
 Karlin, Manasse, Rudolph and Sleator, "Competitive snoopy caching", Algorithmica 3, 1988): after a
 payback rejection the controller keeps running the current plan and counts the seconds that costs,
-``F = Σ r`` over the steps since the rejection, with ``r`` the per-step saving the best rejected
+``F = w · r`` over the ``w`` steps since the rejection, with ``r`` the per-step saving the best rejected
 target offers *at the current length* (``L_step(S) − L_step(S*)`` with the same risk pricing; the
 look-ahead's amortized forced-transition charge is not a second a step actually loses, so it is not
 counted). Once ``F >= L_tran`` of the cheapest rejected target it replans (a ``break-even`` trigger)
-and admission takes a faster target with ``L_tran <= F`` (``admission.admit(forgone=F)``)::
+and admission takes a faster target whose payback, at the estimates of that replan, is at most the
+``w`` steps waited (``admission.admit(waited=w)``; ``w · ΔL >= L_tran``: the saving forgone at the
+current estimate has paid for it)::
 
-    admit iff  L_tran / ΔL <= γ · H   or   L_tran <= F
+    admit iff  L_tran / ΔL <= γ · H   or   L_tran / ΔL <= w
 
 Whatever the true horizon ``T`` (steps the target would have lasted), waiting this way costs at most
 twice the offline optimum for that one move: if ``T`` ends before the break-even point the move was
 never made and nothing is lost against not moving (``F <= L_tran``); otherwise the job paid ``F ≈
 L_tran`` in forgone savings plus ``L_tran``, against the ``L_tran`` the optimum pays. No constant is
-chosen: the threshold is the move's own ``L_tran``. ``F`` is kept across consecutive payback
+chosen: the threshold is the move's own ``L_tran``. ``w`` is kept across consecutive payback
 rejections (the job has been forgoing a faster plan all along; ``r`` and ``L_tran`` become the newest
-rejection's) and dropped when the plan changes, a replan finds nothing faster, or the run restarts.
+rejection's, so a saving re-estimated lower is not counted at its old value) and dropped when the
+plan changes, a replan finds nothing faster, or the run restarts.
 """
 
 from __future__ import annotations
@@ -52,30 +55,39 @@ def rejected_rate(savings) -> tuple[float, float] | None:
 
 @dataclass
 class ForgoneSaving:
-    """The seconds forgone since a payback rejection (module docstring).
+    """The steps waited, and the seconds forgone, since a payback rejection (module docstring).
 
     Attributes:
-        step: the last step counted (the rejection's step first); None when nothing is pending.
-        rate: seconds per step forgone, ``r`` (> 0 while pending).
-        l_tran: ``L_tran`` of the cheapest rejected target, s.
-        forgone: ``F``, seconds forgone so far.
-        since: step of the first rejection of the pending run.
+        since: step of the first payback rejection of the pending run; None when nothing is pending.
+        step: the last step counted.
+        rate: seconds per step forgone, ``r``, at the newest rejection's estimate (> 0 while pending).
+        l_tran: ``L_tran`` of the cheapest target of the newest rejection, s.
     """
 
+    since: int | None = None
     step: int | None = None
     rate: float = 0.0
     l_tran: float = math.inf
-    forgone: float = 0.0
-    since: int | None = None
 
     @property
     def pending(self) -> bool:
-        return self.step is not None
+        return self.since is not None
+
+    @property
+    def waited(self) -> int:
+        """Steps completed on the current plan since the first rejection (0 when nothing is pending)."""
+        return self.step - self.since if self.pending else 0
+
+    @property
+    def forgone(self) -> float:
+        """``F = waited · r``, s: the saving forgone so far at the newest estimate of ``r``."""
+        return self.waited * self.rate
 
     def reject(self, step: int, rate: float, l_tran: float) -> None:
         """Record a payback rejection at ``step``: the best rejected target saves ``rate`` s per step
         now, the cheapest costs ``l_tran`` s. A ``rate`` <= 0 (nothing faster at the current length)
-        or a non-finite ``l_tran`` clears the count.
+        or a non-finite ``l_tran`` clears the count; otherwise the steps waited keep counting from the
+        first rejection of the run.
 
         Raises:
             ValueError: a negative ``l_tran``.
@@ -91,14 +103,13 @@ class ForgoneSaving:
         self.step, self.rate, self.l_tran = step, float(rate), float(l_tran)
 
     def advance(self, step: int) -> None:
-        """Count the steps completed on the current plan up to ``step`` (``rate`` each); a step before
-        the last one counted (the run was rewound) clears the count."""
+        """Count the steps completed on the current plan up to ``step``; a step before the last one
+        counted (the run was rewound) clears the count."""
         if self.step is None:
             return
         if step < self.step:
             self.clear()
             return
-        self.forgone += self.rate * (step - self.step)
         self.step = step
 
     def due(self) -> bool:
@@ -107,11 +118,10 @@ class ForgoneSaving:
 
     def trigger(self, step: int) -> Trigger:
         """The opportunistic ``break-even`` trigger at ``step``: value ``F``, reference ``L_tran``,
-        horizon the steps since the first rejection (at least 1)."""
-        since = self.since if self.since is not None else step
-        return Trigger(BREAK_EVEN, False, self.forgone, self.l_tran, float(max(1, step - since)),
-                       f"{self.forgone:.1f}s forgone since the payback rejection at step {since} >= "
-                       f"L_tran {self.l_tran:.1f}s")
+        horizon the steps waited (at least 1)."""
+        return Trigger(BREAK_EVEN, False, self.forgone, self.l_tran, float(max(1, self.waited)),
+                       f"{self.forgone:.1f}s forgone in {self.waited} steps since the payback rejection at "
+                       f"step {self.since} >= L_tran {self.l_tran:.1f}s")
 
     def clear(self) -> None:
-        self.step, self.rate, self.l_tran, self.forgone, self.since = None, 0.0, math.inf, 0.0, None
+        self.since, self.step, self.rate, self.l_tran = None, None, 0.0, math.inf

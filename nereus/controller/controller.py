@@ -355,9 +355,9 @@ class Controller:
         if not options:
             return Keep("replanned: the current plan is still the best", names)
         options = self._order(options, la)
-        forgone = self.rent.forgone if self.config.break_even else 0.0
+        waited = self.rent.waited if self.config.break_even else 0
         decision = admit(cur_l, options, gamma=self.config.gamma, horizon=horizon, urgent=urgent,
-                         triggers=names, always=self.config.always_admit, forgone=forgone)
+                         triggers=names, always=self.config.always_admit, waited=waited)
         if isinstance(decision, Transition):
             return decision
         # S* failed feasibility or payback: try slightly slower plans with cheaper transitions
@@ -371,7 +371,7 @@ class Controller:
         if len(options) > n0:
             options = self._order(options, la)
             decision = admit(cur_l, options, gamma=self.config.gamma, horizon=horizon, urgent=urgent,
-                             triggers=names, always=self.config.always_admit, forgone=forgone)
+                             triggers=names, always=self.config.always_admit, waited=waited)
         if isinstance(decision, Restart) and survives:
             decision = replace(decision, checkpoint_first=True)
         if isinstance(decision, Keep):  # the break-even count's rate and price (``break_even.py``)
