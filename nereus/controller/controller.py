@@ -23,7 +23,7 @@ added (``nereus.controller.risk``): replanning also considers the fastest plan w
 every ``*.train`` model-stage on distinct nodes, and admission compares risk-adjusted step times.
 ``risk=None`` (the config default, and the runtime's) is the paper's rule (``nereus.sim.policies``).
 
-Extensions of issue 29 (off by default; the simulator's ``nereus`` policy turns them all on):
+Extensions of issue 29 (off by default; the simulator's ``nereus`` uses all but ``calibrate_transitions``):
 
 * ``pool_horizon="process"``: a pool trigger's ``H`` is the expected steps until the pool next loses
   GPUs (``nereus.controller.pool_process``), not the EMA of crossing intervals; risk pricing then
