@@ -6,8 +6,10 @@ every estimate of ``H`` is a few steps (the loss process, ``pool_process``, has 
 intervals; the EMA of crossings is short by construction), and a move that would have repaid many
 times over is turned down; when the pool then stays quiet no trigger fires again and the job runs on
 the slower plan until the next change. Measured on the 13 shipped traces (Qwen3-32B GRPO, seed 0,
-no notice, 2 h, ``benchmarks/bench_admission.py``): four such rejections cost 5,292 s, the run on
-``spotserve-b`` 0.76x replan-on-every-trigger (H = 2.1 steps at the rejection, then 53 quiet steps).
+no notice, 2 h, ``benchmarks/bench_admission.py``): three such rejections cost 3,182 s, the run on
+``spotserve-b`` 0.76x replan-on-every-trigger (H = 2.1 steps at the rejection, then 53 quiet steps);
+with this rule 0.975x, and the Qwen geometric mean against replan-all 0.995x → 1.014x
+(docs/simulate.md, Results, "Issue 29, third round").
 
 Rule (the deterministic *ski-rental* strategy: rent until the rent paid equals the price, then buy;
 Karlin, Manasse, Rudolph and Sleator, "Competitive snoopy caching", Algorithmica 3, 1988): after a

@@ -21,6 +21,10 @@ reshard inside a node) does not move it as much as a 200 s engine restart. Only 
 attributes to the transition itself is measured (``StepReport.transition_s``): the teardown of
 communicators with dead ranks after an unannounced loss is failure handling, the same whatever the
 target, and is not in the estimate either. No constant is chosen.
+
+Measured (``nereus+tcal`` against ``nereus``, the same 13 traces, seed 0, 2 h): 0.996x on 8B and
+0.993x on Qwen3-32B GRPO; the ratio from a run's first few transitions is noisy (one 116 s estimate
+measured at 70 s lowers every later price), so the simulator's ``nereus`` leaves it off.
 """
 
 from __future__ import annotations
