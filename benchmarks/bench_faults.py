@@ -55,6 +55,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import sys
 import threading
 import time
@@ -74,6 +75,7 @@ if os.environ.get("PYTHONPATH", "").split(os.pathsep)[0] != _ROOT:
 import torch  # noqa: E402
 
 from nereus.controller.planning import same_plan  # noqa: E402
+from nereus.runtime.durable.integrity import job_identity  # noqa: E402
 from nereus.runtime.run.driver import RLDriver  # noqa: E402
 from nereus.runtime.run.pool import WorkerPool  # noqa: E402
 from nereus.runtime.run.relayout import relayout  # noqa: E402
@@ -85,6 +87,7 @@ _HERE = str(Path(__file__).resolve().parent)
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
+from fault_checks import checkpoint_problem  # noqa: E402
 from fault_report import summarize, tables  # noqa: E402
 from fault_run import (  # noqa: E402
     ATOL,
@@ -173,6 +176,8 @@ def execute(spec: RunSpec, faults: bool, seed: int, timeout_s: float, verbose: b
                         # filed under the checkpoint phase (an async write would fire after the boundary)
                         checkpoint_sync=True)
     run.keep_final = "all"  # every model-stage, frozen ones too (compare)
+    ident, ckpt = job_identity(SPEC, workload(spec.algorithm)), {}
+    run.on_end = lambda _d: ckpt.setdefault("problem", checkpoint_problem(run, ident))  # before its removal
     t0 = time.perf_counter()
 
     def go():
@@ -182,8 +187,12 @@ def execute(spec: RunSpec, faults: bool, seed: int, timeout_s: float, verbose: b
             pool.close()
 
     hist, err, hung = _bounded(go, timeout_s, pool.close)
+    if "problem" not in ckpt and not hung:  # ended early: the run keeps its checkpoint (the only copy)
+        ckpt["problem"] = checkpoint_problem(run, ident)
+        shutil.rmtree(run.ckpt_dir or "/nonexistent", ignore_errors=True)
     return {"run": run, "history": hist, "error": None if err is None else f"{type(err).__name__}: {str(err)[:400]}",
-            "hung": hung, "seconds": time.perf_counter() - t0, "lines": lines}
+            "hung": hung, "seconds": time.perf_counter() - t0, "lines": lines,
+            "checkpoint_problem": ckpt.get("problem")}
 
 
 def replay(spec: RunSpec, plans: dict[int, Plan], timeout_s: float) -> dict:
@@ -351,6 +360,7 @@ def check_run(spec: RunSpec, ref: dict, seed: int, timeout_s: float, verbose: bo
             "reference_equal": ref_eq, "layout_drift": drift,
             "layouts_as_reference": completed and same_layouts(run.step_plans, ref["plans"]),
             "reference_seconds": ref["seconds"], "seconds": res["seconds"],
+            "checkpoint_problem": res["checkpoint_problem"],
             "log": res["lines"] if (res["error"] or res["hung"] or not eq) else []}
 
 
@@ -437,7 +447,8 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"wrote {args.json}")
     s = out["summary"]
     ok = (s["runs_hung"] == 0 and s["runs_failed"] == 0 and s["faults_survived"] == s["faults_injected"]
-          and s["steps_lost_bound_violations"] == 0 and s["weights_equal"] == s["weights_compared"])
+          and s["steps_lost_bound_violations"] == 0 and s["weights_equal"] == s["weights_compared"]
+          and s["checkpoints_lost"] == 0)
     return 0 if ok else 1
 
 

@@ -19,13 +19,12 @@ import time
 from nereus.controller.decisions import Keep
 from nereus.controller.monitor import StepReport
 from nereus.planner.notation import format_gpus, format_plan
-from nereus.runtime.durable import driver_side as durable
 from nereus.runtime.run import vllm_driver as vd
 from nereus.runtime.run.fresh_start import (
     NoCheckpoint,
     has_checkpoint,
     initial_state_reproducible,
-    restart_initial,
+    restore_or_rebuild,
 )
 from nereus.runtime.run.relayout import train_stages
 from nereus.runtime.transit.driver_side import TransitionExecutor
@@ -239,16 +238,13 @@ class RecoveryMixin:
                    "the live recovery failed" if force_checkpoint else unsupported or
                    (est.reason if est is not None else "no live path from the boundary plan"))
             d._get([d.workers[i].transition_end.remote("") for i in sorted(alive)], "drop units")
-            if has_checkpoint(self._ckpt_path()):
-                info = durable.restart(d, self._ckpt_path(), target)
-                source, what = "checkpoint", f"restored the durable checkpoint of step {d.step_index}"
-            elif initial_state_reproducible(self._bnd, self.resume):  # before the first checkpoint (fresh_start.py)
-                info = restart_initial(d, target)
-                source, what = "initial", "no checkpoint written yet: rebuilt every model-stage from its seed at step 0"
-            else:
+            if not has_checkpoint(self._ckpt_path()) and not initial_state_reproducible(self._bnd, self.resume):
                 raise NoCheckpoint(f"worker(s) {sorted(e.lost)} lost before the first checkpoint was written; "
                                    + (f"the only copy of {', '.join(lost_train)} is gone" if lost_train else
                                       f"{why} and no checkpoint exists to restore"))
+            info, source = restore_or_rebuild(self, target, why)  # the checkpoint, else step 0 (fresh_start.py)
+            what = (f"restored the durable checkpoint of step {d.step_index}" if source == "checkpoint" else
+                    "no checkpoint written yet: rebuilt every model-stage from its seed at step 0")
             lost = self._bnd["step_index"] - d.step_index
             ev.update(source=source, steps_lost=lost, seconds=info["seconds"])
             self.log(f"  {why}: {what} in {info['seconds']:.2f}s; steps lost: {lost}")
