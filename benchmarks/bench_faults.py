@@ -88,6 +88,7 @@ if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
 from fault_checks import checkpoint_problem  # noqa: E402
+from fault_pools import SparePool, close_replay_pool, replay_pool  # noqa: E402
 from fault_report import summarize, tables  # noqa: E402
 from fault_run import (  # noqa: E402
     ATOL,
@@ -131,15 +132,16 @@ def _bounded(fn, timeout_s: float, on_timeout):
 START_TIMEOUT_S = 600.0
 
 
-def start_pool(n: int, tries: int = 3) -> WorkerPool:
-    """A started pool of ``n`` workers, allowed :data:`START_TIMEOUT_S` to start. A start that still
+def start_pool(n: int, tries: int = 3, spares: int = 2) -> WorkerPool:
+    """A started pool of ``n`` workers with ``spares`` more started ahead for its joins
+    (``fault_pools.SparePool``), allowed :data:`START_TIMEOUT_S` to start. A start that still
     times out (``WorkerFailure``) is retried, up to ``tries`` times: no fault has been injected yet,
     so it is not a fault outcome.
 
     Raises:
         WorkerFailure: every try failed."""
     for attempt in range(tries):
-        pool = WorkerPool(n, timeout_s=GROUP_TIMEOUT_S, hang_timeout_s=HANG_TIMEOUT_S)
+        pool = SparePool(n, timeout_s=GROUP_TIMEOUT_S, hang_timeout_s=HANG_TIMEOUT_S, spares=spares)
         pool.start_timeout_s = START_TIMEOUT_S  # not the 120 s of 4x the group timeout + 60
         try:
             return pool.start()
@@ -201,8 +203,10 @@ def replay(spec: RunSpec, plans: dict[int, Plan], timeout_s: float) -> dict:
     own with no faults, no controller and no checkpoints; a plan change between two steps goes
     through the centralized re-layout (``run/relayout.py``: gathered into the driver, exact), so nothing
     it shares with the faulty run's recoveries (live transitions, rollback snapshots, durable
-    checkpoints) can hide a difference. Worker ids are renumbered ``0..n-1`` in order (layouts,
-    hence every sum's order, are unchanged).
+    checkpoints) can hide a difference. Each step's worker ids are renumbered ``0..n-1`` in order
+    (layouts, hence every sum's order, are unchanged; the re-layout between two steps gathers
+    everything into the driver, so which worker held what before does not matter), and every replay
+    runs on the benchmark's one replay pool (``fault_pools.replay_pool``).
 
     Returns:
         ``{"final_state", "error", "hung", "seconds"}`` (``final_state`` as ``AdaptiveRun.final_state``).
@@ -211,12 +215,10 @@ def replay(spec: RunSpec, plans: dict[int, Plan], timeout_s: float) -> dict:
     missing = [k for k in range(spec.steps) if k not in plans]
     if missing:
         return {"final_state": None, "error": f"no plan recorded for steps {missing}", "hung": False, "seconds": 0.0}
-    ids = sorted({g for p in plans.values() for c in p.candidates for g in c.gpus})
-    rank = {g: i for i, g in enumerate(ids)}
-    seq = [Plan(candidates=tuple(replace(c, gpus=tuple(rank[g] for g in c.gpus)) for c in plans[k].candidates))
-           for k in range(spec.steps)]
-    pool = start_pool(len(ids))
-    driver = RLDriver(SPEC, workload(spec.algorithm), seq[0], TASK, len(ids), config())
+    seq = [_renumbered(plans[k]) for k in range(spec.steps)]
+    n = max(len(p.gpus_used()) for p in seq)
+    pool = replay_pool(n, lambda m: start_pool(m, spares=0))
+    driver = RLDriver(SPEC, workload(spec.algorithm), seq[0], TASK, n, config())
 
     def go():
         try:
@@ -227,12 +229,17 @@ def replay(spec: RunSpec, plans: dict[int, Plan], timeout_s: float) -> dict:
                 driver.step()
             return {n: driver.gather_logical_state(n) for n in driver.layouts}  # frozen model-stages too
         finally:
-            driver.close()
-            pool.close()
+            driver.close()  # its engines; the pool serves the next replay
 
     final, err, hung = _bounded(go, timeout_s, pool.close)
     return {"final_state": final, "error": None if err is None else f"{type(err).__name__}: {str(err)[:400]}",
             "hung": hung, "seconds": time.perf_counter() - t0}
+
+
+def _renumbered(plan: Plan) -> Plan:
+    """``plan`` with its worker ids renumbered ``0..n-1`` in order (every candidate's rank order kept)."""
+    rank = {g: i for i, g in enumerate(sorted(plan.gpus_used()))}
+    return Plan(candidates=tuple(replace(c, gpus=tuple(rank[g] for g in c.gpus)) for c in plan.candidates))
 
 
 def same_layouts(a: dict[int, Plan], b: dict[int, Plan]) -> bool:
@@ -409,6 +416,7 @@ def run_benchmark(faults: int = 100, seed: int = 0, quick: bool = False, run_tim
                     on_run(runs)
                 progress.update(bar, completed=min(target, lost_so_far))
     finally:
+        close_replay_pool()
         if started:
             ray.shutdown()
     summary = summarize(runs, refs, time.perf_counter() - t0, argparse.Namespace(seed=seed, quick=quick),

@@ -67,6 +67,7 @@ def test_a_ppo_run_recovered_onto_other_layouts_ends_bit_for_bit_at_its_replay(r
     ref = bench.reference_run(spec, 0, 240)
     assert ref["final_state"] is not None, ref["error"]
     r = bench.check_run(spec, ref, 3, 240)
+    bench.close_replay_pool()
     assert r["completed"], (r["error"], r["log"][-20:])
     assert [f["state"] for f in r["faults"]] == ["fired", "fired"], r["faults"]
     assert {ev["source"] for ev in r["recoveries"]} == {"live", "checkpoint"}, r["recoveries"]
@@ -137,6 +138,7 @@ def test_a_second_failure_a_second_later_and_a_fault_in_a_growth_transition_both
     spec = RunSpec("ppo", 5, 2, "1:+1", 1, faults, grow=True)
     no_ref = {"final_state": None, "plans": {}, "seconds": 0.0}  # layout drift not wanted here
     r = bench.check_run(spec, no_ref, 3, 400)
+    bench.close_replay_pool()
     assert r["completed"], (r["error"], r["log"][-30:])
     assert [f["state"] for f in r["faults"]] == ["fired", "fired"], r["faults"]
     assert len(r["faults"][0]["fired"]) == 2 and r["faults"][1]["phase"] == "transition", r["faults"]
@@ -270,3 +272,48 @@ def test_the_summary_counts_lost_checkpoints_and_the_benchmark_fails_on_one():
     ns = argparse.Namespace(seed=0, quick=False)
     assert summarize([ok], {}, 1.0, ns, 3.0)["checkpoints_lost"] == 0
     assert summarize([ok, stale, past], {}, 1.0, ns, 3.0)["checkpoints_lost"] == 2
+
+
+def test_a_replay_step_renumbers_its_workers_in_order_keeping_every_rank_order():
+    # the replay runs each step on 0..n-1 (fault_pools.replay_pool): a step's plan on workers 3, 6, 7, 9
+    # becomes 0, 1, 2, 3 with each candidate's ranks in the same order, colocations kept
+    bench = _bench()
+    from fault_run import workload
+
+    from nereus.runtime.run.plans import simple_plan
+
+    layout = {"actor.generate": (1, 1, 2), "actor.infer": (2, 1, 1), "reference.infer": (1, 2, 1),
+              "critic.infer": (1, 1, 1), "actor.train": (2, 1, 1), "critic.train": (1, 2, 1)}
+    plan = simple_plan(workload("ppo"), layout, 4, micro_batch=1)
+    to = {0: 9, 1: 3, 2: 7, 3: 6}  # a permutation onto sparse ids: rank order must survive the renumbering
+    plan = type(plan)(candidates=tuple(c.with_gpus([to[g] for g in c.gpus]) for c in plan.candidates))
+    out = bench._renumbered(plan)
+    back = {3: 0, 6: 1, 7: 2, 9: 3}
+    for a, b in zip(plan.candidates, out.candidates):
+        assert b.gpus == tuple(back[g] for g in a.gpus), (a, b)
+        assert (b.tp, b.pp, b.dp, b.model_stage) == (a.tp, a.pp, a.dp, a.model_stage)
+    assert out.gpus_used() == frozenset(range(4))
+
+
+@pytest.mark.timeout(300)
+def test_spare_workers_started_ahead_join_under_the_next_ids(ray_cluster):
+    import ray
+
+    _bench()
+    from fault_pools import SparePool
+
+    pool = SparePool(2, timeout_s=15, hang_timeout_s=3, spares=2).start()
+    try:
+        assert [i for i, _ in pool._ahead] == [2, 3] and len(pool.workers) == 2
+        spare = dict(pool._ahead)[2]
+        assert pool.add(1) == [2] and pool.workers[2] is spare  # the one started ahead, not a new process
+        assert [i for i, _ in pool._ahead] == [3, 4]
+        assert pool.add(3) == [3, 4, 5] and [i for i, _ in pool._ahead] == [6, 7]
+        assert ray.get([w.ping.remote() for w in pool.workers]) == list(range(6))  # each knows its own id
+        assert len(set(pool.pids)) == 6
+        ahead = [w for _, w in pool._ahead]
+    finally:
+        pool.close()
+    assert pool._ahead == [] and all(w is None for w in pool.workers)
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(ahead[0].ping.remote(), timeout=60)  # the spares were stopped too
