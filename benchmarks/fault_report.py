@@ -43,7 +43,7 @@ def summarize(runs: list[dict], refs: dict, wall_s: float, args, hang_timeout_s:
         "runs": len(runs),
         "runs_hung": sum(1 for r in runs if r["hung"]),
         "runs_failed": sum(1 for r in runs if r["error"] and not r["hung"]),
-        "reference_runs": len(refs),
+        "reference_runs": sum(1 for x in refs.values() if not x.get("skipped")),
         "reference_runs_hung": sum(1 for x in refs.values() if x["hung"]),
         "recoveries": len(recs),
         "recoveries_live": sum(1 for ev in recs if ev.get("source") == "live"),
@@ -72,7 +72,8 @@ def summarize(runs: list[dict], refs: dict, wall_s: float, args, hang_timeout_s:
         "weights_max_abs_diff": max((r["max_abs_diff"] for r in compared), default=0.0),
         "replays_hung": sum(1 for r in runs if r.get("replay_hung")),
         "reference_equal": sum(1 for r in compared if r["reference_equal"]),
-        "layout_drift_max": max((r["layout_drift"] for r in compared), default=0.0),
+        "layout_drift_max": max((r["layout_drift"] for r in compared if r["layout_drift"] is not None),
+                                default=None if any(x.get("skipped") for x in refs.values()) else 0.0),
         "layouts_as_reference": sum(1 for r in compared if r["layouts_as_reference"]),
         "reference_equal_same_layouts": sum(1 for r in compared if r["layouts_as_reference"] and r["reference_equal"]),
         "wall_s": wall_s,
@@ -172,6 +173,7 @@ def tables(summary: dict, runs: list[dict]):
         ("final weights equal to the fault-free run on the same plans (replay)",
          f"{s['weights_equal']} / {s['weights_compared']} runs (max |diff| {s['weights_max_abs_diff']:.2e})"),
         ("  layout drift: equal to the fault-free run on its own plans",
+         "not measured (--no-drift)" if s["layout_drift_max"] is None else
          f"{s['reference_equal']} / {s['weights_compared']} runs (max |diff| {s['layout_drift_max']:.2e}; "
          f"{s['reference_equal_same_layouts']} of the {s['layouts_as_reference']} runs on its layouts)"),
     ]
@@ -189,7 +191,7 @@ def tables(summary: dict, runs: list[dict]):
     for i, r in enumerate(runs):
         end = ("HUNG" if r["hung"] else "failed" if r["error"] else
                f"= replay ({r['max_abs_diff']:.0e})" if r["weights_equal"] else f"differs ({r['max_abs_diff']:.1e})")
-        drift = f"{r['layout_drift']:.1e}" if r["completed"] else "-"
+        drift = f"{r['layout_drift']:.1e}" if r["completed"] and r["layout_drift"] is not None else "-"
         per.add_row(str(i), r["algorithm"], str(r["workers"]), str(r["checkpoint_every"]),
                     str(sum(len(f["fired"]) for f in r["faults"])), str(len(r["recoveries"])),
                     str(sum(ev.get("steps_lost", 0) for ev in r["recoveries"])), f"{r['seconds']:.0f}", end, drift)
