@@ -90,7 +90,8 @@ def restore_or_rebuild(run, target, why: str, live_state: bool = False) -> tuple
     """Bring ``run``'s driver to ``target`` from stored state: the last complete durable checkpoint
     (``durable.restart``); without one, the engines' live state re-laid out through the driver when
     ``live_state`` (every training model-stage has an intact replica whose engines still hold their
-    state: ``run/relayout.py``, exact, no step lost); else step 0's initial state rebuilt from the
+    state: ``run/relayout.py``, exact, no step lost; not with ``--rollout vllm``, whose engines the
+    caller starts); else step 0's initial state rebuilt from the
     seeds (:func:`restart_initial`) when the driver is at it (:func:`initial_state_reproducible`).
 
     Args:
@@ -115,7 +116,7 @@ def restore_or_rebuild(run, target, why: str, live_state: bool = False) -> tuple
     d = run.driver
     if has_checkpoint(run._ckpt_path()):
         return durable.restart(d, run._ckpt_path(), target), "checkpoint"
-    if live_state:
+    if live_state and d.cfg.rollout != "vllm":  # (relayout starts vLLM engines itself; the caller does here)
         return relayout(d, target), "relayout"
     if initial_state_reproducible({"step_index": d.step_index, "updates": d.updates}, run.resume):
         return restart_initial(d, target), "initial"
