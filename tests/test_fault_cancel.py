@@ -62,3 +62,25 @@ def test_a_peer_blocked_in_a_collective_with_a_cancelled_worker_fails_at_once_no
     assert ws[1].transit.comms.members() == []
     ws[1].restore([])  # the rollback clears the cancel: calls are accepted again
     assert not ws[1]._cancelled and not ws[1].meter.abort.is_set()
+
+
+def test_forget_worker_tolerates_a_cancel_clearing_the_cache_meanwhile():
+    # seen in bench_faults seed 4242 after the change above: forget_worker (the worker's main thread)
+    # listed the communicators with a lost worker, the cancel (its control thread) cleared the cache,
+    # and the pops raised KeyError ((6, 8), 'gloo') in a call nobody awaits
+    import types
+
+    from nereus.runtime.comm.cache import GroupCache
+    from nereus.runtime.comm.instrument import Meter
+
+    class Racing(dict):
+        def pop(self, key, *default):
+            self.clear()  # the cancel's clear lands between forget's listing and its first pop
+            return super().pop(key, *default)
+
+    cache = GroupCache(None, 2, Meter(), 60.0)
+    cache._groups = Racing({((0, 2), "gloo"): types.SimpleNamespace(name="a"),
+                            ((1, 2), "gloo"): types.SimpleNamespace(name="b")})
+    assert cache.forget(2) == [] and cache.members() == []
+    cache._groups = {((0, 2), "gloo"): types.SimpleNamespace(name="a"), ((0, 1), "gloo"): types.SimpleNamespace(name="c")}
+    assert cache.forget(2) == ["a"] and cache.members() == [(0, 1)]  # without a race: as before
