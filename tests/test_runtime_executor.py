@@ -13,47 +13,24 @@ import torch
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+from live_state import CFG, SPEC, TASK, TRAIN, W, assert_equal, layout_plan, reference_states, states  # noqa: E402
+
 from nereus.runtime.model.sharding import param_shapes  # noqa: E402
-from nereus.runtime.rl.task import DigitTask  # noqa: E402
-from nereus.runtime.run.config import RLConfig  # noqa: E402
 from nereus.runtime.run.device_model import runtime_job  # noqa: E402
 from nereus.runtime.run.driver import RLDriver  # noqa: E402
 from nereus.runtime.transit.driver_side import TransitionExecutor  # noqa: E402
-from nereus.spec.plan import Candidate, Plan  # noqa: E402
+from nereus.spec.plan import Plan  # noqa: E402
 from nereus.spec.presets import MODEL_PRESETS  # noqa: E402
-from nereus.spec.workload import WorkloadSpec  # noqa: E402
 from nereus.transition.estimate import estimate_transition  # noqa: E402
 from nereus.transition.schedule import Schedule  # noqa: E402
 from nereus.transition.verify import ScheduleError  # noqa: E402
 
-SPEC = MODEL_PRESETS["tiny"]
-TASK = DigitTask("reverse", 3)
-W = WorkloadSpec(algorithm="ppo", prompts_per_step=4, samples_per_prompt=2, prompt_len=5, response_len=4,
-                 mini_batch_size=4, micro_batch_size=1, infer_micro_batch_size=4, reward_model=False)
-CFG = RLConfig(actor_lr=1e-2, critic_lr=1e-2, timeout_s=30)
 BASE = {"actor.generate": (1, 1, 2, (0, 1)), "actor.infer": (1, 1, 1, (0,)), "reference.infer": (1, 2, 1, (1, 2)),
         "critic.infer": (1, 1, 1, (3,)), "actor.train": (2, 1, 1, (0, 1)), "critic.train": (1, 2, 1, (2, 3))}
-TRAIN = ("actor.train", "critic.train")
 
 
 def plan(**changes) -> Plan:
-    lay = {**BASE, **{k.replace("_", "."): v for k, v in changes.items()}}
-    return Plan(candidates=tuple(Candidate(ms, tp, pp, dp, micro_batch=1 if not ms.endswith("generate") else 0,
-                                           gpus=gpus) for ms, (tp, pp, dp, gpus) in lay.items()))
-
-
-def _states(d: RLDriver) -> dict:
-    return {n: d.gather_logical_state(n) for n in TRAIN}
-
-
-def _assert_equal(a: dict, b: dict, what: str, kinds=("params", "exp_avg", "exp_avg_sq")) -> None:
-    for ms in TRAIN:
-        for kind in kinds:
-            assert a[ms][kind].keys() == b[ms][kind].keys()
-            for n in a[ms][kind]:
-                assert torch.equal(a[ms][kind][n], b[ms][kind][n]), (what, ms, kind, n)
-        for k in ("step", "update_count", "version", "policy_version", "position"):
-            assert a[ms][k] == b[ms][k], (what, ms, k)
+    return layout_plan(BASE, changes)
 
 
 def _transition(d: RLDriver, target: Plan, pool_ids=None):
@@ -82,21 +59,15 @@ CHAIN = [
 def test_live_transitions_keep_state_move_planned_bytes_and_training_continues(pool):
     steps = len(CHAIN) + 1
     # reference: the same steps (same samples) without any transition
-    ref = RLDriver(SPEC, W, plan(), TASK, 4, CFG).start(pool)
-    try:
-        for _ in range(steps):
-            ref.step()
-        want = _states(ref)
-    finally:
-        ref.close()
+    want = reference_states(pool, plan(), steps)
     d = RLDriver(SPEC, W, plan(), TASK, 4, CFG).start(pool)
     try:
         d.step()
         kinds = set()
         for name, target in CHAIN:
-            before = _states(d)
+            before = states(d)
             est, rep = _transition(d, target)
-            _assert_equal(_states(d), before, name)
+            assert_equal(states(d), before, name)
             assert rep.bytes_moved == rep.predicted_bytes == est.bytes_moved, (name, rep.summary())
             for r in rep.primitives:  # per primitive too, not only in total
                 assert r.bytes_received == r.predicted_bytes, (name, r.pid, r.bytes_received, r.predicted_bytes)
@@ -111,7 +82,7 @@ def test_live_transitions_keep_state_move_planned_bytes_and_training_continues(p
                 assert all(torch.equal(r1["params"][n], before["actor.train"]["params"][n]) for n in r1["params"])
             d.step()
         assert {"split", "merge", "extend", "destroy"} <= kinds, kinds
-        got = _states(d)
+        got = states(d)
     finally:
         d.close()
     # same samples, same updates up to fp32 reduction order, which Adam amplifies where its second
@@ -131,7 +102,7 @@ def test_executor_refuses_a_schedule_that_breaks_the_last_copy_rule_before_movin
     d = RLDriver(SPEC, W, plan(actor_train=(1, 1, 1, (0,))), TASK, 4, CFG).start(pool)
     try:
         d.step()
-        before = _states(d)
+        before = states(d)
         target = plan(actor_train=(1, 1, 1, (2,)), critic_train=(1, 2, 1, (0, 1)))
         job = runtime_job(SPEC, W, 4)
         est = estimate_transition(job, Plan(candidates=tuple(d.cands.values())), target, frozenset(range(4)))
@@ -148,7 +119,7 @@ def test_executor_refuses_a_schedule_that_breaks_the_last_copy_rule_before_movin
             TransitionExecutor(d).execute(type(est)(**{**est.__dict__, "schedule": bad}), target)
         # nothing moved: same layouts, same state, and training goes on
         assert d.cands["actor.train"].gpus == (0,)
-        _assert_equal(_states(d), before, "refused")
+        assert_equal(states(d), before, "refused")
         d.step()
     finally:
         d.close()
@@ -165,13 +136,13 @@ def test_bf16_live_transitions_keep_master_weights_and_moments_bit_for_bit(pool)
     try:
         d.step()
         for name, target in CHAIN[:3] + CHAIN[-1:]:
-            before = _states(d)
+            before = states(d)
             assert before["actor.train"]["master"].keys() == before["actor.train"]["params"].keys()
             est = estimate_transition(job, Plan(candidates=tuple(d.cands.values())), target, frozenset(range(4)))
             assert est.feasible, est.reason
             rep = TransitionExecutor(d).execute(est, target)
-            after = _states(d)
-            _assert_equal(after, before, name, kinds=("params", "master", "exp_avg", "exp_avg_sq"))
+            after = states(d)
+            assert_equal(after, before, name, kinds=("params", "master", "exp_avg", "exp_avg_sq"))
             assert rep.bytes_moved == rep.predicted_bytes == est.bytes_moved, (name, rep.summary())
             for r in rep.primitives:
                 assert r.bytes_received == r.predicted_bytes, (name, r.pid, r.bytes_received, r.predicted_bytes)
@@ -229,7 +200,7 @@ def test_transition_onto_fewer_workers_after_one_leaves(pool):  # last: it kills
     d.start(pool)
     try:
         d.step()
-        before = _states(d)
+        before = states(d)
         ref0 = d.gather_logical_state("reference.infer")["params"]
         # worker 3 is lost: actor.train keeps replica 0 on worker 0, critic.train its replica on 2
         target = plan(actor_train=(1, 1, 1, (0,)), critic_train=(1, 1, 1, (2,)), actor_generate=(1, 1, 2, (0, 1)),
@@ -237,7 +208,7 @@ def test_transition_onto_fewer_workers_after_one_leaves(pool):  # last: it kills
         pool.remove(3)  # the actor is killed; the driver shares the pool's list and sees None
         assert d.workers[3] is None
         est, rep = _transition(d, target, pool_ids=(0, 1, 2))
-        _assert_equal(_states(d), before, "shrink")
+        assert_equal(states(d), before, "shrink")
         assert rep.bytes_moved == rep.predicted_bytes
         assert sorted(est.reloads) == ["actor.generate", "reference.infer"] and est.reloads["reference.infer"] == "storage"
         # frozen weights re-created from storage equal the lost copy; the derived copies equal their train
@@ -252,7 +223,7 @@ def test_transition_onto_fewer_workers_after_one_leaves(pool):  # last: it kills
         # a worker joins (id 4): actor.train grows onto it by Extend, state copied rank-aligned
         assert pool.add(1) == [4]
         d.num_workers = len(pool.workers)
-        before = _states(d)
+        before = states(d)
         target = plan(actor_train=(1, 1, 2, (0, 4)), critic_train=(1, 1, 1, (2,)), actor_generate=(1, 1, 2, (0, 1)),
                       reference_infer=(1, 1, 1, (2,)), critic_infer=(1, 1, 1, (1,)), actor_infer=(1, 1, 1, (0,)))
         job = runtime_job(SPEC, W, 5)
@@ -261,7 +232,7 @@ def test_transition_onto_fewer_workers_after_one_leaves(pool):  # last: it kills
         rep = TransitionExecutor(d).execute(est, target)
         assert [r.kind for r in rep.primitives] == ["extend"] and rep.primitives[0].received == {
             4: rep.primitives[0].predicted_bytes}
-        _assert_equal(_states(d), before, "grow")
+        assert_equal(states(d), before, "grow")
         r1 = d.gather_logical_state("actor.train", 1)
         assert all(torch.equal(r1["exp_avg"][n], before["actor.train"]["exp_avg"][n]) for n in r1["exp_avg"])
         d.step()

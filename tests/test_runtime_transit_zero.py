@@ -16,50 +16,26 @@ import torch
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from nereus.runtime.rl.task import DigitTask  # noqa: E402
-from nereus.runtime.run.config import RLConfig  # noqa: E402
+from live_state import CFG, SPEC, TASK, TRAIN, W, assert_equal, layout_plan, reference_states, states  # noqa: E402
+
 from nereus.runtime.run.device_model import runtime_job  # noqa: E402
 from nereus.runtime.run.driver import RLDriver  # noqa: E402
 from nereus.runtime.transit.driver_side import TransitionExecutor  # noqa: E402
 from nereus.runtime.transit.flat import flat_numel  # noqa: E402
 from nereus.spec.framework import get_framework  # noqa: E402
 from nereus.spec.plan import Candidate, Plan  # noqa: E402
-from nereus.spec.presets import MODEL_PRESETS  # noqa: E402
 from nereus.spec.workload import WorkloadSpec  # noqa: E402
 from nereus.transition.estimate import estimate_transition  # noqa: E402
 
-SPEC = MODEL_PRESETS["tiny"]
-TASK = DigitTask("reverse", 3)
-W = WorkloadSpec(algorithm="ppo", prompts_per_step=4, samples_per_prompt=2, prompt_len=5, response_len=4,
-                 mini_batch_size=4, micro_batch_size=1, infer_micro_batch_size=4, reward_model=False)
-CFG = RLConfig(actor_lr=1e-2, critic_lr=1e-2, timeout_s=30)
 BASE = {"actor.generate": (1, 1, 2, (0, 1)), "actor.infer": (1, 1, 1, (0,)), "reference.infer": (1, 2, 1, (1, 2)),
         "critic.infer": (1, 1, 1, (3,)), "actor.train": (1, 1, 2, (0, 1)), "critic.train": (1, 2, 1, (2, 3))}
-TRAIN = ("actor.train", "critic.train")
 #: the tiny actor's flat shard (tp = pp = 1): N elements, divisible by 2 and 4, so a rank's slice is
 #: exactly the planner's N·8 B / z (transit/flat.py)
 N_ACTOR = flat_numel(SPEC, 1, 1, 0, 0)
 
 
 def plan(zero=1, **changes) -> Plan:
-    lay = {**BASE, **{k.replace("_", "."): v for k, v in changes.items()}}
-    return Plan(candidates=tuple(Candidate(ms, tp, pp, dp, micro_batch=1 if not ms.endswith("generate") else 0,
-                                           gpus=gpus, zero=zero if ms == "actor.train" and dp > 1 else 0)
-                                 for ms, (tp, pp, dp, gpus) in lay.items()))
-
-
-def _states(d: RLDriver) -> dict:
-    return {n: d.gather_logical_state(n) for n in TRAIN}
-
-
-def _assert_equal(a: dict, b: dict, what: str) -> None:
-    for ms in a:
-        for kind in ("params", "exp_avg", "exp_avg_sq"):
-            assert a[ms][kind].keys() == b[ms][kind].keys()
-            for n in a[ms][kind]:
-                assert torch.equal(a[ms][kind][n], b[ms][kind][n]), (what, ms, kind, n)
-        for k in ("step", "update_count", "version", "policy_version", "position"):
-            assert a[ms][k] == b[ms][k], (what, ms, k)
+    return layout_plan(BASE, changes, zero=zero)
 
 
 def _job(w: WorkloadSpec = W):
@@ -103,27 +79,21 @@ def test_zero_live_transitions_reshard_slices_bit_exact_with_the_planned_bytes(p
     assert N_ACTOR % 4 == 0
     chain = ZERO_CHAIN[:3]
     steps = len(chain) + 1
-    ref = RLDriver(SPEC, W, plan(), TASK, 4, CFG).start(pool)
-    try:
-        for _ in range(steps):
-            ref.step()
-        want = _states(ref)
-    finally:
-        ref.close()
+    want = reference_states(pool, plan(), steps)
     d = RLDriver(SPEC, W, plan(), TASK, 4, CFG).start(pool)
     try:
         d.step()
         for name, target, moved in chain:
-            before = _states(d)
+            before = states(d)
             est, rep = _live(d, target)
-            _assert_equal(_states(d), before, name)
+            assert_equal(states(d), before, name)
             _assert_bytes(est, rep, name)
             assert rep.bytes_moved == moved, (name, rep.bytes_moved, moved)
             c = d.cands["actor.train"]
             assert (c.dp, c.zero, sorted(c.gpus)) == (target["actor.train"].dp, target["actor.train"].zero,
                                                       sorted(target["actor.train"].gpus))
             d.step()
-        got = _states(d)
+        got = states(d)
     finally:
         d.close()
     atol = 1e-2 * CFG.actor_lr  # as test_runtime_executor: reduction order (reduce-scatter at dp 4)
@@ -191,21 +161,15 @@ def test_colocated_offloaded_state_live_transitions(pool):
              ("offloaded ZeRO DP 2 -> resident DP 4 on new workers",
               _relaid(col, **{"actor.train": {"dp": 4, "gpus": (0, 1, 2, 3), "offload": "none"}}),
               {"restore": 4 * (4 + 8 // 4) * N_ACTOR})]
-    ref = RLDriver(SPEC, W_RM, col, TASK, 4, COL_CFG).start(pool)
-    try:
-        for _ in range(3):
-            ref.step()
-        want = _states(ref)
-    finally:
-        ref.close()
+    want = reference_states(pool, col, 3, W_RM, COL_CFG)
     d = RLDriver(SPEC, W_RM, col, TASK, 4, COL_CFG).start(pool)
     try:
         d.step()
         assert ray.get(d.workers[0].measurements.remote())["memory"]["host_bytes"] > 0  # idle state offloaded
         for i, (name, target, kinds) in enumerate(chain):
-            before = _states(d)
+            before = states(d)
             est, rep = _live(d, target, W_RM)
-            _assert_equal(_states(d), before, name)
+            assert_equal(states(d), before, name)
             _assert_bytes(est, rep, name)
             assert {r.kind: r.bytes_received for r in rep.primitives} == kinds, (name, rep.summary())
             d.reset_measurements()
@@ -213,7 +177,7 @@ def test_colocated_offloaded_state_live_transitions(pool):
             for pw in d.measurements()["per_worker"]:
                 assert pw["peak_bytes"] <= CAPACITY, (name, pw["worker"])
             if i == 1:  # back where the reference run is, after the same three steps
-                _assert_equal(_states(d), want, "training continues as without the transitions")
+                assert_equal(states(d), want, "training continues as without the transitions")
         assert d.gather_logical_state("actor.train")["update_count"] == 8
     finally:
         d.close()

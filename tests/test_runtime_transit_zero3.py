@@ -9,28 +9,15 @@ transitions ends (same samples, fp32 reduction tolerance, as ``test_runtime_tran
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 import torch
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_runtime_transit_zero import (  # noqa: E402
-    CFG,
-    N_ACTOR,
-    SPEC,
-    TASK,
-    TRAIN,
-    W,
-    _assert_equal,
-    _live,
-    _states,
-    plan,
-)
+from live_state import CFG, SPEC, TASK, TRAIN, W, assert_equal, reference_states, states  # noqa: E402
+from test_runtime_transit_zero import N_ACTOR, _live, plan  # noqa: E402
 
 from nereus.runtime.run.driver import RLDriver  # noqa: E402
 from nereus.spec.plan import Plan  # noqa: E402
@@ -63,21 +50,15 @@ CHAIN = [
 @pytest.mark.slow
 def test_zero3_live_transitions_reshard_unit_slices_bit_exact_with_the_planned_bytes(pool):
     steps = len(CHAIN) + 1
-    ref = RLDriver(SPEC, W, z3(), TASK, 4, CFG).start(pool)
-    try:
-        for _ in range(steps):
-            ref.step()
-        want = _states(ref)
-    finally:
-        ref.close()
+    want = reference_states(pool, z3(), steps)
     d = RLDriver(SPEC, W, z3(), TASK, 4, CFG).start(pool)
     moved = {}
     try:
         d.step()
         for name, target, by_hand in CHAIN:
-            before = _states(d)
+            before = states(d)
             est, rep = _live(d, target)
-            _assert_equal(_states(d), before, name)
+            assert_equal(states(d), before, name)
             assert rep.bytes_moved == rep.predicted_bytes == est.bytes_moved == by_hand, (name, rep.summary())
             for r in rep.primitives:  # per primitive, not only in total
                 assert r.bytes_received == r.predicted_bytes, (name, r.pid, r.bytes_received, r.predicted_bytes)
@@ -86,7 +67,7 @@ def test_zero3_live_transitions_reshard_unit_slices_bit_exact_with_the_planned_b
             c, t = d.cands["actor.train"], target["actor.train"]
             assert (c.dp, c.zero, sorted(c.gpus)) == (t.dp, t.zero, sorted(t.gpus))
             d.step()
-        got = _states(d)
+        got = states(d)
     finally:
         d.close()
     print("predicted vs moved bytes:", moved)
@@ -132,21 +113,15 @@ def test_zero_slices_move_live_across_tp_and_pp_changes(pool, zero):
     logical state, the planner's bytes per primitive, training on as the reference run."""
     chain = LAYOUT_CHAINS[zero]
     steps = len(chain) + 1
-    ref = RLDriver(SPEC, W, z3(zero=zero), TASK, 4, CFG).start(pool)
-    try:
-        for _ in range(steps):
-            ref.step()
-        want = _states(ref)
-    finally:
-        ref.close()
+    want = reference_states(pool, z3(zero=zero), steps)
     d = RLDriver(SPEC, W, z3(zero=zero), TASK, 4, CFG).start(pool)
     moved = {}
     try:
         d.step()
         for name, target, by_hand in chain:
-            before = _states(d)
+            before = states(d)
             est, rep = _live(d, target)
-            _assert_equal(_states(d), before, name)
+            assert_equal(states(d), before, name)
             assert rep.bytes_moved == rep.predicted_bytes == est.bytes_moved > 0, (name, rep.summary())
             if by_hand is not None:
                 assert rep.bytes_moved == by_hand, (name, rep.bytes_moved, by_hand)
@@ -156,7 +131,7 @@ def test_zero_slices_move_live_across_tp_and_pp_changes(pool, zero):
             c, t = d.cands["actor.train"], target["actor.train"]
             assert (c.tp, c.pp, c.dp, c.zero, c.offload) == (t.tp, t.pp, t.dp, t.zero, t.offload)
             d.step()
-        got = _states(d)
+        got = states(d)
     finally:
         d.close()
     print("predicted vs moved bytes:", moved)
@@ -184,21 +159,15 @@ def test_offloaded_zero3_state_restored_live_onto_new_workers(pool):
              # every rank copies its quarter to its host, the DP 2 host slices are cut from those
              # (the halves on workers 0-1 read the quarters of workers 2-3 over links)
              ("resident ZeRO-3 DP 4 -> offloaded DP 2", col, {"offload": 12 * N_ACTOR, "restore": 12 * N_ACTOR})]
-    ref = RLDriver(SPEC, W_RM, col, TASK, 4, COL_CFG).start(pool)
-    try:
-        for _ in range(len(chain) + 1):
-            ref.step()
-        want = _states(ref)
-    finally:
-        ref.close()
+    want = reference_states(pool, col, len(chain) + 1, W_RM, COL_CFG)
     d = RLDriver(SPEC, W_RM, col, TASK, 4, COL_CFG).start(pool)
     moved = {}
     try:
         d.step()
         for name, target, kinds in chain:
-            before = _states(d)
+            before = states(d)
             est, rep = _live(d, target, W_RM)
-            _assert_equal(_states(d), before, name)
+            assert_equal(states(d), before, name)
             assert rep.bytes_moved == rep.predicted_bytes == est.bytes_moved > 0, (name, rep.summary())
             for r in rep.primitives:
                 assert r.bytes_received == r.predicted_bytes, (name, r.pid, r.bytes_received, r.predicted_bytes)
@@ -210,7 +179,7 @@ def test_offloaded_zero3_state_restored_live_onto_new_workers(pool):
             d.step()
             for pw in d.measurements()["per_worker"]:
                 assert pw["peak_bytes"] <= COL_CFG.device_capacity, (name, pw["worker"])
-        got = _states(d)
+        got = states(d)
     finally:
         d.close()
     print("predicted vs moved bytes:", moved)
