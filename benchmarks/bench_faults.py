@@ -179,7 +179,11 @@ def execute(spec: RunSpec, faults: bool, seed: int, timeout_s: float, verbose: b
                         checkpoint_sync=True)
     run.keep_final = "all"  # every model-stage, frozen ones too (compare)
     ident, ckpt = job_identity(SPEC, workload(spec.algorithm)), {}
-    run.on_end = lambda _d: ckpt.setdefault("problem", checkpoint_problem(run, ident))  # before its removal
+    def on_end(_driver) -> None:  # before the workers stop: every fault settled, the checkpoint checked
+        run._settle(final=True)
+        ckpt.setdefault("problem", checkpoint_problem(run, ident))  # before its removal
+
+    run.on_end = on_end
     t0 = time.perf_counter()
 
     def go():
