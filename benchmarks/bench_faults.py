@@ -43,6 +43,7 @@ micro-batch split sums the same gradients in another fp32 order), and Adam (eps 
 turns those last-bit differences into 1e-3 after ten PPO steps (docs/faults.md); it is not a check.
 
     python benchmarks/bench_faults.py --faults 100 --seed 0 --json bench-faults.json
+    python benchmarks/bench_faults.py --faults 100 --seed 0 --no-drift   # no reference runs: no layout drift
     python benchmarks/bench_faults.py --quick          # about 6 faults, what CI runs
 
 The runs' machinery (:class:`Fault`, :class:`RunSpec`, :class:`FaultBenchRun`, the constants) is in
