@@ -114,6 +114,17 @@ def test_a_training_stage_lost_before_the_first_checkpoint_restarts_from_the_see
     assert any("rebuilt every model-stage from its seed at step 0" in s for s in lines), lines
 
 
+def test_the_recovery_names_every_worker_the_pool_lost_since_the_boundary(tmp_path):
+    # bench_faults seed 9001: worker 1 died in a checkpoint save and worker 4 a second later, found by
+    # the abandoned save's wait (which swallows its WorkerLost); the recovery named worker 1 only
+    run, calls, lines, target = _run(tmp_path, lost=[0, 1], step_index=0, updates=0)
+    run.driver.pool.lost_ids = [5, 1, 0]  # worker 5 was lost before this boundary
+    run._bnd["lost_at"] = 1
+    run._recover(WorkerLost("lost in dcp_save", [0], 0.5), -1, "checkpoint save")
+    assert run.recoveries[-1]["lost"] == [0, 1], run.recoveries[-1]
+    assert any("lost worker(s) 0-1 during the checkpoint save" in s for s in lines), lines
+
+
 def test_a_training_stage_lost_past_step_0_without_a_checkpoint_ends_with_one_line(tmp_path):
     run, calls, lines, _ = _run(tmp_path, lost=[0, 1], step_index=3, updates=3)
     with pytest.raises(NoCheckpoint) as err:

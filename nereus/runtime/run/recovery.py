@@ -51,7 +51,7 @@ class RecoveryMixin:
         d = self.driver
         for _attempt in range(4):
             self._bnd = {"plan": Plan(candidates=tuple(d.cands.values())), "step_index": d.step_index,
-                         "updates": d.updates}
+                         "updates": d.updates, "lost_at": len(getattr(d.pool, "lost_ids", None) or [])}
             try:
                 d._get([w.snapshot.remote() for w in d.workers if w is not None], "snapshot")
                 return
@@ -180,6 +180,14 @@ class RecoveryMixin:
         raise WorkerFailure(f"step {k}: the recovery kept failing; gave up after 4 attempts (the durable checkpoint "
                             f"of step {self.ckpt_step} is kept)")
 
+    def _name_all_lost(self, e: WorkerLost) -> None:
+        """Add to ``e.lost`` every worker the pool removed as lost since the boundary
+        (``WorkerPool.lost_ids``), also those found by a wait whose ``WorkerLost`` was not raised here
+        (the writers' wait of an abandoned checkpoint, ``durable/scheduling.py``): the recovery event
+        names every worker lost (issue 30: bench_faults seed 9001 lost one unnamed)."""
+        since = (getattr(self.driver.pool, "lost_ids", None) or [])[self._bnd.get("lost_at", 0):]
+        e.lost = sorted(set(e.lost) | set(since))
+
     def _recover_once(self, e: WorkerLost, k: int, when: str, force_checkpoint: bool = False) -> None:
         """Roll back to the boundary, replan on the survivors and move state there live (module
         docstring); a training model-stage with no intact replica (or ``force_checkpoint``) restores
@@ -188,6 +196,7 @@ class RecoveryMixin:
         if not e.lost:
             self.log(f"  recovering from a failure during the {when} of step {k} ({str(e)[:160]})")
         self._inject_in_recovery(k)
+        self._name_all_lost(e)
         how = ("slow (no progress)" if getattr(e, "slow", None) else "hung") if e.hung else "died"
         waited = getattr(e, "wait_s", None)
         self.log(f"  lost worker(s) {format_gpus(e.lost)} during the {when} of step {k} ({how}; detected in "
@@ -214,6 +223,7 @@ class RecoveryMixin:
             target = self._first_plan(usable)
         target = self._legal(d, target)
         keep = vd.stop_changed(d, bplan, target)  # --rollout vllm: engines of changed replicas stop, restart below
+        self._name_all_lost(e)  # (and any lost while the save in flight was completed)
         ev = {"step": k, "when": "recovery", "kind": "recovery", "reason": str(e), "lost": e.lost,
               "detect_s": e.detect_s, "hung": e.hung, "slow": list(getattr(e, "slow", []) or []),
               "attempt": when, "wait_s": waited, "slow_in": list(getattr(e, "slow_in", []) or []),
