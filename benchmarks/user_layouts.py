@@ -2,8 +2,10 @@
 (a published working layout or a public OOM report, with its source) is imported as the user wrote
 it (verl overrides or an OpenRLHF command line), evaluated by the cost model at the lengths the row
 gives (measured means where a log exists, else the launch line's maxima) and with the memory rule of
-the vLLM version the row's framework version ran (the ``vllm_rule`` column, its source in
-``vllm_source``; :mod:`nereus.cost.vllm_startup`), and the verdict (fits / OOM / refused by name)
+the vLLM version the row's framework version ran (the importers choose it from the
+``framework_version`` column, :mod:`nereus.integrations.framework_versions`; a row without a known
+version names it in ``vllm_rule``, its source in ``vllm_source``; :mod:`nereus.cost.vllm_startup`),
+and the verdict (fits / OOM / refused by name)
 compared with the published outcome. Prints one line per row (the peak per-GPU bytes of the device's,
 and the plan check's margin: its 10% headroom applies to the predicted bytes, not to vLLM's own
 pre-allocation) and the score.
@@ -27,6 +29,7 @@ sys.path.insert(0, str(HERE.parent))
 from nereus.cost.model import CostModel  # noqa: E402
 from nereus.cost.step import engine_owned  # noqa: E402
 from nereus.cost.vllm_startup import gpu_excess  # noqa: E402
+from nereus.integrations.framework_versions import vllm_pin  # noqa: E402
 from nereus.integrations.openrlhf import import_openrlhf  # noqa: E402
 from nereus.integrations.verl import import_verl  # noqa: E402
 from nereus.integrations.verl_config import load_verl_config  # noqa: E402
@@ -51,18 +54,31 @@ def _gpu(name: str) -> str:
     return json.dumps(GPUS[name]) if name in GPUS else name
 
 
+def imported(row: dict, tmp: Path):
+    """The row's import, at its framework version (``framework_version``; empty: the installed one)."""
+    model, gpu = _model(row["model"], tmp), _gpu(row["gpu"])
+    version = row.get("framework_version") or None
+    if row["framework"] == "verl":
+        return import_verl(load_verl_config(row["config"], json.loads(row["launch"])), model=model, gpu=gpu,
+                           version=version)
+    return import_openrlhf(row["launch"], model=model, gpu=gpu, version=version)
+
+
 def verdict(row: dict, tmp: Path) -> tuple[str, str]:
     """``(fits | oom | refused, detail)`` of one row."""
-    model, gpu = _model(row["model"], tmp), _gpu(row["gpu"])
-    if row["framework"] == "verl":
-        imp = import_verl(load_verl_config(row["config"], json.loads(row["launch"])), model=model, gpu=gpu)
-    else:
-        imp = import_openrlhf(row["launch"], model=model, gpu=gpu)
+    try:
+        imp = imported(row, tmp)
+    except ValueError as e:  # a value Nereus refuses, named (the field, the value and what is valid)
+        return "refused", str(e)[:160]
     if not imp.expressible:
         return "refused", "; ".join(str(u) for u in imp.unexpressible)[:160]
     w = imp.job.workload
     lens = {k: int(row[k]) for k in ("prompt_len", "response_len") if row[k]}
-    rule = {"vllm_memory_rule": row["vllm_rule"]} if row.get("vllm_rule") else {}
+    # the importer chose the rule from the row's framework version; where the version's vLLM has no
+    # sourced rule (or the version is not known) the row names it by hand
+    pin = vllm_pin(row["framework"], row["framework_version"]) if row.get("framework_version") else None
+    by_hand = row.get("vllm_rule") and (pin is None or pin.rule is None)
+    rule = {"vllm_memory_rule": row["vllm_rule"]} if by_hand else {}
     job = imp.job.with_workload(replace(w, **lens, **rule)) if lens or rule else imp.job
     cost = CostModel(job)
     ev = evaluate_layout(job, imp.layout, cost=cost)

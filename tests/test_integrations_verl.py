@@ -269,7 +269,9 @@ def test_export_composes_in_struct_mode_and_round_trips(qwen, algo, backend):
     assert layout_key(back.layout) == layout_key(ex["layout"])  # round trip, zero/offload/vpp included
     # everything but vLLM's fraction, which the export sets to what the planned concurrency needs
     frac = float(next(o for o in ex["overrides"] if ".rollout.gpu_memory_utilization=" in o).split("=")[1])
-    assert back.job.workload == replace(imp.job.workload, rollout_memory_fraction=frac)
+    # and the backend's logits kernel (verl's FSDP engine: bf16 logits, flash-attn's cross-entropy)
+    kernel = {"megatron": None, "fsdp": "flash_ce"}[backend]
+    assert back.job.workload == replace(imp.job.workload, rollout_memory_fraction=frac, logits_kernel=kernel)
     assert back.job.framework.to_dict() == ex["framework_spec"]
     ev = compare(back)["user"]["evaluation"]
     assert ev["l_step"] == pytest.approx(ex["l_step"], rel=1e-9) and ev["fits"]

@@ -85,3 +85,16 @@ def test_advantage_invariants(groups, size, R, seed):
     w = alg.masked_whiten(torch.randn(B, R, generator=g), mask)
     if mask.sum() > 1:
         assert abs(float((w * mask).sum() / mask.sum())) < 1e-4
+
+
+def test_grpo_groups_of_one_take_mean_zero_and_std_one_as_verl():
+    """verl's ``compute_grpo_outcome_advantage`` gives a prompt with one response mean 0 and std 1:
+    the advantage is the score over ``1 + eps``; ``WorkloadSpec`` takes GRPO at ``n = 1``."""
+    from nereus.spec.workload import WorkloadSpec
+
+    scores, mask = torch.tensor([2.0, -0.5, 0.0]), torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0]])
+    a = alg.grpo_advantages(scores, 1, mask, eps=0.25)
+    assert torch.equal(a, torch.tensor([[1.6, 1.6], [-0.4, 0.0], [0.0, 0.0]]))
+    with pytest.raises(ValueError, match="group_size=0"):
+        alg.grpo_advantages(scores, 0, mask)
+    assert WorkloadSpec(algorithm="grpo", samples_per_prompt=1, prompts_per_step=8, mini_batch_size=8).global_batch == 8

@@ -171,3 +171,40 @@ def test_calibration_undoes_core_sharing():
     alone = TransitionCalibration()
     alone.observe(recs)
     assert alone.bandwidth == pytest.approx(5e7)
+
+
+def test_dependent_primitives_wait_for_the_dispatch():
+    """The same A, B, C with a dispatch of 0.25 s after a DAG predecessor. Without sharing: A
+    [0, 1], B [0, 2]; C depends on A, so it starts at 1 + 0.25 and ends at 1.75 (worked out for 2
+    cores below)."""
+    nodes = {"A": _p("A", (0, 1)), "B": _p("B", (2, 3)), "C": _p("C", (0,))}
+    dur = {"A": 1.0, "B": 2.0, "C": 0.5}
+    preds = {"A": set(), "B": set(), "C": {"A"}}
+    sched = Schedule({"A": 0.0, "B": 0.0, "C": 1.0}, {"A": 1.0, "B": 2.0, "C": 1.5}, 2.0)
+    port = {p: frozenset() for p in nodes}
+    s = shared_schedule(sched, nodes, preds, port, dur, math.inf, dispatch=0.25)
+    assert (s.start["C"], s.end["C"], s.end["B"]) == pytest.approx((1.25, 1.75, 2.0))
+    assert s.makespan == pytest.approx(2.0)
+    # 2 cores: A ends at 2 (B has 1 s left); B alone at full speed until C starts at 2.25 (B: 0.75 s
+    # left); then 3 workers on 2 cores, rate 2/3: C's 0.5 s ends at 2.25 + 0.75 = 3.0, B's 0.75 s
+    # would end at 3.375, but it has 0.75 − 0.5 = 0.25 s left at 3.0, alone: ends at 3.25
+    s2 = shared_schedule(sched, nodes, preds, port, dur, 2, dispatch=0.25)
+    assert (s2.end["A"], s2.start["C"], s2.end["C"], s2.end["B"]) == pytest.approx((2.0, 2.25, 3.0, 3.25))
+    with pytest.raises(ValueError, match="dispatch"):
+        shared_schedule(sched, nodes, preds, port, dur, 2, dispatch=-1.0)
+
+
+def test_calibration_measures_the_dispatch():
+    """Two primitives on workers 0, 1 end at 0.10 s and 0.12 s; a third on workers 1, 2 depends on
+    the first and starts (its last worker) at 0.15 s: it waited for the first (0.10) and for the
+    second, which ran on its worker 1 (0.12): dispatch 0.15 − 0.12 = 0.03 s. A fourth, on worker 3
+    after the first, starts at 0.13: 0.03 s too. One without predecessors counts nothing."""
+    recs = [{"pid": "a", "kind": "destroy", "t_ready": 0.0, "t_end": 0.10, "worker_ids": [0]},
+            {"pid": "b", "kind": "destroy", "t_ready": 0.0, "t_end": 0.12, "worker_ids": [1]},
+            {"pid": "c", "kind": "destroy", "t_ready": 0.15, "t_end": 0.16, "worker_ids": [1, 2], "preds": ["a"]},
+            {"pid": "d", "kind": "destroy", "t_ready": 0.13, "t_end": 0.14, "worker_ids": [3], "preds": ["a"]}]
+    cal = TransitionCalibration()
+    cal.observe(recs)
+    assert cal.dispatch_s == pytest.approx(0.03)
+    assert cal.params().dispatch_s == pytest.approx(0.03)
+    assert TransitionCalibration().params().dispatch_s == 0.0

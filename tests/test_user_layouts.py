@@ -62,7 +62,7 @@ def test_oom_reports_by_hand(tmp_path):
     rows = {r["id"]: r for r in csv.DictReader((ROOT / "benchmarks/data/user_layouts.csv").open())}
     # row 11: TinyZero's Qwen2.5-3B PPO on 2 H100 (TinyZero issue 30). By hand, the resident state per GPU
     # before any activation: actor and critic each 3.09B params x (2 + 12) bytes / DP 2 (FSDP FULL_SHARD:
-    # bf16 weights shard plus Adam state; verl 0.1's reference weights CPU-offloaded) = 2 x 21.6 GB
+    # bf16 weights shard plus Adam state; verl 0.1's reference shard resident too) = 2 x 21.6 GB and more
     v, detail = user_layouts.verdict(rows["11"], tmp_path)
     assert v == "oom", detail
     peak, dev, over = _gib(detail)
@@ -85,7 +85,6 @@ def test_verl_01_vllm_share_of_free_by_hand(tmp_path):
     what is free after the training engines' start-up state (weights + fp32 master) and vLLM's own terms,
     not 0.4 of the device; the row then fits, as its author reports."""
     import json
-    from dataclasses import replace
 
     import user_layouts
 
@@ -97,15 +96,22 @@ def test_verl_01_vllm_share_of_free_by_hand(tmp_path):
     row = {r["id"]: r for r in csv.DictReader((ROOT / "benchmarks/data/user_layouts.csv").open())}["13"]
     assert row["vllm_rule"] == "free_share"
     imp = import_verl(load_verl_config(row["config"], json.loads(row["launch"])),
-                      model=user_layouts._model(row["model"], tmp_path), gpu=row["gpu"])
-    job = imp.job.with_workload(replace(imp.job.workload, vllm_memory_rule="free_share"))
-    est = evaluate_layout(job, imp.layout).plan.estimates
+                      model=user_layouts._model(row["model"], tmp_path), gpu=row["gpu"], version=row["framework_version"])
+    assert imp.job.workload.vllm_memory_rule == "free_share"  # chosen from verl 0.1's pinned vLLM
+    est = evaluate_layout(imp.job, imp.layout).plan.estimates
     s = sum(est[n].memory["weights"] + est[n].memory["optimizer"] / 3 for n in ("actor.train", "critic.train"))
+    # verl 0.1 keeps the reference's bf16 shard on the GPU (no forced CPU offload before verl 0.2)
+    assert est["reference.infer"].resident == est["reference.infer"].memory["weights"] > 0
+    s += est["reference.infer"].memory["weights"]
     gen = est["actor.generate"].memory
     own = gen["weights"] + gen["activations"] + gen["logits"]
     assert gen["kv_cache"] == pytest.approx(0.4 * (80 * 2**30 - WORKSPACE_BYTES - s - own))
     v, detail = user_layouts.verdict(row, tmp_path)
     assert v == "fits", detail
+    # under verl >= 0.2 (the installed one) the reference would be CPU-offloaded
+    later = import_verl(load_verl_config(row["config"], json.loads(row["launch"])),
+                        model=user_layouts._model(row["model"], tmp_path), gpu=row["gpu"])
+    assert evaluate_layout(later.job, later.layout).plan.estimates["reference.infer"].resident == 0
 
 
 def test_rows_17_18_verdict_does_not_depend_on_the_unstated_tp(tmp_path):
@@ -120,3 +126,31 @@ def test_rows_17_18_verdict_does_not_depend_on_the_unstated_tp(tmp_path):
             r = dict(rows[i])
             r["launch"] = json.dumps([f"{key}{tp}" if x.startswith(key) else x for x in json.loads(r["launch"])])
             assert user_layouts.verdict(r, tmp_path)[0] == "oom"
+
+
+def test_row_19_bf16_logits_by_hand(tmp_path):
+    """Row 19 (verl's run_deepseek7b_llm_math.sh, FSDP, padding removed): verl's log-prob pass holds the
+    packed bf16 logits only (flash-attn's cross-entropy, the entropy under torch.compile), 2 B per logit:
+    40 sequences x 2,048 tokens x vocabulary 102,400 x 2 B = 16.8 GB, not the fp32 path's 50.3 GB; the
+    update (entropy_coeff 0: gradient in place) 2 B x 40 x 2,048 x (4,096 + 102,400)."""
+    import json
+    from dataclasses import replace
+
+    import user_layouts
+
+    from nereus.integrations.verl import import_verl
+    from nereus.integrations.verl_config import load_verl_config
+    from nereus.planner.whatif import evaluate_layout
+
+    row = {r["id"]: r for r in csv.DictReader((ROOT / "benchmarks/data/user_layouts.csv").open())}["19"]
+    imp = import_verl(load_verl_config(row["config"], json.loads(row["launch"])),
+                      model=user_layouts._model(row["model"], tmp_path), gpu=row["gpu"])
+    assert imp.job.workload.logits_kernel == "flash_ce"
+    est = evaluate_layout(imp.job, imp.layout).plan.estimates
+    assert est["actor.infer"].memory["logits"] == 2 * 40 * 2048 * 102400 == 16_777_216_000
+    assert est["actor.train"].memory["logits"] == 2 * 40 * 2048 * (4096 + 102400)
+    v, detail = user_layouts.verdict(row, tmp_path)
+    assert v == "fits", detail
+    # the same job under the fp32 accounting is over (the miss this term removes)
+    job = imp.job.with_workload(replace(imp.job.workload, logits_kernel=None))
+    assert not evaluate_layout(job, imp.layout).fits

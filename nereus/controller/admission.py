@@ -7,6 +7,11 @@ Payback rule (paper §4.3, Eq. 2; after Pollux/Sia's re-allocation penalty, cost
 ``L_tran / ΔL`` is the payback period in steps; ``H_x`` the smallest horizon among the signals that
 fired; ``γ ∈ [0, 1]`` a confidence margin (default 0.5). ``γ = 0`` admits only urgent transitions.
 
+With ``waited = w > 0`` (the steps the job has run on since a payback rejection,
+``nereus.controller.break_even``) a faster target is also admitted when ``L_tran / ΔL <= w``: the
+saving forgone by waiting has paid for the move (the ski-rental break-even rule; off unless the
+controller passes ``w``).
+
 The urgent path (current plan invalid: GPUs lost or memory violated) waives profitability and takes
 the fastest target whose transition is feasible; when none is, it falls back to checkpoint/restart.
 """
@@ -65,7 +70,7 @@ class Option:
 
 
 def admit(current_l_step: float, options: list[Option], *, gamma: float, horizon: float, urgent: bool,
-          triggers: tuple[str, ...] = (), always: bool = False) -> Keep | Transition | Restart:
+          triggers: tuple[str, ...] = (), always: bool = False, waited: float = 0.0) -> Keep | Transition | Restart:
     """Decide among target options (fastest first; later ones are slower with cheaper transitions).
 
     Args:
@@ -77,6 +82,8 @@ def admit(current_l_step: float, options: list[Option], *, gamma: float, horizon
         urgent: the current plan is invalid: waive profitability, restart if nothing is feasible.
         always: admit any feasible faster target without the payback rule (the replan-on-every-trigger
             baseline).
+        waited: steps run since a payback rejection, ``w`` (``break_even.py``); a faster feasible
+            target with payback ``<= w`` steps is admitted even when it exceeds ``γ·H``.
 
     Returns:
         :class:`Transition`, :class:`Keep`, or (urgent only) :class:`Restart`.
@@ -116,6 +123,10 @@ def admit(current_l_step: float, options: list[Option], *, gamma: float, horizon
         if payback_ok(o.cost.l_tran, dl, gamma, horizon):
             return Transition(o.plan, o.cost, f"payback {steps:.2f} steps <= γ·H = {gamma:g}·{horizon:.2f}; "
                               f"ΔL {dl:.2f}s/step, L_tran {o.cost.l_tran:.1f}s", delta_l=dl, triggers=triggers)
+        if waited > 0 and steps <= waited:
+            return Transition(o.plan, o.cost, f"break-even: payback {steps:.2f} steps <= {waited:g} steps waited "
+                              f"since the rejection (> γ·H = {gamma:g}·{horizon:.2f}); ΔL {dl:.2f}s/step, "
+                              f"L_tran {o.cost.l_tran:.1f}s", delta_l=dl, triggers=triggers)
         if best is None:
             best = (steps, dl, o)
     if best is None:

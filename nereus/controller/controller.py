@@ -21,23 +21,22 @@ Extension beyond the paper (``ControllerConfig(risk=RiskModel(...))``): once GPU
 without notice, every plan's step time is compared with its priced risk of losing trainable state
 added (``nereus.controller.risk``): replanning also considers the fastest plan with two replicas of
 every ``*.train`` model-stage on distinct nodes, and admission compares risk-adjusted step times.
-``risk=None`` (the config default, and the runtime's) is the paper's rule; the simulator's policies
-price risk from its restart-cost model (measured 1.04x the paper's rule over 27 runs without a
-notice, identical with one; ``nereus.sim.policies``).
+``risk=None`` (the config default, and the runtime's) is the paper's rule (``nereus.sim.policies``).
 
-Extensions of issue 29 (off by default; the simulator's ``nereus`` policy turns all three on):
+Extensions of issue 29 (off by default; the simulator's ``nereus`` uses all but ``calibrate_transitions``):
 
 * ``pool_horizon="process"``: a pool trigger's ``H`` is the expected steps until the pool next loses
-  GPUs, from the loss process (``nereus.controller.pool_process``: mean residual life of the
-  inter-loss intervals), instead of the EMA of crossing intervals, which bursts drive to 1–3 steps;
-  with it, risk pricing charges the first loss at ``1 / H_loss`` until a loss is seen (:meth:`Controller.loss_rate`);
-* ``lookahead=True``: targets and the current plan are compared by their mean step time over the
-  window they are expected to stay in effect, at the projected response length, with the forced
-  transition charged to a plan that will not fit memory then (``nereus.controller.lookahead``); the
-  planner's best plan for the projected length is one more target;
-* ``loss_sites=True``: risk pricing uses per-node hit probabilities learned from the unannounced
-  losses seen (``nereus.controller.loss_sites``) instead of uniform hits, and :meth:`Controller.best_plan`
-  also considers the fastest plan on the nodes least likely to be hit.
+  GPUs (``nereus.controller.pool_process``), not the EMA of crossing intervals; risk pricing then
+  charges the first loss at ``1 / H_loss`` until a loss is seen (:meth:`Controller.loss_rate`);
+* ``lookahead=True``: plans are compared by their mean step time over the window they are expected to
+  last, at the projected length, with the forced transition charged to a plan that will not fit
+  then; the best plan for the projected length is one more target (``nereus.controller.lookahead``);
+* ``break_even=True``: a payback-rejected move is admitted once the seconds forgone by staying reach
+  its ``L_tran`` (the ski-rental rule, ``nereus.controller.break_even``);
+* ``calibrate_transitions=True``: ``L_tran`` times measured / estimated transition seconds so far
+  (``StepReport.transition_s``; ``nereus.controller.transition_calibration``);
+* ``loss_sites=True``: risk pricing uses per-node hit probabilities learned from the losses seen
+  (``nereus.controller.loss_sites``); :meth:`Controller.best_plan` also tries the safest nodes.
 """
 
 from __future__ import annotations
@@ -46,6 +45,7 @@ import math
 from dataclasses import dataclass, replace
 
 from nereus.controller.admission import Option, admit
+from nereus.controller.break_even import ForgoneSaving, rejected_rate
 from nereus.controller.decisions import Keep, Restart, Transition, decision_to_dict
 from nereus.controller.lookahead import LengthTrend, window_steps
 from nereus.controller.loss_sites import LossSites
@@ -53,6 +53,7 @@ from nereus.controller.monitor import Monitor, StepReport, Trigger
 from nereus.controller.planning import PlannerBackend, same_plan
 from nereus.controller.pool_process import PoolProcess
 from nereus.controller.risk import LossRate, RiskModel, state_copies
+from nereus.controller.transition_calibration import TransitionCalibration
 from nereus.controller.transition_cost import estimate_transition_cost
 from nereus.planner.notation import format_gpus
 from nereus.spec.job import JobSpec
@@ -109,6 +110,8 @@ class ControllerConfig:
         loss_sites: price risk with per-node hit probabilities learned from the losses seen
             (``nereus.controller.loss_sites``) instead of uniform hits, and also consider the
             fastest plan on the nodes least likely to be hit (:meth:`Controller.best_plan`).
+        break_even: the ski-rental admission of ``nereus.controller.break_even``.
+        calibrate_transitions: ``L_tran`` times measured / estimated (``transition_calibration``).
 
     Raises:
         ValueError: gamma outside [0, 1], a negative slowdown, a negative prior or an unknown
@@ -125,6 +128,8 @@ class ControllerConfig:
     pool_horizon: str = "ema"
     lookahead: bool = False
     loss_sites: bool = False
+    break_even: bool = False
+    calibrate_transitions: bool = False
 
     def __post_init__(self) -> None:
         if self.pool_horizon not in ("ema", "process"):
@@ -169,6 +174,9 @@ class Controller:
         self.trend = LengthTrend()
         self._window = None     # (job at the projected length, W) of the current replan, look-ahead only
         self._forced_to = None  # the planner's best plan at the projected length
+        self.rent = ForgoneSaving()  # seconds forgone since a payback rejection (break_even)
+        self._rejected = None        # (rate s/step, L_tran s) of the last payback rejection
+        self.tran_cal = TransitionCalibration(enabled=self.config.calibrate_transitions)
 
     def job_at(self, response_len: float) -> JobSpec:
         return self.job.with_workload(self.job.workload.with_response_len(max(1, int(round(response_len)))))
@@ -181,6 +189,8 @@ class Controller:
         self.pool_process.observe(pool, self.loss.seconds)
         self.sites.observe(pool, alive)
         self.trend.observe(report.step, report.response_len)
+        self.rent.advance(report.step)
+        self.tran_cal.observe(report.transition_s)
         job = self.job_at(report.response_len)
         if report.oom:
             self.planner.note_oom()
@@ -205,6 +215,8 @@ class Controller:
                                     f"the plan uses {len(lost)} GPU(s) outside P_gpu"))
         if not triggers and self._pending is not None and report.step >= self._pending[1]:
             triggers = [self._stale_trigger(report.step)]
+        if not triggers and self.config.break_even and self.rent.due():
+            triggers = [self.rent.trigger(report.step)]
         if not triggers:
             return self._record(report, Keep("no trigger"), [])
         urgent = bool(lost) or mem_bad
@@ -226,6 +238,9 @@ class Controller:
             self._pending = (sig, report.step + max(1, int(math.ceil(t.horizon))))
         if isinstance(decision, (Transition, Restart)) and decision.plan is not None:
             self.plan = decision.plan
+        self.tran_cal.decided(decision)  # a transition is measured in the next report
+        rejected = isinstance(decision, Keep) and "payback" in decision.reason and self._rejected is not None
+        self.rent.reject(report.step, *self._rejected) if rejected else self.rent.clear()
         return self._record(report, decision, triggers)
 
     def loss_horizon(self, report: StepReport, current: Plan) -> float:
@@ -310,6 +325,7 @@ class Controller:
         return out
 
     def _replan(self, job, pool, alive, current, urgent, lost, names, horizon):
+        self._rejected = None
         survives = state_survives(self.plan, alive)
         try:
             best = self.best_plan(job, pool, self.plan, urgent)
@@ -339,8 +355,9 @@ class Controller:
         if not options:
             return Keep("replanned: the current plan is still the best", names)
         options = self._order(options, la)
+        waited = self.rent.waited if self.config.break_even else 0
         decision = admit(cur_l, options, gamma=self.config.gamma, horizon=horizon, urgent=urgent,
-                         triggers=names, always=self.config.always_admit)
+                         triggers=names, always=self.config.always_admit, waited=waited)
         if isinstance(decision, Transition):
             return decision
         # S* failed feasibility or payback: try slightly slower plans with cheaper transitions
@@ -354,9 +371,13 @@ class Controller:
         if len(options) > n0:
             options = self._order(options, la)
             decision = admit(cur_l, options, gamma=self.config.gamma, horizon=horizon, urgent=urgent,
-                             triggers=names, always=self.config.always_admit)
+                             triggers=names, always=self.config.always_admit, waited=waited)
         if isinstance(decision, Restart) and survives:
             decision = replace(decision, checkpoint_first=True)
+        if isinstance(decision, Keep):  # the break-even count's rate and price (``break_even.py``)
+            now = self.expected_l(current, pool)
+            self._rejected = rejected_rate([(now - self.expected_l(o.plan, pool), o.cost.l_tran) for o in options
+                                            if o.cost.feasible and o.l_step < cur_l])
         return decision
 
     def _ahead_target(self, job, pool, best, urgent):
@@ -386,7 +407,7 @@ class Controller:
         est = self.planner.estimate(job_ahead, plan, pool)
         score = 0.5 * (now + self.expected_l(est, pool))
         if not self.planner.memory_ok(job_ahead, est):
-            forced = self.transition_cost(job_ahead, plan, self._forced_to, alive)
+            forced = self.tran_cal.apply(self.transition_cost(job_ahead, plan, self._forced_to, alive))
             score += (forced.l_tran if forced.feasible and math.isfinite(forced.l_tran) else 0.0) / w
         return score
 
@@ -399,7 +420,8 @@ class Controller:
         return sorted(options, key=lambda o: (not o.cost.feasible, o.cost.l_tran + w * o.l_step))
 
     def _option(self, job, plan, pool, alive, la=None) -> Option:
-        return Option(plan, self.transition_cost(job, self.plan, plan, alive), self._score(job, plan, pool, alive, la))
+        cost = self.tran_cal.apply(self.transition_cost(job, self.plan, plan, alive))
+        return Option(plan, cost, self._score(job, plan, pool, alive, la))
 
     def _stale_trigger(self, step: int) -> Trigger:
         sig = self._pending[0]
@@ -418,6 +440,7 @@ class Controller:
     def resume(self, plan: Plan) -> None:
         """The executor reports the plan actually in effect (e.g. after a restart it chose itself)."""
         self.plan = plan
+        self.rent.clear()
 
     def _record(self, report: StepReport, decision, triggers):
         d = decision_to_dict(decision)

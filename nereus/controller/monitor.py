@@ -56,6 +56,9 @@ class StepReport:
         oom: True when the step ran out of memory (the current plan is then invalid).
         elapsed_s: seconds since the job started, by the executor's clock (None: unknown; the
             loss-rate estimate then sums step times).
+        transition_s: measured seconds of the transition applied at the previous boundary, without
+            the teardown of communicators with dead ranks (None: none was applied, or not measured);
+            calibrates ``L_tran`` (``nereus.controller.transition_calibration``).
     """
 
     step: int
@@ -67,12 +70,15 @@ class StepReport:
     oom: bool = False
     alive: frozenset | None = None
     elapsed_s: float | None = None
+    transition_s: float | None = None
 
     def __post_init__(self) -> None:
         if not (self.response_len > 0):
             raise ValueError(f"step report field 'response_len' must be > 0 tokens, got {self.response_len!r}")
         if self.step < 0:
             raise ValueError(f"step report field 'step' must be >= 0, got {self.step!r}")
+        if self.transition_s is not None and not self.transition_s >= 0:
+            raise ValueError(f"step report field 'transition_s' must be >= 0 s or None, got {self.transition_s!r}")
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,8 @@ All results are bytes on the most loaded GPU of a (tp, pp) replica. Terms:
   term, so the attention block's projections are what there is to save). 1F1B keeps ``min(pp, m)``
   micro-batches in flight on the first rank, ``1 + (p-1)/(p·v)`` times more when interleaved.
 * logits and cross-entropy on the last pipeline rank: ``4·s·b·(h + V)/t`` (Megatron
-  ``theoretical_memory_usage.py``); a value head keeps ``4·s·b·h/t``.
+  ``theoretical_memory_usage.py``); a value head keeps ``4·s·b·h/t``; with bf16 logits and
+  flash-attn's cross-entropy (``workload.logits_kernel``) less (:mod:`nereus.cost.logits`).
 * KV cache: ``concurrency · (prompt + response) · kv_bytes_per_token(tp) · layers_on_rank / L``
   (vLLM ``CacheEngine``); prefill activations with vLLM's chunked prefill of 8,192 tokens.
 
@@ -43,6 +44,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from nereus.cost.logits import infer_logits_bytes, train_logits_bytes
 from nereus.cost.lora import trainable_params_rank
 from nereus.cost.runtime_memory import train_terms
 from nereus.cost.shapes import kv_bytes_per_token_rank, layer_params_rank, max_layers_rank, params_rank
@@ -128,12 +130,6 @@ def activation_bytes_per_layer(model: ModelSpec, tokens, tp, sp=False, selective
     return out
 
 
-def _logits_bytes(model: ModelSpec, tokens, tp: int):
-    if model.head == "value":
-        return 4.0 * tokens * model.hidden_size / tp
-    return 4.0 * tokens * (model.hidden_size + model.vocab_size) / tp
-
-
 def _weights(model: ModelSpec, workload: WorkloadSpec, params, tp, zero, dp):
     """Weight bytes per GPU: whole, or with ZeRO-3 over ``dp > 1`` a ``1/dp`` shard plus two gathered
     layers (the one running and the one prefetched). At ``dp = 1`` ZeRO-3 shards nothing and gathers
@@ -204,7 +200,7 @@ def stage_memory(stage: str, model: ModelSpec, workload: WorkloadSpec, tp, pp, *
         interleave = np.where(vpp > 1, 1.0 + (pp - 1) / (pp * np.maximum(vpp, 1)), 1.0)
         first = np.where(full, inputs_only * np.asarray(inflight) * interleave + per_layer,
                          per_layer * layers * np.asarray(inflight) * interleave)
-        logits = _logits_bytes(model, tokens, tp)
+        logits = train_logits_bytes(model, tokens, tp, workload.logits_kernel)
         last = np.where(full, inputs_only + per_layer, per_layer * layers) + logits
         # pp = 1: one rank holds both; pp > 1: the larger of the first and the last rank.
         out["activations"] = np.where(pp > 1, np.maximum(first, last), first)
@@ -218,7 +214,7 @@ def stage_memory(stage: str, model: ModelSpec, workload: WorkloadSpec, tp, pp, *
         out["weights"] = _weights(model, workload, params, tp, zero, dp)
         tokens = s * np.asarray(micro_batch)
         out["activations"] = 2 * activation_bytes_per_layer(model, tokens, tp, sp, seq=s, kernel=workload.attention_kernel)
-        out["logits"] = (6.0 * tokens * model.vocab_size / tp) if model.head == "lm" else 4.0 * tokens
+        out["logits"] = infer_logits_bytes(model, tokens, tp, workload.logits_kernel)
     elif stage == "generate":
         c = np.asarray(concurrency)
         out["kv_cache"] = c * s * kv_bytes_per_token_rank(model, workload.kv_bytes, tp, pp)

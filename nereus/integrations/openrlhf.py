@@ -46,6 +46,7 @@ from pathlib import Path
 
 from nereus.cost.shapes import valid_tp
 from nereus.integrations.common import Imported, Unexpressible
+from nereus.integrations.framework_versions import version_rule
 from nereus.integrations.openrlhf_export import (
     infer_zero,
 )
@@ -156,7 +157,7 @@ def _tokens(args) -> list[str]:
     return _legacy(args)[0]
 
 
-def _legacy(args) -> tuple[list[str], list[str], list[Unexpressible]]:
+def _legacy(args, version: str | None = None) -> tuple[list[str], list[str], list[Unexpressible]]:
     """:func:`_tokens` with the notes and refusals of a flat-name (pre-0.11) line translated by
     :func:`nereus.integrations.openrlhf_legacy.translate_legacy`."""
     toks = shlex.split(args.replace("\\\n", " ")) if isinstance(args, str) else list(args)
@@ -166,7 +167,7 @@ def _legacy(args) -> tuple[list[str], list[str], list[Unexpressible]]:
     notes: list[str] = []
     un: list[Unexpressible] = []
     if is_legacy(toks):
-        toks, notes, refused = translate_legacy(toks)
+        toks, notes, refused = translate_legacy(toks, version)
         un = [Unexpressible(k, v, why) for k, v, why in refused]
     if not toks:
         raise ValueError(f"OpenRLHF arguments {args!r}: empty; give train_ppo_ray's options (e.g. "
@@ -174,13 +175,14 @@ def _legacy(args) -> tuple[list[str], list[str], list[Unexpressible]]:
     return toks, notes, un
 
 
-def parse_args(args) -> tuple[dict, list[str]]:
-    """``{dest: value}`` of an OpenRLHF argument string (or list) and notes.
+def parse_args(args, version: str | None = None) -> tuple[dict, list[str]]:
+    """``{dest: value}`` of an OpenRLHF argument string (or list) and notes; ``version``: the OpenRLHF
+    release a flat-name line ran (its defaults, :func:`~nereus.integrations.openrlhf_legacy.translate_legacy`).
 
     Raises:
         ValueError: an unknown option or a bad value (OpenRLHF's parser's message, naming it).
     """
-    toks, lnotes, _ = _legacy(args)
+    toks, lnotes, _ = _legacy(args, version)
     parser = openrlhf_parser()
     if parser is not None:
         return vars(parser.parse_args(toks)), lnotes
@@ -227,19 +229,21 @@ def openrlhf_framework(a_get, tp: int) -> FrameworkSpec:
                    shared_engine=True)  # log-probs and values on the actor's and critic's DeepSpeed engines
 
 
-def import_openrlhf(args, model=None, gpu=None) -> Imported:
+def import_openrlhf(args, model=None, gpu=None, version: str | None = None) -> Imported:
     """Read an OpenRLHF ``train_ppo_ray`` argument string as a job and the user's layout.
 
     The job's framework is :func:`openrlhf_framework`; the layout puts each model on its GPU group
     (colocated groups share GPU ids: ``--train.colocate_all``, ``--train.colocate_actor_ref``,
     ``--train.colocate_critic_reward``), with the ZeRO stage of the training model-stages and the
-    offload flags as idle-state offload (docs/integrations.md).
+    offload flags as idle-state offload (docs/integrations.md). ``version`` is the OpenRLHF version
+    the job runs (None: the installed one); it selects the vLLM start-up memory rule
+    (:func:`nereus.integrations.framework_versions.version_rule`).
 
     Raises:
         ValueError: unknown or contradictory options, named with the value and what is valid.
     """
-    a, notes = parse_args(args)
-    refused = _legacy(args)[2]
+    a, notes = parse_args(args, version)
+    refused = _legacy(args, version)[2]
     gpu_spec = get_gpu(gpu or "h100") if isinstance(gpu or "h100", str) else gpu  # an unknown GPU is named first
     read: dict = {}
 
@@ -278,7 +282,8 @@ def import_openrlhf(args, model=None, gpu=None) -> Imported:
                       response_len=resp, mini_batch_size=g("train.batch_size"), ppo_epochs=g("train.max_epochs"),
                       reward_model=reward, reference_model=uses_ref, asynchronous=asynchronous,
                       lora_rank=openrlhf_lora_rank(g, un),
-                      rollout_memory_fraction=float(g("vllm.gpu_memory_utilization")))
+                      rollout_memory_fraction=float(g("vllm.gpu_memory_utilization")),
+                      vllm_memory_rule=version_rule("openrlhf", version, notes))
     notes.append("--data.max_len minus --rollout.max_new_tokens is used as the prompt length and "
                  "--rollout.max_new_tokens as the response length (maxima; --prompt-len/--response-len override)")
     if not uses_ref:

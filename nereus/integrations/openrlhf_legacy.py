@@ -14,11 +14,15 @@ Defaults: a flat-name line that leaves an option out ran with that release's def
 Where they differ and the cost model reads the option, the flat-name default is filled in
 (:data:`LEGACY_DEFAULTS`, OpenRLHF v0.8.0's ``train_ppo_ray.py``): ``--micro_train_batch_size`` 4,
 ``--micro_rollout_batch_size`` 8, ``--prompt_max_len`` 1024, ``--generate_max_len`` 1024 (0.11: 1, 1,
-no prompt length, no response length). ``--vllm_gpu_memory_utilization`` is 0.95 from v0.7.0 (0.9 in
-v0.6.0 and vLLM's own 0.9 before): 0.95 is used, said in the notes.
+no prompt length, no response length). ``--vllm_gpu_memory_utilization`` defaults to 0.95 from v0.6.4
+(OpenRLHF/OpenRLHF@v0.6.4 ``openrlhf/cli/train_ppo_ray.py``); v0.5.8 to v0.6.3 default it to 0.9 and
+earlier releases pass none, so vLLM's own 0.9 applies: with the line's OpenRLHF version given
+(``version``) and older than v0.6.4, 0.9 is filled in, else 0.95; said in the notes.
 """
 
 from __future__ import annotations
+
+from nereus.integrations.framework_versions import version_key
 
 __all__ = ["RENAMED", "DROPPED", "REFUSED", "LEGACY_DEFAULTS", "is_legacy", "translate_legacy"]
 
@@ -113,9 +117,10 @@ def is_legacy(toks) -> bool:
     return bool(names & (set(RENAMED) | set(DROPPED) | set(REFUSED) | set(_SPECIAL)))
 
 
-def translate_legacy(toks) -> tuple[list[str], list[str], list[tuple[str, object, str]]]:
+def translate_legacy(toks, version: str | None = None) -> tuple[list[str], list[str], list[tuple[str, object, str]]]:
     """Flat-name option tokens as OpenRLHF 0.11 tokens: ``(tokens, notes, refused)``; ``refused`` holds
-    ``(option, value, why)`` for :data:`REFUSED` options (to be named, never dropped).
+    ``(option, value, why)`` for :data:`REFUSED` options (to be named, never dropped). ``version``: the
+    OpenRLHF release the line ran (None: not known), for ``--vllm_gpu_memory_utilization``'s default.
 
     Raises:
         ValueError: an option that is neither a flat nor a dotted OpenRLHF name is left to OpenRLHF's
@@ -159,8 +164,13 @@ def translate_legacy(toks) -> tuple[list[str], list[str], list[tuple[str, object
     if filled:
         notes.append("flat-name defaults of OpenRLHF v0.8.0 filled in: " + ", ".join(f"{k} {LEGACY_DEFAULTS[k]}"
                                                                                for k in filled))
-    if "--vllm_gpu_memory_utilization" not in given:
-        notes.append("--vllm_gpu_memory_utilization not given: 0.95 (OpenRLHF >= 0.7.0; 0.9 before)")
+    if "--vllm_gpu_memory_utilization" not in given and "--vllm.gpu_memory_utilization" not in given:
+        if version is not None and version_key(version) < version_key("0.6.4"):
+            out += ["--vllm.gpu_memory_utilization", "0.9"]
+            notes.append(f"--vllm_gpu_memory_utilization not given: 0.9 (OpenRLHF {version}: before v0.6.4 the "
+                         "default, or vLLM's own, is 0.9)")
+        else:
+            notes.append("--vllm_gpu_memory_utilization not given: 0.95 (OpenRLHF >= 0.6.4; 0.9 before)")
     if dropped:
         notes.append(f"no 0.11 counterpart, no effect on the cost model: {', '.join(dropped)}")
     return out, notes, refused

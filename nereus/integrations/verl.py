@@ -42,6 +42,7 @@ from pathlib import Path
 
 from nereus.cost.shapes import valid_pp, valid_tp
 from nereus.integrations.common import Imported, Unexpressible
+from nereus.integrations.framework_versions import version_key, version_rule
 from nereus.integrations.verl_config import (
     VerlConfig,
 )
@@ -55,6 +56,7 @@ from nereus.integrations.verl_features import (
     budget_micro_batch,
     legacy_micro_batch,
     seq_split_degree,
+    verl_logits_kernel,
     verl_lora_rank,
 )
 from nereus.integrations.verl_keys import classify_keys
@@ -109,9 +111,12 @@ def _fsdp_section(c: VerlConfig, role: str) -> str:
     return f"{prefix}.fsdp_config"
 
 
-def _engine(c: VerlConfig, role: str, n: int, out: list, notes: list, model, strategy: str) -> _Engine:
+def _engine(c: VerlConfig, role: str, n: int, out: list, notes: list, model, strategy: str,
+            version: str | None = None) -> _Engine:
     """The parallel layout and memory features of a verl role's engine; records the settings the cost
-    model cannot express in ``out``."""
+    model cannot express in ``out``. ``version`` (None: installed): before verl 0.2 a forward-only FSDP
+    engine offloads only with ``param_offload`` (TinyZero@95df88f ``fsdp_workers.py``; verl@v0.2 on:
+    ``CPUOffload(offload_params=True)`` for every role but the actor)."""
     prefix, model_prefix, _ = _ROLES[role]
     train = role != "ref"
     if strategy in _FSDP:
@@ -132,6 +137,13 @@ def _engine(c: VerlConfig, role: str, n: int, out: list, notes: list, model, str
         e.reduce_bytes = 4 if red in ("fp32", "float32") else 2
         po = bool(c.get(f"{sec}.param_offload", False))
         oo = bool(c.get(f"{sec}.optimizer_offload", False))
+        if not train and version is not None and version_key(version) < version_key("0.2"):
+            # verl 0.1: the ref's FSDP engine offloads its parameters only when param_offload says so
+            e.param_offload = po
+            e.offload = "host" if po else "none"
+            notes.append(f"{prefix}: verl {version} offloads a forward-only FSDP model's parameters only with "
+                         f"{sec}.param_offload (here {po}; verl >= 0.2 always does)")
+            return e
         if not train:
             # verl wraps a forward-only FSDP engine with CPU offload whatever param_offload says
             e.param_offload = True
@@ -238,7 +250,7 @@ def _checked(job: JobSpec, cand: Candidate, keys: str) -> Candidate:
     return cand
 
 
-def import_verl(cfg: dict, model=None, gpu=None) -> Imported:
+def import_verl(cfg: dict, model=None, gpu=None, version: str | None = None) -> Imported:
     """Read a verl configuration (a dict from :func:`load_verl_config`) as a job and the user's layout.
 
     The job's framework is :func:`verl_framework` of the engines; the layout puts every role on the
@@ -248,6 +260,8 @@ def import_verl(cfg: dict, model=None, gpu=None) -> Imported:
     Args:
         model: a preset name, config.json path or ModelSpec overriding ``actor_rollout_ref.model.path``.
         gpu: a GPU preset name or GpuSpec (verl's config does not say which GPU; default h100).
+        version: the verl version the job runs (None: the installed one); it selects the vLLM
+            start-up memory rule (:func:`nereus.integrations.framework_versions.version_rule`).
 
     Raises:
         ValueError: a missing, malformed or contradictory key (named, with its value and what is valid).
@@ -280,7 +294,9 @@ def import_verl(cfg: dict, model=None, gpu=None) -> Imported:
                       prompt_len=c.int("data.max_prompt_length"), response_len=c.int("data.max_response_length"),
                       mini_batch_size=mini_prompts * samples, ppo_epochs=c.int(f"{arr}.actor.ppo_epochs", 1),
                       reward_model=reward, reference_model=uses_ref, lora_rank=verl_lora_rank(c, algo, un),
-                      rollout_memory_fraction=float(frac))
+                      rollout_memory_fraction=float(frac),
+                      logits_kernel=verl_logits_kernel(c, c.get(f"{arr}.actor.strategy", "fsdp")),
+                      vllm_memory_rule=version_rule("verl", version, notes))
     notes.append("data.max_prompt_length and data.max_response_length are used as the prompt and response "
                  "lengths (verl gives maxima; pass --prompt-len/--response-len for measured means)")
     if gpu is None:
@@ -302,7 +318,7 @@ def import_verl(cfg: dict, model=None, gpu=None) -> Imported:
                      "model, so the job has no reference.infer (its ref.* settings are read and unused)")
     astrat = c.get(f"{arr}.actor.strategy", "fsdp")
     engines = {"actor": _engine(c, "actor", n, un, notes, actor_model, astrat)}
-    ref_engine = _engine(c, "ref", n, un, notes, actor_model, c.get(f"{arr}.ref.strategy", astrat))
+    ref_engine = _engine(c, "ref", n, un, notes, actor_model, c.get(f"{arr}.ref.strategy", astrat), version)
     if uses_ref:
         engines["ref"] = ref_engine
     if algo == "ppo":

@@ -52,9 +52,16 @@ def _pow2_upto(k: int):
 def verl_job(job: JobSpec, backend: str) -> JobSpec:
     """``job`` with the framework flags verl's ``backend`` runs with: the imported ones when the job
     came from the same verl backend, else verl's defaults (Megatron: SP on, no DDP overlap, fp32
-    reduce; FSDP: fp32 reduce, overlapped), colocation ``always`` (the hybrid engine)."""
+    reduce; FSDP: fp32 reduce, overlapped), colocation ``always`` (the hybrid engine), and the
+    backend's logits kernel (:func:`nereus.integrations.verl_features.verl_logits_kernel`: Megatron's
+    fp32 vocab-parallel cross-entropy; FSDP's bf16 logits with flash-attn's, the job's own when it came
+    from FSDP, else verl's defaults ``flash_ce``)."""
     job = without_fraction(job)  # the export sizes vLLM's fraction itself (memory_fraction_for)
     fw = job.framework
+    w = job.workload
+    kernel = None if backend == "megatron" else (w.logits_kernel if fw.name == "verl-fsdp" else "flash_ce")
+    if w.logits_kernel != kernel:
+        job = job.with_workload(replace(w, logits_kernel=kernel))
     if backend == "megatron":
         if fw.name == "verl-megatron":
             return job.with_framework(replace(fw, colocate="always"))

@@ -13,13 +13,34 @@ parallelism), token-budget micro-batches and the legacy global micro-batch keys 
   that divides the replica's sequences and whose ``b · (prompt + response_max)`` tokens fit that
   budget, so memory is sized for full-length sequences filling the budget (an upper bound when
   responses are shorter) and time is at the mean as always.
+* logits kernel (:mod:`nereus.cost.logits`): an FSDP actor with padding removal
+  (``actor_rollout_ref.model.use_remove_padding``, default true) and ``use_torch_compile`` (default
+  true) holds bf16 logits read by flash-attn's cross-entropy (``flash_ce``; ``flash_ce_entropy``
+  when ``actor.entropy_coeff != 0`` or ``actor.calculate_entropy``): verl@b178a3cd5
+  ``verl/workers/actor/dp_actor.py`` and verl 0.9.1 ``verl/workers/engine/fsdp/transformer_impl.py``;
+  the padded path computes the entropy uncompiled and Megatron's vocab-parallel cross-entropy is fp32
+  (None, the default accounting).
 """
 
 from __future__ import annotations
 
 from nereus.integrations.common import Unexpressible
 
-__all__ = ["verl_lora_rank", "seq_split_degree", "budget_micro_batch", "legacy_micro_batch"]
+__all__ = ["verl_lora_rank", "seq_split_degree", "budget_micro_batch", "legacy_micro_batch", "verl_logits_kernel"]
+
+
+def verl_logits_kernel(c, strategy: str) -> str | None:
+    """The workload's ``logits_kernel`` for verl's actor engine of ``strategy`` (module docstring):
+    ``flash_ce`` / ``flash_ce_entropy`` for FSDP with padding removal and ``use_torch_compile``,
+    else None (fp32 accounting)."""
+    arr = "actor_rollout_ref"
+    if strategy not in ("fsdp", "fsdp2") or not c.get(f"{arr}.model.use_remove_padding", True):
+        return None
+    if not (c.get(f"{arr}.actor.use_torch_compile", True) and c.get(f"{arr}.actor.fsdp_config.use_torch_compile", True)):
+        return None
+    coeff = c.get(f"{arr}.actor.entropy_coeff", 0) or 0
+    entropy = bool(c.get(f"{arr}.actor.calculate_entropy", False)) or float(coeff) != 0.0
+    return "flash_ce_entropy" if entropy else "flash_ce"
 
 
 def verl_lora_rank(c, algo: str, un: list) -> int | None:

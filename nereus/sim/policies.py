@@ -11,7 +11,8 @@ Measured (benchmarks/bench_admission.py, 27 runs without notice): 1.04x the pape
 
 * ``nereus``: the controller (``nereus.controller``) with online calibration, γ = 0.5, the pool
   horizon from the loss process (``pool_horizon="process"``), look-ahead plan choice
-  (``lookahead=True``) and learned loss sites in risk pricing (``loss_sites=True``; issue 29).
+  (``lookahead=True``), learned loss sites in risk pricing (``loss_sites=True``) and the break-even
+  admission of payback-rejected moves (``break_even=True``; issue 29).
 * ``nereus-ema``: the same without the issue-29 extensions (``H_pool`` the EMA of crossing intervals,
   plans compared at the current length): the ``nereus`` policy before issue 29.
 * ``nereus-paper``: the paper's rule exactly (no risk pricing).
@@ -27,7 +28,9 @@ Measured (benchmarks/bench_admission.py, 27 runs without notice): 1.04x the pape
 * ``gamma=<g>``: the controller with another payback margin (the γ sweep).
 * ``nereus+revisit``: with ``ControllerConfig(revisit=True)``, an extension beyond the paper
   (re-admission of a rejected target once its signal has been quiet for ``H_x`` steps);
-  ``nereus+grow``: with the loss horizon for pool growth (``Monitor(grow_horizon=True)``).
+  ``nereus+grow``: with the loss horizon for pool growth (``Monitor(grow_horizon=True)``);
+  ``nereus+tcal``: with ``L_tran`` calibrated from the measured transitions
+  (``calibrate_transitions=True``; measured 0.99x ``nereus`` on 26 runs, docs/simulate.md).
   Off by default; measured by ``benchmarks/bench_admission.py``.
 
 Nereus-type policies talk to the simulator only through :class:`~nereus.controller.Controller`'s
@@ -233,7 +236,7 @@ class ElasticPolicy(StaticPolicy):
 
 
 #: the issue-29 controller options of the ``nereus``, ``gamma=<g>`` and ``uncalibrated`` policies
-ISSUE29 = {"pool_horizon": "process", "lookahead": True, "loss_sites": True}
+ISSUE29 = {"pool_horizon": "process", "lookahead": True, "loss_sites": True, "break_even": True}
 
 
 def risk_model(job: JobSpec, restart: RestartCost | None = None) -> RiskModel:
@@ -246,7 +249,7 @@ def risk_model(job: JobSpec, restart: RestartCost | None = None) -> RiskModel:
 def make_policy(name: str, job: JobSpec, gamma: float, true_efficiency: EfficiencyTable, memory_factor: float,
                 restart: RestartCost | None = None, future=None, first_horizon: str = "elapsed"):
     """A policy by name (module docstring): ``nereus``, ``nereus-paper``, ``static``, ``replan-all``,
-    ``replan-all-paper``, ``uncalibrated``, ``gamma=<g>``, ``nereus+revisit``, ``nereus+grow``
+    ``replan-all-paper``, ``uncalibrated``, ``gamma=<g>``, ``nereus+revisit``, ``nereus+grow``, ``nereus+tcal``
     (``nereus+risk`` is accepted as another name of ``nereus``). Risk pricing uses ``restart``'s
     costs (:func:`risk_model`).
 
@@ -285,6 +288,9 @@ def make_policy(name: str, job: JobSpec, gamma: float, true_efficiency: Efficien
         return NereusPolicy(name, job, ControllerConfig(gamma=gamma, always_admit=True))
     if name == "nereus+revisit":
         return NereusPolicy(name, job, ControllerConfig(gamma=gamma, revisit=True, risk=risk), mon())
+    if name == "nereus+tcal":
+        return NereusPolicy(name, job, ControllerConfig(gamma=gamma, risk=risk, calibrate_transitions=True, **ISSUE29),
+                            mon())
     if name == "nereus+grow":
         return NereusPolicy(name, job, ControllerConfig(gamma=gamma, risk=risk), mon(grow_horizon=True))
     if name == "uncalibrated":
@@ -295,5 +301,5 @@ def make_policy(name: str, job: JobSpec, gamma: float, true_efficiency: Efficien
         except ValueError as e:
             raise ValueError(f"policy {name!r}: γ must be a number, e.g. gamma=0.25") from e
         return NereusPolicy(name, job, ControllerConfig(gamma=g, risk=risk, **ISSUE29), mon())
-    raise ValueError(f"unknown policy {name!r}; valid: {list(POLICY_NAMES)}, nereus+revisit, nereus+grow "
+    raise ValueError(f"unknown policy {name!r}; valid: {list(POLICY_NAMES)}, nereus+revisit, nereus+grow, nereus+tcal "
                      "or gamma=<g>")

@@ -29,7 +29,7 @@ work since the last checkpoint), or every ``checkpoint_every`` completed steps. 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from nereus.controller.controller import state_survives
 from nereus.controller.decisions import Restart, Transition
@@ -119,6 +119,7 @@ def simulate(policy, cluster: SimulatedCluster, hours: float, restart: RestartCo
     done: list[tuple[float, float]] = []  # (duration, tokens) of steps since the last checkpoint
     plan = None
     pending_restart = False
+    measured = None  # seconds of the transition applied at the last boundary (the next report's transition_s)
     batch = job.workload.global_batch
     while t < end:
         pool = cluster.pool_at(t)
@@ -169,7 +170,9 @@ def simulate(policy, cluster: SimulatedCluster, hours: float, restart: RestartCo
         else:
             res.lost_time += out.duration
             res.ooms += int(out.oom)
-        decision = policy.observe(out.report)
+        report = out.report if measured is None else replace(out.report, transition_s=measured)
+        measured = None
+        decision = policy.observe(report)
         if not out.completed and out.duration <= 0 and not isinstance(decision, (Transition, Restart)):
             raise RuntimeError(f"policy {policy.name!r} kept a plan that uses GPUs outside the pool at t = {t:.1f} s "
                                f"(step {step}): the simulated clock would not advance")
@@ -185,6 +188,8 @@ def simulate(policy, cluster: SimulatedCluster, hours: float, restart: RestartCo
                 t = lost_at
                 decision = Restart(decision.plan, "transition did not finish before the preempted GPUs left",
                                    checkpoint_first=state_survives(plan, kept), cause="transition_overrun")
+        if isinstance(decision, Transition):
+            measured = dt  # the transition itself: the teardown of dead ranks is failure handling
         if isinstance(decision, Transition) and out.detect_s > 0:
             dt += cluster.truth.teardown_s  # abort and rebuild the communicators of the dead ranks first
         if isinstance(decision, Transition):

@@ -24,14 +24,15 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 __all__ = ["WorkloadSpec", "ACTIVATION_MODELS", "ALGORITHMS", "GEMM_PRECISIONS", "FP8_RECIPES", "ATTENTION_KERNELS",
-           "VLLM_MEMORY_RULES", "RECOMPUTE_MODES", "OPTIONAL_FIELDS", "read_response_lengths",
+           "VLLM_MEMORY_RULES", "LOGITS_KERNELS", "RECOMPUTE_MODES", "OPTIONAL_FIELDS", "read_response_lengths",
            "response_len_stats"]
 
 ALGORITHMS = ("ppo", "grpo", "remax")
 RECOMPUTE_MODES = ("none", "selective", "full", "auto")
 #: fields left out of :meth:`WorkloadSpec.to_dict` while unset (None)
 OPTIONAL_FIELDS = ("response_len_max", "memory_fraction", "gemm_precision", "attention_kernel", "lora_rank",
-                   "rollout_memory_fraction", "fp8_recipe", "vllm_memory_rule", "activation_model")
+                   "rollout_memory_fraction", "fp8_recipe", "vllm_memory_rule", "activation_model",
+                   "logits_kernel")
 #: values of ``activation_model`` (None = Korthikanti et al.'s accounting, ``nereus.cost.memory``)
 ACTIVATION_MODELS = ("runtime",)
 #: values of ``gemm_precision`` (None = bf16)
@@ -42,6 +43,8 @@ FP8_RECIPES = ("tensorwise", "rowwise")
 ATTENTION_KERNELS = ("flash", "flash_triton", "unfused", "unfused_dropout")
 #: values of ``vllm_memory_rule`` (None = startup_check; :mod:`nereus.cost.vllm_startup`)
 VLLM_MEMORY_RULES = ("startup_check", "device_total", "free_share")
+#: values of ``logits_kernel`` (None = fp32 logits and cross-entropy; :mod:`nereus.cost.logits`)
+LOGITS_KERNELS = ("flash_ce", "flash_ce_entropy")
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,12 @@ class WorkloadSpec:
             :func:`nereus.cost.memory.activation_bytes_per_layer`) or ``runtime`` (the ``nereus run``
             runtime's own Llama shard and gradient buffers, :mod:`nereus.cost.runtime_memory`; set by
             ``nereus.runtime.run.device_model.runtime_job``).
+        logits_kernel: how the training engine's passes hold the language-model head's logits
+            (:mod:`nereus.cost.logits`): None (fp32 logits and cross-entropy, Megatron's
+            accounting), ``flash_ce`` (bf16 logits read by flash-attn's Triton cross-entropy, the
+            entropy by a ``torch.compile``-fused reduction, the gradient written in place: verl's
+            FSDP engine with padding removal) or ``flash_ce_entropy`` (the same with an entropy term
+            in the loss, whose gradient and the cross-entropy's are separate buffers).
 
     Raises:
         ValueError: at construction, naming the field, the value and what would be valid.
@@ -142,8 +151,12 @@ class WorkloadSpec:
     fp8_recipe: str | None = None
     vllm_memory_rule: str | None = None
     activation_model: str | None = None
+    logits_kernel: str | None = None
 
     def __post_init__(self) -> None:
+        if self.logits_kernel is not None and self.logits_kernel not in LOGITS_KERNELS:
+            raise ValueError(f"workload field 'logits_kernel' must be one of {LOGITS_KERNELS} or null "
+                             f"(fp32 logits), got {self.logits_kernel!r}")
         if self.vllm_memory_rule is not None and self.vllm_memory_rule not in VLLM_MEMORY_RULES:
             raise ValueError(f"workload field 'vllm_memory_rule' must be one of {VLLM_MEMORY_RULES} or null "
                              f"(startup_check), got {self.vllm_memory_rule!r}")
@@ -194,9 +207,6 @@ class WorkloadSpec:
         if f is not None and (isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f < 1):
             raise ValueError(f"workload field 'rollout_memory_fraction' must be a number in (0, 1) (vLLM's "
                              f"gpu_memory_utilization) or null, got {f!r}")
-        if self.algorithm == "grpo" and self.samples_per_prompt < 2:
-            raise ValueError("workload field 'samples_per_prompt' must be >= 2 for GRPO "
-                             "(group-normalized advantages need a group)")
 
     @property
     def global_batch(self) -> int:

@@ -20,16 +20,25 @@ more workers were busy than there are cores ran slower than its own speed by the
 inverse of the planner's ``sharing.shared_schedule``). Then, over the primitives that move bytes
 between workers (Split, Merge, Extend, Load from a train model-stage):
 
-* copy bandwidth (bytes/s) = the byte-weighted median of copy bytes / (packing + assembly
-  seconds), weighted so that tiny primitives do not dominate (:func:`weighted_median`);
+* the copy term (:func:`fit_copy`), from each primitive's packing and assembly measured apart
+  (the slowest worker's of each, against the planner's largest send and largest new-shard bytes
+  of one worker): the copy bandwidth ``C`` (bytes/s), a byte-weighted median over the plain
+  one-worker phases (weighted so that tiny primitives do not dominate, :func:`weighted_median`),
+  then the per-byte surcharges of column-slice copies and freshly mapped send buffers and the
+  cores concurrent copy phases share (``transition/copy_cost.py``), each a median over the phases
+  that have them (the last ``window`` primitives with such phases are kept apart from the window,
+  so that a run of DP moves does not leave the surcharges to one or two samples);
 * fixed seconds ``F`` and link bandwidth ``B`` (bytes/s per worker per direction): a robust line
   ``span − copy = F + bytes / B`` over those primitives (the busiest receiver's bytes; Theil–Sen,
   :func:`fit_line`), so a transition of many small primitives is priced by ``F`` and one large
   primitive by ``B`` (a bandwidth alone would fold every primitive's fixed cost into the per-byte
-  rate). ``F`` is held at >= 0 (through the origin otherwise); with fewer than 3 primitives, bytes
+  rate), after taking out of ``span − copy`` and the wire seconds what the copy term prices on
+  the wire's path (``φ·R_r / C``: a fresh receive buffer's page faults). ``F`` is held at >= 0 (through the origin otherwise); with fewer than 3 primitives, bytes
   that barely vary (relative spread under ``MIN_SPREAD``) or a slope <= 0: ``B`` = the
-  byte-weighted median of bytes / transfer seconds and ``F`` = the median of ``span − transfer −
-  copy`` (at least 0);
+  byte-weighted median of bytes / wire seconds and ``F`` = the median of ``span − wire − copy``
+  (at least 0), the wire seconds being the slowest worker's transfer seconds less the slowest
+  sender's packing (a receiver's wait starts with its sender's packing, which the copy term
+  already prices: counted twice, it halved ``B`` for a 28 MB Split on this machine);
 
 and the median Destroy span gives ``CostParams.teardown_s``. They replace the cluster's scale-up and
 scale-out bandwidth and ``CostParams.comm_setup_*`` (the fixed term, paid once per primitive),
@@ -47,10 +56,11 @@ from dataclasses import dataclass, field, replace
 
 from nereus.spec.hardware import GPUSpec
 from nereus.spec.job import JobSpec
+from nereus.transition.copy_cost import FRESH_BUFFER_BYTES
 from nereus.transition.cost import CostParams
 from nereus.transition.sharing import share_factors
 
-__all__ = ["TransitionCalibration", "LINK_KINDS", "MIN_SPREAD", "fit_line", "weighted_median"]
+__all__ = ["TransitionCalibration", "LINK_KINDS", "MIN_SPREAD", "fit_line", "fit_copy", "weighted_median"]
 
 #: primitive kinds whose time is bytes over a worker-to-worker link
 LINK_KINDS = ("split", "merge", "extend", "load", "sync")
@@ -113,6 +123,60 @@ def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float] | None:
     return f, a
 
 
+def fit_copy(rows) -> dict:
+    """Copy rate ``C`` (bytes/s), the surcharges ``σ``, ``φ`` and the copy cores ``c``
+    (``transition/copy_cost.py``) from measured copy phases.
+
+    Args:
+        rows: ``(K, S, R, seconds, n)`` per measured copy phase: a primitive's packing (the largest
+            send bytes of one worker, ``cost.copy_bytes``'s first part, the slowest worker's
+            ``pack_s``) or its assembly (the largest new-shard bytes, the slowest ``assemble_s``),
+            or both together for records without the split; ``S`` and ``R`` the strided and fresh
+            bytes among ``K``; seconds already divided by the core-sharing factor; ``n`` the
+            workers that ran the phase at once (``copy_cost.copy_workers``; 1 when unknown).
+
+    Returns:
+        ``{"copy_bandwidth", "strided_copy_factor", "fresh_copy_factor", "copy_cores"}``, each None
+        when no row measures it. In order, each from the rows the earlier ones explain:
+
+        * ``C``: the ``K``-weighted median of ``K / seconds`` over the plain phases (``S = R = 0``)
+          of one worker (of any ``n`` when there is none; of every row, the rest then None);
+        * ``σ``: the ``S``-weighted median of ``(seconds·C − K) / S`` over one-worker phases with
+          ``S > 0``, ``R = 0``; ``φ`` the same with ``R`` over those with ``R > 0``, ``S = 0`` (each
+          at least 0);
+        * ``c``: the median over the phases of ``n >= 2`` workers of the cores that explain how
+          much slower than one worker's each ran, ``ρ = seconds·C / (K + σ·S + φ·R)``: ``n / ρ``
+          (``copy_cost.crowd(n, n / ρ) = ρ`` for ``1 <= n / ρ``; 1 where ``ρ >= n``, every worker
+          then serialized; infinite where ``ρ <= 1``).
+
+        Medians: one slow primitive on a shared machine moves none of them. Phases apart, a TP
+        re-cut's contiguous packing and a DP copy's plain assembly measure ``C`` even when every
+        primitive has strided or fresh bytes somewhere.
+    """
+    rows = [(k, s, r, c, n) for k, s, r, c, n in rows if k > 0 and c > 0]
+    none = {"copy_bandwidth": None, "strided_copy_factor": None, "fresh_copy_factor": None, "copy_cores": None}
+    if not rows:
+        return none
+    plain = [(k, c) for k, s, r, c, n in rows if s <= 0 and r <= 0 and n <= 1] or \
+        [(k, c) for k, s, r, c, n in rows if s <= 0 and r <= 0]
+    if not plain:
+        return {**none, "copy_bandwidth": weighted_median([x[0] / x[3] for x in rows], [x[0] for x in rows])}
+    bw = weighted_median([k / c for k, c in plain], [k for k, _ in plain])
+
+    def surcharge(xs: list[tuple[float, float, float]]) -> float | None:  # (K, extra bytes, seconds)
+        return max(0.0, weighted_median([(c * bw - k) / x for k, x, c in xs], [x for _, x, _ in xs])) if xs else None
+
+    sig = surcharge([(k, s, c) for k, s, r, c, n in rows if s > 0 and r <= 0 and n <= 1])
+    phi = surcharge([(k, r, c) for k, s, r, c, n in rows if r > 0 and s <= 0 and n <= 1])
+    crowd = []
+    for k, s, r, c, n in rows:
+        if n >= 2:
+            rho = c * bw / (k + (sig or 0.0) * s + (phi or 0.0) * r)
+            crowd.append(max(1.0, n / rho) if rho > 1.0 else math.inf)
+    return {"copy_bandwidth": bw, "strided_copy_factor": sig, "fresh_copy_factor": phi,
+            "copy_cores": statistics.median(crowd) if crowd else None}
+
+
 @dataclass
 class TransitionCalibration:
     """Measured transition constants (module docstring).
@@ -125,7 +189,16 @@ class TransitionCalibration:
         bandwidth: bytes/s per worker per direction, None before any measurement.
         setup_s: fixed seconds per primitive that moves bytes (module docstring, ``F``), None before
             any measurement.
-        copy_bandwidth: bytes/s of packing plus assembly, None before any measurement.
+        copy_bandwidth: bytes/s of packing plus assembly of contiguous bytes (:func:`fit_copy`), None
+            before any measurement.
+        strided_copy_factor, fresh_copy_factor: ``σ`` and ``φ`` of ``transition/copy_cost.py``
+            (:func:`fit_copy`), None before a primitive with such bytes was measured.
+        copy_cores: ``CostParams.copy_cores`` (:func:`fit_copy`), None before a copy phase on two
+            or more workers at once was measured.
+        dispatch_s: ``CostParams.dispatch_s``: the median, over the window's primitives that had
+            DAG predecessors, of their last worker's start less the latest end of what they waited
+            for (those predecessors, and earlier primitives on their workers; records with
+            ``preds`` and ``worker_ids``); None before one was measured.
         teardown_s: seconds of a Destroy, None before any measurement.
         history: one ``{"bandwidth", "copy_bandwidth", "setup_s", "teardown_s", "primitives"}`` per
             :meth:`observe` that measured (that transition's own values).
@@ -140,10 +213,17 @@ class TransitionCalibration:
     setup_s: float | None = None
     copy_bandwidth: float | None = None
     teardown_s: float | None = None
+    strided_copy_factor: float | None = None
+    fresh_copy_factor: float | None = None
+    copy_cores: float | None = None
     history: list = field(default_factory=list)
-    # (busiest bytes, transfer s, copy bytes, copy s, old-style setup s, span - copy s or None), unshared
+    # (busiest bytes, transfer s, copy bytes, copy s, old-style setup s, span - copy s or None,
+    # copy phases: ((bytes, strided bytes, fresh bytes, seconds, workers), ...), fresh receive bytes), unshared
     rows: list = field(default_factory=list, repr=False)
     teardowns: list = field(default_factory=list, repr=False)
+    dispatches: list = field(default_factory=list, repr=False)
+    special: list = field(default_factory=list, repr=False)
+    dispatch_s: float | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
@@ -177,6 +257,19 @@ class TransitionCalibration:
         known = [x for x in spans if x is not None]
         share = iter(share_factors(known, self.cores) if self.cores is not None else [1.0] * len(known))
         rows, teardowns = [], []
+        # dispatch latency: from the latest end of what a primitive waited for (its DAG
+        # predecessors, and earlier primitives on its workers) to its last worker's start
+        ends = {get("pid"): (float(get("t_end")), set(get("worker_ids") or ())) for get in recs
+                if get("pid") is not None and get("t_end") is not None}
+        dispatches = []
+        for get in recs:
+            pr, t0 = [q for q in (get("preds") or ()) if q in ends], get("t_ready")
+            if not pr or t0 is None:
+                continue
+            mine = set(get("worker_ids") or ())
+            waited = [ends[q][0] for q in pr] + [e for q, (e, ws) in ends.items()
+                                                 if q != get("pid") and ws & mine and e <= float(t0) + 1e-9]
+            dispatches.append(max(0.0, float(t0) - max(waited)))
         for get, span in zip(recs, spans):
             s = next(share) if span is not None else 1.0
             kind = get("kind")
@@ -189,32 +282,54 @@ class TransitionCalibration:
             transfer = float(get("transfer_s") or 0.0)
             pack, asm = get("pack_s"), get("assemble_s")
             copy = float(pack) + float(asm or 0.0) if pack is not None else float(get("copy_s", 0.0) or 0.0)
+            if pack is not None:  # a receiver waits while its sender packs: the wire is what follows
+                transfer = max(0.0, transfer - float(pack))
             setup = max(0.0, float(wall) - transfer - copy) if wall is not None else float(get("setup_s") or 0.0)
             rest = max(0.0, float(wall) - copy) / s if wall is not None else None
-            rows.append((busiest, transfer / s, float(get("copy_bytes", 0) or busiest), copy / s, setup / s, rest))
+            f = lambda k, _get=get: float(_get(k, 0) or 0)  # noqa: E731
+            if f("pack_bytes") or f("assemble_bytes"):  # the two phases apart (fit_copy)
+                phases = ((f("pack_bytes"), f("pack_strided"), f("fresh_bytes"), f("pack_s") / s,
+                           f("pack_workers") or 1.0),
+                          (f("assemble_bytes"), f("assemble_strided"), 0.0, f("assemble_s") / s,
+                           f("assemble_workers") or 1.0))
+            else:
+                phases = ((f("copy_bytes") or busiest, 0.0, 0.0, copy / s, 1.0),)
+            rows.append((busiest, transfer / s, float(get("copy_bytes", 0) or busiest), copy / s, setup / s, rest,
+                         phases, f("fresh_recv_bytes")))
         if rows or teardowns:
             self.history.append({**self._fit(rows, teardowns), "primitives": len(rows)})
         self.rows = (self.rows + rows)[-self.window:]
         self.teardowns = (self.teardowns + teardowns)[-self.window:]
-        fit = self._fit(self.rows, self.teardowns)
+        self.dispatches = (self.dispatches + dispatches)[-self.window:]
+        if self.dispatches:
+            self.dispatch_s = statistics.median(self.dispatches)
+        # the primitives with strided, fresh or concurrent copy phases are kept apart too, so that
+        # the surcharges of copy_cost.py stay measured when a run of other primitives fills the window
+        self.special = (self.special + [r for r in rows if any(ph[1] > 0 or ph[2] > 0 or ph[4] >= 2
+                                                               for ph in r[6])])[-self.window:]
+        fit = self._fit(self.rows, self.teardowns, [r for r in self.special if not any(r is x for x in self.rows)])
         for k, v in fit.items():
             if v is not None:
                 setattr(self, k, v)
 
     @staticmethod
-    def _fit(rows, teardowns) -> dict:
-        """The four constants from rows and Destroy seconds (None where nothing measured one)."""
-        wire = [(b, t) for b, t, _, _, _, _ in rows if b > 0 and t > 0]
-        copy = [(k, c) for b, _, k, c, _, _ in rows if b > 0 and k > 0 and c > 0]
-        pts = [(b, y) for b, _, _, _, _, y in rows if y is not None]
+    def _fit(rows, teardowns, extra=()) -> dict:
+        """The constants from rows and Destroy seconds (None where nothing measured one); ``extra``:
+        older rows with strided, fresh or concurrent copy phases that left the window."""
+        cp = fit_copy([ph for r in list(rows) + list(extra) if r[0] > 0 for ph in r[6]])
+        # a fresh receive buffer's page faults are priced by the copy term (copy_cost.fresh_recv_bytes)
+        phi, bw = cp["fresh_copy_factor"] or 0.0, cp["copy_bandwidth"] or math.inf
+        rows = [(r[0], max(0.0, r[1] - phi * r[7] / bw), *r[2:5],
+                 None if r[5] is None else max(0.0, r[5] - phi * r[7] / bw)) for r in rows]
+        wire = [(r[0], r[1]) for r in rows if r[0] > 0 and r[1] > 0]
+        pts = [(r[0], r[5]) for r in rows if r[5] is not None]
         line = fit_line([b for b, _ in pts], [y for _, y in pts]) if len(pts) == len(rows) else None
         if line is not None:
             bandwidth, setup = 1.0 / line[1], line[0]
         else:
             bandwidth = weighted_median([b / t for b, t in wire], [b for b, _ in wire]) if wire else None
             setup = statistics.median(r[4] for r in rows) if rows else None
-        return {"bandwidth": bandwidth,
-                "copy_bandwidth": weighted_median([k / c for k, c in copy], [k for k, _ in copy]) if copy else None,
+        return {"bandwidth": bandwidth, **cp,
                 "setup_s": setup,
                 "teardown_s": statistics.median(teardowns) if teardowns else None}
 
@@ -237,6 +352,14 @@ class TransitionCalibration:
                           comm_setup_inter_s=max(self.setup_s, base.comm_setup_inter_s))
         if self.copy_bandwidth is not None:
             out = replace(out, copy_bandwidth=self.copy_bandwidth)
+        if self.strided_copy_factor is not None:
+            out = replace(out, strided_copy_factor=self.strided_copy_factor)
+        if self.copy_cores is not None:
+            out = replace(out, copy_cores=self.copy_cores)
+        if self.dispatch_s is not None:
+            out = replace(out, dispatch_s=self.dispatch_s)
+        if self.fresh_copy_factor is not None:
+            out = replace(out, fresh_copy_factor=self.fresh_copy_factor, fresh_buffer_bytes=FRESH_BUFFER_BYTES)
         if self.teardown_s is not None:
             out = replace(out, teardown_s=self.teardown_s)
         return out

@@ -27,7 +27,9 @@ not record them) and ``C`` the *copy* rate
 (``runtime/transit/packing.py``: one write per byte at the sender, one at the receiver), bytes/s:
 ``CostParams.copy_bandwidth`` (default infinite: on GPUs the copies run at HBM speed, two orders
 above the links, so an uncalibrated estimate ignores them; 0 derives ``hbm_bandwidth / 4``, each
-byte read and written twice). So a primitive's seconds are three terms, *setup* (communicators; whatever per-primitive
+byte read and written twice). Bytes copied as column slices (a TP re-cut) and bytes packed into
+freshly mapped send buffers cost more than contiguous ones: ``K`` is replaced by ``K + σ·S + φ·R``
+(:mod:`nereus.transition.copy_cost`; ``σ``, ``φ`` 0 until calibrated). So a primitive's seconds are three terms, *setup* (communicators; whatever per-primitive
 fixed cost the calibration finds), *copy* and *wire*, each calibrated apart from the executor's
 records (``transition/calibrate.py``). Communicators of
 one primitive are created in parallel, so setup is paid once per primitive: ``comm_setup_intra_s``
@@ -48,6 +50,7 @@ from dataclasses import asdict, dataclass
 
 from nereus.spec.hardware import ClusterSpec
 from nereus.spec.model import ModelSpec
+from nereus.transition.copy_cost import effective_copy_bytes
 from nereus.transition.emu import EMU
 from nereus.transition.held import held_bytes
 from nereus.transition.primitives import STORAGE, Primitive
@@ -98,6 +101,24 @@ class CostParams:
             progress together at ``min(1, worker_cores / busy workers)`` of their own speed
             (:mod:`nereus.transition.sharing`). Infinite (the default): every device has its own
             engines (GPUs), no sharing. Set by the calibration.
+        strided_copy_factor: ``σ``, extra seconds of a byte copied as a column slice (a TP
+            re-cut's row-parallel tensors, ``Primitive.strided``) in units of a contiguous byte's
+            (:mod:`nereus.transition.copy_cost`); 0 (the default) prices them alike. Calibrated.
+        fresh_copy_factor: ``φ``, extra seconds of a byte packed into a freshly mapped send buffer
+            (:func:`~nereus.transition.copy_cost.fresh_bytes`) in the same units; 0 by default.
+            Calibrated.
+        fresh_buffer_bytes: send buffers at least this large are freshly mapped on every use
+            (``copy_cost.FRESH_BUFFER_BYTES`` for the runtime's CPU workers, set by the
+            calibration); infinite (the default) for GPUs, whose caching allocator reuses memory.
+        copy_cores: cores the copy phases of one primitive that run at once share (its ``n``
+            packing GPUs, then its assembling GPUs: each phase takes ``max(1, n / copy_cores)``
+            times one GPU's, :func:`~nereus.transition.copy_cost.effective_copy_bytes`); infinite
+            (the default: every GPU copies with its own engines). Calibrated on CPU workers, where
+            the cores and memory bandwidth the workers get on a shared machine are fewer than
+            ``worker_cores``.
+        dispatch_s: seconds from a primitive's end to the start of one that depends on it (the
+            runtime's executor: Ray dispatches a dependent call once its arguments are known;
+            :func:`~nereus.transition.sharing.shared_schedule`); 0 by default. Calibrated.
 
     The defaults are assumptions of the right order (NCCL communicator creation takes tens to
     hundreds of milliseconds); calibrate them from measured transitions.
@@ -117,6 +138,11 @@ class CostParams:
     transit_buffers: bool = False
     serial_workers: bool = False
     worker_cores: float = math.inf
+    strided_copy_factor: float = 0.0
+    fresh_copy_factor: float = 0.0
+    fresh_buffer_bytes: float = math.inf
+    copy_cores: float = math.inf
+    dispatch_s: float = 0.0
 
     def __post_init__(self) -> None:
         for k, v in asdict(self).items():
@@ -124,6 +150,8 @@ class CostParams:
                 raise ValueError(f"cost parameter {k!r} must be a number >= 0, got {v!r}")
         if not self.worker_cores > 0:
             raise ValueError(f"cost parameter 'worker_cores' must be > 0 cores, got {self.worker_cores!r}")
+        if not self.copy_cores > 0:
+            raise ValueError(f"cost parameter 'copy_cores' must be > 0 cores, got {self.copy_cores!r}")
         if self.storage_bandwidth <= 0:
             raise ValueError(f"cost parameter 'storage_bandwidth' must be > 0 B/s, got {self.storage_bandwidth!r}")
 
@@ -190,7 +218,7 @@ def duration(p: Primitive, cluster: ClusterSpec, params: CostParams = CostParams
         return max((b / (params.host_bandwidth if cluster.node_of(d) in home
                          else min(params.host_bandwidth, cluster.gpu.scaleout_bandwidth))
                     for _, d, b in p.pairs), default=0.0)
-    copy = copy_bytes(p) / _copy_bw(cluster, params)
+    copy = effective_copy_bytes(p, copy_bytes(p), params) / _copy_bw(cluster, params)
     if p.kind == "extend":
         t = 0.0
         for s, d, b in p.pairs:

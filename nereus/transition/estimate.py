@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from nereus.spec.job import JobSpec
 from nereus.spec.plan import Plan
 from nereus.transition.buffers import with_buffers
+from nereus.transition.copy_cost import with_strided
 from nereus.transition.cost import CostParams, duration, min_bytes, ports
 from nereus.transition.emu import check_zero, model_of, phi, stage_of, state_parts
 from nereus.transition.global_dag import GlobalDAG, critical_path_length, plan_global
@@ -314,8 +315,9 @@ def plan_dag(job: JobSpec, current: Plan, target: Plan, pool: frozenset[int] | N
             if ms not in unfused:  # same-GPU re-layout at the minimum bytes (relayout.py)
                 ld, pids = fuse_relayout(ld, cur, model_of(job, ms), state_parts(job, ms))
                 fused |= pids
-            if params.transit_buffers:  # the executor's buffers and new shards (buffers.py)
-                ld = replace(ld, nodes=tuple(with_buffers(n) for n in ld.nodes))
+            if params.transit_buffers:  # the executor's buffers and new shards (buffers.py), and
+                # which of its copies are column slices (copy_cost.py)
+                ld = replace(ld, nodes=with_strided(tuple(with_buffers(n) for n in ld.nodes), cur, model_of(job, ms)))
             locals_.append(ld)
         dur = {n.pid: duration(n, job.cluster, params) for ld in locals_ for n in ld.nodes}
         prt = {n.pid: ports(n, job.cluster, params) for ld in locals_ for n in ld.nodes}
@@ -326,7 +328,7 @@ def plan_dag(job: JobSpec, current: Plan, target: Plan, pool: frozenset[int] | N
                       for c in current.candidates}
             # workers that share CPU cores: the same order, replayed under processor sharing (sharing.py)
             sched = shared_schedule(sched, {n.pid: n for n in dag.nodes}, dag.preds(), prt, dur,
-                                    params.worker_cores)
+                                    params.worker_cores, params.dispatch_s)
             return replace(dag, models=models), sched, dur
         except Infeasible as e:
             first = first or e

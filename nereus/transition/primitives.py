@@ -66,6 +66,9 @@ class Primitive:
             Extend; empty for the others), what ``verify`` checks the produced state against.
         sent, alloc: GPU → bytes it sends (a bound) and bytes of new shards the runtime's executor
             allocates there; what :func:`~nereus.transition.buffers.with_buffers` counts.
+        strided_sent, strided_alloc: of the largest ``sent`` and the largest ``alloc`` of one GPU,
+            the bytes copied as column slices (a TP re-cut's row-parallel tensors), set by
+            :func:`~nereus.transition.copy_cost.with_strided`; 0 when unset.
     """
 
     pid: str
@@ -87,6 +90,8 @@ class Primitive:
     recv: dict = field(default_factory=dict)
     sent: dict = field(default_factory=dict)
     alloc: dict = field(default_factory=dict)
+    strided_sent: int = 0
+    strided_alloc: int = 0
 
     @property
     def stage(self) -> str:

@@ -20,6 +20,14 @@ at once take ``max(1, n·w / cores)`` times theirs, as if serialized beyond the 
 ``cores`` infinite the schedule is returned unchanged. The calibration (``calibrate.py``) undoes
 the same factor when it reads measured seconds.
 
+With ``dispatch`` > 0, a primitive starts no earlier than ``dispatch`` seconds after each of its DAG
+predecessors ended: the runtime's executor submits a primitive's call to each of its workers with
+the predecessors' results as arguments, and Ray dispatches the call once they are known (an actor
+call per primitive and worker, ``runtime/transit/driver_side.py``). The calibration measures it
+as the median of a primitive's last start less the latest end it waited for (``calibrate.py``):
+about 0 on the benchmark's 2-core machine, where the gaps between dependent primitives were the
+serial workers' own waits, which the replay already has.
+
 Pure: no runtime import.
 """
 
@@ -54,7 +62,7 @@ def _before(sched: Schedule, nodes: dict[str, Primitive], preds: dict, ports: di
 
 
 def shared_schedule(sched: Schedule, nodes: dict[str, Primitive], preds: dict, ports: dict,
-                    dur: dict[str, float], cores: float) -> Schedule:
+                    dur: dict[str, float], cores: float, dispatch: float = 0.0) -> Schedule:
     """``sched`` replayed with the primitives sharing ``cores`` cores (module docstring).
 
     Args:
@@ -63,7 +71,10 @@ def shared_schedule(sched: Schedule, nodes: dict[str, Primitive], preds: dict, p
         preds: pid → predecessor pids (DAG edges).
         ports: pid → ports it holds (``cost.ports``).
         dur: pid → seconds at its own speed (``cost.duration``).
-        cores: cores the workers share, > 0; ``inf`` returns ``sched``.
+        cores: cores the workers share, > 0; ``inf`` (with ``dispatch`` 0) returns ``sched``.
+        dispatch: seconds from a predecessor's end to the start of a primitive that depends on it
+            (the runtime's executor: the dependent call on another worker is dispatched once the
+            predecessor's result is known, ``CostParams.dispatch_s``), >= 0.
 
     Returns:
         A :class:`Schedule` with the replayed start/end, makespan and critical chain; ``algo`` is
@@ -74,7 +85,9 @@ def shared_schedule(sched: Schedule, nodes: dict[str, Primitive], preds: dict, p
     """
     if not cores > 0:
         raise ValueError(f"shared_schedule: cores must be > 0, got {cores!r}")
-    if math.isinf(cores) or not nodes:
+    if not dispatch >= 0:
+        raise ValueError(f"shared_schedule: dispatch must be >= 0 seconds, got {dispatch!r}")
+    if (math.isinf(cores) and not dispatch) or not nodes:
         return sched
     missing = sorted(p for p in nodes if p not in sched.start or p not in dur)
     if missing:
@@ -87,16 +100,21 @@ def shared_schedule(sched: Schedule, nodes: dict[str, Primitive], preds: dict, p
     running: set[str] = set()
     t = 0.0
     while len(end) < len(nodes):
+        waiting = []  # ready once the dispatch after its last DAG predecessor has passed
         for p in sorted(nodes, key=lambda q: (sched.start[q], q)):
             if p not in start and before[p] <= end.keys():
+                at = max((end[q] + dispatch for q in preds.get(p, ()) if q in end), default=0.0)
+                if at > t + 1e-12:
+                    waiting.append(at)
+                    continue
                 start[p] = t
                 running.add(p)
         done = [p for p in running if rem[p] <= _EPS]
         if not done:
-            if not running:
+            if not running and not waiting:
                 raise ValueError("shared_schedule: the replay is stuck (a cycle in the kept order)")
-            rate = min(1.0, cores / sum(w[p] for p in running))
-            dt = min(rem[p] for p in running) / rate
+            rate = min(1.0, cores / sum(w[p] for p in running)) if running else 1.0
+            dt = min([rem[p] / rate for p in running] + [a - t for a in waiting])
             t += dt
             for p in running:
                 rem[p] -= rate * dt

@@ -75,15 +75,19 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: 
 def grpo_advantages(scores: torch.Tensor, group_size: int, mask: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """``(s - mean_group) / (std_group + eps)`` broadcast over each sequence's tokens ``[B, R]``.
 
-    Sequences of one prompt are contiguous groups of ``group_size``; std is unbiased (verl).
+    Sequences of one prompt are contiguous groups of ``group_size``; std is unbiased (verl). A group
+    of one (``n = 1``) takes mean 0 and std 1, so its advantage is ``s / (1 + eps)``, as verl's
+    ``compute_grpo_outcome_advantage`` does (``verl/trainer/ppo/core_algos.py``, verl 0.9.1).
 
     Raises:
-        ValueError: ``B`` not a multiple of ``group_size`` or ``group_size < 2``.
+        ValueError: ``group_size < 1`` or ``B`` not a multiple of it.
     """
     B = scores.shape[0]
-    if group_size < 2 or B % group_size:
-        raise ValueError(f"grpo_advantages: group_size={group_size} must be >= 2 and divide the batch {B}")
+    if group_size < 1 or B % group_size:
+        raise ValueError(f"grpo_advantages: group_size={group_size} must be >= 1 and divide the batch {B}")
     g = scores.view(-1, group_size)
+    if group_size == 1:
+        return (g / (1.0 + eps)).reshape(B, 1) * mask
     a = (g - g.mean(1, keepdim=True)) / (g.std(1, keepdim=True) + eps)
     return a.reshape(B, 1) * mask
 

@@ -33,6 +33,7 @@ from nereus.runtime.transit.plans import MoveSpec, UnitMeta
 from nereus.runtime.transit.sharded import aligned_target, dropped_targets, live_unsupported, rebuild_dropped
 from nereus.runtime.worker.failures import WorkerFailure
 from nereus.spec.plan import Plan
+from nereus.transition.copy_cost import copy_workers, fresh_bytes, fresh_recv_bytes
 from nereus.transition.cost import copy_bytes
 from nereus.transition.estimate import TransitionEstimate
 from nereus.transition.primitives import STORAGE
@@ -58,13 +59,22 @@ class PrimitiveRecord:
         sent, received: worker → state bytes.
         header_bytes: counters headers sent (40 B per buffer).
         copy_bytes: the planner's copy bytes of it (``cost.copy_bytes``), what ``copy_s`` is
-            calibrated against.
+            calibrated against; pack_workers, assemble_workers: how many workers pack and how
+            many assemble (``copy_cost.copy_workers``); fresh_recv_bytes: the busiest receiver's
+            bytes in freshly mapped receive buffers (``copy_cost.fresh_recv_bytes``).
+        preds, worker_ids: its DAG predecessors' pids and the workers that ran it (the dispatch
+            latency's calibration, ``transition/calibrate.py``).
         pack_s, assemble_s: the slowest worker's packing, and the slowest worker's assembly,
             seconds (their sum is the copy on its critical path, ``cost.copy_bytes``).
         t_start, t_ready, t_end: its first worker's start, last worker's start and last worker's
             end, seconds from the transition's first primitive start (the calibration's span and
             core-sharing correction, ``transition/calibrate.py``).
         workers: how many worker processes ran a part of it.
+        pack_bytes, assemble_bytes: the planner's largest send bytes and largest new-shard bytes
+            of one worker (the two parts of ``copy_bytes``); pack_strided, assemble_strided: the
+            column-slice bytes among them; fresh_bytes: the send-buffer bytes in freshly mapped
+            buffers (``transition/copy_cost.py``): what ``pack_s`` and ``assemble_s`` are
+            calibrated against.
     """
 
     pid: str
@@ -87,6 +97,16 @@ class PrimitiveRecord:
     t_ready: float = 0.0
     t_end: float = 0.0
     workers: int = 0
+    pack_bytes: int = 0
+    assemble_bytes: int = 0
+    pack_strided: int = 0
+    assemble_strided: int = 0
+    fresh_bytes: int = 0
+    pack_workers: int = 0
+    assemble_workers: int = 0
+    fresh_recv_bytes: int = 0
+    preds: list = field(default_factory=list)
+    worker_ids: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -285,6 +305,7 @@ class TransitionExecutor:
 
     def _report(self, est, order, results, seconds, driver_bytes) -> TransitionReport:
         dag = est.dag
+        preds = dag.preds()
         recs = []
         t_first = min((r["t_start"] for rs in results.values() for r in rs), default=0.0)
         t_last = max((r["t_end"] for rs in results.values() for r in rs), default=0.0)
@@ -303,7 +324,12 @@ class TransitionExecutor:
                 copy_s=max(r.get("pack_s", 0.0) + r.get("assemble_s", 0.0) for r in rs), copy_bytes=copy_bytes(p),
                 pack_s=max(r.get("pack_s", 0.0) for r in rs), assemble_s=max(r.get("assemble_s", 0.0) for r in rs),
                 t_start=min(r["t_start"] for r in rs) - t_first, t_ready=max(r["t_start"] for r in rs) - t_first,
-                t_end=max(r["t_end"] for r in rs) - t_first, workers=len(rs)))
+                t_end=max(r["t_end"] for r in rs) - t_first, workers=len(rs),
+                pack_bytes=max(p.sent.values(), default=0), assemble_bytes=max(p.alloc.values(), default=0),
+                pack_strided=p.strided_sent, assemble_strided=p.strided_alloc, fresh_bytes=fresh_bytes(p),
+                pack_workers=copy_workers(p)[0], assemble_workers=copy_workers(p)[1],
+                fresh_recv_bytes=fresh_recv_bytes(p), preds=sorted(preds.get(pid, ())),
+                worker_ids=sorted(r["worker"] for r in rs)))
         return TransitionReport(primitives=recs, predicted_l_tran=float(est.l_tran),
                                 measured_l_tran=max(0.0, t_last - t_first), seconds=seconds,
                                 predicted_bytes=int(est.bytes_moved),
