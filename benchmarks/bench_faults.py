@@ -43,6 +43,7 @@ micro-batch split sums the same gradients in another fp32 order), and Adam (eps 
 turns those last-bit differences into 1e-3 after ten PPO steps (docs/faults.md); it is not a check.
 
     python benchmarks/bench_faults.py --faults 100 --seed 0 --json bench-faults.json
+    python benchmarks/bench_faults.py --faults 100 --seed 0 --no-drift   # no reference runs: no layout drift
     python benchmarks/bench_faults.py --quick          # about 6 faults, what CI runs
 
 The runs' machinery (:class:`Fault`, :class:`RunSpec`, :class:`FaultBenchRun`, the constants) is in
@@ -55,6 +56,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import sys
 import threading
 import time
@@ -74,6 +76,7 @@ if os.environ.get("PYTHONPATH", "").split(os.pathsep)[0] != _ROOT:
 import torch  # noqa: E402
 
 from nereus.controller.planning import same_plan  # noqa: E402
+from nereus.runtime.durable.integrity import job_identity  # noqa: E402
 from nereus.runtime.run.driver import RLDriver  # noqa: E402
 from nereus.runtime.run.pool import WorkerPool  # noqa: E402
 from nereus.runtime.run.relayout import relayout  # noqa: E402
@@ -85,6 +88,8 @@ _HERE = str(Path(__file__).resolve().parent)
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
+from fault_checks import checkpoint_problem  # noqa: E402
+from fault_pools import SparePool, close_replay_pool, replay_pool  # noqa: E402
 from fault_report import summarize, tables  # noqa: E402
 from fault_run import (  # noqa: E402
     ATOL,
@@ -128,15 +133,16 @@ def _bounded(fn, timeout_s: float, on_timeout):
 START_TIMEOUT_S = 600.0
 
 
-def start_pool(n: int, tries: int = 3) -> WorkerPool:
-    """A started pool of ``n`` workers, allowed :data:`START_TIMEOUT_S` to start. A start that still
+def start_pool(n: int, tries: int = 3, spares: int = 2, warm: bool = True) -> WorkerPool:
+    """A started pool of ``n`` workers with ``spares`` more started ahead for its joins
+    (``fault_pools.SparePool``), allowed :data:`START_TIMEOUT_S` to start. A start that still
     times out (``WorkerFailure``) is retried, up to ``tries`` times: no fault has been injected yet,
     so it is not a fault outcome.
 
     Raises:
         WorkerFailure: every try failed."""
     for attempt in range(tries):
-        pool = WorkerPool(n, timeout_s=GROUP_TIMEOUT_S, hang_timeout_s=HANG_TIMEOUT_S)
+        pool = SparePool(n, timeout_s=GROUP_TIMEOUT_S, hang_timeout_s=HANG_TIMEOUT_S, spares=spares, warm=warm)
         pool.start_timeout_s = START_TIMEOUT_S  # not the 120 s of 4x the group timeout + 60
         try:
             return pool.start()
@@ -173,6 +179,12 @@ def execute(spec: RunSpec, faults: bool, seed: int, timeout_s: float, verbose: b
                         # filed under the checkpoint phase (an async write would fire after the boundary)
                         checkpoint_sync=True)
     run.keep_final = "all"  # every model-stage, frozen ones too (compare)
+    ident, ckpt = job_identity(SPEC, workload(spec.algorithm)), {}
+    def on_end(_driver) -> None:  # before the workers stop: every fault settled, the checkpoint checked
+        run._settle(final=True)
+        ckpt.setdefault("problem", checkpoint_problem(run, ident))  # before its removal
+
+    run.on_end = on_end
     t0 = time.perf_counter()
 
     def go():
@@ -182,8 +194,12 @@ def execute(spec: RunSpec, faults: bool, seed: int, timeout_s: float, verbose: b
             pool.close()
 
     hist, err, hung = _bounded(go, timeout_s, pool.close)
+    if "problem" not in ckpt and not hung:  # ended early: the run keeps its checkpoint (the only copy)
+        ckpt["problem"] = checkpoint_problem(run, ident)
+        shutil.rmtree(run.ckpt_dir or "/nonexistent", ignore_errors=True)
     return {"run": run, "history": hist, "error": None if err is None else f"{type(err).__name__}: {str(err)[:400]}",
-            "hung": hung, "seconds": time.perf_counter() - t0, "lines": lines}
+            "hung": hung, "seconds": time.perf_counter() - t0, "lines": lines,
+            "checkpoint_problem": ckpt.get("problem")}
 
 
 def replay(spec: RunSpec, plans: dict[int, Plan], timeout_s: float) -> dict:
@@ -192,8 +208,10 @@ def replay(spec: RunSpec, plans: dict[int, Plan], timeout_s: float) -> dict:
     own with no faults, no controller and no checkpoints; a plan change between two steps goes
     through the centralized re-layout (``run/relayout.py``: gathered into the driver, exact), so nothing
     it shares with the faulty run's recoveries (live transitions, rollback snapshots, durable
-    checkpoints) can hide a difference. Worker ids are renumbered ``0..n-1`` in order (layouts,
-    hence every sum's order, are unchanged).
+    checkpoints) can hide a difference. Each step's worker ids are renumbered ``0..n-1`` in order
+    (layouts, hence every sum's order, are unchanged; the re-layout between two steps gathers
+    everything into the driver, so which worker held what before does not matter), and every replay
+    runs on the benchmark's one replay pool (``fault_pools.replay_pool``).
 
     Returns:
         ``{"final_state", "error", "hung", "seconds"}`` (``final_state`` as ``AdaptiveRun.final_state``).
@@ -202,12 +220,10 @@ def replay(spec: RunSpec, plans: dict[int, Plan], timeout_s: float) -> dict:
     missing = [k for k in range(spec.steps) if k not in plans]
     if missing:
         return {"final_state": None, "error": f"no plan recorded for steps {missing}", "hung": False, "seconds": 0.0}
-    ids = sorted({g for p in plans.values() for c in p.candidates for g in c.gpus})
-    rank = {g: i for i, g in enumerate(ids)}
-    seq = [Plan(candidates=tuple(replace(c, gpus=tuple(rank[g] for g in c.gpus)) for c in plans[k].candidates))
-           for k in range(spec.steps)]
-    pool = start_pool(len(ids))
-    driver = RLDriver(SPEC, workload(spec.algorithm), seq[0], TASK, len(ids), config())
+    seq = [_renumbered(plans[k]) for k in range(spec.steps)]
+    n = max(len(p.gpus_used()) for p in seq)
+    pool = replay_pool(n, lambda m: start_pool(m, spares=0, warm=False))
+    driver = RLDriver(SPEC, workload(spec.algorithm), seq[0], TASK, n, config())
 
     def go():
         try:
@@ -218,12 +234,17 @@ def replay(spec: RunSpec, plans: dict[int, Plan], timeout_s: float) -> dict:
                 driver.step()
             return {n: driver.gather_logical_state(n) for n in driver.layouts}  # frozen model-stages too
         finally:
-            driver.close()
-            pool.close()
+            driver.close()  # its engines; the pool serves the next replay
 
     final, err, hung = _bounded(go, timeout_s, pool.close)
     return {"final_state": final, "error": None if err is None else f"{type(err).__name__}: {str(err)[:400]}",
             "hung": hung, "seconds": time.perf_counter() - t0}
+
+
+def _renumbered(plan: Plan) -> Plan:
+    """``plan`` with its worker ids renumbered ``0..n-1`` in order (every candidate's rank order kept)."""
+    rank = {g: i for i, g in enumerate(sorted(plan.gpus_used()))}
+    return Plan(candidates=tuple(replace(c, gpus=tuple(rank[g] for g in c.gpus)) for c in plan.candidates))
 
 
 def same_layouts(a: dict[int, Plan], b: dict[int, Plan]) -> bool:
@@ -314,6 +335,10 @@ def _events(run) -> list[dict]:
     return [{k: ev.get(k) for k in keep} for ev in run.recoveries]
 
 
+#: the reference of a run without ``drift`` (``--no-drift``): none was made
+NO_REFERENCE = {"final_state": None, "plans": {}, "seconds": 0.0, "hung": False, "error": None, "skipped": True}
+
+
 def reference_run(spec: RunSpec, seed: int, timeout_s: float, verbose: bool = False) -> dict:
     """The fault-free run of ``spec``'s workload, pool, pool schedule and steps, on the plans its own
     controller chooses: ``{"final_state", "plans", "hung", "error", "seconds"}`` (for the layout drift)."""
@@ -340,7 +365,8 @@ def check_run(spec: RunSpec, ref: dict, seed: int, timeout_s: float, verbose: bo
     eq, diff = (compare(run.final_state, rep["final_state"]) if rep and rep["final_state"]
                 else (False, float("inf")))
     # information: the fault-free run on the plans its own controller chose (layout drift)
-    ref_eq, drift = compare(run.final_state, ref["final_state"]) if completed else (False, float("inf"))
+    ref_eq, drift = (compare(run.final_state, ref["final_state"]) if completed and not ref.get("skipped") else
+                     (None, None) if ref.get("skipped") else (False, float("inf")))  # skipped: --no-drift
     return {"algorithm": spec.algorithm, "workers": spec.workers, "steps": spec.steps,
             "schedule": spec.schedule, "checkpoint_every": spec.checkpoint_every,
             "faults": [asdict(f) for f in spec.faults], "recoveries": _events(run),
@@ -351,13 +377,15 @@ def check_run(spec: RunSpec, ref: dict, seed: int, timeout_s: float, verbose: bo
             "reference_equal": ref_eq, "layout_drift": drift,
             "layouts_as_reference": completed and same_layouts(run.step_plans, ref["plans"]),
             "reference_seconds": ref["seconds"], "seconds": res["seconds"],
+            "checkpoint_problem": res["checkpoint_problem"],
             "log": res["lines"] if (res["error"] or res["hung"] or not eq) else []}
 
 
 def run_benchmark(faults: int = 100, seed: int = 0, quick: bool = False, run_timeout_s: float | None = None,
-                  verbose: bool = False, console=None, on_run=None) -> dict:
+                  verbose: bool = False, console=None, on_run=None, drift: bool = True) -> dict:
     """Runs until ``faults`` workers were lost to injected faults (``quick``: one small run);
-    ``on_run(runs)`` after each run (``main`` writes the runs so far next to ``--json``)."""
+    ``on_run(runs)`` after each run (``main`` writes the runs so far next to ``--json``); without
+    ``drift`` no fault-free reference run is made (the layout drift is information, not a check)."""
     import ray
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -377,6 +405,8 @@ def run_benchmark(faults: int = 100, seed: int = 0, quick: bool = False, run_tim
             lost_so_far = 0
             while lost_so_far < target and len(runs) < (1 if quick else 10 * max(target, 1)):
                 spec = plan_run(rng, len(runs), quick)
+                if spec.key not in refs and not drift:
+                    refs[spec.key] = dict(NO_REFERENCE)
                 if spec.key not in refs:
                     progress.update(bar, description=f"reference run {spec.algorithm} on {spec.workers} workers")
                     refs[spec.key] = reference_run(spec, seed, timeout, verbose)
@@ -399,6 +429,7 @@ def run_benchmark(faults: int = 100, seed: int = 0, quick: bool = False, run_tim
                     on_run(runs)
                 progress.update(bar, completed=min(target, lost_so_far))
     finally:
+        close_replay_pool()
         if started:
             ray.shutdown()
     summary = summarize(runs, refs, time.perf_counter() - t0, argparse.Namespace(seed=seed, quick=quick),
@@ -418,6 +449,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--run-timeout", type=float, default=None, help="wall-clock bound of each run, seconds")
     ap.add_argument("--json", default=None, help="write the figures and every run's faults and recoveries here")
     ap.add_argument("--verbose", action="store_true", help="print every run's log")
+    ap.add_argument("--no-drift", action="store_true",
+                    help="no fault-free reference runs: the layout drift (information, not a check) is not measured")
     args = ap.parse_args(argv)
     if args.faults < 1:
         ap.error("--faults must be >= 1")
@@ -427,7 +460,8 @@ def main(argv: list[str] | None = None) -> int:
             with open(args.json + ".partial", "w") as f:
                 json.dump({"seed": args.seed, "runs": runs}, f, indent=1, default=str)
 
-    out = run_benchmark(args.faults, args.seed, args.quick, args.run_timeout, args.verbose, console, partial)
+    out = run_benchmark(args.faults, args.seed, args.quick, args.run_timeout, args.verbose, console, partial,
+                        drift=not args.no_drift)
     t, per = tables(out["summary"], out["runs"])
     console.print(per)
     console.print(t)
@@ -437,7 +471,8 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"wrote {args.json}")
     s = out["summary"]
     ok = (s["runs_hung"] == 0 and s["runs_failed"] == 0 and s["faults_survived"] == s["faults_injected"]
-          and s["steps_lost_bound_violations"] == 0 and s["weights_equal"] == s["weights_compared"])
+          and s["steps_lost_bound_violations"] == 0 and s["weights_equal"] == s["weights_compared"]
+          and s["checkpoints_lost"] == 0)
     return 0 if ok else 1
 
 

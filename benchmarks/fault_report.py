@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import statistics
 
+from fault_checks import restores_past_checkpoint
+
 from nereus.runtime.run.schedules import parse_pool_schedule
 from nereus.runtime.worker.fault_tolerant import FAULT_POINTS
 
@@ -41,11 +43,15 @@ def summarize(runs: list[dict], refs: dict, wall_s: float, args, hang_timeout_s:
         "runs": len(runs),
         "runs_hung": sum(1 for r in runs if r["hung"]),
         "runs_failed": sum(1 for r in runs if r["error"] and not r["hung"]),
-        "reference_runs": len(refs),
+        "reference_runs": sum(1 for x in refs.values() if not x.get("skipped")),
         "reference_runs_hung": sum(1 for x in refs.values() if x["hung"]),
         "recoveries": len(recs),
         "recoveries_live": sum(1 for ev in recs if ev.get("source") == "live"),
         "recoveries_checkpoint": sum(1 for ev in recs if ev.get("source") == "checkpoint"),
+        # lost before the first checkpoint existed: every model-stage rebuilt from its seed at step 0
+        # (run/fresh_start.py); a recovery counted under no source would hide such a fallback
+        "recoveries_initial": sum(1 for ev in recs if ev.get("source") == "initial"),
+        "recoveries_other_source": sum(1 for ev in recs if ev.get("source") not in ("live", "checkpoint", "initial")),
         "detect_s_max": max(detect, default=0.0),
         "detect_s_median": statistics.median(detect) if detect else 0.0,
         "detect_s_median_kill": _median([ev["detect_s"] for ev in recs if not ev["hung"]]),
@@ -58,12 +64,16 @@ def summarize(runs: list[dict], refs: dict, wall_s: float, args, hang_timeout_s:
         "steps_lost_no_full_copy": [ev.get("steps_lost", 0) for ev in partial],
         "steps_lost_bound_violations": sum(1 for ev in recs if ev.get("steps_lost", 0) > (
             0 if ev.get("full_copy") else ev.get("since_checkpoint", 0))),
+        # the last complete checkpoint gone or unusable at a run's end, or a restore past it (fault_checks.py)
+        "checkpoints_lost": sum(1 for r in runs if r.get("checkpoint_problem"))
+        + sum(restores_past_checkpoint(r["recoveries"]) for r in runs),
         "weights_equal": sum(1 for r in compared if r["weights_equal"]),
         "weights_compared": len(compared),
         "weights_max_abs_diff": max((r["max_abs_diff"] for r in compared), default=0.0),
         "replays_hung": sum(1 for r in runs if r.get("replay_hung")),
         "reference_equal": sum(1 for r in compared if r["reference_equal"]),
-        "layout_drift_max": max((r["layout_drift"] for r in compared), default=0.0),
+        "layout_drift_max": max((r["layout_drift"] for r in compared if r["layout_drift"] is not None),
+                                default=None if any(x.get("skipped") for x in refs.values()) else 0.0),
         "layouts_as_reference": sum(1 for r in compared if r["layouts_as_reference"]),
         "reference_equal_same_layouts": sum(1 for r in compared if r["layouts_as_reference"] and r["reference_equal"]),
         "wall_s": wall_s,
@@ -96,7 +106,8 @@ def by_kind(runs: list[dict]) -> dict[str, dict]:
     """Per fault kind (:func:`_kinds`): faults fired, how their recoveries went (``live``: state moved
     from the survivors; ``checkpoint``: restored from the durable checkpoint) and recovery seconds
     (rollback to new plan ready, median and max), over the recoveries that name a worker of the
-    fault at its step; ``lost_state``: faults of runs that did not finish or whose final state
+    fault at its step; ``initial``: rebuilt from the seeds at step 0, no checkpoint written yet
+    (``run/fresh_start.py``); ``lost_state``: faults of runs that did not finish or whose final state
     differs from the replay (must be 0)."""
     acc: dict[str, dict] = {}
     for r in runs:
@@ -108,10 +119,11 @@ def by_kind(runs: list[dict]) -> dict[str, dict]:
                 continue
             evs = [ev for ev in r["recoveries"] if ev["step"] == f["step"] and set(ev["lost"]) & set(f["fired"])]
             for kind in _kinds(f, joins, departures):
-                a = acc.setdefault(kind, {"faults": 0, "live": 0, "checkpoint": 0, "lost_state": 0, "_s": []})
+                a = acc.setdefault(kind, {"faults": 0, "live": 0, "checkpoint": 0, "initial": 0, "lost_state": 0,
+                                          "_s": []})
                 a["faults"] += 1
-                a["live"] += sum(1 for ev in evs if ev.get("source") == "live")
-                a["checkpoint"] += sum(1 for ev in evs if ev.get("source") == "checkpoint")
+                for source in ("live", "checkpoint", "initial"):
+                    a[source] += sum(1 for ev in evs if ev.get("source") == source)
                 a["lost_state"] += int(not (r["completed"] and r["weights_equal"]))
                 a["_s"] += [ev["recovery_s"] for ev in evs if ev.get("recovery_s") is not None]
     for a in acc.values():
@@ -144,8 +156,9 @@ def tables(summary: dict, runs: list[dict]):
         ("faults survived", f"{s['faults_survived']} / {s['faults_injected']}"),
         ("runs hung (wall-clock bound exceeded)", f"{s['runs_hung']} / {s['runs']}"),
         ("runs failed", f"{s['runs_failed']} / {s['runs']}"),
-        ("recoveries (live / from checkpoint)",
-         f"{s['recoveries']} ({s['recoveries_live']} / {s['recoveries_checkpoint']})"),
+        ("recoveries (live / from checkpoint / from the seeds at step 0)",
+         f"{s['recoveries']} ({s['recoveries_live']} / {s['recoveries_checkpoint']} / {s['recoveries_initial']})"
+         + (f"; {s['recoveries_other_source']} of no known source" if s["recoveries_other_source"] else "")),
         ("detection time max / median", f"{s['detect_s_max']:.2f}s / {s['detect_s_median']:.2f}s"),
         ("detection median: killed / hung",
          f"{_fmt(s['detect_s_median_kill'])} / {_fmt(s['detect_s_median_hang'])}"),
@@ -155,15 +168,19 @@ def tables(summary: dict, runs: list[dict]):
         ("steps lost where no full copy survived",
          f"{s['steps_lost_no_full_copy']} ({s['recoveries_no_full_copy']} recoveries)"),
         ("recoveries losing more than allowed", str(s["steps_lost_bound_violations"])),
+        ("checkpoints lost (last complete one gone or failing --resume's checks at a run's end, or restored past)",
+         str(s["checkpoints_lost"])),
         ("final weights equal to the fault-free run on the same plans (replay)",
          f"{s['weights_equal']} / {s['weights_compared']} runs (max |diff| {s['weights_max_abs_diff']:.2e})"),
         ("  layout drift: equal to the fault-free run on its own plans",
+         "not measured (--no-drift)" if s["layout_drift_max"] is None else
          f"{s['reference_equal']} / {s['weights_compared']} runs (max |diff| {s['layout_drift_max']:.2e}; "
          f"{s['reference_equal_same_layouts']} of the {s['layouts_as_reference']} runs on its layouts)"),
     ]
     for kind, a in sorted(s.get("by_kind", {}).items()):
-        rows.append((f"  {kind}: faults, recovered live / from checkpoint, state lost; recovery median / max",
-                     f"{a['faults']}, {a['live']} / {a['checkpoint']}, {a['lost_state']}; "
+        rows.append((f"  {kind}: faults, recovered live / from checkpoint / from the seeds, state lost; "
+                     "recovery median / max",
+                     f"{a['faults']}, {a['live']} / {a['checkpoint']} / {a['initial']}, {a['lost_state']}; "
                      f"{_fmt(a['recovery_s_median'])} / {_fmt(a['recovery_s_max'])}"))
     for a, b in rows:
         t.add_row(a, b)
@@ -174,7 +191,7 @@ def tables(summary: dict, runs: list[dict]):
     for i, r in enumerate(runs):
         end = ("HUNG" if r["hung"] else "failed" if r["error"] else
                f"= replay ({r['max_abs_diff']:.0e})" if r["weights_equal"] else f"differs ({r['max_abs_diff']:.1e})")
-        drift = f"{r['layout_drift']:.1e}" if r["completed"] else "-"
+        drift = f"{r['layout_drift']:.1e}" if r["completed"] and r["layout_drift"] is not None else "-"
         per.add_row(str(i), r["algorithm"], str(r["workers"]), str(r["checkpoint_every"]),
                     str(sum(len(f["fired"]) for f in r["faults"])), str(len(r["recoveries"])),
                     str(sum(ev.get("steps_lost", 0) for ev in r["recoveries"])), f"{r['seconds']:.0f}", end, drift)

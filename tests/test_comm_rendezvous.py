@@ -122,3 +122,37 @@ def test_a_member_lost_after_arriving_releases_its_peer_from_the_groups_own_buil
     for x in ws:
         x.join(60)
     assert ones[0].tolist() == [3.0, 3.0, 3.0] == ones[1].tolist()  # 1 + 2 on both ranks
+
+
+def test_the_abandoned_build_helper_ends_at_the_release_not_at_the_group_timeout():
+    # issue 30's known gap: after the release, the helper thread building the gloo group stayed blocked
+    # in the store (a thread and a half-built gloo context) until the group timeout; its store is now a
+    # _Releasable whose blocking reads give up once the build is abandoned
+    import datetime
+
+    master = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=datetime.timedelta(seconds=60))
+    client = dist.TCPStore("127.0.0.1", master.port, is_master=False, timeout=datetime.timedelta(seconds=60))
+    master.set("t/gone/arrived/1", b"1")  # rank 1 arrived, then died before publishing its address
+    meter = Meter()
+    meter.abort = threading.Event()
+    before = {t for t in threading.enumerate() if t.name == "group-build"}
+    box = {}
+
+    def build():
+        try:
+            new_group(client, "t/gone", (0, 1), 0, meter, timeout_s=3600.0)
+        except CommError as e:
+            box["error"] = str(e)
+
+    t = threading.Thread(target=build, daemon=True)
+    t.start()
+    while not master.check(["t/gone/arrived/0"]):
+        t.join(0.01)
+    t.join(0.2)
+    helpers = [h for h in threading.enumerate() if h.name == "group-build" and h not in before]
+    assert t.is_alive() and len(helpers) == 1 and helpers[0].is_alive()  # blocked in the build
+    meter.abort.set()
+    t.join(60)
+    assert "while the group was being built" in box["error"], box
+    helpers[0].join(60)  # blocked until the group timeout, it would still be running (an hour)
+    assert not helpers[0].is_alive()

@@ -7,6 +7,10 @@ workers are stand-ins recording every call.
   step 0 the run ends with one line naming the lost workers and the model-stage whose only copy went.
 * A recovery whose transition the live executor cannot run (``transit/sharded.live_unsupported``
   gives a reason) restores the durable checkpoint instead of raising.
+* A decision that must restart (``AdaptiveRun._apply``) with no checkpoint written yet (the first save
+  abandoned): it read ``current`` unconditionally and crashed; now the live state is re-laid out through
+  the driver while every training model-stage has an intact replica, step 0 is rebuilt from the seeds
+  otherwise, and past step 0 the run ends with one line (``fresh_start.restore_or_rebuild``).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import pytest
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+from nereus.runtime.durable import driver_side as durable  # noqa: E402
 from nereus.runtime.rl.task import DigitTask  # noqa: E402
 from nereus.runtime.run import recovery  # noqa: E402
 from nereus.runtime.run.adaptive import AdaptiveRun  # noqa: E402
@@ -109,6 +114,17 @@ def test_a_training_stage_lost_before_the_first_checkpoint_restarts_from_the_see
     assert any("rebuilt every model-stage from its seed at step 0" in s for s in lines), lines
 
 
+def test_the_recovery_names_every_worker_the_pool_lost_since_the_boundary(tmp_path):
+    # bench_faults seed 9001: worker 1 died in a checkpoint save and worker 4 a second later, found by
+    # the abandoned save's wait (which swallows its WorkerLost); the recovery named worker 1 only
+    run, calls, lines, target = _run(tmp_path, lost=[0, 1], step_index=0, updates=0)
+    run.driver.pool.lost_ids = [5, 1, 0]  # worker 5 was lost before this boundary
+    run._bnd["lost_at"] = 1
+    run._recover(WorkerLost("lost in dcp_save", [0], 0.5), -1, "checkpoint save")
+    assert run.recoveries[-1]["lost"] == [0, 1], run.recoveries[-1]
+    assert any("lost worker(s) 0-1 during the checkpoint save" in s for s in lines), lines
+
+
 def test_a_training_stage_lost_past_step_0_without_a_checkpoint_ends_with_one_line(tmp_path):
     run, calls, lines, _ = _run(tmp_path, lost=[0, 1], step_index=3, updates=3)
     with pytest.raises(NoCheckpoint) as err:
@@ -131,7 +147,7 @@ def test_a_lost_stage_with_a_checkpoint_still_restores_it(tmp_path, monkeypatch)
         d.step_index, d.updates = 2, 2
         return {"seconds": 0.25}
 
-    monkeypatch.setattr(recovery.durable, "restart", restart)
+    monkeypatch.setattr(durable, "restart", restart)
     run._recover(WorkerLost("lost in train", [0, 1], 0.5), 3, "step")
     assert restored == [(str(tmp_path / "current"), target)]
     ev = run.recoveries[-1]
@@ -160,7 +176,7 @@ def test_a_recovery_the_live_executor_cannot_run_restores_the_checkpoint(tmp_pat
         d.step_index, d.updates = 0, 0
         return {"seconds": 0.25}
 
-    monkeypatch.setattr(recovery.durable, "restart", restart)
+    monkeypatch.setattr(durable, "restart", restart)
     run._recover(WorkerLost("lost in train", [3], 0.5), 3, "step")
     assert seen and seen[0][0] is est.dag and seen[0][1][1] == target
     assert restored == [target]
@@ -172,7 +188,6 @@ def test_a_recovery_the_live_executor_cannot_run_restores_the_checkpoint(tmp_pat
 
 
 def test_a_worker_lost_in_the_first_save_is_recovered_and_the_first_checkpoint_taken_again(tmp_path, monkeypatch):
-    from nereus.runtime.durable import driver_side as durable
     from nereus.runtime.durable import scheduling, store
     from nereus.runtime.run.fresh_start import has_checkpoint
 
@@ -195,3 +210,65 @@ def test_a_worker_lost_in_the_first_save_is_recovered_and_the_first_checkpoint_t
     assert len(began) == 2 and [ev["source"] for ev in run.recoveries] == ["initial"]
     assert [c["step"] for c in run.checkpoints] == [0] and has_checkpoint(store.current_dir(str(tmp_path)))
     assert not os.path.exists(began[0])  # the abandoned slot is removed
+
+
+def _restart_decision(run, target):
+    """A ``Restart``-like decision (not Keep, not Transition) onto ``target``."""
+    return types.SimpleNamespace(kind="restart", reason="test", plan=target)
+
+
+def _failing_first_save(monkeypatch):
+    """Every checkpoint write fails (a full disk): the save is abandoned and no checkpoint exists."""
+    from nereus.runtime.durable import scheduling
+
+    def begin_save(driver, directory, model_stages=None, background=False):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(scheduling.durable, "begin_save", begin_save)
+
+
+def test_a_restart_decision_without_any_checkpoint_relays_out_the_live_state(tmp_path, monkeypatch):
+    # no worker lost, no live DAG (e.g. from the time-shared plan), and the save the restart path takes
+    # first fails: the engines still hold the state, so it is re-laid out through the driver (exact)
+    from nereus.runtime.run import relayout as relayout_mod
+
+    run, calls, lines, target = _run(tmp_path, lost=[], step_index=3, updates=6)
+    d = run.driver
+    d.step_index, d.updates = 4, 8  # after step 3
+    monkeypatch.setattr(run, "_live", lambda *a, **k: (None, "no live path"))
+    _failing_first_save(monkeypatch)
+    moved = []
+
+    def relayout(driver, plan, ckpt=None):
+        moved.append((plan, ckpt))
+        return {"seconds": 0.5, "source": "live", "steps_lost": 0}
+
+    monkeypatch.setattr(relayout_mod, "relayout", relayout)
+    monkeypatch.setattr(durable, "restart", lambda *a: pytest.fail("there is no checkpoint to restore"))
+    ev = run._apply(_restart_decision(run, target), 3, "after step")
+    assert moved == [(target, None)]
+    assert (ev["source"], ev["steps_lost"], d.step_index, d.updates) == ("relayout", 0, 4, 8), ev
+    assert any("abandoned (write failed: No space left on device)" in s for s in lines), lines
+    assert any(s.startswith("  restart (after step) from the live state (no checkpoint written yet)") for s in lines)
+
+
+def test_a_restart_decision_at_step_0_without_a_checkpoint_rebuilds_from_the_seeds(tmp_path, monkeypatch):
+    # a departure without notice before step 0 took both workers of actor.train and the first save
+    # had failed: nothing to restore, nothing live to re-lay out, but step 0's state is the seeds'
+    run, calls, lines, target = _run(tmp_path, lost=[0, 1], step_index=0, updates=0)
+    d = run.driver
+    d.step_index = d.updates = 0
+    monkeypatch.setattr(durable, "restart", lambda *a: pytest.fail("there is no checkpoint to restore"))
+    ev = run._apply(_restart_decision(run, target), 0, "pool change")
+    assert (ev["source"], ev["steps_lost"], d.step_index, d.updates) == ("initial", 0, 0, 0), ev
+    built = {(i, a[0]) for i, m, a, _ in calls if m == "build"}
+    assert built == {(2, ms.name) for ms in d.wf.model_stages}  # every model-stage on survivor 2, from its seed
+
+
+def test_a_restart_decision_past_step_0_without_a_checkpoint_or_a_replica_ends_with_one_line(tmp_path, monkeypatch):
+    run, calls, lines, target = _run(tmp_path, lost=[0, 1], step_index=3, updates=6)
+    run.driver.step_index, run.driver.updates = 3, 6
+    with pytest.raises(NoCheckpoint) as err:
+        run._apply(_restart_decision(run, target), 3, "pool change")
+    assert str(err.value) == "step 3: a restart was needed, and no checkpoint was written to restore", err.value
+    assert not any(m == "build" for _, m, _, _ in calls)

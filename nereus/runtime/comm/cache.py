@@ -79,8 +79,9 @@ class GroupCache:
 
     def forget(self, worker: int) -> list[str]:
         """Drop every communicator that has ``worker`` as a member; returns their names."""
-        gone = [k for k in self._groups if int(worker) in k[0]]
-        return [self._groups.pop(k).name for k in gone]
+        # ``clear`` may run meanwhile in another thread (a worker's cancel): read a copy, pop tolerantly
+        gone = [k for k in list(self._groups) if int(worker) in k[0]]
+        return [g.name for g in (self._groups.pop(k, None) for k in gone) if g is not None]
 
     def clear(self) -> None:
         """Drop every communicator (after a failure: a peer may be gone)."""
@@ -88,7 +89,7 @@ class GroupCache:
 
     def members(self) -> list[tuple[int, ...]]:
         """The member tuples of the communicators held, in the order they were built."""
-        return [k[0] for k in self._groups]
+        return [k[0] for k in list(self._groups)]
 
     def stats(self) -> dict:
         """``{"built", "reused", "setup_s", "held"}``: counts, seconds building, groups held."""

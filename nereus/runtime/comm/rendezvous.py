@@ -22,10 +22,13 @@ nothing releases, for the group timeout. :func:`build_released` closes that wind
 built in a helper thread over a store client of its own (a second ``TCPStore`` connection to the
 same server, so a blocked wait holds no socket or lock the worker's other calls need), while the
 calling thread polls ``abort`` as :func:`arrive` does; once it is set the call raises
-:class:`RendezvousAborted` and abandons the helper, whose wait then ends at the group timeout with
-an error nobody reads. The second connection is shared by the worker's successive builds (and the
-groups built on it) and replaced after an abandoned build, so a worker holds two connections to the
-store, not one per group.
+:class:`RendezvousAborted` and abandons the helper. The helper's store is a :class:`_Releasable`
+wrapper of that client whose blocking reads (``get``, ``wait``) poll ``check`` and give up as soon as
+the build is abandoned, so the abandoned helper ends within a poll interval; before, it stayed
+blocked in the store (a thread and a half-built gloo context) until the group timeout, 15-60 s after
+the recovery had started. The second connection is shared by the worker's successive builds (and
+the groups built on it) and replaced after an abandoned build, so a worker holds two connections to
+the store, not one per group.
 
 Not covered: NCCL builds its communicator lazily at the first collective, whose release is the NCCL
 watchdog's (``TORCH_NCCL_ASYNC_ERROR_HANDLING``), not this module's.
@@ -91,6 +94,66 @@ def arrive(store, rank: int, size: int, timeout_s: float, abort: threading.Event
     return time.perf_counter() - t0
 
 
+def _releasable_class():
+    """:class:`_Releasable`, defined on first use (``torch.distributed`` is imported lazily here)."""
+    global _Releasable
+    if _Releasable is not None:
+        return _Releasable
+    import torch.distributed as dist
+
+    class Releasable(dist.Store):
+        """A ``Store`` over ``inner`` whose blocking reads poll ``inner.check`` (1 ms doubling to 20 ms)
+        and raise ``RuntimeError`` once ``released()`` is true or ``timeout_s`` has passed, so a gloo
+        build blocked in it (waiting for a lost member's address) ends when it is abandoned."""
+
+        def __init__(self, inner, released, timeout_s: float) -> None:
+            super().__init__()
+            self.inner, self.released, self.timeout_s = inner, released, float(timeout_s)
+
+        def _until(self, keys) -> None:
+            t0, delay = time.perf_counter(), POLL_MIN_S
+            while not self.inner.check(list(keys)):
+                if self.released():
+                    raise RuntimeError(f"group build abandoned ({RELEASED}) while waiting for {list(keys)}")
+                if time.perf_counter() - t0 > self.timeout_s:
+                    raise RuntimeError(f"keys {list(keys)} not set within {self.timeout_s:.0f}s")
+                time.sleep(delay)
+                delay = min(2 * delay, POLL_MAX_S)
+
+        def get(self, key):
+            self._until([key])
+            return self.inner.get(key)
+
+        def wait(self, keys, timeout=None):
+            self._until(keys)
+
+        def set(self, key, value):
+            return self.inner.set(key, value)
+
+        def add(self, key, value):
+            return self.inner.add(key, value)
+
+        def check(self, keys):
+            return self.inner.check(keys)
+
+        def compare_set(self, key, expected, desired):
+            return self.inner.compare_set(key, expected, desired)
+
+        def delete_key(self, key):
+            return self.inner.delete_key(key)
+
+        def num_keys(self):
+            return self.inner.num_keys()
+
+        def set_timeout(self, timeout):
+            return self.inner.set_timeout(timeout)
+
+    _Releasable = Releasable
+    return Releasable
+
+
+_Releasable = None
+
 #: the helper threads' store clients, by (host, port, timeout): one per worker process and store
 _SPARE: dict = {}
 _SPARE_LOCK = threading.Lock()
@@ -100,9 +163,10 @@ def build_released(build, store, timeout_s: float, abort: threading.Event):
     """``build(client)`` in a helper thread, released by ``abort`` (module docstring).
 
     Args:
-        build: builds the group from a store client, e.g. ``lambda s:
-            ProcessGroupGloo(PrefixStore(name, s), rank, size, timeout)``; its blocking store waits
-            run in the helper thread.
+        build: builds the group from a store, e.g. ``lambda s:
+            ProcessGroupGloo(PrefixStore(name, s), rank, size, timeout)``; it gets a
+            :class:`_Releasable` over the client, so its store waits run in the helper thread and end
+            once the build is abandoned.
         store: the worker's store client; a ``TCPStore`` is not shared with the helper, which uses
             a client of its own to the same host and port (timeout ``timeout_s``; shared by this
             process's builds until one is abandoned); any other store (an in-process ``HashStore``)
@@ -137,7 +201,7 @@ def build_released(build, store, timeout_s: float, abort: threading.Event):
                         client = _SPARE[key] = dist.TCPStore(store.host, store.port, is_master=False,
                                                              timeout=datetime.timedelta(seconds=timeout_s))
                     box["client"] = client
-            box["out"] = build(client)
+            box["out"] = build(_releasable_class()(client, lambda: bool(box.get("abandoned")), timeout_s))
         except BaseException as e:  # noqa: BLE001  (re-raised in the calling thread)
             box["error"] = e
 
@@ -149,7 +213,7 @@ def build_released(build, store, timeout_s: float, abort: threading.Event):
         helper.join(delay)
         delay = min(2 * delay, POLL_MAX_S)
         if helper.is_alive() and abort.is_set():
-            with _SPARE_LOCK:  # the abandoned helper keeps its client, blocked; the next build opens another
+            with _SPARE_LOCK:  # the abandoned helper gives up at its next poll; the next build opens another client
                 box["abandoned"] = True
                 if key is not None and _SPARE.get(key) is box.get("client"):
                     _SPARE.pop(key, None)

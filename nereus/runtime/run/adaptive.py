@@ -54,6 +54,7 @@ from nereus.runtime.run import vllm_driver as vd
 from nereus.runtime.run.config import RLConfig
 from nereus.runtime.run.device_model import cpu_gpu_spec, runtime_job, worker_cores
 from nereus.runtime.run.driver import RLDriver
+from nereus.runtime.run.fresh_start import RESTART_FROM, restore_or_rebuild
 from nereus.runtime.run.plans import format_workers, plan_diff, shared_plan
 from nereus.runtime.run.pool import WorkerPool
 from nereus.runtime.run.recovery import RecoveryMixin
@@ -406,15 +407,14 @@ class AdaptiveRun(RecoveryMixin, CheckpointingMixin):
         before = d.step_index
         d._get([w.transition_end.remote("") for w in d.workers if w is not None], "drop units")
         vd.stop_vllm_engines(d)  # --rollout vllm: the engines restart in the target layout after the load
-        info = durable.restart(d, self._ckpt_path(), target)
+        info, source = restore_or_rebuild(self, target, "a restart was needed", live_state=intact)  # fresh_start.py
         if vd.start_vllm_engines(d):
             self.log(f"  vLLM engines restarted: start {max(d.vllm_info['start_s']):.1f}s")
         self.ctl.resume(self.planner.estimate(self.job_at(self.last_len), target, alive))
-        ev.update(source="checkpoint", seconds=info["seconds"], steps_lost=before - d.step_index,
-                  plan=format_plan(target))
+        ev.update(source=source, seconds=info["seconds"], steps_lost=before - d.step_index, plan=format_plan(target))
         if dec.plan is None:
             self.log("  restart: the planner found no plan; time-sharing the live workers")
-        self.log(f"  restart ({when}) from the durable checkpoint of step {d.step_index} in {info['seconds']:.2f}s, "
+        self.log(f"  restart ({when}) from {RESTART_FROM[source]} of step {d.step_index} in {info['seconds']:.2f}s, "
                  f"steps lost: {before - d.step_index}")
         self.log("  plan:\n" + format_plan(target, indent="    "))
         self.events.append(ev)

@@ -12,6 +12,15 @@ every model-stage in the target layout from its seed (:func:`restart_initial`) t
 the boundary's state exactly and loses no step (``tests/test_runtime_faults.py``: such a run ends bit for
 bit at a fault-free run started on the survivors). Past step 0 (or in a resumed run) it does not: the run
 ends with :class:`NoCheckpoint`, one line naming what was lost.
+
+:func:`restore_or_rebuild` picks the source for every path that restarts from stored state: a
+recovery that cannot go live (``run/recovery.py``) and a decision that must restart rather than move
+live (``AdaptiveRun._apply``: a departure without notice took a training model-stage's last
+replica, or no live DAG exists). The latter read ``current`` unconditionally and crashed with a raw
+``FileNotFoundError`` when no checkpoint had been completed yet (the first save abandoned: a full
+disk, a worker lost in every attempt); now, while every training model-stage still has an intact
+replica, the engines' live state is re-laid out through the driver (``run/relayout.py``, exact),
+and otherwise the run rebuilds step 0 from the seeds or ends with one line.
 """
 
 from __future__ import annotations
@@ -21,7 +30,13 @@ import time
 
 from nereus.runtime.worker.failures import WorkerFailure
 
-__all__ = ["NoCheckpoint", "has_checkpoint", "initial_state_reproducible", "restart_initial"]
+__all__ = ["NoCheckpoint", "RESTART_FROM", "has_checkpoint", "initial_state_reproducible", "restart_initial",
+           "restore_or_rebuild"]
+
+#: what a restart of each source (:func:`restore_or_rebuild`) started from, for the run's log line
+RESTART_FROM = {"checkpoint": "the durable checkpoint",
+                "relayout": "the live state (no checkpoint written yet), re-laid out through the driver,",
+                "initial": "the seeds (no checkpoint written yet)"}
 
 
 class NoCheckpoint(WorkerFailure):
@@ -69,3 +84,40 @@ def restart_initial(driver, target) -> dict:
     driver.step_index = driver.updates = 0
     t2 = time.perf_counter()
     return {"seconds": t2 - t0, "teardown_s": t1 - t0, "build_s": t2 - t1}
+
+
+def restore_or_rebuild(run, target, why: str, live_state: bool = False) -> tuple[dict, str]:
+    """Bring ``run``'s driver to ``target`` from stored state: the last complete durable checkpoint
+    (``durable.restart``); without one, the engines' live state re-laid out through the driver when
+    ``live_state`` (every training model-stage has an intact replica whose engines still hold their
+    state: ``run/relayout.py``, exact, no step lost; not with ``--rollout vllm``, whose engines the
+    caller starts); else step 0's initial state rebuilt from the
+    seeds (:func:`restart_initial`) when the driver is at it (:func:`initial_state_reproducible`).
+
+    Args:
+        run: the :class:`~nereus.runtime.run.adaptive.AdaptiveRun` (its ``driver``, ``resume`` and
+            ``_ckpt_path()``).
+        target: the plan to restart on.
+        why: what made the restart necessary, for the :class:`NoCheckpoint` message.
+        live_state: the engines hold the boundary's state (not after a rollback, which drops them).
+
+    Returns:
+        ``(info, source)``: ``info`` has ``"seconds"``; ``source`` is ``"checkpoint"``, ``"relayout"``
+        or ``"initial"``.
+
+    Raises:
+        NoCheckpoint: none of the three applies (one line with ``why``).
+        ValueError: ``target`` is invalid or uses workers that left (from the restart called).
+        WorkerLost: a worker was lost during the restart.
+    """
+    from nereus.runtime.durable import driver_side as durable
+    from nereus.runtime.run.relayout import relayout
+
+    d = run.driver
+    if has_checkpoint(run._ckpt_path()):
+        return durable.restart(d, run._ckpt_path(), target), "checkpoint"
+    if live_state and d.cfg.rollout != "vllm":  # (relayout starts vLLM engines itself; the caller does here)
+        return relayout(d, target), "relayout"
+    if initial_state_reproducible({"step_index": d.step_index, "updates": d.updates}, run.resume):
+        return restart_initial(d, target), "initial"
+    raise NoCheckpoint(f"step {d.step_index}: {why}, and no checkpoint was written to restore")

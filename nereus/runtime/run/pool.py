@@ -110,6 +110,7 @@ class WorkerPool:
         self.progress_bound_s: float | None = None  # seconds without progress before a busy worker is slow
         self.phase_bounds_s: dict[str, float] = {}  # longer bounds of some phases (run/faults.py, Progress)
         self.start_timeout_s: float | None = None  # seconds workers may take to start (None: 4x timeout + 60)
+        self.lost_ids: list[int] = []  # every worker removed as lost (remove(force=True)), in order
 
     def start(self) -> WorkerPool:
         """Attach to (``address``) or start Ray, host the store and start the workers.
@@ -189,7 +190,8 @@ class WorkerPool:
         if self.workers[i] is not None:
             ray.kill(self.workers[i])
             self.workers[i] = None
-            if force:
+            if force:  # lost (dead, hung or slow): recorded for the recovery that follows (run/recovery.py)
+                self.lost_ids.append(i)
                 _kill_local(self.pids[i] if i < len(self.pids) else None)
             # every remaining worker drops the communicators it shared with ``i`` (comm/cache.py);
             # queued behind each actor's earlier calls, not waited on here

@@ -19,13 +19,12 @@ import time
 from nereus.controller.decisions import Keep
 from nereus.controller.monitor import StepReport
 from nereus.planner.notation import format_gpus, format_plan
-from nereus.runtime.durable import driver_side as durable
 from nereus.runtime.run import vllm_driver as vd
 from nereus.runtime.run.fresh_start import (
     NoCheckpoint,
     has_checkpoint,
     initial_state_reproducible,
-    restart_initial,
+    restore_or_rebuild,
 )
 from nereus.runtime.run.relayout import train_stages
 from nereus.runtime.transit.driver_side import TransitionExecutor
@@ -52,7 +51,7 @@ class RecoveryMixin:
         d = self.driver
         for _attempt in range(4):
             self._bnd = {"plan": Plan(candidates=tuple(d.cands.values())), "step_index": d.step_index,
-                         "updates": d.updates}
+                         "updates": d.updates, "lost_at": len(getattr(d.pool, "lost_ids", None) or [])}
             try:
                 d._get([w.snapshot.remote() for w in d.workers if w is not None], "snapshot")
                 return
@@ -181,6 +180,14 @@ class RecoveryMixin:
         raise WorkerFailure(f"step {k}: the recovery kept failing; gave up after 4 attempts (the durable checkpoint "
                             f"of step {self.ckpt_step} is kept)")
 
+    def _name_all_lost(self, e: WorkerLost) -> None:
+        """Add to ``e.lost`` every worker the pool removed as lost since the boundary
+        (``WorkerPool.lost_ids``), also those found by a wait whose ``WorkerLost`` was not raised here
+        (the writers' wait of an abandoned checkpoint, ``durable/scheduling.py``): the recovery event
+        names every worker lost (issue 30: bench_faults seed 9001 lost one unnamed)."""
+        since = (getattr(self.driver.pool, "lost_ids", None) or [])[self._bnd.get("lost_at", 0):]
+        e.lost = sorted(set(e.lost) | set(since))
+
     def _recover_once(self, e: WorkerLost, k: int, when: str, force_checkpoint: bool = False) -> None:
         """Roll back to the boundary, replan on the survivors and move state there live (module
         docstring); a training model-stage with no intact replica (or ``force_checkpoint``) restores
@@ -189,6 +196,7 @@ class RecoveryMixin:
         if not e.lost:
             self.log(f"  recovering from a failure during the {when} of step {k} ({str(e)[:160]})")
         self._inject_in_recovery(k)
+        self._name_all_lost(e)
         how = ("slow (no progress)" if getattr(e, "slow", None) else "hung") if e.hung else "died"
         waited = getattr(e, "wait_s", None)
         self.log(f"  lost worker(s) {format_gpus(e.lost)} during the {when} of step {k} ({how}; detected in "
@@ -215,6 +223,7 @@ class RecoveryMixin:
             target = self._first_plan(usable)
         target = self._legal(d, target)
         keep = vd.stop_changed(d, bplan, target)  # --rollout vllm: engines of changed replicas stop, restart below
+        self._name_all_lost(e)  # (and any lost while the save in flight was completed)
         ev = {"step": k, "when": "recovery", "kind": "recovery", "reason": str(e), "lost": e.lost,
               "detect_s": e.detect_s, "hung": e.hung, "slow": list(getattr(e, "slow", []) or []),
               "attempt": when, "wait_s": waited, "slow_in": list(getattr(e, "slow_in", []) or []),
@@ -239,16 +248,13 @@ class RecoveryMixin:
                    "the live recovery failed" if force_checkpoint else unsupported or
                    (est.reason if est is not None else "no live path from the boundary plan"))
             d._get([d.workers[i].transition_end.remote("") for i in sorted(alive)], "drop units")
-            if has_checkpoint(self._ckpt_path()):
-                info = durable.restart(d, self._ckpt_path(), target)
-                source, what = "checkpoint", f"restored the durable checkpoint of step {d.step_index}"
-            elif initial_state_reproducible(self._bnd, self.resume):  # before the first checkpoint (fresh_start.py)
-                info = restart_initial(d, target)
-                source, what = "initial", "no checkpoint written yet: rebuilt every model-stage from its seed at step 0"
-            else:
+            if not has_checkpoint(self._ckpt_path()) and not initial_state_reproducible(self._bnd, self.resume):
                 raise NoCheckpoint(f"worker(s) {sorted(e.lost)} lost before the first checkpoint was written; "
                                    + (f"the only copy of {', '.join(lost_train)} is gone" if lost_train else
                                       f"{why} and no checkpoint exists to restore"))
+            info, source = restore_or_rebuild(self, target, why)  # the checkpoint, else step 0 (fresh_start.py)
+            what = (f"restored the durable checkpoint of step {d.step_index}" if source == "checkpoint" else
+                    "no checkpoint written yet: rebuilt every model-stage from its seed at step 0")
             lost = self._bnd["step_index"] - d.step_index
             ev.update(source=source, steps_lost=lost, seconds=info["seconds"])
             self.log(f"  {why}: {what} in {info['seconds']:.2f}s; steps lost: {lost}")

@@ -131,10 +131,16 @@ class FaultTolerantWorker(WorkerCore):
         when a peer is lost, so calls queued behind a failed one do not each wait for a
         communicator timeout on the lost peer), and release the rendezvous the running call waits in
         (``comm/rendezvous.py``: it raises ``CommError`` at once instead of waiting for the group
-        timeout for a member that will never arrive). A ``late`` fault still armed goes off from now
+        timeout for a member that will never arrive). It also drops every communicator held outside
+        the engines (the transitions' cache): a peer blocked in a collective with this worker, whose
+        own part of it is now refused here, fails at once when the idle communicator's sockets close,
+        not at the group timeout (a recovery's transition waited 15 s for it; a communicator in use by
+        a running call lives until that call ends). A ``late`` fault still armed goes off from now
         (:meth:`arm`)."""
         self._cancelled = True
         self.meter.abort.set()
+        self.transit.comms.clear()  # the rollback rebuilds every communicator anyway (restore)
+        self.groups.clear()
         armed = getattr(self, "_armed", None)
         if armed and armed[1].startswith("late:"):  # its call will be refused: it goes off from now (arm)
             self._armed = None
