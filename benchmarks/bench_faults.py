@@ -31,7 +31,8 @@ writers), so every armed fault fires; a fault that did not fire anyway is disarm
 A killed worker is replaced by a fresh one a step later (a spot replacement), so a run can take a
 fault every step. Every run is bounded by a wall-clock timeout: a run that exceeds it counts as hung.
 
-Reported: faults injected and survived (the run finished all its steps after recovering from it),
+Reported: faults injected and survived (a recovery named the worker, the run finished all its steps
+after it, live or from a checkpoint, and ended at the state of its replay),
 runs that hung (must be 0), detection time (max, median), logical state lost (steps lost: 0
 wherever a full copy of every training model-stage survived, else at most the steps since the last
 durable checkpoint), recovery time, and whether each run ended at the weights of its **replay**: a

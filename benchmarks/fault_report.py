@@ -25,8 +25,11 @@ def summarize(runs: list[dict], refs: dict, wall_s: float, args, hang_timeout_s:
     full = [ev for ev in recs if ev.get("full_copy")]
     partial = [ev for ev in recs if not ev.get("full_copy")]
     by_point = {p: sum(1 for f, _ in per_worker if f["point"] == p) for p in FAULT_POINTS}
-    survived = sum(len(f["fired"]) for r in runs if r["completed"] for f in r["faults"] if f["state"] == "fired"
-                   and all(any(w in ev["lost"] for ev in r["recoveries"]) for w in f["fired"]))
+    # survived: the run went on (live or from a checkpoint) after a recovery naming the worker, finished
+    # all its steps and ended at its replay's state (issue 30's done-when: a run that kept going on a
+    # wrong state did not survive its faults)
+    survived = sum(len(f["fired"]) for r in runs if r["completed"] and r["weights_equal"] for f in r["faults"]
+                   if f["state"] == "fired" and all(any(w in ev["lost"] for ev in r["recoveries"]) for w in f["fired"]))
     compared = [r for r in runs if r["completed"]]
     return {
         "faults_injected": len(per_worker),

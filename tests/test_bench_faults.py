@@ -342,3 +342,27 @@ def test_a_late_fault_cut_to_one_worker_or_pending_at_the_run_end_is_counted():
     assert two.state == "armed"  # its second worker (5, alive) may still go off a second later
     run._settle(final=True)  # the run's end: nothing left pending
     assert (two.state, two.fired) == ("fired", [7])
+
+
+def test_a_fault_counts_as_survived_only_when_its_run_ends_at_its_replay_after_a_recovery_naming_it():
+    # issue 30's done-when: survived = the run went on (live or from a checkpoint), finished and ended
+    # at its replay's state; a run on a wrong state, or a worker no recovery named, did not survive
+    import argparse
+
+    _bench()
+    from fault_report import summarize
+
+    def ev(lost, source):
+        return {"step": 2, "lost": lost, "hung": [], "slow": [], "detect_s": 0.5, "source": source,
+                "steps_lost": 0, "recovery_s": 1.0, "full_copy": True, "since_checkpoint": 0}
+
+    def fault(fired):
+        return {"step": 2, "how": "kill", "phase": "step", "fired": fired, "second_how": "", "state": "fired",
+                "point": "generate", "workers": fired}
+
+    ok = _record([ev([0, 1], "live")], [fault([0, 1])])  # 2 survived
+    ckpt = _record([ev([3], "checkpoint")], [fault([3])])  # 1 survived (fell back to the checkpoint)
+    wrong = {**_record([ev([2], "live")], [fault([2])]), "weights_equal": False}  # 0: differs from the replay
+    unnamed = _record([ev([4], "live")], [fault([4, 5])])  # 0: no recovery named worker 5
+    s = summarize([ok, ckpt, wrong, unnamed], {}, 1.0, argparse.Namespace(seed=0, quick=False), 3.0)
+    assert (s["faults_injected"], s["faults_survived"]) == (6, 3), s
