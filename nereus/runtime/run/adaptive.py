@@ -60,6 +60,7 @@ from nereus.runtime.run.pool import WorkerPool
 from nereus.runtime.run.recovery import RecoveryMixin
 from nereus.runtime.run.relayout import intact_replica, train_stages
 from nereus.runtime.run.restart_cost import restart_charge
+from nereus.runtime.run.teardown import end_run, is_interrupt
 from nereus.runtime.run.vllm_warm import make_controller
 from nereus.runtime.transit.driver_side import TransitionExecutor
 from nereus.runtime.transit.sharded import live_unsupported, schedule_fault
@@ -216,7 +217,7 @@ class AdaptiveRun(RecoveryMixin, CheckpointingMixin):
         self._set_progress_bound()
         history: list[dict] = []
         self._setup_checkpoints()
-        ok = False
+        ok = stop = False
         try:
             if self.resume:
                 durable.restart(driver, self._ckpt_path(), Plan(candidates=tuple(driver.cands.values())))
@@ -261,17 +262,11 @@ class AdaptiveRun(RecoveryMixin, CheckpointingMixin):
             if self.on_end is not None:
                 self.on_end(driver)
             ok = True
+        except BaseException as e:
+            stop = is_interrupt(e)  # Ctrl-C / SIGTERM: the clean-up's waits are bounded (run/teardown.py)
+            raise
         finally:
-            if self._pending is not None:  # an error ended the run: let the writers finish, keep `current`
-                try:
-                    self._abandon_save(self._pending, "the run ended before it was complete")
-                except Exception:  # noqa: BLE001  (never hide the error that ended the run)
-                    pass
-                self._pending = None
-            driver.close()
-            if own:
-                pool.close()
-            self._drop_own_checkpoints(ok)
+            end_run(self, driver, pool, own, ok, interrupted=stop)
         return history
 
     def _pool_change(self, pool: WorkerPool, k: int) -> None:
