@@ -107,7 +107,7 @@ def main(argv=None) -> int:
     right, n, out = score(Path(a.csv))
     for i, want, got, detail, src in out:
         print(f"{i:>3} {'ok ' if want == got else 'MISS'} published {want:<5} Nereus {got:<7} {detail}  [{src}]")
-    print(f"fits/OOM right on {right} of {n} layouts ({100 * right / n:.0f}%)")
+    print(f"fits/OOM right on {right} of {n} layouts ({100 * right / n:.1f}%)")
     return 0
 
 
