@@ -173,3 +173,36 @@ def test_row_29_refused_as_verl_refuses_it(tmp_path):
     import json
     r4 = dict(row, launch=json.dumps(json.loads(row["launch"]) + ["trainer.n_gpus_per_node=4"]))
     assert user_layouts.verdict(r4, tmp_path)[0] in ("fits", "oom")
+
+
+def test_rows_are_not_duplicates():
+    """No layout twice: the same framework, settings, model and GPU is one row (another commit of the
+    same script with the same settings is the same layout)."""
+    import json
+
+    rows = list(csv.DictReader((ROOT / "benchmarks/data/user_layouts.csv").open()))
+
+    def key(r):
+        launch = sorted(json.loads(r["launch"])) if r["framework"] == "verl" else " ".join(r["launch"].split())
+        return (r["framework"], r["config"], str(launch), r["model"], r["gpu"])
+
+    keys = [key(r) for r in rows]
+    assert len(set(keys)) == len(keys)
+
+
+def test_verl_resource_table_rows_match_their_script_names():
+    """Rows from verl's examples/tuning (docs/perf/device_tuning.rst): the script's name
+    ``[model]_[task]_[gpunums]_[device]_[train]_[infer].sh`` gives the GPU count and device, which the
+    row's launch (n_gpus_per_node x nnodes) and gpu column must match."""
+    import json
+    import re
+
+    rows = [r for r in csv.DictReader((ROOT / "benchmarks/data/user_layouts.csv").open())
+            if "examples/tuning/" in r["source"]]
+    assert len(rows) == 12
+    for r in rows:
+        n, device = re.search(r"_(\d+)_(h100|h800|h20)_", r["source"]).groups()
+        over = dict(x.split("=", 1) for x in json.loads(r["launch"]))
+        gpus = int(over["trainer.n_gpus_per_node"]) * int(over.get("trainer.nnodes", 1))
+        assert (gpus, r["gpu"]) == (int(n), device), r["id"]
+        assert r["outcome"] == "fits" and "device_tuning.rst" in r["source"]
