@@ -36,7 +36,9 @@ Extensions of issue 29 (off by default; the simulator's ``nereus`` uses all but 
 * ``calibrate_transitions=True``: ``L_tran`` times measured / estimated transition seconds so far
   (``StepReport.transition_s``; ``nereus.controller.transition_calibration``);
 * ``loss_sites=True``: risk pricing uses per-node hit probabilities learned from the losses seen
-  (``nereus.controller.loss_sites``); :meth:`Controller.best_plan` also tries the safest nodes.
+  (``nereus.controller.loss_sites``); :meth:`Controller.best_plan` also tries the safest nodes;
+* ``loss_replay=True``: risk pricing uses GPU-exact rates, the loss events seen replayed against
+  each plan's own GPU set (``nereus.controller.loss_replay``; replaces the learned sites in pricing).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from nereus.controller.admission import Option, admit
 from nereus.controller.break_even import ForgoneSaving, rejected_rate
 from nereus.controller.decisions import Keep, Restart, Transition, decision_to_dict
 from nereus.controller.lookahead import LengthTrend, window_steps
+from nereus.controller.loss_replay import LossReplay
 from nereus.controller.loss_sites import LossSites
 from nereus.controller.monitor import Monitor, StepReport, Trigger
 from nereus.controller.planning import PlannerBackend, same_plan
@@ -111,6 +114,7 @@ class ControllerConfig:
             (``nereus.controller.loss_sites``) instead of uniform hits, and also consider the
             fastest plan on the nodes least likely to be hit (:meth:`Controller.best_plan`).
         break_even: the ski-rental admission of ``nereus.controller.break_even``.
+        loss_replay: price risk with the GPU-exact rates of ``nereus.controller.loss_replay``.
         calibrate_transitions: ``L_tran`` times measured / estimated (``transition_calibration``).
 
     Raises:
@@ -129,6 +133,7 @@ class ControllerConfig:
     lookahead: bool = False
     loss_sites: bool = False
     break_even: bool = False
+    loss_replay: bool = False
     calibrate_transitions: bool = False
 
     def __post_init__(self) -> None:
@@ -171,6 +176,7 @@ class Controller:
         self._pending: tuple[str, int] | None = None  # (signal, step) of a rejected target to revisit
         self.pool_process = PoolProcess()
         self.sites = LossSites(job.cluster)
+        self.replay = LossReplay()
         self.trend = LengthTrend()
         self._window = None     # (job at the projected length, W) of the current replan, look-ahead only
         self._forced_to = None  # the planner's best plan at the projected length
@@ -188,6 +194,7 @@ class Controller:
         self.loss.observe(pool, alive, report.elapsed_s, report.step_time)
         self.pool_process.observe(pool, self.loss.seconds)
         self.sites.observe(pool, alive)
+        self.replay.observe(pool, alive, self.loss.seconds)
         self.trend.observe(report.step, report.response_len)
         self.rent.advance(report.step)
         self.tran_cal.observe(report.transition_s)
@@ -265,6 +272,9 @@ class Controller:
         """Priced state-loss risk of ``plan`` in seconds per step (0 without a risk model or losses)."""
         if self.config.risk is None:
             return 0.0
+        if self.config.loss_replay:
+            return self.replay.risk(self.config.risk, plan, self.job.cluster, pool, self.loss_rate(),
+                                    self.loss.mean_event_gpus())
         return self.config.risk.risk(plan, self.job.cluster, pool, self.loss_rate(), self.loss.mean_event_gpus(),
                                      self.sites if self.config.loss_sites else None)
 

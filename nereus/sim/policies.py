@@ -295,6 +295,8 @@ def make_policy(name: str, job: JobSpec, gamma: float, true_efficiency: Efficien
     if name == "nereus+tcal":
         return NereusPolicy(name, job, ControllerConfig(gamma=gamma, risk=risk, calibrate_transitions=True, **ISSUE29),
                             mon())
+    if name == "nereus+replay":
+        return NereusPolicy(name, job, ControllerConfig(gamma=gamma, risk=risk, **ISSUE29, loss_replay=True), mon())
     if name == "nereus+grow":
         return NereusPolicy(name, job, ControllerConfig(gamma=gamma, risk=risk), mon(grow_horizon=True))
     if name == "uncalibrated":
