@@ -236,7 +236,8 @@ class ElasticPolicy(StaticPolicy):
 
 
 #: the issue-29 controller options of the ``nereus``, ``gamma=<g>`` and ``uncalibrated`` policies
-ISSUE29 = {"pool_horizon": "process", "lookahead": True, "loss_sites": True, "break_even": True}
+ISSUE29 = {"pool_horizon": "process", "lookahead": True, "loss_sites": True, "break_even": True,
+           "memory_margin": True}
 
 
 def risk_model(job: JobSpec, restart: RestartCost | None = None) -> RiskModel:
