@@ -128,6 +128,9 @@ def l_tran_line(rows: list[dict]) -> str:
 
 def final_line(rows: list[dict]) -> str:
     """The benchmark's last line (issue 26)."""
-    sp = [r["speedup"] for r in rows if r["speedup"] == r["speedup"]] or [float("nan")]
+    sp = [r["speedup"] for r in rows if r["speedup"] == r["speedup"]]
+    ratio = f"live bytes / minimum: max {max(r['live_x_min'] for r in rows):.2f}"
+    if not sp:  # --live-only: no restart was run, so there is no ratio to print
+        return f"live vs faithful restart: not run (--live-only) over {len(rows)} cases; {ratio}"
     return (f"live vs faithful restart: min {min(sp):.1f}x, median {statistics.median(sp):.1f}x over {len(sp)} "
-            f"cases; live bytes / minimum: max {max(r['live_x_min'] for r in rows):.2f}")
+            f"cases; {ratio}")

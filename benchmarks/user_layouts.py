@@ -6,7 +6,8 @@ the vLLM version the row's framework version ran (the importers choose it from t
 ``framework_version`` column, :mod:`nereus.integrations.framework_versions`; a row without a known
 version names it in ``vllm_rule``, its source in ``vllm_source``; :mod:`nereus.cost.vllm_startup`),
 and the verdict (fits / OOM / refused by name)
-compared with the published outcome. Prints one line per row (the peak per-GPU bytes of the device's,
+compared with the published outcome (``fits``, ``oom``, or ``refused`` where the framework's own code
+refuses the layout as recorded, the row's note citing where). Prints one line per row (the peak per-GPU bytes of the device's,
 and the plan check's margin: its 10% headroom applies to the predicted bytes, not to vLLM's own
 pre-allocation) and the score.
 
@@ -107,7 +108,7 @@ def main(argv=None) -> int:
     right, n, out = score(Path(a.csv))
     for i, want, got, detail, src in out:
         print(f"{i:>3} {'ok ' if want == got else 'MISS'} published {want:<5} Nereus {got:<7} {detail}  [{src}]")
-    print(f"fits/OOM right on {right} of {n} layouts ({100 * right / n:.0f}%)")
+    print(f"fits/OOM right on {right} of {n} layouts ({100 * right / n:.1f}%)")
     return 0
 
 

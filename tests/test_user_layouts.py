@@ -22,7 +22,9 @@ def test_rows_have_sources_and_outcomes():
     rows = list(csv.DictReader((ROOT / "benchmarks/data/user_layouts.csv").open()))
     assert len(rows) >= 24
     for r in rows:
-        assert r["source"] and r["outcome"] in ("fits", "oom") and r["framework"] in ("verl", "openrlhf")
+        assert r["source"] and r["outcome"] in ("fits", "oom", "refused") and r["framework"] in ("verl", "openrlhf")
+        if r["outcome"] == "refused":  # only where the framework's own code refuses the layout, cited
+            assert "asserts" in r["note"] and "volcengine/verl@" in r["note"]
         assert r["vllm_rule"] in VLLM_MEMORY_RULES and r["vllm_source"]  # the vLLM version's rule, with its source
     # every OOM row is a user's report with its thread
     ooms = [r for r in rows if r["outcome"] == "oom"]
@@ -61,15 +63,16 @@ def test_oom_reports_by_hand(tmp_path):
 
     rows = {r["id"]: r for r in csv.DictReader((ROOT / "benchmarks/data/user_layouts.csv").open())}
     # row 11: TinyZero's Qwen2.5-3B PPO on 2 H100 (TinyZero issue 30). By hand, the resident state per GPU
-    # before any activation: actor and critic each 3.09B params x (2 + 12) bytes / DP 2 (FSDP FULL_SHARD:
-    # bf16 weights shard plus Adam state; verl 0.1's reference shard resident too) = 2 x 21.6 GB and more
+    # before any activation: actor and critic each 3.09B params x 12 bytes / DP 2 (FSDP FULL_SHARD of verl's
+    # fp32 parameters plus Adam's moments; verl 0.1's reference shard resident too) = 2 x 18.5 GB and more
     v, detail = user_layouts.verdict(rows["11"], tmp_path)
     assert v == "oom", detail
     peak, dev, over = _gib(detail)
     assert dev == pytest.approx(81559 / 1024, abs=0.05)  # H100: nvidia-smi 81,559 MiB
-    assert peak >= 2 * 3.09e9 * 14 / 2 / 2**30 and over > 0
+    assert peak >= 2 * 3.09e9 * 12 / 2 / 2**30 and over > 0
     # row 15: Qwen2.5-1.5B PPO on one A100-40GB (TinyZero issue 62): actor and critic with Adam, unsharded,
-    # 2 x 1.54B x 14 B = 43.1 GB = 40.2 GiB, more than the device's 39.6 GiB before anything runs
+    # 2 x 1.54B x 12 B (fp32 parameters and moments) resident plus one's fp32 gradients 1.54B x 4 B while it
+    # trains: 2 x 1.54B x 14 B = 43.1 GB = 40.2 GiB, more than the device's 39.6 GiB before any activation
     v, detail = user_layouts.verdict(rows["15"], tmp_path)
     assert v == "oom", detail
     peak, dev, over = _gib(detail)
@@ -154,3 +157,52 @@ def test_row_19_bf16_logits_by_hand(tmp_path):
     # the same job under the fp32 accounting is over (the miss this term removes)
     job = imp.job.with_workload(replace(imp.job.workload, logits_kernel=None))
     assert not evaluate_layout(job, imp.layout).fits
+
+
+def test_row_29_refused_as_verl_refuses_it(tmp_path):
+    """Row 29 (verl's rollout-correction example at verl's default 8 GPUs): the mini-batch holds 32 x
+    rollout.n 1 / 8 = 4 sequences per GPU and the micro-batch is 8; verl's worker asserts the
+    divisibility at start-up (the row's note cites where), and Nereus refuses by the same key."""
+    import user_layouts
+
+    row = {r["id"]: r for r in csv.DictReader((ROOT / "benchmarks/data/user_layouts.csv").open())}["29"]
+    assert row["outcome"] == "refused"
+    v, detail = user_layouts.verdict(row, tmp_path)
+    assert v == "refused" and "ppo_micro_batch_size_per_gpu=8" in detail, detail
+    # on 4 GPUs (8 sequences per GPU) verl accepts it, and Nereus judges it
+    import json
+    r4 = dict(row, launch=json.dumps(json.loads(row["launch"]) + ["trainer.n_gpus_per_node=4"]))
+    assert user_layouts.verdict(r4, tmp_path)[0] in ("fits", "oom")
+
+
+def test_rows_are_not_duplicates():
+    """No layout twice: the same framework, settings, model and GPU is one row (another commit of the
+    same script with the same settings is the same layout)."""
+    import json
+
+    rows = list(csv.DictReader((ROOT / "benchmarks/data/user_layouts.csv").open()))
+
+    def key(r):
+        launch = sorted(json.loads(r["launch"])) if r["framework"] == "verl" else " ".join(r["launch"].split())
+        return (r["framework"], r["config"], str(launch), r["model"], r["gpu"])
+
+    keys = [key(r) for r in rows]
+    assert len(set(keys)) == len(keys)
+
+
+def test_verl_resource_table_rows_match_their_script_names():
+    """Rows from verl's examples/tuning (docs/perf/device_tuning.rst): the script's name
+    ``[model]_[task]_[gpunums]_[device]_[train]_[infer].sh`` gives the GPU count and device, which the
+    row's launch (n_gpus_per_node x nnodes) and gpu column must match."""
+    import json
+    import re
+
+    rows = [r for r in csv.DictReader((ROOT / "benchmarks/data/user_layouts.csv").open())
+            if "examples/tuning/" in r["source"]]
+    assert len(rows) == 12
+    for r in rows:
+        n, device = re.search(r"_(\d+)_(h100|h800|h20)_", r["source"]).groups()
+        over = dict(x.split("=", 1) for x in json.loads(r["launch"]))
+        gpus = int(over["trainer.n_gpus_per_node"]) * int(over.get("trainer.nnodes", 1))
+        assert (gpus, r["gpu"]) == (int(n), device), r["id"]
+        assert r["outcome"] == "fits" and "device_tuning.rst" in r["source"]

@@ -156,6 +156,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                     "installed verl) with Hydra-style overrides: evaluate its layout next to Nereus's best plan")
     ig.add_argument("--from-openrlhf", metavar="ARGS", default=None,
                     help="import an OpenRLHF train_ppo_ray argument string (quoted) and evaluate its layout")
+    ig.add_argument("--framework-version", type=framework_version_arg, default=None, metavar="NAME==VERSION",
+                    help="the framework release the imported configuration runs (verl==0.4.1, openrlhf==0.5.9.post1): "
+                    "selects the vLLM start-up memory rule and that release's defaults (docs/integrations.md); "
+                    "default: the installed one")
     ig.add_argument("--export", choices=("verl", "openrlhf"), default=None,
                     help="write the plan as the framework's settings (the closest plan it can express)")
 
@@ -187,6 +191,45 @@ def _frontier(job, cost, pool_size, multi, as_json):
     return out
 
 
+def framework_version_arg(text: str) -> tuple[str, str]:
+    """``--framework-version NAME==VERSION`` as ``(name, version)``: NAME one of the importable
+    frameworks (:data:`nereus.integrations.framework_versions.FRAMEWORKS`), VERSION a release number.
+
+    Raises:
+        argparse.ArgumentTypeError: another form, framework or version (argparse reports it at parse).
+    """
+    import argparse
+
+    from nereus.integrations.framework_versions import FRAMEWORKS, version_key
+
+    name, sep, version = str(text).partition("==")
+    name = name.strip().lower()
+    if not sep or name not in FRAMEWORKS or not version.strip():
+        raise argparse.ArgumentTypeError(f"{text!r}: give NAME==VERSION with NAME one of {list(FRAMEWORKS)} "
+                                         "(e.g. verl==0.4.1, openrlhf==0.5.9.post1)")
+    try:
+        version_key(version.strip())
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{text!r}: {e}") from None
+    return name, version.strip()
+
+
+def _version_for(args, framework: str):
+    """The ``--framework-version`` release for an import of ``framework`` (None: the installed one).
+
+    Raises:
+        ValueError: the flag names another framework than the one imported.
+    """
+    fv = getattr(args, "framework_version", None)
+    if fv is None:
+        return None
+    if fv[0] != framework:
+        flag = "--from-verl" if framework == "verl" else "--from-openrlhf"
+        raise ValueError(f"--framework-version {fv[0]}=={fv[1]} names {fv[0]}, but {flag} imports a {framework} "
+                         f"configuration: give {framework}==VERSION")
+    return fv[1]
+
+
 def _imported(args):
     """The job and layout of --from-verl / --from-openrlhf; job options (--gpu, --model, lengths) apply."""
     from dataclasses import replace
@@ -197,13 +240,15 @@ def _imported(args):
         from nereus.integrations.verl import import_verl
         from nereus.integrations.verl_config import load_verl_config, verl_launch
 
-        imp = import_verl(load_verl_config(args.from_verl[0], args.from_verl[1:]), model=args.model, gpu=args.gpu)
+        imp = import_verl(load_verl_config(args.from_verl[0], args.from_verl[1:]), model=args.model, gpu=args.gpu,
+                          version=_version_for(args, "verl"))
         config, overrides, _ = verl_launch(args.from_verl)
         imp.source = {"config": config, "overrides": overrides}
     else:
         from nereus.integrations.openrlhf import _tokens, import_openrlhf
 
-        imp = import_openrlhf(args.from_openrlhf, model=args.model, gpu=args.gpu)
+        imp = import_openrlhf(args.from_openrlhf, model=args.model, gpu=args.gpu,
+                              version=_version_for(args, "openrlhf"))
         imp.source = {"args": _tokens(args.from_openrlhf)}
     wl = {k: v for k, v in (("prompt_len", args.prompt_len), ("response_len", args.response_len)) if v is not None}
     if wl:
@@ -331,6 +376,9 @@ def main(args) -> int:
                          "framework's own layout")
     if getattr(args, "from_verl", None) or getattr(args, "from_openrlhf", None) is not None:  # "" is refused there
         return _main_integrations(args)
+    if getattr(args, "framework_version", None) is not None:
+        raise ValueError("--framework-version applies to an imported configuration: give --from-verl or "
+                         "--from-openrlhf")
     job = job_from_args(args)
     pool = None
     if args.pool is not None:

@@ -43,6 +43,7 @@ from nereus.cost.rows import expand, rows_of, unique_rows
 from nereus.cost.seqpar import with_seq_split
 from nereus.cost.sharded_infer import infer_gather_times
 from nereus.cost.step import engine_owned, stage_groups
+from nereus.cost.train_state import engine_train_state
 from nereus.cost.vllm_memory import kv_capacity, preallocated_memory
 from nereus.cost.vllm_startup import apply_vllm_rule, gpu_excess
 from nereus.cost.zero3 import zero3_infer_comm, zero3_train_comm
@@ -99,8 +100,7 @@ class CostModel:
             headroom = default_headroom(job)
         if not 0 <= headroom < 1:
             raise ValueError(f"headroom must be in [0, 1), got {headroom!r}")
-        self.job = job
-        self._workflow_override = workflow
+        self.job, self._workflow_override = job, workflow
         self.workflow: Workflow = workflow if workflow is not None else workflow_for(job.workload)
         self.eff = efficiency if efficiency is not None else EfficiencyTable()
         self.memory_correction = dict(memory_correction or {})
@@ -152,8 +152,7 @@ class CostModel:
         tp = np.broadcast_to(np.asarray(tp, dtype=np.int64), dp.shape)
         pp = np.broadcast_to(np.asarray(pp, dtype=np.int64), dp.shape)
         corr = self.memory_correction.get(ms.name, 1.0)
-        fw = self.job.framework
-        eng = fw.engine
+        fw, eng = self.job.framework, self.job.framework.engine
         off = offload_code(offload)
         if not breakdown and ms.stage != "train" and np.ndim(off) and dp.size >= 64 and cp == 1 \
                 and w.rollout_memory_fraction is None:
@@ -200,6 +199,7 @@ class CostModel:
             mem = stage_memory("train", model, w, tp, pp, micro_batch=micro_batch / cp, recompute=recompute,
                                inflight=np.minimum(pp, m), dp=dps, zero=zero, offload=off, vpp=vpp,
                                sp=fw.sequence_parallel)
+            mem = engine_train_state(mem, fw, model, w, tp, pp, dps, zero, off)  # Megatron grads, FSDP fp32
         elif ms.stage == "infer":
             micro_batch = np.asarray(micro_batch)
             seqs = -(-w.global_batch // dp)

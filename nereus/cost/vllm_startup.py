@@ -28,12 +28,13 @@ vLLM does with their bytes depends on its version. The workload's ``vllm_memory_
   once at start-up and re-allocated at that size for every generation.
 
 ``S`` (start-up bytes): what the co-located model-stages hold before the first training step. A
-training model-stage's weights plus its fp32 master copy (a third of Adam's 12 bytes per parameter):
-torch's Adam creates ``exp_avg`` / ``exp_avg_sq`` at the first step (``torch.optim.Adam._init_group``),
-so they are not there yet; an inference model-stage's weights; nothing for an offloaded one. This
-is an approximation: FSDP keeps the fp32 copy in place of the bf16 weights (2 bytes per parameter
-fewer than counted), Megatron's DDP allocates its gradient buffer at wrap time (not counted). The
-steady-state bytes (Adam state, gradients) are what the plan check adds on top.
+training model-stage's resident bytes less two thirds of its Adam state: torch's Adam creates
+``exp_avg`` / ``exp_avg_sq`` at the first step (``torch.optim.Adam._init_group``), so they are not
+there yet, while the fp32 master copy (the other third) is; that leaves its weights and master copy,
+plus what its framework keeps resident besides (:mod:`nereus.cost.train_state`: Megatron's gradient
+buffer, allocated when DDP wraps the model; verl FSDP's fp32 parameters stand for weights and master
+copy at once). An inference model-stage's weights; nothing for an offloaded one. The steady-state
+bytes (Adam state, transient gradients) are what the plan check adds on top.
 
 Under every rule a KV budget that does not hold one sequence at the memory length means vLLM does
 not start (the device's bytes plus the shortfall, as :mod:`nereus.cost.vllm_memory` marks it). The
@@ -53,14 +54,14 @@ __all__ = ["startup_bytes", "startup_shortfall", "engine_bytes_for", "apply_vllm
 
 def startup_bytes(stage: str, memory: dict, resident: float) -> float:
     """Bytes a co-located model-stage holds when the engine starts (module docstring): 0 when its
-    state is not resident (offloaded); a ``train`` model-stage's ``weights + optimizer / 3`` (the
-    fp32 master copy of Adam's three fp32 tensors); another's ``weights``."""
+    state is not resident (offloaded); a ``train`` model-stage's ``resident - 2/3 · optimizer`` (its
+    resident bytes less Adam's two moments, made at the first step: ``weights + optimizer / 3``, plus
+    a resident gradient buffer); another's ``weights``."""
     if resident <= 0:
         return 0.0
-    w = float(memory.get("weights", 0.0))
     if stage == "train":
-        return w + float(memory.get("optimizer", 0.0)) / 3.0
-    return w
+        return float(resident) - 2.0 * float(memory.get("optimizer", 0.0)) / 3.0
+    return float(memory.get("weights", 0.0))
 
 
 def startup_shortfall(fraction: float, device_bytes: float, workspace: float, others: float) -> float:

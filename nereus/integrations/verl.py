@@ -202,8 +202,8 @@ def _engine(c: VerlConfig, role: str, n: int, out: list, notes: list, model, str
             e.zero = 1
         e.offload = _train_offload(po, bool(c.get(f"{m}.optimizer_offload", False)), m, out)
         if c.get(f"{m}.grad_offload", False):
-            notes.append(f"{m}.grad_offload: gradients are transient in Nereus's memory model already (freed "
-                         "between training phases)")
+            notes.append(f"{m}.grad_offload: Megatron's gradient buffer is resident (cost/train_state.py) unless "
+                         "param_offload moves it to the host with the parameters; grad_offload alone is not modelled")
         e.overlap = bool(c.get(f"{m}.override_ddp_config.overlap_grad_reduce", False))
         fp32 = c.get(f"{m}.override_ddp_config.grad_reduce_in_fp32", None)
         if fp32 is None:  # verl: fp32 unless a precision-aware optimizer keeps low-precision main grads
@@ -218,17 +218,18 @@ def _engine(c: VerlConfig, role: str, n: int, out: list, notes: list, model, str
 
 def verl_framework(engines: dict, colocate: str = "always") -> FrameworkSpec:
     """The job's framework for verl engines: the ``megatron`` preset with the actor's sequence
-    parallelism, DDP overlap and reduce dtype (verl's defaults: SP on, no overlap, fp32 reduce), or
-    the ``fsdp`` preset with its reduce dtype; verl's hybrid engine colocates every role."""
+    parallelism, DDP overlap and reduce dtype (verl's defaults: SP on, no overlap, fp32 reduce) and
+    Megatron's resident gradient buffer, or the ``fsdp`` preset with its reduce dtype and verl's fp32
+    training parameters (:mod:`nereus.cost.train_state`); verl's hybrid engine colocates every role."""
     a = engines["actor"]
     if a.strategy == "megatron":
         base = get_framework("megatron")
         return replace(base, name="verl-megatron", sequence_parallel=_job_sp(engines), overlap_grad_reduce=a.overlap,
                        grad_reduce_bytes=a.reduce_bytes, colocate=colocate, uneven_pp=False,
                        max_virtual_stages=max(base.max_virtual_stages, a.vpp), drop_model_stages=VERL_DROP,
-                       shared_engine=True)
+                       shared_engine=True, persistent_grads=True)
     return replace(get_framework("fsdp"), name="verl-fsdp", grad_reduce_bytes=a.reduce_bytes, colocate=colocate,
-                   drop_model_stages=VERL_DROP, shared_engine=True)
+                   drop_model_stages=VERL_DROP, shared_engine=True, fp32_train_params=True)
 
 
 def _job_sp(engines: dict) -> bool:

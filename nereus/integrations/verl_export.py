@@ -67,10 +67,11 @@ def verl_job(job: JobSpec, backend: str) -> JobSpec:
             return job.with_framework(replace(fw, colocate="always"))
         return job.with_framework(replace(get_framework("megatron"), name="verl-megatron", sequence_parallel=True,
                                           overlap_grad_reduce=False, grad_reduce_bytes=4, colocate="always",
-                                          uneven_pp=False, drop_model_stages=VERL_DROP, shared_engine=True))
+                                          uneven_pp=False, drop_model_stages=VERL_DROP, shared_engine=True,
+                                          persistent_grads=True))
     # the export writes no mixed_precision section: verl reduces in fp32
     return job.with_framework(replace(get_framework("fsdp"), name="verl-fsdp", grad_reduce_bytes=4, colocate="always",
-                                      drop_model_stages=VERL_DROP, shared_engine=True))
+                                      drop_model_stages=VERL_DROP, shared_engine=True, fp32_train_params=True))
 
 
 class _Search:

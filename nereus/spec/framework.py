@@ -57,6 +57,12 @@ feature                    kind       cost-model consequence (``nereus.cost``)
                                       prompts and the rollouts; inference: the global batch; ReMax's
                                       reward pass also the prompts); otherwise any dp (the last
                                       replica takes the remainder)
+``persistent_grads``       flag       the training engine's gradient buffer is allocated once and never
+                                      freed (Megatron-Core DDP's ``grad_data``): the gradient term is
+                                      resident, not transient (:mod:`nereus.cost.train_state`)
+``fp32_train_params``      flag       training parameters are held in fp32 as the optimizer's own
+                                      master copy, bf16 only per gathered layer (verl's FSDP workers):
+                                      no resident bf16 weight term (:mod:`nereus.cost.train_state`)
 ``zero3_impl``             flag       how the ZeRO-3 engine moves parameters (:mod:`nereus.cost.zero3`):
                                       ``fsdp`` (default; FSDP/FSDP2: one flat all-gather per wrapped
                                       block, prefetched in forward and backward), ``deepspeed``
@@ -141,6 +147,9 @@ class FrameworkSpec:
         even_dp: inference and generation dp must divide their rows (module docstring).
         zero3_impl: the ZeRO-3 implementation's parameter-traffic schedule, one of
             :data:`ZERO3_IMPLS` (:mod:`nereus.cost.zero3`; ``fsdp``: the default model).
+        persistent_grads: the gradient buffer stays allocated between steps (resident gradients).
+        fp32_train_params: training parameters are fp32 (the optimizer's master copy); bf16 copies
+            exist per gathered layer only.
         engine: the engines' behaviour and fixed costs (:class:`nereus.spec.engine.EngineCosts`:
             generation to the longest response, per-decode-step and per-call overheads, per-layer
             launch latency, padding, fixed per-step cost); None: none of them (the old model).
@@ -165,6 +174,8 @@ class FrameworkSpec:
     shared_engine: bool = False
     zero3_impl: str = "fsdp"
     even_dp: bool = False
+    persistent_grads: bool = False
+    fp32_train_params: bool = False
     engine: EngineCosts | None = None
 
     def __post_init__(self) -> None:
@@ -199,7 +210,8 @@ class FrameworkSpec:
         if g is not None and (isinstance(g, bool) or g not in (2, 4)):
             raise ValueError(f"framework field 'grad_reduce_bytes' must be 2 (bf16), 4 (fp32) or null, got {g!r}")
         for f in ("sequence_parallel", "overlap_grad_reduce", "overlap_tp_comm", "model_parallel_train",
-                  "uneven_pp", "pipeline_parallel", "shared_engine", "even_dp"):
+                  "uneven_pp", "pipeline_parallel", "shared_engine", "even_dp",
+                  "persistent_grads", "fp32_train_params"):
             if not isinstance(getattr(self, f), bool):
                 raise ValueError(f"framework field {f!r} must be true or false, got {getattr(self, f)!r}")
 
@@ -215,8 +227,9 @@ class FrameworkSpec:
             del d["shared_engine"]
         if self.zero3_impl == "fsdp":
             del d["zero3_impl"]
-        if not self.even_dp:
-            del d["even_dp"]
+        for f in ("even_dp", "persistent_grads", "fp32_train_params"):
+            if not d[f]:
+                del d[f]
         if self.engine is None:
             d.pop("engine")
         return d
