@@ -101,8 +101,7 @@ class ControllerConfig:
             fastest plan on the nodes least likely to be hit (:meth:`Controller.best_plan`).
         break_even: the ski-rental admission of ``nereus.controller.break_even``.
         loss_replay: price risk with the GPU-exact rates of ``nereus.controller.loss_replay``.
-        memory_margin: a plan over the headroom is invalid only if it is over the device at the
-            measured peak ratio (``nereus.controller.memory_margin``).
+        memory_margin: over the headroom is invalid only if over the device (``memory_margin``).
         calibrate_transitions: ``L_tran`` times measured / estimated (``transition_calibration``).
 
     Raises:
