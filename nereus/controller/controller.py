@@ -1,42 +1,36 @@
 """The adaptation controller: one policy for every driver (``nereus simulate``, and ``nereus run
 --adaptive`` through ``nereus.runtime.run.adaptive``, whose ``step_report()`` gives the same :class:`StepReport`).
 
-At every safe boundary the executor hands the controller a :class:`~nereus.controller.monitor.StepReport`;
-:meth:`Controller.observe` calibrates, checks triggers, replans when one fires, and returns a decision
-(:class:`Keep`, :class:`Transition`, :class:`Restart`) that the executor applies before the next step.
-The controller imports nothing from the simulator or the runtime (DESIGN.md §3).
-
-Flow of :meth:`Controller.observe` (DESIGN.md §4.5, paper §4.1–4.3):
+At every safe boundary the executor hands :meth:`Controller.observe` a ``StepReport``; it returns a
+decision (:class:`Keep`, :class:`Transition`, :class:`Restart`) applied before the next step. The
+controller imports nothing from the simulator or the runtime (DESIGN.md §3). Flow (DESIGN.md §4.5):
 
 1. calibrate the cost model from the step's op-class seconds and peaks (unless disabled);
 2. re-estimate the current plan for the current response length and pool; it is *invalid* when it
-   uses lost GPUs, ran out of memory, or is predicted to exceed memory;
+   uses lost GPUs, ran out of memory, or is predicted to exceed memory (see ``memory_margin``);
 3. monitor: urgent triggers (pool change, memory) and opportunistic ones (drift > δ_x), with ``H_x``;
 4. on a trigger, replan (urgent options on the urgent path), estimate ``L_tran`` of each target, and
    admit (``admission.admit``); restart only if the only copy of trainable state was on lost GPUs
-   or no target's transition is feasible (lost frozen/derived replicas are reloaded by the DAG);
-5. reset every reference value (admitted or not).
+   or no target's transition is feasible; 5. reset every reference value (admitted or not).
 
-Extension beyond the paper (``ControllerConfig(risk=RiskModel(...))``): once GPUs have been lost
-without notice, every plan's step time is compared with its priced risk of losing trainable state
-added (``nereus.controller.risk``): replanning also considers the fastest plan with two replicas of
-every ``*.train`` model-stage on distinct nodes, and admission compares risk-adjusted step times.
-``risk=None`` (the config default, and the runtime's) is the paper's rule (``nereus.sim.policies``).
-
-Extensions of issue 29 (off by default; the simulator's ``nereus`` uses all but ``calibrate_transitions``):
+Beyond the paper (``ControllerConfig(risk=RiskModel(...))``): plans are compared with their priced
+risk of losing trainable state added (``nereus.controller.risk``), and the fastest plan with two
+replicas of every ``*.train`` model-stage is also considered. ``risk=None`` (the default, and the
+runtime's) is the paper's rule. Issue 29's extensions (off by default; ``nereus.sim.policies`` says
+which the simulator's ``nereus`` uses):
 
 * ``pool_horizon="process"``: a pool trigger's ``H`` is the expected steps until the pool next loses
   GPUs (``nereus.controller.pool_process``), not the EMA of crossing intervals; risk pricing then
   charges the first loss at ``1 / H_loss`` until a loss is seen (:meth:`Controller.loss_rate`);
-* ``lookahead=True``: plans are compared by their mean step time over the window they are expected to
-  last, at the projected length, with the forced transition charged to a plan that will not fit
-  then; the best plan for the projected length is one more target (``nereus.controller.lookahead``);
+* ``lookahead=True``: plans compared over the window they should last, at the projected length
+  (``nereus.controller.lookahead``);
 * ``break_even=True``: a payback-rejected move is admitted once the seconds forgone by staying reach
   its ``L_tran`` (the ski-rental rule, ``nereus.controller.break_even``);
 * ``calibrate_transitions=True``: ``L_tran`` times measured / estimated transition seconds so far
   (``StepReport.transition_s``; ``nereus.controller.transition_calibration``);
-* ``loss_sites=True``: risk pricing uses per-node hit probabilities learned from the losses seen
-  (``nereus.controller.loss_sites``); :meth:`Controller.best_plan` also tries the safest nodes.
+* ``loss_sites=True``: per-node hit probabilities in risk pricing (``nereus.controller.loss_sites``);
+* ``loss_replay=True``: GPU-exact loss rates in risk pricing (``nereus.controller.loss_replay``);
+* ``memory_margin=True``: over the headroom is not invalid (``nereus.controller.memory_margin``).
 """
 
 from __future__ import annotations
@@ -48,7 +42,9 @@ from nereus.controller.admission import Option, admit
 from nereus.controller.break_even import ForgoneSaving, rejected_rate
 from nereus.controller.decisions import Keep, Restart, Transition, decision_to_dict
 from nereus.controller.lookahead import LengthTrend, window_steps
+from nereus.controller.loss_replay import LossReplay
 from nereus.controller.loss_sites import LossSites
+from nereus.controller.memory_margin import fits_measured
 from nereus.controller.monitor import Monitor, StepReport, Trigger
 from nereus.controller.planning import PlannerBackend, same_plan
 from nereus.controller.pool_process import PoolProcess
@@ -66,14 +62,10 @@ def state_survives(plan: Plan, pool: frozenset) -> bool:
     """Every trainable model-stage keeps at least one whole copy of its state on ``pool``: a whole
     DP replica, or all the GPUs of a ZeRO-sharded one (``nereus.controller.risk.state_copies``).
 
-    Frozen models (reference, reward) and generation/inference copies are re-created by the
-    transition planner's ``Load`` (from storage, or a weight sync from a live ``*.train`` EMU), so a
-    transition stays possible when all their replicas are lost; the only live copy of trained weights
-    and optimizer state is in the ``*.train`` EMUs (DESIGN.md §4.9: state survives as long as one copy
-    does). The controller restarts only when this returns False or no target's transition is
-    feasible; it matches ``nereus.transition.estimate_transition``, which reports a lost ``*.train``
-    as infeasible and reloads everything else.
-    """
+    Frozen models and generation/inference copies are re-created by the transition planner's
+    ``Load``; the only live copy of trained state is in the ``*.train`` EMUs (DESIGN.md §4.9). The
+    controller restarts only when this is False or no target's transition is feasible (as
+    ``nereus.transition.estimate_transition``, which reports a lost ``*.train`` as infeasible)."""
     for c in plan.candidates:
         if not c.model_stage.endswith(".train"):
             continue
@@ -92,11 +84,8 @@ class ControllerConfig:
         calibrate: learn efficiencies and memory corrections from measurements.
         slowdown: opportunistic alternatives up to this fraction slower than the best target are
             tried (the urgent path tries every alternative).
-        revisit: an extension beyond the paper, off by default. After a payback rejection, if the
-            rejected signal has not crossed again for ``H_x`` steps, replan once more with
-            ``H = steps since its last crossing`` (under bursty changes the time already waited is a
-            better lower bound on the time left than the EMA of past intervals); the next revisit
-            waits twice as long.
+        revisit: after a payback rejection, if the rejected signal has not crossed again for ``H_x``
+            steps, replan once more with ``H = steps since its last crossing`` (beyond the paper).
         risk: prices the risk of losing trainable state (:class:`~nereus.controller.risk.RiskModel`;
             the executor should pass its own restart cost and checkpoint interval); None (default)
             keeps the paper's objective, step time alone.
@@ -111,6 +100,8 @@ class ControllerConfig:
             (``nereus.controller.loss_sites``) instead of uniform hits, and also consider the
             fastest plan on the nodes least likely to be hit (:meth:`Controller.best_plan`).
         break_even: the ski-rental admission of ``nereus.controller.break_even``.
+        loss_replay: price risk with the GPU-exact rates of ``nereus.controller.loss_replay``.
+        memory_margin: over the headroom is invalid only if over the device (``memory_margin``).
         calibrate_transitions: ``L_tran`` times measured / estimated (``transition_calibration``).
 
     Raises:
@@ -129,6 +120,8 @@ class ControllerConfig:
     lookahead: bool = False
     loss_sites: bool = False
     break_even: bool = False
+    loss_replay: bool = False
+    memory_margin: bool = False
     calibrate_transitions: bool = False
 
     def __post_init__(self) -> None:
@@ -171,6 +164,7 @@ class Controller:
         self._pending: tuple[str, int] | None = None  # (signal, step) of a rejected target to revisit
         self.pool_process = PoolProcess()
         self.sites = LossSites(job.cluster)
+        self.replay = LossReplay()
         self.trend = LengthTrend()
         self._window = None     # (job at the projected length, W) of the current replan, look-ahead only
         self._forced_to = None  # the planner's best plan at the projected length
@@ -188,6 +182,7 @@ class Controller:
         self.loss.observe(pool, alive, report.elapsed_s, report.step_time)
         self.pool_process.observe(pool, self.loss.seconds)
         self.sites.observe(pool, alive)
+        self.replay.observe(pool, alive, self.loss.seconds)
         self.trend.observe(report.step, report.response_len)
         self.rent.advance(report.step)
         self.tran_cal.observe(report.transition_s)
@@ -200,6 +195,9 @@ class Controller:
         lost = self.plan.gpus_used() - pool
         # memory estimates do not depend on efficiencies; the calibrated headroom applies in memory_ok
         mem_bad = report.oom or not self.planner.memory_ok(job, current)
+        if mem_bad and not report.oom and self.config.memory_margin and report.step_time > 0:
+            mem_bad = not fits_measured(self.planner, self.job_at, self.trend.ahead(1), job, self.plan, current,
+                                        pool, report.peak_memory)
         mem_reason = ("out of memory in the last step" if report.oom else
                       f"predicted peak exceeds capacity at {job.workload.response_len} tokens")
         values = {"seq_len": float(report.response_len)}
@@ -265,6 +263,9 @@ class Controller:
         """Priced state-loss risk of ``plan`` in seconds per step (0 without a risk model or losses)."""
         if self.config.risk is None:
             return 0.0
+        if self.config.loss_replay:
+            return self.replay.risk(self.config.risk, plan, self.job.cluster, pool, self.loss_rate(),
+                                    self.loss.mean_event_gpus())
         return self.config.risk.risk(plan, self.job.cluster, pool, self.loss_rate(), self.loss.mean_event_gpus(),
                                      self.sites if self.config.loss_sites else None)
 

@@ -124,6 +124,13 @@ class CostModelPlanner:
     def memory_ok(self, job: JobSpec, plan: Plan) -> bool:
         return self.cost(job).memory_ok(plan)
 
+    def memory_fits(self, job: JobSpec, plan: Plan, correction: float) -> bool:
+        """Predicted peaks times ``correction`` (measured / predicted, >= 1 applied) fit the whole
+        device, no headroom (``nereus.controller.memory_margin``)."""
+        from nereus.cost.model import CostModel
+
+        return CostModel(job, efficiency=self.efficiency, headroom=1.0 - 1.0 / max(1.0, correction)).memory_ok(plan)
+
     def plan(self, job: JobSpec, pool: frozenset, current: Plan | None, urgent: bool,
              min_train_replicas: int = 1) -> Plan:
         fn = self.plan_fn

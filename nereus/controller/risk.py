@@ -288,8 +288,26 @@ class RiskModel:
             return 0.0
         m = event_gpus / cluster.gpus_per_node
         p = hit_probability(plan, cluster, pool, m, sites)
-        per_event = p * self.loss_cost(plan.l_step, rate * p) if p > 0 else 0.0
+        t = max(p, touch_probability(plan, cluster, pool, m, sites))
+        return self.risk_at_rates(plan.l_step, rate * p, rate * t)
+
+    def risk_at_rates(self, l_step: float, hit_rate: float, touch_rate: float) -> float:
+        """Expected seconds lost per step of ``l_step`` seconds given the rates (events/s) at which
+        the plan's trained state is destroyed and its step is aborted::
+
+            risk = L · (r_hit · C(r_hit)  +  r_touch · (L / 2 + detect_s))   (the last term with detect_s)
+
+        :meth:`risk` calls it with ``r = λ · P``; ``nereus.controller.loss_replay`` gives GPU-exact
+        rates. 0 for a non-finite ``l_step``.
+
+        Raises:
+            ValueError: a negative rate.
+        """
+        if hit_rate < 0 or touch_rate < 0:
+            raise ValueError(f"risk rates must be >= 0 events/s, got hit {hit_rate!r}, touch {touch_rate!r}")
+        if not math.isfinite(l_step):
+            return 0.0
+        lost = hit_rate * self.loss_cost(l_step, hit_rate) if hit_rate > 0 else 0.0
         if self.detect_s is not None:
-            t = max(p, touch_probability(plan, cluster, pool, m, sites))
-            per_event += t * (0.5 * plan.l_step + self.detect_s)
-        return plan.l_step * rate * per_event
+            lost += max(hit_rate, touch_rate) * (0.5 * l_step + self.detect_s)
+        return l_step * lost

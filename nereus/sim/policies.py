@@ -31,6 +31,10 @@ Measured (benchmarks/bench_admission.py, 27 runs without notice): 1.04x the pape
   ``nereus+grow``: with the loss horizon for pool growth (``Monitor(grow_horizon=True)``);
   ``nereus+tcal``: with ``L_tran`` calibrated from the measured transitions
   (``calibrate_transitions=True``; measured 0.99x ``nereus`` on 26 runs, docs/simulate.md).
+  ``nereus+replay``: risk priced with GPU-exact loss rates (``ControllerConfig(loss_replay=True)``,
+  ``nereus.controller.loss_replay``); ``nereus+margin``: a plan over the planning headroom is invalid
+  only when over the device at the measured peak ratio (``memory_margin=True``,
+  ``nereus.controller.memory_margin``); both issue 29, fourth round, measured in docs/simulate.md.
   Off by default; measured by ``benchmarks/bench_admission.py``.
 
 Nereus-type policies talk to the simulator only through :class:`~nereus.controller.Controller`'s
@@ -295,6 +299,10 @@ def make_policy(name: str, job: JobSpec, gamma: float, true_efficiency: Efficien
     if name == "nereus+tcal":
         return NereusPolicy(name, job, ControllerConfig(gamma=gamma, risk=risk, calibrate_transitions=True, **ISSUE29),
                             mon())
+    if name == "nereus+margin":
+        return NereusPolicy(name, job, ControllerConfig(gamma=gamma, risk=risk, **ISSUE29, memory_margin=True), mon())
+    if name == "nereus+replay":
+        return NereusPolicy(name, job, ControllerConfig(gamma=gamma, risk=risk, **ISSUE29, loss_replay=True), mon())
     if name == "nereus+grow":
         return NereusPolicy(name, job, ControllerConfig(gamma=gamma, risk=risk), mon(grow_horizon=True))
     if name == "uncalibrated":
