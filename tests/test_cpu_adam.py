@@ -36,7 +36,7 @@ def _cost(job):
     return CostModel(job, eff)
 
 
-def test_cpu_adam_memory_moves_only_the_optimizer_to_the_host():
+def test_cpu_adam_memory_moves_the_optimizer_and_gradient_partitions_to_the_host():
     job = _job()
     cost = _cost(job)
     base = cost.estimate_candidate(Candidate("actor.train", 1, 1, 8, micro_batch=2, zero=2))
@@ -47,7 +47,20 @@ def test_cpu_adam_memory_moves_only_the_optimizer_to_the_host():
     # the bf16 weights stay resident (2 B x P), so resident drops by exactly the optimizer shard
     assert off.resident == pytest.approx(2 * P8B, rel=1e-9)
     assert base.resident - off.resident == pytest.approx(12 * P8B / 8, rel=1e-9)
-    assert off.transient == pytest.approx(base.transient, rel=1e-12)
+    # gradients: ZeRO-2's fp32 partition 4 B x P / 8 on the GPU without offload; with it the partitions
+    # are in host memory and the GPU keeps DeepSpeed's reduce bucket, 5e8 bf16 elements (P > 5e8)
+    assert base.memory["gradients"] == pytest.approx(4 * P8B / 8, rel=1e-9)
+    assert off.memory["gradients"] == pytest.approx(5e8 * 2, rel=1e-12)
+    assert base.transient - off.transient == pytest.approx(4 * P8B / 8 - 1e9, rel=1e-9)
+
+
+def test_cpu_adam_keeps_the_gradients_on_the_gpu_without_partitioned_gradients():
+    """ZeRO-1 with ZeRO-Offload: the gradients are not partitioned (DeepSpeed reduces whole ones),
+    so the GPU holds them all (4 B x P), as without offload."""
+    cost = _cost(_job())
+    off = cost.estimate_candidate(Candidate("actor.train", 1, 1, 8, micro_batch=2, zero=1, offload="cpu_adam"))
+    assert off.memory["gradients"] == pytest.approx(4 * P8B, rel=1e-9)
+    assert off.memory["optimizer"] == 0
 
 
 def test_cpu_adam_time_by_hand():

@@ -31,8 +31,11 @@ Resident bytes stay on the GPU between stages (weights, and optimizer state for 
 transient bytes exist only while the model-stage runs (gradients, activations, logits, KV cache,
 and the weights and optimizer state of a model-stage whose idle state is offloaded or dropped).
 With ``cpu_adam`` (ZeRO-Offload, Ren et al. USENIX ATC'21 §4) the optimizer state lives in host
-memory for good: no optimizer term on the GPU; the gradients keep their GPU term (DeepSpeed streams
-them to the host in reduce buckets, so this is an upper bound).
+memory for good: no optimizer term on the GPU. With ZeRO-2/3 its gradient partitions are in host
+memory too (DeepSpeed ``stage3.py``: the grad partition buffer is on ``'cpu'`` when
+``offload_optimizer`` is set; ``stage_1_and_2.py`` copies each reduced bucket into the CPU fp32
+partition): the GPU keeps the reduce bucket, ``DS_REDUCE_BUCKET_ELEMS`` gradient elements in the
+weights' dtype (or the rank's whole gradient when smaller); with ZeRO-0/1 the gradients stay on the GPU.
 With ``workload.activation_model = "runtime"`` the training terms are those of the ``nereus run``
 runtime's own engine (:mod:`nereus.cost.runtime_memory`: its saved tensors, gradient buffers and
 ZeRO reduce buffers, counted as its meter counts them).
@@ -59,6 +62,10 @@ __all__ = ["WORKSPACE_BYTES", "PREFILL_CHUNK_TOKENS", "activation_bytes_per_laye
 GIB = 1024**3
 WORKSPACE_BYTES = 1.5 * GIB
 PREFILL_CHUNK_TOKENS = 8192
+#: DeepSpeed's default ``zero_optimization.reduce_bucket_size`` (elements; DeepSpeed configuration
+#: docs, ``deepspeed/runtime/zero/config.py``). OpenRLHF passes ``"auto"``; the default is taken as
+#: the bound, so the ZeRO-Offload gradient term is at most 5e8 x 2 B = 1 GB.
+DS_REDUCE_BUCKET_ELEMS = 5e8
 RC_NONE, RC_SELECTIVE, RC_FULL = 0, 1, 2
 #: offload modes of a model-stage by code (:data:`nereus.spec.framework.OFFLOAD_MODES`)
 OFFLOAD_CODES = OFFLOAD_MODES
@@ -167,7 +174,8 @@ def stage_memory(stage: str, model: ModelSpec, workload: WorkloadSpec, tp, pp, *
       adapters only; the frozen base weights plus the adapters' weights.
     * Offload ``host`` or ``drop``: the weights and optimizer state are not resident between runs;
       they are transient, on the GPU only while the model-stage runs. ``cpu_adam`` (train): the
-      optimizer state is in host memory, never on the GPU (``optimizer`` is 0).
+      optimizer state is in host memory, never on the GPU (``optimizer`` is 0); with ZeRO >= 2 the
+      gradients on the GPU are the reduce bucket only (module docstring).
 
     Returns:
         dict with ``weights, optimizer, gradients, activations, logits, kv_cache`` and the sums
@@ -188,7 +196,9 @@ def stage_memory(stage: str, model: ModelSpec, workload: WorkloadSpec, tp, pp, *
         on_host = np.asarray(offload) == OFF_CPU_ADAM
         trainable = trainable_params_rank(model, workload.lora_rank, tp, pp)
         out["optimizer"] = np.where(on_host, 0.0, trainable * workload.optimizer_bytes / np.where(zero >= 1, dp, 1))
-        out["gradients"] = trainable * workload.grad_bytes / np.where(zero >= 2, dp, 1)
+        out["gradients"] = np.where(on_host & (zero >= 2),  # ZeRO-Offload: partitions on the host, bucket here
+                                    np.minimum(trainable, DS_REDUCE_BUCKET_ELEMS) * workload.param_bytes,
+                                    trainable * workload.grad_bytes / np.where(zero >= 2, dp, 1))
         out["weights"] = _weights(model, workload, params, tp, zero, dp)
         if workload.lora_rank:  # the adapters' own weights, next to the frozen base
             out["weights"] = out["weights"] + trainable * workload.param_bytes
