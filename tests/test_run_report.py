@@ -33,3 +33,17 @@ def test_joins_and_departures_are_marked_where_the_pool_changed():
 def test_the_timeline_is_written(tmp_path):
     out = write_timeline(HISTORY, EVENTS, tmp_path / "t.png")
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_change_that_moves_no_state_says_so_and_recovered_steps_get_no_row():
+    """A transition with no primitive (new micro-batch sizes, or a new layout of an engine that is
+    dropped between steps and rebuilt at the next weight sync) is a row that says no state moved; an
+    interrupted transition (``recovered``) and a target that was the current plan (``unchanged``: no
+    transition ran) have none; a restart from the checkpoint has its row."""
+    from nereus.runtime.run.report import change_rows
+
+    rows = change_rows(EVENTS)
+    assert [(r["boundary"], r["how"], r["primitives"]) for r in rows] == [
+        ("before step 2", "live", "none (no state moved: batch sizes, dropped engines)"),
+        ("after step 1", "live", "none (no state moved: batch sizes, dropped engines)"),
+        ("after step 4", "restart", "durable checkpoint, 1 step(s) lost")]

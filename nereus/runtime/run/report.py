@@ -29,14 +29,14 @@ def change_rows(events: list[dict]) -> list[dict]:
     for ev in events:
         when = {"pool change": f"before step {ev['step']}", "recovery": f"during step {ev['step']}"}.get(
             ev["when"], f"after step {ev['step']}")
-        if ev.get("source") == "recovered":
-            continue  # interrupted by a lost worker: its recovery is the next row
+        if ev.get("source") in ("recovered", "unchanged"):
+            continue  # interrupted by a lost worker (its recovery is the next row), or nothing ran
         t = ev.get("transition")
         if t is not None:
             kinds: dict[str, int] = {}
             for p in t["primitives"]:
                 kinds[p["kind"]] = kinds.get(p["kind"], 0) + 1
-            prims = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "none (batch sizes only)"
+            prims = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "none (no state moved: batch sizes, dropped engines)"
             how = "recovery, live" if ev["when"] == "recovery" else "live"
             rows.append({"boundary": when, "how": how, "primitives": prims,
                          "mb": t["bytes_moved"] / 1e6, "predicted_s": t["predicted_l_tran"],
