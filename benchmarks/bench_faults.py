@@ -61,7 +61,7 @@ import shutil
 import sys
 import threading
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -74,7 +74,6 @@ if _ROOT not in sys.path[:1]:
 if os.environ.get("PYTHONPATH", "").split(os.pathsep)[0] != _ROOT:
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, os.environ.get("PYTHONPATH")) if p)
 
-import torch  # noqa: E402
 
 from nereus.controller.planning import same_plan  # noqa: E402
 from nereus.runtime.durable.integrity import job_identity  # noqa: E402
@@ -90,13 +89,12 @@ if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
 from fault_checks import checkpoint_problem  # noqa: E402
+from fault_compare import _renumbered, compare, same_layouts  # noqa: E402
 from fault_pools import SparePool, close_replay_pool, replay_pool  # noqa: E402
 from fault_report import summarize, tables  # noqa: E402
 from fault_run import (  # noqa: E402
-    ATOL,
     GROUP_TIMEOUT_S,
     HANG_TIMEOUT_S,
-    RTOL,
     SPEC,
     STEP_POINTS,
     TASK,
@@ -240,47 +238,6 @@ def replay(spec: RunSpec, plans: dict[int, Plan], timeout_s: float) -> dict:
     final, err, hung = _bounded(go, timeout_s, pool.close)
     return {"final_state": final, "error": None if err is None else f"{type(err).__name__}: {str(err)[:400]}",
             "hung": hung, "seconds": time.perf_counter() - t0}
-
-
-def _renumbered(plan: Plan) -> Plan:
-    """``plan`` with its worker ids renumbered ``0..n-1`` in order (every candidate's rank order kept)."""
-    rank = {g: i for i, g in enumerate(sorted(plan.gpus_used()))}
-    return Plan(candidates=tuple(replace(c, gpus=tuple(rank[g] for g in c.gpus)) for c in plan.candidates))
-
-
-def same_layouts(a: dict[int, Plan], b: dict[int, Plan]) -> bool:
-    """Every step ran on the same layouts (tp, pp, dp, micro-batch, accumulation) in ``a`` and ``b``,
-    whichever workers held them: the same sums in the same order."""
-    def shape(p: Plan):
-        return sorted((c.model_stage, c.tp, c.pp, c.dp, c.micro_batch, c.grad_accum, c.concurrency, c.recompute)
-                      for c in p.candidates)
-    return a.keys() == b.keys() and all(shape(a[k]) == shape(b[k]) for k in a)
-
-
-#: the tensor kinds of a gathered logical state (``Engine.gather_logical_state``) and its counters
-KINDS = ("params", "master", "exp_avg", "exp_avg_sq")
-COUNTERS = ("step", "update_count", "position")
-
-
-def compare(a: dict | None, b: dict | None) -> tuple[bool, float]:
-    """Same state of every model-stage, trained and frozen (issue 30): the same kinds, every tensor of
-    every kind (parameters, fp32 master, Adam's two moments) within fp32 tolerance, and for a
-    trained model-stage its Adam step, update counter and data position; ``(equal, max |difference|)``."""
-    if not a or not b or a.keys() != b.keys():
-        return False, float("inf")
-    ok, worst = True, 0.0
-    for ms in a:
-        if "exp_avg" in a[ms] and any(a[ms].get(c) != b[ms].get(c) for c in COUNTERS):
-            ok = False  # a trained model-stage's counters (a frozen copy's are not state)
-        kinds = [k for k in KINDS if k in a[ms] or k in b[ms]]
-        for kind in kinds:
-            if kind not in a[ms] or kind not in b[ms] or a[ms][kind].keys() != b[ms][kind].keys():
-                return False, float("inf")
-            for n, x in a[ms][kind].items():
-                y = b[ms][kind][n]
-                worst = max(worst, float((x - y).abs().max()))
-                ok &= bool(torch.allclose(x, y, atol=ATOL, rtol=RTOL))
-    return ok, worst
 
 
 # ---------------------------------------------------------------------- the fault plan
