@@ -1,7 +1,7 @@
 """Fits/OOM verdicts on users' RL layouts (issue 28): each row of ``benchmarks/data/user_layouts.csv``
 (a published working layout or a public OOM report, with its source) is imported as the user wrote
 it (verl overrides or an OpenRLHF command line), evaluated by the cost model at the lengths the row
-gives (measured means where a log exists, else the launch line's maxima) and with the memory rule of
+gives and with the memory rule of
 the vLLM version the row's framework version ran (the importers choose it from the
 ``framework_version`` column, :mod:`nereus.integrations.framework_versions`; a row without a known
 version names it in ``vllm_rule``, its source in ``vllm_source``; :mod:`nereus.cost.vllm_startup`),
@@ -9,7 +9,19 @@ and the verdict (fits / OOM / refused by name)
 compared with the published outcome (``fits``, ``oom``, or ``refused`` where the framework's own code
 refuses the layout as recorded, the row's note citing where). Prints one line per row (the peak per-GPU bytes of the device's,
 and the plan check's margin: its 10% headroom applies to the predicted bytes, not to vLLM's own
-pre-allocation) and the score.
+pre-allocation) and the score, twice: at the rows' lengths, and at the launch lines' maxima for every
+row whose lengths are not from its own log (a sensitivity check).
+
+Lengths (``prompt_len``, ``response_len``, ``lengths_source``): a row with a training log of its own
+takes the log's means (the maximum over steps of the per-step mean prompt and response lengths,
+``lengths_source`` "training log ..."); a row with none that trains on GSM8K alone with packed
+sequences (verl's ``use_remove_padding`` or ``use_dynamic_bsz``: activations and logits scale with the
+micro-batch's real tokens, the sum of its lengths, not with its count times the maxima) takes GSM8K's
+lengths from the published verl log with the longest means on those prompts (Qwen2.5-0.5B PPO,
+prompt 109 / response 330; ``lengths_source`` "GSM8K lengths from ..."), capped at its launch line's
+maxima; any other row is judged at its launch line's maxima (padded batches pad to the longest
+sequence, and another dataset's lengths are not known). The rule is checked over the CSV by
+``tests/test_user_layouts.py``.
 
     python benchmarks/user_layouts.py [--csv FILE]
 """
@@ -65,8 +77,13 @@ def imported(row: dict, tmp: Path):
     return import_openrlhf(row["launch"], model=model, gpu=gpu, version=version)
 
 
-def verdict(row: dict, tmp: Path) -> tuple[str, str]:
-    """``(fits | oom | refused, detail)`` of one row."""
+#: ``lengths_source`` prefix of a row whose lengths come from its own training log
+OWN_LOG = "training log "
+
+
+def verdict(row: dict, tmp: Path, at_maxima: bool = False) -> tuple[str, str]:
+    """``(fits | oom | refused, detail)`` of one row; ``at_maxima``: at the launch line's maximum
+    lengths unless the row's lengths are from its own log."""
     try:
         imp = imported(row, tmp)
     except ValueError as e:  # a value Nereus refuses, named (the field, the value and what is valid)
@@ -74,7 +91,8 @@ def verdict(row: dict, tmp: Path) -> tuple[str, str]:
     if not imp.expressible:
         return "refused", "; ".join(str(u) for u in imp.unexpressible)[:160]
     w = imp.job.workload
-    lens = {k: int(row[k]) for k in ("prompt_len", "response_len") if row[k]}
+    own = row["lengths_source"].startswith(OWN_LOG)
+    lens = {k: int(row[k]) for k in ("prompt_len", "response_len") if row[k] and (own or not at_maxima)}
     # the importer chose the rule from the row's framework version; where the version's vLLM has no
     # sourced rule (or the version is not known) the row names it by hand
     pin = vllm_pin(row["framework"], row["framework_version"]) if row.get("framework_version") else None
@@ -90,12 +108,13 @@ def verdict(row: dict, tmp: Path) -> tuple[str, str]:
                                             f"{margin}")
 
 
-def score(path: Path) -> tuple[int, int, list]:
+def score(path: Path, at_maxima: bool = False) -> tuple[int, int, list]:
+    """``(right, rows, [(id, published, verdict, detail, source)])`` over the CSV at ``path``."""
     rows = list(csv.DictReader(path.open()))
     out = []
     with tempfile.TemporaryDirectory() as t:
         for r in rows:
-            v, detail = verdict(r, Path(t))
+            v, detail = verdict(r, Path(t), at_maxima)
             out.append((r["id"], r["outcome"], v, detail, r["source"]))
     right = sum(1 for _, want, got, _, _ in out if want == got)
     return right, len(out), out
@@ -108,6 +127,10 @@ def main(argv=None) -> int:
     right, n, out = score(Path(a.csv))
     for i, want, got, detail, src in out:
         print(f"{i:>3} {'ok ' if want == got else 'MISS'} published {want:<5} Nereus {got:<7} {detail}  [{src}]")
+    m_right, _, m_out = score(Path(a.csv), at_maxima=True)
+    flips = [i for (i, _, got, _, _), (_, _, got_m, _, _) in zip(out, m_out) if got != got_m]
+    print(f"at the launch lines' maxima (rows without their own log): right on {m_right} of {n} "
+          f"({100 * m_right / n:.1f}%); verdicts that change: {', '.join(flips) or 'none'}")
     print(f"fits/OOM right on {right} of {n} layouts ({100 * right / n:.1f}%)")
     return 0
 

@@ -206,3 +206,47 @@ def test_verl_resource_table_rows_match_their_script_names():
         gpus = int(over["trainer.n_gpus_per_node"]) * int(over.get("trainer.nnodes", 1))
         assert (gpus, r["gpu"]) == (int(n), device), r["id"]
         assert r["outcome"] == "fits" and "device_tuning.rst" in r["source"]
+
+
+def test_lengths_rule_holds_over_the_csv():
+    """Every row's lengths follow the benchmark's rule (benchmarks/user_layouts.py docstring): its own
+    log's means; else, for a verl row training on GSM8K alone with packed sequences, GSM8K's lengths
+    (109 / 330, capped at the launch line's maxima); else none (the launch line's maxima)."""
+    import json
+
+    import user_layouts
+
+    for r in csv.DictReader((ROOT / "benchmarks/data/user_layouts.csv").open()):
+        if r["lengths_source"].startswith(user_layouts.OWN_LOG):
+            assert r["prompt_len"] and r["response_len"], r["id"]
+            continue
+        over = dict(x.split("=", 1) for x in json.loads(r["launch"])) if r["framework"] == "verl" else {}
+        files = over.get("data.train_files", "")
+        packed = any(over.get(k) == "True" for k in over if k.endswith(("use_remove_padding", "use_dynamic_bsz")))
+        if "gsm8k" in files and "math" not in files and packed:
+            want = (min(109, int(over["data.max_prompt_length"])), min(330, int(over["data.max_response_length"])))
+            assert (int(r["prompt_len"]), int(r["response_len"])) == want, r["id"]
+            assert r["lengths_source"].startswith("GSM8K lengths from"), r["id"]
+        else:
+            assert not r["prompt_len"] and not r["response_len"], r["id"]
+
+
+def test_row_30_packed_logits_by_hand(tmp_path):
+    """Row 30 (verl's Qwen2.5-0.5B GRPO-LoRA on one H100, MaxBatch 116): the log-prob micro-batch packs
+    116 sequences; at GSM8K's lengths their bf16 logits (flash-attn's cross-entropy) are
+    2 B x 116 x (109 + 330) x 151,936 = 15.47 GB and the layout fits; at the maxima (512 + 1024 tokens
+    each) the same term alone is 2 x 116 x 1,536 x 151,936 = 54.1 GB, and the verdict is OOM."""
+    import user_layouts
+
+    from nereus.planner.whatif import evaluate_layout
+
+    row = {r["id"]: r for r in csv.DictReader((ROOT / "benchmarks/data/user_layouts.csv").open())}["30"]
+    assert (row["prompt_len"], row["response_len"]) == ("109", "330")
+    imp = user_layouts.imported(row, tmp_path)
+    assert imp.job.actor.vocab_size == 151936
+    assert user_layouts.verdict(row, tmp_path)[0] == "fits"
+    assert user_layouts.verdict(row, tmp_path, at_maxima=True)[0] == "oom"
+    from dataclasses import replace
+    job = imp.job.with_workload(replace(imp.job.workload, prompt_len=109, response_len=330))
+    assert evaluate_layout(job, imp.layout).plan.estimates["actor.infer"].memory["logits"] == 2 * 116 * 439 * 151936
+    assert evaluate_layout(imp.job, imp.layout).plan.estimates["actor.infer"].memory["logits"] == 2 * 116 * 1536 * 151936
