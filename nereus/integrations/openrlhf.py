@@ -385,7 +385,7 @@ def import_openrlhf(args, model=None, gpu=None, version: str | None = None, gpus
     if gpu is None:
         notes.append("OpenRLHF's arguments do not name the GPU: h100 assumed (--gpu)")
     fw = openrlhf_framework(g, tp)
-    fw = replace(fw, name="openrlhf-train_ppo", train_engine_generation=True) if hf else fw
+    fw = replace(fw, train_engine_generation=True) if hf else fw
     job = JobSpec(actor=actor, cluster=ClusterSpec(gpu_spec, nodes, gpn), workload=wl, framework=fw)
     b, bi = g("train.micro_batch_size"), g("rollout.micro_batch_size")
     rc = "full" if g("actor.gradient_checkpointing_enable") else "none"

@@ -241,9 +241,10 @@ def train_ppo_options(launch: DeepSpeedLaunch, version: str | None, translate) -
         while j < len(opts) and not opts[j].startswith("--"):
             j += 1
         if not k.startswith("--") or k[2:] not in TRAIN_PPO_OPTIONS:
-            why = (" (vLLM engines, GPU groups, colocation and offloads of the reference/reward are "
-                   "openrlhf.cli.train_ppo_ray's)" if re.match(r"--(vllm|colocate|ref_|reward_num|actor_num|critic_num|"
-                                                               r"packing|ring|async)", k) else "")
+            ray = re.match(r"--(vllm|colocate|ref_|reward_num|actor_num|critic_num|packing|ring|async)", k)
+            why = (" (an option of openrlhf.cli.train_ppo_ray: vLLM engines, GPU groups, colocation, reference/"
+                   "reward offload, packing, ring attention and asynchronous training are the Ray trainer's)"
+                   if ray else "")
             raise ValueError(f"OpenRLHF argument {opts[i]!r}: openrlhf.cli.train_ppo has no such option{why}; "
                              "its options are those of v0.3.6 to v0.6.1.post1's parser")
         if k in _OWN:
@@ -267,9 +268,12 @@ def train_ppo_options(launch: DeepSpeedLaunch, version: str | None, translate) -
             skip = True
             continue
         keep.append(t)
-    notes = [n for n in notes if "vllm_gpu_memory_utilization" not in n]
-    notes.append(f"openrlhf.cli.train_ppo defaults filled in where the line leaves them out: "
-                 f"{', '.join(f'{k} {v}' for k, v in TRAIN_PPO_DEFAULTS.items() if k not in given) or 'none'}")
+    own = "openrlhf.cli.train_ppo's defaults (the same in every release) filled in"
+    notes = [n.replace("flat-name defaults of OpenRLHF v0.8.0 filled in", own) for n in notes
+             if "vllm_gpu_memory_utilization" not in n]
+    filled = [f"{k} {v}" for k, v in TRAIN_PPO_DEFAULTS.items() if k not in given]
+    if filled:
+        notes.append(f"{own}: {', '.join(filled)}")
     if dropped:
         notes.append(f"no effect on the cost model: {_DROPPED_WHY}")
     if next((keep[n + 1] for n, t in enumerate(keep[:-1]) if t == "--ds.zero_stage"), "2") == "3":
