@@ -105,3 +105,39 @@ def test_refused_and_bad_lines_are_named():
     kl0 = ECHO.replace("--init_kl_coef 0.01", "--init_kl_coef 0")
     assert import_openrlhf(kl0, model=TINY, gpus_per_node=4, version="0.5.0").job.workload.reference_model
     assert not import_openrlhf(kl0, model=TINY, gpus_per_node=4, version="0.6.1").job.workload.reference_model
+
+
+def test_every_train_ppo_option_is_translated_read_or_classified():
+    """Each option of train_ppo's parser (any release) becomes a 0.11 option the importer reads or
+    classifies (openrlhf_keys), or is dropped with a reason (no effect) or refused by name."""
+    from nereus.integrations import openrlhf_keys
+    from nereus.integrations.openrlhf import _DEFAULTS, argument_names
+    from nereus.integrations.openrlhf_deepspeed import _OWN, TRAIN_PPO_OPTIONS
+    from nereus.integrations.openrlhf_legacy import _SPECIAL, DROPPED, REFUSED, RENAMED
+
+    names = argument_names()
+    special = {"--prompt_max_len": "--data.max_len", "--generate_max_len": "--rollout.max_new_tokens",
+               "--bf16": "--ds.param_dtype", "--use_kl_estimator_k3": "--algo.kl.estimator"}
+    assert set(special) == set(_SPECIAL) - {"--ref_reward_offload"}  # train_ppo never had that one
+    for o in sorted("--" + x for x in TRAIN_PPO_OPTIONS):
+        if o in DROPPED or o in REFUSED or (o in _OWN and _OWN[o] is None):
+            continue
+        target = special.get(o) or _OWN.get(o) or RENAMED.get(o) or (o if o in names else None)
+        assert target in names, o
+        k = target[2:]
+        assert k in _DEFAULTS or openrlhf_keys.classify(k) is not None, o
+
+
+def test_cli_reads_the_example_script_with_the_machines_gpu_count(capsys):
+    from nereus.cli import main
+
+    assert main(["plan", "--from-openrlhf", SCRIPT, "--model", "qwen2.5-0.5b", "--gpus-per-node", "4",
+                 "--json"]) == 0
+    import json
+
+    out = json.loads(capsys.readouterr().out)
+    assert out["job"]["cluster"]["gpus_per_node"] == 4 and out["user"]["expressible"]
+    assert {tuple(c["gpus"]) for c in out["user"]["layout"]} == {(0, 1, 2, 3)}
+    assert out["job"]["framework"]["train_engine_generation"] is True
+    assert main(["plan", "--from-openrlhf", SCRIPT, "--model", "qwen2.5-0.5b"]) == 2  # the count is named
+    assert "give the machine's GPU count" in capsys.readouterr().err

@@ -154,7 +154,7 @@ _FLAGS = {k for k, v in _DEFAULTS.items() if v is False}
 def _tokens(args) -> list[str]:
     """Option tokens of an argument string or list: a whole launch line (``ray job submit ... --
     python3 -m openrlhf.cli.train_ppo_ray ...``, line continuations included) is cut after the entry
-    point.
+    point; a ``train_ppo`` launch gives its own options (:func:`~nereus.integrations.openrlhf_deepspeed.deepspeed_launch`).
 
     Raises:
         ValueError: nothing given (an empty string would otherwise plan OpenRLHF's defaults silently).
