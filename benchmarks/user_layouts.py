@@ -52,6 +52,8 @@ from nereus.spec.presets import MODEL_PRESETS  # noqa: E402
 MODELS = json.loads((HERE / "data" / "user_layout_models.json").read_text())
 #: GPUs of the reports with no Nereus preset (custom GPUs, get_gpu's JSON fields)
 GPUS = json.loads((HERE / "data" / "user_layout_gpus.json").read_text())
+#: GPUs per node of the reports whose launch line leaves the count to the machine (OpenRLHF train_ppo)
+MACHINES = json.loads((HERE / "data" / "user_layout_machines.json").read_text())
 
 
 def _model(name: str, tmp: Path) -> str:
@@ -74,7 +76,8 @@ def imported(row: dict, tmp: Path):
     if row["framework"] == "verl":
         return import_verl(load_verl_config(row["config"], json.loads(row["launch"])), model=model, gpu=gpu,
                            version=version)
-    return import_openrlhf(row["launch"], model=model, gpu=gpu, version=version)
+    gpn = MACHINES.get(row["id"], {}).get("gpus_per_node")
+    return import_openrlhf(row["launch"], model=model, gpu=gpu, version=version, gpus_per_node=gpn)
 
 
 #: ``lengths_source`` prefix of a row whose lengths come from its own training log

@@ -155,7 +155,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                     help="import a verl trainer config (a YAML file, or ppo_trainer / ppo_megatron_trainer of the "
                     "installed verl) with Hydra-style overrides: evaluate its layout next to Nereus's best plan")
     ig.add_argument("--from-openrlhf", metavar="ARGS", default=None,
-                    help="import an OpenRLHF train_ppo_ray argument string (quoted) and evaluate its layout")
+                    help="import an OpenRLHF train_ppo_ray argument string or launch line (quoted), or a train_ppo "
+                    "(DeepSpeed, no Ray) launch (its GPUs from --gpus-per-node/--nodes where deepspeed's line has "
+                    "none), and evaluate its layout")
     ig.add_argument("--framework-version", type=framework_version_arg, default=None, metavar="NAME==VERSION",
                     help="the framework release the imported configuration runs (verl==0.4.1, openrlhf==0.5.9.post1): "
                     "selects the vLLM start-up memory rule and that release's defaults (docs/integrations.md); "
@@ -247,8 +249,8 @@ def _imported(args):
     else:
         from nereus.integrations.openrlhf import _tokens, import_openrlhf
 
-        imp = import_openrlhf(args.from_openrlhf, model=args.model, gpu=args.gpu,
-                              version=_version_for(args, "openrlhf"))
+        imp = import_openrlhf(args.from_openrlhf, model=args.model, gpu=args.gpu, version=_version_for(args, "openrlhf"),
+                              gpus_per_node=args.gpus_per_node, nodes=args.nodes)  # train_ppo: the machine
         imp.source = {"args": _tokens(args.from_openrlhf)}
     wl = {k: v for k, v in (("prompt_len", args.prompt_len), ("response_len", args.response_len)) if v is not None}
     if wl:

@@ -148,14 +148,16 @@ def _weights(model: ModelSpec, workload: WorkloadSpec, params, tp, zero, dp):
 
 def stage_memory(stage: str, model: ModelSpec, workload: WorkloadSpec, tp, pp, *,
                  micro_batch=1, recompute="none", inflight=1, concurrency=0, dp=1, zero=0, offload=0,
-                 vpp=1, sp=False) -> dict:
+                 vpp=1, sp=False, chunked=True) -> dict:
     """Bytes per GPU by term for one replica of a ``generate``, ``infer`` or ``train`` model-stage.
 
     Elementwise over arrays: ``tp``, ``pp``, ``micro_batch``, ``recompute`` (a mode or an array of
     codes, see :func:`recompute_code`), ``inflight`` (train: micro-batches in flight, ``min(pp, m)``),
     ``concurrency`` (generate), ``dp``, ``zero`` (ZeRO stage 0-3, train; 0 or 3, infer), ``offload`` (codes of
     :data:`OFFLOAD_CODES`) and ``vpp`` (interleaving) may be arrays of one shape; ``sp`` (sequence
-    parallelism) is a flag. Each term is taken on its most loaded pipeline rank (the first holds the
+    parallelism) is a flag; ``chunked`` (generate): vLLM's chunked prefill of at most
+    :data:`PREFILL_CHUNK_TOKENS` tokens, else one pass over all ``concurrency x prompt_len`` prompt
+    tokens (Hugging Face ``generate`` on a training engine). Each term is taken on its most loaded pipeline rank (the first holds the
     most activations, the last the logits; the larger of the two is kept).
 
     Terms (cost-model.md §2.2-2.3):
@@ -228,7 +230,7 @@ def stage_memory(stage: str, model: ModelSpec, workload: WorkloadSpec, tp, pp, *
     elif stage == "generate":
         c = np.asarray(concurrency)
         out["kv_cache"] = c * s * kv_bytes_per_token_rank(model, workload.kv_bytes, tp, pp)
-        chunk = np.minimum(c * workload.prompt_len, PREFILL_CHUNK_TOKENS)
+        chunk = np.minimum(c * workload.prompt_len, PREFILL_CHUNK_TOKENS) if chunked else c * workload.prompt_len
         out["activations"] = 2 * activation_bytes_per_layer(model, chunk, tp)
         out["logits"] = 6.0 * c * model.vocab_size / tp
     else:

@@ -15,16 +15,16 @@ Per model-stage time (one RL step):
 * infer: ``m·t_last + (pp-1)·t_mid`` with ``m = ceil(ceil(B/dp)/b)`` (slowest replica);
 * generate: ``waves · (prefill + response_len · t_decode)``, ``waves = ceil(ceil(R/dp)/c)``.
 
-``actor.train`` adds the send side and ``actor.generate`` the receive side of the weight sync.
-``L_step``: synchronous: the stages run one after another and model-stages of a stage in parallel, so
-the critical path of the execution-overlap graph is ``Σ_stage max_M t_M``; asynchronous: generation
-of the next step overlaps inference and training, ``max(t_generate, t_infer + t_train)``.
+``actor.train`` adds the send side and ``actor.generate`` the receive side of the weight sync (none under
+``train_engine_generation``). ``L_step``: synchronous: the stages run one after another and model-stages
+of a stage in parallel, so the critical path of the execution-overlap graph is ``Σ_stage max_M t_M``;
+asynchronous: generation of the next step overlaps inference and training, ``max(t_generate, t_infer + t_train)``.
 
-Per-GPU peak memory: ``workspace + Σ resident of every model-stage on the GPU + the largest
-transient among them`` (idle model-stages stay resident; ``shared_engine``: cost/step.py).
-A plan is feasible when every GPU's peak fits ``(1 - headroom) · capacity``, with ``1 - headroom`` the
-workload's ``memory_fraction`` when set (vLLM's ``gpu_memory_utilization``), else 0.9. Memory terms
-use the workload's ``response_len_max`` when set (:mod:`nereus.cost.memory`), times its mean.
+Per-GPU peak memory: ``workspace + Σ resident of every model-stage on the GPU + the largest transient
+among them`` (idle model-stages stay resident; ``shared_engine``: cost/step.py). A plan is feasible when
+every GPU's peak fits ``(1 - headroom) · capacity``, ``1 - headroom`` the workload's ``memory_fraction``
+when set (vLLM's ``gpu_memory_utilization``), else 0.9; memory terms at ``response_len_max`` when set
+(:mod:`nereus.cost.memory`), times at the mean.
 """
 
 from __future__ import annotations
@@ -241,11 +241,11 @@ class CostModel:
                 parts = _scale(expand(_combine(prefill, decode), inv), waves)
             if eng is not None and eng.generate_call_s > 0:
                 parts = _combine(parts, et.generate_call_times(eng, eff, cl.gpu))
-            if ms.model == "actor":
+            if ms.model == "actor" and not fw.train_engine_generation:  # HF generate on the actor: no sync
                 parts = _combine(parts, self._sync(model, tp, pp, dp.shape, "recv", multi_node))
             first, inv = unique_rows(dp.shape, tp, pp, c, off)
             u = rows_of(first, tp, pp, c, off)
-            mem = expand(stage_memory("generate", model, w, u[0], u[1], concurrency=u[2], offload=u[3]), inv)
+            mem = expand(stage_memory("generate", model, w, u[0], u[1], concurrency=u[2], offload=u[3], chunked=not fw.train_engine_generation), inv)
             if w.rollout_memory_fraction is not None:  # vLLM takes its fraction whatever the batch needs
                 mem = preallocated_memory(mem, w.rollout_memory_fraction, cl.gpu.memory_bytes, self.workspace,
                                           np.broadcast_to(off, dp.shape), np.broadcast_to(c, dp.shape))
@@ -294,7 +294,7 @@ class CostModel:
         else:
             mf, minv = unique_rows(shape, tp, pp, load, off)
             mt, mp, ml, mo = rows_of(mf, tp, pp, load, off)
-            mem = expand(stage_memory("generate", model, w, mt, mp, concurrency=ml, offload=mo), minv)
+            mem = expand(stage_memory("generate", model, w, mt, mp, concurrency=ml, offload=mo, chunked=not self.job.framework.train_engine_generation), minv)
         frozen = ms.model in FROZEN_MODELS
         sync = self._sync(model, tp, pp, shape, "recv", multi_node) if not frozen and ms.stage == "infer" else None
         extra = lat.offload_times(mem["weights"] + mem["optimizer"], off, cl, eff, frozen=frozen, derived_sync=sync)

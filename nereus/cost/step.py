@@ -84,13 +84,18 @@ def critical_path(workflow: Workflow, times: dict, groups=None) -> float:
 def engine_owned(plan: Plan, fw) -> set:
     """Inference model-stages whose weights are their training engine's (``fw.shared_engine``: the
     same model's ``.train`` candidate on the same GPUs keeps its weights resident), so they add no
-    resident bytes of their own."""
-    if not fw.shared_engine:
+    resident bytes of their own; with ``fw.train_engine_generation`` also ``actor.generate`` on
+    ``actor.train``'s GPUs (Hugging Face ``generate`` on the actor's DeepSpeed engine, OpenRLHF's
+    non-Ray ``train_ppo``, below ZeRO-3: its KV cache and activations stay transient)."""
+    gen = getattr(fw, "train_engine_generation", False)
+    if not fw.shared_engine and not gen:
         return set()
     by = {c.model_stage: c for c in plan.candidates}
     out = set()
     for name, c in by.items():
-        t = by.get(name.replace(".infer", ".train")) if name.endswith(".infer") else None
+        t = by.get(name.replace(".infer", ".train")) if name.endswith(".infer") and fw.shared_engine else None
+        if gen and name == "actor.generate" and "actor.train" in by and by["actor.train"].zero < 3:
+            t = by["actor.train"]  # ZeRO-3 shards the weights generation needs whole: not owned
         if t is not None and set(t.gpus) == set(c.gpus) and t.offload in ("none", "cpu_adam") and t.tp == c.tp \
                 and t.pp == c.pp:
             out.add(name)

@@ -124,11 +124,15 @@ def memory_fraction_for(job: JobSpec, tp: int, concurrency: int) -> float:
 
 def without_fraction(job: JobSpec) -> JobSpec:
     """``job`` with vLLM's fraction left to the planner (``rollout_memory_fraction`` unset): Nereus's
-    own plans and exports size the engine and write the fraction they need."""
-    if job.workload.rollout_memory_fraction is None:
-        return job
+    own plans and exports size the engine and write the fraction they need. Generation by the
+    training engine (``framework.train_engine_generation``, OpenRLHF's non-Ray ``train_ppo``) is
+    turned off too: Nereus's plans and the OpenRLHF export (``train_ppo_ray``) generate with vLLM."""
     from dataclasses import replace
 
+    if job.framework.train_engine_generation:
+        job = replace(job, framework=replace(job.framework, train_engine_generation=False))
+    if job.workload.rollout_memory_fraction is None:
+        return job
     return job.with_workload(replace(job.workload, rollout_memory_fraction=None))
 
 

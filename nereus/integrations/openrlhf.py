@@ -25,8 +25,9 @@ Also expressed: ``--ds.ring_attn_size`` (ring attention: candidates' ``cp``, DP 
 ring)), ``--ds.lora.rank`` (the workload's ``lora_rank``), ``--train.dynamic_batch_enable`` (token
 budgets ``--train.max_tokens_per_gpu`` / ``--rollout.max_tokens_per_gpu`` as fixed micro-batches) and
 vLLM's pre-allocated ``--vllm.gpu_memory_utilization`` (the workload's ``rollout_memory_fraction``).
-Still refused (named, never approximated): ``--ds.zpg`` > 1 and generation without vLLM (OpenRLHF 0.11
-has none).
+Still refused (named, never approximated): ``--ds.zpg`` > 1 and, in ``train_ppo_ray``, generation without
+vLLM (OpenRLHF 0.11 has none). ``openrlhf.cli.train_ppo`` lines (DeepSpeed without Ray, generation by the
+training engine) are read by :mod:`nereus.integrations.openrlhf_deepspeed`.
 
 Export (:func:`export_openrlhf`, in :mod:`nereus.integrations.openrlhf_export`, re-exported here):
 the faster of disjoint groups and ``--train.colocate_all``, with a ZeRO stage and Adam offload
@@ -47,9 +48,13 @@ from pathlib import Path
 from nereus.cost.shapes import valid_tp
 from nereus.integrations.common import Imported, Unexpressible
 from nereus.integrations.framework_versions import version_rule
-from nereus.integrations.openrlhf_export import (
-    infer_zero,
+from nereus.integrations.openrlhf_deepspeed import (
+    deepspeed_launch,
+    reference_always,
+    topology_tokens,
+    train_ppo_options,
 )
+from nereus.integrations.openrlhf_export import infer_zero
 from nereus.integrations.openrlhf_keys import classify_args
 from nereus.integrations.openrlhf_legacy import is_legacy, translate_legacy
 from nereus.integrations.verl_features import budget_micro_batch
@@ -149,7 +154,7 @@ _FLAGS = {k for k, v in _DEFAULTS.items() if v is False}
 def _tokens(args) -> list[str]:
     """Option tokens of an argument string or list: a whole launch line (``ray job submit ... --
     python3 -m openrlhf.cli.train_ppo_ray ...``, line continuations included) is cut after the entry
-    point.
+    point; a ``train_ppo`` launch gives its own options (:func:`~nereus.integrations.openrlhf_deepspeed.deepspeed_launch`).
 
     Raises:
         ValueError: nothing given (an empty string would otherwise plan OpenRLHF's defaults silently).
@@ -160,6 +165,10 @@ def _tokens(args) -> list[str]:
 def _legacy(args, version: str | None = None) -> tuple[list[str], list[str], list[Unexpressible]]:
     """:func:`_tokens` with the notes and refusals of a flat-name (pre-0.11) line translated by
     :func:`nereus.integrations.openrlhf_legacy.translate_legacy`."""
+    launch = deepspeed_launch(args)  # openrlhf.cli.train_ppo (DeepSpeed without Ray): its own options
+    if launch is not None:
+        toks, notes, refused = train_ppo_options(launch, version, translate_legacy)
+        return toks, notes, [Unexpressible(k, v, why) for k, v, why in refused]
     toks = shlex.split(args.replace("\\\n", " ")) if isinstance(args, str) else list(args)
     toks = [t for t in toks if t != "\\"]
     if _ENTRY in toks:
@@ -229,8 +238,11 @@ def openrlhf_framework(a_get, tp: int) -> FrameworkSpec:
                    shared_engine=True)  # log-probs and values on the actor's and critic's DeepSpeed engines
 
 
-def import_openrlhf(args, model=None, gpu=None, version: str | None = None) -> Imported:
-    """Read an OpenRLHF ``train_ppo_ray`` argument string as a job and the user's layout.
+def import_openrlhf(args, model=None, gpu=None, version: str | None = None, gpus_per_node: int | None = None,
+                    nodes: int | None = None) -> Imported:
+    """Read an OpenRLHF ``train_ppo_ray`` argument string as a job and the user's layout; a
+    ``train_ppo`` (DeepSpeed without Ray) launch as :mod:`nereus.integrations.openrlhf_deepspeed` says,
+    on ``gpus_per_node`` x ``nodes`` GPUs where its launcher does not give them.
 
     The job's framework is :func:`openrlhf_framework`; the layout puts each model on its GPU group
     (colocated groups share GPU ids: ``--train.colocate_all``, ``--train.colocate_actor_ref``,
@@ -242,8 +254,14 @@ def import_openrlhf(args, model=None, gpu=None, version: str | None = None) -> I
     Raises:
         ValueError: unknown or contradictory options, named with the value and what is valid.
     """
-    a, notes = parse_args(args, version)
-    refused = _legacy(args, version)[2]
+    toks, notes, refused = _legacy(args, version)
+    launch = deepspeed_launch(args)
+    hf = launch is not None  # generation by the training engine (Hugging Face generate), no vLLM
+    if hf:
+        topo, tnotes = topology_tokens(launch, gpus_per_node, nodes)
+        toks, notes = toks + topo, notes + tnotes
+    a, pnotes = parse_args(toks, version)
+    notes += pnotes
     gpu_spec = get_gpu(gpu or "h100") if isinstance(gpu or "h100", str) else gpu  # an unknown GPU is named first
     read: dict = {}
 
@@ -276,14 +294,14 @@ def import_openrlhf(args, model=None, gpu=None, version: str | None = None) -> I
     reward = bool(rm) and not url and not agent
     asynchronous = bool(g("train.async_enable"))
     # train_ppo_ray.py builds ref_model only for --algo.kl.init_coef > 0
-    uses_ref = (g("algo.kl.init_coef") or 0) > 0
+    uses_ref = (g("algo.kl.init_coef") or 0) > 0 or (hf and reference_always(version))
     wl = WorkloadSpec(algorithm=algo, prompts_per_step=g("rollout.batch_size"),
                       samples_per_prompt=g("rollout.n_samples_per_prompt"), prompt_len=max_len - resp,
                       response_len=resp, mini_batch_size=g("train.batch_size"), ppo_epochs=g("train.max_epochs"),
                       reward_model=reward, reference_model=uses_ref, asynchronous=asynchronous,
                       lora_rank=openrlhf_lora_rank(g, un),
-                      rollout_memory_fraction=float(g("vllm.gpu_memory_utilization")),
-                      vllm_memory_rule=version_rule("openrlhf", version, notes))
+                      rollout_memory_fraction=None if hf else float(g("vllm.gpu_memory_utilization")),
+                      vllm_memory_rule=None if hf else version_rule("openrlhf", version, notes))
     notes.append("--data.max_len minus --rollout.max_new_tokens is used as the prompt length and "
                  "--rollout.max_new_tokens as the response length (maxima; --prompt-len/--response-len override)")
     if not uses_ref:
@@ -313,13 +331,13 @@ def import_openrlhf(args, model=None, gpu=None, version: str | None = None) -> I
                      "model-stages with DP > 1 (actor.infer and critic.infer use the training engines' shards)")
     ring = g("ds.ring_attn_size") or 1
     dynamic = bool(g("train.dynamic_batch_enable"))
-    engines = g("vllm.num_engines")
-    if not engines:
+    engines = None if hf else g("vllm.num_engines")
+    if not engines and not hf:
         un.append(Unexpressible("--vllm.num_engines", engines, "OpenRLHF 0.11 generates only with vLLM engines "
                                 "(its samples generator has no training-engine path): set --vllm.num_engines"))
         engines = 1
     tp = g("ds.tensor_parallel_size")
-    gtp = g("vllm.tensor_parallel_size")
+    gtp = 1 if hf else g("vllm.tensor_parallel_size")
     for k, v in (("ds.tensor_parallel_size", tp), ("vllm.tensor_parallel_size", gtp)):
         why = valid_tp(actor, v)
         if why:
@@ -342,11 +360,12 @@ def import_openrlhf(args, model=None, gpu=None, version: str | None = None) -> I
         raise ValueError(f"OpenRLHF arguments --train.colocate_critic_reward: --reward.num_nodes x "
                          f"--reward.num_gpus_per_node = {size('reward')} GPUs must equal the critic's {size('critic')}")
     gen_shared = colocate_all and not asynchronous
+    engines = size("actor") if hf else engines  # one Hugging Face generate per DeepSpeed rank
     if gen_shared and engines * gtp != size("actor"):
         raise ValueError(f"OpenRLHF arguments --train.colocate_all: --vllm.num_engines {engines} x "
                          f"--vllm.tensor_parallel_size {gtp} must equal the actor's {size('actor')} GPUs")
-    vllm_sleep = bool(g("vllm.enable_sleep")) and gen_shared  # OpenRLHF turns it off otherwise
-    if g("vllm.enable_sleep") and not gen_shared:
+    vllm_sleep = not hf and bool(g("vllm.enable_sleep")) and gen_shared  # OpenRLHF turns it off otherwise
+    if not hf and g("vllm.enable_sleep") and not gen_shared:
         notes.append("--vllm.enable_sleep: OpenRLHF turns it off without --train.colocate_all (and it refuses it "
                      "with --train.async_enable)")
     if vllm_sleep:
@@ -366,6 +385,7 @@ def import_openrlhf(args, model=None, gpu=None, version: str | None = None) -> I
     if gpu is None:
         notes.append("OpenRLHF's arguments do not name the GPU: h100 assumed (--gpu)")
     fw = openrlhf_framework(g, tp)
+    fw = replace(fw, train_engine_generation=True) if hf else fw
     job = JobSpec(actor=actor, cluster=ClusterSpec(gpu_spec, nodes, gpn), workload=wl, framework=fw)
     b, bi = g("train.micro_batch_size"), g("rollout.micro_batch_size")
     rc = "full" if g("actor.gradient_checkpointing_enable") else "none"
@@ -398,7 +418,7 @@ def import_openrlhf(args, model=None, gpu=None, version: str | None = None) -> I
                                    cp=ring))
     # vLLM pre-allocates --vllm.gpu_memory_utilization (the workload's rollout_memory_fraction) and the cost
     # model caps the concurrency by its KV blocks; OpenRLHF leaves max_num_seqs at vLLM's default
-    conc = VLLM_MAX_NUM_SEQS
+    conc = bi if hf else VLLM_MAX_NUM_SEQS  # Hugging Face generate: one micro-rollout batch at a time
     if dynamic:
         notes.append("--train.dynamic_batch_enable: token-budget micro-batches stand as the largest fixed micro-batch "
                      "whose full-length sequences fit --train.max_tokens_per_gpu (--rollout.max_tokens_per_gpu)")

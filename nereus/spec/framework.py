@@ -63,6 +63,13 @@ feature                    kind       cost-model consequence (``nereus.cost``)
 ``fp32_train_params``      flag       training parameters are held in fp32 as the optimizer's own
                                       master copy, bf16 only per gathered layer (verl's FSDP workers):
                                       no resident bf16 weight term (:mod:`nereus.cost.train_state`)
+``train_engine_generation`` flag      generation by the actor's training engine (Hugging Face
+                                      ``generate`` on OpenRLHF's non-Ray ``train_ppo`` DeepSpeed
+                                      actor), not a vLLM engine: an ``actor.generate`` on
+                                      ``actor.train``'s GPUs keeps no weight copy of its own
+                                      (:func:`nereus.cost.step.engine_owned`), receives no weight
+                                      sync, and prefills the whole micro-batch's prompts in one
+                                      pass (no chunked prefill)
 ``zero3_impl``             flag       how the ZeRO-3 engine moves parameters (:mod:`nereus.cost.zero3`):
                                       ``fsdp`` (default; FSDP/FSDP2: one flat all-gather per wrapped
                                       block, prefetched in forward and backward), ``deepspeed``
@@ -145,6 +152,7 @@ class FrameworkSpec:
             every non-training model-stage; verl, for example, frees only the rollout engine's
             weights, so its frameworks list ``("actor.generate",)``).
         even_dp: inference and generation dp must divide their rows (module docstring).
+        train_engine_generation: generation runs on the actor's training engine (module docstring).
         zero3_impl: the ZeRO-3 implementation's parameter-traffic schedule, one of
             :data:`ZERO3_IMPLS` (:mod:`nereus.cost.zero3`; ``fsdp``: the default model).
         persistent_grads: the gradient buffer stays allocated between steps (resident gradients).
@@ -172,6 +180,7 @@ class FrameworkSpec:
     drop_model_stages: tuple | None = None
     pipeline_parallel: bool = True
     shared_engine: bool = False
+    train_engine_generation: bool = False
     zero3_impl: str = "fsdp"
     even_dp: bool = False
     persistent_grads: bool = False
@@ -210,7 +219,7 @@ class FrameworkSpec:
         if g is not None and (isinstance(g, bool) or g not in (2, 4)):
             raise ValueError(f"framework field 'grad_reduce_bytes' must be 2 (bf16), 4 (fp32) or null, got {g!r}")
         for f in ("sequence_parallel", "overlap_grad_reduce", "overlap_tp_comm", "model_parallel_train",
-                  "uneven_pp", "pipeline_parallel", "shared_engine", "even_dp",
+                  "uneven_pp", "pipeline_parallel", "shared_engine", "train_engine_generation", "even_dp",
                   "persistent_grads", "fp32_train_params"):
             if not isinstance(getattr(self, f), bool):
                 raise ValueError(f"framework field {f!r} must be true or false, got {getattr(self, f)!r}")
@@ -227,7 +236,7 @@ class FrameworkSpec:
             del d["shared_engine"]
         if self.zero3_impl == "fsdp":
             del d["zero3_impl"]
-        for f in ("even_dp", "persistent_grads", "fp32_train_params"):
+        for f in ("even_dp", "persistent_grads", "fp32_train_params", "train_engine_generation"):
             if not d[f]:
                 del d[f]
         if self.engine is None:
