@@ -81,6 +81,7 @@ CASES = [
     (FSDP, ["ray_init.timeline_json_file=/tmp/t.json"], "ray_init.timeline_json_file",
      {"ray_kwargs.timeline_json_file": "/tmp/t.json"}),
     (FSDP, ["trainer.profile_steps=[1,2]"], "trainer.profile_steps", "dropped"),
+    (FSDP, ["reward_model.profiler.all_ranks=True"], "reward_model.profiler.all_ranks", "dropped"),
     (FSDP, ["actor_rollout_ref.actor.tis_imp_ratio_cap=2.0"], "actor_rollout_ref.actor.tis_imp_ratio_cap", "dropped"),
     (FSDP, ["data.sampler.class_path=my.sampler"], "data.sampler.class_path", "dropped"),
     (FSDP, ["trainer.use_legacy_worker_impl=auto"], "trainer.use_legacy_worker_impl", "dropped"),

@@ -64,8 +64,9 @@ class Legacy:
 _REWARD_WORKER = ("4ef45d093 (#5194, v0.7.1) removed the FSDP/Megatron reward-model worker these keys "
                   "configure (micro-batches, sharding, offload of its forward pass); verl serves the reward model "
                   "with an inference engine since: give reward.reward_model.rollout.* instead")
-_PROFILE = ("545f89984 (#2894, v0.6.0) replaced it with global_profiler.* and <role>.profiler.*; profiling "
-            "options are outside the cost model (as the installed names are)")
+_PROFILE = ("545f89984 (#2894, v0.6.0) replaced it with global_profiler.* and <role>.profiler.* "
+            "(reward_model.profiler.* went with the reward-model worker, 4ef45d093); profiling options are outside "
+            "the cost model (as the installed names are)")
 
 #: every legacy key walked (verl 0.1-0.8 trainer configs against the installed 0.9.1), in config order
 LEGACY: tuple[Legacy, ...] = (
@@ -156,7 +157,7 @@ LEGACY: tuple[Legacy, ...] = (
     Legacy(r"ray_init\.timeline_json_file", "renamed", "2bbd09245 (#3049, v0.6.0)", "Ray timeline",
            to=("ray_kwargs.timeline_json_file",)),
     Legacy(_ACT + r"\.profile\..+|(actor_rollout_ref\.(actor|ref|rollout)|critic|reward_model)\.profiler\.discrete"
-           r"|actor_rollout_ref\.profiler\..+|trainer\.(profile_steps|controller_nsight_options\..+"
+           r"|(actor_rollout_ref|reward_model)\.profiler\..+|trainer\.(profile_steps|controller_nsight_options\..+"
            r"|worker_nsight_options\..+|npu_profile\..+)", "dropped", "545f89984 (#2894, v0.6.0)", _PROFILE),
     Legacy(r"actor_rollout_ref\.actor\.tis_imp_ratio_cap", "dropped", "21271aabb (v0.6.0)",
            "a truncated importance-sampling cap of the loss (algorithm.rollout_correction.* since)"),
