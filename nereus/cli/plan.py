@@ -242,10 +242,11 @@ def _imported(args):
         from nereus.integrations.verl import import_verl
         from nereus.integrations.verl_config import load_verl_config, verl_launch
 
-        imp = import_verl(load_verl_config(args.from_verl[0], args.from_verl[1:]), model=args.model, gpu=args.gpu,
-                          version=_version_for(args, "verl"))
+        cfg = load_verl_config(args.from_verl[0], args.from_verl[1:])
+        imp = import_verl(cfg, model=args.model, gpu=args.gpu, version=_version_for(args, "verl"))
         config, overrides, _ = verl_launch(args.from_verl)
-        imp.source = {"config": config, "overrides": overrides}
+        # an export keeps the user's overrides as composed: legacy keys under the installed names
+        imp.source = {"config": config, "overrides": list(getattr(cfg, "overrides", overrides))}
     else:
         from nereus.integrations.openrlhf import _tokens, import_openrlhf
 

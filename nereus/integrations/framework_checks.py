@@ -42,7 +42,7 @@ def verl_check(config: str, overrides=()) -> None:
         from verl.utils.config import validate_config
     except ImportError as e:
         raise ValueError(f"verl's configuration checks need verl installed: {e}") from None
-    cfg = OmegaConf.create(load_verl_config(config, list(overrides)))
+    cfg = OmegaConf.create(dict(load_verl_config(config, list(overrides))))  # OmegaConf takes plain dicts only
     try:
         with contextlib.redirect_stdout(io.StringIO()):  # it prints "All configuration checks passed"
             validate_config(config=cfg, use_reference_policy=need_reference_policy(cfg), use_critic=need_critic(cfg))

@@ -201,9 +201,6 @@ def _engine(c: VerlConfig, role: str, n: int, out: list, notes: list, model, str
         elif c.get(f"{m}.use_distributed_optimizer", False):
             e.zero = 1
         e.offload = _train_offload(po, bool(c.get(f"{m}.optimizer_offload", False)), m, out)
-        if c.get(f"{m}.grad_offload", False):
-            notes.append(f"{m}.grad_offload: Megatron's gradient buffer is resident (cost/train_state.py) unless "
-                         "param_offload moves it to the host with the parameters; grad_offload alone is not modelled")
         e.overlap = bool(c.get(f"{m}.override_ddp_config.overlap_grad_reduce", False))
         fp32 = c.get(f"{m}.override_ddp_config.grad_reduce_in_fp32", None)
         if fp32 is None:  # verl: fp32 unless a precision-aware optimizer keeps low-precision main grads
@@ -269,7 +266,7 @@ def import_verl(cfg: dict, model=None, gpu=None, version: str | None = None) -> 
     """
     c = VerlConfig(cfg)
     un: list[Unexpressible] = []
-    notes: list[str] = []
+    notes: list[str] = [r.note() for r in getattr(cfg, "legacy", ())]  # verl_legacy: older verl's key names
     arr = "actor_rollout_ref"
     actor_model = _model(c, model, f"{arr}.model.path")
     adv = c.get("algorithm.adv_estimator", "gae")

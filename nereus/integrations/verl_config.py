@@ -10,6 +10,8 @@ from pathlib import Path
 
 import yaml
 
+from nereus.integrations.verl_legacy import LegacyConfig, translate
+
 __all__ = ["verl_config_dir", "load_verl_config", "verl_launch", "VerlConfig"]
 
 _MISSING = object()
@@ -48,7 +50,32 @@ def _verl_version() -> str:
         return "?"
 
 
-def _compose(config_dir: Path, name: str, overrides: list[str]) -> dict:
+def _installed_keys(config_dir: Path, name: str) -> frozenset:
+    """The dotted leaf keys of ``name`` as the installed verl composes it (no overrides)."""
+    key = (str(config_dir.resolve()), name)
+    if key not in _INSTALLED:
+        _INSTALLED[key] = frozenset(_leaves(_compose_raw(config_dir, name, [])))
+    return _INSTALLED[key]
+
+
+def _leaves(d: dict, prefix: str = ""):
+    for k, v in d.items():
+        yield from _leaves(v, f"{prefix}{k}.") if isinstance(v, dict) and v else (f"{prefix}{k}",)
+
+
+_INSTALLED: dict = {}
+
+
+def _compose(config_dir: Path, name: str, overrides: list[str]) -> LegacyConfig:
+    """:func:`_compose_raw` after the legacy keys of ``overrides`` are read under the installed names
+    (:func:`nereus.integrations.verl_legacy.translate`; the rewrites ride on the result's ``legacy``)."""
+    overrides, rewrites = translate(overrides, _installed_keys(config_dir, name))
+    cfg = LegacyConfig(_compose_raw(config_dir, name, overrides))
+    cfg.legacy, cfg.overrides = tuple(rewrites), tuple(overrides)
+    return cfg
+
+
+def _compose_raw(config_dir: Path, name: str, overrides: list[str]) -> dict:
     try:
         from hydra import compose, initialize_config_dir
         from hydra.core.global_hydra import GlobalHydra
@@ -267,9 +294,14 @@ def load_verl_config(config: str, overrides=()) -> dict:
     (:func:`verl_launch` reads the rest: ``--config-path``/``--config-name``, overrides in any order). A file with a Hydra ``defaults`` list (verl's own layout) is composed
     by Hydra from its directory; a plain file gets the overrides merged by OmegaConf in struct
     mode, so an override of a key the file does not have is refused (``+key=value`` adds one).
+    Composed with the installed verl's config, overrides that use an older verl's key names are read
+    under the installed names first (:mod:`nereus.integrations.verl_legacy`; the result's ``legacy``
+    lists each rewrite, for the import's notes); a plain file is taken as written.
 
     Raises:
-        ValueError: missing file, malformed YAML, or an override naming an unknown key.
+        ValueError: missing file, malformed YAML, an override naming an unknown key, a legacy key that
+            changes memory or time the installed verl cannot say, or a legacy key and its new name
+            set to different values.
     """
     config, overrides, cpath = verl_launch([config, *overrides])
     p = Path(config)
