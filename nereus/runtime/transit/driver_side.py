@@ -75,6 +75,8 @@ class PrimitiveRecord:
             column-slice bytes among them; fresh_bytes: the send-buffer bytes in freshly mapped
             buffers (``transition/copy_cost.py``): what ``pack_s`` and ``assemble_s`` are
             calibrated against.
+        freed_tensors: a Destroy's most tensors one worker freed (the teardown's calibration,
+            ``transition/teardown.py``).
     """
 
     pid: str
@@ -107,6 +109,7 @@ class PrimitiveRecord:
     fresh_recv_bytes: int = 0
     preds: list = field(default_factory=list)
     worker_ids: list = field(default_factory=list)
+    freed_tensors: int = 0
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -329,7 +332,8 @@ class TransitionExecutor:
                 pack_strided=p.strided_sent, assemble_strided=p.strided_alloc, fresh_bytes=fresh_bytes(p),
                 pack_workers=copy_workers(p)[0], assemble_workers=copy_workers(p)[1],
                 fresh_recv_bytes=fresh_recv_bytes(p), preds=sorted(preds.get(pid, ())),
-                worker_ids=sorted(r["worker"] for r in rs)))
+                worker_ids=sorted(r["worker"] for r in rs),
+                freed_tensors=max((r.get("freed_tensors", 0) for r in rs), default=0)))
         return TransitionReport(primitives=recs, predicted_l_tran=float(est.l_tran),
                                 measured_l_tran=max(0.0, t_last - t_first), seconds=seconds,
                                 predicted_bytes=int(est.bytes_moved),
