@@ -10,12 +10,14 @@ would have predicted on the same measurements.
 
     python benchmarks/replay_live_transition.py bench-live-transition.json [more.json ...]
 
-Prints one line per run: ``<file>: <case> <ratio>, ...; max X.XXx (N of M within 1.5x)``.
+Prints per run: ``<file>: <case> <ratio>, ...; max X.XXx (N of M within 1.5x)``, and the
+per-Destroy error of the Destroy term against the median it replaced (:func:`destroys`).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import sys
@@ -44,6 +46,24 @@ def replay(run: dict, cores: float | None = None) -> list[tuple[str, float, floa
     return out
 
 
+def destroys(run: dict, window: int = 64) -> dict:
+    """Each recorded Destroy predicted from the up to ``window`` before it: the mean |ln(predicted /
+    measured)| with their median seconds (the model before the Destroy term) and with
+    ``calibrate.fit_teardown`` over ``(freed_tensors, seconds)`` (spans; one worker each or
+    concurrent, no core-sharing correction). Records without ``freed_tensors`` count 0 tensors."""
+    from nereus.transition.calibrate import fit_teardown
+
+    seq = [(float(r.get("freed_tensors") or 0), r["t_end"] - r["t_ready"]) for t in run["observed"] for r in t
+           if r["kind"] == "destroy" and r["t_end"] > r["t_ready"]]
+    err = {"median": [], "tensors": []}
+    for j in range(5, len(seq)):
+        past, (n, s) = seq[max(0, j - window):j], seq[j]
+        err["median"].append(abs(math.log(statistics.median(x for _, x in past) / s)))
+        f, a = fit_teardown(past)
+        err["tensors"].append(abs(math.log((f + a * n) / s)))
+    return {k: statistics.mean(v) if v else float("nan") for k, v in err.items()} | {"destroys": len(seq)}
+
+
 def main(argv: list[str]) -> int:
     if not argv:
         print(__doc__.splitlines()[0])
@@ -56,6 +76,10 @@ def main(argv: list[str]) -> int:
         ok = sum(max(r, 1 / r) <= 1.5 for _, r in ratios)
         print(f"{path}: " + ", ".join(f"{n} {r:.2f}" for n, r in ratios)
               + f"; max {worst:.2f}x ({ok} of {len(ratios)} within 1.5x)")
+        with open(path) as fh:
+            dd = destroys(json.load(fh))
+        print(f"{path}: {dd['destroys']} Destroys, mean |ln(predicted / measured)|: median of earlier "
+              f"{dd['median']:.2f}, tensors line with warm-up discount {dd['tensors']:.2f}")
     return 0
 
 
