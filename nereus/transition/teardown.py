@@ -8,10 +8,10 @@ unit's tensors: one ``free`` per tensor, no collective, no copy. Two regimes, fr
 * **warm**: the freed chunks stay in the heap (the process keeps the memory for its next
   allocations); each tensor costs a fixed amount of bookkeeping (Python and c10 deallocation, one
   ``free``) whatever its size. Measured on the benchmark's Ray workers (``small`` preset, one run,
-  190 Destroys): a full ``actor.train`` replica (225 tensors, 57 MB) 0.27-0.97 ms, a TP 2 half of it
-  (225 tensors, 28.5 MB) 0.5-0.7 ms, a PP 2 half of ``critic.train`` (117 tensors, 28.4 MB)
-  0.2-0.35 ms, an inference copy (75 tensors, 19 MB) 0.08-0.27 ms: the seconds follow the tensors,
-  not the bytes. In one process without Ray, 225 tensors of that model freed into a heap that is
+  195 Destroys, medians): a full ``actor.train`` replica (225 tensors, 57 MB) 0.45 ms, a TP 2 half
+  of it (225 tensors, 28.5 MB) 0.54 ms, a PP 2 half of ``critic.train`` (117 tensors, 28.4 MB)
+  0.29 ms, an inference copy (75-76 tensors, 19 MB) 0.19-0.20 ms (docs/live-transition.md): the
+  seconds follow the tensors, not the bytes. In one process without Ray, 225 tensors of that model freed into a heap that is
   never trimmed take 0.2-0.3 ms (about 1.1 µs a tensor).
 * **cold**: the chunks go back to the kernel (``munmap`` of a chunk at or above the mmap
   threshold, or a trim of the heap's top), which costs per page: the same 225 tensors, their
