@@ -103,7 +103,7 @@ def test_every_worker_takes_part_in_each_split_in_the_same_order(monkeypatch):
 
     store = dist.HashStore()
     caches = {w: GroupCache(store, w, None, 1.0) for w in range(4)}
-    for w, c in caches.items():
+    for c in caches.values():
         c.split(range(4), todo, "t/split1", "cuda:0")
     # one call on the parent per set on every worker: members split with color 0, key = group rank
     assert _FakeNCCL.log == {
