@@ -254,7 +254,7 @@ def run(reps: int, root: str, log=print, live_reps: int = 15, live_only: bool = 
             out.setdefault("case_starts", {})[name] = len(OBSERVED)
             res = {"live": [], "faithful": [], "reload": [],
                    "calibration": {k: getattr(CAL["frozen"], k) for k in (
-                       "bandwidth", "copy_bandwidth", "setup_s", "teardown_s", "cores", "strided_copy_factor",
+                       "bandwidth", "copy_bandwidth", "setup_s", "teardown_s", "teardown_tensor_s", "cores", "strided_copy_factor",
                        "fresh_copy_factor", "copy_cores", "dispatch_s")}}
             for rep in range(max(reps, live_reps)):
                 for method in ("live", "faithful", "reload"):

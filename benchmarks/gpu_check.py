@@ -16,6 +16,12 @@ it, ``comm.backend_for``):
    TP 2 -> 1 (a Split: each worker gathers the other's half) through the executor, in fp32 and bf16; prints its report and checks the gathered state is
    bit-for-bit unchanged and the bytes moved equal the planner's.
 
+4. **Communicator split** (``run_local``, one process per device, needs >= 2): the member sets of a
+   few transitions (pairs, halves, all) built as ``new_group`` among their members against
+   ``GroupCache.split`` from a job-wide communicator (``comm/split.py``: every worker takes part,
+   non-members pass no color); prints the seconds per member set of each and checks an
+   all-reduce on every split group gives the members' sum.
+
 With one device NCCL cannot run (a communicator needs distinct devices), so parts 1 and 3 are
 skipped with a message and only the single-device checks run.
 """
@@ -177,6 +183,45 @@ def transition(n: int) -> bool:
     return ok
 
 
+def _split_worker(core, sets):
+    """On every worker: seconds of ``new_group`` per member set (members only) and of
+    ``GroupCache.split`` (every worker), and an all-reduce on each split group."""
+    from nereus.runtime.comm.cache import GroupCache
+    from nereus.runtime.comm.groups import new_group
+    from nereus.runtime.comm.split import SplitRegistry
+
+    dev, n = core.device, len(sets[-1])
+    t0 = time.perf_counter()
+    for i, m in enumerate(sets):  # one after another in the same order on every worker
+        if core.id in m:
+            g = new_group(core.store, f"gc/new{i}", m, core.id, core.meter, core.timeout_s, dev)
+            g.all_reduce(torch.ones(1, device=dev))  # NCCL initialises lazily: the first collective
+    t_new = time.perf_counter() - t0
+    cache = GroupCache(core.store, core.id, core.meter, core.timeout_s)
+    todo = SplitRegistry().plan(range(n), sets)
+    t_split = cache.split(range(n), todo, "gc/split", dev)
+    sums = {m: float(cache.get(m, "unused", dev)[0].all_reduce(torch.full((1,), float(core.id + 1), device=dev)))
+            for m in todo if core.id in m}
+    return {"new_s": t_new, "split_s": t_split, "sums": sums, "reused": cache.reused}
+
+
+def split_check(n: int) -> bool:
+    from nereus.runtime.run.local import run_local
+
+    k = min(n, 8)
+    sets = [tuple(range(i, i + 2)) for i in range(0, k - 1, 2)] + [tuple(range(k // 2)), tuple(range(k))]
+    sets = list(dict.fromkeys(s for s in sets if len(s) >= 2))
+    res = run_local(k, _split_worker, (sets,), timeout_s=300)
+    ok = all(r["sums"][m] == sum(w + 1 for w in m) for r in res for m in r["sums"]) and all(
+        r["reused"] == len(r["sums"]) for r in res)
+    new, split = max(r["new_s"] for r in res), max(r["split_s"] for r in res)
+    print(f"communicator split on {k} devices, member sets {sets}: new_group {new:.3f}s "
+          f"({new / len(sets):.3f}s a set), split from a job-wide parent {split:.3f}s "
+          f"({split / len(sets):.3f}s a set, the parent's init included); all-reduce sums "
+          f"{'ok' if ok else 'FAIL'}")
+    return ok
+
+
 def main() -> int:
     if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
         print("gpu_check: no CUDA device here; nothing to check (the CPU path is covered by the tests)")
@@ -188,6 +233,7 @@ def main() -> int:
     if n >= 2:
         ok &= parity(n)
         ok &= transition(n)
+        ok &= split_check(n)
     else:
         print("parity and live transition need >= 2 CUDA devices (an NCCL communicator needs distinct "
               "devices); skipped")

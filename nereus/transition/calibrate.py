@@ -40,7 +40,10 @@ between workers (Split, Merge, Extend, Load from a train model-stage):
   sender's packing (a receiver's wait starts with its sender's packing, which the copy term
   already prices: counted twice, it halved ``B`` for a 28 MB Split on this machine);
 
-and the median Destroy span gives ``CostParams.teardown_s``. They replace the cluster's scale-up and
+and the Destroys (their spans, against the most tensors one of their workers freed,
+``freed_tensors``) give ``CostParams.teardown_s`` and ``teardown_tensor_s``
+(``transition/teardown.py``, :func:`fit_teardown`: a Theil–Sen line
+with the allocator's warm-up discounted). They replace the cluster's scale-up and
 scale-out bandwidth and ``CostParams.comm_setup_*`` (the fixed term, paid once per primitive),
 ``copy_bandwidth``, ``teardown_s`` in the estimates that follow (:meth:`TransitionCalibration.apply`,
 :meth:`TransitionCalibration.params`), with ``serial_workers`` (the executor runs one primitive at a
@@ -59,8 +62,9 @@ from nereus.spec.job import JobSpec
 from nereus.transition.copy_cost import FRESH_BUFFER_BYTES
 from nereus.transition.cost import CostParams
 from nereus.transition.sharing import share_factors
+from nereus.transition.teardown import trend_slope
 
-__all__ = ["TransitionCalibration", "LINK_KINDS", "MIN_SPREAD", "fit_line", "fit_copy", "weighted_median"]
+__all__ = ["TransitionCalibration", "LINK_KINDS", "MIN_SPREAD", "fit_line", "fit_copy", "fit_teardown", "weighted_median"]
 
 #: primitive kinds whose time is bytes over a worker-to-worker link
 LINK_KINDS = ("split", "merge", "extend", "load", "sync")
@@ -177,6 +181,46 @@ def fit_copy(rows) -> dict:
             "copy_cores": statistics.median(crowd) if crowd else None}
 
 
+def fit_teardown(points) -> tuple[float, float] | None:
+    """``(teardown_s, teardown_tensor_s)`` from measured Destroys, or None without any.
+
+    Args:
+        points: ``(n, seconds)`` per Destroy, oldest first: the most tensors one of its workers
+            freed (0 when unknown) and its span already divided by the core-sharing factor.
+
+    Returns:
+        In order:
+
+        1. the line ``seconds = F + a·n`` (:func:`fit_line`, Theil–Sen, ``F >= 0``) when the
+           ``n`` vary enough; else ``F = 0`` and ``a`` the median of ``seconds / n`` when every
+           ``n > 0`` (a Destroy's work is its tensors); else ``F`` the median seconds and ``a = 0``;
+        2. the warm-up discount: with ``r_i = ln(seconds_i / (F + a·n_i))`` and ``b =``
+           ``teardown.trend_slope`` of the ``r_i`` (at least 3 points), when ``b < 0`` (Destroys getting
+           faster: the allocator warming up, module docstring) both constants are multiplied by
+           ``exp(median(r_i − b·i) + b·(m − 1))``, the trend's value at the newest of the ``m``
+           points. A rising trend is not extrapolated: glibc's thresholds only rise, so Destroys
+           get slower only under load, whose slowdowns do not persist (docs/live-transition.md).
+    """
+    pts = [(float(n), float(s)) for n, s in points if s > 0]
+    if not pts:
+        return None
+    xs, ys = [n for n, _ in pts], [s for _, s in pts]
+    line = fit_line(xs, ys)
+    if line is not None:
+        f, a = line
+    elif all(n > 0 for n in xs):
+        f, a = 0.0, statistics.median(s / n for n, s in pts)
+    else:
+        f, a = statistics.median(ys), 0.0
+    r = [math.log(s / (f + a * n)) for n, s in pts if f + a * n > 0]
+    if len(r) == len(pts) >= 3:
+        b = trend_slope(r)
+        if b < 0:
+            k = math.exp(statistics.median(ri - b * i for i, ri in enumerate(r)) + b * (len(r) - 1))
+            f, a = f * k, a * k
+    return f, a
+
+
 @dataclass
 class TransitionCalibration:
     """Measured transition constants (module docstring).
@@ -199,7 +243,8 @@ class TransitionCalibration:
             DAG predecessors, of their last worker's start less the latest end of what they waited
             for (those predecessors, and earlier primitives on their workers; records with
             ``preds`` and ``worker_ids``); None before one was measured.
-        teardown_s: seconds of a Destroy, None before any measurement.
+        teardown_s, teardown_tensor_s: fixed seconds of a Destroy and its seconds per freed tensor
+            (``fit_teardown``), None before any measurement.
         history: one ``{"bandwidth", "copy_bandwidth", "setup_s", "teardown_s", "primitives"}`` per
             :meth:`observe` that measured (that transition's own values).
 
@@ -213,6 +258,7 @@ class TransitionCalibration:
     setup_s: float | None = None
     copy_bandwidth: float | None = None
     teardown_s: float | None = None
+    teardown_tensor_s: float | None = None
     strided_copy_factor: float | None = None
     fresh_copy_factor: float | None = None
     copy_cores: float | None = None
@@ -275,7 +321,7 @@ class TransitionCalibration:
             kind = get("kind")
             wall = (span[1] - span[0]) if span is not None else get("measured_s")
             if kind == "destroy" and wall is not None:
-                teardowns.append(float(wall) / s)
+                teardowns.append((float(get("freed_tensors") or 0), float(wall) / s))
             if kind not in LINK_KINDS:
                 continue
             busiest = max((get("received") or {}).values(), default=0)
@@ -329,9 +375,8 @@ class TransitionCalibration:
         else:
             bandwidth = weighted_median([b / t for b, t in wire], [b for b, _ in wire]) if wire else None
             setup = statistics.median(r[4] for r in rows) if rows else None
-        return {"bandwidth": bandwidth, **cp,
-                "setup_s": setup,
-                "teardown_s": statistics.median(teardowns) if teardowns else None}
+        td = fit_teardown(teardowns) or (None, None)
+        return {"bandwidth": bandwidth, **cp, "setup_s": setup, "teardown_s": td[0], "teardown_tensor_s": td[1]}
 
     def gpu(self, gpu: GPUSpec) -> GPUSpec:
         """``gpu`` with the measured bandwidth as its scale-up and scale-out link rates."""
@@ -361,7 +406,7 @@ class TransitionCalibration:
         if self.fresh_copy_factor is not None:
             out = replace(out, fresh_copy_factor=self.fresh_copy_factor, fresh_buffer_bytes=FRESH_BUFFER_BYTES)
         if self.teardown_s is not None:
-            out = replace(out, teardown_s=self.teardown_s)
+            out = replace(out, teardown_s=self.teardown_s, teardown_tensor_s=self.teardown_tensor_s or 0.0)
         return out
 
     def apply(self, job: JobSpec) -> JobSpec:

@@ -9,7 +9,7 @@ Time of one primitive, seconds::
     Split   setup + max over all-gather groups  (recv_bytes / B + (k-1)·α) + K / C   ring all-gather
     Merge   setup + (recv_bytes / B + α + K / C  if any shard must move)
     Extend  setup + max over rank pairs        (bytes / B + α) + K / C
-    Destroy teardown
+    Destroy teardown + teardown_tensor · the tensors its busiest GPU frees (transition/teardown.py)
     Load    from storage:   load_setup + max over nodes (bytes landing on the node / storage_bandwidth)
             from a train EMU: setup + max over source GPUs (bytes it sends / B + α)   weight sync;
             a destination GPU that holds the train EMU copies its shard locally: 2·bytes / HBM
@@ -68,7 +68,9 @@ class CostParams:
             calibrated, the fixed seconds per primitive (setup, call round trips, dispatch:
             ``TransitionCalibration.setup_s``).
         comm_setup_inter_s: the same across nodes (bootstrap over the network).
-        teardown_s: seconds for a Destroy (free buffers, close communicators).
+        teardown_s: fixed seconds of a Destroy (free buffers, close communicators).
+        teardown_tensor_s: seconds per tensor a Destroy frees on its busiest GPU
+            (``Primitive.freed_tensors``; ``transition/teardown.py``), 0 unless calibrated.
         storage_bandwidth: bytes/s per node read from shared storage by a Load. 2 GB/s, the same
             assumption as the simulator's checkpoint/restart model (``nereus/sim/restart.py``,
             ``STORAGE_BW``: typical NFS/Lustre client throughput, not a measurement).
@@ -130,6 +132,7 @@ class CostParams:
     comm_setup_intra_s: float = 0.05
     comm_setup_inter_s: float = 0.2
     teardown_s: float = 0.01
+    teardown_tensor_s: float = 0.0
     storage_bandwidth: float = 2e9
     load_setup_s: float = 2.0
     host_bandwidth: float = 25e9
@@ -192,7 +195,7 @@ def copy_bytes(p: Primitive) -> int:
 def duration(p: Primitive, cluster: ClusterSpec, params: CostParams = CostParams()) -> float:
     """Predicted seconds of one primitive (formulas in the module docstring)."""
     if p.kind == "destroy":
-        return params.teardown_s
+        return params.teardown_s + params.teardown_tensor_s * p.freed_tensors
     if p.kind == "load" and p.source == STORAGE:
         per_node: dict[int, int] = {}
         for g, b in p.mem_net.items():

@@ -24,6 +24,7 @@ from nereus.transition.primitives import STORAGE
 from nereus.transition.relayout import fuse_relayout
 from nereus.transition.schedule import Schedule
 from nereus.transition.sharing import shared_schedule
+from nereus.transition.teardown import state_kinds, with_freed_tensors
 from nereus.workflow import workflow_for
 
 __all__ = ["TransitionEstimate", "estimate_transition", "plan_dag", "capacities", "reload_source", "HEADROOM"]
@@ -318,6 +319,8 @@ def plan_dag(job: JobSpec, current: Plan, target: Plan, pool: frozenset[int] | N
             if params.transit_buffers:  # the executor's buffers and new shards (buffers.py), and
                 # which of its copies are column slices (copy_cost.py)
                 ld = replace(ld, nodes=with_strided(tuple(with_buffers(n) for n in ld.nodes), cur, model_of(job, ms)))
+            # the tensors each Destroy frees (teardown.py)
+            ld = replace(ld, nodes=with_freed_tensors(ld.nodes, cur, model_of(job, ms), state_kinds(job, ms)))
             locals_.append(ld)
         dur = {n.pid: duration(n, job.cluster, params) for ld in locals_ for n in ld.nodes}
         prt = {n.pid: ports(n, job.cluster, params) for ld in locals_ for n in ld.nodes}

@@ -69,6 +69,7 @@ class Primitive:
         strided_sent, strided_alloc: of the largest ``sent`` and the largest ``alloc`` of one GPU,
             the bytes copied as column slices (a TP re-cut's row-parallel tensors), set by
             :func:`~nereus.transition.copy_cost.with_strided`; 0 when unset.
+        freed_tensors: a Destroy's most tensors one GPU frees (``transition/teardown.py``); 0 unset.
     """
 
     pid: str
@@ -92,6 +93,7 @@ class Primitive:
     alloc: dict = field(default_factory=dict)
     strided_sent: int = 0
     strided_alloc: int = 0
+    freed_tensors: int = 0
 
     @property
     def stage(self) -> str:

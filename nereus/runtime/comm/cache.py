@@ -17,9 +17,14 @@ its other collectives on that set (the executor's submission order; Ray runs an 
 order), and a communicator is only used by one call at a time (a worker runs one call at a time).
 
 NCCL: building a communicator costs a rendezvous and ``ncclCommInitRank`` (seconds at scale);
-reuse removes that cost for every member set seen before. Splitting one job-wide communicator
-(``ncclCommSplit``) needs every rank of the parent to take part in each split, which the runtime's
-groups among a subset of workers (only the members build) do not do; it is not used here.
+reuse removes that cost for every member set seen before. ``ncclCommSplit`` from one job-wide
+communicator needs every rank of the parent to take part in each split, in the same order; the
+members of a set alone cannot split (torch 2.13's ``split_group`` requires all parent ranks, and
+``new_group(use_local_synchronization=True)`` skips the non-members that a split waits for). So
+:meth:`GroupCache.split` runs where every worker takes part: at a transition's start, over the
+member sets the driver lists (``comm/split.py``: one parent per transition, one split per new
+set); the children then serve :meth:`get` like any cached group. Gloo cannot split: its groups
+are built by their members in :meth:`get`.
 
 Setup seconds are recorded in :attr:`GroupCache.setup_s` (seconds spent building) with
 :attr:`built` and :attr:`reused` counts, and returned by :meth:`get`.
@@ -31,6 +36,7 @@ import time
 
 from nereus.runtime.comm.groups import Group, backend_for, new_group
 from nereus.runtime.comm.instrument import Meter
+from nereus.runtime.comm.split import split_groups
 
 __all__ = ["GroupCache"]
 
@@ -48,6 +54,7 @@ class GroupCache:
     def __init__(self, store, me: int, meter: Meter, timeout_s: float) -> None:
         self.store, self.me, self.meter, self.timeout_s = store, int(me), meter, float(timeout_s)
         self._groups: dict[tuple, Group] = {}
+        self._parents: list[Group] = []  # job-wide NCCL parents of split groups (comm/split.py)
         self.built = 0
         self.reused = 0
         self.setup_s = 0.0
@@ -77,15 +84,42 @@ class GroupCache:
         self.setup_s += dt
         return g, dt
 
+    def split(self, pool, todo, name: str, device) -> float:
+        """Split the member sets ``todo`` (the driver's ``SplitRegistry.plan``, the same list on
+        every worker of ``pool``) from a job-wide NCCL communicator (``comm/split.py``) and keep the
+        groups this worker is in, replacing any held for the same set; every worker of ``pool``
+        calls it at the same point (a transition's start). Gloo: nothing to do (0.0).
+
+        Returns:
+            seconds spent (the parent's build and the splits), also added to :attr:`setup_s`, with
+            :attr:`built` counting the groups kept.
+
+        Raises:
+            CommError: as ``split.split_groups``.
+        """
+        if backend_for(device) != "nccl" or not todo:
+            return 0.0
+        t0 = time.perf_counter()
+        made, parent = split_groups(self.store, name, pool, todo, self.me, self.meter, self.timeout_s, device)
+        self._parents.append(parent)
+        for members, (g, _) in made.items():
+            self._groups[(members, "nccl")] = g
+            self.built += 1
+        dt = time.perf_counter() - t0
+        self.setup_s += dt
+        return dt
+
     def forget(self, worker: int) -> list[str]:
         """Drop every communicator that has ``worker`` as a member; returns their names."""
         # ``clear`` may run meanwhile in another thread (a worker's cancel): read a copy, pop tolerantly
         gone = [k for k in list(self._groups) if int(worker) in k[0]]
+        self._parents = [p for p in self._parents if int(worker) not in p.members]
         return [g.name for g in (self._groups.pop(k, None) for k in gone) if g is not None]
 
     def clear(self) -> None:
         """Drop every communicator (after a failure: a peer may be gone)."""
         self._groups.clear()
+        self._parents.clear()
 
     def members(self) -> list[tuple[int, ...]]:
         """The member tuples of the communicators held, in the order they were built."""

@@ -75,6 +75,8 @@ class PrimitiveRecord:
             column-slice bytes among them; fresh_bytes: the send-buffer bytes in freshly mapped
             buffers (``transition/copy_cost.py``): what ``pack_s`` and ``assemble_s`` are
             calibrated against.
+        freed_tensors: a Destroy's most tensors one worker freed (the teardown's calibration,
+            ``transition/teardown.py``).
     """
 
     pid: str
@@ -107,6 +109,7 @@ class PrimitiveRecord:
     fresh_recv_bytes: int = 0
     preds: list = field(default_factory=list)
     worker_ids: list = field(default_factory=list)
+    freed_tensors: int = 0
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -223,6 +226,28 @@ class TransitionExecutor:
                 out.append(ms.name)
         return out
 
+    def _splits(self, specs: dict, live: list[int]):
+        """``(pool, member sets, name)`` for ``WorkerCore.transition_begin`` on CUDA workers with
+        NCCL (the communicators the moves will use that no worker holds yet, ``comm/split.py``);
+        None on gloo (each group is built by its members, ``comm/cache.py``)."""
+        import torch
+        import torch.distributed as dist
+
+        if not (torch.cuda.is_available() and dist.is_nccl_available()):  # the pool's workers take GPUs alike
+            return None
+        from nereus.runtime.comm.split import SplitRegistry
+        from nereus.runtime.transit.plans import plan_moves
+
+        d = self.driver
+        if getattr(d, "comm_splits", None) is None:
+            d.comm_splits = SplitRegistry()
+        d.comm_splits.sync({i: d.workers[i]._actor_id.hex() if hasattr(d.workers[i], "_actor_id")
+                            else str(id(d.workers[i])) for i in live})
+        sets = [plan_moves(d._spec_of(m.model_stage.partition(".")[0]), m).comm_workers for m in specs.values()
+                if m.kind not in ("destroy", "offload") and m.storage_seed < 0]
+        todo = d.comm_splits.plan(live, sets)
+        return (live, todo, f"{d.tag}/split{d.comm_splits.calls}") if todo else None
+
     def execute(self, est: TransitionEstimate, target: Plan, adopt: bool = True) -> TransitionReport:
         """Move the driver's live state to ``target`` along ``est``'s DAG and schedule.
 
@@ -257,8 +282,11 @@ class TransitionExecutor:
         d.set_plan(target)  # validates the target against the job first (nothing moved yet)
         live = [i for i, w in enumerate(d.workers) if w is not None]
         metas = [UnitMeta.of(e) for e in dag.initial]
-        received = (d._get([d.workers[i].transition_begin.remote(changed, metas) for i in live], "transition begin")
-                    if adopt else [])
+        split = self._splits(specs, live) if adopt else None  # NCCL: every live worker splits alike
+        received = (d._get([d.workers[i].transition_begin.remote(changed, metas, split) for i in live],
+                           "transition begin") if adopt else [])
+        if split:
+            d.comm_splits.done(split[1])
         futs: dict[str, list] = {}
         members: dict[str, set] = {}
         preds = dag.preds()
@@ -329,7 +357,8 @@ class TransitionExecutor:
                 pack_strided=p.strided_sent, assemble_strided=p.strided_alloc, fresh_bytes=fresh_bytes(p),
                 pack_workers=copy_workers(p)[0], assemble_workers=copy_workers(p)[1],
                 fresh_recv_bytes=fresh_recv_bytes(p), preds=sorted(preds.get(pid, ())),
-                worker_ids=sorted(r["worker"] for r in rs)))
+                worker_ids=sorted(r["worker"] for r in rs),
+                freed_tensors=max((r.get("freed_tensors", 0) for r in rs), default=0)))
         return TransitionReport(primitives=recs, predicted_l_tran=float(est.l_tran),
                                 measured_l_tran=max(0.0, t_last - t_first), seconds=seconds,
                                 predicted_bytes=int(est.bytes_moved),

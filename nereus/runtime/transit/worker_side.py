@@ -111,7 +111,8 @@ class Transit:
             ``{"pid", "worker", "seconds", "setup_s", "pack_s", "transfer_s", "assemble_s", "sent", "recv",
             "header_bytes", "host_bytes", "storage_bytes"}`` (seconds: communicator setup, 0 when
             reused; packing the send buffers; sends and receives; assembling the produced shards;
-            bytes; ``recv`` counts state bytes that arrived).
+            bytes; ``recv`` counts state bytes that arrived); a Destroy adds ``"freed_tensors"``,
+            the tensors it dropped.
 
         Raises:
             ValueError: a unit it reads or consumes is not here.
@@ -120,9 +121,10 @@ class Transit:
         out = {"pid": move.pid, "worker": self.id, "t_start": wall, "setup_s": 0.0, "transfer_s": 0.0, "pack_s": 0.0,
                "assemble_s": 0.0, "sent": 0, "recv": 0,
                "header_bytes": 0, "host_bytes": 0, "storage_bytes": 0}
-        if move.kind == "destroy":
-            for uid in move.consumes:
-                self.units.pop(uid, None)
+        if move.kind == "destroy":  # one free per tensor (transition/teardown.py prices it so)
+            gone = [self.units.pop(uid, None) for uid in move.consumes]
+            out["freed_tensors"] = sum(len(d) for u in gone if u is not None for d in u.tensors.values())
+            del gone
         elif move.kind == "offload":
             self._offload(move, out)
         elif move.storage_seed >= 0:

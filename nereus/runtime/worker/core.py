@@ -328,14 +328,19 @@ class WorkerCore(CheckpointCallsMixin, VllmWorkerMixin):
         return out
 
     # ------------------------------------------------------------------ live transitions (transit.py)
-    def transition_begin(self, model_stages: list[str], metas: list[UnitMeta]) -> list[str]:
+    def transition_begin(self, model_stages: list[str], metas: list[UnitMeta], split=None) -> list[str]:
         """Turn the engines of ``model_stages`` into units (``Transit.adopt``) under the uids of
         ``metas`` that include this worker; an engine of a replica that is not in ``metas`` (it lost
         a worker) is dropped. Old communicators of those model-stages go with their engines.
+        ``split``: ``(pool, member sets, name)`` on NCCL, every live worker the same: first split
+        the transition's new communicators from a job-wide one (``GroupCache.split``, comm/split.py).
 
         Returns:
             uids of the units this worker now holds.
         """
+        if split:
+            pool, todo, name = split
+            self.transit.comms.split(pool, [tuple(s) for s in todo], name, self.device)
         for ms in model_stages:
             e = self.engines.pop(ms, None)
             if e is None:
