@@ -253,11 +253,14 @@ def _imported(args):
         imp = import_openrlhf(args.from_openrlhf, model=args.model, gpu=args.gpu, version=_version_for(args, "openrlhf"),
                               gpus_per_node=args.gpus_per_node, nodes=args.nodes)  # train_ppo: the machine
         imp.source = {"args": _tokens(args.from_openrlhf)}
-    wl = {k: v for k, v in (("prompt_len", args.prompt_len), ("response_len", args.response_len)) if v is not None}
+    from nereus.cli.import_options import import_options
+
+    wl = import_options(args, imp)
     if wl:
         imp.job = imp.job.with_workload(replace(imp.job.workload, **wl))
     check_context(imp.job, "prompt + response length")
     return imp
+
 
 
 def _main_layout(args, job, cost, pool, best) -> int:
