@@ -77,6 +77,9 @@ class PrimitiveRecord:
             calibrated against.
         freed_tensors: a Destroy's most tensors one worker freed (the teardown's calibration,
             ``transition/teardown.py``).
+        fault_s_per_byte: worker → seconds per byte that first touching a fresh CPU buffer adds in
+            that worker's process (``transit/fault_probe.py``; the prior of ``φ``,
+            ``calibrate.fit_copy``); empty on GPUs.
     """
 
     pid: str
@@ -110,6 +113,7 @@ class PrimitiveRecord:
     preds: list = field(default_factory=list)
     worker_ids: list = field(default_factory=list)
     freed_tensors: int = 0
+    fault_s_per_byte: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -329,9 +333,26 @@ class TransitionExecutor:
             raise WorkerFailure(f"transition ended with units outside the target: {stray[:4]}")
         seconds = time.perf_counter() - t0
         driver_bytes = len(pickle.dumps((received, results, left)))
-        return self._report(est, order, results, seconds, driver_bytes)
+        return self._report(est, order, results, seconds, driver_bytes, self._fault_probes(results))
 
-    def _report(self, est, order, results, seconds, driver_bytes) -> TransitionReport:
+    def _fault_probes(self, results) -> dict:
+        """Worker → its fresh-buffer first-touch seconds per byte (``transit/fault_probe.py``): from the
+        results, else measured now, after the transition and one worker at a time (four CPU workers
+        at once on two cores would double it), once per worker process; CPU workers only."""
+        d, out, todo = self.driver, {}, set()
+        for r in (r for rs in results.values() for r in rs):
+            if r.get("fault_s_per_byte") is not None:
+                out[r["worker"]] = r["fault_s_per_byte"]
+            else:
+                todo.add(r["worker"])
+        for w in sorted(todo - set(out)):
+            probe = getattr(d.workers[w], "fault_probe", None) if w < len(d.workers) and d.workers[w] else None
+            got = d._get([probe.remote()], f"fault probe on worker {w}")[0] if probe is not None else None
+            if got is not None:
+                out[w] = got["s_per_byte"]
+        return out
+
+    def _report(self, est, order, results, seconds, driver_bytes, faults=None) -> TransitionReport:
         dag = est.dag
         preds = dag.preds()
         recs = []
@@ -358,7 +379,8 @@ class TransitionExecutor:
                 pack_workers=copy_workers(p)[0], assemble_workers=copy_workers(p)[1],
                 fresh_recv_bytes=fresh_recv_bytes(p), preds=sorted(preds.get(pid, ())),
                 worker_ids=sorted(r["worker"] for r in rs),
-                freed_tensors=max((r.get("freed_tensors", 0) for r in rs), default=0)))
+                freed_tensors=max((r.get("freed_tensors", 0) for r in rs), default=0),
+                fault_s_per_byte={r["worker"]: faults[r["worker"]] for r in rs if r["worker"] in (faults or {})}))
         return TransitionReport(primitives=recs, predicted_l_tran=float(est.l_tran),
                                 measured_l_tran=max(0.0, t_last - t_first), seconds=seconds,
                                 predicted_bytes=int(est.bytes_moved),

@@ -75,6 +75,17 @@ class Transit:
         self.id, self.store, self.meter, self.timeout_s = worker_id, store, meter, timeout_s
         self.units: dict[str, Unit] = {}
         self.comms = GroupCache(store, worker_id, meter, timeout_s)
+        #: this process's fresh-buffer first-touch cost (``fault_probe.measure``), once measured
+        self.fault: dict | None = None
+
+    def fault_probe(self, device: str) -> dict | None:
+        """The first-touch cost of a fresh CPU buffer in this process (``transit/fault_probe.py``),
+        measured on the first call and kept; None on a non-CPU device (nothing fresh to pay)."""
+        if self.fault is None and str(device) == "cpu":
+            from nereus.runtime.transit.fault_probe import measure
+
+            self.fault = measure()
+        return self.fault
 
     # ------------------------------------------------------------------ engines <-> units
     def adopt(self, engine, meta: UnitMeta) -> None:
@@ -112,7 +123,7 @@ class Transit:
             "header_bytes", "host_bytes", "storage_bytes"}`` (seconds: communicator setup, 0 when
             reused; packing the send buffers; sends and receives; assembling the produced shards;
             bytes; ``recv`` counts state bytes that arrived); a Destroy adds ``"freed_tensors"``,
-            the tensors it dropped.
+            the tensors it dropped; ``"fault_s_per_byte"`` once :meth:`fault_probe` has measured.
 
         Raises:
             ValueError: a unit it reads or consumes is not here.
@@ -141,6 +152,8 @@ class Transit:
                         u.tensors = {k: {n: t.cpu() for n, t in d.items()} for k, d in u.tensors.items()}
         out["seconds"] = time.perf_counter() - t0
         out["t_end"] = wall + out["seconds"]
+        if self.fault is not None:  # measured once, outside every primitive (driver_side._fault_probes)
+            out["fault_s_per_byte"] = self.fault["s_per_byte"]
         return out
 
     def _offload(self, move: MoveSpec, out: dict) -> None:
