@@ -80,6 +80,8 @@ class PrimitiveRecord:
         fault_s_per_byte: worker → seconds per byte that first touching a fresh CPU buffer adds in
             that worker's process (``transit/fault_probe.py``; the prior of ``φ``,
             ``calibrate.fit_copy``); empty on GPUs.
+        pack_faults, transfer_faults: the most minor page faults one worker took while packing and
+            while sending and receiving (about bytes / 4096 for a freshly mapped buffer).
     """
 
     pid: str
@@ -114,6 +116,8 @@ class PrimitiveRecord:
     worker_ids: list = field(default_factory=list)
     freed_tensors: int = 0
     fault_s_per_byte: dict = field(default_factory=dict)
+    pack_faults: int = 0
+    transfer_faults: int = 0
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -380,7 +384,9 @@ class TransitionExecutor:
                 fresh_recv_bytes=fresh_recv_bytes(p), preds=sorted(preds.get(pid, ())),
                 worker_ids=sorted(r["worker"] for r in rs),
                 freed_tensors=max((r.get("freed_tensors", 0) for r in rs), default=0),
-                fault_s_per_byte={r["worker"]: faults[r["worker"]] for r in rs if r["worker"] in (faults or {})}))
+                fault_s_per_byte={r["worker"]: faults[r["worker"]] for r in rs if r["worker"] in (faults or {})},
+                pack_faults=max((r.get("pack_faults", 0) for r in rs), default=0),
+                transfer_faults=max((r.get("transfer_faults", 0) for r in rs), default=0)))
         return TransitionReport(primitives=recs, predicted_l_tran=float(est.l_tran),
                                 measured_l_tran=max(0.0, t_last - t_first), seconds=seconds,
                                 predicted_bytes=int(est.bytes_moved),

@@ -35,6 +35,7 @@ and received (state pieces, headers, host copies).
 
 from __future__ import annotations
 
+import resource
 import time
 from dataclasses import dataclass
 
@@ -123,7 +124,9 @@ class Transit:
             "header_bytes", "host_bytes", "storage_bytes"}`` (seconds: communicator setup, 0 when
             reused; packing the send buffers; sends and receives; assembling the produced shards;
             bytes; ``recv`` counts state bytes that arrived); a Destroy adds ``"freed_tensors"``,
-            the tensors it dropped; ``"fault_s_per_byte"`` once :meth:`fault_probe` has measured.
+            the tensors it dropped; ``"fault_s_per_byte"`` once :meth:`fault_probe` has measured; a
+            transfer adds ``"pack_faults"`` and ``"transfer_faults"``, the minor page faults of its
+            packing and of its sends and receives (``getrusage``: a fresh buffer's first touch).
 
         Raises:
             ValueError: a unit it reads or consumes is not here.
@@ -208,12 +211,14 @@ class Transit:
         group = None
         if me in comm and len(comm) > 1:
             group, out["setup_s"] = self.comms.get(comm, group_name, device)
-        t1 = time.perf_counter()
+        t1, f0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         handles, outgoing, incoming = [], {}, {}
         if group is not None:
             # sends: one contiguous buffer per receiver (the counters header, then the pieces)
             bufs = pack(spec, plan, me, source, dtype, group.device)
             out["pack_s"] = time.perf_counter() - t1
+            f1 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt  # page faults: fresh buffers (fault_probe.py)
+            out["pack_faults"], f0 = f1 - f0, f1
             t1 = time.perf_counter()
             for d, (buf, n) in bufs.items():
                 out["sent"] += n
@@ -239,6 +244,7 @@ class Transit:
         recv = {s: (buf[HEADER_BYTES:], dict(zip(COUNTERS, buf[:HEADER_BYTES].view(torch.int64).tolist())))
                 for s, buf in incoming.items()}
         out["transfer_s"] = time.perf_counter() - t1
+        out["transfer_faults"] = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
         t2 = time.perf_counter()
         made = {uid: Unit(next(m for m in move.produces if m.uid == uid), tensors, counters)
                 for uid, (tensors, counters) in assemble(spec, plan, move, me, recv, source, dtype, device).items()}
