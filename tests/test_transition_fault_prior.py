@@ -80,22 +80,40 @@ def test_calibration_keeps_each_workers_latest_probe():
 
 
 class _Worker:
-    def __init__(self, value, log, i):
-        self.fault_probe = SimpleNamespace(remote=lambda: log.append(i) or value)
+    """A stand-in worker: ``fault_probe.remote(measure)`` logs ``(id, measure)`` and returns the
+    kept value (``Transit.fault_probe``: measured on the first call with ``measure``)."""
+
+    def __init__(self, value, log, i, kept=False):
+        self.kept = value if kept else None
+
+        def call(measure=True):
+            log.append((i, measure))
+            if self.kept is None and measure:
+                self.kept = value
+            return self.kept
+        self.fault_probe = SimpleNamespace(remote=call)
 
 
 def test_executor_probes_each_unmeasured_worker_once_and_alone():
-    """Results of one primitive on workers 0, 1, 2: worker 0 already reports 2 ns/B; 1 and 2 do not
-    and are probed one call at a time (one ``_get`` each), 1 before 2; worker 3 ran nothing and is
-    not probed; a GPU worker's probe (None) gives no value."""
+    """One primitive ran on workers 0, 1, 2: worker 0 already reports 2 ns/B, worker 2 a GPU's None
+    (measured: nothing to pay); 1 does not and is measured alone (one ``_get`` of one call). Live
+    workers 3 and 4 ran nothing: both are asked at once without measuring; 3 has measured (4 ns/B),
+    4 has not and is measured alone, after 1. A second transition with the same results measures
+    nothing again (1 now reports it)."""
     log, gets = [], []
     d = SimpleNamespace(workers=[_Worker(None, log, 0), _Worker({"s_per_byte": 3e-9}, log, 1),
-                                 _Worker(None, log, 2), _Worker(None, log, 3)],
+                                 _Worker(None, log, 2), _Worker({"s_per_byte": 4e-9}, log, 3, kept=True),
+                                 _Worker({"s_per_byte": 5e-9}, log, 4)],
                         _get=lambda futs, what: gets.append(len(futs)) or list(futs))
-    results = {"merge:a": [{"worker": 0, "fault_s_per_byte": 2e-9}, {"worker": 2}, {"worker": 1}]}
-    out = TransitionExecutor(d)._fault_probes(results)
-    assert out == {0: 2e-9, 1: 3e-9}
-    assert log == [1, 2] and gets == [1, 1]
+    results = {"merge:a": [{"worker": 0, "fault_s_per_byte": 2e-9}, {"worker": 2, "fault_s_per_byte": None},
+                           {"worker": 1}]}
+    ex = TransitionExecutor(d)
+    assert ex._fault_probes(results, [0, 1, 2, 3, 4]) == {0: 2e-9, 1: 3e-9, 3: 4e-9, 4: 5e-9}
+    assert log == [(3, False), (4, False), (1, True), (4, True)] and gets == [2, 1, 1]
+    log.clear()
+    results["merge:a"][2]["fault_s_per_byte"] = 3e-9
+    assert ex._fault_probes(results, [0, 1, 2]) == {0: 2e-9, 1: 3e-9}
+    assert log == []
     assert PrimitiveRecord("p", "merge", "a", 0, 0, 0, 0, 0, 0).fault_s_per_byte == {}
 
 

@@ -337,24 +337,34 @@ class TransitionExecutor:
             raise WorkerFailure(f"transition ended with units outside the target: {stray[:4]}")
         seconds = time.perf_counter() - t0
         driver_bytes = len(pickle.dumps((received, results, left)))
-        return self._report(est, order, results, seconds, driver_bytes, self._fault_probes(results))
+        return self._report(est, order, results, seconds, driver_bytes, self._fault_probes(results, live))
 
-    def _fault_probes(self, results) -> dict:
-        """Worker → its fresh-buffer first-touch seconds per byte (``transit/fault_probe.py``): from the
-        results, else measured now, after the transition and one worker at a time (four CPU workers
-        at once on two cores would double it), once per worker process; CPU workers only."""
-        d, out, todo = self.driver, {}, set()
+    def _fault_probes(self, results, live=()) -> dict:
+        """Worker → its fresh-buffer first-touch seconds per byte (``transit/fault_probe.py``), once
+        per worker process, CPU workers only: from the results (a measured worker reports it with
+        each), else asked of the other ``live`` workers at once without measuring, and measured now
+        for every worker that has not, after the transition and one worker at a time (four CPU
+        workers at once on two cores would double it)."""
+        d, known, todo = self.driver, {}, set()
+
+        def probe(w):
+            return getattr(d.workers[w], "fault_probe", None) if w < len(d.workers) and d.workers[w] else None
+
         for r in (r for rs in results.values() for r in rs):
-            if r.get("fault_s_per_byte") is not None:
-                out[r["worker"]] = r["fault_s_per_byte"]
+            if "fault_s_per_byte" in r:
+                known[r["worker"]] = r["fault_s_per_byte"]
             else:
                 todo.add(r["worker"])
-        for w in sorted(todo - set(out)):
-            probe = getattr(d.workers[w], "fault_probe", None) if w < len(d.workers) and d.workers[w] else None
-            got = d._get([probe.remote()], f"fault probe on worker {w}")[0] if probe is not None else None
-            if got is not None:
-                out[w] = got["s_per_byte"]
-        return out
+        others = [w for w in live if w not in known and w not in todo and probe(w) is not None]
+        for w, got in zip(others, d._get([probe(w).remote(False) for w in others], "fault probes") if others else []):
+            if got is None:
+                todo.add(w)
+            else:
+                known[w] = got["s_per_byte"]
+        for w in sorted(todo - set(known)):
+            got = d._get([probe(w).remote(True)], f"fault probe on worker {w}")[0] if probe(w) is not None else None
+            known[w] = got["s_per_byte"] if got else None
+        return {w: t for w, t in known.items() if t is not None}
 
     def _report(self, est, order, results, seconds, driver_bytes, faults=None) -> TransitionReport:
         dag = est.dag

@@ -79,13 +79,17 @@ class Transit:
         #: this process's fresh-buffer first-touch cost (``fault_probe.measure``), once measured
         self.fault: dict | None = None
 
-    def fault_probe(self, device: str) -> dict | None:
+    def fault_probe(self, device: str, measure: bool = True) -> dict | None:
         """The first-touch cost of a fresh CPU buffer in this process (``transit/fault_probe.py``),
-        measured on the first call and kept; None on a non-CPU device (nothing fresh to pay)."""
-        if self.fault is None and str(device) == "cpu":
-            from nereus.runtime.transit.fault_probe import measure
+        measured on the first call with ``measure`` and kept; ``{"s_per_byte": None}`` on a non-CPU
+        device (nothing fresh to pay); None while not measured and ``measure`` is False."""
+        if self.fault is None and measure:
+            if str(device) == "cpu":
+                from nereus.runtime.transit.fault_probe import measure as probe
 
-            self.fault = measure()
+                self.fault = probe()
+            else:
+                self.fault = {"s_per_byte": None}
         return self.fault
 
     # ------------------------------------------------------------------ engines <-> units
@@ -155,7 +159,7 @@ class Transit:
                         u.tensors = {k: {n: t.cpu() for n, t in d.items()} for k, d in u.tensors.items()}
         out["seconds"] = time.perf_counter() - t0
         out["t_end"] = wall + out["seconds"]
-        if self.fault is not None:  # measured once, outside every primitive (driver_side._fault_probes)
+        if self.fault is not None:  # measured once, outside every primitive (driver_side._fault_probes); None: GPU
             out["fault_s_per_byte"] = self.fault["s_per_byte"]
         return out
 
