@@ -31,7 +31,8 @@ surcharge on the copy term ``K / C`` of :func:`nereus.transition.cost.duration`:
 The copy term becomes ``(K + σ·S + φ·(R + R_r)) / C`` (:func:`effective_copy_bytes`), ``S`` the strided
 and ``R`` the fresh bytes, ``σ = CostParams.strided_copy_factor`` and ``φ =
 CostParams.fresh_copy_factor`` the extra seconds of such a byte in units of a contiguous one (0 by
-default; fitted by ``transition/calibrate.py`` from the executor's measured packing and assembly).
+default; fitted by ``transition/calibrate.py`` from the executor's measured packing and assembly,
+``φ`` together with each CPU worker's direct first-touch measurement, ``runtime/transit/fault_probe.py``).
 
 Pure: no runtime import.
 """
