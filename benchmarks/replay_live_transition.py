@@ -10,7 +10,8 @@ would have predicted on the same measurements.
 
     python benchmarks/replay_live_transition.py bench-live-transition.json [more.json ...]
 
-Prints per run: ``<file>: <case> <ratio>, ...; max X.XXx (N of M within 1.5x)``, and the
+Prints per run: ``<file>: <case> <ratio>, ...; max X.XXx (N of M within 1.5x)`` (for a run with the
+workers' fault probes, also the line with ``φ`` from the primitives alone), and the
 per-Destroy error of the Destroy term against the median it replaced (:func:`destroys`).
 """
 
@@ -31,15 +32,16 @@ from nereus.transition.calibrate import TransitionCalibration  # noqa: E402
 from nereus.transition.estimate import estimate_transition  # noqa: E402
 
 
-def replay(run: dict, cores: float | None = None) -> list[tuple[str, float, float]]:
-    """``(case, predicted s, measured s)`` per case of ``run`` (a ``--json`` output)."""
+def replay(run: dict, cores: float | None = None, probes: bool = True) -> list[tuple[str, float, float]]:
+    """``(case, predicted s, measured s)`` per case of ``run`` (a ``--json`` output); ``probes=False``:
+    the workers' fault probes (``fault_s_per_byte``) dropped, ``φ`` from the primitives alone."""
     out = []
     for name, src, dst, _ in CASES:
         if name not in run["cases"]:
             continue
         cal = TransitionCalibration(cores=cores if cores is not None else worker_cores())
         for recs in run["observed"][:run["case_starts"][name]]:
-            cal.observe(recs)
+            cal.observe(recs if probes else [{**r, "fault_s_per_byte": {}} for r in recs])
         est = estimate_transition(cal.apply(JOB), src, dst, frozenset(range(run["workers"])), params=cal.params())
         meas = statistics.median(r["l_tran_s"] for r in run["cases"][name]["live"])
         out.append((name, float(est.l_tran), meas))
@@ -70,12 +72,14 @@ def main(argv: list[str]) -> int:
         return 2
     for path in argv:
         with open(path) as fh:
-            rows = replay(json.load(fh))
-        ratios = [(n, p / m) for n, p, m in rows]
-        worst = max(max(r, 1 / r) for _, r in ratios)
-        ok = sum(max(r, 1 / r) <= 1.5 for _, r in ratios)
-        print(f"{path}: " + ", ".join(f"{n} {r:.2f}" for n, r in ratios)
-              + f"; max {worst:.2f}x ({ok} of {len(ratios)} within 1.5x)")
+            run = json.load(fh)
+        probed = any(r.get("fault_s_per_byte") for t in run["observed"] for r in t)
+        for probes in (True, False) if probed else (True,):
+            ratios = [(n, p / m) for n, p, m in replay(run, probes=probes)]
+            worst = max(max(r, 1 / r) for _, r in ratios)
+            ok = sum(max(r, 1 / r) <= 1.5 for _, r in ratios)
+            print(f"{path}{'' if probes else ' (phi without the fault probes)'}: "
+                  + ", ".join(f"{n} {r:.2f}" for n, r in ratios) + f"; max {worst:.2f}x ({ok} of {len(ratios)} within 1.5x)")
         with open(path) as fh:
             dd = destroys(json.load(fh))
         print(f"{path}: {dd['destroys']} Destroys, mean |ln(predicted / measured)|: median of earlier "

@@ -27,7 +27,9 @@ between workers (Split, Merge, Extend, Load from a train model-stage):
   then the per-byte surcharges of column-slice copies and freshly mapped send buffers and the
   cores concurrent copy phases share (``transition/copy_cost.py``), each a median over the phases
   that have them (the last ``window`` primitives with such phases are kept apart from the window,
-  so that a run of DP moves does not leave the surcharges to one or two samples);
+  so that a run of DP moves does not leave the surcharges to one or two samples); ``φ`` also
+  pools each worker process's direct measurement of a fresh 64 MiB buffer's first touch
+  (``runtime/transit/fault_probe.py``), so that it never rests on one primitive's sample;
 * fixed seconds ``F`` and link bandwidth ``B`` (bytes/s per worker per direction): a robust line
   ``span − copy = F + bytes / B`` over those primitives (the busiest receiver's bytes; Theil–Sen,
   :func:`fit_line`), so a transition of many small primitives is priced by ``F`` and one large
@@ -59,7 +61,7 @@ from dataclasses import dataclass, field, replace
 
 from nereus.spec.hardware import GPUSpec
 from nereus.spec.job import JobSpec
-from nereus.transition.copy_cost import FRESH_BUFFER_BYTES
+from nereus.transition.copy_cost import FAULT_PROBE_BYTES, FRESH_BUFFER_BYTES
 from nereus.transition.cost import CostParams
 from nereus.transition.sharing import share_factors
 from nereus.transition.teardown import trend_slope
@@ -127,7 +129,7 @@ def fit_line(xs: list[float], ys: list[float]) -> tuple[float, float] | None:
     return f, a
 
 
-def fit_copy(rows) -> dict:
+def fit_copy(rows, direct=()) -> dict:
     """Copy rate ``C`` (bytes/s), the surcharges ``σ``, ``φ`` and the copy cores ``c``
     (``transition/copy_cost.py``) from measured copy phases.
 
@@ -138,6 +140,9 @@ def fit_copy(rows) -> dict:
             or both together for records without the split; ``S`` and ``R`` the strided and fresh
             bytes among ``K``; seconds already divided by the core-sharing factor; ``n`` the
             workers that ran the phase at once (``copy_cost.copy_workers``; 1 when unknown).
+        direct: seconds per byte that first touching a fresh buffer adds, one per worker process
+            (``runtime/transit/fault_probe.py``: a 64 MiB copy into a fresh buffer less the same
+            copy into a touched one).
 
     Returns:
         ``{"copy_bandwidth", "strided_copy_factor", "fresh_copy_factor", "copy_cores"}``, each None
@@ -147,7 +152,9 @@ def fit_copy(rows) -> dict:
           of one worker (of any ``n`` when there is none; of every row, the rest then None);
         * ``σ``: the ``S``-weighted median of ``(seconds·C − K) / S`` over one-worker phases with
           ``S > 0``, ``R = 0``; ``φ`` the same with ``R`` over those with ``R > 0``, ``S = 0`` (each
-          at least 0);
+          at least 0); each ``direct`` value ``t`` is one more sample of ``φ``, ``t·C``, of weight
+          ``FAULT_PROBE_BYTES`` (the bytes it measured), so ``φ`` is the weighted median of both
+          kinds of measurement of the same page faults (None without either);
         * ``c``: the median over the phases of ``n >= 2`` workers of the cores that explain how
           much slower than one worker's each ran, ``ρ = seconds·C / (K + σ·S + φ·R)``: ``n / ρ``
           (``copy_cost.crowd(n, n / ρ) = ρ`` for ``1 <= n / ρ``; 1 where ``ρ >= n``, every worker
@@ -171,7 +178,9 @@ def fit_copy(rows) -> dict:
         return max(0.0, weighted_median([(c * bw - k) / x for k, x, c in xs], [x for _, x, _ in xs])) if xs else None
 
     sig = surcharge([(k, s, c) for k, s, r, c, n in rows if s > 0 and r <= 0 and n <= 1])
-    phi = surcharge([(k, r, c) for k, s, r, c, n in rows if r > 0 and s <= 0 and n <= 1])
+    # a direct value t as a phase of FAULT_PROBE_BYTES fresh bytes whose (seconds·C − K) / R is t·C
+    phi = surcharge([(k, r, c) for k, s, r, c, n in rows if r > 0 and s <= 0 and n <= 1]
+                    + [(0.0, FAULT_PROBE_BYTES, t * FAULT_PROBE_BYTES) for t in direct if t >= 0])
     crowd = []
     for k, s, r, c, n in rows:
         if n >= 2:
@@ -236,7 +245,8 @@ class TransitionCalibration:
         copy_bandwidth: bytes/s of packing plus assembly of contiguous bytes (:func:`fit_copy`), None
             before any measurement.
         strided_copy_factor, fresh_copy_factor: ``σ`` and ``φ`` of ``transition/copy_cost.py``
-            (:func:`fit_copy`), None before a primitive with such bytes was measured.
+            (:func:`fit_copy`), None before a primitive with such bytes (or, for ``φ``, a worker's
+            fault probe) was measured.
         copy_cores: ``CostParams.copy_cores`` (:func:`fit_copy`), None before a copy phase on two
             or more workers at once was measured.
         dispatch_s: ``CostParams.dispatch_s``: the median, over the window's primitives that had
@@ -269,6 +279,7 @@ class TransitionCalibration:
     teardowns: list = field(default_factory=list, repr=False)
     dispatches: list = field(default_factory=list, repr=False)
     special: list = field(default_factory=list, repr=False)
+    faults: dict = field(default_factory=dict)  # worker → fresh-buffer s/B (fault_probe), the latest
     dispatch_s: float | None = None
 
     def __post_init__(self) -> None:
@@ -288,7 +299,8 @@ class TransitionCalibration:
                 ``copy_bytes`` (the planner's, ``cost.copy_bytes``), ``measured_s`` (wall seconds
                 of the primitive), ``t_ready`` and ``t_end`` (its last worker's start and end,
                 seconds on one clock; ``t_end − t_ready`` replaces ``measured_s``) and ``workers``
-                (how many workers ran it: the core-sharing correction, with ``cores``).
+                (how many workers ran it: the core-sharing correction, with ``cores``) and
+                ``fault_s_per_byte`` (worker → fresh-buffer seconds per byte, ``fit_copy``'s ``direct``).
         """
         recs = []
         for r in records:
@@ -316,6 +328,8 @@ class TransitionCalibration:
             waited = [ends[q][0] for q in pr] + [e for q, (e, ws) in ends.items()
                                                  if q != get("pid") and ws & mine and e <= float(t0) + 1e-9]
             dispatches.append(max(0.0, float(t0) - max(waited)))
+        for get in recs:  # each worker process's direct measurement of φ's page faults (fit_copy)
+            self.faults.update({str(w): float(t) for w, t in (get("fault_s_per_byte") or {}).items()})
         for get, span in zip(recs, spans):
             s = next(share) if span is not None else 1.0
             kind = get("kind")
@@ -343,7 +357,7 @@ class TransitionCalibration:
             rows.append((busiest, transfer / s, float(get("copy_bytes", 0) or busiest), copy / s, setup / s, rest,
                          phases, f("fresh_recv_bytes")))
         if rows or teardowns:
-            self.history.append({**self._fit(rows, teardowns), "primitives": len(rows)})
+            self.history.append({**self._fit(rows, teardowns, (), self.faults), "primitives": len(rows)})
         self.rows = (self.rows + rows)[-self.window:]
         self.teardowns = (self.teardowns + teardowns)[-self.window:]
         self.dispatches = (self.dispatches + dispatches)[-self.window:]
@@ -353,16 +367,18 @@ class TransitionCalibration:
         # the surcharges of copy_cost.py stay measured when a run of other primitives fills the window
         self.special = (self.special + [r for r in rows if any(ph[1] > 0 or ph[2] > 0 or ph[4] >= 2
                                                                for ph in r[6])])[-self.window:]
-        fit = self._fit(self.rows, self.teardowns, [r for r in self.special if not any(r is x for x in self.rows)])
+        fit = self._fit(self.rows, self.teardowns, [r for r in self.special if not any(r is x for x in self.rows)],
+                        self.faults)
         for k, v in fit.items():
             if v is not None:
                 setattr(self, k, v)
 
     @staticmethod
-    def _fit(rows, teardowns, extra=()) -> dict:
+    def _fit(rows, teardowns, extra=(), faults=None) -> dict:
         """The constants from rows and Destroy seconds (None where nothing measured one); ``extra``:
-        older rows with strided, fresh or concurrent copy phases that left the window."""
-        cp = fit_copy([ph for r in list(rows) + list(extra) if r[0] > 0 for ph in r[6]])
+        older rows with strided, fresh or concurrent copy phases that left the window; ``faults``:
+        worker → fresh-buffer seconds per byte (``fit_copy``'s ``direct``)."""
+        cp = fit_copy([ph for r in list(rows) + list(extra) if r[0] > 0 for ph in r[6]], list((faults or {}).values()))
         # a fresh receive buffer's page faults are priced by the copy term (copy_cost.fresh_recv_bytes)
         phi, bw = cp["fresh_copy_factor"] or 0.0, cp["copy_bandwidth"] or math.inf
         rows = [(r[0], max(0.0, r[1] - phi * r[7] / bw), *r[2:5],

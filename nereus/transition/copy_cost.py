@@ -31,7 +31,8 @@ surcharge on the copy term ``K / C`` of :func:`nereus.transition.cost.duration`:
 The copy term becomes ``(K + σ·S + φ·(R + R_r)) / C`` (:func:`effective_copy_bytes`), ``S`` the strided
 and ``R`` the fresh bytes, ``σ = CostParams.strided_copy_factor`` and ``φ =
 CostParams.fresh_copy_factor`` the extra seconds of such a byte in units of a contiguous one (0 by
-default; fitted by ``transition/calibrate.py`` from the executor's measured packing and assembly).
+default; fitted by ``transition/calibrate.py`` from the executor's measured packing and assembly,
+``φ`` together with each CPU worker's direct first-touch measurement, ``runtime/transit/fault_probe.py``).
 
 Pure: no runtime import.
 """
@@ -44,13 +45,18 @@ from nereus.spec.model import ModelSpec
 from nereus.transition.emu import EMU
 from nereus.transition.primitives import Primitive
 
-__all__ = ["FRESH_BUFFER_BYTES", "row_parallel_fraction", "strided_bytes", "with_strided", "send_buffers",
+__all__ = ["FRESH_BUFFER_BYTES", "FAULT_PROBE_BYTES", "row_parallel_fraction", "strided_bytes", "with_strided", "send_buffers",
            "fresh_bytes", "recv_buffers", "fresh_recv_bytes", "copy_workers", "crowd",
            "effective_copy_bytes"]
 
 #: glibc's ``DEFAULT_MMAP_THRESHOLD_MAX`` on 64-bit (``4·1024·1024·sizeof(long)``, mallopt(3)): a
 #: CPU allocation at least this large is always a fresh mmap (faulted in and zeroed on first write)
 FRESH_BUFFER_BYTES = 32 * 1024 * 1024
+#: bytes of the buffer each CPU worker first-touches once to measure the fresh-mapping cost directly
+#: (``runtime/transit/fault_probe.py``): twice :data:`FRESH_BUFFER_BYTES`, so that glibc maps it fresh
+#: whatever it has raised its dynamic mmap threshold to; also the weight of one such measurement
+#: among the primitives' samples of ``φ`` (``calibrate.fit_copy``)
+FAULT_PROBE_BYTES = 2 * FRESH_BUFFER_BYTES
 
 
 def row_parallel_fraction(model: ModelSpec) -> float:

@@ -77,6 +77,11 @@ class PrimitiveRecord:
             calibrated against.
         freed_tensors: a Destroy's most tensors one worker freed (the teardown's calibration,
             ``transition/teardown.py``).
+        fault_s_per_byte: worker → seconds per byte that first touching a fresh CPU buffer adds in
+            that worker's process (``transit/fault_probe.py``; the prior of ``φ``,
+            ``calibrate.fit_copy``); empty on GPUs.
+        pack_faults, transfer_faults: the most minor page faults one worker took while packing and
+            while sending and receiving (about bytes / 4096 for a freshly mapped buffer).
     """
 
     pid: str
@@ -110,6 +115,9 @@ class PrimitiveRecord:
     preds: list = field(default_factory=list)
     worker_ids: list = field(default_factory=list)
     freed_tensors: int = 0
+    fault_s_per_byte: dict = field(default_factory=dict)
+    pack_faults: int = 0
+    transfer_faults: int = 0
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -329,9 +337,36 @@ class TransitionExecutor:
             raise WorkerFailure(f"transition ended with units outside the target: {stray[:4]}")
         seconds = time.perf_counter() - t0
         driver_bytes = len(pickle.dumps((received, results, left)))
-        return self._report(est, order, results, seconds, driver_bytes)
+        return self._report(est, order, results, seconds, driver_bytes, self._fault_probes(results, live))
 
-    def _report(self, est, order, results, seconds, driver_bytes) -> TransitionReport:
+    def _fault_probes(self, results, live=()) -> dict:
+        """Worker → its fresh-buffer first-touch seconds per byte (``transit/fault_probe.py``), once
+        per worker process, CPU workers only: from the results (a measured worker reports it with
+        each), else asked of the other ``live`` workers at once without measuring, and measured now
+        for every worker that has not, after the transition and one worker at a time (four CPU
+        workers at once on two cores would double it)."""
+        d, known, todo = self.driver, {}, set()
+
+        def probe(w):
+            return getattr(d.workers[w], "fault_probe", None) if w < len(d.workers) and d.workers[w] else None
+
+        for r in (r for rs in results.values() for r in rs):
+            if "fault_s_per_byte" in r:
+                known[r["worker"]] = r["fault_s_per_byte"]
+            else:
+                todo.add(r["worker"])
+        others = [w for w in live if w not in known and w not in todo and probe(w) is not None]
+        for w, got in zip(others, d._get([probe(w).remote(False) for w in others], "fault probes") if others else []):
+            if got is None:
+                todo.add(w)
+            else:
+                known[w] = got["s_per_byte"]
+        for w in sorted(todo - set(known)):
+            got = d._get([probe(w).remote(True)], f"fault probe on worker {w}")[0] if probe(w) is not None else None
+            known[w] = got["s_per_byte"] if got else None
+        return {w: t for w, t in known.items() if t is not None}
+
+    def _report(self, est, order, results, seconds, driver_bytes, faults=None) -> TransitionReport:
         dag = est.dag
         preds = dag.preds()
         recs = []
@@ -358,7 +393,10 @@ class TransitionExecutor:
                 pack_workers=copy_workers(p)[0], assemble_workers=copy_workers(p)[1],
                 fresh_recv_bytes=fresh_recv_bytes(p), preds=sorted(preds.get(pid, ())),
                 worker_ids=sorted(r["worker"] for r in rs),
-                freed_tensors=max((r.get("freed_tensors", 0) for r in rs), default=0)))
+                freed_tensors=max((r.get("freed_tensors", 0) for r in rs), default=0),
+                fault_s_per_byte={r["worker"]: faults[r["worker"]] for r in rs if r["worker"] in (faults or {})},
+                pack_faults=max((r.get("pack_faults", 0) for r in rs), default=0),
+                transfer_faults=max((r.get("transfer_faults", 0) for r in rs), default=0)))
         return TransitionReport(primitives=recs, predicted_l_tran=float(est.l_tran),
                                 measured_l_tran=max(0.0, t_last - t_first), seconds=seconds,
                                 predicted_bytes=int(est.bytes_moved),

@@ -35,6 +35,7 @@ and received (state pieces, headers, host copies).
 
 from __future__ import annotations
 
+import resource
 import time
 from dataclasses import dataclass
 
@@ -75,6 +76,21 @@ class Transit:
         self.id, self.store, self.meter, self.timeout_s = worker_id, store, meter, timeout_s
         self.units: dict[str, Unit] = {}
         self.comms = GroupCache(store, worker_id, meter, timeout_s)
+        #: this process's fresh-buffer first-touch cost (``fault_probe.measure``), once measured
+        self.fault: dict | None = None
+
+    def fault_probe(self, device: str, measure: bool = True) -> dict | None:
+        """The first-touch cost of a fresh CPU buffer in this process (``transit/fault_probe.py``),
+        measured on the first call with ``measure`` and kept; ``{"s_per_byte": None}`` on a non-CPU
+        device (nothing fresh to pay); None while not measured and ``measure`` is False."""
+        if self.fault is None and measure:
+            if str(device) == "cpu":
+                from nereus.runtime.transit.fault_probe import measure as probe
+
+                self.fault = probe()
+            else:
+                self.fault = {"s_per_byte": None}
+        return self.fault
 
     # ------------------------------------------------------------------ engines <-> units
     def adopt(self, engine, meta: UnitMeta) -> None:
@@ -112,7 +128,9 @@ class Transit:
             "header_bytes", "host_bytes", "storage_bytes"}`` (seconds: communicator setup, 0 when
             reused; packing the send buffers; sends and receives; assembling the produced shards;
             bytes; ``recv`` counts state bytes that arrived); a Destroy adds ``"freed_tensors"``,
-            the tensors it dropped.
+            the tensors it dropped; ``"fault_s_per_byte"`` once :meth:`fault_probe` has measured; a
+            transfer adds ``"pack_faults"`` and ``"transfer_faults"``, the minor page faults of its
+            packing and of its sends and receives (``getrusage``: a fresh buffer's first touch).
 
         Raises:
             ValueError: a unit it reads or consumes is not here.
@@ -141,6 +159,8 @@ class Transit:
                         u.tensors = {k: {n: t.cpu() for n, t in d.items()} for k, d in u.tensors.items()}
         out["seconds"] = time.perf_counter() - t0
         out["t_end"] = wall + out["seconds"]
+        if self.fault is not None:  # measured once, outside every primitive (driver_side._fault_probes); None: GPU
+            out["fault_s_per_byte"] = self.fault["s_per_byte"]
         return out
 
     def _offload(self, move: MoveSpec, out: dict) -> None:
@@ -195,12 +215,14 @@ class Transit:
         group = None
         if me in comm and len(comm) > 1:
             group, out["setup_s"] = self.comms.get(comm, group_name, device)
-        t1 = time.perf_counter()
+        t1, f0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         handles, outgoing, incoming = [], {}, {}
         if group is not None:
             # sends: one contiguous buffer per receiver (the counters header, then the pieces)
             bufs = pack(spec, plan, me, source, dtype, group.device)
             out["pack_s"] = time.perf_counter() - t1
+            f1 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt  # page faults: fresh buffers (fault_probe.py)
+            out["pack_faults"], f0 = f1 - f0, f1
             t1 = time.perf_counter()
             for d, (buf, n) in bufs.items():
                 out["sent"] += n
@@ -226,6 +248,7 @@ class Transit:
         recv = {s: (buf[HEADER_BYTES:], dict(zip(COUNTERS, buf[:HEADER_BYTES].view(torch.int64).tolist())))
                 for s, buf in incoming.items()}
         out["transfer_s"] = time.perf_counter() - t1
+        out["transfer_faults"] = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0
         t2 = time.perf_counter()
         made = {uid: Unit(next(m for m in move.produces if m.uid == uid), tensors, counters)
                 for uid, (tensors, counters) in assemble(spec, plan, move, me, recv, source, dtype, device).items()}

@@ -353,6 +353,10 @@ class WorkerCore(CheckpointCallsMixin, VllmWorkerMixin):
             self.meter.drop_static(f"params:{id(e)}")
         return sorted(self.transit.units)
 
+    def fault_probe(self, measure: bool = True) -> dict | None:
+        """``Transit.fault_probe`` on this worker's device (measured once per process)."""
+        return self.transit.fault_probe(self.device, measure)
+
     def transition_run(self, spec: ModelSpec, move: MoveSpec, group_name: str, trainable: bool,
                        *after) -> dict:
         """Run this worker's part of one primitive (``Transit.run``); ``after`` are the results of
