@@ -368,7 +368,8 @@ def _export(args, job, plan, source=None) -> int:
     print(format_plan(ev.plan, unit="GPUs", batch=True, indent="  "))
     if not ev.fits:
         print("  does NOT fit: " + "; ".join(f"{k}: {v}" for k, v in ev.overflow.items()))
-    print("what changed:" if ex["changes"] else "what changed: nothing")
+    head = f"what changed from Nereus's plan to the {args.export} plan (not from your layout)"
+    print(f"{head}:" if ex["changes"] else f"{head}: nothing")
     for ch in ex["changes"]:
         print(f"  {ch}")
     print(f"{args.export} settings:")
