@@ -97,8 +97,10 @@ def test_zero1_keeps_its_gradients_and_only_the_end_copies():
 
 def test_other_rows_and_frameworks_unchanged():
     mem = _train(zero=2)
-    for fw, zero, off in ((replace(DS, zero_offload_buffers=False), 2, CPU_ADAM), (DS, 3, CPU_ADAM), (DS, 2, 0)):
-        assert zero_offload_state(mem, fw, TINY, W, 1, 1, 4, zero, off) is mem
+    assert zero_offload_state(mem, replace(DS, zero_offload_buffers=False), TINY, W, 1, 1, 4, 2, CPU_ADAM) is mem
+    for zero, off in ((3, CPU_ADAM), (2, 0)):  # the terms are 0, the rest as it was
+        got = zero_offload_state(mem, DS, TINY, W, 1, 1, 4, zero, off)
+        assert got == dict(mem, offload_buffer=0.0, reduce_copies=0.0, step_copy=0.0)
     assert zero_offload_state(mem, DS, TINY, replace(W, activation_model="runtime"), 1, 1, 4, 2, CPU_ADAM) is mem
     # engine_train_state applies it last (no Megatron / FSDP flag here)
     assert engine_train_state(mem, DS, TINY, W, 1, 1, 4, 2, CPU_ADAM)["offload_buffer"] == 2 * 256 * 64

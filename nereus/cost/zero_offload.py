@@ -77,15 +77,16 @@ def zero_offload_state(mem: dict, fw, model, workload, tp, pp, dp, zero, offload
     ``offload`` (codes). Adds ``offload_buffer`` (resident), ``reduce_copies`` and ``step_copy`` (the
     largest transient of each phase beyond the buckets) and recomputes ``resident`` and ``transient``:
     ``transient = other + max(buckets + max(activations + logits, reduce_A), buckets + reduce_end,
-    step_copy)`` with ``other`` the rest of the old transient. ``mem`` itself when the flag is off, no
-    row applies or the runtime's own engine is modelled.
+    step_copy)`` with ``other`` the rest of the old transient (the three terms are 0 where a row does
+    not apply). ``mem`` itself when the flag is off or the runtime's own engine is modelled.
     """
     if not getattr(fw, "zero_offload_buffers", False) or workload.activation_model == "runtime":
         return mem
     zero, dp, off = np.asarray(zero), np.asarray(dp), np.asarray(offload)
     rows = (off == _CPU_ADAM) & (zero >= 1) & (zero <= 2)
-    if not np.any(rows):
-        return mem
+    if not np.any(rows):  # the same keys whichever rows a batch holds (the planner's arrays, one estimate)
+        return dict(mem, offload_buffer=0.0 * rows, reduce_copies=0.0 * rows, step_copy=0.0 * rows) \
+            if np.ndim(rows) else dict(mem, offload_buffer=0.0, reduce_copies=0.0, step_copy=0.0)
     pb = workload.param_bytes
     trainable = np.asarray(trainable_params_rank(model, workload.lora_rank, tp, pp), dtype=float)
     part = trainable / np.maximum(dp, 1)
