@@ -2,7 +2,7 @@
 ``offload='cpu_adam'`` at ``zero`` 1 or 2) beyond :mod:`nereus.cost.memory`'s reduce bucket: the
 framework flag ``zero_offload_buffers`` (the ``deepspeed`` preset and OpenRLHF's DeepSpeed backend).
 
-Read from microsoft/DeepSpeed@v0.15.0 (55b4cae8, the release OpenRLHF v0.4.5-v0.5.4 pin;
+Read from microsoft/DeepSpeed@v0.15.0 (55b4cae8, the release OpenRLHF v0.4.5, v0.5.0 and v0.5.4 pin;
 ``deepspeed/runtime/zero/stage_1_and_2.py``, ``DeepSpeedZeroOptimizer``; the same code in v0.14.4
 through v0.16.4, the range ``openrlhf.cli.train_ppo``'s releases pin). ``n`` is the largest single
 trainable parameter tensor (``largest_param_numel``: the embedding or an untied LM head ``V·h``, else
@@ -19,15 +19,15 @@ DeepSpeed's ``reduce_bucket_size`` default, which OpenRLHF's ``"auto"`` resolves
 * **Reduce buckets**: ``backward()`` allocates one ``ipg_buffer`` of ``B`` elements, two with
   ``overlap_comm`` (L2046-2057; DeepSpeed's default for stages 1-2 is off,
   ``zero/config.py::overlap_comm_valid``; OpenRLHF's ``--overlap_comm`` sets it; here the framework's
-  ``overlap_grad_reduce``), released at the end of the backward (``_release_ipg_buffers``).
+  ``overlap_grad_reduce``), released at the end of the backward (``_release_ipg_buffers``, L669).
 * **Reducing a bucket** (ZeRO-2, during the backward, the activations still held): the all-reduce
-  flattens the bucket's per-rank slices (``allreduce_bucket``: ``tensor = self.flatten(bucket)``, a
-  copy when the bucket spans two ranks' partitions, i.e. at ``dp > 1``: ``B·pb``); then, at the
+  flattens the bucket's per-rank slices (``allreduce_bucket``: ``tensor = self.flatten(bucket)``, L1489: a
+  copy when the bucket spans two ranks' partitions, which only ``dp > 1`` has; counted there, ``B·pb``); then, at the
   gradient-accumulation boundary, each parameter of the rank's partition gets its gradient norm from
-  an fp64 copy (``set_norm_for_param_grad_in_gpu``: ``accumulated_grad.data.double().norm(2)``, 8 B an
-  element) and is copied to the host through an fp32 copy (``async_inplace_copy_grad_to_fp32_buffer
-  _from_gpu``: ``src_tensor.float()``, 4 B): one parameter at a time, so ``8·min(n_A, P)``. A
-  parameter larger than ``B`` is not copied into the bucket (``extra_large_param_to_reduce``) and its
+  an fp64 copy (``set_norm_for_param_grad_in_gpu``: ``accumulated_grad.data.double().norm(2)``, L1265, 8 B
+  an element) and is copied to the host through an fp32 copy (``async_inplace_copy_grad_to_fp32_buffer
+  _from_gpu``: ``src_tensor.float()``, L1280, 4 B): one parameter at a time, so ``8·min(n_A, P)``. A
+  parameter larger than ``B`` is not copied into the bucket (``extra_large_param_to_reduce``, L951) and its
   own gradient ``n_A·pb`` is held too. ``n_A``: the largest parameter whose gradient arrives while the
   activations are held: an untied LM head (the backward's first gradient), else a layer's widest
   matrix; the embedding's gradient (and a tied head's) arrives last, the activations freed: it is
