@@ -7,6 +7,8 @@ weights up are 2 B each over PCIe.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from nereus.cost.efficiency import EfficiencyTable
@@ -36,8 +38,13 @@ def _cost(job):
     return CostModel(job, eff)
 
 
+#: the deepspeed preset without DeepSpeed's own ZeRO-Offload buffers (tests/test_cost_zero_offload.py)
+BARE = replace(get_framework("deepspeed"), zero_offload_buffers=False)
+VH = 128256 * 4096  # Llama-3.1-8B's embedding / LM head, its largest parameter
+
+
 def test_cpu_adam_memory_moves_the_optimizer_and_gradient_partitions_to_the_host():
-    job = _job()
+    job = _job(BARE)
     cost = _cost(job)
     base = cost.estimate_candidate(Candidate("actor.train", 1, 1, 8, micro_batch=2, zero=2))
     off = cost.estimate_candidate(Candidate("actor.train", 1, 1, 8, micro_batch=2, zero=2, offload="cpu_adam"))
@@ -52,15 +59,23 @@ def test_cpu_adam_memory_moves_the_optimizer_and_gradient_partitions_to_the_host
     assert base.memory["gradients"] == pytest.approx(4 * P8B / 8, rel=1e-9)
     assert off.memory["gradients"] == pytest.approx(5e8 * 2, rel=1e-12)
     assert base.transient - off.transient == pytest.approx(4 * P8B / 8 - 1e9, rel=1e-9)
+    # the preset adds DeepSpeed's own buffers: the resident bf16 buffer of the largest parameter, and
+    # two reduce buckets (the preset overlaps the reduce: DeepSpeed's overlap_comm double buffer)
+    ds = _cost(_job()).estimate_candidate(Candidate("actor.train", 1, 1, 8, micro_batch=2, zero=2, offload="cpu_adam"))
+    assert ds.resident == pytest.approx(2 * P8B + 2 * VH, rel=1e-9)
+    assert ds.memory["gradients"] == pytest.approx(2 * 5e8 * 2, rel=1e-12)
 
 
 def test_cpu_adam_keeps_the_gradients_on_the_gpu_without_partitioned_gradients():
     """ZeRO-1 with ZeRO-Offload: the gradients are not partitioned (DeepSpeed reduces whole ones),
     so the GPU holds them all (4 B x P), as without offload."""
-    cost = _cost(_job())
+    cost = _cost(_job(BARE))
     off = cost.estimate_candidate(Candidate("actor.train", 1, 1, 8, micro_batch=2, zero=1, offload="cpu_adam"))
     assert off.memory["gradients"] == pytest.approx(4 * P8B, rel=1e-9)
     assert off.memory["optimizer"] == 0
+    # with DeepSpeed's buffers (the preset): the two reduce buckets of its backward as well
+    ds = _cost(_job()).estimate_candidate(Candidate("actor.train", 1, 1, 8, micro_batch=2, zero=1, offload="cpu_adam"))
+    assert ds.memory["gradients"] == pytest.approx(4 * P8B + 2 * 5e8 * 2, rel=1e-9)
 
 
 def test_cpu_adam_time_by_hand():

@@ -36,6 +36,8 @@ memory too (DeepSpeed ``stage3.py``: the grad partition buffer is on ``'cpu'`` w
 ``offload_optimizer`` is set; ``stage_1_and_2.py`` copies each reduced bucket into the CPU fp32
 partition): the GPU keeps the reduce bucket, ``DS_REDUCE_BUCKET_ELEMS`` gradient elements in the
 weights' dtype (or the rank's whole gradient when smaller); with ZeRO-0/1 the gradients stay on the GPU.
+DeepSpeed's ZeRO-1/2 optimizer keeps further buffers of its own under offload (a resident buffer of the
+largest parameter, gradient copies, the step's fp32 partition): :mod:`nereus.cost.zero_offload`.
 With ``workload.activation_model = "runtime"`` the training terms are those of the ``nereus run``
 runtime's own engine (:mod:`nereus.cost.runtime_memory`: its saved tensors, gradient buffers and
 ZeRO reduce buffers, counted as its meter counts them).

@@ -28,7 +28,8 @@ engines verl runs.
   backward (ZeRO-2 / ``SHARD_GRAD_OP`` at DP > 1). Not applied with LoRA (the adapters' base weights
   follow :mod:`nereus.cost.lora`).
 
-Both leave ``workload.activation_model == "runtime"`` (Nereus's own engine) alone.
+Both leave ``workload.activation_model == "runtime"`` (Nereus's own engine) alone. DeepSpeed's
+ZeRO-Offload buffers (``zero_offload_buffers``) are applied after them (:mod:`nereus.cost.zero_offload`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from __future__ import annotations
 import numpy as np
 
 from nereus.cost.shapes import layer_params_rank, params_rank
+from nereus.cost.zero_offload import zero_offload_state
 
 __all__ = ["engine_train_state"]
 
@@ -53,14 +55,16 @@ def engine_train_state(mem: dict, fw, model, workload, tp, pp, dp, zero, offload
       copies in flight, ``2 · layer_params · param_bytes`` (ZeRO-3, or DP = 1), else the whole
       ``params · param_bytes``.
 
+    * ``fw.zero_offload_buffers``: :func:`nereus.cost.zero_offload.zero_offload_state` last.
+
     Returns:
         a new dict of the same keys (``gathered`` added when needed) with ``resident`` and
-        ``transient`` recomputed; ``mem`` itself when neither flag applies.
+        ``transient`` recomputed; ``mem`` itself when no flag applies.
     """
     fp32 = bool(getattr(fw, "fp32_train_params", False)) and not workload.lora_rank
     keep = bool(getattr(fw, "persistent_grads", False))
     if not (fp32 or keep) or workload.activation_model == "runtime":
-        return mem
+        return zero_offload_state(mem, fw, model, workload, tp, pp, dp, zero, offload)
     off = np.asarray(offload)
     moved = (off == _HOST) | (off == _DROP)
     out = dict(mem)
@@ -81,4 +85,4 @@ def engine_train_state(mem: dict, fw, model, workload, tp, pp, dp, zero, offload
                         + np.where(moved, delta_state, 0.0))
     if np.ndim(out["resident"]) == 0:
         out["resident"], out["transient"] = float(out["resident"]), float(out["transient"])
-    return out
+    return zero_offload_state(out, fw, model, workload, tp, pp, dp, zero, offload)

@@ -70,6 +70,10 @@ feature                    kind       cost-model consequence (``nereus.cost``)
                                       (:func:`nereus.cost.step.engine_owned`), receives no weight
                                       sync, and prefills the whole micro-batch's prompts in one
                                       pass (no chunked prefill)
+``zero_offload_buffers``   flag       DeepSpeed's ZeRO-1/2 optimizer under ``offload_optimizer`` (``cpu_adam``
+                                      at ZeRO 1-2) keeps GPU buffers of its own: a resident buffer of
+                                      the largest parameter, the reduce buckets, fp64/fp32 gradient
+                                      copies and the step's fp32 partition (:mod:`nereus.cost.zero_offload`)
 ``zero3_impl``             flag       how the ZeRO-3 engine moves parameters (:mod:`nereus.cost.zero3`):
                                       ``fsdp`` (default; FSDP/FSDP2: one flat all-gather per wrapped
                                       block, prefetched in forward and backward), ``deepspeed``
@@ -156,6 +160,7 @@ class FrameworkSpec:
         zero3_impl: the ZeRO-3 implementation's parameter-traffic schedule, one of
             :data:`ZERO3_IMPLS` (:mod:`nereus.cost.zero3`; ``fsdp``: the default model).
         persistent_grads: the gradient buffer stays allocated between steps (resident gradients).
+        zero_offload_buffers: DeepSpeed ZeRO-1/2 ZeRO-Offload's own GPU buffers are counted.
         fp32_train_params: training parameters are fp32 (the optimizer's master copy); bf16 copies
             exist per gathered layer only.
         engine: the engines' behaviour and fixed costs (:class:`nereus.spec.engine.EngineCosts`:
@@ -185,6 +190,7 @@ class FrameworkSpec:
     even_dp: bool = False
     persistent_grads: bool = False
     fp32_train_params: bool = False
+    zero_offload_buffers: bool = False
     engine: EngineCosts | None = None
 
     def __post_init__(self) -> None:
@@ -220,7 +226,7 @@ class FrameworkSpec:
             raise ValueError(f"framework field 'grad_reduce_bytes' must be 2 (bf16), 4 (fp32) or null, got {g!r}")
         for f in ("sequence_parallel", "overlap_grad_reduce", "overlap_tp_comm", "model_parallel_train",
                   "uneven_pp", "pipeline_parallel", "shared_engine", "train_engine_generation", "even_dp",
-                  "persistent_grads", "fp32_train_params"):
+                  "persistent_grads", "fp32_train_params", "zero_offload_buffers"):
             if not isinstance(getattr(self, f), bool):
                 raise ValueError(f"framework field {f!r} must be true or false, got {getattr(self, f)!r}")
 
@@ -236,7 +242,7 @@ class FrameworkSpec:
             del d["shared_engine"]
         if self.zero3_impl == "fsdp":
             del d["zero3_impl"]
-        for f in ("even_dp", "persistent_grads", "fp32_train_params", "train_engine_generation"):
+        for f in ("even_dp", "persistent_grads", "fp32_train_params", "train_engine_generation", "zero_offload_buffers"):
             if not d[f]:
                 del d[f]
         if self.engine is None:
@@ -295,7 +301,8 @@ FRAMEWORK_PRESETS: dict[str, FrameworkSpec] = {
                           pipeline_parallel=False),
     "deepspeed": FrameworkSpec(name="deepspeed", zero_stages=(0, 1, 2, 3), overlap_grad_reduce=True,
                                grad_reduce_bytes=2, offload=("none", "host", "drop", "cpu_adam"), colocate="auto",
-                               model_parallel_train=False, pipeline_parallel=False, zero3_impl="deepspeed"),
+                               model_parallel_train=False, pipeline_parallel=False, zero3_impl="deepspeed",
+                               zero_offload_buffers=True),
     "generic": FrameworkSpec(name="generic", zero_stages=(0, 1, 2, 3), sequence_parallel=True, max_virtual_stages=4,
                              overlap_grad_reduce=True, overlap_tp_comm=True, grad_reduce_bytes=2,
                              offload=("none", "host", "drop", "cpu_adam"), colocate="auto", uneven_pp=True),
