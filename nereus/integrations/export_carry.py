@@ -4,7 +4,7 @@ the reward, each written under the target framework's name where it has an equiv
 note where it has none (never a placeholder).
 
 Names: verl 0.9.1 (``verl/trainer/config/ppo_trainer.yaml``: ``actor_rollout_ref.model.path``,
-``critic.model.path``, ``reward.reward_model.model.path``, ``reward.custom_reward_function.path``,
+``critic.model.path``, ``reward.reward_model.model_path``, ``reward.custom_reward_function.path``,
 ``data.train_files``/``val_files``/``prompt_key``, ``actor_rollout_ref.actor.use_kl_loss``/``kl_loss_coef``/
 ``kl_loss_type``, ``algorithm.use_kl_in_reward``/``kl_penalty``/``kl_ctrl.*``) and OpenRLHF 0.11.2
 (``openrlhf/cli/train_ppo_ray.py``: ``--actor/--critic/--reward.model_name_or_path``, ``--reward.remote_url``,
@@ -71,7 +71,7 @@ def verl_to_openrlhf(cfg, has_critic: bool = True) -> tuple[list[str], list[str]
     critic = _get(cfg, "critic.model.path")
     if has_critic and critic and critic != actor:
         out += ["--critic.model_name_or_path", str(critic)]
-    rm = _first(cfg, "reward.reward_model.model.path", "reward_model.model.path")
+    rm = _first(cfg, "reward.reward_model.model_path", "reward_model.model.path", "reward_model.model_path")
     rm_on = bool(_first(cfg, "reward.reward_model.enable", "reward_model.enable"))
     fn = _first(cfg, "reward.custom_reward_function.path", "custom_reward_function.path")
     if rm_on and rm:
@@ -133,7 +133,7 @@ def openrlhf_to_verl(values: dict, has_critic: bool) -> tuple[list[str], list[st
         if critic:
             out.append(f"critic.model.path={critic}")
     if rm and not url:
-        out.append(f"reward.reward_model.model.path={str(rm).split(',')[0]}")
+        out.append(f"reward.reward_model.model_path={str(rm).split(',')[0]}")
     elif url:
         notes.append(f"--reward.remote_url {url}: verl has no equivalent (its reward.custom_reward_function.path "
                      "takes a Python file defining compute_score(data_source, solution_str, ground_truth, "
