@@ -69,13 +69,15 @@ def verl_to_openrlhf(cfg, has_critic: bool = True) -> tuple[list[str], list[str]
     if actor:
         out += ["--actor.model_name_or_path", str(actor)]
     critic = _get(cfg, "critic.model.path")
-    if has_critic and critic and critic != actor:
+    if has_critic and critic:  # always: OpenRLHF's critic would default to the reward model
         out += ["--critic.model_name_or_path", str(critic)]
     rm = _first(cfg, "reward.reward_model.model_path", "reward_model.model.path", "reward_model.model_path")
     rm_on = bool(_first(cfg, "reward.reward_model.enable", "reward_model.enable"))
     fn = _first(cfg, "reward.custom_reward_function.path", "custom_reward_function.path")
     if rm_on and rm:
         out += ["--reward.model_name_or_path", str(rm)]
+    elif rm_on:
+        notes.append("verl's reward model is enabled without a model path: give --reward.model_name_or_path")
     else:
         what = (f"custom_reward_function.path={fn} (compute_score(data_source, solution_str, ground_truth, "
                 "extra_info))" if fn else "verl's rule-based reward by data_source (default_compute_score)")
