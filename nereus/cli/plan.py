@@ -155,7 +155,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                     help="import a verl trainer config (a YAML file, or ppo_trainer / ppo_megatron_trainer of the "
                     "installed verl) with Hydra-style overrides: evaluate its layout next to Nereus's best plan")
     ig.add_argument("--from-openrlhf", metavar="ARGS", default=None,
-                    help="import an OpenRLHF train_ppo_ray argument string or launch line (quoted), or a train_ppo "
+                    help="import an OpenRLHF train_ppo_ray argument string or launch line (quoted, or a script file), or a train_ppo "
                     "(DeepSpeed, no Ray) launch (its GPUs from --gpus-per-node/--nodes where deepspeed's line has "
                     "none), and evaluate its layout")
     ig.add_argument("--framework-version", type=framework_version_arg, default=None, metavar="NAME==VERSION",
