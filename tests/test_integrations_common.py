@@ -45,3 +45,25 @@ def test_best_colocated_hand_case():
     t, picks = best_colocated([g, g], 50.0)
     assert t == pytest.approx(4.0) and sorted(picks) == ["fast", "slow"]
     assert best_colocated([g, g], 19.0) is None  # 5 + 5 + 10 = 20 > 19
+
+
+def test_launch_lines_shlex_cannot_split_are_named_with_the_cause(tmp_path, capsys):
+    from nereus.cli import main
+
+    bad = tmp_path / "run.sh"
+    bad.write_text('python3 -m openrlhf.cli.train_ppo_ray --actor.model_name_or_path "abc \\\n')
+    assert main(["plan", "--from-openrlhf", str(bad), "--model", "tiny"]) == 2
+    err = capsys.readouterr().err
+    assert f"--from-openrlhf '{bad}'" in err and "No closing quotation" in err and "unmatched" in err
+    assert main(["plan", "--from-openrlhf", "--rollout.max_new_tokens 8 \\", "--model", "tiny"]) == 2
+    err = capsys.readouterr().err
+    assert "No escaped character" in err and "a backslash with nothing after it" in err
+
+
+def test_model_path_notes_say_overridden_by_model():
+    from nereus.integrations.common import model_override_notes
+
+    notes = ["actor_rollout_ref.model.path='Qwen/X': not a key Nereus reads; ignored", "other: kept"]
+    assert model_override_notes(notes, "/m/config.json") == [
+        "actor_rollout_ref.model.path='Qwen/X': overridden by --model (shapes read from /m/config.json)", "other: kept"]
+    assert model_override_notes(notes, None) == notes

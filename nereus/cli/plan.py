@@ -155,7 +155,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                     help="import a verl trainer config (a YAML file, or ppo_trainer / ppo_megatron_trainer of the "
                     "installed verl) with Hydra-style overrides: evaluate its layout next to Nereus's best plan")
     ig.add_argument("--from-openrlhf", metavar="ARGS", default=None,
-                    help="import an OpenRLHF train_ppo_ray argument string or launch line (quoted), or a train_ppo "
+                    help="import an OpenRLHF train_ppo_ray argument string or launch line (quoted, or a script file), or a train_ppo "
                     "(DeepSpeed, no Ray) launch (its GPUs from --gpus-per-node/--nodes where deepspeed's line has "
                     "none), and evaluate its layout")
     ig.add_argument("--framework-version", type=framework_version_arg, default=None, metavar="NAME==VERSION",
@@ -246,10 +246,12 @@ def _imported(args):
         imp = import_verl(cfg, model=args.model, gpu=args.gpu, version=_version_for(args, "verl"))
         config, overrides, _ = verl_launch(args.from_verl)
         # an export keeps the user's overrides as composed: legacy keys under the installed names
-        imp.source = {"config": config, "overrides": list(getattr(cfg, "overrides", overrides))}
+        imp.source = {"config": config, "overrides": list(getattr(cfg, "overrides", overrides)), "cfg": cfg}
     else:
+        from nereus.integrations.common import launch_text
         from nereus.integrations.openrlhf import _tokens, import_openrlhf
 
+        args.from_openrlhf = launch_text(args.from_openrlhf, "--from-openrlhf")  # a script file: its text
         imp = import_openrlhf(args.from_openrlhf, model=args.model, gpu=args.gpu, version=_version_for(args, "openrlhf"),
                               gpus_per_node=args.gpus_per_node, nodes=args.nodes)  # train_ppo: the machine
         imp.source = {"args": _tokens(args.from_openrlhf)}
@@ -308,15 +310,22 @@ def _print_import(rep: dict, imp) -> None:
 
 
 def _main_integrations(args) -> int:
-    from nereus.integrations.common import compare
+    from nereus.integrations.common import compare, launch_error, model_override_notes
 
-    imp = _imported(args)
+    given = ("--from-verl", args.from_verl) if args.from_verl else ("--from-openrlhf", args.from_openrlhf)
+    try:
+        imp = _imported(args)
+    except ValueError as e:
+        raise launch_error(e, *given) from None
+    imp.notes = model_override_notes(imp.notes, args.model)
     rep = compare(imp, headroom=args.headroom)
     best = rep["nereus"]
     if args.export:
         if not best["feasible"]:
             raise ValueError(f"--export: Nereus found no plan for the imported job: {best['reason']}")
-        return _export(args, imp.job, plan_from(best["plan"]), imp.source if imp.framework == args.export else None)
+        same = imp.framework == args.export
+        return _export(args, imp.job, plan_from(best["plan"]), imp.source if same else None,
+                       None if same else imp.source)  # another framework: the settings it has equivalents for
     if args.json:
         print(json.dumps(rep, indent=2, default=str))
         return 0
@@ -339,26 +348,31 @@ def plan_from(d):
     return Plan.from_dict(d)
 
 
-def _export(args, job, plan, source=None) -> int:
+def _export(args, job, plan, source=None, carry=None) -> int:
+    from nereus.integrations.export_carry import carry_settings, export_model_path, merge_carried
     from nereus.planner.notation import format_plan
-    from nereus.spec.presets import MODEL_PRESETS
 
-    model_path = args.model if args.model and args.model.lower() not in MODEL_PRESETS else None
+    carried, carry_notes = carry_settings(args.export, carry, job) if carry else ([], [])
+    model_path = export_model_path(args.model)
+    if any(c.startswith(("--actor.model_name_or_path", "actor_rollout_ref.model.path=")) for c in carried):
+        model_path = None  # the user's own model path is carried
     if args.export == "verl":
         from nereus.integrations.verl_export import export_verl
 
         # an FSDP job (imported from verl's FSDP backend, or --framework fsdp) may also export to FSDP
         backends = ("megatron", "fsdp") if "fsdp" in job.framework.name else ("megatron",)
         ex = export_verl(job, plan, args.headroom, model_path, backends=backends, user=source)
+        ex["overrides"] = merge_carried(ex["overrides"], carried)
         settings = [f"python3 -m verl.trainer.main_ppo --config-name={ex['config_name']} \\"] + \
             [f"    {o} \\" for o in ex["overrides"]]
         settings[-1] = settings[-1][:-2]
     else:
         from nereus.integrations.openrlhf_export import export_openrlhf
 
-        ex = export_openrlhf(job, plan, args.headroom, model_path, user_args=(source or {}).get("args"))
+        ex = export_openrlhf(job, plan, args.headroom, model_path,
+                             user_args=(source or {}).get("args") or (carried if carry else None))
         settings = [ex["command"]]
-    ev = ex["evaluation"]
+    ev, ex["carry_notes"] = ex["evaluation"], carry_notes
     if args.json:
         print(json.dumps({k: v for k, v in ex.items() if k not in ("layout", "evaluation")} |
                          {"evaluation": ev.to_dict(), "job": job.to_dict()}, indent=2, default=str))
@@ -372,6 +386,8 @@ def _export(args, job, plan, source=None) -> int:
     print(f"{head}:" if ex["changes"] else f"{head}: nothing")
     for ch in ex["changes"]:
         print(f"  {ch}")
+    for n in carry_notes:
+        print(f"  note: {n}")
     print(f"{args.export} settings:")
     print("\n".join(settings))
     return 0

@@ -32,7 +32,8 @@ from nereus.spec.plan import Candidate
 from nereus.workflow import workflow_for
 
 __all__ = ["Unexpressible", "Imported", "compare", "layout_key", "generation_concurrency",
-           "memory_fraction_for", "without_fraction", "best_colocated", "pareto", "GIB"]
+           "memory_fraction_for", "without_fraction", "best_colocated", "pareto", "GIB", "launch_text", "launch_error",
+           "model_override_notes"]
 
 GIB = 1024**3
 
@@ -119,7 +120,8 @@ def memory_fraction_for(job: JobSpec, tp: int, concurrency: int) -> float:
     m = stage_memory("generate", job.actor, job.workload, tp, 1, concurrency=concurrency)
     need = WORKSPACE_BYTES + m["weights"] + m["kv_cache"] + m["activations"] + m["logits"]
     frac = need / job.cluster.gpu.memory_bytes
-    return min(0.99, int(frac * 100 + 0.999999) / 100 + 0.01)
+    # whole hundredths: ``int(..) / 100 + 0.01`` alone prints as 0.41000000000000003 in an export
+    return round(min(0.99, int(frac * 100 + 0.999999) / 100 + 0.01), 2)
 
 
 def without_fraction(job: JobSpec) -> JobSpec:
@@ -232,3 +234,55 @@ def check_workflow(job: JobSpec, cands, framework: str) -> None:
     have = sorted(c.model_stage for c in cands)
     if want != have:  # pragma: no cover - importers build the layout from the workflow
         raise ValueError(f"{framework} import: layout model-stages {have} do not match the workflow {want}")
+
+
+def launch_text(value: str, flag: str) -> str:
+    """``value``, or the text of the launch script it names (one word that is an existing file), so
+    ``--from-openrlhf run.sh`` reads the script like ``--from-verl run.sh``.
+
+    Raises:
+        ValueError: the file cannot be read (``flag`` and the path named).
+    """
+    from pathlib import Path
+
+    v = str(value).strip()
+    if not v or any(c.isspace() for c in v):
+        return value
+    p = Path(v).expanduser()
+    if not p.is_file():
+        return value
+    try:
+        return p.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{flag} {v!r}: cannot read the launch script: {e}") from None
+
+
+#: shlex's own messages (``shlex.shlex.read_token``) for a line it cannot split, with what causes each
+_SHLEX = {"No closing quotation": "an unmatched ' or \" quote",
+          "No escaped character": "a backslash with nothing after it (the last line of a "
+                                  "continued command ends in \\)"}
+
+
+def launch_error(err: ValueError, flag: str, text) -> ValueError:
+    """``err`` with context when it is shlex's bare message for a launch line it could not split: the
+    flag, the start of the input and the usual cause; else ``err`` itself."""
+    why = _SHLEX.get(str(err))
+    if why is None:
+        return err
+    head = " ".join(str(text if isinstance(text, str) else " ".join(map(str, text))).split())
+    head = head[:80] + ("..." if len(head) > 80 else "")
+    return ValueError(f"{flag} {head!r}: cannot split the launch line into words ({err}): look for {why}")
+
+
+def model_override_notes(notes: list[str], model, keys=("actor_rollout_ref.model.path=", "--actor.model_name_or_path ")):
+    """``notes`` with the "not a key Nereus reads; ignored" note of the framework's model path (one of
+    ``keys``) replaced by what happened: ``--model`` overrode it, and where the shapes came from."""
+    if model is None:
+        return notes
+    src = model if isinstance(model, str) else getattr(model, "name", str(model))
+    out = []
+    for n in notes:
+        if n.startswith(keys) and n.endswith(("not a key Nereus reads; ignored", "not an option Nereus reads; ignored")):
+            n = n.rsplit(": not a", 1)[0] + f": overridden by --model (shapes read from {src})"
+        out.append(n)
+    return out

@@ -309,6 +309,8 @@ def export_openrlhf(job: JobSpec, best: Plan, headroom: float | None = None, mod
     ojob = openrlhf_job(job)
     cands = closest_openrlhf_layout(ojob, headroom)
     ev = evaluate_layout(ojob, cands, headroom)
+    if user_args is not None and "--actor.model_name_or_path" in user_args:
+        model_path = None  # the user's own path is kept (--model gave the shapes only)
     args = openrlhf_args(ojob, cands, model_path, placeholders=user_args is None)
     if user_args is not None:
         args = merge_args(list(user_args), args)

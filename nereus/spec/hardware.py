@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from nereus.spec.gpu_bounds import check_plausible
+
 __all__ = ["GPUSpec", "ClusterSpec", "GPU_PRESETS", "GPU_DEFAULT_EFFICIENCY", "GEMM_SHAPE_DERATE", "get_gpu"]
 
 GIB = 1024**3
@@ -130,6 +132,7 @@ class GPUSpec:
                 raise ValueError(f"GPU field {k!r} must be a number, got {v!r}")
         if d["memory_bytes"] != int(d["memory_bytes"]):
             raise ValueError(f"GPU field 'memory_bytes' must be a whole number of bytes, got {d['memory_bytes']!r}")
+        check_plausible(d)  # a figure in another unit (80 for 80 GiB) is refused by name
         return cls(**(dict(d) | {"memory_bytes": int(d["memory_bytes"])}))
 
 
