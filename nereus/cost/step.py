@@ -86,9 +86,12 @@ def engine_owned(plan: Plan, fw) -> set:
     same model's ``.train`` candidate on the same GPUs keeps its weights resident), so they add no
     resident bytes of their own; with ``fw.train_engine_generation`` also ``actor.generate`` on
     ``actor.train``'s GPUs (Hugging Face ``generate`` on the actor's DeepSpeed engine, OpenRLHF's
-    non-Ray ``train_ppo``, below ZeRO-3: its KV cache and activations stay transient)."""
+    non-Ray ``train_ppo``, below ZeRO-3: its KV cache and activations stay transient); with
+    ``fw.ref_in_actor`` also ``reference.infer`` on ``actor.train``'s GPUs and degrees (verl's LoRA
+    reference: the actor's base weights with the adapters disabled)."""
     gen = getattr(fw, "train_engine_generation", False)
-    if not fw.shared_engine and not gen:
+    ref = getattr(fw, "ref_in_actor", False)
+    if not fw.shared_engine and not gen and not ref:
         return set()
     by = {c.model_stage: c for c in plan.candidates}
     out = set()
@@ -96,6 +99,8 @@ def engine_owned(plan: Plan, fw) -> set:
         t = by.get(name.replace(".infer", ".train")) if name.endswith(".infer") and fw.shared_engine else None
         if gen and name == "actor.generate" and "actor.train" in by and by["actor.train"].zero < 3:
             t = by["actor.train"]  # ZeRO-3 shards the weights generation needs whole: not owned
+        if ref and name == "reference.infer":
+            t = by.get("actor.train")
         if t is not None and set(t.gpus) == set(c.gpus) and t.offload in ("none", "cpu_adam") and t.tp == c.tp \
                 and t.pp == c.pp:
             out.add(name)

@@ -14,7 +14,9 @@ Defaults: a flat-name line that leaves an option out ran with that release's def
 Where they differ and the cost model reads the option, the flat-name default is filled in
 (:data:`LEGACY_DEFAULTS`, OpenRLHF v0.8.0's ``train_ppo_ray.py``): ``--micro_train_batch_size`` 4,
 ``--micro_rollout_batch_size`` 8, ``--prompt_max_len`` 1024, ``--generate_max_len`` 1024 (0.11: 1, 1,
-no prompt length, no response length). ``--vllm_gpu_memory_utilization`` defaults to 0.95 from v0.6.4
+no prompt length, no response length). A line that also uses 0.11's dotted names ran 0.11's parser,
+so it takes 0.11.2's micro-batch defaults (1 and 1) and its flat names are translated with a note
+(0.11.2's parser itself would reject them). ``--vllm_gpu_memory_utilization`` defaults to 0.95 from v0.6.4
 (OpenRLHF/OpenRLHF@v0.6.4 ``openrlhf/cli/train_ppo_ray.py``); v0.5.8 to v0.6.3 default it to 0.9 and
 earlier releases pass none, so vLLM's own 0.9 applies: with the line's OpenRLHF version given
 (``version``) and older than v0.6.4, 0.9 is filled in, else 0.95; said in the notes.
@@ -89,6 +91,10 @@ REFUSED = {
 #: OpenRLHF v0.8.0 defaults of the options the cost model reads, where 0.11's differ
 LEGACY_DEFAULTS = {"--micro_train_batch_size": "4", "--micro_rollout_batch_size": "8",
                    "--prompt_max_len": "1024", "--generate_max_len": "1024"}
+_MICRO = ("--micro_train_batch_size", "--micro_rollout_batch_size")
+#: OpenRLHF 0.11.2's defaults of :data:`_MICRO` (openrlhf/cli/train_ppo_ray.py: --train.micro_batch_size and
+#: --rollout.micro_batch_size, default=1)
+_V011 = {"--micro_train_batch_size": 1, "--micro_rollout_batch_size": 1}
 _SPECIAL = ("--prompt_max_len", "--generate_max_len", "--bf16", "--ref_reward_offload", "--use_kl_estimator_k3")
 _ENTRIES = ("openrlhf.cli.train_ppo_ray", "examples/train_ppo_ray.py", "train_ppo_ray.py",
             "openrlhf/cli/train_ppo_ray.py")
@@ -151,8 +157,11 @@ def translate_legacy(toks, version: str | None = None) -> tuple[list[str], list[
         else:
             out += [RENAMED.get(k, k)] + vals
     dotted = {"--prompt_max_len": "--data.max_len", "--generate_max_len": "--rollout.max_new_tokens"}
-    filled = [k for k in LEGACY_DEFAULTS if k not in given and RENAMED.get(k, dotted.get(k)) not in given]
-    for k in ("--micro_train_batch_size", "--micro_rollout_batch_size"):
+    # a line with 0.11's dotted names ran 0.11.2's parser: its defaults for what it leaves out
+    new = sorted(k for k in given if "." in k.split("=", 1)[0])
+    filled = [k for k in LEGACY_DEFAULTS if k not in given and RENAMED.get(k, dotted.get(k)) not in given
+              and not (new and k in _MICRO)]
+    for k in _MICRO:
         if k in filled:
             out += [RENAMED[k], LEGACY_DEFAULTS[k]]
     if not given & {"--max_len", "--max_new_tokens", "--data.max_len", "--rollout.max_new_tokens"}:
@@ -161,6 +170,12 @@ def translate_legacy(toks, version: str | None = None) -> tuple[list[str], list[
         out += ["--data.max_len", str(p + r), "--rollout.max_new_tokens", str(r)]
     notes = ["OpenRLHF flat (pre-0.11) option names translated to 0.11's (--pretrain -> --actor.model_name_or_path, "
              "--prompt_max_len + --generate_max_len -> --data.max_len, ...)"]
+    if new:
+        flat = sorted(given & (set(RENAMED) | set(DROPPED) | set(REFUSED) | set(_SPECIAL)))
+        notes.append(f"the line mixes OpenRLHF 0.11 option names ({', '.join(new[:3])}{', ...' if len(new) > 3 else ''}) "
+                     f"with flat ones ({', '.join(flat)}): the flat ones are translated, though OpenRLHF 0.11.2's "
+                     "own parser rejects them (unrecognized arguments); options left out take 0.11.2's defaults "
+                     f"({', '.join(f'{RENAMED[k]} {_V011[k]}' for k in _MICRO if k not in given and RENAMED[k] not in given)})")
     if filled:
         notes.append("flat-name defaults of OpenRLHF v0.8.0 filled in: " + ", ".join(f"{k} {LEGACY_DEFAULTS[k]}"
                                                                                for k in filled))

@@ -58,6 +58,8 @@ from nereus.integrations.verl_features import (
     seq_split_degree,
     verl_logits_kernel,
     verl_lora_rank,
+    verl_ref_in_actor,
+    verl_uses_reference,
 )
 from nereus.integrations.verl_keys import classify_keys
 from nereus.spec.framework import FrameworkSpec, get_framework
@@ -286,12 +288,12 @@ def import_verl(cfg: dict, model=None, gpu=None, version: str | None = None) -> 
     frac = c.get(f"{arr}.rollout.gpu_memory_utilization", 0.5)
     if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 < frac < 1:
         raise ValueError(f"verl key {arr}.rollout.gpu_memory_utilization={frac!r}: must be a number in (0, 1)")
-    # verl builds a reference model only for a KL term (need_reference_policy, verl/trainer/ppo/utils.py)
-    uses_ref = bool(c.get(f"{arr}.actor.use_kl_loss", False) or c.get("algorithm.use_kl_in_reward", False))
+    uses_ref = verl_uses_reference(c, cfg, version, notes)  # a KL term, or any job before verl 0.4.0
+    in_actor = verl_ref_in_actor(version, uses_ref, (lora := verl_lora_rank(c, algo, un, notes)), notes)
     wl = WorkloadSpec(algorithm=algo, prompts_per_step=prompts, samples_per_prompt=samples,
                       prompt_len=c.int("data.max_prompt_length"), response_len=c.int("data.max_response_length"),
                       mini_batch_size=mini_prompts * samples, ppo_epochs=c.int(f"{arr}.actor.ppo_epochs", 1),
-                      reward_model=reward, reference_model=uses_ref, lora_rank=verl_lora_rank(c, algo, un),
+                      reward_model=reward, reference_model=uses_ref, lora_rank=lora,
                       rollout_memory_fraction=float(frac),
                       logits_kernel=verl_logits_kernel(c, c.get(f"{arr}.actor.strategy", "fsdp")),
                       vllm_memory_rule=version_rule("verl", version, notes))
@@ -311,18 +313,16 @@ def import_verl(cfg: dict, model=None, gpu=None, version: str | None = None) -> 
     if (c.get(f"{arr}.rollout.nnodes", 0) or 0) > 0:
         un.append(Unexpressible(f"{arr}.rollout.nnodes", c.get(f"{arr}.rollout.nnodes"),
                                 "a standalone rollout pool is not imported yet"))
-    if not uses_ref:
-        notes.append(f"{arr}.actor.use_kl_loss and algorithm.use_kl_in_reward are false: verl builds no reference "
-                     "model, so the job has no reference.infer (its ref.* settings are read and unused)")
     astrat = c.get(f"{arr}.actor.strategy", "fsdp")
     engines = {"actor": _engine(c, "actor", n, un, notes, actor_model, astrat)}
-    ref_engine = _engine(c, "ref", n, un, notes, actor_model, c.get(f"{arr}.ref.strategy", astrat), version)
-    if uses_ref:
+    ref_engine = _engine(c, "ref", n, *(([], []) if in_actor else (un, notes)), actor_model,
+                         c.get(f"{arr}.ref.strategy", astrat), version)
+    if uses_ref and not in_actor:
         engines["ref"] = ref_engine
     if algo == "ppo":
         engines["critic"] = _engine(c, "critic", n, un, notes, actor_model, c.get("critic.strategy", "fsdp"))
     own_reward_pool = reward and bool(c.get("reward.reward_model.enable_resource_pool", False))
-    fw = verl_framework(engines, "auto" if own_reward_pool else "always")
+    fw = replace(verl_framework(engines, "auto" if own_reward_pool else "always"), ref_in_actor=in_actor)
     _framework_conflicts(engines, fw, un)
     job = JobSpec(actor=actor_model, cluster=ClusterSpec(gpu_spec, nodes, gpn), workload=wl, framework=fw)
     gpus = tuple(range(n))
@@ -380,7 +380,9 @@ def import_verl(cfg: dict, model=None, gpu=None, version: str | None = None) -> 
     # verl computes old log-probs with the actor's training engine: the actor's degrees and param offload
     cands.append(infer_cand("actor.infer", "actor", f"{ro}.log_prob_micro_batch_size_per_gpu",
                             f"{ro}.log_prob_use_dynamic_bsz", f"{ro}.log_prob_max_token_len_per_gpu"))
-    if uses_ref:  # without a KL term verl builds no reference model (and needs no micro-batch for it)
+    if in_actor:  # ref_in_actor: the actor's engine and log-prob settings, the adapters disabled
+        cands.append(replace(cands[-1], model_stage="reference.infer"))
+    elif uses_ref:  # without a KL term verl builds no reference model (and needs no micro-batch for it)
         cands.append(infer_cand("reference.infer", "ref", f"{arr}.ref.log_prob_micro_batch_size_per_gpu",
                                 f"{arr}.ref.log_prob_use_dynamic_bsz", f"{arr}.ref.log_prob_max_token_len_per_gpu"))
     gtp = c.int(f"{arr}.rollout.tensor_model_parallel_size", 1)

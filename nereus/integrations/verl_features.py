@@ -4,6 +4,16 @@ parallelism), token-budget micro-batches and the legacy global micro-batch keys 
 * LoRA: ``actor_rollout_ref.model.lora_rank`` (FSDP, PEFT ``target_modules: all-linear``) or
   ``actor_rollout_ref.model.lora.rank`` (Megatron, ``linear_qkv/linear_proj/linear_fc1/linear_fc2``: the
   same linear layers); a critic with another rank, or other target modules, is named in the refusal.
+* reference model (:func:`verl_uses_reference`): verl >= 0.4.0 builds one only for a KL term
+  (``actor.use_kl_loss`` or ``algorithm.use_kl_in_reward``; volcengine/verl@072fc9fe, #644 "support no
+  reference model"); before it (v0.1 - v0.3.0.post1) ``main_ppo.py`` always maps ``Role.RefPolicy`` and
+  ``ray_trainer.py`` applies ``algorithm.kl_ctrl.kl_coef`` in the reward, so every job has one.
+* reference in the actor (:func:`verl_ref_in_actor`): with LoRA verl computes the reference log-probs
+  on the actor's engine with the adapters disabled (``ref_in_actor``; volcengine/verl@16f6c1ee6, #1127,
+  first in v0.4.0: ``lora_rank > 0``; verl 0.9.1 ``verl/trainer/ppo/ray_trainer.py`` ~l.360 also
+  Megatron's ``model.lora.rank`` (e69998c71, #4673) and ``model.lora_adapter_path`` (5b364659c, v0.6.1)):
+  no reference worker, no second copy of the base weights; ``init_workers`` builds the ref worker only
+  ``if self.use_reference_policy and not self.ref_in_actor``.
 * sequence split: FSDP ``<role>.ulysses_sequence_parallel_size`` (or its ``fsdp_config`` copy) is
   Ulysses; Megatron ``<role>.megatron.context_parallel_size`` is ring context parallelism. verl's data
   parallelism is then ``N / (tp·pp·sp)`` (``fsdp_workers.py``: ``dp = world_size // sp``).
@@ -25,8 +35,52 @@ parallelism), token-budget micro-batches and the legacy global micro-batch keys 
 from __future__ import annotations
 
 from nereus.integrations.common import Unexpressible
+from nereus.integrations.framework_versions import version_key
 
-__all__ = ["verl_lora_rank", "seq_split_degree", "budget_micro_batch", "legacy_micro_batch", "verl_logits_kernel"]
+#: the first verl release whose reference model depends on a KL term (volcengine/verl@072fc9fe, #644)
+CONDITIONAL_REFERENCE = "0.4.0"
+_KL_KEYS = ("actor_rollout_ref.actor.use_kl_loss", "algorithm.use_kl_in_reward")
+
+
+def verl_uses_reference(c, cfg, version: str | None, notes: list) -> bool:
+    """Whether verl builds a reference model (module docstring): a KL term, or any job of a verl
+    release before :data:`CONDITIONAL_REFERENCE`. With no ``version`` (the installed verl) a line that
+    sets neither KL key but uses older verl's keys (legacy names, ``algorithm.kl_ctrl.kl_coef``) gets a
+    note naming the difference."""
+    if any([c.get(k, False) for k in _KL_KEYS]):  # both read
+        return True
+    coef = c.get("algorithm.kl_ctrl.kl_coef", None)
+    if version is not None and version_key(version) < version_key(CONDITIONAL_REFERENCE):
+        notes.append(f"verl {version} builds a reference model whatever {_KL_KEYS[0]} says (before verl "
+                     f"{CONDITIONAL_REFERENCE}, volcengine/verl@072fc9fe: main_ppo.py always maps Role.RefPolicy and "
+                     f"ray_trainer.py applies algorithm.kl_ctrl.kl_coef={coef} in the reward): the job has "
+                     "reference.infer")
+        return True
+    given = {o.split("=", 1)[0].lstrip("+~") for o in getattr(cfg, "overrides", ()) if isinstance(o, str)}
+    if version is None and not given & set(_KL_KEYS) and (getattr(cfg, "legacy", ()) or
+                                                          "algorithm.kl_ctrl.kl_coef" in given):
+        notes.append(f"this configuration sets neither {_KL_KEYS[0]} nor {_KL_KEYS[1]} (keys of verl >= "
+                     f"{CONDITIONAL_REFERENCE}); verl before {CONDITIONAL_REFERENCE} always builds a reference model "
+                     f"and applies algorithm.kl_ctrl.kl_coef={coef} in the reward (volcengine/verl@072fc9fe). The "
+                     "installed verl's behaviour is used: no reference model; pass --framework-version "
+                     "verl==VERSION for the release the job runs")
+    notes.append(f"{_KL_KEYS[0]} and {_KL_KEYS[1]} are false: verl builds no reference model, so the job has no "
+                 "reference.infer (its ref.* settings are read and unused)")
+    return False
+
+
+def verl_ref_in_actor(version: str | None, uses_ref: bool, lora_rank: int | None, notes: list) -> bool:
+    """verl's ``ref_in_actor`` (module docstring): a reference model with LoRA on the actor, verl >=
+    0.4.0 (None: the installed verl); said in ``notes``."""
+    if not uses_ref or not lora_rank or (version is not None and
+                                         version_key(version) < version_key(CONDITIONAL_REFERENCE)):
+        return False
+    notes.append("LoRA: verl computes the reference log-probs on the actor's engine with the adapters disabled "
+                 "(ref_in_actor, verl/trainer/ppo/ray_trainer.py): reference.infer has the actor's degrees, "
+                 "log-prob micro-batch and GPUs and no weights of its own; the ref.* settings are unused")
+    return True
+
+__all__ = ["verl_lora_rank", "verl_uses_reference", "verl_ref_in_actor", "CONDITIONAL_REFERENCE", "seq_split_degree", "budget_micro_batch", "legacy_micro_batch", "verl_logits_kernel"]
 
 
 def verl_logits_kernel(c, strategy: str) -> str | None:
@@ -43,9 +97,9 @@ def verl_logits_kernel(c, strategy: str) -> str | None:
     return "flash_ce_entropy" if entropy else "flash_ce"
 
 
-def verl_lora_rank(c, algo: str, un: list) -> int | None:
+def verl_lora_rank(c, algo: str, un: list, notes: list | None = None) -> int | None:
     """The LoRA rank of the actor (None: full fine-tuning); the settings LoRA cannot express are named
-    in ``un``."""
+    in ``un``; what was read (rank, alpha, target modules) is a line of ``notes``."""
     arr = "actor_rollout_ref"
     r = c.get(f"{arr}.model.lora_rank", 0) or c.get(f"{arr}.model.lora.rank", 0) or 0
     if not r:
@@ -56,6 +110,12 @@ def verl_lora_rank(c, algo: str, un: list) -> int | None:
     if c.get(f"{arr}.model.lora_rank", 0) and tm not in ("all-linear", None):
         un.append(Unexpressible(f"{arr}.model.target_modules", tm, "the cost model puts adapters on every linear "
                                 "layer (all-linear); other target modules change the adapters' size"))
+    if notes is not None:
+        mega = not c.get(f"{arr}.model.lora_rank", 0)
+        alpha = c.get(f"{arr}.model.lora.alpha" if mega else f"{arr}.model.lora_alpha", None)
+        mods = c.get(f"{arr}.model.lora.target_modules", None) if mega else tm
+        notes.append(f"LoRA read: rank {r}, alpha {alpha}, target modules {mods} (frozen base weights; gradients, "
+                     "optimizer state and the weight sync for the adapters only)")
     if algo == "ppo":
         cr = c.get("critic.model.lora_rank", 0) or c.get("critic.model.lora.rank", 0) or 0
         if cr != r:

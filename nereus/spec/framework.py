@@ -70,10 +70,18 @@ feature                    kind       cost-model consequence (``nereus.cost``)
                                       (:func:`nereus.cost.step.engine_owned`), receives no weight
                                       sync, and prefills the whole micro-batch's prompts in one
                                       pass (no chunked prefill)
+<<<<<<< HEAD
 ``zero_offload_buffers``   flag       DeepSpeed's ZeRO-1/2 optimizer under ``offload_optimizer`` (``cpu_adam``
                                       at ZeRO 1-2) keeps GPU buffers of its own: a resident buffer of
                                       the largest parameter, the reduce buckets, fp64/fp32 gradient
                                       copies and the step's fp32 partition (:mod:`nereus.cost.zero_offload`)
+=======
+``ref_in_actor``           flag       ``reference.infer`` runs on ``actor.train``'s engine with the LoRA
+                                      adapters disabled (verl >= 0.4.0 with LoRA, ``ref_in_actor`` of
+                                      ``verl/trainer/ppo/ray_trainer.py``): on the actor's GPUs and
+                                      degrees it keeps no weights of its own
+                                      (:func:`nereus.cost.step.engine_owned`); its time is counted
+>>>>>>> k46
 ``zero3_impl``             flag       how the ZeRO-3 engine moves parameters (:mod:`nereus.cost.zero3`):
                                       ``fsdp`` (default; FSDP/FSDP2: one flat all-gather per wrapped
                                       block, prefetched in forward and backward), ``deepspeed``
@@ -157,6 +165,8 @@ class FrameworkSpec:
             weights, so its frameworks list ``("actor.generate",)``).
         even_dp: inference and generation dp must divide their rows (module docstring).
         train_engine_generation: generation runs on the actor's training engine (module docstring).
+        ref_in_actor: ``reference.infer`` runs on ``actor.train``'s engine, LoRA adapters disabled
+            (module docstring).
         zero3_impl: the ZeRO-3 implementation's parameter-traffic schedule, one of
             :data:`ZERO3_IMPLS` (:mod:`nereus.cost.zero3`; ``fsdp``: the default model).
         persistent_grads: the gradient buffer stays allocated between steps (resident gradients).
@@ -186,6 +196,7 @@ class FrameworkSpec:
     pipeline_parallel: bool = True
     shared_engine: bool = False
     train_engine_generation: bool = False
+    ref_in_actor: bool = False
     zero3_impl: str = "fsdp"
     even_dp: bool = False
     persistent_grads: bool = False
@@ -225,8 +236,8 @@ class FrameworkSpec:
         if g is not None and (isinstance(g, bool) or g not in (2, 4)):
             raise ValueError(f"framework field 'grad_reduce_bytes' must be 2 (bf16), 4 (fp32) or null, got {g!r}")
         for f in ("sequence_parallel", "overlap_grad_reduce", "overlap_tp_comm", "model_parallel_train",
-                  "uneven_pp", "pipeline_parallel", "shared_engine", "train_engine_generation", "even_dp",
-                  "persistent_grads", "fp32_train_params", "zero_offload_buffers"):
+                  "uneven_pp", "pipeline_parallel", "shared_engine", "train_engine_generation", "ref_in_actor",
+                  "even_dp", "persistent_grads", "fp32_train_params", "zero_offload_buffers"):
             if not isinstance(getattr(self, f), bool):
                 raise ValueError(f"framework field {f!r} must be true or false, got {getattr(self, f)!r}")
 
@@ -242,7 +253,8 @@ class FrameworkSpec:
             del d["shared_engine"]
         if self.zero3_impl == "fsdp":
             del d["zero3_impl"]
-        for f in ("even_dp", "persistent_grads", "fp32_train_params", "train_engine_generation", "zero_offload_buffers"):
+        for f in ("even_dp", "persistent_grads", "fp32_train_params", "train_engine_generation", "ref_in_actor",
+                  "zero_offload_buffers"):
             if not d[f]:
                 del d[f]
         if self.engine is None:
