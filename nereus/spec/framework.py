@@ -70,18 +70,15 @@ feature                    kind       cost-model consequence (``nereus.cost``)
                                       (:func:`nereus.cost.step.engine_owned`), receives no weight
                                       sync, and prefills the whole micro-batch's prompts in one
                                       pass (no chunked prefill)
-<<<<<<< HEAD
 ``zero_offload_buffers``   flag       DeepSpeed's ZeRO-1/2 optimizer under ``offload_optimizer`` (``cpu_adam``
                                       at ZeRO 1-2) keeps GPU buffers of its own: a resident buffer of
                                       the largest parameter, the reduce buckets, fp64/fp32 gradient
                                       copies and the step's fp32 partition (:mod:`nereus.cost.zero_offload`)
-=======
 ``ref_in_actor``           flag       ``reference.infer`` runs on ``actor.train``'s engine with the LoRA
                                       adapters disabled (verl >= 0.4.0 with LoRA, ``ref_in_actor`` of
                                       ``verl/trainer/ppo/ray_trainer.py``): on the actor's GPUs and
                                       degrees it keeps no weights of its own
                                       (:func:`nereus.cost.step.engine_owned`); its time is counted
->>>>>>> k46
 ``zero3_impl``             flag       how the ZeRO-3 engine moves parameters (:mod:`nereus.cost.zero3`):
                                       ``fsdp`` (default; FSDP/FSDP2: one flat all-gather per wrapped
                                       block, prefetched in forward and backward), ``deepspeed``
