@@ -176,3 +176,43 @@ def test_script_bash_arrays_and_arithmetic_expand(tmp_path, model, monkeypatch):
                          "trainer.nnodes=1"]
     imp = import_verl(load_verl_config(str(sh)))
     assert imp.expressible and (imp.job.workload.prompt_len, imp.job.workload.response_len) == (1024, 1024)
+
+
+def test_shell_word_reaches_verl_unchanged_through_bash(tmp_path):
+    import subprocess
+
+    from nereus.integrations.verl_command import shell_word, verl_command
+
+    toks = ["data.train_files=['/root/data/gsm8k/train.parquet', '/root/data/math/train.parquet']",
+            'trainer.logger=["console","wandb"]', "trainer.experiment_name=a$b", "trainer.nnodes=1"]
+    assert shell_word("trainer.nnodes=1") == "trainer.nnodes=1"  # nothing special: as written
+    assert shell_word(toks[0]) == f'"{toks[0]}"'
+    # bash itself (word splitting, [..] globs) hands every word back as written; a file matching the
+    # glob's characters is present so an unquoted [..] would expand
+    (tmp_path / "trainer.logger=c").write_text("")
+    out = subprocess.run(["bash", "-c", "printf '%s\\n' " + " ".join(shell_word(t) for t in toks)], cwd=tmp_path,
+                         capture_output=True, text=True, check=True).stdout
+    assert out.splitlines() == toks
+    assert shlex.split(verl_command("ppo_trainer", toks).replace("\\\n", " "))[4:] == toks
+
+
+def test_cli_export_line_pasted_into_bash_composes_a_list_of_files(capsys):
+    """shlex.split of the printed command (bash's word splitting) composed with verl's own config:
+    the two-element data.train_files and the logger list arrive whole."""
+    files = "data.train_files=['/root/data/gsm8k/train.parquet', '/root/data/math/train.parquet']"
+    line = ["ppo_trainer", "algorithm.adv_estimator=grpo", "data.train_batch_size=256", "data.max_prompt_length=512",
+            "data.max_response_length=1024", "actor_rollout_ref.actor.ppo_mini_batch_size=64",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8", "actor_rollout_ref.actor.use_kl_loss=True",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16", "actor_rollout_ref.rollout.n=4",
+            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16", "trainer.n_gpus_per_node=8",
+            files, 'trainer.logger=["console","wandb"]']
+    assert main(["plan", "--from-verl", *line, "--model", "qwen2.5-0.5b", "--export", "verl", "--json"]) == 0
+    ex = json.loads(capsys.readouterr().out)
+    toks = shlex.split(ex["command"].replace("\\\n", " "))
+    config, overrides, _ = verl_launch(toks)
+    from nereus.integrations.verl_config import _compose_raw
+
+    cfg = _compose_raw(verl_config_dir(), config, overrides)
+    assert cfg["data"]["train_files"] == ["/root/data/gsm8k/train.parquet", "/root/data/math/train.parquet"]
+    assert cfg["trainer"]["logger"] == ["console", "wandb"]
+    assert overrides == ex["overrides"]

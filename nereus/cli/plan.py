@@ -347,9 +347,10 @@ def _export(args, job, plan, source=None) -> int:
         # an FSDP job (imported from verl's FSDP backend, or --framework fsdp) may also export to FSDP
         backends = ("megatron", "fsdp") if "fsdp" in job.framework.name else ("megatron",)
         ex = export_verl(job, plan, args.headroom, model_path, backends=backends, user=source)
-        settings = [f"python3 -m verl.trainer.main_ppo --config-name={ex['config_name']} \\"] + \
-            [f"    {o} \\" for o in ex["overrides"]]
-        settings[-1] = settings[-1][:-2]
+        from nereus.integrations.verl_command import verl_command
+
+        ex["command"] = verl_command(ex["config_name"], ex["overrides"])  # quoted for bash
+        settings = [ex["command"]]
     else:
         from nereus.integrations.openrlhf_export import export_openrlhf
 
