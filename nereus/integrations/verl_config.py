@@ -236,14 +236,16 @@ def verl_launch(tokens) -> tuple[str, list[str], str | None]:
         ValueError: empty input, or an option verl's launcher does not take (named).
     """
     toks = [str(t) for t in tokens]
-    if not toks:
+    if not any(t.strip() for t in toks):  # "" would otherwise plan verl's default config silently
         raise ValueError("--from-verl: empty; give a verl config (ppo_trainer, a YAML file, a launch script) "
                          "and its key=value overrides, or a whole `python3 -m verl.trainer.main_ppo ...` line")
-    if len(toks) == 1 and toks[0].endswith(".sh"):
+    if toks[0].endswith(".sh"):  # a launch script, then overrides appended where it says $@ (later wins)
         p = Path(toks[0]).expanduser()
         if not p.is_file():
             raise ValueError(f"--from-verl {toks[0]!r}: no such launch script")
-        toks = _script_tokens(p)
+        script = _script_tokens(p)
+        cut = next((i for i, t in enumerate(script) if t in ("|", "&&", ";", "&")), len(script))
+        toks = script[:cut] + toks[1:]
     if len(toks) == 1 and " " in toks[0]:  # a whole line passed as one string
         import shlex
 
