@@ -302,3 +302,33 @@ MEGATRON_8B = ["algorithm.adv_estimator=grpo", "data.train_batch_size=512", "dat
                "actor_rollout_ref.rollout.tensor_model_parallel_size=2", "actor_rollout_ref.rollout.n=4",
                "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
                "trainer.n_gpus_per_node=8", "trainer.nnodes=2"]
+
+
+def test_typo_key_suggests_the_key_verl_has_and_plus_unknown_is_warned(model, capsys):
+    # one letter dropped: verl has the key, so no word about another verl release
+    with pytest.raises(ValueError, match=r"unknown key actor_rollout_ref\.rollout\.tensor_model_paralel_size; "
+                                         r"did you mean `actor_rollout_ref\.rollout\.tensor_model_parallel_size`\?"):
+        load_verl_config("ppo_trainer", ["actor_rollout_ref.rollout.tensor_model_paralel_size=2"])
+    # nothing close: the other-release hint stays
+    with pytest.raises(ValueError, match="another verl version"):
+        load_verl_config("ppo_trainer", ["actor_rollout_ref.rollout.zzzz=2"])
+    # +key adds it (Hydra) but verl never reads it: named unknown, never silently "ignored"
+    cfg = load_verl_config("ppo_trainer", ["+actor_rollout_ref.rollout.tensor_model_paralel_size=2",
+                                           "+actor_rollout_ref.actor.megatron.override_ddp_config.x=1"])
+    assert cfg.unknown == (("actor_rollout_ref.rollout.tensor_model_paralel_size",
+                            "actor_rollout_ref.rollout.tensor_model_parallel_size"),)  # free-form dicts take any
+    rc = main(["plan", "--from-verl", "ppo_trainer", *FSDP_SMALL, f"actor_rollout_ref.model.path={model}",
+               "+actor_rollout_ref.rollout.tensor_model_paralel_size=2", "--json"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    notes = json.loads(out.out)["notes"]
+    hit = [n for n in notes if "tensor_model_paralel_size" in n]
+    assert len(hit) == 1 and "unknown key to verl" in hit[0] and "ignored" not in hit[0]
+    assert "did you mean `actor_rollout_ref.rollout.tensor_model_parallel_size`" in hit[0]
+
+
+FSDP_SMALL = ["algorithm.adv_estimator=grpo", "data.train_batch_size=256", "data.max_prompt_length=512",
+              "data.max_response_length=1024", "actor_rollout_ref.actor.ppo_mini_batch_size=64",
+              "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8", "actor_rollout_ref.actor.use_kl_loss=True",
+              "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16", "actor_rollout_ref.rollout.n=4",
+              "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16", "trainer.n_gpus_per_node=8"]

@@ -232,6 +232,19 @@ def _version_for(args, framework: str):
     return fv[1]
 
 
+def _warn_unknown(imp, unknown) -> None:
+    """Each ``+key=value`` adding a key the installed verl does not have, noted as unknown to verl
+    (in place of "not a key Nereus reads; ignored": verl never reads it either, so a memory or time
+    setting meant by it does not take effect), with the closest key verl has."""
+    from nereus.integrations.verl_config import _verl_version
+
+    ver = _verl_version()
+    for key, close in unknown:
+        imp.notes = [n for n in imp.notes if not n.startswith(f"{key}=")]
+        hint = f"; did you mean `{close}`?" if close else " (a key of another verl release?)"
+        imp.notes.append(f"WARNING: +{key}: unknown key to verl {ver} (Hydra adds it, verl never reads it){hint}")
+
+
 def _imported(args):
     """The job and layout of --from-verl / --from-openrlhf; job options (--gpu, --model, lengths) apply."""
     from dataclasses import replace
@@ -244,6 +257,7 @@ def _imported(args):
 
         cfg = load_verl_config(args.from_verl[0], args.from_verl[1:])
         imp = import_verl(cfg, model=args.model, gpu=args.gpu, version=_version_for(args, "verl"))
+        _warn_unknown(imp, getattr(cfg, "unknown", ()))
         config, overrides, _ = verl_launch(args.from_verl)
         # an export keeps the user's overrides as composed: legacy keys under the installed names
         imp.source = {"config": config, "overrides": list(getattr(cfg, "overrides", overrides))}

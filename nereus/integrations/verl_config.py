@@ -69,10 +69,45 @@ _INSTALLED: dict = {}
 def _compose(config_dir: Path, name: str, overrides: list[str]) -> LegacyConfig:
     """:func:`_compose_raw` after the legacy keys of ``overrides`` are read under the installed names
     (:func:`nereus.integrations.verl_legacy.translate`; the rewrites ride on the result's ``legacy``)."""
-    overrides, rewrites = translate(overrides, _installed_keys(config_dir, name))
+    keys = _installed_keys(config_dir, name)
+    overrides, rewrites = translate(overrides, keys)
     cfg = LegacyConfig(_compose_raw(config_dir, name, overrides))
     cfg.legacy, cfg.overrides = tuple(rewrites), tuple(overrides)
+    cfg.unknown = tuple(unknown_added(overrides, keys))
     return cfg
+
+
+def _close_key(key: str, keys) -> str | None:
+    """The installed key closest to a mistyped ``key``, or None: :func:`difflib.get_close_matches` over
+    the whole dotted keys (ratio >= 0.85), kept only where the last names are close too (ratio >= 0.75:
+    ``rollout.zzzz`` is no typo of ``rollout.n`` however long the common section)."""
+    import difflib
+
+    last = key.rpartition(".")[2]
+    for got in difflib.get_close_matches(key, sorted(keys), n=5, cutoff=0.85):
+        if difflib.SequenceMatcher(None, last, got.rpartition(".")[2]).ratio() >= 0.75:
+            return got
+    return None
+
+
+def _free_form(key: str) -> bool:
+    """A key inside one of verl's free-form dicts (``override_transformer_config``, ``override_ddp_config``,
+    ``engine_kwargs``...): any key may be added there."""
+    return any(p.startswith("override_") or p.endswith("kwargs") for p in key.split(".")[:-1])
+
+
+def unknown_added(overrides, keys) -> list[tuple[str, str | None]]:
+    """``(key, closest installed key or None)`` of each ``+key=value`` / ``++key=value`` that adds a key
+    the installed verl's config does not have outside its free-form dicts: Hydra adds it and verl's code
+    never reads it (a typo, or a key of another release)."""
+    out = []
+    for ov in overrides:
+        if not ov.startswith("+"):
+            continue
+        key = ov.partition("=")[0].lstrip("+")
+        if key not in keys and not _free_form(key) and not any(k.startswith(key + ".") for k in keys):
+            out.append((key, _close_key(key, keys)))
+    return out
 
 
 def _compose_raw(config_dir: Path, name: str, overrides: list[str]) -> dict:
@@ -95,6 +130,12 @@ def _compose_raw(config_dir: Path, name: str, overrides: list[str]) -> dict:
                 overrides = redo
                 continue
             ver = _verl_version()
+            import re
+
+            bad = re.search(r"Could not override '([^']+)'", str(e))
+            close = _close_key(bad.group(1), _installed_keys(config_dir, name)) if bad and overrides else None
+            if close is not None:  # a typo: the key verl has, not another release
+                raise ValueError(f"verl config {name!r}: unknown key {bad.group(1)}; did you mean `{close}`?") from e
             hint = (f" (verl {ver}'s own launcher refuses this line too: it was written for another verl version)"
                     if "Could not override" in str(e) or "Key '" in str(e) else "")
             raise ValueError(f"verl config {name!r}: {' '.join(str(e).split())}"[:500] + hint) from e
