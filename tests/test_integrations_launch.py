@@ -332,3 +332,19 @@ FSDP_SMALL = ["algorithm.adv_estimator=grpo", "data.train_batch_size=256", "data
               "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8", "actor_rollout_ref.actor.use_kl_loss=True",
               "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16", "actor_rollout_ref.rollout.n=4",
               "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=16", "trainer.n_gpus_per_node=8"]
+
+
+def test_rollout_names_verl_does_not_have_are_refused_and_sglang_noted(model, capsys):
+    from nereus.integrations.verl_config import rollout_names
+
+    # verl 0.9.1 verl/workers/rollout/base.py _ROLLOUT_REGISTRY: vllm, sglang, trtllm (no hf any more)
+    assert set(rollout_names()) == {"vllm", "sglang", "trtllm"}
+    for bad in ("foo", "hf"):
+        with pytest.raises(ValueError, match=rf"actor_rollout_ref\.rollout\.name='{bad}': .*no such rollout engine "
+                                             r"\(valid: vllm, sglang, trtllm\)"):
+            load_verl_config("ppo_trainer", [f"actor_rollout_ref.rollout.name={bad}"])
+    rc = main(["plan", "--from-verl", "ppo_trainer", *FSDP_SMALL, f"actor_rollout_ref.model.path={model}",
+               "actor_rollout_ref.rollout.name=sglang", "--json"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    assert any("rollout.name='sglang': timed and sized with vLLM's model" in n for n in json.loads(out.out)["notes"])

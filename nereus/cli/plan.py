@@ -258,6 +258,10 @@ def _imported(args):
         cfg = load_verl_config(args.from_verl[0], args.from_verl[1:])
         imp = import_verl(cfg, model=args.model, gpu=args.gpu, version=_version_for(args, "verl"))
         _warn_unknown(imp, getattr(cfg, "unknown", ()))
+        name = cfg.get("actor_rollout_ref", {}).get("rollout", {}).get("name")
+        if name not in (None, "vllm"):  # check_rollout_names refused the names verl does not have
+            imp.notes.append(f"actor_rollout_ref.rollout.name={name!r}: timed and sized with vLLM's model "
+                             f"(Nereus has no {name} time model; its memory pre-allocation is vLLM's)")
         config, overrides, _ = verl_launch(args.from_verl)
         # an export keeps the user's overrides as composed: legacy keys under the installed names
         imp.source = {"config": config, "overrides": list(getattr(cfg, "overrides", overrides))}

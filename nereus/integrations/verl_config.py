@@ -74,7 +74,39 @@ def _compose(config_dir: Path, name: str, overrides: list[str]) -> LegacyConfig:
     cfg = LegacyConfig(_compose_raw(config_dir, name, overrides))
     cfg.legacy, cfg.overrides = tuple(rewrites), tuple(overrides)
     cfg.unknown = tuple(unknown_added(overrides, keys))
+    check_rollout_names(cfg)
     return cfg
+
+
+def rollout_names() -> tuple[str, ...]:
+    """The rollout engines the installed verl can build: the names of ``_ROLLOUT_REGISTRY`` in its
+    ``verl/workers/rollout/base.py`` (verl 0.9.1: vllm, sglang, trtllm; ``hf`` is gone though its
+    rollout.yaml comment still names it), read from the source without importing it."""
+    import re
+
+    d = verl_config_dir()
+    src = d.parent.parent / "workers" / "rollout" / "base.py" if d is not None else None
+    if src is None or not src.is_file():
+        return ("vllm", "sglang", "trtllm")
+    body = src.read_text().partition("_ROLLOUT_REGISTRY = {")[2].partition("}")[0]
+    return tuple(dict.fromkeys(re.findall(r'\(\s*"(\w+)"\s*,', body))) or ("vllm", "sglang", "trtllm")
+
+
+def check_rollout_names(cfg: dict) -> None:
+    """Refuse a rollout ``name`` the installed verl has no engine for (``actor_rollout_ref.rollout.name``,
+    ``reward.reward_model.rollout.name``).
+
+    Raises:
+        ValueError: names the key, the value and the valid names (:func:`rollout_names`).
+    """
+    for key in ("actor_rollout_ref.rollout.name", "reward.reward_model.rollout.name"):
+        cur = cfg
+        for part in key.split("."):
+            cur = cur.get(part) if isinstance(cur, dict) else None
+        valid = rollout_names()
+        if cur not in (None, "???") and cur not in valid:  # "???": left unset (a mandatory value)
+            raise ValueError(f"verl key {key}={cur!r}: verl {_verl_version()} has no such rollout engine "
+                             f"(valid: {', '.join(valid)})")
 
 
 def _close_key(key: str, keys) -> str | None:
@@ -387,7 +419,9 @@ def load_verl_config(config: str, overrides=()) -> dict:
                 OmegaConf.update(cfg, key, val)
         except Exception as e:
             raise ValueError(f"verl override {ov!r}: {str(p)!r} has no key {key!r} (use +{key}=... to add one)") from e
-    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
+    out = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
+    check_rollout_names(out)
+    return out
 
 
 class VerlConfig:
