@@ -335,7 +335,7 @@ FSDP_SMALL = ["algorithm.adv_estimator=grpo", "data.train_batch_size=256", "data
 
 
 def test_rollout_names_verl_does_not_have_are_refused_and_sglang_noted(model, capsys):
-    from nereus.integrations.verl_config import rollout_names
+    from nereus.integrations.verl_names import rollout_names
 
     # verl 0.9.1 verl/workers/rollout/base.py _ROLLOUT_REGISTRY: vllm, sglang, trtllm (no hf any more)
     assert set(rollout_names()) == {"vllm", "sglang", "trtllm"}
