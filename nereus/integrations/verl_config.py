@@ -11,7 +11,13 @@ from pathlib import Path
 import yaml
 
 from nereus.integrations.verl_legacy import LegacyConfig, translate
-from nereus.integrations.verl_names import _close_key, check_rollout_names, unknown_added
+from nereus.integrations.verl_names import (
+    _close_key,
+    _verl_version,
+    check_rollout_names,
+    rollout_names,
+    unknown_added,
+)
 
 __all__ = ["verl_config_dir", "load_verl_config", "verl_launch", "VerlConfig"]
 
@@ -42,15 +48,6 @@ def _set(d: dict, key: str, value) -> None:
     d[parts[-1]] = value
 
 
-def _verl_version() -> str:
-    import importlib.metadata
-
-    try:
-        return importlib.metadata.version("verl")
-    except importlib.metadata.PackageNotFoundError:
-        return "?"
-
-
 def _installed_keys(config_dir: Path, name: str) -> frozenset:
     """The dotted leaf keys of ``name`` as the installed verl composes it (no overrides)."""
     key = (str(config_dir.resolve()), name)
@@ -75,7 +72,7 @@ def _compose(config_dir: Path, name: str, overrides: list[str]) -> LegacyConfig:
     cfg = LegacyConfig(_compose_raw(config_dir, name, overrides))
     cfg.legacy, cfg.overrides = tuple(rewrites), tuple(overrides)
     cfg.unknown = tuple(unknown_added(overrides, keys))
-    check_rollout_names(cfg)
+    check_rollout_names(cfg, rollout_names(verl_config_dir()))
     return cfg
 
 
@@ -357,7 +354,7 @@ def load_verl_config(config: str, overrides=()) -> dict:
         except Exception as e:
             raise ValueError(f"verl override {ov!r}: {str(p)!r} has no key {key!r} (use +{key}=... to add one)") from e
     out = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
-    check_rollout_names(out)
+    check_rollout_names(out, rollout_names(verl_config_dir()))
     return out
 
 

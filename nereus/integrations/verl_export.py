@@ -93,7 +93,7 @@ class _Search:
         if k not in self._est:
             cost = self.cost
             if c.model_stage == "actor.generate":  # vLLM holds the fraction the export writes for it
-                cost = self._gen_cost(_fraction(self.job, c.tp, c.concurrency))
+                cost = self._gen_cost(_fraction(self.job, (c,)))
             self._est[k] = cost.estimate_candidate(c, self.multi)
         return self._est[k]
 
@@ -201,19 +201,15 @@ class _Search:
 
 
 def with_fraction(job: JobSpec, frac: float) -> JobSpec:
-    """``job`` with vLLM's ``gpu_memory_utilization`` ``frac`` (``rollout_memory_fraction``): what an
-    export writes is what verl's vLLM pre-allocates, held through training unless the engine sleeps
-    (``free_cache_engine``), so exports are predicted as the re-import evaluates them."""
+    """``job`` with vLLM's ``gpu_memory_utilization`` ``frac``: what verl's vLLM pre-allocates, held
+    through training unless it sleeps (``free_cache_engine``), as the re-import evaluates it."""
     return job.with_workload(replace(job.workload, rollout_memory_fraction=frac))
 
 
-def _gen_fraction(job: JobSpec, cands) -> float:
+def _fraction(job: JobSpec, cands) -> float:
+    """The generation engine's fraction rounded as written (0.41, not 0.41000000000000003)."""
     g = next(c for c in cands if c.model_stage == "actor.generate")
-    return _fraction(job, g.tp, g.concurrency)
-
-
-def _fraction(job: JobSpec, tp: int, concurrency: int) -> float:
-    return round(memory_fraction_for(job, tp, concurrency), 2)  # as written: 0.41, not 0.41000000000000003
+    return round(memory_fraction_for(job, g.tp, g.concurrency), 2)
 
 
 def closest_verl_layout(job: JobSpec, headroom: float | None = None,
@@ -245,7 +241,7 @@ def closest_verl_layout(job: JobSpec, headroom: float | None = None,
         raise ValueError(f"no layout verl can express fits: every model-stage on all {job.cluster.num_gpus} GPUs "
                          f"({msg or 'the mini-batch does not split over the GPUs'})")
     _, backend, vjob, cands = min(found, key=lambda x: x[0])
-    vjob = with_fraction(vjob, _gen_fraction(vjob, cands))
+    vjob = with_fraction(vjob, _fraction(vjob, cands))
     order = {m.name: i for i, m in enumerate(workflow_for(job.workload).model_stages)}
     return backend, vjob, tuple(sorted(cands, key=lambda x: order[x.model_stage]))
 
@@ -320,7 +316,7 @@ def verl_overrides(job: JobSpec, cands, model_path: str | None = None, backend: 
                f"{arr}.ref.log_prob_use_dynamic_bsz=False"]
     ov += [f"{arr}.rollout.log_prob_use_dynamic_bsz=False"]
     ov += [f"{arr}.rollout.tensor_model_parallel_size={g.tp}",
-           f"{arr}.rollout.gpu_memory_utilization={_fraction(job, g.tp, g.concurrency)}",
+           f"{arr}.rollout.gpu_memory_utilization={_fraction(job, (g,))}",
            f"{arr}.rollout.max_num_seqs={g.concurrency}",
            f"{arr}.rollout.free_cache_engine={_tf(g.offload == 'drop')}"]
     if "critic.train" in by:
@@ -433,7 +429,7 @@ def export_verl(job: JobSpec, best: Plan, headroom: float | None = None, model_p
         if bjob.framework != job.framework or verl_expressible(bjob, best.candidates, b) is not None:
             continue
         mine = tuple(c.with_gpus(range(job.cluster.num_gpus)) for c in best.candidates)
-        bjob = with_fraction(bjob, _gen_fraction(bjob, mine))
+        bjob = with_fraction(bjob, _fraction(bjob, mine))
         e2 = evaluate_layout(bjob, mine, headroom)
         if e2.fits and e2.l_step < ev.l_step:
             backend, vjob, cands, ev = b, bjob, mine, e2

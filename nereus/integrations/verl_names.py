@@ -41,15 +41,23 @@ def unknown_added(overrides, keys) -> list[tuple[str, str | None]]:
     return out
 
 
-def rollout_names() -> tuple[str, ...]:
+def _verl_version() -> str:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("verl")
+    except importlib.metadata.PackageNotFoundError:
+        return "?"
+
+
+def rollout_names(config_dir=None) -> tuple[str, ...]:
     """The rollout engines the installed verl can build: the names of ``_ROLLOUT_REGISTRY`` in its
     ``verl/workers/rollout/base.py`` (verl 0.9.1: vllm, sglang, trtllm; ``hf`` is gone though its
-    rollout.yaml comment still names it), read from the source without importing it."""
+    rollout.yaml comment still names it), read from the source without importing it. ``config_dir``:
+    the installed ``verl/trainer/config`` (None: verl's own names of 0.9.1)."""
     import re
 
-    from nereus.integrations.verl_config import verl_config_dir
-
-    d = verl_config_dir()
+    d = config_dir
     src = d.parent.parent / "workers" / "rollout" / "base.py" if d is not None else None
     if src is None or not src.is_file():
         return ("vllm", "sglang", "trtllm")
@@ -57,20 +65,17 @@ def rollout_names() -> tuple[str, ...]:
     return tuple(dict.fromkeys(re.findall(r'\(\s*"(\w+)"\s*,', body))) or ("vllm", "sglang", "trtllm")
 
 
-def check_rollout_names(cfg: dict) -> None:
+def check_rollout_names(cfg: dict, valid) -> None:
     """Refuse a rollout ``name`` the installed verl has no engine for (``actor_rollout_ref.rollout.name``,
     ``reward.reward_model.rollout.name``).
 
     Raises:
-        ValueError: names the key, the value and the valid names (:func:`rollout_names`).
+        ValueError: names the key, the value and the ``valid`` names (:func:`rollout_names`).
     """
-    from nereus.integrations.verl_config import _verl_version
-
     for key in ("actor_rollout_ref.rollout.name", "reward.reward_model.rollout.name"):
         cur = cfg
         for part in key.split("."):
             cur = cur.get(part) if isinstance(cur, dict) else None
-        valid = rollout_names()
         if cur not in (None, "???") and cur not in valid:  # "???": left unset (a mandatory value)
             raise ValueError(f"verl key {key}={cur!r}: verl {_verl_version()} has no such rollout engine "
                              f"(valid: {', '.join(valid)})")
