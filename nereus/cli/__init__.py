@@ -76,9 +76,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _verl_entry(argv: list[str]) -> list[str]:
+    """``argv`` with verl's entry point put after ``--from-verl`` when a launcher option comes first
+    (``--from-verl --config-name=ppo_megatron_trainer ...``): argparse would take the option for one of
+    its own and give --from-verl no value; verl's launch line reads the same with its module named."""
+    out = list(argv)
+    for i, t in enumerate(out[:-1]):
+        if t == "--from-verl" and out[i + 1].partition("=")[0] in ("--config-name", "--config-path", "-cn", "-cp"):
+            out.insert(i + 1, "verl.trainer.main_ppo")
+            break
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
+    args, extra = parser.parse_known_args(_verl_entry(sys.argv[1:] if argv is None else list(argv)))
     if extra and getattr(args, "from_verl", None):  # a pasted verl launch line: its tokens, in order
         args.from_verl, extra = args.from_verl + extra, []
     if extra:  # name the sub-command whose --help lists the valid options

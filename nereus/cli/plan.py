@@ -232,6 +232,19 @@ def _version_for(args, framework: str):
     return fv[1]
 
 
+def _warn_unknown(imp, unknown) -> None:
+    """Each ``+key=value`` adding a key the installed verl does not have, noted as unknown to verl
+    (in place of "not a key Nereus reads; ignored": verl never reads it either, so a memory or time
+    setting meant by it does not take effect), with the closest key verl has."""
+    from nereus.integrations.verl_config import _verl_version
+
+    ver = _verl_version()
+    for key, close in unknown:
+        imp.notes = [n for n in imp.notes if not n.startswith(f"{key}=")]
+        hint = f"; did you mean `{close}`?" if close else " (a key of another verl release?)"
+        imp.notes.append(f"WARNING: +{key}: unknown key to verl {ver} (Hydra adds it, verl never reads it){hint}")
+
+
 def _imported(args):
     """The job and layout of --from-verl / --from-openrlhf; job options (--gpu, --model, lengths) apply."""
     from dataclasses import replace
@@ -244,6 +257,11 @@ def _imported(args):
 
         cfg = load_verl_config(args.from_verl[0], args.from_verl[1:])
         imp = import_verl(cfg, model=args.model, gpu=args.gpu, version=_version_for(args, "verl"))
+        _warn_unknown(imp, getattr(cfg, "unknown", ()))
+        name = cfg.get("actor_rollout_ref", {}).get("rollout", {}).get("name")
+        if name not in (None, "vllm"):  # check_rollout_names refused the names verl does not have
+            imp.notes.append(f"actor_rollout_ref.rollout.name={name!r}: timed and sized with vLLM's model "
+                             f"(Nereus has no {name} time model; its memory pre-allocation is vLLM's)")
         config, overrides, _ = verl_launch(args.from_verl)
         # an export keeps the user's overrides as composed: legacy keys under the installed names
         imp.source = {"config": config, "overrides": list(getattr(cfg, "overrides", overrides)), "cfg": cfg}
@@ -363,9 +381,10 @@ def _export(args, job, plan, source=None, carry=None) -> int:
         backends = ("megatron", "fsdp") if "fsdp" in job.framework.name else ("megatron",)
         ex = export_verl(job, plan, args.headroom, model_path, backends=backends, user=source)
         ex["overrides"] = merge_carried(ex["overrides"], carried)
-        settings = [f"python3 -m verl.trainer.main_ppo --config-name={ex['config_name']} \\"] + \
-            [f"    {o} \\" for o in ex["overrides"]]
-        settings[-1] = settings[-1][:-2]
+        from nereus.integrations.verl_command import verl_command
+
+        ex["command"] = verl_command(ex["config_name"], ex["overrides"])  # quoted for bash
+        settings = [ex["command"]]
     else:
         from nereus.integrations.openrlhf_export import export_openrlhf
 

@@ -11,6 +11,13 @@ from pathlib import Path
 import yaml
 
 from nereus.integrations.verl_legacy import LegacyConfig, translate
+from nereus.integrations.verl_names import (
+    _close_key,
+    _verl_version,
+    check_rollout_names,
+    rollout_names,
+    unknown_added,
+)
 
 __all__ = ["verl_config_dir", "load_verl_config", "verl_launch", "VerlConfig"]
 
@@ -41,15 +48,6 @@ def _set(d: dict, key: str, value) -> None:
     d[parts[-1]] = value
 
 
-def _verl_version() -> str:
-    import importlib.metadata
-
-    try:
-        return importlib.metadata.version("verl")
-    except importlib.metadata.PackageNotFoundError:
-        return "?"
-
-
 def _installed_keys(config_dir: Path, name: str) -> frozenset:
     """The dotted leaf keys of ``name`` as the installed verl composes it (no overrides)."""
     key = (str(config_dir.resolve()), name)
@@ -69,9 +67,12 @@ _INSTALLED: dict = {}
 def _compose(config_dir: Path, name: str, overrides: list[str]) -> LegacyConfig:
     """:func:`_compose_raw` after the legacy keys of ``overrides`` are read under the installed names
     (:func:`nereus.integrations.verl_legacy.translate`; the rewrites ride on the result's ``legacy``)."""
-    overrides, rewrites = translate(overrides, _installed_keys(config_dir, name))
+    keys = _installed_keys(config_dir, name)
+    overrides, rewrites = translate(overrides, keys)
     cfg = LegacyConfig(_compose_raw(config_dir, name, overrides))
     cfg.legacy, cfg.overrides = tuple(rewrites), tuple(overrides)
+    cfg.unknown = tuple(unknown_added(overrides, keys))
+    check_rollout_names(cfg, rollout_names(verl_config_dir()))
     return cfg
 
 
@@ -95,6 +96,12 @@ def _compose_raw(config_dir: Path, name: str, overrides: list[str]) -> dict:
                 overrides = redo
                 continue
             ver = _verl_version()
+            import re
+
+            bad = re.search(r"Could not override '([^']+)'", str(e))
+            close = _close_key(bad.group(1), _installed_keys(config_dir, name)) if bad and overrides else None
+            if close is not None:  # a typo: the key verl has, not another release
+                raise ValueError(f"verl config {name!r}: unknown key {bad.group(1)}; did you mean `{close}`?") from e
             hint = (f" (verl {ver}'s own launcher refuses this line too: it was written for another verl version)"
                     if "Could not override" in str(e) or "Key '" in str(e) else "")
             raise ValueError(f"verl config {name!r}: {' '.join(str(e).split())}"[:500] + hint) from e
@@ -236,14 +243,16 @@ def verl_launch(tokens) -> tuple[str, list[str], str | None]:
         ValueError: empty input, or an option verl's launcher does not take (named).
     """
     toks = [str(t) for t in tokens]
-    if not toks:
+    if not any(t.strip() for t in toks):  # "" would otherwise plan verl's default config silently
         raise ValueError("--from-verl: empty; give a verl config (ppo_trainer, a YAML file, a launch script) "
                          "and its key=value overrides, or a whole `python3 -m verl.trainer.main_ppo ...` line")
-    if len(toks) == 1 and toks[0].endswith(".sh"):
+    if toks[0].endswith(".sh"):  # a launch script, then overrides appended where it says $@ (later wins)
         p = Path(toks[0]).expanduser()
         if not p.is_file():
             raise ValueError(f"--from-verl {toks[0]!r}: no such launch script")
-        toks = _script_tokens(p)
+        script = _script_tokens(p)
+        cut = next((i for i, t in enumerate(script) if t in ("|", "&&", ";", "&")), len(script))
+        toks = script[:cut] + toks[1:]
     if len(toks) == 1 and " " in toks[0]:  # a whole line passed as one string
         import shlex
 
@@ -344,7 +353,9 @@ def load_verl_config(config: str, overrides=()) -> dict:
                 OmegaConf.update(cfg, key, val)
         except Exception as e:
             raise ValueError(f"verl override {ov!r}: {str(p)!r} has no key {key!r} (use +{key}=... to add one)") from e
-    return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
+    out = OmegaConf.to_container(cfg, resolve=True, throw_on_missing=False)
+    check_rollout_names(out, rollout_names(verl_config_dir()))
+    return out
 
 
 class VerlConfig:

@@ -85,12 +85,22 @@ class _Search:
         self.gpus = tuple(range(self.n))
         self.multi = job.cluster.num_nodes > 1
         self._est: dict = {}
+        self._costs: dict = {}
+        self.headroom = headroom
 
     def est(self, c: Candidate):
         k = c.key()
         if k not in self._est:
-            self._est[k] = self.cost.estimate_candidate(c, self.multi)
+            cost = self.cost
+            if c.model_stage == "actor.generate":  # vLLM holds the fraction the export writes for it
+                cost = self._gen_cost(_fraction(self.job, (c,)))
+            self._est[k] = cost.estimate_candidate(c, self.multi)
         return self._est[k]
+
+    def _gen_cost(self, frac: float) -> CostModel:
+        if frac not in self._costs:
+            self._costs[frac] = CostModel(with_fraction(self.job, frac), headroom=self.headroom)
+        return self._costs[frac]
 
     def valid(self, c: Candidate) -> bool:
         from nereus.cost.checks import check_candidate
@@ -190,6 +200,18 @@ class _Search:
         return best_colocated(groups, self.cost.usable), groups
 
 
+def with_fraction(job: JobSpec, frac: float) -> JobSpec:
+    """``job`` with vLLM's ``gpu_memory_utilization`` ``frac``: what verl's vLLM pre-allocates, held
+    through training unless it sleeps (``free_cache_engine``), as the re-import evaluates it."""
+    return job.with_workload(replace(job.workload, rollout_memory_fraction=frac))
+
+
+def _fraction(job: JobSpec, cands) -> float:
+    """The generation engine's fraction rounded as written (0.41, not 0.41000000000000003)."""
+    g = next(c for c in cands if c.model_stage == "actor.generate")
+    return round(memory_fraction_for(job, g.tp, g.concurrency), 2)
+
+
 def closest_verl_layout(job: JobSpec, headroom: float | None = None,
                         backends=DEFAULT_BACKENDS) -> tuple[str, JobSpec, tuple[Candidate, ...]]:
     """The fastest layout verl can express for ``job`` on its whole cluster (module docstring), over
@@ -219,6 +241,7 @@ def closest_verl_layout(job: JobSpec, headroom: float | None = None,
         raise ValueError(f"no layout verl can express fits: every model-stage on all {job.cluster.num_gpus} GPUs "
                          f"({msg or 'the mini-batch does not split over the GPUs'})")
     _, backend, vjob, cands = min(found, key=lambda x: x[0])
+    vjob = with_fraction(vjob, _fraction(vjob, cands))
     order = {m.name: i for i, m in enumerate(workflow_for(job.workload).model_stages)}
     return backend, vjob, tuple(sorted(cands, key=lambda x: order[x.model_stage]))
 
@@ -293,7 +316,7 @@ def verl_overrides(job: JobSpec, cands, model_path: str | None = None, backend: 
                f"{arr}.ref.log_prob_use_dynamic_bsz=False"]
     ov += [f"{arr}.rollout.log_prob_use_dynamic_bsz=False"]
     ov += [f"{arr}.rollout.tensor_model_parallel_size={g.tp}",
-           f"{arr}.rollout.gpu_memory_utilization={memory_fraction_for(job, g.tp, g.concurrency)}",
+           f"{arr}.rollout.gpu_memory_utilization={_fraction(job, (g,))}",
            f"{arr}.rollout.max_num_seqs={g.concurrency}",
            f"{arr}.rollout.free_cache_engine={_tf(g.offload == 'drop')}"]
     if "critic.train" in by:
@@ -406,6 +429,7 @@ def export_verl(job: JobSpec, best: Plan, headroom: float | None = None, model_p
         if bjob.framework != job.framework or verl_expressible(bjob, best.candidates, b) is not None:
             continue
         mine = tuple(c.with_gpus(range(job.cluster.num_gpus)) for c in best.candidates)
+        bjob = with_fraction(bjob, _fraction(bjob, mine))
         e2 = evaluate_layout(bjob, mine, headroom)
         if e2.fits and e2.l_step < ev.l_step:
             backend, vjob, cands, ev = b, bjob, mine, e2

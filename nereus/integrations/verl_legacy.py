@@ -192,6 +192,7 @@ class LegacyConfig(dict):
 
     legacy: tuple[Rewrite, ...] = ()
     overrides: tuple[str, ...] = ()  # the overrides as composed (legacy keys under the installed names)
+    unknown: tuple = ()  # (key, closest installed key) of +key=value adding a key verl does not have
 
 
 def _split(ov: str) -> tuple[str, str, str]:
