@@ -342,8 +342,10 @@ def _main_integrations(args) -> int:
         if not best["feasible"]:
             raise ValueError(f"--export: Nereus found no plan for the imported job: {best['reason']}")
         same = imp.framework == args.export
-        return _export(args, imp.job, plan_from(best["plan"]), imp.source if same else None,
-                       None if same else imp.source)  # another framework: the settings it has equivalents for
+        from nereus.cli.plan_export import export_plan
+
+        return export_plan(args, imp.job, plan_from(best["plan"]), imp.source if same else None,
+                           None if same else imp.source)  # another framework: the settings it has equivalents for
     if args.json:
         print(json.dumps(rep, indent=2, default=str))
         return 0
@@ -364,52 +366,6 @@ def plan_from(d):
     from nereus.spec.plan import Plan
 
     return Plan.from_dict(d)
-
-
-def _export(args, job, plan, source=None, carry=None) -> int:
-    from nereus.integrations.export_carry import carry_settings, export_model_path, merge_carried
-    from nereus.planner.notation import format_plan
-
-    carried, carry_notes = carry_settings(args.export, carry, job) if carry else ([], [])
-    model_path = export_model_path(args.model)
-    if any(c.startswith(("--actor.model_name_or_path", "actor_rollout_ref.model.path=")) for c in carried):
-        model_path = None  # the user's own model path is carried
-    if args.export == "verl":
-        from nereus.integrations.verl_export import export_verl
-
-        # an FSDP job (imported from verl's FSDP backend, or --framework fsdp) may also export to FSDP
-        backends = ("megatron", "fsdp") if "fsdp" in job.framework.name else ("megatron",)
-        ex = export_verl(job, plan, args.headroom, model_path, backends=backends, user=source)
-        ex["overrides"] = merge_carried(ex["overrides"], carried)
-        from nereus.integrations.verl_command import verl_command
-
-        ex["command"] = verl_command(ex["config_name"], ex["overrides"])  # quoted for bash
-        settings = [ex["command"]]
-    else:
-        from nereus.integrations.openrlhf_export import export_openrlhf
-
-        ex = export_openrlhf(job, plan, args.headroom, model_path,
-                             user_args=(source or {}).get("args") or (carried if carry else None))
-        settings = [ex["command"]]
-    ev, ex["carry_notes"] = ex["evaluation"], carry_notes
-    if args.json:
-        print(json.dumps({k: v for k, v in ex.items() if k not in ("layout", "evaluation")} |
-                         {"evaluation": ev.to_dict(), "job": job.to_dict()}, indent=2, default=str))
-        return 0
-    print(f"Nereus's plan: L_step {plan.l_step:.2f} s")
-    print(f"closest plan {args.export} can express: L_step {ex['l_step']:.2f} s ({ex['slowdown']:.2f}x); {ex['note']}")
-    print(format_plan(ev.plan, unit="GPUs", batch=True, indent="  "))
-    if not ev.fits:
-        print("  does NOT fit: " + "; ".join(f"{k}: {v}" for k, v in ev.overflow.items()))
-    head = f"what changed from Nereus's plan to the {args.export} plan (not from your layout)"
-    print(f"{head}:" if ex["changes"] else f"{head}: nothing")
-    for ch in ex["changes"]:
-        print(f"  {ch}")
-    for n in carry_notes:
-        print(f"  note: {n}")
-    print(f"{args.export} settings:")
-    print("\n".join(settings))
-    return 0
 
 
 def main(args) -> int:
@@ -450,7 +406,9 @@ def main(args) -> int:
                              "--export or --frontier")
         return _main_layout(args, job, cost, pool, plan)
     if getattr(args, "export", None):
-        return _export(args, job, plan)
+        from nereus.cli.plan_export import export_plan
+
+        return export_plan(args, job, plan)
     if args.json:
         doc = {"feasible": True, "job": job.to_dict(), "plan": plan.to_dict()}
         if args.frontier:
