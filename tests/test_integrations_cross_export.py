@@ -80,9 +80,11 @@ def test_openrlhf_line_to_verl_has_model_paths_kl_and_composes(tmp_path, model, 
     script.write_text(OPENRLHF)  # --from-openrlhf takes a script file, like --from-verl
     assert main(["plan", "--from-openrlhf", str(script), "--model", model, "--gpu", "h100", "--export", "verl"]) == 0
     out = capsys.readouterr().out
-    lines = [x.strip().rstrip("\\").strip() for x in _settings(out).splitlines()]
-    config = lines[0].split("--config-name=")[1]
-    ov = lines[1:]
+    import shlex
+
+    words = shlex.split(_settings(out).replace("\\\n", " "))  # as bash reads the pasted command
+    config = next(w for w in words if w.startswith("--config-name=")).split("=", 1)[1]
+    ov = words[words.index(f"--config-name={config}") + 1:]
     cfg = load_verl_config(config, ov)  # verl's own config composes with every override
     assert cfg["actor_rollout_ref"]["model"]["path"] == "Org/Policy-0.5B"
     # OpenRLHF's GAE critic defaults to the reward model (train_ppo_ray.py)
