@@ -259,7 +259,8 @@ def _imported(args):
         imp = import_verl(cfg, model=args.model, gpu=args.gpu, version=_version_for(args, "verl"))
         _warn_unknown(imp, getattr(cfg, "unknown", ()))
         name = cfg.get("actor_rollout_ref", {}).get("rollout", {}).get("name")
-        if name not in (None, "vllm"):  # check_rollout_names refused the names verl does not have
+        # "???": unset (OmegaConf's MISSING), read as vllm; check_rollout_names refused unknown names
+        if name not in (None, "vllm", "???"):
             imp.notes.append(f"actor_rollout_ref.rollout.name={name!r}: timed and sized with vLLM's model "
                              f"(Nereus has no {name} time model; its memory pre-allocation is vLLM's)")
         config, overrides, _ = verl_launch(args.from_verl)
