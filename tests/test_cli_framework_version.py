@@ -39,7 +39,8 @@ def test_version_selects_the_vllm_rule(tmp_path, capsys):
     line = ["ppo_trainer", "algorithm.adv_estimator=grpo", "data.train_batch_size=64",
             "actor_rollout_ref.actor.ppo_mini_batch_size=32", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
             "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4", "actor_rollout_ref.rollout.n=2",
-            f"actor_rollout_ref.model.path={d}"]
+            # verl before 0.4.0 always builds a reference model (verl@072fc9fe), so it needs its micro-batch
+            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4", f"actor_rollout_ref.model.path={d}"]
     rules = {}
     for v in ("0.4.1", "0.1", None):  # vLLM <= 0.8.5: device_total; TinyZero's verl 0.1: free_share; installed
         flag = ["--framework-version", f"verl=={v}"] if v else []
