@@ -6,6 +6,7 @@ import json
 import shlex
 
 import pytest
+from test_integrations_framework_checks import MEGATRON
 
 from nereus.cli import main
 from nereus.integrations.openrlhf import import_openrlhf, openrlhf_parser, openrlhf_source
@@ -293,15 +294,7 @@ def test_config_name_option_first_after_from_verl(capsys):
     assert doc["job"]["framework"]["name"] == "verl-megatron"
 
 
-MEGATRON_8B = ["algorithm.adv_estimator=grpo", "data.train_batch_size=512", "data.max_prompt_length=1024",
-               "data.max_response_length=2048", "actor_rollout_ref.actor.ppo_mini_batch_size=128",
-               "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
-               "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
-               "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
-               "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
-               "actor_rollout_ref.rollout.tensor_model_parallel_size=2", "actor_rollout_ref.rollout.n=4",
-               "actor_rollout_ref.actor.use_kl_loss=True", "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
-               "trainer.n_gpus_per_node=8", "trainer.nnodes=2"]
+MEGATRON_8B = MEGATRON[1:]  # the Megatron 8B line of the framework-check tests, without its config name
 
 
 def test_typo_key_suggests_the_key_verl_has_and_plus_unknown_is_warned(model, capsys):
