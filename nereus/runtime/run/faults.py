@@ -47,6 +47,9 @@ from nereus.runtime.worker.failures import WorkerFailure, WorkerLost
 
 __all__ = ["WorkerLost", "monitored_get", "probe", "probe_info", "Progress"]
 
+#: extra heartbeat timeouts a probe round waits when no worker answered at all (:func:`probe_info`)
+ALL_SILENT_PATIENCE = 3
+
 
 def probe(workers: list, timeout_s: float) -> tuple[list[int], list[int]]:
     """Ping every live worker's ``control`` group; ``(dead, silent)`` ids within ``timeout_s``."""
@@ -56,12 +59,24 @@ def probe(workers: list, timeout_s: float) -> tuple[list[int], list[int]]:
 
 def probe_info(workers: list, timeout_s: float) -> tuple[list[int], list[int], dict[int, dict]]:
     """:func:`probe`, with each answering worker's heartbeat (``FaultTolerantWorker.heartbeat``:
-    ``busy``, ``ops``, ``waiting``) by id."""
+    ``busy``, ``ops``, ``waiting``) by id.
+
+    When no live worker answers within ``timeout_s`` (none dead, all silent), the heartbeats get
+    ``ALL_SILENT_PATIENCE × timeout_s`` more before any is called silent: heartbeats run in a thread
+    of their own on each worker, so every worker hanging at once is far less likely than the
+    driver's host being too loaded to collect the answers in time (seen on a 2-core machine at load
+    16: every worker of a healthy run declared lost, then ``shared_plan needs at least one
+    worker``). Only such a round waits longer; a single silent worker among answering ones is
+    called silent after ``timeout_s`` as before.
+    """
     import ray
 
     refs = {w.heartbeat.options(concurrency_group="control").remote(): i for i, w in enumerate(workers)
             if w is not None}
     ready, pending = ray.wait(list(refs), num_returns=len(refs), timeout=timeout_s)
+    if refs and len(pending) == len(refs):  # nobody answered: the host's load, not every worker hung
+        more, pending = ray.wait(pending, num_returns=len(pending), timeout=ALL_SILENT_PATIENCE * timeout_s)
+        ready = list(ready) + list(more)
     dead, info = [], {}
     for r in ready:
         try:

@@ -29,7 +29,7 @@ from nereus.runtime.run.fresh_start import (
 from nereus.runtime.run.relayout import train_stages
 from nereus.runtime.transit.driver_side import TransitionExecutor
 from nereus.runtime.transit.sharded import live_unsupported
-from nereus.runtime.worker.failures import WorkerFailure, WorkerLost
+from nereus.runtime.worker.failures import AllWorkersLost, WorkerFailure, WorkerLost
 from nereus.spec.plan import Plan
 from nereus.transition.emu import phi
 from nereus.transition.estimate import estimate_transition
@@ -153,6 +153,7 @@ class RecoveryMixin:
 
         Raises:
             WorkerFailure: still failing after 4 attempts (the durable checkpoint is kept).
+            AllWorkersLost: no worker is left (the durable checkpoint is kept; ``--resume`` continues).
             NoCheckpoint: the state must be restored but no checkpoint was written yet and the
                 boundary is past step 0 (``run/fresh_start.py``).
         """
@@ -162,7 +163,7 @@ class RecoveryMixin:
                 self._recover_once(e, k, when if attempt == 0 else f"recovery (attempt {attempt + 1}) of the {when}",
                                    force_checkpoint=force)
                 return
-            except NoCheckpoint:  # nothing to restore and nothing to rebuild: no attempt can help
+            except (NoCheckpoint, AllWorkersLost):  # nothing to restore or rebuild onto: no attempt can help
                 raise
             except WorkerFailure as fail:
                 again = self._classified(fail)
@@ -207,6 +208,10 @@ class RecoveryMixin:
         except WorkerLost as again:
             self.log(f"  lost worker(s) {format_gpus(again.lost)} too, while completing the checkpoint")
         alive = frozenset(i for i, w in enumerate(d.workers) if w is not None)
+        if not alive:  # nothing to roll back onto; the durable checkpoint is intact on disk
+            raise AllWorkersLost(f"step {k}: every worker was lost (worker(s) {sorted(e.lost)}); nothing is left to "
+                                f"recover onto: start the run again with --resume to continue from the last "
+                                f"durable checkpoint")
         bplan = self._bnd["plan"]
         d.set_plan(bplan)
         d.step_index, d.updates = self._bnd["step_index"], self._bnd["updates"]

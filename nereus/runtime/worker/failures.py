@@ -9,7 +9,7 @@ them from here, so a worker never imports driver code.
 
 from __future__ import annotations
 
-__all__ = ["WorkerFailure", "WorkerLost"]
+__all__ = ["WorkerFailure", "WorkerLost", "AllWorkersLost"]
 
 
 class WorkerFailure(RuntimeError):
@@ -28,3 +28,9 @@ class WorkerLost(WorkerFailure):
     def __init__(self, message: str, lost: list[int], detect_s: float, hung: list[int] | None = None) -> None:
         super().__init__(message)
         self.lost, self.detect_s, self.hung = sorted(lost), float(detect_s), sorted(hung or [])
+
+
+class AllWorkersLost(WorkerFailure):
+    """Every worker of the run was lost: no survivor holds state to roll back onto, so no recovery
+    attempt can help (``run/recovery.py`` raises it at once instead of retrying); the durable
+    checkpoint on disk is untouched and ``nereus run --resume`` continues from it."""
