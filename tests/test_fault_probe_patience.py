@@ -75,6 +75,7 @@ def test_a_recovery_with_no_worker_left_stops_at_once_naming_resume():
     class _Run(RecoveryMixin):
         def __init__(self) -> None:
             self.driver = types.SimpleNamespace(workers=[None, None, None])
+            self.ckpt_step = 3
             self.tries = 0
             self.logs: list[str] = []
 
@@ -91,7 +92,7 @@ def test_a_recovery_with_no_worker_left_stops_at_once_naming_resume():
             pass
 
     run = _Run()
-    with pytest.raises(AllWorkersLost, match=r"every worker was lost \(worker\(s\) \[0, 1, 2\]\).*--resume"):
+    with pytest.raises(AllWorkersLost, match=r"every worker was lost \(worker\(s\) \[0, 1, 2\]\).*checkpoint of step 3 is kept.*--resume"):
         run._recover(WorkerLost("gone", [0, 1, 2], 0.5), 4, "step")
     assert run.tries == 1  # not retried: no attempt can help
     assert issubclass(AllWorkersLost, WorkerFailure)  # callers catching WorkerFailure still see it

@@ -210,8 +210,8 @@ class RecoveryMixin:
         alive = frozenset(i for i, w in enumerate(d.workers) if w is not None)
         if not alive:  # nothing to roll back onto; the durable checkpoint is intact on disk
             raise AllWorkersLost(f"step {k}: every worker was lost (worker(s) {sorted(e.lost)}); nothing is left to "
-                                f"recover onto: start the run again with --resume to continue from the last "
-                                f"durable checkpoint")
+                                 f"recover onto (the durable checkpoint of step {getattr(self, 'ckpt_step', '?')} is "
+                                 f"kept): start the run again with --resume to continue from it")
         bplan = self._bnd["plan"]
         d.set_plan(bplan)
         d.step_index, d.updates = self._bnd["step_index"], self._bnd["updates"]
