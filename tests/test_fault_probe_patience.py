@@ -68,9 +68,16 @@ def test_a_round_nobody_answers_gets_the_longer_patience(monkeypatch, answer_aft
     assert faults.ALL_SILENT_PATIENCE == 3
 
 
-def test_a_recovery_with_no_worker_left_stops_at_once_naming_resume():
+@pytest.mark.parametrize("written, says", [
+    (True, r"the durable checkpoint of step 3 is kept: start the run again with --resume"),
+    (False, r"no checkpoint was written yet: start the run again from the beginning"),
+])
+def test_a_recovery_with_no_worker_left_stops_at_once(tmp_path, written, says):
     from nereus.runtime.run.recovery import RecoveryMixin
     from nereus.runtime.worker.failures import AllWorkersLost, WorkerFailure, WorkerLost
+
+    if written:  # what durable.restart reads first (fresh_start.has_checkpoint)
+        (tmp_path / "driver.json").write_text("{}")
 
     class _Run(RecoveryMixin):
         def __init__(self) -> None:
@@ -82,6 +89,9 @@ def test_a_recovery_with_no_worker_left_stops_at_once_naming_resume():
         def log(self, msg: str) -> None:
             self.logs.append(msg)
 
+        def _ckpt_path(self) -> str:
+            return str(tmp_path)
+
         def _inject_in_recovery(self, k: int) -> None:
             self.tries += 1
 
@@ -92,7 +102,8 @@ def test_a_recovery_with_no_worker_left_stops_at_once_naming_resume():
             pass
 
     run = _Run()
-    with pytest.raises(AllWorkersLost, match=r"every worker was lost \(worker\(s\) \[0, 1, 2\]\).*checkpoint of step 3 is kept.*--resume"):
+    with pytest.raises(AllWorkersLost, match=r"every worker was lost \(worker\(s\) \[0, 1, 2\]\); nothing is left "
+                                             r"to recover onto; " + says):
         run._recover(WorkerLost("gone", [0, 1, 2], 0.5), 4, "step")
     assert run.tries == 1  # not retried: no attempt can help
     assert issubclass(AllWorkersLost, WorkerFailure)  # callers catching WorkerFailure still see it

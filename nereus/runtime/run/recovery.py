@@ -153,7 +153,7 @@ class RecoveryMixin:
 
         Raises:
             WorkerFailure: still failing after 4 attempts (the durable checkpoint is kept).
-            AllWorkersLost: no worker is left (the durable checkpoint is kept; ``--resume`` continues).
+            AllWorkersLost: no worker is left (the durable checkpoint, if any, is kept; ``--resume`` continues).
             NoCheckpoint: the state must be restored but no checkpoint was written yet and the
                 boundary is past step 0 (``run/fresh_start.py``).
         """
@@ -209,9 +209,11 @@ class RecoveryMixin:
             self.log(f"  lost worker(s) {format_gpus(again.lost)} too, while completing the checkpoint")
         alive = frozenset(i for i, w in enumerate(d.workers) if w is not None)
         if not alive:  # nothing to roll back onto; the durable checkpoint is intact on disk
+            then = (f"the durable checkpoint of step {self.ckpt_step} is kept: start the run again with --resume to "
+                    "continue from it" if has_checkpoint(self._ckpt_path()) else
+                    "no checkpoint was written yet: start the run again from the beginning")
             raise AllWorkersLost(f"step {k}: every worker was lost (worker(s) {sorted(e.lost)}); nothing is left to "
-                                 f"recover onto (the durable checkpoint of step {getattr(self, 'ckpt_step', '?')} is "
-                                 f"kept): start the run again with --resume to continue from it")
+                                 f"recover onto; {then}")
         bplan = self._bnd["plan"]
         d.set_plan(bplan)
         d.step_index, d.updates = self._bnd["step_index"], self._bnd["updates"]
