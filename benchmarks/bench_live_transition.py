@@ -24,9 +24,10 @@ Cases: TP 2->1, TP 1->2, PP 2->1, PP 1->2, DP 1->2, DP 2->1 of ``actor.train``; 
 transition, or after the save for a restart, and a fresh worker takes its slot before the next
 repetition, untimed); and a change of five model-stages at once on the full pool. Between measured
 transitions, untimed live transitions bring the job back to each case's source layout; before the
-first case, four untimed warm-up transitions (TP 2->1, DP 1->2, DP 2->1, TP 1->2) run twice, and
-the first calibration is from the second pass only (the first pays a job's one-time costs:
-allocations, the first communicator of each member set), warm like every case after it. The
+first case, four untimed warm-up transitions (TP 2->1, DP 1->2, DP 2->1, TP 1->2) run four times,
+and the first calibration is from the last three passes (``WARM_PASSES``; the first pays a job's
+one-time costs: allocations, the first communicator of each member set), warm like every case
+after it. The
 calibration knows the cores the CPU workers share (``device_model.worker_cores``). At the end the gathered logical state of ``actor.train`` and ``critic.train`` is
 checked bit for bit against the state after the step.
 
@@ -105,6 +106,10 @@ CASES = [
                                        actor_infer=(1, 1, 1, (3,))), None),
 ]
 JOB = runtime_job(SPEC, W, N)
+#: calibrated warm-up passes before the first case: each gives the calibration one Split, Extend,
+#: Destroy and Merge, so the first case is priced from 3 samples of each (one pass: from one, and
+#: its prediction swung 1.1-1.9x between runs of the same code)
+WARM_PASSES = 3
 
 
 def _current(d: RLDriver) -> Plan:
@@ -247,8 +252,9 @@ def run(reps: int, root: str, log=print, live_reps: int = 15, live_only: bool = 
             _move(d, w)  # first communicator of each member set): not what the cases will see
         CAL["live"] = TransitionCalibration(cores=worker_cores())  # so the first calibration is
         OBSERVED.clear()
-        for w in warm:  # from a second pass, warm like every case after it
-            _move(d, w)
+        for _ in range(WARM_PASSES):  # from later passes, warm like every case after it, and from
+            for w in warm:  # more than one sample of each primitive (the first case's prior)
+                _move(d, w)
         for name, src, dst, leaves in CASES:
             CAL["frozen"] = copy.deepcopy(CAL["live"])  # this case is predicted from earlier ones only
             out.setdefault("case_starts", {})[name] = len(OBSERVED)

@@ -26,6 +26,7 @@ from nereus.runtime.transit.residency import adopt_engine, build_engine
 from nereus.runtime.transit.worker_side import Transit, Unit
 from nereus.runtime.worker.device import inventory, resolve_dtype, select_device
 from nereus.runtime.worker.engine import AdamConfig, Engine
+from nereus.runtime.worker.host_alloc import cache_host_frees
 from nereus.runtime.worker.memory_pool import MemoryPools
 from nereus.runtime.worker.rollout import generate
 from nereus.runtime.worker.vllm_worker import VllmWorkerMixin
@@ -57,6 +58,7 @@ class WorkerCore(CheckpointCallsMixin, VllmWorkerMixin):
     def __init__(self, worker_id: int, store_host: str, store_port: int,
                  timeout_s: float = DEFAULT_TIMEOUT_S, threads: int = 1) -> None:
         torch.set_num_threads(threads)
+        self.host_cache = cache_host_frees()  # freed host memory reused: transition buffers fault alike
         self.id = int(worker_id)
         self.timeout_s = float(timeout_s)
         self.store = connect_store(store_host, store_port, timeout_s)
