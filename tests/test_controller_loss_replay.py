@@ -75,6 +75,10 @@ def test_no_events_gives_the_uniform_prior_rate():
     r.observe(P32, P32, 0.0)
     # nothing observed yet (no exposure): r = P0 / (1/λ) = λ · P0, the uniform model's rate
     assert r.rates(_single(range(16)), 1e-3, 0.5, 0.5) == pytest.approx((5e-4, 5e-4))
+    r.observe(P32, P32, 3000.0)  # 3,000 s of exposure, still no loss: not discounted (not 1/(3+1))
+    assert r.exposure(range(16)) == 3000.0
+    assert r.rates(_single(range(16)), 1e-3, 0.5, 0.25) == pytest.approx((5e-4, 5e-4))
+    assert r.rates(_single(range(16)), 1e-3, 0.25, 0.5) == pytest.approx((2.5e-4, 5e-4))
 
 
 def test_announced_losses_are_not_events():

@@ -130,3 +130,7 @@ def test_policy_configs_price_state_loss_risk_except_the_paper_variants():
         if priced:
             assert cfg.risk.restart_s == pytest.approx(expect) and cfg.risk.checkpoint_interval == 25
     assert make_policy("gamma=0.25", JOB, 0.5, t.table(), t.memory_factor).config.gamma == 0.25
+    for name, replay, margin in [("nereus", False, False), ("nereus+replay", True, False),
+                                 ("nereus+margin", False, True), ("nereus+replay+margin", True, True)]:
+        cfg = make_policy(name, JOB, 0.5, t.table(), t.memory_factor).config
+        assert (cfg.loss_replay, cfg.memory_margin) == (replay, margin), name

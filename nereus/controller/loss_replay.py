@@ -26,6 +26,13 @@ set ``G`` is the rate at which *it* would have been hit had it been running)::
   same weakest prior as ``loss_sites.PRIOR_WEIGHT`` (not fitted to any trace). With no exposure the
   estimate is the uniform model's rate; a set exposed for ``k`` mean intervals without a hit has
   ``λ · P0 / (k + 1)``; a set hit at every event converges to the rate it was hit at while present.
+* before the first unannounced loss of the run, the uniform rates ``λ · P0`` for every set, not
+  discounted by exposure: the seconds without a loss are already the evidence behind ``λ``
+  (``risk.LossRate`` counts the same seconds, or ``pool_process``'s prior stands in for them), and
+  discounting a set by them again counted that evidence twice, making the GPUs present longest look
+  safest before any loss had shown where losses fall (issue 29, fifth round: 70B PPO, no notice,
+  seed 0, 2 h, ``nereus+replay`` against static: ``oobleck-gcp`` 0.614 → 0.807x, geometric mean
+  over the 13 shipped traces 1.006 → 1.023x, docs/simulate.md).
 
 ``RiskModel.risk_at_rates`` prices a plan from these two rates (``λ · P_hit`` and ``λ · P_touch`` of
 the per-event model are exactly such rates). Assumptions: a GPU id keeps its identity across leave
@@ -111,6 +118,8 @@ class LossReplay:
                 raise ValueError(f"loss replay: {name} must be a probability in [0, 1], got {p!r}")
         if rate == 0:
             return 0.0, 0.0
+        if not self.events:  # no loss seen: the uniform rates, undiscounted (module docstring)
+            return rate * p0_hit, rate * max(p0_hit, p0_touch)
         hit, touch = self.counts(plan)
         t = self.exposure(plan.gpus_used()) + 1.0 / rate
         r_hit = (hit + p0_hit) / t

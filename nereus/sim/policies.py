@@ -34,8 +34,8 @@ Measured (benchmarks/bench_admission.py, 27 runs without notice): 1.04x the pape
   ``nereus+replay``: risk priced with GPU-exact loss rates (``ControllerConfig(loss_replay=True)``,
   ``nereus.controller.loss_replay``); ``nereus+margin``: a plan over the planning headroom is invalid
   only when over the device at the measured peak ratio (``memory_margin=True``,
-  ``nereus.controller.memory_margin``); both issue 29, fourth round, measured in docs/simulate.md.
-  Off by default; measured by ``benchmarks/bench_admission.py``.
+  ``nereus.controller.memory_margin``); both issue 29, fourth round, measured in docs/simulate.md;
+  ``nereus+replay+margin``: both at once (fifth round). Off by default; measured by ``benchmarks/bench_admission.py``.
 
 Nereus-type policies talk to the simulator only through :class:`~nereus.controller.Controller`'s
 ``observe(StepReport) -> decision`` — the interface the runtime will use.
@@ -303,6 +303,9 @@ def make_policy(name: str, job: JobSpec, gamma: float, true_efficiency: Efficien
         return NereusPolicy(name, job, ControllerConfig(gamma=gamma, risk=risk, **ISSUE29, memory_margin=True), mon())
     if name == "nereus+replay":
         return NereusPolicy(name, job, ControllerConfig(gamma=gamma, risk=risk, **ISSUE29, loss_replay=True), mon())
+    if name == "nereus+replay+margin":
+        return NereusPolicy(name, job, ControllerConfig(gamma=gamma, risk=risk, **ISSUE29, loss_replay=True,
+                                                        memory_margin=True), mon())
     if name == "nereus+grow":
         return NereusPolicy(name, job, ControllerConfig(gamma=gamma, risk=risk), mon(grow_horizon=True))
     if name == "uncalibrated":
