@@ -177,7 +177,7 @@ def test_calibration_fits_the_phases_apart():
             {"kind": "extend", "received": {1: 40e6}, "transfer_s": 0.04, "pack_s": 0.080, "assemble_s": 0.040,
              "copy_bytes": 80e6, "pack_bytes": 40e6, "assemble_bytes": 40e6, "pack_strided": 0,
              "assemble_strided": 0, "fresh_bytes": 40e6, "pack_workers": 1, "assemble_workers": 1}]
-    cal = TransitionCalibration()
+    cal = TransitionCalibration(fresh_buffer_bytes=FRESH_BUFFER_BYTES)  # an executor allocating anew
     cal.observe(recs)
     assert cal.copy_bandwidth == pytest.approx(1e9)
     assert cal.strided_copy_factor == pytest.approx(1.0) and cal.fresh_copy_factor == pytest.approx(1.0)

@@ -7,6 +7,7 @@ P = FAULT_PROBE_BYTES = 64 MiB = 67,108,864 B, the weight of one direct sample; 
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -73,8 +74,14 @@ def test_calibration_keeps_each_workers_latest_probe():
     assert cal.fresh_copy_factor == pytest.approx(2.5)
     cal.observe([{**pp, "fault_s_per_byte": {2: 1e-9}}])
     assert cal.fresh_copy_factor == pytest.approx(1.0)
+    p = cal.params()  # the runtime's executor pools its buffers: none is fresh, φ prices nothing
+    assert (p.fresh_copy_factor, p.fresh_buffer_bytes) == (pytest.approx(1.0), math.inf)
+    cal = TransitionCalibration(fresh_buffer_bytes=FRESH_BUFFER_BYTES)
+    cal.observe([{**pp, "fault_s_per_byte": {0: 2e-9}}])
     p = cal.params()
-    assert (p.fresh_copy_factor, p.fresh_buffer_bytes) == (pytest.approx(1.0), FRESH_BUFFER_BYTES)
+    assert (p.fresh_copy_factor, p.fresh_buffer_bytes) == (pytest.approx(2.0), FRESH_BUFFER_BYTES)
+    with pytest.raises(ValueError, match="fresh_buffer_bytes"):
+        TransitionCalibration(fresh_buffer_bytes=0)
     # records without probes (older runs) leave φ to the primitives, as before
     assert TransitionCalibration().fresh_copy_factor is None
 

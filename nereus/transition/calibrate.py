@@ -61,7 +61,7 @@ from dataclasses import dataclass, field, replace
 
 from nereus.spec.hardware import GPUSpec
 from nereus.spec.job import JobSpec
-from nereus.transition.copy_cost import FAULT_PROBE_BYTES, FRESH_BUFFER_BYTES
+from nereus.transition.copy_cost import FAULT_PROBE_BYTES
 from nereus.transition.cost import CostParams
 from nereus.transition.sharing import share_factors
 from nereus.transition.teardown import trend_slope
@@ -247,6 +247,11 @@ class TransitionCalibration:
         strided_copy_factor, fresh_copy_factor: ``σ`` and ``φ`` of ``transition/copy_cost.py``
             (:func:`fit_copy`), None before a primitive with such bytes (or, for ``φ``, a worker's
             fault probe) was measured.
+        fresh_buffer_bytes: ``CostParams.fresh_buffer_bytes`` of the executor measured, bytes > 0:
+            infinite (the default) for the runtime's, whose CPU workers reuse their transit
+            buffers (``runtime/transit/buffer_pool.py``) as GPUs' caching allocator does, so no
+            buffer is freshly mapped and ``φ`` prices nothing; ``copy_cost.FRESH_BUFFER_BYTES`` for
+            an executor that allocates each CPU buffer anew (``φ`` then applies from that size).
         copy_cores: ``CostParams.copy_cores`` (:func:`fit_copy`), None before a copy phase on two
             or more workers at once was measured.
         dispatch_s: ``CostParams.dispatch_s``: the median, over the window's primitives that had
@@ -271,6 +276,7 @@ class TransitionCalibration:
     teardown_tensor_s: float | None = None
     strided_copy_factor: float | None = None
     fresh_copy_factor: float | None = None
+    fresh_buffer_bytes: float = math.inf
     copy_cores: float | None = None
     history: list = field(default_factory=list)
     # (busiest bytes, transfer s, copy bytes, copy s, old-style setup s, span - copy s or None,
@@ -285,6 +291,9 @@ class TransitionCalibration:
     def __post_init__(self) -> None:
         if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
             raise ValueError(f"calibration field 'window' must be an integer >= 1, got {self.window!r}")
+        if not (isinstance(self.fresh_buffer_bytes, (int, float)) and self.fresh_buffer_bytes > 0):
+            raise ValueError(f"calibration field 'fresh_buffer_bytes' must be a number of bytes > 0, got "
+                             f"{self.fresh_buffer_bytes!r}")
         if self.cores is not None and not (isinstance(self.cores, (int, float)) and self.cores > 0):
             raise ValueError(f"calibration field 'cores' must be a number > 0 or None, got {self.cores!r}")
 
@@ -420,7 +429,7 @@ class TransitionCalibration:
         if self.dispatch_s is not None:
             out = replace(out, dispatch_s=self.dispatch_s)
         if self.fresh_copy_factor is not None:
-            out = replace(out, fresh_copy_factor=self.fresh_copy_factor, fresh_buffer_bytes=FRESH_BUFFER_BYTES)
+            out = replace(out, fresh_copy_factor=self.fresh_copy_factor, fresh_buffer_bytes=self.fresh_buffer_bytes)
         if self.teardown_s is not None:
             out = replace(out, teardown_s=self.teardown_s, teardown_tensor_s=self.teardown_tensor_s or 0.0)
         return out

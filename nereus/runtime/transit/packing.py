@@ -91,7 +91,7 @@ def _typed(raw: torch.Tensor, off: int, nbytes: int, dtype: torch.dtype, shape) 
     return torch.empty(shape, dtype=dtype, device=raw.device), False
 
 
-def pack(spec, plan: MovePlan, me: int, source, dtype: torch.dtype, device) -> dict:
+def pack(spec, plan: MovePlan, me: int, source, dtype: torch.dtype, device, alloc=None) -> dict:
     """The send buffers of worker ``me``: receiver → (buffer, state bytes in it).
 
     Args:
@@ -100,6 +100,8 @@ def pack(spec, plan: MovePlan, me: int, source, dtype: torch.dtype, device) -> d
         dtype: the ``params`` dtype pieces travel in (other kinds fp32, ``plans.kind_dtype``).
         device: where the buffers live: the group's device (``cpu`` for gloo, so a device tensor
             is copied to host once, straight into its slice), ``meta`` to time bookkeeping alone.
+        alloc: ``(nbytes, device) -> uint8 tensor`` for the buffers (``BufferPool.take``); None:
+            ``torch.empty``. Every byte of a buffer is written here.
 
     Returns:
         ``{receiver: (uint8 tensor of HEADER_BYTES + n, n)}``; the header holds the counters of
@@ -113,7 +115,8 @@ def pack(spec, plan: MovePlan, me: int, source, dtype: torch.dtype, device) -> d
         sizes = [_numel(spec, pc.name, pc.dim, pc.lo, pc.hi) * itemsize(kind_dtype(pc.kind, dtype))
                  for pc in pieces]
         n = sum(sizes)
-        buf = torch.empty(HEADER_BYTES + n, dtype=torch.uint8, device=device)
+        buf = alloc(HEADER_BYTES + n, device) if alloc is not None else \
+            torch.empty(HEADER_BYTES + n, dtype=torch.uint8, device=device)
         off, counters = HEADER_BYTES, {}
         for pc, nb in zip(pieces, sizes):
             u = source(pc.uid)

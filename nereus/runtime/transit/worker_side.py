@@ -43,6 +43,7 @@ import torch
 
 from nereus.runtime.comm.cache import GroupCache
 from nereus.runtime.model.sharding import init_shard_params
+from nereus.runtime.transit.buffer_pool import BufferPool
 from nereus.runtime.transit.packing import COUNTERS, HEADER_BYTES, assemble, pack, recv_sizes
 from nereus.runtime.transit.plans import MoveSpec, UnitMeta, plan_moves
 
@@ -76,6 +77,8 @@ class Transit:
         self.id, self.store, self.meter, self.timeout_s = worker_id, store, meter, timeout_s
         self.units: dict[str, Unit] = {}
         self.comms = GroupCache(store, worker_id, meter, timeout_s)
+        #: send and receive buffers kept across exchanges (``transit/buffer_pool.py``)
+        self.buffers = BufferPool()
         #: this process's fresh-buffer first-touch cost (``fault_probe.measure``), once measured
         self.fault: dict | None = None
 
@@ -216,10 +219,24 @@ class Transit:
         if me in comm and len(comm) > 1:
             group, out["setup_s"] = self.comms.get(comm, group_name, device)
         t1, f0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        handles, outgoing, incoming = [], {}, {}
+        handles, outgoing, incoming, bufs = [], {}, {}, {}
+        try:
+            made = self._exchange(spec, move, plan, me, source, group, dtype, device, out, handles, outgoing,
+                                  incoming, bufs, t1, f0)
+        except BaseException:
+            self.buffers.discard()  # a failed transfer may still write them: never handed out again
+            raise
+        del bufs, incoming, outgoing  # no view of a pooled block outlives the exchange
+        self.buffers.release()
+        return made
+
+    def _exchange(self, spec, move, plan, me, source, group, dtype, device, out, handles, outgoing, incoming, bufs,
+                  t1, f0) -> dict:
+        """:meth:`exchange`'s transfers and assembly (its buffers taken from :attr:`buffers`)."""
+        comm = plan.comm_workers
         if group is not None:
             # sends: one contiguous buffer per receiver (the counters header, then the pieces)
-            bufs = pack(spec, plan, me, source, dtype, group.device)
+            bufs.update(pack(spec, plan, me, source, dtype, group.device, self.buffers.take))
             out["pack_s"] = time.perf_counter() - t1
             f1 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt  # page faults: fresh buffers (fault_probe.py)
             out["pack_faults"], f0 = f1 - f0, f1
@@ -233,7 +250,7 @@ class Transit:
                     handles.append(group.isend(buf, comm.index(d)))
             # receives, in sender order
             for s, n in recv_sizes(spec, plan, me, dtype).items():
-                incoming[s] = torch.empty(HEADER_BYTES + n, dtype=torch.uint8, device=group.device)
+                incoming[s] = self.buffers.take(HEADER_BYTES + n, group.device)
                 if not group.direct:
                     group.recv(incoming[s], comm.index(s))
                 out["recv"] += n
