@@ -26,7 +26,9 @@ surcharge on the copy term ``K / C`` of :func:`nereus.transition.cost.duration`:
   busiest sender in buffers at least that large, :func:`fresh_recv_bytes` (``R_r``) the same of
   the busiest receiver's receive buffers, faulted in while the bytes arrive (on the wire's path:
   measured here, a 57 MB Extend's wire took 35-39 ms where two 28 MB transfers' took 2·10.5). GPUs (PyTorch's caching allocator) reuse memory:
-  ``CostParams.fresh_buffer_bytes`` is infinite by default and the calibration sets it.
+  ``CostParams.fresh_buffer_bytes`` is infinite by default; so it stays for the runtime, whose CPU
+  workers now keep their transit buffers between exchanges (``runtime/transit/buffer_pool.py``);
+  ``TransitionCalibration(fresh_buffer_bytes=FRESH_BUFFER_BYTES)`` for an executor that does not.
 
 The copy term becomes ``(K + σ·S + φ·(R + R_r)) / C`` (:func:`effective_copy_bytes`), ``S`` the strided
 and ``R`` the fresh bytes, ``σ = CostParams.strided_copy_factor`` and ``φ =

@@ -110,8 +110,10 @@ class CostParams:
             (:func:`~nereus.transition.copy_cost.fresh_bytes`) in the same units; 0 by default.
             Calibrated.
         fresh_buffer_bytes: send buffers at least this large are freshly mapped on every use
-            (``copy_cost.FRESH_BUFFER_BYTES`` for the runtime's CPU workers, set by the
-            calibration); infinite (the default) for GPUs, whose caching allocator reuses memory.
+            (``copy_cost.FRESH_BUFFER_BYTES`` for an executor that allocates each CPU buffer anew,
+            ``TransitionCalibration.fresh_buffer_bytes``); infinite (the default) for GPUs, whose
+            caching allocator reuses memory, and for the runtime's CPU workers, which pool their
+            transit buffers (``runtime/transit/buffer_pool.py``).
         copy_cores: cores the copy phases of one primitive that run at once share (its ``n``
             packing GPUs, then its assembling GPUs: each phase takes ``max(1, n / copy_cores)``
             times one GPU's, :func:`~nereus.transition.copy_cost.effective_copy_bytes`); infinite
