@@ -28,7 +28,7 @@ WORKER_SIDE = ("nereus.runtime.comm", "nereus.runtime.model", "nereus.runtime.wo
                "nereus.runtime.transit.plans", "nereus.runtime.transit.worker_side",
                "nereus.runtime.transit.index", "nereus.runtime.transit.packing",
                "nereus.runtime.transit.flat", "nereus.runtime.transit.regroup",
-               "nereus.runtime.transit.residency", "nereus.runtime.transit.fault_probe",
+               "nereus.runtime.transit.residency", "nereus.runtime.transit.fault_probe", "nereus.runtime.transit.buffer_pool",
                "nereus.runtime.durable.worker_side", "nereus.runtime.durable.worker_calls")
 DRIVER_SIDE = ("nereus.runtime.run", "nereus.runtime.transit.driver_side", "nereus.runtime.transit.sharded", "nereus.runtime.durable.driver_side",
                "nereus.runtime.durable.scheduling", "nereus.runtime.durable.integrity", "nereus.runtime.durable.store")
