@@ -219,24 +219,22 @@ class Transit:
         if me in comm and len(comm) > 1:
             group, out["setup_s"] = self.comms.get(comm, group_name, device)
         t1, f0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        handles, outgoing, incoming, bufs = [], {}, {}, {}
         try:
-            made = self._exchange(spec, move, plan, me, source, group, dtype, device, out, handles, outgoing,
-                                  incoming, bufs, t1, f0)
+            made = self._transfer_and_assemble(spec, move, plan, source, group, dtype, device, out, t1, f0)
         except BaseException:
             self.buffers.discard()  # a failed transfer may still write them: never handed out again
             raise
-        del bufs, incoming, outgoing  # no view of a pooled block outlives the exchange
-        self.buffers.release()
+        self.buffers.release()  # the views of its blocks died with the call that took them
         return made
 
-    def _exchange(self, spec, move, plan, me, source, group, dtype, device, out, handles, outgoing, incoming, bufs,
-                  t1, f0) -> dict:
-        """:meth:`exchange`'s transfers and assembly (its buffers taken from :attr:`buffers`)."""
-        comm = plan.comm_workers
+    def _transfer_and_assemble(self, spec, move, plan, source, group, dtype, device, out, t1, f0) -> dict:
+        """:meth:`exchange` from the packing on, its buffers taken from :attr:`buffers` (released by the
+        caller once this returns: no view of them outlives it)."""
+        me, comm = self.id, plan.comm_workers
+        handles, outgoing, incoming = [], {}, {}
         if group is not None:
             # sends: one contiguous buffer per receiver (the counters header, then the pieces)
-            bufs.update(pack(spec, plan, me, source, dtype, group.device, self.buffers.take))
+            bufs = pack(spec, plan, me, source, dtype, group.device, self.buffers.take)
             out["pack_s"] = time.perf_counter() - t1
             f1 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt  # page faults: fresh buffers (fault_probe.py)
             out["pack_faults"], f0 = f1 - f0, f1
