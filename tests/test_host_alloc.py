@@ -1,12 +1,18 @@
-"""``runtime/worker/host_alloc.cache_host_frees``: a freed sub-32 MiB buffer's memory is reused.
+"""``runtime/worker/host_alloc.cache_host_frees``: freed sub-32 MiB host memory is kept and reused.
 
-Each check runs in a fresh interpreter (mallopt is process-wide). Without the fixed thresholds,
-glibc maps a 24 MiB allocation fresh (it is above the 128 KiB initial mmap threshold; freeing it
-raises the threshold to 24 MiB, and the next 24 MiB request is at that threshold: mapped fresh
-again), so both first writes fault in every 4 KiB page (mallopt(3)); with them, the first comes
-from the heap and faults, the second reuses it and faults in (almost) none. Minor-fault counts
-(``getrusage``; transparent huge pages off in the process, ``PR_SET_THP_DISABLE``), not seconds:
-exact on any glibc machine.
+Each check runs in a fresh interpreter (mallopt is process-wide) and reads glibc's own
+bookkeeping (``mallinfo2``, mallinfo(3): ``hblkhd`` = bytes in mmapped chunks, ``arena`` = bytes
+of the main heap): a 24 MiB buffer is allocated and freed, then a 23 MiB one. Without the fixed
+thresholds the 24 MiB buffer is above glibc's initial 128 KiB mmap threshold: mapped fresh and
+unmapped on free (mallopt(3)). With them it comes from the heap, stays there when freed (below
+the 1 GiB trim threshold), and the next buffer is carved from it without the heap growing.
+
+The second buffer is smaller on purpose: glibc before 2.38 serves an aligned request (torch
+allocates with 64-byte alignment) only from a free chunk of at least size + alignment + MINSIZE
+(``_int_memalign``), so whether a same-size buffer reuses the hole depends on whether the hole
+coalesced with the heap's top, which varies from run to run with the heap's layout (an earlier
+version of this test counted page faults on a same-size reuse and failed on one CI run for that
+reason). Same-size transit buffers are reused explicitly: ``transit/buffer_pool.py``.
 """
 
 from __future__ import annotations
@@ -22,24 +28,40 @@ pytestmark = pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ve
                                 reason="glibc's mallopt only")
 
 NBYTES = 24 * 1024 * 1024
-PAGES = NBYTES // 4096
+SMALLER = NBYTES - 1024 * 1024  # fits the hole the first buffer leaves (module docstring)
 
 SCRIPT = f"""
-import ctypes, json, resource, sys
-ctypes.CDLL(None).prctl(41, 1, 0, 0, 0)  # PR_SET_THP_DISABLE: one fault per 4 KiB page on any kernel
+import ctypes, json, sys
 import torch
 from nereus.runtime.worker.host_alloc import cache_host_frees
 ok = cache_host_frees() if sys.argv[1] == "1" else None
-def faults():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-out = []
-for _ in range(2):
-    f0 = faults()
-    t = torch.empty({NBYTES}, dtype=torch.uint8)
+libc = ctypes.CDLL(None)
+fields = ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+          "fordblks", "keepcost")
+if hasattr(libc, "mallinfo2"):  # glibc >= 2.33: size_t fields
+    class Info(ctypes.Structure):
+        _fields_ = [(f, ctypes.c_size_t) for f in fields]
+    libc.mallinfo2.restype = Info
+    info = libc.mallinfo2
+else:
+    class Info(ctypes.Structure):
+        _fields_ = [(f, ctypes.c_int) for f in fields]
+    libc.mallinfo.restype = Info
+    info = libc.mallinfo
+def alloc(n):
+    a = info()
+    t = torch.empty(n, dtype=torch.uint8)
     t.fill_(1)
-    out.append(faults() - f0)
-    del t
-print(json.dumps({{"ok": ok, "faults": out}}))
+    b = info()
+    return t, {{"mmapped": b.hblkhd - a.hblkhd, "heap_growth": b.arena - a.arena}}
+a, first = alloc({NBYTES})
+held = info()
+del a
+freed = info()
+first["given_back"] = (held.arena - freed.arena) + (held.hblkhd - freed.hblkhd)
+b, second = alloc({SMALLER})
+out = [first, second]
+print(json.dumps({{"ok": ok, "allocs": out}}))
 """
 
 
@@ -51,14 +73,16 @@ def _run(cache: bool) -> dict:
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def test_freed_buffer_reused_with_fixed_thresholds():
+def test_freed_buffer_kept_and_reused_with_fixed_thresholds():
     r = _run(cache=True)
     assert r["ok"] is True
-    first, second = r["faults"]
-    assert first >= PAGES // 2  # the heap grew: its pages were touched for the first time
-    assert second < PAGES // 100  # the same memory again: no page faulted in
+    first, second = r["allocs"]
+    assert first["mmapped"] == 0  # below the fixed 32 MiB mmap threshold: from the heap
+    assert first["given_back"] == 0  # below the 1 GiB trim threshold: kept on free
+    assert second["mmapped"] == 0 and second["heap_growth"] == 0  # carved from the freed memory
 
 
-def test_default_thresholds_map_the_second_buffer_fresh():
-    first, second = _run(cache=False)["faults"]
-    assert first >= PAGES // 2 and second >= PAGES // 2  # glibc's dynamic threshold: fresh each time
+def test_default_thresholds_give_the_buffer_back():
+    first, _ = _run(cache=False)["allocs"]
+    assert first["mmapped"] >= NBYTES  # above glibc's initial 128 KiB mmap threshold: mapped fresh
+    assert first["given_back"] >= NBYTES  # and unmapped on free

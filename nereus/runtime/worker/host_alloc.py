@@ -17,7 +17,12 @@ FRESH_BUFFER_BYTES``), and the trim threshold at :data:`TRIM_THRESHOLD_BYTES` (1
 process keeps the heap memory it frees and reuses it. What this leaves is what the transition cost
 model assumes (``copy_cost.fresh_bytes``): an allocation of at least 32 MiB that no free heap
 chunk fits is a fresh ``mmap`` each time (its first touch priced by ``φ``), a smaller one reuses
-memory once the process has reached its high-water mark. A worker's resident memory then stays at
+memory once the process has reached its high-water mark. Not always a hole of its own size: glibc
+before 2.38 serves torch's 64-byte-aligned requests only from a free chunk of at least size +
+alignment + MINSIZE (``_int_memalign``), so a same-size buffer reuses a freed one's memory only
+when that hole coalesced with a neighbour or the heap's top, which varies with the heap's layout
+from run to run; the transition's own buffers are therefore reused explicitly
+(``transit/buffer_pool.py``). A worker's resident memory then stays at
 its peak instead of shrinking after a shard is freed; the memory is reused by the same process,
 as the CUDA caching allocator's reserved-but-free blocks are (and, like those, is not what the
 planner's per-device memory check counts: it checks the peak, which this does not raise).
