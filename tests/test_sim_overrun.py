@@ -46,7 +46,7 @@ class FixedCluster(SimulatedCluster):
     """Steps of ``STEP_S`` seconds (aborted at a loss of one of the plan's GPUs, no detection delay),
     transitions of ``TRANSITION_S`` seconds; pool, losses and liveness from the real trace code."""
 
-    def execute_step(self, plan, step, t):
+    def execute_step(self, plan, step, t, save_s=0.0):
         length = self.lengths.at(step)
         if not plan.gpus_used() <= self.pool_at(t):
             return self._aborted(step, length, 0.0, t)

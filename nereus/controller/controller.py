@@ -13,6 +13,10 @@ controller imports nothing from the simulator or the runtime (DESIGN.md §3). Fl
    admit (``admission.admit``); restart only if the only copy of trainable state was on lost GPUs
    or no target's transition is feasible; 5. reset every reference value (admitted or not).
 
+Preemption notices (always on; nothing changes without one): a move that reads from GPUs announced
+to leave must end before they go, else it is infeasible, and a restart saves a checkpoint first only
+when the save can end in time (``nereus.controller.notice``, ``StepReport.leave_in_s``).
+
 Beyond the paper (``ControllerConfig(risk=RiskModel(...))``): plans are compared with their priced
 risk of losing trainable state added (``nereus.controller.risk``), and the fastest plan with two
 replicas of every ``*.train`` model-stage is also considered. ``risk=None`` (the default, and the
@@ -46,9 +50,10 @@ from nereus.controller.loss_replay import LossReplay
 from nereus.controller.loss_sites import LossSites
 from nereus.controller.memory_margin import fits_measured
 from nereus.controller.monitor import Monitor, StepReport, Trigger
+from nereus.controller.notice import can_checkpoint, within_notice
 from nereus.controller.planning import PlannerBackend, same_plan
 from nereus.controller.pool_process import PoolProcess
-from nereus.controller.risk import LossRate, RiskModel, state_copies
+from nereus.controller.risk import LossRate, RiskModel, state_copies, state_survives
 from nereus.controller.transition_calibration import TransitionCalibration
 from nereus.controller.transition_cost import estimate_transition_cost
 from nereus.planner.notation import format_gpus
@@ -56,22 +61,6 @@ from nereus.spec.job import JobSpec
 from nereus.spec.plan import Plan
 
 __all__ = ["Controller", "ControllerConfig", "state_survives"]
-
-
-def state_survives(plan: Plan, pool: frozenset) -> bool:
-    """Every trainable model-stage keeps at least one whole copy of its state on ``pool``: a whole
-    DP replica, or all the GPUs of a ZeRO-sharded one (``nereus.controller.risk.state_copies``).
-
-    Frozen models and generation/inference copies are re-created by the transition planner's
-    ``Load``; the only live copy of trained state is in the ``*.train`` EMUs (DESIGN.md §4.9). The
-    controller restarts only when this is False or no target's transition is feasible (as
-    ``nereus.transition.estimate_transition``, which reports a lost ``*.train`` as infeasible)."""
-    for c in plan.candidates:
-        if not c.model_stage.endswith(".train"):
-            continue
-        if not any(set(gpus) <= pool for gpus in state_copies(c)):
-            return False
-    return True
 
 
 @dataclass(frozen=True)
@@ -164,6 +153,7 @@ class Controller:
         self._pending: tuple[str, int] | None = None  # (signal, step) of a rejected target to revisit
         self.pool_process = PoolProcess()
         self.sites = LossSites(job.cluster)
+        self._leave_in: dict = {}  # announced GPU → seconds left (``StepReport.leave_in_s``, notice.py)
         self.replay = LossReplay()
         self.trend = LengthTrend()
         self._window = None     # (job at the projected length, W) of the current replan, look-ahead only
@@ -179,6 +169,7 @@ class Controller:
         """Decide at a safe boundary after one step (see module docstring). Returns a decision."""
         pool = frozenset(report.pool)
         alive = frozenset(report.alive) | pool if report.alive is not None else pool
+        self._leave_in = dict(report.leave_in_s or {})
         self.loss.observe(pool, alive, report.elapsed_s, report.step_time)
         self.pool_process.observe(pool, self.loss.seconds)
         self.sites.observe(pool, alive)
@@ -328,13 +319,15 @@ class Controller:
     def _replan(self, job, pool, alive, current, urgent, lost, names, horizon):
         self._rejected = None
         survives = state_survives(self.plan, alive)
+        save_ok = can_checkpoint(self.plan, alive, self._leave_in, self.config.risk and self.config.risk.save_s,
+                                 self.job.cluster)
         try:
             best = self.best_plan(job, pool, self.plan, urgent)
         except ValueError as e:
             diag = " ".join(str(e).split())  # the planner's message (``e.diagnosis`` is data, not prose)
             if urgent:
                 return Restart(None, f"urgent and no feasible plan on {len(pool)} GPUs: {diag}"[:400], names,
-                               checkpoint_first=survives, cause="no_plan")
+                               checkpoint_first=save_ok, cause="no_plan")
             return Keep(f"replanned: no feasible plan ({diag})"[:400], names)
         if lost and not survives:
             lost_gpus = sorted(self.plan.gpus_used() - alive)
@@ -373,7 +366,7 @@ class Controller:
             options = self._order(options, la)
             decision = admit(cur_l, options, gamma=self.config.gamma, horizon=horizon, urgent=urgent,
                              triggers=names, always=self.config.always_admit, waited=waited)
-        if isinstance(decision, Restart) and survives:
+        if isinstance(decision, Restart) and save_ok:
             decision = replace(decision, checkpoint_first=True)
         if isinstance(decision, Keep):  # the break-even count's rate and price (``break_even.py``)
             now = self.expected_l(current, pool)
@@ -422,6 +415,7 @@ class Controller:
 
     def _option(self, job, plan, pool, alive, la=None) -> Option:
         cost = self.tran_cal.apply(self.transition_cost(job, self.plan, plan, alive))
+        cost = within_notice(cost, self.plan, plan, self._leave_in)  # fits before announced GPUs leave
         return Option(plan, cost, self._score(job, plan, pool, alive, la))
 
     def _stale_trigger(self, step: int) -> Trigger:

@@ -59,6 +59,9 @@ class StepReport:
         transition_s: measured seconds of the transition applied at the previous boundary, without
             the teardown of communicators with dead ranks (None: none was applied, or not measured);
             calibrates ``L_tran`` (``nereus.controller.transition_calibration``).
+        leave_in_s: GPU id → seconds from this report until that GPU stops, for each GPU under a
+            preemption notice (in ``alive``, not in ``pool``); None or empty: none announced
+            (``nereus.controller.notice``).
     """
 
     step: int
@@ -71,6 +74,7 @@ class StepReport:
     alive: frozenset | None = None
     elapsed_s: float | None = None
     transition_s: float | None = None
+    leave_in_s: dict | None = None
 
     def __post_init__(self) -> None:
         if not (self.response_len > 0):
@@ -79,6 +83,9 @@ class StepReport:
             raise ValueError(f"step report field 'step' must be >= 0, got {self.step!r}")
         if self.transition_s is not None and not self.transition_s >= 0:
             raise ValueError(f"step report field 'transition_s' must be >= 0 s or None, got {self.transition_s!r}")
+        bad = {g: s for g, s in (self.leave_in_s or {}).items() if not s >= 0}
+        if bad:
+            raise ValueError(f"step report field 'leave_in_s' must map GPU ids to seconds >= 0, got {bad!r}")
 
 
 @dataclass(frozen=True)

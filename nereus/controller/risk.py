@@ -66,8 +66,8 @@ from nereus.controller.loss_sites import LossSites
 from nereus.spec.hardware import ClusterSpec
 from nereus.spec.plan import Plan
 
-__all__ = ["LossRate", "RiskModel", "state_copies", "vulnerable_nodes", "hit_probability", "touch_probability",
-           "DETECT_S"]
+__all__ = ["LossRate", "RiskModel", "state_copies", "state_survives", "vulnerable_nodes", "hit_probability",
+           "touch_probability", "DETECT_S"]
 
 
 @dataclass
@@ -311,3 +311,19 @@ class RiskModel:
         if self.detect_s is not None:
             lost += max(hit_rate, touch_rate) * (0.5 * l_step + self.detect_s)
         return l_step * lost
+
+
+def state_survives(plan: Plan, pool: frozenset) -> bool:
+    """Every trainable model-stage keeps at least one whole copy of its state on ``pool``: a whole
+    DP replica, or all the GPUs of a ZeRO-sharded one (``nereus.controller.risk.state_copies``).
+
+    Frozen models and generation/inference copies are re-created by the transition planner's
+    ``Load``; the only live copy of trained state is in the ``*.train`` EMUs (DESIGN.md §4.9). The
+    controller restarts only when this is False or no target's transition is feasible (as
+    ``nereus.transition.estimate_transition``, which reports a lost ``*.train`` as infeasible)."""
+    for c in plan.candidates:
+        if not c.model_stage.endswith(".train"):
+            continue
+        if not any(set(gpus) <= pool for gpus in state_copies(c)):
+            return False
+    return True

@@ -55,8 +55,11 @@ calibrates from simulated measurements exactly as from real ones. Hidden ground 
   running plan aborts the step at that moment (its work is lost).
 * **preemption notice** (``notice_s``, default 0 = none): a loss is announced ``notice_s`` seconds
   before the GPUs go (AWS sends spot interruption notices 2 minutes ahead, GCP 30 s for preemptible
-  VMs). Announced GPUs leave ``P_gpu`` but stay *alive*: a step that cannot finish before the loss is
-  stopped at the notice, and state on those GPUs can still be moved or checkpointed.
+  VMs). Announced GPUs leave ``P_gpu`` but stay *alive* (reports carry the seconds left,
+  :meth:`SimulatedCluster.leave_in`): a step that cannot finish before the loss, or would leave too
+  little time after it to save a checkpoint when the loss takes every replica of the trained state
+  (``execute_step``'s ``save_s``), is stopped at the notice, and state on those GPUs can still be
+  moved or checkpointed.
 """
 
 from __future__ import annotations
@@ -67,6 +70,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from nereus.controller.monitor import StepReport
+from nereus.controller.risk import state_survives
 from nereus.controller.transition_cost import bandwidth_estimate, engine_reinit, estimate_transition_cost
 from nereus.cost.efficiency import EfficiencyTable
 from nereus.cost.model import CostModel
@@ -263,6 +267,11 @@ class SimulatedCluster:
                 tc = self.availability.next_change(tc)
         return frozenset(range(n))
 
+    def leave_in(self, t: float) -> dict:
+        """GPU id → seconds from ``t`` until it stops, for the GPUs under a preemption notice at ``t``
+        (``StepReport.leave_in_s``: the executor reads the announced time, e.g. AWS's instance-action)."""
+        return {g: self.loss_time((g,), t) - t for g in self.alive_at(t) - self.pool_at(t)}
+
     def loss_time(self, gpus, t: float) -> float:
         """First time after ``t`` at which one of ``gpus`` stops running (inf if never)."""
         tc = self.availability.next_change(t)
@@ -296,8 +305,13 @@ class SimulatedCluster:
         return self._cache[key]
 
     # ------------------------------------------------------------------ execution
-    def execute_step(self, plan: Plan, step: int, t: float) -> StepOutcome:
-        """Run RL step ``step`` (0-based) of ``plan`` starting at ``t`` seconds."""
+    def execute_step(self, plan: Plan, step: int, t: float, save_s: float = 0.0) -> StepOutcome:
+        """Run RL step ``step`` (0-based) of ``plan`` starting at ``t`` seconds.
+
+        With a preemption notice the executor stops the step at the notice unless it ends before
+        the loss with ``save_s`` seconds left to checkpoint after it (when the loss would leave no
+        whole replica of the trained state; otherwise only the end before the loss is needed): a
+        step that ends just before its GPUs go would leave no time to save or move the state."""
         length = self.lengths.at(step)
         pool = self.pool_at(t)
         if not plan.gpus_used() <= pool:
@@ -318,7 +332,10 @@ class SimulatedCluster:
         # a loss of one of the plan's GPUs during the step aborts it: at the loss without a notice;
         # at the notice when the step would not finish before the loss
         lost_at = self.loss_time(plan.gpus_used(), t)
-        if lost_at < t + duration:
+        reserve = 0.0
+        if self.truth.notice_s > 0 and math.isfinite(lost_at) and not state_survives(plan, self.alive_at(lost_at)):
+            reserve = min(save_s, self.truth.notice_s)
+        if lost_at < t + duration + reserve:
             if self.truth.notice_s > 0:
                 stop = max(t, lost_at - self.truth.notice_s)
                 return self._aborted(step, length, stop - t, stop)
@@ -327,13 +344,14 @@ class SimulatedCluster:
             return self._aborted(step, length, lost_at + detect - t, lost_at + detect, detect)
         end = t + duration
         report = StepReport(step=step, response_len=length, pool=self.pool_at(end), step_time=0.0 if oom else duration,
-                            op_seconds={} if oom else op_seconds, peak_memory=peak, oom=oom, alive=self.alive_at(end), elapsed_s=end)
+                            op_seconds={} if oom else op_seconds, peak_memory=peak, oom=oom, alive=self.alive_at(end), elapsed_s=end,
+                            leave_in_s=self.leave_in(end))
         return StepOutcome(duration, not oom, oom, False, length, report)
 
     def _aborted(self, step, length, duration, t, detect_s: float = 0.0) -> StepOutcome:
         return StepOutcome(duration, False, False, True, length,
                            StepReport(step=step, response_len=length, pool=self.pool_at(t), alive=self.alive_at(t),
-                                      elapsed_s=t), detect_s)
+                                      elapsed_s=t, leave_in_s=self.leave_in(t)), detect_s)
 
     def transition_time(self, current: Plan, target: Plan, pool, response_len: float) -> float:
         """True seconds of a live transition (module docstring): the state movement of the transition

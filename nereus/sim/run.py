@@ -18,6 +18,9 @@ the decision:
   steps since the last checkpoint. A restart whose plan loses GPUs before the restart is up
   (:func:`restart_overrun`) fails at the loss (the time until then counts as restart time) and the
   policy picks a plan for the pool at that moment (``policy.start``), which starts a new restart.
+  A checkpoint saved before a restart fails at a loss that leaves no whole replica of the trained
+  state alive before the save ends (:func:`save_overrun`; the time until then counts as lost, and
+  the steps since the last checkpoint are redone).
 
 A step aborted by a GPU loss or an OOM counts as lost time. Every policy saves checkpoints by the
 same rule (``RestartCost.checkpoint_rule``): Young's interval ``sqrt(2 · C · M)`` from the measured
@@ -37,7 +40,7 @@ from nereus.sim.checkpoint import CheckpointSchedule
 from nereus.sim.cluster import SimulatedCluster
 from nereus.sim.restart import RestartCost
 
-__all__ = ["RunResult", "simulate", "overrun_at", "restart_overrun"]
+__all__ = ["RunResult", "simulate", "overrun_at", "restart_overrun", "save_overrun"]
 
 
 @dataclass
@@ -107,6 +110,17 @@ def restart_overrun(cluster: SimulatedCluster, plan, t: float, dt: float) -> flo
     return lost_at if lost_at < t + dt else None
 
 
+def save_overrun(cluster: SimulatedCluster, plan, t: float, dt: float) -> float | None:
+    """When a checkpoint save of ``plan``'s state that starts at ``t`` and takes ``dt`` seconds fails:
+    the first loss of one of ``plan``'s GPUs in ``(t, t + dt)`` after which no whole replica of every
+    ``*.train`` model-stage is left alive (``state_survives``); None when the save completes. Only
+    the first loss in the window is checked (a second one during the same save is not)."""
+    lost_at = cluster.loss_time(plan.gpus_used(), t)
+    if lost_at < t + dt and not state_survives(plan, cluster.alive_at(lost_at)):
+        return lost_at
+    return None
+
+
 def simulate(policy, cluster: SimulatedCluster, hours: float, restart: RestartCost | None = None,
              progress=None) -> RunResult:
     """Run ``policy`` for ``hours`` of simulated time. ``progress(t_seconds)`` is called per step."""
@@ -147,7 +161,7 @@ def simulate(policy, cluster: SimulatedCluster, hours: float, restart: RestartCo
                 t += dt
                 res.events.append({"t": t, "kind": "restart", "reason": "restart after waiting for GPUs"})
                 pending_restart = False
-        out = cluster.execute_step(plan, step, t)
+        out = cluster.execute_step(plan, step, t, save_s=restart.save_s(job, len(job.cluster.nodes_of(plan.gpus_used()))))
         t += out.duration
         if out.completed:
             if t > end:
@@ -202,8 +216,15 @@ def simulate(policy, cluster: SimulatedCluster, hours: float, restart: RestartCo
                                "reason": decision.reason})
         elif isinstance(decision, Restart):
             if decision.checkpoint_first:
-                # a full copy of the state is alive: save now, lose no progress
+                # a full copy of the state is alive: save now, lose no progress, unless the save
+                # still needs GPUs that leave before it ends (``save_overrun``): then it fails there
                 dt = restart.save_s(job, len(job.cluster.nodes_of(plan.gpus_used())))
+                cut = save_overrun(cluster, plan, t, dt)
+                if cut is not None:
+                    res.lost_time += cut - t
+                    t = cut
+                    decision = replace(decision, checkpoint_first=False)
+            if decision.checkpoint_first:
                 res.checkpoint_time += dt
                 t += dt
                 schedule.saved(dt)

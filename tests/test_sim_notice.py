@@ -1,0 +1,57 @@
+"""Preemption notices in the simulated truth: the announced seconds reported, the step stopped at the
+notice when it would leave no time to checkpoint, and a checkpoint save cut by the loss (by hand)."""
+
+import pytest
+from test_sim_run import DROP, JOB
+
+from nereus.controller.planning import CostModelPlanner
+from nereus.controller.risk import state_survives
+from nereus.sim.cluster import SimulatedCluster, Truth
+from nereus.sim.growth import growth_scenario
+from nereus.sim.run import save_overrun
+from nereus.sim.traces import AvailabilityTrace
+
+#: 16 GPUs, 3 from 1,800 s: no replica of this job's ``actor.train`` (tp 2, pp 2, dp 4) survives
+DROP3 = AvailabilityTrace("drop3", (0.0, 1800.0, 3600.0), (16, 3, 16), 5400.0, unit="gpus")
+
+
+def _setup(trace):
+    cl = SimulatedCluster(JOB, trace, growth_scenario(5), Truth(step_noise=0.0, notice_s=120.0))
+    plan = CostModelPlanner().plan(cl.job_at(500), cl.pool_at(0), None, False)
+    return cl, plan, cl.true_plan(plan, 500, 0).l_step
+
+
+def test_announced_gpus_and_their_seconds_are_reported():
+    cl, _, _ = _setup(DROP)
+    assert cl.leave_in(1600.0) == {}                                    # before the notice at 1,680 s
+    assert cl.leave_in(1700.0) == {g: pytest.approx(100.0) for g in range(12, 16)}
+    cl2, plan, _ = _setup(DROP)
+    rep = cl2.execute_step(plan, 0, 1700.0).report                        # not started: 12-15 announced
+    assert rep.leave_in_s == {g: pytest.approx(100.0) for g in range(12, 16)}
+
+
+def test_step_stopped_at_the_notice_when_no_time_would_be_left_to_save():
+    cl, plan, l_step = _setup(DROP3)
+    assert not state_survives(plan, frozenset(range(3))) and l_step < 20.0
+    t0 = 1675.0  # the notice arrives 5 s into the step; the step ends 1800 - (t0 + l_step) s before the loss
+    left = 1800.0 - (t0 + l_step)
+    out = cl.execute_step(plan, 0, t0, save_s=left + 1.0)   # a save would not fit after the step
+    assert not out.completed and out.duration == pytest.approx(5.0)
+    assert out.report.leave_in_s == {g: pytest.approx(120.0) for g in range(3, 16)}
+    out = cl.execute_step(plan, 0, t0, save_s=left - 1.0)   # it would: the step completes
+    assert out.completed and out.duration == pytest.approx(l_step)
+
+
+def test_no_reserve_when_a_replica_survives_the_loss():
+    cl, plan, l_step = _setup(DROP)
+    assert state_survives(plan, frozenset(range(12)))       # actor.train dp 4: replicas on 0-11 stay
+    out = cl.execute_step(plan, 0, 1675.0, save_s=1e6)
+    assert out.completed and out.duration == pytest.approx(l_step)
+
+
+def test_a_save_is_cut_by_a_loss_that_leaves_no_replica():
+    cl, plan, _ = _setup(DROP3)
+    assert save_overrun(cl, plan, 1790.0, 20.0) == 1800.0  # the loss at 1,800 s takes every replica
+    assert save_overrun(cl, plan, 1700.0, 20.0) is None    # done at 1,720 s
+    cl, plan, _ = _setup(DROP)
+    assert save_overrun(cl, plan, 1790.0, 20.0) is None    # replicas on 0-11 finish it
