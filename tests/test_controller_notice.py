@@ -11,6 +11,7 @@ from nereus.controller.decisions import Restart, Transition, TransitionCost
 from nereus.controller.monitor import StepReport
 from nereus.controller.notice import can_checkpoint, notice_window, plan_save_s, within_notice
 from nereus.controller.planning import CostModelPlanner
+from nereus.controller.risk import RiskModel, state_survives
 from nereus.spec import hardware
 from nereus.spec.plan import Candidate, Plan
 
@@ -49,28 +50,50 @@ def test_a_checkpoint_is_possible_when_a_replica_stays_or_the_save_fits():
     assert not can_checkpoint(one, alive - {15}, {}, None, CLUSTER)     # GPU 15 already gone
 
 
-def _controller():
+def _controller(risk=None, l_tran=50.0):
+    """The 8B job on 16 GPUs; every transition priced ``l_tran`` s, the GPUs it may read recorded."""
     planner = CostModelPlanner()
     pool = frozenset(range(16))
     plan = planner.plan(JOB, pool, None, False)
-    ctl = Controller(JOB, plan, planner, config=ControllerConfig(calibrate=False))
+    reads = []
+
+    def cost(job, current, target, gpus):
+        reads.append(frozenset(gpus))
+        return TransitionCost(l_tran, source="dag", reason="ok")
+    ctl = Controller(JOB, plan, planner, transition_cost=cost, config=ControllerConfig(calibrate=False, risk=risk))
     ctl.observe(StepReport(step=0, response_len=500, pool=pool, alive=pool, step_time=10.0, elapsed_s=10.0))
-    return ctl
+    return ctl, reads
 
 
-def _notice(ctl, seconds):
-    """GPUs 12-15 announced to leave in ``seconds``."""
-    return ctl.observe(StepReport(step=1, response_len=500, pool=frozenset(range(12)), alive=frozenset(range(16)),
-                                  step_time=10.0, elapsed_s=20.0, leave_in_s={g: seconds for g in range(12, 16)}))
+def _notice(ctl, gpus, seconds):
+    """``gpus`` announced to leave in ``seconds``."""
+    return ctl.observe(StepReport(step=1, response_len=500, pool=frozenset(range(16)) - set(gpus),
+                                  alive=frozenset(range(16)), step_time=10.0, elapsed_s=20.0,
+                                  leave_in_s={g: seconds for g in gpus}))
 
 
 def test_the_urgent_move_is_taken_when_it_fits_the_notice():
-    d = _notice(_controller(), 110.0)
-    assert isinstance(d, Transition) and d.urgent and d.estimate.l_tran <= 110.0
+    ctl, reads = _controller()
+    d = _notice(ctl, range(12, 16), 110.0)
+    assert isinstance(d, Transition) and d.urgent and d.excluded == frozenset()
+    assert reads[-1] == frozenset(range(16))
 
 
-def test_a_move_longer_than_the_notice_becomes_a_checkpoint_and_restart():
-    ctl = _controller()
-    d = _notice(ctl, 1e-3)
+def test_a_move_too_long_for_the_notice_is_planned_around_the_announced_gpus():
+    ctl, reads = _controller()
+    assert state_survives(ctl.plan, frozenset(range(12)))  # actor.train dp 4: replicas stay on 0-11
+    d = _notice(ctl, range(12, 16), 30.0)
+    assert isinstance(d, Transition) and d.excluded == frozenset(range(12, 16))
+    assert reads[-1] == frozenset(range(12))  # priced reading only the GPUs that stay
+
+
+def test_a_move_too_long_for_the_notice_without_a_replica_staying_is_a_restart():
+    announced = (0, 4, 8, 12)
+    ctl, _ = _controller()
+    assert not state_survives(ctl.plan, frozenset(range(16)) - set(announced))  # one GPU of every replica
+    d = _notice(ctl, announced, 30.0)
     assert isinstance(d, Restart) and d.cause == "infeasible_transition" and "notice window" in d.reason
     assert d.checkpoint_first  # the state is whole on the alive GPUs, save time unknown
+    ctl, _ = _controller(risk=RiskModel(save_s=1e4))  # a save far longer than the 30 s left
+    d = _notice(ctl, announced, 30.0)
+    assert isinstance(d, Restart) and not d.checkpoint_first

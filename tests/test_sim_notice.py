@@ -8,7 +8,7 @@ from nereus.controller.planning import CostModelPlanner
 from nereus.controller.risk import state_survives
 from nereus.sim.cluster import SimulatedCluster, Truth
 from nereus.sim.growth import growth_scenario
-from nereus.sim.run import save_overrun
+from nereus.sim.run import overrun_at, save_overrun
 from nereus.sim.traces import AvailabilityTrace
 
 #: 16 GPUs, 3 from 1,800 s: no replica of this job's ``actor.train`` (tp 2, pp 2, dp 4) survives
@@ -55,3 +55,12 @@ def test_a_save_is_cut_by_a_loss_that_leaves_no_replica():
     assert save_overrun(cl, plan, 1700.0, 20.0) is None    # done at 1,720 s
     cl, plan, _ = _setup(DROP)
     assert save_overrun(cl, plan, 1790.0, 20.0) is None    # replicas on 0-11 finish it
+
+
+def test_a_move_planned_around_announced_gpus_is_not_cut_by_their_loss():
+    cl, plan, _ = _setup(DROP)
+    target = CostModelPlanner().plan(cl.job_at(500), cl.pool_at(1700.0), plan, True)  # on GPUs 0-11
+    alive = cl.alive_at(1790.0)
+    assert overrun_at(cl, plan, target, alive, 1790.0, 20.0) == 1800.0  # reads 12-15, gone at 1,800 s
+    # ``Transition.excluded`` = 12-15: the loop passes alive minus them, nothing read is lost
+    assert overrun_at(cl, plan, target, alive - frozenset(range(12, 16)), 1790.0, 20.0) is None

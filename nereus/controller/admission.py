@@ -57,11 +57,13 @@ class Option:
         cost: its ``L_tran`` estimate.
         expected_l: step time admission compares, s: ``plan.l_step`` plus the priced risk of losing
             trainable state (``nereus.controller.risk``); None means ``plan.l_step``.
+        excluded: GPUs under a notice the move was planned not to read (``Transition.excluded``).
     """
 
     plan: Plan
     cost: TransitionCost
     expected_l: float | None = None
+    excluded: frozenset = frozenset()
 
     @property
     def l_step(self) -> float:
@@ -100,7 +102,8 @@ def admit(current_l_step: float, options: list[Option], *, gamma: float, horizon
             if skipped:
                 why += f"; {skipped} faster target(s) infeasible"
             return Transition(o.plan, o.cost, why, urgent=True,
-                              delta_l=_delta(current_l_step, o.l_step), triggers=triggers)
+                              delta_l=_delta(current_l_step, o.l_step), triggers=triggers,
+                              excluded=o.excluded)
         if options:
             reasons = "; ".join(o.cost.reason for o in options if o.cost.reason)[:300]
             return Restart(options[0].plan, f"urgent and no feasible live transition ({reasons}); "
@@ -118,15 +121,18 @@ def admit(current_l_step: float, options: list[Option], *, gamma: float, horizon
             continue
         if always:
             return Transition(o.plan, o.cost, f"replan-on-every-trigger: ΔL {dl:.2f}s/step, "
-                              f"L_tran {o.cost.l_tran:.1f}s (no payback check)", delta_l=dl, triggers=triggers)
+                              f"L_tran {o.cost.l_tran:.1f}s (no payback check)",
+                              delta_l=dl, triggers=triggers, excluded=o.excluded)
         steps = payback_steps(o.cost.l_tran, dl)
         if payback_ok(o.cost.l_tran, dl, gamma, horizon):
             return Transition(o.plan, o.cost, f"payback {steps:.2f} steps <= γ·H = {gamma:g}·{horizon:.2f}; "
-                              f"ΔL {dl:.2f}s/step, L_tran {o.cost.l_tran:.1f}s", delta_l=dl, triggers=triggers)
+                              f"ΔL {dl:.2f}s/step, L_tran {o.cost.l_tran:.1f}s",
+                              delta_l=dl, triggers=triggers, excluded=o.excluded)
         if waited > 0 and steps <= waited:
             return Transition(o.plan, o.cost, f"break-even: payback {steps:.2f} steps <= {waited:g} steps waited "
                               f"since the rejection (> γ·H = {gamma:g}·{horizon:.2f}); ΔL {dl:.2f}s/step, "
-                              f"L_tran {o.cost.l_tran:.1f}s", delta_l=dl, triggers=triggers)
+                              f"L_tran {o.cost.l_tran:.1f}s",
+                              delta_l=dl, triggers=triggers, excluded=o.excluded)
         if best is None:
             best = (steps, dl, o)
     if best is None:

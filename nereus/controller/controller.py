@@ -50,7 +50,7 @@ from nereus.controller.loss_replay import LossReplay
 from nereus.controller.loss_sites import LossSites
 from nereus.controller.memory_margin import fits_measured
 from nereus.controller.monitor import Monitor, StepReport, Trigger
-from nereus.controller.notice import can_checkpoint, within_notice
+from nereus.controller.notice import can_checkpoint, notice_cost
 from nereus.controller.planning import PlannerBackend, same_plan
 from nereus.controller.pool_process import PoolProcess
 from nereus.controller.risk import LossRate, RiskModel, state_copies, state_survives
@@ -414,9 +414,9 @@ class Controller:
         return sorted(options, key=lambda o: (not o.cost.feasible, o.cost.l_tran + w * o.l_step))
 
     def _option(self, job, plan, pool, alive, la=None) -> Option:
-        cost = self.tran_cal.apply(self.transition_cost(job, self.plan, plan, alive))
-        cost = within_notice(cost, self.plan, plan, self._leave_in)  # fits before announced GPUs leave
-        return Option(plan, cost, self._score(job, plan, pool, alive, la))
+        cost, excluded = notice_cost(lambda gpus: self.tran_cal.apply(self.transition_cost(job, self.plan, plan, gpus)),
+                                     self.plan, plan, alive, self._leave_in)  # done before announced GPUs leave
+        return Option(plan, cost, self._score(job, plan, pool, alive, la), excluded)
 
     def _stale_trigger(self, step: int) -> Trigger:
         sig = self._pending[0]

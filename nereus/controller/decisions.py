@@ -74,6 +74,9 @@ class Transition:
         urgent: True when admitted on the urgent path (profitability waived).
         delta_l: predicted per-step saving ``L_step(S) - L_step(S*)`` in seconds (may be < 0 when urgent).
         triggers: names of the signals that fired.
+        excluded: GPU ids under a preemption notice that the move must not read: their state is
+            re-created from replicas on other GPUs, because reading them would not end before they
+            leave (``nereus.controller.notice.notice_cost``); empty for an ordinary move.
     """
 
     plan: Plan
@@ -83,11 +86,12 @@ class Transition:
     delta_l: float = 0.0
     triggers: tuple[str, ...] = ()
     kind: str = field(default="transition", init=False)
+    excluded: frozenset = frozenset()
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "reason": self.reason, "urgent": self.urgent, "delta_l": self.delta_l,
                 "triggers": list(self.triggers), "estimate": self.estimate.to_dict(),
-                "plan": self.plan.to_dict()}
+                "plan": self.plan.to_dict()} | ({"excluded": sorted(self.excluded)} if self.excluded else {})
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,10 @@ Rules (pure; the controller applies them, ``controller.py``):
   set); it must end before the first of them that is announced leaves.
 * :func:`within_notice`: a transition estimate longer than that window is infeasible ("exceeds the
   notice window"), so admission takes a slower target whose move fits, or falls back to a restart.
+* :func:`notice_cost`: before that, when a whole replica of the trained state stays on GPUs that are
+  not announced, the move is planned around the announced GPUs (as if they were gone), and the
+  :class:`~nereus.controller.decisions.Transition` names them (``excluded``) so that the executor
+  does not read them.
 * :func:`can_checkpoint`: that restart saves a checkpoint first when a whole replica of every
   ``*.train`` model-stage stays on GPUs that do not leave, or when the state is whole now and the
   save ends before the first announced GPU of the plan leaves. The save's seconds scale inversely
@@ -35,7 +39,7 @@ from nereus.planner.notation import format_gpus
 from nereus.spec.hardware import ClusterSpec
 from nereus.spec.plan import Plan
 
-__all__ = ["notice_window", "within_notice", "can_checkpoint", "plan_save_s"]
+__all__ = ["notice_window", "within_notice", "notice_cost", "can_checkpoint", "plan_save_s"]
 
 
 def notice_window(current: Plan, target: Plan, leave_in: dict) -> float:
@@ -61,6 +65,32 @@ def within_notice(cost: TransitionCost, current: Plan, target: Plan, leave_in: d
     gone = sorted(g for g in current.gpus_used() - target.gpus_used() if g in leave_in)
     return replace(cost, feasible=False, reason=f"L_tran {cost.l_tran:.1f}s exceeds the {w:.1f}s notice window "
                    f"of GPU(s) {format_gpus(gone)}")
+
+
+def notice_cost(estimate, current: Plan, target: Plan, alive, leave_in: dict) -> tuple[TransitionCost, frozenset]:
+    """The move ``current`` → ``target`` as it can run before announced GPUs leave, and the GPUs it
+    must not read.
+
+    ``estimate(gpus) -> TransitionCost`` prices the move reading from ``gpus``. The move reading
+    from every alive GPU is taken when it fits :func:`notice_window`; otherwise, when every
+    ``*.train`` model-stage keeps a whole replica on the GPUs not announced, the move planned around
+    the announced ones (``estimate(staying)``: what the transition planner does once they are gone,
+    started before they go), which reads nothing from them and so is not bounded by their window;
+    otherwise the move marked infeasible (:func:`within_notice`).
+
+    Returns:
+        ``(cost, excluded)``: ``excluded`` = the announced GPUs of ``current`` the move does not
+        read (empty unless planned around them).
+    """
+    full = estimate(frozenset(alive))
+    checked = within_notice(full, current, target, leave_in)
+    if checked is full:
+        return full, frozenset()
+    staying = frozenset(alive) - frozenset(leave_in)
+    if not state_survives(current, staying):
+        return checked, frozenset()
+    around = estimate(staying)
+    return around, frozenset(leave_in) & current.gpus_used()
 
 
 def plan_save_s(save_s: float, cluster: ClusterSpec, plan: Plan) -> float:

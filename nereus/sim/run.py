@@ -191,7 +191,7 @@ def simulate(policy, cluster: SimulatedCluster, hours: float, restart: RestartCo
             raise RuntimeError(f"policy {policy.name!r} kept a plan that uses GPUs outside the pool at t = {t:.1f} s "
                                f"(step {step}): the simulated clock would not advance")
         if isinstance(decision, Transition):
-            alive = frozenset(out.report.alive or out.report.pool)
+            alive = frozenset(out.report.alive or out.report.pool) - decision.excluded  # not read: notice.py
             dt = cluster.transition_time(plan, decision.plan, alive, out.response_len)
             lost_at = overrun_at(cluster, plan, decision.plan, alive, t, dt)
             if lost_at is not None:
