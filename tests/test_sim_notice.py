@@ -4,11 +4,13 @@ notice when it would leave no time to checkpoint, and a checkpoint save cut by t
 import pytest
 from test_sim_run import DROP, JOB
 
+from nereus.controller.decisions import Keep, Transition, TransitionCost
 from nereus.controller.planning import CostModelPlanner
 from nereus.controller.risk import state_survives
 from nereus.sim.cluster import SimulatedCluster, Truth
 from nereus.sim.growth import growth_scenario
-from nereus.sim.run import overrun_at, save_overrun
+from nereus.sim.restart import RestartCost
+from nereus.sim.run import overrun_at, save_overrun, simulate
 from nereus.sim.traces import AvailabilityTrace
 
 #: 16 GPUs, 3 from 1,800 s: no replica of this job's ``actor.train`` (tp 2, pp 2, dp 4) survives
@@ -64,3 +66,48 @@ def test_a_move_planned_around_announced_gpus_is_not_cut_by_their_loss():
     assert overrun_at(cl, plan, target, alive, 1790.0, 20.0) == 1800.0  # reads 12-15, gone at 1,800 s
     # ``Transition.excluded`` = 12-15: the loop passes alive minus them, nothing read is lost
     assert overrun_at(cl, plan, target, alive - frozenset(range(12, 16)), 1790.0, 20.0) is None
+
+
+class _Twice:
+    """Asks for a move WIDE → NARROW after step 5; once a notice aborted it, asks again planned
+    around the announced node (``excluded``)."""
+
+    name = "twice"
+
+    def __init__(self):
+        from test_sim_overrun import WIDE
+        self.plan, self.log, self.asked = WIDE, [], 0
+
+    def start(self, pool, response_len):
+        return self.plan
+
+    def observe(self, report):
+        from test_sim_overrun import NARROW, TRANSITION_S
+        if (report.step == 5 and self.asked == 0) or not self.plan.gpus_used() <= report.pool:
+            self.asked += 1
+            excluded = frozenset(report.alive) - frozenset(report.pool) if self.asked > 1 else frozenset()
+            self.plan = NARROW
+            return Transition(NARROW, TransitionCost(TRANSITION_S), "scripted", urgent=True, excluded=excluded)
+        return Keep("scripted")
+
+    def resume(self, plan):
+        self.plan = plan
+
+
+def test_a_notice_during_a_move_aborts_it_at_the_notice_and_the_policy_decides_again():
+    from test_sim_overrun import JOB as JOB2
+    from test_sim_overrun import STEP_S, FixedCluster
+    # node 1 (GPUs 8-15) leaves at 100 s, announced at 70 s; steps 0-5 end at 60 s and the 50 s move
+    # off node 1 starts then: the notice at 70 s aborts it (10 s lost), the running plan is kept, its
+    # next step does not start (its GPUs are announced), and the move planned around node 1 runs
+    # 70 -> 120 s (not cut: nothing read from node 1), then steps of 10 s to 400 s with one periodic
+    # save (after step 25) on the one node of NARROW
+    trace = AvailabilityTrace("t", (0.0, 100.0), (16, 8), 1000.0, unit="gpus")
+    cl = FixedCluster(JOB2, trace, growth_scenario(100, sigma=0.0), Truth(step_noise=0.0, notice_s=30.0))
+    rc = RestartCost(checkpoint_rule="fixed")
+    res = simulate(_Twice(), cl, 400.0 / 3600.0, rc)
+    aborted = [e for e in res.events if e["kind"] == "transition_aborted"]
+    assert len(aborted) == 1 and aborted[0]["t"] == pytest.approx(70.0)
+    assert res.restarts == 0 and res.transitions == 1 and res.lost_time == pytest.approx(10.0)
+    assert res.checkpoints == 1
+    assert res.steps == 6 + int((400.0 - 120.0 - rc.save_s(JOB2, 1)) // STEP_S)

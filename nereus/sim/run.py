@@ -15,7 +15,12 @@ the decision:
   time until then counts as lost) and becomes such a restart, cause ``transition_overrun``: with a
   checkpoint saved first when every ``*.train`` model-stage of the running plan keeps a whole
   replica on the GPUs still alive (``state_survives``, the controller's rule), else redoing the
-  steps since the last checkpoint. A restart whose plan loses GPUs before the restart is up
+  steps since the last checkpoint. With a preemption notice that arrives after such a move began,
+  the executor aborts the move at the notice instead and keeps the running plan (event
+  ``transition_aborted``; ``policy.resume``): the transition DAG keeps a whole copy of the trained
+  state on alive GPUs at every point (DESIGN.md §4.6), and returning to the running layout is
+  approximated as free; the policy then decides again with the whole notice window (its next step
+  does not start: its GPUs are announced). A restart whose plan loses GPUs before the restart is up
   (:func:`restart_overrun`) fails at the loss (the time until then counts as restart time) and the
   policy picks a plan for the pool at that moment (``policy.start``), which starts a new restart.
   A checkpoint saved before a restart fails at a loss that leaves no whole replica of the trained
@@ -194,7 +199,16 @@ def simulate(policy, cluster: SimulatedCluster, hours: float, restart: RestartCo
             alive = frozenset(out.report.alive or out.report.pool) - decision.excluded  # not read: notice.py
             dt = cluster.transition_time(plan, decision.plan, alive, out.response_len)
             lost_at = overrun_at(cluster, plan, decision.plan, alive, t, dt)
-            if lost_at is not None:
+            notice = cluster.truth.notice_s
+            if lost_at is not None and notice > 0 and lost_at - notice > t:
+                # announced after the move began: aborted at the notice, the running plan kept
+                res.lost_time += lost_at - notice - t
+                t = lost_at - notice
+                policy.resume(plan)
+                res.events.append({"t": t, "kind": "transition_aborted", "reason": "a preemption notice for "
+                                   "GPUs the move reads: aborted at the notice, the running plan kept"})
+                decision = None
+            elif lost_at is not None:
                 # the transition still reads from GPUs that leave before it ends: it is aborted at the
                 # loss; a checkpoint is saved first iff a full copy of the trained state is still alive
                 kept = cluster.alive_at(lost_at)
