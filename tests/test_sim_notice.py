@@ -10,7 +10,7 @@ from nereus.controller.risk import state_survives
 from nereus.sim.cluster import SimulatedCluster, Truth
 from nereus.sim.growth import growth_scenario
 from nereus.sim.restart import RestartCost
-from nereus.sim.run import overrun_at, save_overrun, simulate
+from nereus.sim.run import notice_during, overrun_at, save_overrun, simulate
 from nereus.sim.traces import AvailabilityTrace
 
 #: 16 GPUs, 3 from 1,800 s: no replica of this job's ``actor.train`` (tp 2, pp 2, dp 4) survives
@@ -111,3 +111,17 @@ def test_a_notice_during_a_move_aborts_it_at_the_notice_and_the_policy_decides_a
     assert res.restarts == 0 and res.transitions == 1 and res.lost_time == pytest.approx(10.0)
     assert res.checkpoints == 1
     assert res.steps == 6 + int((400.0 - 120.0 - rc.save_s(JOB2, 1)) // STEP_S)
+
+
+def test_notice_during_covers_the_gpus_of_either_plan():
+    from test_sim_overrun import JOB as JOB2
+    from test_sim_overrun import NARROW, WIDE, FixedCluster
+    trace = AvailabilityTrace("t", (0.0, 100.0), (16, 8), 1000.0, unit="gpus")
+    cl = FixedCluster(JOB2, trace, growth_scenario(100, sigma=0.0), Truth(step_noise=0.0, notice_s=30.0))
+    # growth onto node 1, which is announced at 70 s during a 60 -> 110 s move: the target is doomed
+    assert notice_during(cl, NARROW, WIDE, cl.alive_at(60.0), 60.0, 50.0) == pytest.approx(70.0)
+    assert notice_during(cl, WIDE, NARROW, cl.alive_at(60.0), 60.0, 50.0) == pytest.approx(70.0)
+    assert notice_during(cl, NARROW, WIDE, cl.alive_at(75.0), 75.0, 50.0) is None  # announced before
+    assert notice_during(cl, NARROW, NARROW, cl.alive_at(60.0), 60.0, 50.0) is None  # node 1 not used
+    cl0 = FixedCluster(JOB2, trace, growth_scenario(100, sigma=0.0), Truth(step_noise=0.0))
+    assert notice_during(cl0, NARROW, WIDE, cl0.alive_at(60.0), 60.0, 50.0) is None  # no notices

@@ -15,12 +15,13 @@ the decision:
   time until then counts as lost) and becomes such a restart, cause ``transition_overrun``: with a
   checkpoint saved first when every ``*.train`` model-stage of the running plan keeps a whole
   replica on the GPUs still alive (``state_survives``, the controller's rule), else redoing the
-  steps since the last checkpoint. With a preemption notice that arrives after such a move began,
-  the executor aborts the move at the notice instead and keeps the running plan (event
-  ``transition_aborted``; ``policy.resume``): the transition DAG keeps a whole copy of the trained
-  state on alive GPUs at every point (DESIGN.md §4.6), and returning to the running layout is
-  approximated as free; the policy then decides again with the whole notice window (its next step
-  does not start: its GPUs are announced). A restart whose plan loses GPUs before the restart is up
+  steps since the last checkpoint. When a preemption notice for a GPU that either plan uses arrives
+  during a move (:func:`notice_during`), the executor aborts the move at the notice and keeps the
+  running plan (event ``transition_aborted``; ``policy.resume``): the transition DAG keeps a whole
+  copy of the trained state on alive GPUs at every point (DESIGN.md §4.6), and returning to the
+  running layout is approximated as free. The policy decides again at the next boundary, with the
+  whole notice window (at once when the running plan uses an announced GPU: its next step does not
+  start). A restart whose plan loses GPUs before the restart is up
   (:func:`restart_overrun`) fails at the loss (the time until then counts as restart time) and the
   policy picks a plan for the pool at that moment (``policy.start``), which starts a new restart.
   A checkpoint saved before a restart fails at a loss that leaves no whole replica of the trained
@@ -45,7 +46,7 @@ from nereus.sim.checkpoint import CheckpointSchedule
 from nereus.sim.cluster import SimulatedCluster
 from nereus.sim.restart import RestartCost
 
-__all__ = ["RunResult", "simulate", "overrun_at", "restart_overrun", "save_overrun"]
+__all__ = ["RunResult", "simulate", "overrun_at", "notice_during", "restart_overrun", "save_overrun"]
 
 
 @dataclass
@@ -113,6 +114,19 @@ def restart_overrun(cluster: SimulatedCluster, plan, t: float, dt: float) -> flo
     every policy)."""
     lost_at = cluster.loss_time(plan.gpus_used(), t)
     return lost_at if lost_at < t + dt else None
+
+
+def notice_during(cluster: SimulatedCluster, current, target, alive, t: float, dt: float) -> float | None:
+    """When a preemption notice arrives during a live transition from ``current`` to ``target`` that
+    starts at ``t`` and takes ``dt`` seconds: the notice time of the first loss, after ``t``, of a GPU
+    in ``alive`` that either plan uses, when it falls in ``(t, t + dt)``; None without a notice or
+    when none arrives during the move (one announced before ``t`` was the policy's to plan for)."""
+    notice = cluster.truth.notice_s
+    if notice <= 0:
+        return None
+    used = (current.gpus_used() | target.gpus_used()) & frozenset(alive)
+    announced = cluster.loss_time(used, t) - notice if used else math.inf
+    return announced if t < announced < t + dt else None
 
 
 def save_overrun(cluster: SimulatedCluster, plan, t: float, dt: float) -> float | None:
@@ -199,14 +213,14 @@ def simulate(policy, cluster: SimulatedCluster, hours: float, restart: RestartCo
             alive = frozenset(out.report.alive or out.report.pool) - decision.excluded  # not read: notice.py
             dt = cluster.transition_time(plan, decision.plan, alive, out.response_len)
             lost_at = overrun_at(cluster, plan, decision.plan, alive, t, dt)
-            notice = cluster.truth.notice_s
-            if lost_at is not None and notice > 0 and lost_at - notice > t:
+            notice_at = notice_during(cluster, plan, decision.plan, alive, t, dt)
+            if notice_at is not None:
                 # announced after the move began: aborted at the notice, the running plan kept
-                res.lost_time += lost_at - notice - t
-                t = lost_at - notice
+                res.lost_time += notice_at - t
+                t = notice_at
                 policy.resume(plan)
                 res.events.append({"t": t, "kind": "transition_aborted", "reason": "a preemption notice for "
-                                   "GPUs the move reads: aborted at the notice, the running plan kept"})
+                                   "GPUs the move uses: aborted at the notice, the running plan kept"})
                 decision = None
             elif lost_at is not None:
                 # the transition still reads from GPUs that leave before it ends: it is aborted at the
