@@ -72,17 +72,20 @@ def _notice(ctl, gpus, seconds):
                                   leave_in_s={g: seconds for g in gpus}))
 
 
-def test_the_urgent_move_is_taken_when_it_fits_the_notice():
+def test_the_urgent_move_reads_announced_gpus_only_when_no_replica_stays_and_it_fits():
+    announced = (0, 4, 8, 12)
     ctl, reads = _controller()
-    d = _notice(ctl, range(12, 16), 110.0)
+    assert not state_survives(ctl.plan, frozenset(range(16)) - set(announced))  # one GPU of every replica
+    d = _notice(ctl, announced, 110.0)
     assert isinstance(d, Transition) and d.urgent and d.excluded == frozenset()
     assert reads[-1] == frozenset(range(16))
 
 
-def test_a_move_too_long_for_the_notice_is_planned_around_the_announced_gpus():
+@pytest.mark.parametrize("seconds", [30.0, 110.0])
+def test_a_move_is_planned_around_the_announced_gpus_when_a_replica_stays(seconds):
     ctl, reads = _controller()
     assert state_survives(ctl.plan, frozenset(range(12)))  # actor.train dp 4: replicas stay on 0-11
-    d = _notice(ctl, range(12, 16), 30.0)
+    d = _notice(ctl, range(12, 16), seconds)  # whether or not the 50 s move would fit the window
     assert isinstance(d, Transition) and d.excluded == frozenset(range(12, 16))
     assert reads[-1] == frozenset(range(12))  # priced reading only the GPUs that stay
 

@@ -113,15 +113,15 @@ def test_a_notice_during_a_move_aborts_it_at_the_notice_and_the_policy_decides_a
     assert res.steps == 6 + int((400.0 - 120.0 - rc.save_s(JOB2, 1)) // STEP_S)
 
 
-def test_notice_during_covers_the_gpus_of_either_plan():
+def test_notice_during_is_the_notice_of_the_loss_that_cuts_the_move():
     from test_sim_overrun import JOB as JOB2
     from test_sim_overrun import NARROW, WIDE, FixedCluster
     trace = AvailabilityTrace("t", (0.0, 100.0), (16, 8), 1000.0, unit="gpus")
     cl = FixedCluster(JOB2, trace, growth_scenario(100, sigma=0.0), Truth(step_noise=0.0, notice_s=30.0))
-    # growth onto node 1, which is announced at 70 s during a 60 -> 110 s move: the target is doomed
-    assert notice_during(cl, NARROW, WIDE, cl.alive_at(60.0), 60.0, 50.0) == pytest.approx(70.0)
-    assert notice_during(cl, WIDE, NARROW, cl.alive_at(60.0), 60.0, 50.0) == pytest.approx(70.0)
-    assert notice_during(cl, NARROW, WIDE, cl.alive_at(75.0), 75.0, 50.0) is None  # announced before
-    assert notice_during(cl, NARROW, NARROW, cl.alive_at(60.0), 60.0, 50.0) is None  # node 1 not used
+    # WIDE -> NARROW reads node 1, which leaves at 100 s, announced at 70 s
+    assert notice_during(cl, overrun_at(cl, WIDE, NARROW, cl.alive_at(60.0), 60.0, 50.0), 60.0) == 70.0
+    assert notice_during(cl, overrun_at(cl, WIDE, NARROW, cl.alive_at(75.0), 75.0, 50.0), 75.0) is None
+    # growth onto node 1 reads nothing from it: it ends, and is not aborted
+    assert notice_during(cl, overrun_at(cl, NARROW, WIDE, cl.alive_at(60.0), 60.0, 50.0), 60.0) is None
     cl0 = FixedCluster(JOB2, trace, growth_scenario(100, sigma=0.0), Truth(step_noise=0.0))
-    assert notice_during(cl0, NARROW, WIDE, cl0.alive_at(60.0), 60.0, 50.0) is None  # no notices
+    assert notice_during(cl0, overrun_at(cl0, WIDE, NARROW, cl0.alive_at(60.0), 60.0, 50.0), 60.0) is None
