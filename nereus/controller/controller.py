@@ -13,9 +13,10 @@ controller imports nothing from the simulator or the runtime (DESIGN.md §3). Fl
    admit (``admission.admit``); restart only if the only copy of trainable state was on lost GPUs
    or no target's transition is feasible; 5. reset every reference value (admitted or not).
 
-Preemption notices (always on; nothing changes without one): a move that reads from GPUs announced
-to leave must end before they go, else it is infeasible, and a restart saves a checkpoint first only
-when the save can end in time (``nereus.controller.notice``, ``StepReport.leave_in_s``).
+Preemption notices (always on; nothing changes without one): a move that would read GPUs announced
+to leave is planned around them when a whole replica of the trained state stays elsewhere, else it
+must end before they go or it is infeasible; a restart saves a checkpoint first only when the save
+can end in time (``nereus.controller.notice``, ``StepReport.leave_in_s``).
 
 Beyond the paper (``ControllerConfig(risk=RiskModel(...))``): plans are compared with their priced
 risk of losing trainable state added (``nereus.controller.risk``), and the fastest plan with two
