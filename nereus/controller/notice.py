@@ -3,7 +3,7 @@
 Why (issue 29, sixth round): with a 120 s notice the controller took urgent moves whose estimated
 ``L_tran`` was 215 s, reading state from GPUs that left 120 s later. Such a move cannot finish: the
 executor loses the notice window and restarts anyway, without the checkpoint it could have saved
-in that window (70B PPO on ``oobleck-p3``, ``nereus+margin``, seed 0, 2 h: two such overruns, 2,133 s
+in that window (70B PPO on ``oobleck-p3``, ``nereus+margin``, seed 0, 2 h: two such overruns, 1,700 s
 of restart and redone steps). Cloud providers announce the time at which an instance goes (AWS
 spot: two minutes, the instance-action time in the metadata; GCP preemptible VMs: 30 s), so the
 executor reports it: ``StepReport.leave_in_s`` maps each announced GPU to the seconds left.
