@@ -74,9 +74,10 @@ class Transition:
         urgent: True when admitted on the urgent path (profitability waived).
         delta_l: predicted per-step saving ``L_step(S) - L_step(S*)`` in seconds (may be < 0 when urgent).
         triggers: names of the signals that fired.
-        excluded: GPU ids under a preemption notice that the move must not read: their state is
-            re-created from replicas on other GPUs, because reading them would not end before they
-            leave (``nereus.controller.notice.notice_cost``); empty for an ordinary move.
+        excluded: GPU ids under a preemption notice that the move must not read: a whole replica of
+            the trained state stays on the other GPUs, so the move is planned as if these were gone
+            and cannot be cut short by their leaving (``nereus.controller.notice.notice_cost``);
+            empty for an ordinary move.
     """
 
     plan: Plan
