@@ -27,14 +27,13 @@ which the simulator's ``nereus`` uses):
 * ``pool_horizon="process"``: a pool trigger's ``H`` is the expected steps until the pool next loses
   GPUs (``nereus.controller.pool_process``), not the EMA of crossing intervals; risk pricing then
   charges the first loss at ``1 / H_loss`` until a loss is seen (:meth:`Controller.loss_rate`);
-* ``lookahead=True``: plans compared over the window they should last, at the projected length
-  (``nereus.controller.lookahead``);
+* ``lookahead=True``: plans compared over their window at the projected length (``lookahead.py``);
 * ``break_even=True``: a payback-rejected move is admitted once the seconds forgone by staying reach
   its ``L_tran`` (the ski-rental rule, ``nereus.controller.break_even``);
 * ``calibrate_transitions=True``: ``L_tran`` times measured / estimated transition seconds so far
   (``StepReport.transition_s``; ``nereus.controller.transition_calibration``);
-* ``loss_sites=True``: per-node hit probabilities in risk pricing (``nereus.controller.loss_sites``);
-* ``loss_replay=True``: GPU-exact loss rates in risk pricing (``nereus.controller.loss_replay``);
+* risk priced with ``loss_sites=True`` per-node hit probabilities, ``loss_replay=True`` GPU-exact loss
+  rates or ``loss_order=True`` the learned last-in-first-out order of losses (modules of those names);
 * ``memory_margin=True``: over the headroom is not invalid (``nereus.controller.memory_margin``).
 """
 
@@ -47,6 +46,7 @@ from nereus.controller.admission import Option, admit
 from nereus.controller.break_even import ForgoneSaving, rejected_rate
 from nereus.controller.decisions import Keep, Restart, Transition, decision_to_dict
 from nereus.controller.lookahead import LengthTrend, window_steps
+from nereus.controller.loss_order import LossOrder
 from nereus.controller.loss_replay import LossReplay
 from nereus.controller.loss_sites import LossSites
 from nereus.controller.memory_margin import fits_measured
@@ -86,13 +86,14 @@ class ControllerConfig:
             the next loss, ``nereus.controller.pool_process``).
         lookahead: compare plans over the window they are expected to last at the projected
             response length (``nereus.controller.lookahead``).
-        loss_sites: price risk with per-node hit probabilities learned from the losses seen
-            (``nereus.controller.loss_sites``) instead of uniform hits, and also consider the
-            fastest plan on the nodes least likely to be hit (:meth:`Controller.best_plan`).
+        loss_sites: per-node hit probabilities (``nereus.controller.loss_sites``) instead of uniform
+            hits, and the fastest plans on the nodes least likely to be hit (:meth:`Controller.best_plan`).
         break_even: the ski-rental admission of ``nereus.controller.break_even``.
         loss_replay: price risk with the GPU-exact rates of ``nereus.controller.loss_replay``.
         memory_margin: over the headroom is invalid only if over the device (``memory_margin``).
         calibrate_transitions: ``L_tran`` times measured / estimated (``transition_calibration``).
+        loss_order: the LIFO estimate of ``nereus.controller.loss_order`` (announced losses priced
+            too), and plans on the oldest GPUs.
 
     Raises:
         ValueError: gamma outside [0, 1], a negative slowdown, a negative prior or an unknown
@@ -113,6 +114,7 @@ class ControllerConfig:
     loss_replay: bool = False
     memory_margin: bool = False
     calibrate_transitions: bool = False
+    loss_order: bool = False
 
     def __post_init__(self) -> None:
         if self.pool_horizon not in ("ema", "process"):
@@ -156,6 +158,7 @@ class Controller:
         self.sites = LossSites(job.cluster)
         self._leave_in: dict = {}  # announced GPU → seconds left (``StepReport.leave_in_s``, notice.py)
         self.replay = LossReplay()
+        self.order = LossOrder()
         self.trend = LengthTrend()
         self._window = None     # (job at the projected length, W) of the current replan, look-ahead only
         self._forced_to = None  # the planner's best plan at the projected length
@@ -175,6 +178,7 @@ class Controller:
         self.pool_process.observe(pool, self.loss.seconds)
         self.sites.observe(pool, alive)
         self.replay.observe(pool, alive, self.loss.seconds)
+        self.order.observe(pool, alive, self.loss.seconds)
         self.trend.observe(report.step, report.response_len)
         self.rent.advance(report.step)
         self.tran_cal.observe(report.transition_s)
@@ -226,6 +230,8 @@ class Controller:
             t = min(triggers, key=lambda t: t.horizon)
             sig = t.signal.removeprefix("stale:")
             self._pending = (sig, report.step + max(1, int(math.ceil(t.horizon))))
+        if self.config.risk is not None:  # the forced move off announced GPUs (``loss_order``)
+            self.order.forced(self.plan, pool, alive, decision, self.config.risk.forced_restart_s)
         if isinstance(decision, (Transition, Restart)) and decision.plan is not None:
             self.plan = decision.plan
         self.tran_cal.decided(decision)  # a transition is measured in the next report
@@ -253,13 +259,16 @@ class Controller:
 
     def risk(self, plan: Plan, pool) -> float:
         """Priced state-loss risk of ``plan`` in seconds per step (0 without a risk model or losses)."""
-        if self.config.risk is None:
+        if (r := self.config.risk) is None:
             return 0.0
+        notice = (self.order.announced_risk(plan, self.job.cluster, pool, self.loss.seconds, r.forced_restart_s)
+                  if self.config.loss_order else 0.0)
         if self.config.loss_replay:
-            return self.replay.risk(self.config.risk, plan, self.job.cluster, pool, self.loss_rate(),
-                                    self.loss.mean_event_gpus())
-        return self.config.risk.risk(plan, self.job.cluster, pool, self.loss_rate(), self.loss.mean_event_gpus(),
-                                     self.sites if self.config.loss_sites else None)
+            return notice + self.replay.risk(r, plan, self.job.cluster, pool, self.loss_rate(),
+                                             self.loss.mean_event_gpus())
+        adjust = (lambda h, t: self.order.probabilities(plan, pool, h, t)) if self.config.loss_order else None
+        return notice + r.risk(plan, self.job.cluster, pool, self.loss_rate(), self.loss.mean_event_gpus(),
+                               self.sites if self.config.loss_sites else None, adjust)
 
     def loss_rate(self) -> float:
         """λ of unannounced losses, events/s: ``LossRate.rate``; with ``pool_horizon="process"`` and no
@@ -277,9 +286,9 @@ class Controller:
 
     def best_plan(self, job: JobSpec, pool, current: Plan | None, urgent: bool) -> Plan:
         """The planner's fastest plan, or, when that one carries risk, the one with the smallest
-        risk-adjusted step time among it, the fastest with redundant training state, and (with
-        ``loss_sites``) the fastest plans on the nodes least likely to be hit (:meth:`_safe_node_plans`).
-        Raises ``ValueError`` when nothing fits."""
+        risk-adjusted step time among it, the fastest with redundant training state, and the
+        fastest plans on the nodes least likely to be hit (``loss_sites``) and on the oldest GPUs
+        (``loss_order``; :meth:`_plans_on`). Raises ``ValueError`` when nothing fits."""
         best = self.planner.plan(job, pool, current, urgent)
         if self.risk(best, pool) <= 0:
             return best
@@ -288,26 +297,22 @@ class Controller:
             cands.append(self.planner.plan(job, pool, current, urgent, min_train_replicas=2))
         except ValueError:
             pass
-        if self.config.loss_sites and self.sites.events > 0:
+        for on, subs in ((self.config.loss_sites and self.sites.events > 0,
+                          lambda: self.sites.safest_pools(pool, self.loss.mean_event_gpus())),
+                         (self.config.loss_order, lambda: self.order.oldest_pools(pool))):
             bound = min(self.expected_l(p, pool) for p in cands)
-            if bound > best.l_step:
-                cands += self._safe_node_plans(job, pool, current, urgent, bound)
+            if on and bound > best.l_step:
+                cands += self._plans_on(job, subs(), current, urgent, bound)
         return min(cands, key=lambda p: self.expected_l(p, pool))
 
-    def _safe_node_plans(self, job, pool, current, urgent, bound: float) -> list[Plan]:
-        """The fastest plan on the ``k`` safest nodes of ``pool`` (``LossSites.safest_nodes``), for
-        ``k`` = node count − 1 down to 1. Stops at the first ``k`` where nothing fits or whose plan's
-        ``L_step`` alone reaches ``bound`` (the best risk-adjusted step time so far, s): fewer GPUs
-        neither fit more nor run faster, so no smaller ``k`` can win. Called only when ``bound``
-        exceeds the fastest plan's ``L_step`` (else no plan on fewer GPUs can win)."""
-        cluster = self.job.cluster
-        nodes_n = len({cluster.node_of(g) for g in pool})
-        m = max(1.0, self.loss.mean_event_gpus() / cluster.gpus_per_node)
-        order = self.sites.safest_nodes(pool, min(1.0, m / nodes_n) if nodes_n else 0.0)
+    def _plans_on(self, job, subs, current, urgent, bound: float) -> list[Plan]:
+        """The fastest plan on each GPU set of ``subs`` (each smaller than the last: the safest
+        nodes, ``loss_sites``, or the oldest GPUs, ``loss_order``). Stops at the first where nothing
+        fits or whose plan's ``L_step`` alone reaches ``bound`` (the best risk-adjusted step time so
+        far, s): fewer GPUs neither fit more nor run faster, so no smaller set can win. Called only
+        when ``bound`` exceeds the fastest plan's ``L_step`` (else no plan on fewer GPUs can win)."""
         out = []
-        for k in range(len(order) - 1, 0, -1):
-            keep = set(order[:k])
-            sub = frozenset(g for g in pool if cluster.node_of(g) in keep)
+        for sub in subs:
             try:
                 p = self.planner.plan(job, sub, current, urgent)
             except ValueError:

@@ -138,3 +138,12 @@ class LossSites:
         """The pool's nodes, least likely to be hit first (ties: lower node index first)."""
         nodes = sorted({self.cluster.node_of(g) for g in pool})
         return sorted(nodes, key=lambda n: (self.probability(n, prior), n))
+
+    def safest_pools(self, pool, event_gpus: float = 1.0) -> list[frozenset]:
+        """``pool`` on its ``k`` safest nodes (:meth:`safest_nodes` under the uniform prior of events
+        of ``event_gpus`` GPUs, at least one node), for ``k`` = the pool's node count − 1 down to 1."""
+        nodes_n = len({self.cluster.node_of(g) for g in pool})
+        m = max(1.0, event_gpus / self.cluster.gpus_per_node)
+        order = self.safest_nodes(pool, min(1.0, m / nodes_n) if nodes_n else 0.0)
+        keeps = [set(order[:k]) for k in range(len(order) - 1, 0, -1)]
+        return [frozenset(g for g in pool if self.cluster.node_of(g) in keep) for keep in keeps]

@@ -259,6 +259,12 @@ class RiskModel:
             if v is not None and not (v >= 0 and math.isfinite(v)):
                 raise ValueError(f"risk field {f!r} must be None or a finite number >= 0 s, got {v!r}")
 
+    @property
+    def forced_restart_s(self) -> float:
+        """Seconds of a restart that saves a checkpoint first: ``restart_s + save_s`` (0 s of save when
+        None); the cost of a move off announced GPUs that cannot end in time (``loss_order``)."""
+        return self.restart_s + (self.save_s or 0.0)
+
     def redo_s(self, l_step: float, failure_rate: float = 0.0) -> float:
         """Seconds of completed work redone after one state loss: half the checkpoint interval,
         ``checkpoint_interval · l_step / 2`` (fixed), or with ``save_s`` and a ``failure_rate`` > 0
@@ -274,7 +280,7 @@ class RiskModel:
         return self.restart_s + self.redo_s(l_step, failure_rate)
 
     def risk(self, plan: Plan, cluster: ClusterSpec, pool, rate: float, event_gpus: float = 1.0,
-             sites: LossSites | None = None) -> float:
+             sites: LossSites | None = None, adjust=None) -> float:
         """Expected seconds lost per step on ``plan`` (0 when ``rate`` is 0)::
 
             risk = L · λ · (P_hit · C  +  P_touch · (L / 2 + detect_s))     (the last term with detect_s)
@@ -283,12 +289,16 @@ class RiskModel:
         rate ``λ · P_hit``; ``P_touch`` (:func:`touch_probability`, at least ``P_hit``) the chance
         an event aborts the step. The urgent transition after a touch that spares the state is not
         priced (9-50 s in the 70B replays of docs/simulate.md, against ``L / 2`` of 60-100 s).
-        ``sites``: learned per-node and per-pair hit probabilities (:func:`hit_probability`)."""
+        ``sites``: learned per-node and per-pair hit probabilities (:func:`hit_probability`).
+        ``adjust``: ``(P_hit, P_touch) -> (P_hit, P_touch)`` applied to them (the LIFO mixture of
+        ``nereus.controller.loss_order``); None keeps them."""
         if rate <= 0 or not math.isfinite(plan.l_step):
             return 0.0
         m = event_gpus / cluster.gpus_per_node
         p = hit_probability(plan, cluster, pool, m, sites)
         t = max(p, touch_probability(plan, cluster, pool, m, sites))
+        if adjust is not None:
+            p, t = adjust(p, t)
         return self.risk_at_rates(plan.l_step, rate * p, rate * t)
 
     def risk_at_rates(self, l_step: float, hit_rate: float, touch_rate: float) -> float:

@@ -11,8 +11,9 @@ Measured (benchmarks/bench_admission.py, 27 runs without notice): 1.04x the pape
 
 * ``nereus``: the controller (``nereus.controller``) with online calibration, γ = 0.5, the pool
   horizon from the loss process (``pool_horizon="process"``), look-ahead plan choice
-  (``lookahead=True``), learned loss sites in risk pricing (``loss_sites=True``) and the break-even
-  admission of payback-rejected moves (``break_even=True``; issue 29).
+  (``lookahead=True``), learned loss sites in risk pricing (``loss_sites=True``), the break-even
+  admission of payback-rejected moves (``break_even=True``) and the learned last-in-first-out order
+  of losses (``loss_order=True``, seventh round; ``nereus-lifo-blind``: without it); issue 29.
 * ``nereus-ema``: the same without the issue-29 extensions (``H_pool`` the EMA of crossing intervals,
   plans compared at the current length): the ``nereus`` policy before issue 29.
 * ``nereus-paper``: the paper's rule exactly (no risk pricing).
@@ -240,7 +241,7 @@ class ElasticPolicy(StaticPolicy):
 
 
 #: the issue-29 controller options of the ``nereus``, ``gamma=<g>`` and ``uncalibrated`` policies
-ISSUE29 = {"pool_horizon": "process", "lookahead": True, "loss_sites": True, "break_even": True}
+ISSUE29 = {"pool_horizon": "process", "lookahead": True, "loss_sites": True, "break_even": True, "loss_order": True}
 
 
 def risk_model(job: JobSpec, restart: RestartCost | None = None) -> RiskModel:
@@ -257,7 +258,8 @@ def risk_model(job: JobSpec, restart: RestartCost | None = None) -> RiskModel:
 def make_policy(name: str, job: JobSpec, gamma: float, true_efficiency: EfficiencyTable, memory_factor: float,
                 restart: RestartCost | None = None, future=None, first_horizon: str = "elapsed"):
     """A policy by name (module docstring): ``nereus``, ``nereus-paper``, ``static``, ``replan-all``,
-    ``replan-all-paper``, ``uncalibrated``, ``gamma=<g>``, ``nereus+revisit``, ``nereus+grow``, ``nereus+tcal``
+    ``replan-all-paper``, ``uncalibrated``, ``gamma=<g>``, ``nereus+revisit``, ``nereus+grow``, ``nereus+tcal``,
+    ``nereus-lifo-blind``
     (``nereus+risk`` is accepted as another name of ``nereus``). Risk pricing uses ``restart``'s
     costs (:func:`risk_model`).
 
@@ -306,6 +308,9 @@ def make_policy(name: str, job: JobSpec, gamma: float, true_efficiency: Efficien
     if name == "nereus+replay+margin":
         return NereusPolicy(name, job, ControllerConfig(gamma=gamma, risk=risk, **ISSUE29, loss_replay=True,
                                                         memory_margin=True), mon())
+    if name == "nereus-lifo-blind":
+        return NereusPolicy(name, job, ControllerConfig(gamma=gamma, risk=risk, **(ISSUE29 | {"loss_order": False})),
+                            mon())
     if name == "nereus+grow":
         return NereusPolicy(name, job, ControllerConfig(gamma=gamma, risk=risk), mon(grow_horizon=True))
     if name == "uncalibrated":
@@ -316,5 +321,5 @@ def make_policy(name: str, job: JobSpec, gamma: float, true_efficiency: Efficien
         except ValueError as e:
             raise ValueError(f"policy {name!r}: γ must be a number, e.g. gamma=0.25") from e
         return NereusPolicy(name, job, ControllerConfig(gamma=g, risk=risk, **ISSUE29), mon())
-    raise ValueError(f"unknown policy {name!r}; valid: {list(POLICY_NAMES)}, nereus+revisit, nereus+grow, nereus+tcal "
-                     "or gamma=<g>")
+    raise ValueError(f"unknown policy {name!r}; valid: {list(POLICY_NAMES)}, nereus+revisit, nereus+grow, nereus+tcal, "
+                     "nereus-lifo-blind or gamma=<g>")
