@@ -3,8 +3,9 @@
 One simulated run is one draw (restarts after unannounced losses dominate the spread), so the
 comparison is printed per run and as a geometric mean over runs with wins / losses / ties (a tie is
 within ``TIE`` = 0.1%), and for every policy how often it loses to ``static``. Policies
-(``nereus/sim/policies.py``): ``nereus`` (γ = 0.5, risk pricing, the pool-loss process horizon and
-look-ahead plan choice), ``nereus-ema`` (the same before issue 29), ``nereus-paper`` (the paper's
+(``nereus/sim/policies.py``): ``nereus`` (γ = 0.5, risk pricing, the pool-loss process horizon,
+look-ahead plan choice and the learned loss order), ``nereus-lifo-blind`` (without the loss order),
+``nereus-ema`` (the same before issue 29), ``nereus-paper`` (the paper's
 rule), ``static``, ``elastic`` and ``elastic-oracle`` (checkpoint/restart onto the best plan when it
 pays), ``replan-all`` (no payback admission), ``gamma=<g>`` (the γ sensitivity sweep).
 

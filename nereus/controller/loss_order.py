@@ -52,7 +52,7 @@ and :meth:`LossOrder.announced_risk` prices them::
 
     risk_a(S) = L_step(S) · λ_a · P_hit(S) · C_a
     λ_a = announced events / run seconds          (0 before the first: nothing to price)
-    C_a = (Σ forced-move seconds seen + restart_s) / (n_forced + 1)
+    C_a = (Σ forced-move seconds seen + α · restart_s) / (n_forced + α)
 
 ``C_a`` is the mean cost of the forced moves this run has made (the ``L_tran`` of the move, or
 ``restart_s`` plus the save for a restart; :meth:`LossOrder.forced`), with the restart as one
@@ -209,5 +209,5 @@ class LossOrder:
         if not self.announced or seconds <= 0 or not math.isfinite(plan.l_step):
             return 0.0
         p_hit, _ = self.probabilities(plan, pool, hit_probability(plan, cluster, pool), 0.0)
-        c_a = (sum(self.forced_s) + restart_s) / (len(self.forced_s) + PRIOR_WEIGHT)
+        c_a = (sum(self.forced_s) + PRIOR_WEIGHT * restart_s) / (len(self.forced_s) + PRIOR_WEIGHT)
         return plan.l_step * (self.announced / seconds) * p_hit * c_a
