@@ -13,7 +13,7 @@ with a more recent creation/readiness timestamp" (KEP-2255, kubernetes.dev); in 
 the GPUs ``0 .. n-1`` are the pool, so the newest are the highest ids and leave first
 (``nereus.sim.cluster``). Whether a pool behaves so is learned from its losses, not assumed.
 
-Model (all probabilities per unannounced loss event)::
+Model (all probabilities per loss event)::
 
     key(g)   = (time g last joined P_gpu, g)             newest = largest key (ties: the higher id)
     rank(g)  = GPUs of P_gpu with a larger key            (0 = the newest GPU)
@@ -83,13 +83,15 @@ PRIOR_WEIGHT = 1.0
 
 @dataclass
 class LossOrder:
-    """Join times of the pool's GPUs and the unannounced loss events seen (module docstring).
+    """Join times of the pool's GPUs and the loss events seen (module docstring).
 
     Attributes:
         joined: GPU → run time (s) it last joined ``P_gpu``.
-        events: unannounced loss events seen.
+        events: loss events seen, unannounced and announced.
         lifo: those that took the newest GPUs of the pool before them.
         sizes: GPUs each event took.
+        announced: the announced ones (GPUs that left ``P_gpu`` while still running).
+        forced_s: seconds of each forced move off announced GPUs seen (:meth:`forced`).
     """
 
     joined: dict = field(default_factory=dict)
