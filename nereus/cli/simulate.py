@@ -61,7 +61,8 @@ def add_arguments(p) -> None:
                         "before a signal's first interval), static, elastic (checkpoint/restart onto the best plan "
                         "when it pays), elastic-oracle (the same, knowing when GPUs leave), replan-all, "
                         "replan-all-paper, uncalibrated, nereus-h1 (H_x = 1 before the first interval), gamma=<g>; "
-                        "opt-in extensions: nereus+grow, nereus+revisit, nereus+tcal")
+                        "opt-in extensions: nereus+grow, nereus+revisit, nereus+tcal, nereus+margin, nereus+replay, "
+                        "nereus+replay+margin; nereus-lifo-blind (nereus without the learned loss order)")
     p.add_argument("--notice", type=float, default=0.0,
                    help="preemption notice in seconds before GPUs leave (AWS spot: 120; default 0: none)")
     p.add_argument("--seed", type=int, default=0, help="seed of noise, congestion and length noise")
@@ -115,7 +116,8 @@ def _policies(args) -> list[str]:
 
 
 #: policy names :func:`nereus.sim.policies.make_policy` builds, besides ``gamma=<g>``
-EXTRA_POLICIES = ("nereus+risk", "nereus+revisit", "nereus+grow", "nereus+tcal")
+EXTRA_POLICIES = ("nereus+risk", "nereus+revisit", "nereus+grow", "nereus+tcal", "nereus+margin", "nereus+replay",
+                  "nereus+replay+margin", "nereus-lifo-blind")
 
 
 def check_policy_name(name: str) -> None:
