@@ -85,7 +85,6 @@ def test_no_lifo_evidence_keeps_the_other_model():
 def test_oldest_pools_drop_the_newest_gpus_for_each_event_size():
     o = _shrinking([4, 6, 9, 6])                           # pool 0-6 left
     assert o.oldest_pools(_pool(13)) == [_pool(9), _pool(7), _pool(4)]
-    assert o.oldest_pools(_pool(13), limit=1) == [_pool(9)]
     assert o.oldest_pools(_pool(7)) == [_pool(3), _pool(1)]   # sizes 9 would leave nothing
 
 

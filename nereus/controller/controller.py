@@ -86,8 +86,8 @@ class ControllerConfig:
             the next loss, ``nereus.controller.pool_process``).
         lookahead: compare plans over the window they are expected to last at the projected
             response length (``nereus.controller.lookahead``).
-        loss_sites: per-node hit probabilities (``nereus.controller.loss_sites``) instead of uniform
-            hits, and the fastest plans on the nodes least likely to be hit (:meth:`Controller.best_plan`).
+        loss_sites: per-node hit probabilities (``loss_sites.py``) instead of uniform hits, and the
+            fastest plans on the nodes least likely to be hit (:meth:`Controller.best_plan`).
         break_even: the ski-rental admission of ``nereus.controller.break_even``.
         loss_replay: price risk with the GPU-exact rates of ``nereus.controller.loss_replay``.
         memory_margin: over the headroom is invalid only if over the device (``memory_margin``).
@@ -230,7 +230,7 @@ class Controller:
             t = min(triggers, key=lambda t: t.horizon)
             sig = t.signal.removeprefix("stale:")
             self._pending = (sig, report.step + max(1, int(math.ceil(t.horizon))))
-        if self.config.risk is not None:  # the forced move off announced GPUs (``loss_order``)
+        if self.config.loss_order and self.config.risk is not None:  # the forced move off announced GPUs
             self.order.forced(self.plan, pool, alive, decision, self.config.risk.forced_restart_s)
         if isinstance(decision, (Transition, Restart)) and decision.plan is not None:
             self.plan = decision.plan
@@ -258,7 +258,7 @@ class Controller:
         return self.job_at(ahead), w
 
     def risk(self, plan: Plan, pool) -> float:
-        """Priced state-loss risk of ``plan`` in seconds per step (0 without a risk model or losses)."""
+        """Priced state-loss risk of ``plan``, s per step (0 without a risk model; + announced, ``loss_order``)."""
         if (r := self.config.risk) is None:
             return 0.0
         notice = (self.order.announced_risk(plan, self.job.cluster, pool, self.loss.seconds, r.forced_restart_s)

@@ -71,7 +71,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from nereus.controller.decisions import Restart
+from nereus.controller.decisions import Restart, Transition
 from nereus.controller.risk import hit_probability, state_copies, state_survives
 from nereus.spec.plan import Plan
 
@@ -178,16 +178,15 @@ class LossOrder:
         p_touch = rho * self.survival(t_touch) + (1 - rho) * p_touch_other
         return p_hit, max(p_hit, p_touch)
 
-    def oldest_pools(self, pool, limit: int | None = None) -> list[frozenset]:
+    def oldest_pools(self, pool) -> list[frozenset]:
         """``pool`` without its newest ``s`` GPUs, for the distinct event sizes ``s`` seen (smallest
-        first, at most ``limit`` when given, each leaving at least one GPU); empty before a LIFO
-        event."""
+        first, each leaving at least one GPU); empty before a LIFO event."""
         if self.lifo == 0:
             return []
         order = sorted(pool, key=self._key, reverse=True)
         out = []
         for s in sorted(set(self.sizes)):
-            if s >= len(order) or (limit is not None and len(out) >= limit):
+            if s >= len(order):
                 break
             out.append(frozenset(order[s:]))
         return out
@@ -199,9 +198,8 @@ class LossOrder:
         boundaries are ignored."""
         if not (state_survives(plan, frozenset(alive)) and not state_survives(plan, frozenset(pool))):
             return
-        est = getattr(decision, "estimate", None)
-        if est is not None:
-            self.forced_s.append(float(est.l_tran))
+        if isinstance(decision, Transition):
+            self.forced_s.append(float(decision.estimate.l_tran))
         elif isinstance(decision, Restart):
             self.forced_s.append(float(restart_s))
 
