@@ -183,6 +183,39 @@ def test_colocated_offloaded_state_live_transitions(pool):
         d.close()
 
 
+@pytest.mark.slow
+def test_derived_copy_loaded_live_from_the_host_resident_trainer(pool):
+    """The colocated critic: critic.infer's idle copy is dropped and critic.train's idle state sits in
+    workers 0-1's host pools, so no GPU copy of the critic exists at a step boundary. Making
+    critic.infer resident on worker 2 is one Load from the host copy critic.train#0 (worker 0):
+    its fp32 weights, 4 B x N_critic, from host memory (transition/primitives.load; infeasible
+    before: "no GPU copy to sync from"). critic.infer then holds exactly critic.train's weights, the
+    trainers' state is untouched (bit-exact), and the next step equals a run without the transition."""
+    n_critic = flat_numel(SPEC.value_head(), 1, 1, 0, 0)
+    col = colocated()
+    target = _relaid(col, **{"critic.infer": {"gpus": (2,), "offload": "none"}})
+    want = reference_states(pool, col, 2, W_RM, COL_CFG)
+    d = RLDriver(SPEC, W_RM, col, TASK, 4, COL_CFG).start(pool)
+    try:
+        d.step()
+        before = states(d)
+        est, rep = _live(d, target, W_RM)
+        assert est.reloads == {"critic.infer": "critic.train#0"}, est.reason
+        (ld,) = est.dag.nodes
+        assert ld.kind == "load" and ld.home == (0,) and ld.pairs == ((-1, 2, 4 * n_critic),)
+        _assert_bytes(est, rep, "host load")
+        assert {r.kind: r.bytes_received for r in rep.primitives} == {"load": 4 * n_critic}, rep.summary()
+        assert_equal(states(d), before, "host load")
+        infer, trained = d.gather_logical_state("critic.infer"), d.gather_logical_state("critic.train")
+        assert set(infer["params"]) == set(trained["params"])
+        for n, w in trained["params"].items():
+            assert torch.equal(infer["params"][n], w), n
+        d.step()
+        assert_equal(states(d), want, "training continues as without the transition")
+    finally:
+        d.close()
+
+
 def test_lost_training_state_held_in_host_memory_is_not_re_created():
     """A training model-stage whose only copy (idle, in host memory) was on workers that left cannot
     be re-created by its next run as a frozen or derived copy can: the transition is infeasible (the

@@ -462,3 +462,29 @@ def test_zero_recut_counts_the_executors_buffers():
     (g,) = [x for x in grow.dag.nodes if x.kind == "merge"]
     assert g.alloc == {0: OPT // 2 + OPT, 1: W + OPT // 2} and g.sent == {0: W + OPT // 2}
     assert g.mem_hi == {0: W + 2 * OPT, 1: 2 * W + OPT} == {0: 4_061_824, 1: 2_499_584}
+
+
+def test_a_lost_derived_copy_syncs_from_the_host_resident_train_state():
+    """actor.infer lost its only replica (GPU 4 reclaimed) while actor.train's idle state sits in host
+    memory (offload='host') in both plans: the Load writes actor.infer's weights (2·P = W bytes, no
+    value head) from the host copy of actor.train#0 onto GPU 2, as a Restore does: W / 25 GB/s over
+    GPU 2's own PCIe link (CostParams.host_bandwidth; GPU 2 sits on node 0, where the host copy is),
+    no GPU-to-GPU pair and no communicator. Before, no GPU copy to sync from made it infeasible."""
+    tr = train(1, 1, 2, 0, (0, 1), offload="host")
+    cur = plan(tr, Candidate("actor.infer", 1, 1, 1, gpus=(4,)))
+    tgt = plan(tr, Candidate("actor.infer", 1, 1, 1, gpus=(2,)))
+    est = estimate_transition(JOB, cur, tgt, pool=frozenset(range(4)))
+    assert est.feasible, est.reason
+    verify_schedule(est.dag, est.schedule)
+    (ld,) = est.dag.nodes
+    assert ld.kind == "load" and ld.reads == ("actor.train#0",) and est.reloads == {"actor.infer": "actor.train#0"}
+    assert ld.pairs == ((-1, 2, W),) and ld.home == (0,) and ld.num_comms == 0 and ld.sent == {}
+    assert ld.mem_hi == {2: W} and est.bytes_moved == W
+    assert est.l_tran == pytest.approx(W / 25e9, rel=1e-12)
+    from nereus.transition.cost import ports
+    assert ports(ld, JOB.cluster) == frozenset({(2, "host", "rx")})
+    # the host copy went with its node: nothing to sync from, restore from a checkpoint
+    lost = plan(train(1, 1, 1, 0, (4,), offload="host"), Candidate("actor.infer", 1, 1, 1, gpus=(5,)))
+    gone = estimate_transition(JOB, lost, plan(train(1, 1, 1, 0, (0,), offload="host"),
+                                               Candidate("actor.infer", 1, 1, 1, gpus=(2,))), pool=frozenset(range(4)))
+    assert not gone.feasible and "checkpoint" in gone.reason

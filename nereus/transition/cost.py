@@ -13,7 +13,8 @@ Time of one primitive, seconds::
     Load    from storage:   load_setup + max over nodes (bytes landing on the node / storage_bandwidth)
             from a train EMU: setup + max over source GPUs (bytes it sends / B + α)   weight sync;
             a destination GPU that holds the train EMU copies its shard locally: 2·bytes / HBM
-            (device-to-device copy reads and writes every byte; no link, no setup when all local)
+            (device-to-device copy reads and writes every byte; no link, no setup when all local);
+            from a train EMU in host memory (``offload="host"``): as a Restore, below
     Offload host_setup + max over the staged replica's GPUs (bytes / H)      device → host
     Restore max over target GPUs (bytes / H_g)                               host → device
             H = ``host_bandwidth`` (PCIe); H_g = min(H, scale-out bandwidth) for a target GPU on a
@@ -203,7 +204,7 @@ def duration(p: Primitive, cluster: ClusterSpec, params: CostParams = CostParams
         for g, b in p.mem_net.items():
             per_node[cluster.node_of(g)] = per_node.get(cluster.node_of(g), 0) + b
         return params.load_setup_s + max(per_node.values(), default=0) / params.storage_bandwidth
-    if p.kind == "load":  # weight sync from a train EMU: a source GPU sends its pairs one after another
+    if p.kind == "load" and not p.home:  # weight sync from a train EMU: a source GPU sends its pairs one after another
         sent: dict[int, float] = {}
         for s, d, b in p.pairs:
             bw, lat, _ = _link(cluster, (s, d))
@@ -218,7 +219,7 @@ def duration(p: Primitive, cluster: ClusterSpec, params: CostParams = CostParams
         return (_setup(cluster, p.gpus, params) if p.pairs else 0.0) + max(sent.values(), default=0.0)
     if p.kind == "offload":
         return params.host_setup_s + max((b / params.host_bandwidth for _, _, b in p.pairs), default=0.0)
-    if p.kind == "restore":
+    if p.kind == "restore" or (p.kind == "load" and p.home):  # a Load from a host-resident train copy
         home = {cluster.node_of(g) for g in p.home}
         return max((b / (params.host_bandwidth if cluster.node_of(d) in home
                          else min(params.host_bandwidth, cluster.gpu.scaleout_bandwidth))
@@ -251,7 +252,7 @@ def _link_ports(p: Primitive, cluster: ClusterSpec) -> set:
     out = set()
     if p.kind == "load" and p.source == STORAGE:
         return {(cluster.node_of(g), "storage", "rx") for g in p.gpus}
-    if p.kind in ("offload", "restore"):
+    if p.kind in ("offload", "restore") or (p.kind == "load" and p.home):
         return {(s, "host", "tx") if d == HOST_ID else (d, "host", "rx") for s, d, b in p.pairs if b > 0}
     for s, d, b in p.pairs:
         if b > 0:

@@ -152,6 +152,18 @@ def _pick_train_emu(train: list, target0, cluster):
     return min(train, key=lambda e: (-sum(cluster.node_of(g) in nodes for g in e.gpus), e.uid))
 
 
+def _sync_sources(src: str, initial: list, final: list) -> list:
+    """The EMUs of the train model-stage ``src`` a Load may sync from, best first: its live GPU
+    copies, else its target GPU copies (synced after its transition), else its live copies in host
+    memory (idle state offloaded, ``offload="host"``: host → device, ``primitives.load``), else its
+    target host copies; empty when it keeps none (it lost every replica)."""
+    for pool, host in ((initial, False), (final, False), (initial, True), (final, True)):
+        out = [e for e in pool if e.model_stage == src and e.host == host]
+        if out:
+            return out
+    return []
+
+
 def _held_bytes(initial: list, model_stage: str) -> int:
     """Bytes the current EMUs of ``model_stage`` hold on GPUs."""
     return sum(x.bytes_on(g) for x in initial if x.model_stage == model_stage for g in x.gpus)
@@ -267,12 +279,10 @@ def plan_dag(job: JobSpec, current: Plan, target: Plan, pool: frozenset[int] | N
             where = "every replica lost GPUs outside the pool" if ms in lost else "its idle state was dropped"
             raise Infeasible(f"{ms}: {where} and {why}; restore from a checkpoint")
         tgt0 = next(e for e in final if e.model_stage == ms)
-        train = [e for e in initial if e.model_stage == src and not e.host]
+        train = [] if src == STORAGE else _sync_sources(src, initial, final)
         if src != STORAGE and not train:
-            train = [e for e in final if e.model_stage == src and not e.host]
-            if not train:
-                raise Infeasible(f"{ms}: its weights derive from {src}, which holds no GPU copy before or "
-                                 "after the transition to sync from")
+            raise Infeasible(f"{ms}: its weights derive from {src}, which holds no copy before or "
+                             "after the transition to sync from")
         reload_from[ms] = src if src == STORAGE else _pick_train_emu(train, tgt0, job.cluster)
     gpus = {g for e in initial + final for g in e.gpus}
     cap = capacities(job, gpus, reserved_bytes)

@@ -330,7 +330,14 @@ def load(dst: EMU, source: EMU | str, read: bool = True, model: ModelSpec | None
       the rest when ``model`` and ``bytes_per_param`` (of ``dst``) say how much of its shard the
       train shard on it covers, :func:`~nereus.transition.held.resident_bytes`; without them it is
       counted in full); the source EMU is read (it must
-      stay alive until the Load ends). With ``read=False`` the source is a *target* EMU of the train
+      stay alive until the Load ends);
+    * train EMU in host memory (its idle state offloaded, ``offload="host"``; ours): every
+      destination GPU writes its whole shard from the host copy, ``pairs = (HOST_ID, d, bytes)``
+      and ``home = source.gpus`` (timed like a Restore: host memory bandwidth on the home nodes,
+      ``min(host, NIC)`` from another node, ``cost.duration``), no GPU-to-GPU traffic and no
+      communicator; the weight sync of an offloaded trainer starts the same way (verl's sharding
+      manager first loads the offloaded parameters, then streams them into the rollout engine;
+      reference/rl-frameworks.md). With ``read=False`` the source is a *target* EMU of the train
       model-stage: the Load reads no uid, ``source`` is the train model-stage's name, and the global
       DAG orders it after every primitive of that model-stage (sync from its final layout).
 
@@ -355,6 +362,13 @@ def load(dst: EMU, source: EMU | str, read: bool = True, model: ModelSpec | None
     if source.model_stage != f"{mname}.train":
         raise ValueError(f"Load {dst.uid}: weights of {dst.model_stage} derive from {mname}.train, not "
                          f"{source.model_stage} ({source.uid})")
+    if source.host:  # the train state's idle copy sits in host memory (offload="host"): host → device
+        from nereus.transition.staging import HOST_ID  # staging imports this module
+
+        pairs = tuple((HOST_ID, d, mem[d]) for d in dst.gpus)  # no send buffers: priced as a Restore
+        gpus = source.gpus + tuple(g for g in dst.gpus if g not in source.gpus)
+        return Primitive(reads=(source.uid,) if read else (), gpus=gpus, pairs=pairs, num_comms=0,
+                         home=source.gpus, source=source.uid if read else source.model_stage, **common)
     pairs, moved = [], 0
     n = len(source.gpus)
     for i, d in enumerate(dst.gpus):

@@ -365,12 +365,14 @@ class WorkerCore(CheckpointCallsMixin, VllmWorkerMixin):
         primitives it must follow that share no worker with it (Ray resolves them first)."""
         dtype = self._dtype_of(move.model_stage, trainable)
         move = replace(move, kinds=kinds_for(move.kinds, self.precision_of(move.model_stage)))
-        self.pools.activate(self.engines, {m.model_stage for m in move.sources if self.id in m.gpus})
+        # a source the planner sees in host memory is read there (a Load from an offloaded train
+        # model-stage: host → device, transition/primitives.load), the others made resident first
+        self.pools.activate(self.engines, {m.model_stage for m in move.sources if self.id in m.gpus and not m.host})
         live = {}  # a Load may read a train model-stage that is not changing: its engine, as a unit view
         for m in move.sources:
             e = self.engines.get(m.model_stage)
             if m.uid not in self.transit.units and e is not None and self.id in m.gpus:
-                live[m.uid] = Unit(m, {"params": {n: w.detach() for n, w in e.model.params.items()}},
+                live[m.uid] = Unit(m, {"params": dict(self.pools.params_of(m.model_stage, e))},
                                    {k: int(getattr(e, k)) for k in COUNTERS})
         with self.meter.stage("transition"):
             return self.transit.run(spec, move, group_name, dtype, self.device, live)
