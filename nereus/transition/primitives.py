@@ -57,7 +57,8 @@ class Primitive:
         pairs: point-to-point copies ``(src_gpu, dst_gpu, bytes)``: Extend broadcasts; the copies
             of an Offload (to host) and a Restore (from host) use
             :data:`~nereus.transition.staging.HOST_ID` as the host side.
-        home: a Restore's staged copy sits in the host memory of these GPUs' nodes.
+        home: a Restore's staged copy, or the host-resident train EMU a Load syncs from, sits in the
+            host memory of these GPUs' nodes.
         bytes_moved: bytes received over links, summed over GPUs.
         num_comms: communicators it creates (cost of setup).
         source: a Load's source, :data:`STORAGE` or the uid of the train EMU it syncs from;
