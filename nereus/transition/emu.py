@@ -30,6 +30,9 @@ __all__ = ["EMU", "check_zero", "state_bytes_per_param", "state_parts", "model_o
 
 #: Stage tie-break order of the global DAG (paper §6.1): generation → inference → training.
 STAGE_ORDER = {"generate": 0, "infer": 1, "train": 2}
+#: the host side of host-memory ``pairs`` of a primitive (Offload, Restore, a Load from a host EMU;
+#: ``transition/staging.py``).
+HOST_ID = -1
 
 
 def stage_of(model_stage: str) -> str:

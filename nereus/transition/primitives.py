@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from nereus.spec.model import ModelSpec
 from nereus.transition.buffers import alloc_bytes, recut_buffers, sent_bound
-from nereus.transition.emu import EMU, STAGE_ORDER, sub_units
+from nereus.transition.emu import EMU, HOST_ID, STAGE_ORDER, sub_units
 from nereus.transition.held import held_bytes
 
 __all__ = ["Primitive", "split", "merge", "extend", "destroy", "load", "reshard", "TransitionState", "apply",
@@ -57,8 +57,7 @@ class Primitive:
         pairs: point-to-point copies ``(src_gpu, dst_gpu, bytes)``: Extend broadcasts; the copies
             of an Offload (to host) and a Restore (from host) use
             :data:`~nereus.transition.staging.HOST_ID` as the host side.
-        home: a Restore's staged copy, or the host-resident train EMU a Load syncs from, sits in the
-            host memory of these GPUs' nodes.
+        home: a Restore's staged copy (or a Load's host train EMU) is in these GPUs' nodes' host memory.
         bytes_moved: bytes received over links, summed over GPUs.
         num_comms: communicators it creates (cost of setup).
         source: a Load's source, :data:`STORAGE` or the uid of the train EMU it syncs from;
@@ -332,13 +331,8 @@ def load(dst: EMU, source: EMU | str, read: bool = True, model: ModelSpec | None
       train shard on it covers, :func:`~nereus.transition.held.resident_bytes`; without them it is
       counted in full); the source EMU is read (it must
       stay alive until the Load ends);
-    * train EMU in host memory (its idle state offloaded, ``offload="host"``; ours): every
-      destination GPU writes its whole shard from the host copy, ``pairs = (HOST_ID, d, bytes)``
-      and ``home = source.gpus`` (timed like a Restore: host memory bandwidth on the home nodes,
-      ``min(host, NIC)`` from another node, ``cost.duration``), no GPU-to-GPU traffic and no
-      communicator; the weight sync of an offloaded trainer starts the same way (verl's sharding
-      manager first loads the offloaded parameters, then streams them into the rollout engine;
-      reference/rl-frameworks.md). With ``read=False`` the source is a *target* EMU of the train
+    * host train EMU (``offload="host"``; ours): pairs ``(HOST_ID, d, bytes)``, ``home = source.gpus``,
+      no communicator, timed as a Restore (verl also loads offloaded weights first, reference/rl-frameworks.md). With ``read=False`` the source is a *target* EMU of the train
       model-stage: the Load reads no uid, ``source`` is the train model-stage's name, and the global
       DAG orders it after every primitive of that model-stage (sync from its final layout).
 
@@ -363,12 +357,9 @@ def load(dst: EMU, source: EMU | str, read: bool = True, model: ModelSpec | None
     if source.model_stage != f"{mname}.train":
         raise ValueError(f"Load {dst.uid}: weights of {dst.model_stage} derive from {mname}.train, not "
                          f"{source.model_stage} ({source.uid})")
-    if source.host:  # the train state's idle copy sits in host memory (offload="host"): host → device
-        from nereus.transition.staging import HOST_ID  # staging imports this module
-
-        pairs = tuple((HOST_ID, d, mem[d]) for d in dst.gpus)  # no send buffers: priced as a Restore
+    if source.host:  # host → device from the offloaded train state; no send buffers, priced as a Restore
         gpus = source.gpus + tuple(g for g in dst.gpus if g not in source.gpus)
-        return Primitive(reads=(source.uid,) if read else (), gpus=gpus, pairs=pairs, num_comms=0,
+        return Primitive(reads=(source.uid,) if read else (), gpus=gpus, pairs=tuple((HOST_ID, d, mem[d]) for d in dst.gpus),
                          home=source.gpus, source=source.uid if read else source.model_stage, **common)
     pairs, moved = [], 0
     n = len(source.gpus)

@@ -22,15 +22,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from nereus.transition.emu import EMU
+from nereus.transition.emu import EMU, HOST_ID
 from nereus.transition.primitives import Primitive
 
 __all__ = ["stage", "unstage", "HOST", "HOST_ID"]
 
 #: source of a :func:`stage`: host (CPU) memory of the nodes of the staged replica.
 HOST = "host"
-#: the host side of staging ``pairs``: ``(gpu, HOST_ID, bytes)`` device → host, ``(HOST_ID, gpu, bytes)`` back.
-HOST_ID = -1
+# HOST_ID (transition/emu.py) is the host side of staging ``pairs``: ``(gpu, HOST_ID, bytes)`` device →
+# host, ``(HOST_ID, gpu, bytes)`` back.
 
 
 def stage(current: tuple[EMU, ...], target: tuple[EMU, ...]) -> tuple[Primitive, Primitive]:
