@@ -483,7 +483,7 @@ def test_a_lost_derived_copy_syncs_from_the_host_resident_train_state():
     assert est.l_tran == pytest.approx(W / 25e9, rel=1e-12)
     from nereus.transition.cost import ports
     assert ports(ld, JOB.cluster) == frozenset({(2, "host", "rx")})
-    # the host copy went with its node: nothing to sync from, restore from a checkpoint
+    # the trainer's only copy, in the host memory of a departed node, is gone: restore from a checkpoint
     lost = plan(train(1, 1, 1, 0, (4,), offload="host"), Candidate("actor.infer", 1, 1, 1, gpus=(5,)))
     gone = estimate_transition(JOB, lost, plan(train(1, 1, 1, 0, (0,), offload="host"),
                                                Candidate("actor.infer", 1, 1, 1, gpus=(2,))), pool=frozenset(range(4)))

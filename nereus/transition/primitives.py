@@ -55,8 +55,7 @@ class Primitive:
         mem_net: GPU → bytes, see the module docstring.
         groups: collective groups ``(gpus, recv_bytes_per_gpu)``: Split all-gathers, Merge reshards.
         pairs: point-to-point copies ``(src_gpu, dst_gpu, bytes)``: Extend broadcasts; the copies
-            of an Offload (to host) and a Restore (from host) use
-            :data:`~nereus.transition.staging.HOST_ID` as the host side.
+            of an Offload, a Restore and a host-sourced Load use :data:`~nereus.transition.emu.HOST_ID`.
         home: a Restore's staged copy (or a Load's host train EMU) is in these GPUs' nodes' host memory.
         bytes_moved: bytes received over links, summed over GPUs.
         num_comms: communicators it creates (cost of setup).
@@ -329,12 +328,12 @@ def load(dst: EMU, source: EMU | str, read: bool = True, model: ModelSpec | None
       also holds the train EMU copies what it already holds locally, without a link, and receives
       the rest when ``model`` and ``bytes_per_param`` (of ``dst``) say how much of its shard the
       train shard on it covers, :func:`~nereus.transition.held.resident_bytes`; without them it is
-      counted in full); the source EMU is read (it must
-      stay alive until the Load ends);
+      counted in full); the source EMU is read (it must stay alive until the Load ends);
     * host train EMU (``offload="host"``; ours): pairs ``(HOST_ID, d, bytes)``, ``home = source.gpus``,
-      no communicator, timed as a Restore (verl also loads offloaded weights first, reference/rl-frameworks.md). With ``read=False`` the source is a *target* EMU of the train
-      model-stage: the Load reads no uid, ``source`` is the train model-stage's name, and the global
-      DAG orders it after every primitive of that model-stage (sync from its final layout).
+      no communicator, timed as a Restore (verl also loads offloaded weights first, reference/rl-frameworks.md).
+    With ``read=False`` the source is a *target* EMU of the train model-stage: the Load reads no uid,
+    ``source`` is the train model-stage's name, and the global DAG orders it after every primitive
+    of that model-stage (sync from its final layout).
 
     ``mem_hi = mem_net = dst.bytes_on(g)`` on the destination GPUs; ``bytes_moved`` counts the
     bytes received (from storage or over links).
